@@ -1,0 +1,11 @@
+//! Yardmaster: an inference-serving host whose every scheduling decision is made by a
+//! sandboxed WebAssembly policy.
+//!
+//! - [`policy`]: the policy runtime (load, sandbox, call, validate, fall back);
+//! - [`conformance`]: the harness that drives any policy through every event kind,
+//!   checks its answers and measures its decision cost;
+//! - [`bench`]: decision cost of a policy as a component against the same code native.
+
+pub mod bench;
+pub mod conformance;
+pub mod policy;

@@ -1,0 +1,440 @@
+//! A policy arm: one long-lived policy instance with the requests it holds, the
+//! validation of its answers, and what happens when it fails.
+//!
+//! Every call goes through [`Arm::handle`]: arrivals enter the arm's [`Ledger`] before
+//! the policy sees them, the policy's answer is validated against the ledger and the
+//! cluster, and accepted actions take their requests out of the ledger. When a call
+//! faults (trap, overrun, memory), the arm's [`FailureMode`] applies:
+//! - `fail-open`: the built-in fallback (`fifo`, native) takes over; it is initialised
+//!   and replayed every held request, the idle workers, the events of the failed call
+//!   and the latest snapshot, so no request is lost;
+//! - `fail-closed`: the arm refuses new work; the held requests are handed back to the
+//!   host to fail with a clear error;
+//! - `reload`: a fresh instance of the same component takes over at once; if it faults
+//!   again, the fallback serves while the arm backs off (1 s, doubling to 60 s) before
+//!   the next fresh instance.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::contract::{Action, Config, Event, Snapshot};
+use super::instance::{PolicyFault, PolicyInstance, ProfileSource, WasmPolicy};
+use super::loader::PolicyModule;
+use super::native::NativePolicy;
+use super::sandbox::{CallKind, Sandbox};
+use super::validate::{validate, ClusterView, Ledger, Rejection};
+
+/// What an arm does when its policy faults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureMode {
+    /// Switch to the built-in fallback and replay the held requests into it.
+    FailOpen,
+    /// Refuse new work; fail the held requests with the fault as the error.
+    FailClosed,
+    /// Start a fresh instance; on repeated faults back off, serving with the fallback.
+    Reload,
+}
+
+impl std::str::FromStr for FailureMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "fail-open" => Ok(Self::FailOpen),
+            "fail-closed" => Ok(Self::FailClosed),
+            "reload" => Ok(Self::Reload),
+            other => Err(format!("unknown failure mode {other:?} (fail-open, fail-closed, reload)")),
+        }
+    }
+}
+
+/// First and largest back-off of `reload`.
+pub const RELOAD_BACKOFF: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(60));
+
+/// Which instance is answering.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArmState {
+    /// The arm's own policy.
+    Primary,
+    /// The built-in fallback, after a fault.
+    Fallback,
+    /// Refusing work after a fault (`fail-closed`).
+    Closed,
+}
+
+/// Counters of an arm, for metrics and reports.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ArmStats {
+    /// Policy calls made.
+    pub calls: u64,
+    /// Events delivered.
+    pub events: u64,
+    /// Accepted actions by kind.
+    pub accepted: BTreeMap<&'static str, u64>,
+    /// Rejected actions by reason.
+    pub rejected: BTreeMap<&'static str, u64>,
+    /// Faults by kind.
+    pub faults: BTreeMap<&'static str, u64>,
+    /// Switches to the fallback.
+    pub fallbacks: u64,
+    /// Fresh instances started by `reload`.
+    pub reloads: u64,
+    /// Requests replayed into new instances.
+    pub replayed: u64,
+    /// Total wall time in policy calls.
+    pub call_time: Duration,
+    /// Longest call.
+    pub max_call_time: Duration,
+    /// Total fuel (simulate mode).
+    pub fuel: u64,
+}
+
+impl ArmStats {
+    /// All rejected actions.
+    pub fn rejected_total(&self) -> u64 {
+        self.rejected.values().sum()
+    }
+
+    /// All accepted actions.
+    pub fn accepted_total(&self) -> u64 {
+        self.accepted.values().sum()
+    }
+}
+
+/// What one call of the arm produced.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct ArmOutput {
+    /// Validated actions to apply, in order.
+    pub actions: Vec<Action>,
+    /// Rejected actions with reasons.
+    pub rejected: Vec<(Action, Rejection)>,
+    /// The fault this call hit, if any (already handled per the failure mode).
+    pub fault: Option<PolicyFault>,
+    /// Requests the arm will not schedule (fail-closed): the host must fail them with
+    /// `refusal` as the error.
+    pub refused: Vec<u64>,
+    /// Why requests are refused.
+    pub refusal: Option<String>,
+}
+
+/// Where a fresh primary instance comes from (for `reload`).
+struct Reloadable {
+    sandbox: Sandbox,
+    module: Arc<PolicyModule>,
+    profiles: Option<Arc<dyn ProfileSource>>,
+}
+
+/// A policy arm.
+pub struct Arm {
+    name: String,
+    config: Config,
+    mode: FailureMode,
+    state: ArmState,
+    instance: Option<Box<dyn PolicyInstance>>,
+    reloadable: Option<Reloadable>,
+    ledger: Ledger,
+    stats: ArmStats,
+    last_snapshot: Option<Snapshot>,
+    closed_reason: Option<String>,
+    /// Consecutive faults under `reload`, and when the next fresh instance may start.
+    reload_attempts: u32,
+    retry_at: Option<u64>,
+    healthy_since: u64,
+}
+
+impl Arm {
+    /// Start an arm on a policy component. A fault in `init` applies the failure mode
+    /// straight away (the arm then starts on its fallback, or closed).
+    pub fn start_wasm(
+        name: &str,
+        config: Config,
+        sandbox: &Sandbox,
+        module: Arc<PolicyModule>,
+        mode: FailureMode,
+        profiles: Option<Arc<dyn ProfileSource>>,
+        view: &dyn ClusterView,
+    ) -> (Self, ArmOutput) {
+        let reloadable = Reloadable { sandbox: sandbox.clone(), module, profiles };
+        let mut arm = Self::empty(name, config, mode);
+        arm.reloadable = Some(reloadable);
+        let output = match arm.fresh_primary() {
+            Ok(instance) => arm.hand_over(instance, ArmState::Primary, Vec::new(), view),
+            Err(fault) => arm.fault(fault, Vec::new(), view),
+        };
+        (arm, output)
+    }
+
+    /// Start an arm on an already built instance (native policies, tests).
+    pub fn start(
+        name: &str,
+        config: Config,
+        instance: Box<dyn PolicyInstance>,
+        mode: FailureMode,
+        view: &dyn ClusterView,
+    ) -> (Self, ArmOutput) {
+        let mut arm = Self::empty(name, config, mode);
+        let output = arm.hand_over(instance, ArmState::Primary, Vec::new(), view);
+        (arm, output)
+    }
+
+    fn empty(name: &str, config: Config, mode: FailureMode) -> Self {
+        Self {
+            name: name.into(),
+            config,
+            mode,
+            state: ArmState::Primary,
+            instance: None,
+            reloadable: None,
+            ledger: Ledger::default(),
+            stats: ArmStats::default(),
+            last_snapshot: None,
+            closed_reason: None,
+            reload_attempts: 0,
+            retry_at: None,
+            healthy_since: 0,
+        }
+    }
+
+    /// The arm's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Which instance answers now.
+    pub fn state(&self) -> ArmState {
+        self.state
+    }
+
+    /// A label of the instance answering now.
+    pub fn instance_label(&self) -> String {
+        self.instance.as_ref().map(|i| i.label()).unwrap_or_else(|| "closed".into())
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> &ArmStats {
+        &self.stats
+    }
+
+    /// The requests the policy holds.
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    /// Cost of the last call of the answering instance.
+    pub fn last_cost(&self) -> Option<super::instance::CallCost> {
+        self.instance.as_ref().map(|i| i.last_cost())
+    }
+
+    /// Deliver a batch of events and return the validated actions.
+    pub fn handle(&mut self, events: Vec<Event>, view: &dyn ClusterView) -> ArmOutput {
+        let now = view.now();
+        let mut refused = Vec::new();
+        for event in &events {
+            match event {
+                Event::Arrival(request) => {
+                    if self.state == ArmState::Closed {
+                        refused.push(request.id);
+                    } else {
+                        self.ledger.insert(request.clone());
+                    }
+                }
+                Event::RequestEnded((id, _)) => {
+                    self.ledger.remove(*id);
+                }
+                Event::Tick(snapshot) => self.last_snapshot = Some(snapshot.clone()),
+                _ => {}
+            }
+        }
+        if self.state == ArmState::Closed {
+            return ArmOutput { refused, refusal: self.closed_reason.clone(), ..ArmOutput::default() };
+        }
+        if self.retry_at.is_some_and(|at| now >= at) {
+            self.retry_at = None;
+            if let Ok(instance) = self.fresh_primary() {
+                self.stats.reloads += 1;
+                let mut output = self.hand_over(instance, ArmState::Primary, events, view);
+                output.refused.extend(refused);
+                return output;
+            }
+        }
+        let kind = if events.iter().any(|e| matches!(e, Event::Tick(_))) {
+            CallKind::Tick
+        } else {
+            CallKind::Events
+        };
+        self.stats.calls += 1;
+        self.stats.events += events.len() as u64;
+        let instance = self.instance.as_mut().expect("an open arm has an instance");
+        let result = instance.handle(&events, now, kind);
+        self.account_cost();
+        let mut output = match result {
+            Ok(actions) => {
+                if self.state == ArmState::Primary
+                    && self.reload_attempts > 0
+                    && now.saturating_sub(self.healthy_since) > backoff(self.reload_attempts).as_nanos() as u64
+                {
+                    self.reload_attempts = 0;
+                }
+                self.accept(actions, view)
+            }
+            Err(fault) => self.fault(fault, events, view),
+        };
+        output.refused.extend(refused);
+        output
+    }
+
+    fn fresh_primary(&self) -> Result<Box<dyn PolicyInstance>, PolicyFault> {
+        let source = self.reloadable.as_ref().expect("a wasm arm");
+        let instance = WasmPolicy::instantiate(
+            &source.sandbox,
+            source.module.clone(),
+            self.config.seed,
+            source.profiles.clone(),
+        )?;
+        Ok(Box::new(instance))
+    }
+
+    fn fallback(&self) -> Box<dyn PolicyInstance> {
+        let max_actions = self
+            .reloadable
+            .as_ref()
+            .map(|r| r.sandbox.limits().max_actions)
+            .unwrap_or(super::sandbox::Limits::default().max_actions);
+        Box::new(NativePolicy::<policy_fifo::Fifo>::new("fifo", self.config.seed, max_actions))
+    }
+
+    /// Initialise `instance`, replay what the arm holds into it, and make it answer.
+    /// `pending` are the events of a call that faulted (their arrivals are already
+    /// held, so only their other events are re-delivered).
+    fn hand_over(
+        &mut self,
+        mut instance: Box<dyn PolicyInstance>,
+        state: ArmState,
+        pending: Vec<Event>,
+        view: &dyn ClusterView,
+    ) -> ArmOutput {
+        let now = view.now();
+        let mut config = self.config.clone();
+        config.now = now;
+        // The new state holds from here, so a fault in the fallback's own init closes
+        // the arm instead of starting another fallback.
+        self.state = state;
+        let init = instance.init(&config, now);
+        self.stats.calls += 1;
+        self.instance = Some(instance);
+        self.account_cost();
+        let init_actions = match init {
+            Ok(actions) => actions,
+            Err(fault) => return self.fault(fault, pending, view),
+        };
+        self.healthy_since = now;
+
+        let mut replay: Vec<Event> =
+            self.ledger.in_arrival_order().into_iter().map(Event::Arrival).collect();
+        self.stats.replayed += replay.len() as u64;
+        replay.extend(view.idle_workers().into_iter().map(Event::WorkerIdle));
+        let had_tick = pending.iter().any(|e| matches!(e, Event::Tick(_)));
+        replay.extend(pending.into_iter().filter(|e| {
+            !matches!(e, Event::Arrival(_) | Event::WorkerIdle(_) | Event::RequestEnded(_))
+        }));
+        if !had_tick {
+            if let Some(snapshot) = &self.last_snapshot {
+                replay.push(Event::Tick(snapshot.clone()));
+            }
+        }
+        let mut output = self.accept(init_actions, view);
+        if replay.is_empty() {
+            return output;
+        }
+        self.stats.calls += 1;
+        self.stats.events += replay.len() as u64;
+        let instance = self.instance.as_mut().expect("just installed");
+        let result = instance.handle(&replay, now, CallKind::Init);
+        self.account_cost();
+        let next = match result {
+            Ok(actions) => self.accept(actions, view),
+            Err(fault) => self.fault(fault, replay, view),
+        };
+        output.actions.extend(next.actions);
+        output.rejected.extend(next.rejected);
+        output.fault = output.fault.or(next.fault);
+        output.refused.extend(next.refused);
+        output.refusal = output.refusal.or(next.refusal);
+        output
+    }
+
+    /// Handle a fault per the failure mode.
+    fn fault(&mut self, fault: PolicyFault, pending: Vec<Event>, view: &dyn ClusterView) -> ArmOutput {
+        *self.stats.faults.entry(fault.kind()).or_default() += 1;
+        let culprit = self.instance_label();
+        tracing::error!(arm = %self.name, policy = %culprit, %fault, mode = ?self.mode, "policy fault");
+        self.instance = None;
+        let now = view.now();
+
+        let output = match (self.state, self.mode) {
+            (ArmState::Fallback, _) | (_, FailureMode::FailClosed) => {
+                // The fallback itself failed, or the operator asked for fail-closed.
+                self.state = ArmState::Closed;
+                let reason = format!("policy arm {} is closed: {culprit} {fault}", self.name);
+                self.closed_reason = Some(reason.clone());
+                let refused = self.ledger.drain().into_iter().map(|r| r.id).collect();
+                ArmOutput { refused, refusal: Some(reason), ..ArmOutput::default() }
+            }
+            (ArmState::Primary, FailureMode::Reload) if self.reload_attempts == 0 => {
+                self.reload_attempts = 1;
+                match self.fresh_primary() {
+                    Ok(instance) => {
+                        self.stats.reloads += 1;
+                        tracing::warn!(arm = %self.name, "reloading a fresh instance of the policy");
+                        self.hand_over(instance, ArmState::Primary, pending, view)
+                    }
+                    Err(again) => self.fault(again, pending, view),
+                }
+            }
+            (ArmState::Primary, FailureMode::Reload) => {
+                let wait = backoff(self.reload_attempts);
+                self.reload_attempts += 1;
+                self.retry_at = Some(now + wait.as_nanos() as u64);
+                tracing::warn!(arm = %self.name, ?wait, "policy faulted again: serving with the fallback while backing off");
+                self.stats.fallbacks += 1;
+                let fallback = self.fallback();
+                self.hand_over(fallback, ArmState::Fallback, pending, view)
+            }
+            (ArmState::Primary, FailureMode::FailOpen) => {
+                tracing::warn!(arm = %self.name, held = self.ledger.len(), "switching to the built-in fallback policy (fifo)");
+                self.stats.fallbacks += 1;
+                let fallback = self.fallback();
+                self.hand_over(fallback, ArmState::Fallback, pending, view)
+            }
+            (ArmState::Closed, _) => ArmOutput::default(),
+        };
+        ArmOutput { fault: Some(fault), ..output }
+    }
+
+    fn accept(&mut self, actions: Vec<Action>, view: &dyn ClusterView) -> ArmOutput {
+        let verdict = validate(actions, &self.ledger, view);
+        for action in &verdict.accepted {
+            self.ledger.apply(action);
+            *self.stats.accepted.entry(action.kind()).or_default() += 1;
+        }
+        for (action, reason) in &verdict.rejected {
+            *self.stats.rejected.entry(reason.kind()).or_default() += 1;
+            tracing::debug!(arm = %self.name, action = action.kind(), %reason, "rejected a policy action");
+        }
+        ArmOutput { actions: verdict.accepted, rejected: verdict.rejected, ..ArmOutput::default() }
+    }
+
+    fn account_cost(&mut self) {
+        if let Some(cost) = self.instance.as_ref().map(|i| i.last_cost()) {
+            self.stats.call_time += cost.wall;
+            self.stats.max_call_time = self.stats.max_call_time.max(cost.wall);
+            self.stats.fuel += cost.fuel.unwrap_or(0);
+        }
+    }
+}
+
+/// Back-off before the `attempt`-th fresh instance: 1 s doubling, at most 60 s.
+fn backoff(attempt: u32) -> Duration {
+    let (first, max) = RELOAD_BACKOFF;
+    first.saturating_mul(1u32 << attempt.saturating_sub(1).min(16)).min(max)
+}

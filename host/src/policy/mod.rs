@@ -1,0 +1,25 @@
+//! The policy runtime: everything between a policy `.wasm` and the scheduling engine.
+//!
+//! - [`contract`]: the host side of the WIT contract (generated types);
+//! - [`sandbox`]: the wasmtime engine, its modes (epoch deadlines when serving, fuel
+//!   when simulating) and limits;
+//! - [`loader`]: SHA-256, the import check, compilation and its cache;
+//! - [`instance`]: a running component, its host imports, fault classification;
+//! - [`native`]: SDK policies compiled into the host (the built-in fallback);
+//! - [`validate`]: checking actions against the host's truth;
+//! - [`arm`]: one live policy with its held requests and its failure mode.
+
+pub mod arm;
+pub mod contract;
+pub mod instance;
+pub mod loader;
+pub mod native;
+pub mod sandbox;
+pub mod validate;
+
+pub use arm::{Arm, ArmOutput, ArmState, ArmStats, FailureMode};
+pub use instance::{CallCost, PolicyFault, PolicyInstance, ProfileSource, WasmPolicy};
+pub use loader::{LoadError, PolicyLoader, PolicyModule};
+pub use native::NativePolicy;
+pub use sandbox::{CallKind, Limits, Mode, Sandbox};
+pub use validate::{ClusterView, Ledger, Rejection, SequenceState, StageState, WorkerState};

@@ -1,0 +1,511 @@
+//! Validation of a policy's actions against the host's truth, before anything is
+//! applied. An invalid action is rejected whole — a dispatch with one bad request id
+//! runs none of its requests — and counted; the valid ones in the same answer stand.
+
+use std::collections::{HashMap, HashSet};
+
+use super::contract::{Action, Dispatch, Request, Scale, SetRoutes, StageKind, VariantTarget};
+
+/// A worker as the validator needs to see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkerState {
+    /// The stage it serves.
+    pub stage: u32,
+    /// Running a batch (or a frame) right now.
+    pub busy: bool,
+}
+
+/// A stage as the validator needs to see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StageState {
+    /// Batch or iteration-level.
+    pub kind: StageKind,
+    /// Largest batch the host accepts.
+    pub max_batch: u32,
+    /// The current batch limit (at most `max_batch`).
+    pub batch_limit: u32,
+    /// Number of variants.
+    pub variants: u32,
+    /// Replica bounds.
+    pub min_replicas: u32,
+    /// Replica bounds.
+    pub max_replicas: u32,
+    /// Replicas serving or starting now.
+    pub replicas: u32,
+}
+
+/// A sequence resident on an iteration-level worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SequenceState {
+    /// The worker holding its KV cache.
+    pub worker: u32,
+    /// In the frame running now (cannot be evicted until the frame ends).
+    pub running: bool,
+}
+
+/// The host's truth the validator checks actions against. The scheduling engine
+/// implements it; so does the conformance harness's scripted cluster.
+pub trait ClusterView {
+    /// The host's clock.
+    fn now(&self) -> u64;
+    /// A worker, if it exists.
+    fn worker(&self, id: u32) -> Option<WorkerState>;
+    /// Workers that are idle now (for replays into a new instance).
+    fn idle_workers(&self) -> Vec<u32>;
+    /// A stage, if it exists.
+    fn stage(&self, id: u32) -> Option<StageState>;
+    /// A resident sequence of an iteration-level worker, if any.
+    fn sequence(&self, id: u64) -> Option<SequenceState>;
+    /// Most workers the cluster can run.
+    fn max_workers(&self) -> u32;
+    /// Workers serving or starting now, over all stages.
+    fn total_replicas(&self) -> u32;
+    /// Most intra-op threads one worker may use.
+    fn max_threads(&self) -> u32;
+}
+
+/// Why an action was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Rejection {
+    /// The request is not one the policy holds (unknown, finished, or dispatched).
+    #[error("request {0} is not queued with the policy")]
+    UnknownRequest(u64),
+    /// The request is queued at another stage than the worker serves.
+    #[error("request {request} waits at stage {queued}, worker serves stage {worker_stage}")]
+    WrongStage {
+        /// The request.
+        request: u64,
+        /// Where it waits.
+        queued: u32,
+        /// What the worker serves.
+        worker_stage: u32,
+    },
+    /// The same request appears twice in this answer.
+    #[error("request {0} is used twice in one answer")]
+    RequestReused(u64),
+    /// No such worker.
+    #[error("worker {0} does not exist")]
+    UnknownWorker(u32),
+    /// The worker is running something.
+    #[error("worker {0} is busy")]
+    WorkerBusy(u32),
+    /// An empty batch.
+    #[error("dispatch to worker {0} names no request")]
+    EmptyBatch(u32),
+    /// A batch larger than the stage's limit.
+    #[error("batch of {len} over the limit of {limit} of stage {stage}")]
+    BatchOverLimit {
+        /// Stage.
+        stage: u32,
+        /// Batch size asked for.
+        len: usize,
+        /// The limit.
+        limit: u32,
+    },
+    /// No such stage.
+    #[error("stage {0} does not exist")]
+    UnknownStage(u32),
+    /// No such variant.
+    #[error("variant {variant} does not exist at stage {stage}")]
+    UnknownVariant {
+        /// Stage.
+        stage: u32,
+        /// Variant asked for.
+        variant: u32,
+    },
+    /// Replicas outside the stage's bounds.
+    #[error("{replicas} replicas outside [{min}, {max}] for stage {stage}")]
+    ReplicasOutOfRange {
+        /// Stage.
+        stage: u32,
+        /// Asked for.
+        replicas: u32,
+        /// Bound.
+        min: u32,
+        /// Bound.
+        max: u32,
+    },
+    /// More workers than the cluster has.
+    #[error("scaling to {wanted} workers in all exceeds the cluster's {max}")]
+    OverCapacity {
+        /// Workers after the change.
+        wanted: u32,
+        /// Cluster size.
+        max: u32,
+    },
+    /// Preempting an idle worker.
+    #[error("worker {0} runs nothing to preempt")]
+    NothingToPreempt(u32),
+    /// Evicting a sequence that is not resident.
+    #[error("sequence {0} is not resident on any worker")]
+    NotResident(u64),
+    /// Evicting a sequence in the running frame.
+    #[error("sequence {0} is running in the current frame")]
+    SequenceRunning(u64),
+    /// A malformed routing table.
+    #[error("routes for stage {stage}: {reason}")]
+    BadRoutes {
+        /// Stage.
+        stage: u32,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A batch limit of 0 or over the stage's maximum.
+    #[error("batch limit {limit} outside [1, {max}] for stage {stage}")]
+    BadBatchLimit {
+        /// Stage.
+        stage: u32,
+        /// Asked for.
+        limit: u32,
+        /// Maximum.
+        max: u32,
+    },
+    /// A thread count of 0 or over the host's maximum.
+    #[error("{threads} threads outside [1, {max}] for worker {worker}")]
+    BadThreads {
+        /// Worker.
+        worker: u32,
+        /// Asked for.
+        threads: u32,
+        /// Maximum.
+        max: u32,
+    },
+    /// A defer or timer in the past.
+    #[error("time {at} is not after now ({now})")]
+    InThePast {
+        /// Asked for.
+        at: u64,
+        /// Now.
+        now: u64,
+    },
+}
+
+impl Rejection {
+    /// A short name of the reason, for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Rejection::UnknownRequest(_) => "unknown-request",
+            Rejection::WrongStage { .. } => "wrong-stage",
+            Rejection::RequestReused(_) => "request-reused",
+            Rejection::UnknownWorker(_) => "unknown-worker",
+            Rejection::WorkerBusy(_) => "worker-busy",
+            Rejection::EmptyBatch(_) => "empty-batch",
+            Rejection::BatchOverLimit { .. } => "batch-over-limit",
+            Rejection::UnknownStage(_) => "unknown-stage",
+            Rejection::UnknownVariant { .. } => "unknown-variant",
+            Rejection::ReplicasOutOfRange { .. } => "replicas-out-of-range",
+            Rejection::OverCapacity { .. } => "over-capacity",
+            Rejection::NothingToPreempt(_) => "nothing-to-preempt",
+            Rejection::NotResident(_) => "not-resident",
+            Rejection::SequenceRunning(_) => "sequence-running",
+            Rejection::BadRoutes { .. } => "bad-routes",
+            Rejection::BadBatchLimit { .. } => "bad-batch-limit",
+            Rejection::BadThreads { .. } => "bad-threads",
+            Rejection::InThePast { .. } => "in-the-past",
+        }
+    }
+}
+
+/// The requests a policy holds: delivered as arrivals and not yet dispatched,
+/// dropped, deferred or ended. This is what a new instance is replayed.
+#[derive(Debug, Default, Clone)]
+pub struct Ledger {
+    entries: HashMap<u64, (u64, Request)>,
+    next_seq: u64,
+}
+
+impl Ledger {
+    /// Record an arrival.
+    pub fn insert(&mut self, request: Request) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.entries.insert(request.id, (seq, request));
+    }
+
+    /// Forget a request; returns it if it was held.
+    pub fn remove(&mut self, id: u64) -> Option<Request> {
+        self.entries.remove(&id).map(|(_, r)| r)
+    }
+
+    /// A held request.
+    pub fn get(&self, id: u64) -> Option<&Request> {
+        self.entries.get(&id).map(|(_, r)| r)
+    }
+
+    /// Number of held requests.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Held requests in the order they arrived.
+    pub fn in_arrival_order(&self) -> Vec<Request> {
+        let mut held: Vec<_> = self.entries.values().collect();
+        held.sort_by_key(|(seq, _)| *seq);
+        held.into_iter().map(|(_, r)| r.clone()).collect()
+    }
+
+    /// Forget everything; returns what was held, in arrival order.
+    pub fn drain(&mut self) -> Vec<Request> {
+        let held = self.in_arrival_order();
+        self.entries.clear();
+        held
+    }
+
+    /// Remove the requests an accepted action consumes from the policy's hands.
+    pub fn apply(&mut self, action: &Action) {
+        match action {
+            Action::Drop(d) => {
+                self.remove(d.request);
+            }
+            Action::Dispatch(d) => {
+                for id in &d.requests {
+                    self.remove(*id);
+                }
+            }
+            Action::Defer(d) => {
+                self.remove(d.request);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The outcome of validating one answer.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Verdict {
+    /// Actions to apply, in the policy's order.
+    pub accepted: Vec<Action>,
+    /// Rejected actions with their reasons.
+    pub rejected: Vec<(Action, Rejection)>,
+}
+
+/// Validate `actions` in order against the ledger and the view; later actions see the
+/// effects of earlier accepted ones (a worker dispatched to is busy, a request used is
+/// gone).
+pub fn validate(actions: Vec<Action>, ledger: &Ledger, view: &dyn ClusterView) -> Verdict {
+    let mut checker = Checker {
+        ledger,
+        view,
+        used: HashSet::new(),
+        taken: HashSet::new(),
+        preempted: HashSet::new(),
+        replica_delta: HashMap::new(),
+    };
+    let mut verdict = Verdict::default();
+    for action in actions {
+        match checker.check(&action) {
+            Ok(()) => verdict.accepted.push(action),
+            Err(reason) => verdict.rejected.push((action, reason)),
+        }
+    }
+    verdict
+}
+
+struct Checker<'a> {
+    ledger: &'a Ledger,
+    view: &'a dyn ClusterView,
+    /// Requests consumed by accepted actions of this answer.
+    used: HashSet<u64>,
+    /// Workers dispatched to by accepted actions of this answer.
+    taken: HashSet<u32>,
+    /// Workers preempted by accepted actions of this answer.
+    preempted: HashSet<u32>,
+    /// Replica changes made by accepted scale actions of this answer, per stage.
+    replica_delta: HashMap<u32, i64>,
+}
+
+impl Checker<'_> {
+    fn check(&mut self, action: &Action) -> Result<(), Rejection> {
+        let view = self.view;
+        match action {
+            Action::Drop(d) => {
+                self.held_or_resident(d.request)?;
+                self.used.insert(d.request);
+            }
+            Action::Dispatch(d) => self.check_dispatch(d)?,
+            Action::Preempt(w) => {
+                let worker = view.worker(*w).ok_or(Rejection::UnknownWorker(*w))?;
+                if !worker.busy || !self.preempted.insert(*w) {
+                    return Err(Rejection::NothingToPreempt(*w));
+                }
+            }
+            Action::Evict(e) => {
+                let sequence = view.sequence(e.sequence).ok_or(Rejection::NotResident(e.sequence))?;
+                if sequence.running {
+                    return Err(Rejection::SequenceRunning(e.sequence));
+                }
+                if !self.used.insert(e.sequence) {
+                    return Err(Rejection::RequestReused(e.sequence));
+                }
+            }
+            Action::Scale(s) => self.check_scale(s)?,
+            Action::SetVariant(s) => {
+                let stage_id = match s.target {
+                    VariantTarget::Worker(w) => view.worker(w).ok_or(Rejection::UnknownWorker(w))?.stage,
+                    VariantTarget::Stage(stage) => stage,
+                };
+                let stage = view.stage(stage_id).ok_or(Rejection::UnknownStage(stage_id))?;
+                if s.variant >= stage.variants {
+                    return Err(Rejection::UnknownVariant { stage: stage_id, variant: s.variant });
+                }
+            }
+            Action::SetRoutes(r) => self.check_routes(r)?,
+            Action::SetBatchLimit(b) => {
+                let stage = view.stage(b.stage).ok_or(Rejection::UnknownStage(b.stage))?;
+                if b.limit == 0 || b.limit > stage.max_batch {
+                    return Err(Rejection::BadBatchLimit { stage: b.stage, limit: b.limit, max: stage.max_batch });
+                }
+            }
+            Action::SetThreads(t) => {
+                view.worker(t.worker).ok_or(Rejection::UnknownWorker(t.worker))?;
+                let max = view.max_threads();
+                if t.threads == 0 || t.threads > max {
+                    return Err(Rejection::BadThreads { worker: t.worker, threads: t.threads, max });
+                }
+            }
+            Action::Defer(d) => {
+                if self.ledger.get(d.request).is_none() {
+                    return Err(Rejection::UnknownRequest(d.request));
+                }
+                if self.used.contains(&d.request) {
+                    return Err(Rejection::RequestReused(d.request));
+                }
+                if d.until <= view.now() {
+                    return Err(Rejection::InThePast { at: d.until, now: view.now() });
+                }
+                self.used.insert(d.request);
+            }
+            Action::SetTimer(t) => {
+                if t.at < view.now() {
+                    return Err(Rejection::InThePast { at: t.at, now: view.now() });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn check_dispatch(&mut self, d: &Dispatch) -> Result<(), Rejection> {
+        let view = self.view;
+        let worker = view.worker(d.worker).ok_or(Rejection::UnknownWorker(d.worker))?;
+        if worker.busy || self.taken.contains(&d.worker) {
+            return Err(Rejection::WorkerBusy(d.worker));
+        }
+        let stage = view.stage(worker.stage).ok_or(Rejection::UnknownStage(worker.stage))?;
+        if d.requests.is_empty() {
+            return Err(Rejection::EmptyBatch(d.worker));
+        }
+        if d.requests.len() > stage.batch_limit as usize {
+            return Err(Rejection::BatchOverLimit {
+                stage: worker.stage,
+                len: d.requests.len(),
+                limit: stage.batch_limit,
+            });
+        }
+        if let Some(variant) = d.variant {
+            if variant >= stage.variants {
+                return Err(Rejection::UnknownVariant { stage: worker.stage, variant });
+            }
+        }
+        let mut in_batch = HashSet::with_capacity(d.requests.len());
+        for &id in &d.requests {
+            if !in_batch.insert(id) || self.used.contains(&id) {
+                return Err(Rejection::RequestReused(id));
+            }
+            match self.ledger.get(id) {
+                Some(request) if request.stage != worker.stage => {
+                    return Err(Rejection::WrongStage {
+                        request: id,
+                        queued: request.stage,
+                        worker_stage: worker.stage,
+                    })
+                }
+                Some(_) => {}
+                None => {
+                    // Iteration workers may also re-run their own resident sequences.
+                    let resident = stage.kind == StageKind::Iteration
+                        && view.sequence(id).is_some_and(|s| s.worker == d.worker);
+                    if !resident {
+                        return Err(Rejection::UnknownRequest(id));
+                    }
+                }
+            }
+        }
+        self.used.extend(in_batch);
+        self.taken.insert(d.worker);
+        Ok(())
+    }
+
+    fn check_scale(&mut self, s: &Scale) -> Result<(), Rejection> {
+        let view = self.view;
+        let stage = view.stage(s.stage).ok_or(Rejection::UnknownStage(s.stage))?;
+        if s.replicas < stage.min_replicas || s.replicas > stage.max_replicas {
+            return Err(Rejection::ReplicasOutOfRange {
+                stage: s.stage,
+                replicas: s.replicas,
+                min: stage.min_replicas,
+                max: stage.max_replicas,
+            });
+        }
+        if let Some(variant) = s.variant {
+            if variant >= stage.variants {
+                return Err(Rejection::UnknownVariant { stage: s.stage, variant });
+            }
+        }
+        let delta = s.replicas as i64 - stage.replicas as i64;
+        let others: i64 = self
+            .replica_delta
+            .iter()
+            .filter(|(stage, _)| **stage != s.stage)
+            .map(|(_, d)| *d)
+            .sum();
+        let wanted = view.total_replicas() as i64 + others + delta;
+        if wanted > view.max_workers() as i64 {
+            return Err(Rejection::OverCapacity { wanted: wanted.max(0) as u32, max: view.max_workers() });
+        }
+        self.replica_delta.insert(s.stage, delta);
+        Ok(())
+    }
+
+    fn check_routes(&self, r: &SetRoutes) -> Result<(), Rejection> {
+        let view = self.view;
+        view.stage(r.stage).ok_or(Rejection::UnknownStage(r.stage))?;
+        let bad = |reason: String| Rejection::BadRoutes { stage: r.stage, reason };
+        if let Some(source) = r.source {
+            view.worker(source).ok_or(Rejection::UnknownWorker(source))?;
+        }
+        if r.targets.is_empty() {
+            return Err(bad("no targets".into()));
+        }
+        let mut total = 0.0;
+        for target in &r.targets {
+            let worker = view.worker(target.worker).ok_or(Rejection::UnknownWorker(target.worker))?;
+            if worker.stage != r.stage {
+                return Err(bad(format!("worker {} serves stage {}", target.worker, worker.stage)));
+            }
+            if !target.weight.is_finite() || target.weight < 0.0 {
+                return Err(bad(format!("weight {} of worker {}", target.weight, target.worker)));
+            }
+            total += target.weight;
+        }
+        if total <= 0.0 {
+            return Err(bad("weights sum to zero".into()));
+        }
+        Ok(())
+    }
+
+    /// A drop may name a queued request or a resident sequence, once per answer.
+    fn held_or_resident(&self, id: u64) -> Result<(), Rejection> {
+        if self.used.contains(&id) {
+            return Err(Rejection::RequestReused(id));
+        }
+        if self.ledger.get(id).is_none() && self.view.sequence(id).is_none() {
+            return Err(Rejection::UnknownRequest(id));
+        }
+        Ok(())
+    }
+}

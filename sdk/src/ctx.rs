@@ -1,0 +1,245 @@
+//! The policy's view of the world during a call: configuration, workers, clock,
+//! parameters, profiles, and the actions it has emitted so far.
+
+use std::collections::BTreeMap;
+
+use crate::{
+    Action, Config, Defer, Dispatch, DropReason, DropRequest, Duration, Evict, EvictMode, Host,
+    Instant, LatencyTable, Level, RequestId, Route, Scale, SequenceState, SetBatchLimit, SetRoutes, SetThreads,
+    SetTimer, SetVariant, StageId, VariantId, VariantTarget, Worker, WorkerId,
+};
+
+/// A worker as the SDK tracks it: its description and whether it is free.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkerView {
+    /// The worker as the host described it.
+    pub info: Worker,
+    /// True from its `worker-idle` event until the policy dispatches to it.
+    pub idle: bool,
+}
+
+/// What a policy method can see and do.
+pub struct Ctx {
+    config: Config,
+    host: Box<dyn Host + Send>,
+    latency: LatencyTable,
+    workers: BTreeMap<WorkerId, WorkerView>,
+    batch_limits: Vec<u32>,
+    resident: BTreeMap<WorkerId, Vec<SequenceState>>,
+    actions: Vec<Action>,
+}
+
+impl Ctx {
+    /// A context for `config` with the given host.
+    pub fn new(config: Config, host: Box<dyn Host + Send>) -> Self {
+        let latency = LatencyTable::from_config(&config);
+        let workers = config
+            .workers
+            .iter()
+            .map(|w| (w.id, WorkerView { info: w.clone(), idle: false }))
+            .collect();
+        let mut batch_limits = Vec::new();
+        for stage in &config.stages {
+            let index = stage.id as usize;
+            if batch_limits.len() <= index {
+                batch_limits.resize(index + 1, 0);
+            }
+            batch_limits[index] = stage.max_batch;
+        }
+        Self { config, host, latency, workers, batch_limits, resident: BTreeMap::new(), actions: Vec::new() }
+    }
+
+    /// The configuration the policy was started with.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The host's clock.
+    pub fn now(&self) -> Instant {
+        self.host.now()
+    }
+
+    /// The host's services (log, metrics, profiles, random source).
+    pub fn host(&self) -> &dyn Host {
+        self.host.as_ref()
+    }
+
+    /// Write an informational line to the host's log.
+    pub fn log(&self, level: Level, message: &str) {
+        self.host.log(level, message)
+    }
+
+    /// A parameter's raw value.
+    pub fn param(&self, key: &str) -> Option<&str> {
+        self.config.params.iter().find(|p| p.key == key).map(|p| p.value.as_str())
+    }
+
+    /// A parameter parsed as `T`, or `default` when absent.
+    ///
+    /// A value that does not parse is an error naming the key, so `init` can refuse
+    /// the configuration with a clear reason.
+    pub fn param_or<T: std::str::FromStr>(&self, key: &str, default: T) -> Result<T, String> {
+        match self.param(key) {
+            None => Ok(default),
+            Some(raw) => raw
+                .trim()
+                .parse()
+                .map_err(|_| format!("parameter `{key}`: cannot parse {raw:?}")),
+        }
+    }
+
+    /// The profiled latency table.
+    pub fn latency(&self) -> &LatencyTable {
+        &self.latency
+    }
+
+    /// Mean latency of a batch on a worker's stage and variant (0 without a profile).
+    pub fn batch_latency(&self, worker: WorkerId, batch: u32) -> Duration {
+        self.workers
+            .get(&worker)
+            .and_then(|w| self.latency.mean(w.info.stage, w.info.variant, batch))
+            .unwrap_or(0)
+    }
+
+    /// Every known worker.
+    pub fn workers(&self) -> impl Iterator<Item = &WorkerView> {
+        self.workers.values()
+    }
+
+    /// One worker.
+    pub fn worker(&self, id: WorkerId) -> Option<&WorkerView> {
+        self.workers.get(&id)
+    }
+
+    /// Idle workers of a stage, lowest id first.
+    pub fn idle_workers(&self, stage: StageId) -> impl Iterator<Item = WorkerId> + '_ {
+        self.workers
+            .values()
+            .filter(move |w| w.idle && w.info.stage == stage)
+            .map(|w| w.info.id)
+    }
+
+    /// Unfinished sequences resident on an iteration-level worker as of its last frame
+    /// (they stay paused unless dispatched again).
+    pub fn resident(&self, worker: WorkerId) -> &[SequenceState] {
+        self.resident.get(&worker).map(Vec::as_slice).unwrap_or(&[])
+    }
+
+    /// The current batch limit of a stage (its `max-batch` until changed).
+    pub fn batch_limit(&self, stage: StageId) -> u32 {
+        self.batch_limits.get(stage as usize).copied().unwrap_or(1).max(1)
+    }
+
+    /// Actions emitted so far in this call.
+    pub fn actions(&self) -> &[Action] {
+        &self.actions
+    }
+
+    /// Drop a request.
+    pub fn drop_request(&mut self, request: RequestId, reason: DropReason) {
+        self.forget_sequence(request);
+        self.actions.push(Action::Drop(DropRequest { request, reason }));
+    }
+
+    /// Run `requests` as one batch on `worker` (which the SDK then counts as busy).
+    pub fn dispatch(&mut self, worker: WorkerId, requests: Vec<RequestId>) {
+        self.dispatch_variant(worker, requests, None)
+    }
+
+    /// Run a batch with an explicit variant.
+    pub fn dispatch_variant(
+        &mut self,
+        worker: WorkerId,
+        requests: Vec<RequestId>,
+        variant: Option<VariantId>,
+    ) {
+        if let Some(view) = self.workers.get_mut(&worker) {
+            view.idle = false;
+        }
+        self.actions.push(Action::Dispatch(Dispatch { worker, requests, variant }));
+    }
+
+    /// Abort the batch running on a worker; its requests come back as arrivals.
+    pub fn preempt(&mut self, worker: WorkerId) {
+        self.actions.push(Action::Preempt(worker));
+    }
+
+    /// Evict a paused sequence from an iteration-level worker.
+    pub fn evict(&mut self, sequence: RequestId, mode: EvictMode) {
+        self.forget_sequence(sequence);
+        self.actions.push(Action::Evict(Evict { sequence, mode }));
+    }
+
+    /// Set a stage's replica count.
+    pub fn scale(&mut self, stage: StageId, replicas: u32, variant: Option<VariantId>) {
+        self.actions.push(Action::Scale(Scale { stage, replicas, variant }));
+    }
+
+    /// Switch the variant of a worker or a stage.
+    pub fn set_variant(&mut self, target: VariantTarget, variant: VariantId) {
+        if let VariantTarget::Worker(id) = target {
+            if let Some(view) = self.workers.get_mut(&id) {
+                view.info.variant = variant;
+            }
+        }
+        self.actions.push(Action::SetVariant(SetVariant { target, variant }));
+    }
+
+    /// Replace the routing table of a stage.
+    pub fn set_routes(&mut self, stage: StageId, source: Option<WorkerId>, targets: Vec<Route>) {
+        self.actions.push(Action::SetRoutes(SetRoutes { stage, source, targets }));
+    }
+
+    /// Change the largest batch formed for a stage.
+    pub fn set_batch_limit(&mut self, stage: StageId, limit: u32) {
+        if let Some(slot) = self.batch_limits.get_mut(stage as usize) {
+            *slot = limit;
+        }
+        self.actions.push(Action::SetBatchLimit(SetBatchLimit { stage, limit }));
+    }
+
+    /// Change a worker's intra-op thread count.
+    pub fn set_threads(&mut self, worker: WorkerId, threads: u32) {
+        self.actions.push(Action::SetThreads(SetThreads { worker, threads }));
+    }
+
+    /// Hand a request back to the host until `until`.
+    pub fn defer(&mut self, request: RequestId, until: Instant) {
+        self.actions.push(Action::Defer(Defer { request, until }));
+    }
+
+    /// Ask for a timer event at `at`.
+    pub fn set_timer(&mut self, at: Instant, token: u64) {
+        self.actions.push(Action::SetTimer(SetTimer { at, token }));
+    }
+
+    pub(crate) fn mark_idle(&mut self, worker: WorkerId) {
+        if let Some(view) = self.workers.get_mut(&worker) {
+            view.idle = true;
+        }
+    }
+
+    pub(crate) fn record_frame(&mut self, frame: &crate::FrameReport) {
+        let unfinished = frame.sequences.iter().filter(|s| !s.finished).cloned().collect();
+        self.resident.insert(frame.worker, unfinished);
+    }
+
+    pub(crate) fn forget_sequence(&mut self, id: RequestId) {
+        for sequences in self.resident.values_mut() {
+            sequences.retain(|s| s.id != id);
+        }
+    }
+
+    pub(crate) fn add_worker(&mut self, worker: Worker) {
+        self.workers.insert(worker.id, WorkerView { info: worker, idle: false });
+    }
+
+    pub(crate) fn remove_worker(&mut self, worker: WorkerId) {
+        self.workers.remove(&worker);
+        self.resident.remove(&worker);
+    }
+
+    pub(crate) fn take_actions(&mut self) -> Vec<Action> {
+        std::mem::take(&mut self.actions)
+    }
+}

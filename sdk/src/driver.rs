@@ -1,0 +1,66 @@
+//! Drives a [`Policy`] from batches of events: the glue between the contract's two
+//! exports and the trait's per-event methods. Used by the component export and, natively,
+//! by the host.
+
+use crate::{Action, Config, Ctx, Event, Host, Policy};
+
+/// A started policy with its context.
+pub struct Driver<P: Policy> {
+    policy: P,
+    ctx: Ctx,
+}
+
+impl<P: Policy> Driver<P> {
+    /// Start `P` on `config`; returns the driver and the actions `init` emitted.
+    pub fn new(config: Config, host: Box<dyn Host + Send>) -> Result<(Self, Vec<Action>), String> {
+        let mut ctx = Ctx::new(config, host);
+        let policy = P::init(&mut ctx)?;
+        let actions = ctx.take_actions();
+        Ok((Self { policy, ctx }, actions))
+    }
+
+    /// Deliver one batch of events and collect the actions.
+    pub fn handle(&mut self, events: Vec<Event>) -> Vec<Action> {
+        let (policy, ctx) = (&mut self.policy, &mut self.ctx);
+        for event in events {
+            match event {
+                Event::Arrival(request) => policy.on_arrival(ctx, request),
+                Event::WorkerIdle(worker) => {
+                    ctx.mark_idle(worker);
+                    policy.on_worker_idle(ctx, worker)
+                }
+                Event::BatchDone(outcome) => policy.on_batch_done(ctx, outcome),
+                Event::Frame(frame) => {
+                    ctx.record_frame(&frame);
+                    policy.on_frame(ctx, frame)
+                }
+                Event::Tick(snapshot) => policy.on_tick(ctx, snapshot),
+                Event::Timer(token) => policy.on_timer(ctx, token),
+                Event::WorkerAdded(worker) => {
+                    ctx.add_worker(worker.clone());
+                    policy.on_worker_added(ctx, worker)
+                }
+                Event::WorkerRemoved(worker) => {
+                    ctx.remove_worker(worker);
+                    policy.on_worker_removed(ctx, worker)
+                }
+                Event::RequestEnded((request, reason)) => {
+                    ctx.forget_sequence(request);
+                    policy.on_request_ended(ctx, request, reason)
+                }
+            }
+        }
+        policy.on_events_done(ctx);
+        ctx.take_actions()
+    }
+
+    /// The policy itself (for native tests).
+    pub fn policy(&self) -> &P {
+        &self.policy
+    }
+
+    /// The context (for native tests).
+    pub fn ctx(&self) -> &Ctx {
+        &self.ctx
+    }
+}

@@ -1,0 +1,160 @@
+//! Batch latency look-ups from the profiles in the policy's configuration.
+
+use crate::{Config, Duration, LatencyPoint, StageId, VariantId};
+
+/// Profiled batch latencies of every (stage, variant), with linear interpolation
+/// between profiled batch sizes and linear extrapolation past the largest one.
+#[derive(Debug, Clone, Default)]
+pub struct LatencyTable {
+    /// `profiles[stage][variant]`, each sorted by batch size.
+    profiles: Vec<Vec<Vec<LatencyPoint>>>,
+}
+
+impl LatencyTable {
+    /// Index the profiles of a configuration.
+    pub fn from_config(config: &Config) -> Self {
+        let mut profiles: Vec<Vec<Vec<LatencyPoint>>> = Vec::new();
+        for stage in &config.stages {
+            let index = stage.id as usize;
+            if profiles.len() <= index {
+                profiles.resize(index + 1, Vec::new());
+            }
+            let mut variants = Vec::new();
+            for variant in &stage.variants {
+                let v = variant.id as usize;
+                if variants.len() <= v {
+                    variants.resize(v + 1, Vec::new());
+                }
+                let mut points = variant.profile.clone();
+                points.sort_by_key(|p| p.batch);
+                variants[v] = points;
+            }
+            profiles[index] = variants;
+        }
+        Self { profiles }
+    }
+
+    /// Mean latency of a batch of `batch` requests, or `None` without a profile.
+    pub fn mean(&self, stage: StageId, variant: VariantId, batch: u32) -> Option<Duration> {
+        self.lookup(stage, variant, batch, |p| p.mean)
+    }
+
+    /// Tail latency of a batch of `batch` requests, or `None` without a profile.
+    pub fn tail(&self, stage: StageId, variant: VariantId, batch: u32) -> Option<Duration> {
+        self.lookup(stage, variant, batch, |p| p.tail)
+    }
+
+    /// The largest batch size whose mean latency is at most `budget` (0 if none fits).
+    pub fn largest_batch_within(
+        &self,
+        stage: StageId,
+        variant: VariantId,
+        budget: Duration,
+        limit: u32,
+    ) -> u32 {
+        let mut best = 0;
+        for batch in 1..=limit {
+            match self.mean(stage, variant, batch) {
+                Some(latency) if latency <= budget => best = batch,
+                _ => break,
+            }
+        }
+        best
+    }
+
+    fn lookup(
+        &self,
+        stage: StageId,
+        variant: VariantId,
+        batch: u32,
+        value: impl Fn(&LatencyPoint) -> Duration,
+    ) -> Option<Duration> {
+        let points = self.profiles.get(stage as usize)?.get(variant as usize)?;
+        let batch = batch.max(1);
+        let first = points.first()?;
+        if points.len() == 1 {
+            // A single profiled size: the best estimate for every size.
+            return Some(value(first));
+        }
+        // Find the segment [lo, hi] around `batch` (or the last/first segment to extrapolate).
+        let upper = points.partition_point(|p| p.batch < batch).clamp(1, points.len() - 1);
+        let (lo, hi) = (&points[upper - 1], &points[upper]);
+        if batch == hi.batch {
+            return Some(value(hi));
+        }
+        if batch <= first.batch {
+            return Some(value(first));
+        }
+        let slope = (value(hi) as f64 - value(lo) as f64) / (hi.batch as f64 - lo.batch as f64);
+        let estimate = value(lo) as f64 + slope * (batch as f64 - lo.batch as f64);
+        Some(estimate.max(0.0).round() as Duration)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{DeviceKind, Stage, StageKind, Variant};
+
+    fn config(points: &[(u32, u64)]) -> Config {
+        Config {
+            arm: "test".into(),
+            stages: vec![Stage {
+                id: 0,
+                name: "s".into(),
+                kind: StageKind::Batch,
+                successors: vec![],
+                predecessors: vec![],
+                variants: vec![Variant {
+                    id: 0,
+                    name: "v".into(),
+                    accuracy: 1.0,
+                    profile: points
+                        .iter()
+                        .map(|&(batch, mean)| LatencyPoint { batch, mean, tail: mean * 2 })
+                        .collect(),
+                    memory_bytes: 0,
+                    fan_out: 1.0,
+                }],
+                max_batch: 32,
+                min_replicas: 1,
+                max_replicas: 4,
+            }],
+            workers: vec![crate::Worker {
+                id: 0,
+                stage: 0,
+                variant: 0,
+                device: DeviceKind::Cpu,
+                threads: 1,
+                memory_bytes: 0,
+            }],
+            streams: vec![],
+            params: vec![],
+            tick_interval: 1_000_000_000,
+            max_workers: 4,
+            seed: 1,
+            now: 0,
+        }
+    }
+
+    #[test]
+    fn interpolates_and_extrapolates() {
+        let table = LatencyTable::from_config(&config(&[(1, 10), (4, 40), (8, 60)]));
+        assert_eq!(table.mean(0, 0, 1), Some(10));
+        assert_eq!(table.mean(0, 0, 2), Some(20));
+        assert_eq!(table.mean(0, 0, 4), Some(40));
+        assert_eq!(table.mean(0, 0, 6), Some(50));
+        assert_eq!(table.mean(0, 0, 16), Some(100));
+        assert_eq!(table.tail(0, 0, 2), Some(40));
+        assert_eq!(table.mean(1, 0, 1), None);
+        assert_eq!(table.mean(0, 3, 1), None);
+    }
+
+    #[test]
+    fn largest_batch_within_budget() {
+        let table = LatencyTable::from_config(&config(&[(1, 10), (8, 80)]));
+        assert_eq!(table.largest_batch_within(0, 0, 35, 32), 3);
+        assert_eq!(table.largest_batch_within(0, 0, 5, 32), 0);
+        assert_eq!(table.largest_batch_within(0, 0, 10_000, 16), 16);
+    }
+}
