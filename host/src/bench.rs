@@ -106,7 +106,8 @@ pub fn record_stream(recorder: &mut dyn PolicyInstance, batch: usize, calls: usi
         while events.len() < batch {
             let (state, value) = yardmaster_sdk::splitmix64(rng);
             rng = state;
-            let slack = 5 * MS + value % (200 * MS);
+            // A few deadlines are too tight for even a batch of one (2.5 ms).
+            let slack = MS + value % (200 * MS);
             events.push(Event::Arrival(Request {
                 id: next_id,
                 origin: next_id,

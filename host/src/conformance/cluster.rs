@@ -178,7 +178,8 @@ impl ScriptedCluster {
             batch_limits: config.stages.iter().map(|s| s.max_batch).collect(),
             replicas,
             next_worker: workers.keys().max().map_or(0, |m| m + 1),
-            pending: workers.keys().map(|&w| Event::WorkerIdle(w)).collect(),
+            // The arm's hand-over tells the policy which workers are idle.
+            pending: Vec::new(),
             workers,
             config: config.clone(),
             starting: Vec::new(),

@@ -331,18 +331,13 @@ fn classify(
     }
 }
 
-/// The error without its wasm backtrace lines.
+/// The error's root cause (a trap's description, or what a host call reported),
+/// without the wasm backtrace.
 fn concise(error: &wasmtime::Error) -> String {
-    let text = format!("{error:#}");
-    let kept: Vec<&str> = text
-        .lines()
-        .filter(|line| {
-            let trimmed = line.trim_start();
-            let is_frame = trimmed.split_once(':').is_some_and(|(n, _)| n.chars().all(|c| c.is_ascii_digit()) && !n.is_empty());
-            !is_frame && !trimmed.is_empty()
-        })
-        .collect();
-    kept.join(" ")
+    match error.downcast_ref::<Trap>() {
+        Some(trap) => trap.to_string(),
+        None => error.root_cause().to_string(),
+    }
 }
 
 impl PolicyInstance for WasmPolicy {

@@ -225,11 +225,14 @@ impl PolicyLoader {
                 hasher.finish()
             ))
         });
-        if let Some(file) = cached_file.as_ref().filter(|f| f.exists()) {
-            // SAFETY: the file was written by `Component::serialize` of this same
+        if let Some(bytes) = cached_file.as_ref().and_then(|f| std::fs::read(f).ok()) {
+            // Read into memory rather than mapping the file, so a cache file replaced or
+            // truncated by another process cannot fault this one.
+            // SAFETY: the bytes were written by `Component::serialize` of this same
             // engine configuration (its compatibility hash is in the file name) into
-            // the operator's own cache directory; wasmtime still validates its header.
-            if let Ok(component) = unsafe { Component::deserialize_file(engine, file) } {
+            // the operator's own cache directory; wasmtime still checks their header
+            // and refuses anything it did not produce.
+            if let Ok(component) = unsafe { Component::deserialize(engine, &bytes) } {
                 self.memory.lock().unwrap().insert(*sha256, component.clone());
                 return Ok((component, true));
             }

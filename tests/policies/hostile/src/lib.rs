@@ -7,7 +7,7 @@
 //!   (unbounded recursion), `membomb` (allocate until memory runs out), `trap`
 //!   (panic), `trap-init` (fail in init by trapping), `refuse-init` (return an error
 //!   from init), `invalid` (emit invalid actions next to one valid drop), `flood`
-//!   (return a million actions);
+//!   (return 200 000 actions);
 //! - `after`: how many `handle` calls behave before the misbehaviour (default 0).
 
 use yardmaster_sdk::{Ctx, DropReason, EndReason, Policy, Request, RequestId, WorkerId};
@@ -66,7 +66,7 @@ impl Policy for Hostile {
             "trap" => panic!("hostile policy: trap in handle"),
             "invalid" => self.emit_invalid(ctx),
             "flood" => {
-                for i in 0..1_000_000u64 {
+                for i in 0..200_000u64 {
                     ctx.set_timer(i, i);
                 }
             }
