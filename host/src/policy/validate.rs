@@ -509,3 +509,181 @@ impl Checker<'_> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::contract::{
+        Defer, DropReason, DropRequest, Evict, EvictMode, Route, SetBatchLimit, SetThreads,
+        SetVariant,
+    };
+
+    /// Two batch stages (0: workers 0, 1; 1: worker 2) and an iteration stage (2:
+    /// worker 3, with resident sequences 500 running and 501 paused).
+    struct View;
+
+    impl ClusterView for View {
+        fn now(&self) -> u64 {
+            1_000
+        }
+        fn worker(&self, id: u32) -> Option<WorkerState> {
+            match id {
+                0 => Some(WorkerState { stage: 0, busy: false }),
+                1 => Some(WorkerState { stage: 0, busy: true }),
+                2 => Some(WorkerState { stage: 1, busy: false }),
+                3 => Some(WorkerState { stage: 2, busy: false }),
+                _ => None,
+            }
+        }
+        fn idle_workers(&self) -> Vec<u32> {
+            vec![0, 2, 3]
+        }
+        fn stage(&self, id: u32) -> Option<StageState> {
+            let kind = if id == 2 { StageKind::Iteration } else { StageKind::Batch };
+            (id < 3).then_some(StageState {
+                kind,
+                max_batch: 8,
+                batch_limit: 4,
+                variants: 2,
+                min_replicas: 1,
+                max_replicas: 3,
+                replicas: if id == 0 { 2 } else { 1 },
+            })
+        }
+        fn sequence(&self, id: u64) -> Option<SequenceState> {
+            match id {
+                500 => Some(SequenceState { worker: 3, running: true }),
+                501 => Some(SequenceState { worker: 3, running: false }),
+                _ => None,
+            }
+        }
+        fn max_workers(&self) -> u32 {
+            5
+        }
+        fn total_replicas(&self) -> u32 {
+            4
+        }
+        fn max_threads(&self) -> u32 {
+            8
+        }
+    }
+
+    fn ledger() -> Ledger {
+        let mut ledger = Ledger::default();
+        for (id, stage) in [(1, 0), (2, 0), (3, 0), (4, 0), (5, 0), (6, 1)] {
+            ledger.insert(Request {
+                id,
+                origin: id,
+                stage,
+                stream: 0,
+                sent_at: 0,
+                arrived_at: 0,
+                deadline: 10_000,
+                priority: 0,
+                input_size: 0,
+                expected_tokens: 0,
+                requeues: 0,
+                tags: vec![],
+            });
+        }
+        ledger
+    }
+
+    fn dispatch(worker: u32, requests: &[u64]) -> Action {
+        Action::Dispatch(Dispatch { worker, requests: requests.to_vec(), variant: None })
+    }
+
+    fn reasons(actions: Vec<Action>) -> Vec<&'static str> {
+        validate(actions, &ledger(), &View).rejected.iter().map(|(_, r)| r.kind()).collect()
+    }
+
+    #[test]
+    fn dispatch_rules() {
+        assert!(reasons(vec![dispatch(0, &[1, 2])]).is_empty());
+        assert_eq!(reasons(vec![dispatch(1, &[1])]), ["worker-busy"]);
+        assert_eq!(reasons(vec![dispatch(9, &[1])]), ["unknown-worker"]);
+        assert_eq!(reasons(vec![dispatch(0, &[])]), ["empty-batch"]);
+        assert_eq!(reasons(vec![dispatch(0, &[1, 2, 3, 4, 5])]), ["batch-over-limit"]);
+        assert_eq!(reasons(vec![dispatch(0, &[6])]), ["wrong-stage"]);
+        assert_eq!(reasons(vec![dispatch(0, &[1, 1])]), ["request-reused"]);
+        assert_eq!(reasons(vec![dispatch(0, &[77])]), ["unknown-request"]);
+        // The same worker twice, and the same request in two batches, in one answer.
+        assert_eq!(reasons(vec![dispatch(0, &[1]), dispatch(0, &[2])]), ["worker-busy"]);
+        assert_eq!(reasons(vec![dispatch(0, &[1]), dispatch(2, &[6]), dispatch(2, &[6])]), ["worker-busy"]);
+        let with_variant = Action::Dispatch(Dispatch { worker: 0, requests: vec![1], variant: Some(2) });
+        assert_eq!(reasons(vec![with_variant]), ["unknown-variant"]);
+    }
+
+    #[test]
+    fn a_rejected_dispatch_consumes_nothing() {
+        // The first dispatch is rejected (request 77 unknown), so 1 is still free.
+        let verdict = validate(vec![dispatch(0, &[1, 77]), dispatch(0, &[1])], &ledger(), &View);
+        assert_eq!(verdict.rejected.len(), 1);
+        assert_eq!(verdict.accepted, vec![dispatch(0, &[1])]);
+    }
+
+    #[test]
+    fn iteration_workers_may_rerun_their_resident_sequences() {
+        assert!(reasons(vec![dispatch(3, &[500, 501])]).is_empty());
+        // Not on another worker's stage, and evicting needs a paused sequence.
+        let evict = |sequence| Action::Evict(Evict { sequence, mode: EvictMode::Recompute });
+        assert_eq!(reasons(vec![evict(500)]), ["sequence-running"]);
+        assert!(reasons(vec![evict(501)]).is_empty());
+        assert_eq!(reasons(vec![evict(502)]), ["not-resident"]);
+    }
+
+    #[test]
+    fn drops_defers_and_timers() {
+        let drop = |request| Action::Drop(DropRequest { request, reason: DropReason::Policy });
+        assert!(reasons(vec![drop(1), drop(501)]).is_empty());
+        assert_eq!(reasons(vec![drop(1), drop(1)]), ["request-reused"]);
+        assert_eq!(reasons(vec![drop(99)]), ["unknown-request"]);
+        let defer = |request, until| Action::Defer(Defer { request, until });
+        assert!(reasons(vec![defer(1, 2_000)]).is_empty());
+        assert_eq!(reasons(vec![defer(1, 1_000)]), ["in-the-past"]);
+        assert_eq!(reasons(vec![defer(1, 2_000), dispatch(0, &[1])]), ["request-reused"]);
+    }
+
+    #[test]
+    fn scaling_respects_stage_bounds_and_cluster_capacity() {
+        let scale = |stage, replicas| Action::Scale(Scale { stage, replicas, variant: None });
+        assert!(reasons(vec![scale(0, 3)]).is_empty());
+        assert_eq!(reasons(vec![scale(0, 4)]), ["replicas-out-of-range"]);
+        assert_eq!(reasons(vec![scale(0, 0)]), ["replicas-out-of-range"]);
+        // 4 workers now, 5 at most: one more fits, two more do not.
+        assert_eq!(reasons(vec![scale(0, 3), scale(1, 2)]), ["over-capacity"]);
+        // Shrinking one stage makes room for another in the same answer.
+        assert!(reasons(vec![scale(0, 1), scale(1, 3)]).is_empty());
+        assert_eq!(reasons(vec![scale(7, 1)]), ["unknown-stage"]);
+    }
+
+    #[test]
+    fn routes_limits_threads_and_variants() {
+        let routes = |targets: Vec<Route>| Action::SetRoutes(SetRoutes { stage: 0, source: None, targets });
+        assert!(reasons(vec![routes(vec![Route { worker: 0, weight: 0.7 }, Route { worker: 1, weight: 0.3 }])]).is_empty());
+        assert_eq!(reasons(vec![routes(vec![])]), ["bad-routes"]);
+        assert_eq!(reasons(vec![routes(vec![Route { worker: 2, weight: 1.0 }])]), ["bad-routes"]);
+        assert_eq!(reasons(vec![routes(vec![Route { worker: 0, weight: f64::NAN }])]), ["bad-routes"]);
+        assert_eq!(reasons(vec![routes(vec![Route { worker: 0, weight: 0.0 }])]), ["bad-routes"]);
+        let limit = |limit| Action::SetBatchLimit(SetBatchLimit { stage: 0, limit });
+        assert!(reasons(vec![limit(8)]).is_empty());
+        assert_eq!(reasons(vec![limit(9), limit(0)]), ["bad-batch-limit", "bad-batch-limit"]);
+        let threads = |threads| Action::SetThreads(SetThreads { worker: 0, threads });
+        assert!(reasons(vec![threads(8)]).is_empty());
+        assert_eq!(reasons(vec![threads(9)]), ["bad-threads"]);
+        let variant = |target, variant| Action::SetVariant(SetVariant { target, variant });
+        assert!(reasons(vec![variant(VariantTarget::Stage(0), 1)]).is_empty());
+        assert_eq!(reasons(vec![variant(VariantTarget::Worker(0), 2)]), ["unknown-variant"]);
+    }
+
+    #[test]
+    fn the_ledger_replays_in_arrival_order_and_forgets_what_is_consumed() {
+        let mut ledger = ledger();
+        ledger.apply(&dispatch(0, &[2, 3]));
+        ledger.apply(&Action::Drop(DropRequest { request: 6, reason: DropReason::Overload }));
+        let ids: Vec<u64> = ledger.in_arrival_order().iter().map(|r| r.id).collect();
+        assert_eq!(ids, [1, 4, 5]);
+        assert_eq!(ledger.drain().len(), 3);
+        assert!(ledger.is_empty());
+    }
+}
