@@ -120,7 +120,7 @@ pub fn record_stream(recorder: &mut dyn PolicyInstance, batch: usize, calls: usi
                 input_size: 1,
                 expected_tokens: 0,
                 requeues: 0,
-                tags: Vec::new(),
+                tags: None,
             }));
             next_id += 1;
         }

@@ -27,6 +27,7 @@ pub struct Ctx {
     batch_limits: Vec<u32>,
     resident: BTreeMap<WorkerId, Vec<SequenceState>>,
     actions: Vec<Action>,
+    now: Instant,
 }
 
 impl Ctx {
@@ -46,7 +47,7 @@ impl Ctx {
             }
             batch_limits[index] = stage.max_batch;
         }
-        Self { config, host, latency, workers, batch_limits, resident: BTreeMap::new(), actions: Vec::new() }
+        Self { config, host, latency, workers, batch_limits, resident: BTreeMap::new(), actions: Vec::new(), now: 0 }
     }
 
     /// The configuration the policy was started with.
@@ -54,9 +55,14 @@ impl Ctx {
         &self.config
     }
 
-    /// The host's clock.
+    /// The host's clock at this decision point (delivered with the events, so reading
+    /// it costs no host call).
     pub fn now(&self) -> Instant {
-        self.host.now()
+        self.now
+    }
+
+    pub(crate) fn set_now(&mut self, now: Instant) {
+        self.now = now;
     }
 
     /// The host's services (log, metrics, profiles, random source).

@@ -2,7 +2,7 @@
 //! exports and the trait's per-event methods. Used by the component export and, natively,
 //! by the host.
 
-use crate::{Action, Config, Ctx, Event, Host, Policy};
+use crate::{Action, Config, Ctx, Event, Host, Instant, Policy};
 
 /// A started policy with its context.
 pub struct Driver<P: Policy> {
@@ -13,15 +13,18 @@ pub struct Driver<P: Policy> {
 impl<P: Policy> Driver<P> {
     /// Start `P` on `config`; returns the driver and the actions `init` emitted.
     pub fn new(config: Config, host: Box<dyn Host + Send>) -> Result<(Self, Vec<Action>), String> {
+        let now = config.now;
         let mut ctx = Ctx::new(config, host);
+        ctx.set_now(now);
         let policy = P::init(&mut ctx)?;
         let actions = ctx.take_actions();
         Ok((Self { policy, ctx }, actions))
     }
 
-    /// Deliver one batch of events and collect the actions.
-    pub fn handle(&mut self, events: Vec<Event>) -> Vec<Action> {
+    /// Deliver one batch of events that happened up to `now` and collect the actions.
+    pub fn handle(&mut self, now: Instant, events: Vec<Event>) -> Vec<Action> {
         let (policy, ctx) = (&mut self.policy, &mut self.ctx);
+        ctx.set_now(now);
         for event in events {
             match event {
                 Event::Arrival(request) => policy.on_arrival(ctx, request),

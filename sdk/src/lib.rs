@@ -121,9 +121,9 @@ macro_rules! export_policy {
                     Ok(actions)
                 }
 
-                fn handle(events: Vec<$crate::Event>) -> Vec<$crate::Action> {
+                fn handle(now: $crate::Instant, events: Vec<$crate::Event>) -> Vec<$crate::Action> {
                     DRIVER.with(|slot| match slot.borrow_mut().as_mut() {
-                        Some(driver) => driver.handle(events),
+                        Some(driver) => driver.handle(now, events),
                         None => panic!("handle called before init"),
                     })
                 }

@@ -44,7 +44,7 @@ pub fn request(id: u64, now: u64) -> Request {
         input_size: 1,
         expected_tokens: 0,
         requeues: 0,
-        tags: Vec::new(),
+        tags: None,
     }
 }
 

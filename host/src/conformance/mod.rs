@@ -379,7 +379,7 @@ fn arrival_script(config: &Config, options: &CheckOptions) -> Vec<Request> {
         input_size: 64,
         expected_tokens: tokens,
         requeues: 0,
-        tags: Vec::new(),
+        tags: None,
     };
     for i in 0..steady {
         t += (-(1.0 - next()).ln() * 4.0 * MS as f64) as u64 + 1;

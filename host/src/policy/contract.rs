@@ -11,8 +11,8 @@ wasmtime::component::bindgen!({
     additional_derives: [PartialEq],
 });
 
-pub use yardmaster::policy::host::Level;
-pub use yardmaster::policy::types::*;
+pub use self::yardmaster::policy::host::Level;
+pub use self::yardmaster::policy::types::*;
 
 /// The version of the contract this host implements natively.
 pub const CONTRACT_VERSION: &str = "0.1.0";

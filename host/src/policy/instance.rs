@@ -362,7 +362,7 @@ impl PolicyInstance for WasmPolicy {
     ) -> Result<Vec<Action>, PolicyFault> {
         let max_actions = self.sandbox.limits().max_actions;
         let actions = self.call(now, kind, |bindings, store| {
-            bindings.yardmaster_policy_policy().call_handle(store, events)
+            bindings.yardmaster_policy_policy().call_handle(store, now, events)
         })?;
         check_action_count(actions, max_actions)
     }

@@ -107,7 +107,7 @@ impl<P: sdk::Policy + Send> PolicyInstance for NativePolicy<P> {
             PolicyFault::Trap("handle called before init".into())
         })?;
         let events: Vec<sdk::Event> = events.iter().map(event_to_sdk).collect();
-        let actions = catch_unwind(AssertUnwindSafe(|| driver.handle(events)))
+        let actions = catch_unwind(AssertUnwindSafe(|| driver.handle(now, events)))
             .map_err(|panic| PolicyFault::Trap(panic_message(&self.name, panic)))?;
         let actions: Vec<host::Action> = actions.into_iter().map(action_from_sdk).collect();
         self.last_cost = CallCost { wall: started.elapsed(), fuel: None };
@@ -214,7 +214,7 @@ fn request_to_sdk(r: &host::Request) -> sdk::Request {
         input_size: r.input_size,
         expected_tokens: r.expected_tokens,
         requeues: r.requeues,
-        tags: r.tags.iter().map(|t| sdk::Tag { key: t.key.clone(), value: t.value.clone() }).collect(),
+        tags: r.tags.as_ref().map(|tags| tags.iter().map(|t| sdk::Tag { key: t.key.clone(), value: t.value.clone() }).collect()),
     }
 }
 

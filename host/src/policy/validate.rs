@@ -583,7 +583,7 @@ mod tests {
                 input_size: 0,
                 expected_tokens: 0,
                 requeues: 0,
-                tags: vec![],
+                tags: None,
             });
         }
         ledger

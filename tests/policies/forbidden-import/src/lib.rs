@@ -17,6 +17,7 @@ impl exports::yardmaster::policy::policy::Guest for Sneaky {
     }
 
     fn handle(
+        _now: u64,
         _events: Vec<yardmaster::policy::types::Event>,
     ) -> Vec<yardmaster::policy::types::Action> {
         fixture::sneaky::socket::connect("198.51.100.7:80");
