@@ -29,6 +29,16 @@ else
     fi
 fi
 
+say "Fonts for PNG plots (SVG plots need none)"
+if ls /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf >/dev/null 2>&1; then
+    echo "already installed"
+elif command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    (apt-get install -y -q fonts-dejavu-core >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q fonts-dejavu-core >/dev/null 2>&1; }) \
+        && echo "installed fonts-dejavu-core" || echo "could not install fonts-dejavu-core: plots will be SVG only"
+else
+    echo "no DejaVu font and no apt-get as root: plots will be SVG only"
+fi
+
 if [ "${1:-}" = "--deps" ]; then
     exit 0
 fi
@@ -36,5 +46,5 @@ fi
 say "Building yardmaster (release; the first build takes about 10 minutes)"
 cargo build --release -p yardmaster
 
-say "Main job: conformance check of the shipped policies"
+say "Main job: conformance check of the shipped policies, then a simulated comparison"
 exec ./target/release/yardmaster

@@ -4,8 +4,14 @@
 //! - [`policy`]: the policy runtime (load, sandbox, call, validate, fall back);
 //! - [`conformance`]: the harness that drives any policy through every event kind,
 //!   checks its answers and measures its decision cost;
+//! - [`engine`]: the scheduling engine, generic over a clock and an executor;
+//! - [`metrics`]: the one definition of every metric, and reports;
+//! - [`sim`]: the discrete-event simulator;
 //! - [`bench`]: decision cost of a policy as a component against the same code native.
 
 pub mod bench;
 pub mod conformance;
+pub mod engine;
+pub mod metrics;
 pub mod policy;
+pub mod sim;

@@ -25,6 +25,62 @@ enum Command {
     /// Work with policy components.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Simulate policies on a pipeline and workload (virtual time, deterministic).
+    #[command(subcommand)]
+    Sim(SimCommand),
+}
+
+#[derive(Subcommand)]
+enum SimCommand {
+    /// Run several policies on the same pipeline, workload and seed, side by side:
+    /// prints a summary table and writes CSV, JSON and plots to --out.
+    Compare {
+        /// Policies: shipped names or `.wasm` files, comma-separated.
+        #[arg(long, value_delimiter = ',', default_values_t = ["fifo".to_string(), "edf".to_string()])]
+        policies: Vec<String>,
+        #[command(flatten)]
+        sim: SimArgs,
+    },
+    /// Simulator throughput: events per second with edf, and the wall time of one
+    /// simulated hour of the 64-GPU five-stage pipeline at 1,000 requests/s.
+    Bench {
+        /// Simulated seconds of the cluster-scale run (3600 for the full hour).
+        #[arg(long, default_value_t = 3600)]
+        seconds: u64,
+    },
+}
+
+#[derive(clap::Args, Clone)]
+struct SimArgs {
+    /// Pipeline: a preset (vision-chain, traffic-dag, five-stage, llm), a `.toml` file,
+    /// or a Loki application `.json` (profiles read from its directory).
+    #[arg(long, default_value = "vision-chain")]
+    pipeline: String,
+    /// Workload: a preset (poisson, wikipedia, twitter, azure-functions) at --rate,
+    /// `rates:FILE` (per-second rates), `azure-llm:FILE` or `trace:FILE` (JSON lines).
+    #[arg(long, default_value = "twitter")]
+    workload: String,
+    /// Mean arrival rate of a preset workload, requests per second.
+    #[arg(long, default_value_t = 400.0)]
+    rate: f64,
+    /// Speed-up of a replayed trace (azure-llm).
+    #[arg(long, default_value_t = 1.0)]
+    speedup: f64,
+    /// Simulated seconds of arrivals.
+    #[arg(long, default_value_t = 60.0)]
+    duration: f64,
+    /// Seed of every random choice.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Coefficient of variation of job latency around its profile.
+    #[arg(long, default_value_t = 0.05)]
+    noise: f64,
+    /// Policy parameter `key=value` (repeatable).
+    #[arg(long = "param", value_parser = parse_param)]
+    params: Vec<Param>,
+    /// Directory for CSV, JSON and plots (none written when absent).
+    #[arg(long)]
+    out: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -122,7 +178,9 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     match cli.command {
-        None => check_all_shipped(),
+        None => main_job(),
+        Some(Command::Sim(SimCommand::Compare { policies, sim })) => sim_compare(&policies, &sim),
+        Some(Command::Sim(SimCommand::Bench { seconds })) => sim_bench(seconds),
         Some(Command::Policy(PolicyCommand::Check { policies, check: args })) => check(&policies, &args),
         Some(Command::Policy(PolicyCommand::List)) => {
             for artifact in yardmaster_policy_artifacts::SHIPPED {
@@ -135,6 +193,28 @@ fn main() -> ExitCode {
         Some(Command::Policy(PolicyCommand::Export { dir })) => export(&dir),
         Some(Command::Policy(PolicyCommand::Bench { batches, events, repetitions })) => bench(&batches, events, repetitions),
     }
+}
+
+/// The default job: check every shipped policy, then a short side-by-side simulation
+/// of them on a bursty workload.
+fn main_job() -> ExitCode {
+    let checked = check_all_shipped();
+    println!();
+    println!("simulation: every shipped policy on the vision-chain pipeline, twitter-like bursty load");
+    let args = SimArgs {
+        pipeline: "vision-chain".into(),
+        workload: "twitter".into(),
+        rate: 900.0,
+        speedup: 1.0,
+        duration: 30.0,
+        seed: 1,
+        noise: 0.05,
+        params: Vec::new(),
+        out: Some(PathBuf::from("yardmaster-report")),
+    };
+    let names: Vec<String> = yardmaster_policy_artifacts::SHIPPED.iter().map(|a| a.name.to_string()).collect();
+    let simulated = sim_compare(&names, &args);
+    if checked == ExitCode::SUCCESS && simulated == ExitCode::SUCCESS { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }
 
 fn check_all_shipped() -> ExitCode {
@@ -229,3 +309,87 @@ fn bench(batches: &[usize], events: usize, repetitions: usize) -> ExitCode {
     }
 }
 
+
+fn sim_compare(policies: &[String], args: &SimArgs) -> ExitCode {
+    match try_sim_compare(policies, args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn try_sim_compare(policies: &[String], args: &SimArgs) -> anyhow::Result<()> {
+    use yardmaster::sim::{self, PolicySpec, SimSpec, WorkloadSpec};
+    let pipeline = sim::presets::pipeline(&args.pipeline).map_err(|e| anyhow::anyhow!(e))?;
+    anyhow::ensure!(args.duration > 0.0, "--duration must be positive");
+    let workload = WorkloadSpec::parse(&args.workload, args.rate, args.speedup)?;
+    let mut specs = Vec::new();
+    for policy in policies {
+        let (name, bytes) = load_bytes(policy).map_err(|e| anyhow::anyhow!(e))?;
+        specs.push(PolicySpec { name, bytes: std::sync::Arc::new(bytes) });
+    }
+    let spec = SimSpec {
+        pipeline,
+        seed: args.seed,
+        duration: (args.duration * 1e9) as u64,
+        executor: sim::executor::SimExecutorOptions { noise_cv: args.noise, ..Default::default() },
+        engine: yardmaster::engine::EngineOptions { params: args.params.clone(), ..Default::default() },
+    };
+    let sandbox = yardmaster::policy::Sandbox::new(yardmaster::policy::Mode::Simulate, Limits::default())?;
+    let loader = PolicyLoader::new(sandbox, PolicyLoader::default_cache_dir());
+    // A progress line on a terminal; one line per policy otherwise (logs, CI).
+    let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let mut last_shown = (String::new(), -1i64);
+    let outcomes = sim::compare(&spec, &workload, &specs, &loader, |policy, done| {
+        let percent = (done * 100.0) as i64;
+        if terminal && (last_shown.0 != policy || percent / 5 != last_shown.1 / 5) {
+            eprint!("\r  simulating {policy:<16} {percent:>3}% ");
+        } else if !terminal && last_shown.0 != policy {
+            eprintln!("  simulating {policy} …");
+        }
+        last_shown = (policy.to_string(), percent);
+    })?;
+    if terminal {
+        eprintln!();
+    }
+    for o in &outcomes {
+        eprintln!(
+            "  {}: {} events in {:.2} s wall ({:.0} events/s), {} policy calls, {} faults",
+            o.report.policy,
+            o.events,
+            o.wall.as_secs_f64(),
+            o.events as f64 / o.wall.as_secs_f64().max(1e-9),
+            o.engine.flushes,
+            o.arm.faults.values().sum::<u64>()
+        );
+    }
+    let reports: Vec<_> = outcomes.into_iter().map(|o| o.report).collect();
+    print!("{}", yardmaster::metrics::render_table(&reports));
+    if let Some(dir) = &args.out {
+        std::fs::create_dir_all(dir)?;
+        let mut files = yardmaster::metrics::write_csv(dir, &reports)?;
+        files.push(yardmaster::metrics::write_json(dir, &reports)?);
+        let plots = yardmaster::metrics::write_plots(dir, &reports).map_err(|e| anyhow::anyhow!(e))?;
+        files.extend(plots.files);
+        if let Some(note) = plots.note {
+            eprintln!("note: {note}");
+        }
+        println!("wrote {} files to {} (summary.json, CSV time series, plots)", files.len(), dir.display());
+    }
+    Ok(())
+}
+
+fn sim_bench(seconds: u64) -> ExitCode {
+    match yardmaster::sim::bench::run(seconds) {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

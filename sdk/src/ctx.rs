@@ -24,6 +24,8 @@ pub struct Ctx {
     host: Box<dyn Host + Send>,
     latency: LatencyTable,
     workers: BTreeMap<WorkerId, WorkerView>,
+    /// Idle workers per stage, ascending (kept in step with `workers`).
+    idle_by_stage: Vec<Vec<WorkerId>>,
     batch_limits: Vec<u32>,
     resident: BTreeMap<WorkerId, Vec<SequenceState>>,
     actions: Vec<Action>,
@@ -47,7 +49,17 @@ impl Ctx {
             }
             batch_limits[index] = stage.max_batch;
         }
-        Self { config, host, latency, workers, batch_limits, resident: BTreeMap::new(), actions: Vec::new(), now: 0 }
+        Self {
+            idle_by_stage: vec![Vec::new(); batch_limits.len()],
+            config,
+            host,
+            latency,
+            workers,
+            batch_limits,
+            resident: BTreeMap::new(),
+            actions: Vec::new(),
+            now: 0,
+        }
     }
 
     /// The configuration the policy was started with.
@@ -119,10 +131,25 @@ impl Ctx {
 
     /// Idle workers of a stage, lowest id first.
     pub fn idle_workers(&self, stage: StageId) -> impl Iterator<Item = WorkerId> + '_ {
-        self.workers
-            .values()
-            .filter(move |w| w.idle && w.info.stage == stage)
-            .map(|w| w.info.id)
+        self.idle_by_stage.get(stage as usize).into_iter().flatten().copied()
+    }
+
+    /// Record a worker's idleness in both views.
+    fn set_idle(&mut self, worker: WorkerId, idle: bool) {
+        let Some(view) = self.workers.get_mut(&worker) else { return };
+        view.idle = idle;
+        let stage = view.info.stage as usize;
+        if self.idle_by_stage.len() <= stage {
+            self.idle_by_stage.resize(stage + 1, Vec::new());
+        }
+        let list = &mut self.idle_by_stage[stage];
+        match (list.binary_search(&worker), idle) {
+            (Err(at), true) => list.insert(at, worker),
+            (Ok(at), false) => {
+                list.remove(at);
+            }
+            _ => {}
+        }
     }
 
     /// Unfinished sequences resident on an iteration-level worker as of its last frame
@@ -159,9 +186,7 @@ impl Ctx {
         requests: Vec<RequestId>,
         variant: Option<VariantId>,
     ) {
-        if let Some(view) = self.workers.get_mut(&worker) {
-            view.idle = false;
-        }
+        self.set_idle(worker, false);
         self.actions.push(Action::Dispatch(Dispatch { worker, requests, variant }));
     }
 
@@ -220,9 +245,7 @@ impl Ctx {
     }
 
     pub(crate) fn mark_idle(&mut self, worker: WorkerId) {
-        if let Some(view) = self.workers.get_mut(&worker) {
-            view.idle = true;
-        }
+        self.set_idle(worker, true);
     }
 
     pub(crate) fn record_frame(&mut self, frame: &crate::FrameReport) {
@@ -241,6 +264,7 @@ impl Ctx {
     }
 
     pub(crate) fn remove_worker(&mut self, worker: WorkerId) {
+        self.set_idle(worker, false);
         self.workers.remove(&worker);
         self.resident.remove(&worker);
     }

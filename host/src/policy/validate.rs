@@ -2,7 +2,7 @@
 //! applied. An invalid action is rejected whole — a dispatch with one bad request id
 //! runs none of its requests — and counted; the valid ones in the same answer stand.
 
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use super::contract::{Action, Dispatch, Request, Scale, SetRoutes, StageKind, VariantTarget};
 
@@ -291,10 +291,10 @@ pub fn validate(actions: Vec<Action>, ledger: &Ledger, view: &dyn ClusterView) -
     let mut checker = Checker {
         ledger,
         view,
-        used: HashSet::new(),
-        taken: HashSet::new(),
-        preempted: HashSet::new(),
-        replica_delta: HashMap::new(),
+        used: HashSet::default(),
+        taken: HashSet::default(),
+        preempted: HashSet::default(),
+        replica_delta: HashMap::default(),
     };
     let mut verdict = Verdict::default();
     for action in actions {
@@ -411,7 +411,7 @@ impl Checker<'_> {
                 return Err(Rejection::UnknownVariant { stage: worker.stage, variant });
             }
         }
-        let mut in_batch = HashSet::with_capacity(d.requests.len());
+        let mut in_batch = HashSet::with_capacity_and_hasher(d.requests.len(), Default::default());
         for &id in &d.requests {
             if !in_batch.insert(id) || self.used.contains(&id) {
                 return Err(Rejection::RequestReused(id));

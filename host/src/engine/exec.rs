@@ -1,0 +1,136 @@
+//! What the engine needs from the world it runs in: a clock, and an executor that runs
+//! batches on workers and provisions them. The simulator implements both with a
+//! virtual clock and latency models; the server with the monotonic clock and ONNX
+//! Runtime sessions.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::policy::contract::EvictMode;
+
+/// A source of the current time in nanoseconds.
+pub trait Clock {
+    /// Now.
+    fn now(&self) -> u64;
+}
+
+/// A clock the driver moves by hand (the simulator's virtual time).
+#[derive(Debug, Clone, Default)]
+pub struct ManualClock(Arc<AtomicU64>);
+
+impl ManualClock {
+    /// Move the clock to `t` (never backwards).
+    pub fn set(&self, t: u64) {
+        self.0.fetch_max(t, Ordering::Relaxed);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// The monotonic clock, in nanoseconds since the clock was made.
+#[derive(Debug, Clone)]
+pub struct MonotonicClock(std::time::Instant);
+
+impl Default for MonotonicClock {
+    fn default() -> Self {
+        Self(std::time::Instant::now())
+    }
+}
+
+impl Clock for MonotonicClock {
+    fn now(&self) -> u64 {
+        self.0.elapsed().as_nanos() as u64
+    }
+}
+
+/// How a sequence of an iteration-level job resumes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resume {
+    /// Not started: prefill its prompt.
+    Fresh,
+    /// Resident on the worker: continue decoding.
+    Continue,
+    /// Evicted by recompute: prefill prompt and generated tokens again.
+    Recompute,
+    /// Evicted by swap: copy its KV cache back in.
+    SwapIn,
+}
+
+/// One request of a job.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobItem {
+    /// The request (piece) id.
+    pub id: u64,
+    /// Input size (prompt tokens for LLM stages).
+    pub input_size: u32,
+    /// Tokens generated so far (iteration stages).
+    pub generated: u32,
+    /// Output tokens the client expects (0 when unknown).
+    pub expected_tokens: u32,
+    /// How it resumes (iteration stages).
+    pub resume: Resume,
+}
+
+/// Work for one worker.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchJob {
+    /// The worker.
+    pub worker: u32,
+    /// Its stage.
+    pub stage: u32,
+    /// The variant to run.
+    pub variant: u32,
+    /// The requests.
+    pub items: Vec<JobItem>,
+    /// Decode steps of a frame (iteration stages); 0 for a batch stage.
+    pub frame_steps: u32,
+}
+
+/// How one request of a finished job did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ItemResult {
+    /// The request (piece) id.
+    pub id: u64,
+    /// The error, if the worker failed on it.
+    pub error: Option<String>,
+    /// Tokens generated in this job (iteration stages).
+    pub tokens: u32,
+    /// The sequence produced its last token (iteration stages).
+    pub finished: bool,
+    /// Pieces it yields per successor stage (fan-out), when the model decides; a
+    /// successor not listed receives exactly one.
+    pub fan_out: Vec<(u32, u32)>,
+}
+
+/// A finished job, as the executor reports it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobResult {
+    /// The worker.
+    pub worker: u32,
+    /// Measured execution time.
+    pub duration: u64,
+    /// Per-request results.
+    pub items: Vec<ItemResult>,
+}
+
+/// Runs the engine's decisions.
+pub trait Executor {
+    /// Start a job; its result comes back through `Engine::job_finished`.
+    fn start(&mut self, job: BatchJob);
+    /// Abort the job running on a worker (preemption); no result will come for it.
+    fn abort(&mut self, worker: u32);
+    /// Start a new worker; readiness comes back through `Engine::worker_ready`.
+    fn provision(&mut self, worker: u32, stage: u32, variant: u32);
+    /// Cancel a worker that is still starting, or remove an idle one.
+    fn retire(&mut self, worker: u32);
+    /// Change a worker's intra-op thread count.
+    fn set_threads(&mut self, worker: u32, threads: u32);
+    /// Change a worker's model variant.
+    fn set_variant(&mut self, worker: u32, variant: u32);
+    /// A sequence leaves a worker's memory (iteration stages).
+    fn evict(&mut self, worker: u32, sequence: u64, mode: EvictMode);
+}

@@ -1,0 +1,377 @@
+//! Engine tests: lifecycle invariants under random policies, DAG split and merge,
+//! preemption, scaling delays, metrics on hand-computed cases.
+
+use std::collections::{BTreeMap, HashSet};
+
+use yardmaster_sdk::{self as sdk, Ctx, Policy};
+
+use super::*;
+use crate::metrics::Outcome;
+use crate::policy::{Arm, FailureMode, NativePolicy};
+
+/// An executor that records what it is asked and lets the test finish jobs.
+#[derive(Default)]
+struct TestExecutor {
+    started: Vec<BatchJob>,
+    aborted: Vec<u32>,
+    provisioned: Vec<u32>,
+    retired: Vec<u32>,
+}
+
+impl Executor for TestExecutor {
+    fn start(&mut self, job: BatchJob) {
+        self.started.push(job);
+    }
+    fn abort(&mut self, worker: u32) {
+        self.aborted.push(worker);
+        self.started.retain(|j| j.worker != worker);
+    }
+    fn provision(&mut self, worker: u32, _stage: u32, _variant: u32) {
+        self.provisioned.push(worker);
+    }
+    fn retire(&mut self, worker: u32) {
+        self.retired.push(worker);
+    }
+    fn set_threads(&mut self, _worker: u32, _threads: u32) {}
+    fn set_variant(&mut self, _worker: u32, _variant: u32) {}
+    fn evict(&mut self, _worker: u32, _sequence: u64, _mode: contract::EvictMode) {}
+}
+
+const MS: u64 = 1_000_000;
+
+fn chain(stages: usize, replicas: u32) -> Pipeline {
+    let mut text = String::from("name = \"t\"\nslo_ms = 100\n");
+    for i in 0..stages {
+        text += &format!("[[stage]]\nname = \"s{i}\"\nmax_batch = 4\nreplicas = {replicas}\nmax_replicas = 4\n");
+        if i + 1 < stages {
+            text += &format!("successors = [\"s{}\"]\n", i + 1);
+        }
+        text += "[[stage.variant]]\nname = \"v\"\nalpha_ms = 1.0\nbeta_ms = 1.0\n";
+    }
+    Pipeline::from_toml(&text, "test").unwrap()
+}
+
+fn engine_with<P: Policy + Send>(pipeline: Pipeline) -> (Engine<ManualClock, TestExecutor>, ManualClock) {
+    let clock = ManualClock::default();
+    let engine = Engine::new(clock.clone(), TestExecutor::default(), pipeline, EngineOptions::default(), |config, view| {
+        Arm::start("test", config, Box::new(NativePolicy::<P>::new("test", 3, 100_000)), FailureMode::FailOpen, view)
+    });
+    (engine, clock)
+}
+
+/// Finish every started job successfully (fan-out as given per stage).
+fn finish_all(engine: &mut Engine<ManualClock, TestExecutor>, fan_out: &BTreeMap<u32, Vec<(u32, u32)>>) {
+    let jobs = std::mem::take(&mut engine.executor_mut().started);
+    for job in jobs {
+        let fan = fan_out.get(&job.stage).cloned().unwrap_or_default();
+        engine.job_finished(JobResult {
+            worker: job.worker,
+            duration: MS,
+            items: job
+                .items
+                .iter()
+                .map(|i| ItemResult { id: i.id, error: None, tokens: 0, finished: true, fan_out: fan.clone() })
+                .collect(),
+        });
+    }
+}
+
+#[test]
+fn a_chain_request_passes_every_stage_and_completes_once() {
+    let (mut engine, clock) = engine_with::<policy_fifo::Fifo>(chain(3, 1));
+    let id = engine.submit(Submission { stream: 0, ..Default::default() });
+    for stage in 0..3 {
+        engine.flush();
+        let job = engine.executor().started.last().cloned().expect("a job");
+        assert_eq!(job.stage, stage);
+        assert_eq!(job.items[0].id, id, "a chain keeps the request's id");
+        clock.set((stage as u64 + 1) * 10 * MS);
+        finish_all(&mut engine, &BTreeMap::new());
+    }
+    let ended = engine.take_ended();
+    assert_eq!(ended.len(), 1);
+    assert_eq!(ended[0].id, id);
+    assert_eq!(ended[0].outcome, Outcome::Completed);
+    assert_eq!(engine.in_flight(), 0);
+}
+
+#[test]
+fn a_dag_splits_into_pieces_and_merges_them_at_the_fan_in_stage() {
+    let text = r#"
+        name = "dag"
+        slo_ms = 1000
+        [[stage]]
+        name = "detect"
+        successors = ["cars", "faces"]
+        max_batch = 8
+        [[stage.variant]]
+        name = "d"
+        alpha_ms = 1.0
+        beta_ms = 1.0
+        [[stage]]
+        name = "cars"
+        successors = ["sink"]
+        max_batch = 8
+        [[stage.variant]]
+        name = "c"
+        alpha_ms = 1.0
+        beta_ms = 1.0
+        [[stage]]
+        name = "faces"
+        successors = ["sink"]
+        max_batch = 8
+        [[stage.variant]]
+        name = "f"
+        alpha_ms = 1.0
+        beta_ms = 1.0
+        [[stage]]
+        name = "sink"
+        max_batch = 8
+        [[stage.variant]]
+        name = "s"
+        alpha_ms = 0.0
+        beta_ms = 0.1
+    "#;
+    let (mut engine, _) = engine_with::<policy_fifo::Fifo>(Pipeline::from_toml(text, "dag").unwrap());
+    let id = engine.submit(Submission::default());
+    engine.flush();
+    // The detector finds 3 cars and 2 faces.
+    let fan = BTreeMap::from([(0, vec![(1, 3), (2, 2)])]);
+    finish_all(&mut engine, &fan);
+    engine.flush();
+    let jobs = &engine.executor().started;
+    let pieces: Vec<(u32, u64)> = jobs.iter().flat_map(|j| j.items.iter().map(move |i| (j.stage, i.id))).collect();
+    assert_eq!(pieces.iter().filter(|(s, _)| *s == 1).count(), 3);
+    assert_eq!(pieces.iter().filter(|(s, _)| *s == 2).count(), 2);
+    assert!(pieces.iter().all(|(_, p)| *p != id), "pieces get new ids");
+    assert_eq!(engine.state().origins[&id].live, 5);
+    // Cars finish first: they wait at the sink for the faces.
+    let cars: Vec<BatchJob> = engine.executor().started.iter().filter(|j| j.stage == 1).cloned().collect();
+    engine.executor_mut().started.retain(|j| j.stage != 1);
+    for job in cars {
+        engine.job_finished(JobResult {
+            worker: job.worker,
+            duration: MS,
+            items: job.items.iter().map(|i| ItemResult { id: i.id, error: None, tokens: 0, finished: true, fan_out: vec![] }).collect(),
+        });
+    }
+    engine.flush();
+    assert!(engine.executor().started.iter().all(|j| j.stage != 3), "the sink waits for every piece");
+    finish_all(&mut engine, &BTreeMap::new());
+    engine.flush();
+    let sink: Vec<&BatchJob> = engine.executor().started.iter().filter(|j| j.stage == 3).collect();
+    assert_eq!(sink.len(), 1);
+    assert_eq!(sink[0].items.len(), 1, "merged into one piece");
+    finish_all(&mut engine, &BTreeMap::new());
+    let ended = engine.take_ended();
+    assert_eq!(ended, vec![Ended { id, outcome: Outcome::Completed, at: 0 }]);
+}
+
+#[test]
+fn a_detector_that_finds_nothing_completes_the_request() {
+    let (mut engine, _) = engine_with::<policy_fifo::Fifo>(crate::sim::presets::pipeline("traffic-dag").unwrap());
+    let id = engine.submit(Submission::default());
+    engine.flush();
+    finish_all(&mut engine, &BTreeMap::from([(0, vec![(1, 0), (2, 0)])]));
+    assert_eq!(engine.take_ended(), vec![Ended { id, outcome: Outcome::Completed, at: 0 }]);
+}
+
+/// Preempts whatever runs as soon as anything arrives (once per worker).
+#[derive(Default)]
+struct PreemptOnArrival {
+    queue: Vec<u64>,
+    preempted: HashSet<u32>,
+}
+
+impl Policy for PreemptOnArrival {
+    fn init(_ctx: &mut Ctx) -> Result<Self, String> {
+        Ok(Self::default())
+    }
+    fn on_arrival(&mut self, _ctx: &mut Ctx, request: sdk::Request) {
+        self.queue.push(request.id);
+    }
+    fn on_events_done(&mut self, ctx: &mut Ctx) {
+        let busy: Vec<u32> = ctx.workers().filter(|w| !w.idle).map(|w| w.info.id).collect();
+        if !self.queue.is_empty() {
+            for w in busy {
+                if self.preempted.insert(w) {
+                    ctx.preempt(w);
+                }
+            }
+        }
+        let idle: Vec<u32> = ctx.idle_workers(0).collect();
+        for w in idle {
+            if !self.queue.is_empty() {
+                let batch: Vec<u64> = self.queue.drain(..self.queue.len().min(4)).collect();
+                ctx.dispatch(w, batch);
+            }
+        }
+    }
+}
+
+#[test]
+fn preemption_returns_the_running_requests_to_the_policy() {
+    let (mut engine, _) = engine_with::<PreemptOnArrival>(chain(1, 1));
+    let first = engine.submit(Submission::default());
+    engine.flush();
+    assert_eq!(engine.executor().started.len(), 1);
+    let second = engine.submit(Submission::default());
+    engine.flush();
+    assert_eq!(engine.executor().aborted, vec![0]);
+    assert_eq!(engine.stats().preemptions, 1);
+    // Both come back (as arrivals, with the idle worker) at the next decision point
+    // and are dispatched together on the freed worker.
+    engine.flush();
+    let job = engine.executor().started.last().unwrap();
+    let ids: HashSet<u64> = job.items.iter().map(|i| i.id).collect();
+    assert_eq!(ids, HashSet::from([first, second]));
+    finish_all(&mut engine, &BTreeMap::new());
+    assert_eq!(engine.take_ended().len(), 2);
+}
+
+/// Scales stage 0 to 3 replicas at init, then to 1 at the first tick.
+struct Scaler;
+
+impl Policy for Scaler {
+    fn init(ctx: &mut Ctx) -> Result<Self, String> {
+        ctx.scale(0, 3, None);
+        Ok(Scaler)
+    }
+    fn on_tick(&mut self, ctx: &mut Ctx, _snapshot: sdk::Snapshot) {
+        ctx.scale(0, 1, None);
+    }
+}
+
+#[test]
+fn scaling_starts_workers_only_when_ready_and_drains_on_the_way_down() {
+    let (mut engine, clock) = engine_with::<Scaler>(chain(1, 1));
+    assert_eq!(engine.executor().provisioned, vec![1, 2]);
+    assert_eq!(engine.state().serving(), 1, "new workers are starting, not serving");
+    use crate::policy::validate::ClusterView;
+    assert!(engine.state().worker(1).is_none(), "a starting worker cannot be dispatched to");
+    clock.set(200 * MS);
+    engine.worker_ready(1);
+    engine.flush();
+    assert_eq!(engine.state().serving(), 2);
+    // The tick scales down to 1: the starting worker is cancelled, an idle one removed.
+    clock.set(1_000 * MS);
+    engine.advance();
+    engine.flush();
+    assert_eq!(engine.executor().retired.len(), 2);
+    assert_eq!(engine.state().workers.len(), 1);
+    assert_eq!(engine.state().stages[0].replicas, 1);
+}
+
+/// Emits random actions, valid or not, from the host's seeded random source.
+#[derive(Default)]
+struct Chaos {
+    held: Vec<u64>,
+}
+
+impl Policy for Chaos {
+    fn init(_ctx: &mut Ctx) -> Result<Self, String> {
+        Ok(Self::default())
+    }
+    fn on_arrival(&mut self, _ctx: &mut Ctx, request: sdk::Request) {
+        self.held.push(request.id);
+    }
+    fn on_events_done(&mut self, ctx: &mut Ctx) {
+        let draws = (ctx.host().random() % 6) as usize;
+        for _ in 0..draws {
+            let r = ctx.host().random();
+            let pick = |held: &Vec<u64>| if held.is_empty() || r % 7 == 0 { r % 1000 } else { held[(r as usize / 7) % held.len()] };
+            let worker = (r >> 20) as u32 % 5;
+            match r % 9 {
+                0 | 1 => {
+                    let n = 1 + (r >> 8) as usize % 5;
+                    let batch: Vec<u64> = (0..n).map(|k| pick(&self.held).wrapping_add(k as u64 * (r >> 40) % 2)).collect();
+                    ctx.dispatch(worker, batch);
+                }
+                2 => ctx.drop_request(pick(&self.held), sdk::DropReason::Policy),
+                3 => ctx.preempt(worker),
+                4 => ctx.defer(pick(&self.held), ctx.now() + (r >> 16) % (50 * MS)),
+                5 => ctx.scale((r >> 12) as u32 % 3, (r >> 24) as u32 % 5, None),
+                6 => ctx.set_timer(ctx.now() + (r >> 10) % (20 * MS), r),
+                7 => ctx.set_batch_limit((r >> 12) as u32 % 3, (r >> 24) as u32 % 6),
+                _ => ctx.evict(pick(&self.held), sdk::EvictMode::Recompute),
+            }
+        }
+        // Forget what the host may have taken; ids unknown to the host are harmless.
+        if self.held.len() > 64 {
+            self.held.drain(..32);
+        }
+    }
+}
+
+#[test]
+fn random_policies_never_lose_or_duplicate_a_request() {
+    for seed in 0..25u64 {
+        let (mut engine, clock) = engine_with::<Chaos>(chain(3, 1));
+        let mut rng = crate::sim::rng::SimRng::new(seed);
+        let mut submitted = HashSet::new();
+        let mut ended = HashSet::new();
+        let mut now = 0;
+        for _ in 0..400 {
+            now += (rng.uniform() * 3.0 * MS as f64) as u64;
+            clock.set(now);
+            match rng.below(4) {
+                0 | 1 => {
+                    submitted.insert(engine.submit(Submission::default()));
+                }
+                2 => {
+                    // Finish some started jobs; fail one request in five.
+                    let jobs = std::mem::take(&mut engine.executor_mut().started);
+                    for job in jobs {
+                        let fail = rng.below(5) == 0;
+                        engine.job_finished(JobResult {
+                            worker: job.worker,
+                            duration: MS,
+                            items: job
+                                .items
+                                .iter()
+                                .enumerate()
+                                .map(|(k, i)| ItemResult {
+                                    id: i.id,
+                                    error: (fail && k == 0).then(|| "boom".to_string()),
+                                    tokens: 0,
+                                    finished: true,
+                                    fan_out: vec![],
+                                })
+                                .collect(),
+                        });
+                    }
+                }
+                _ => {
+                    for w in engine.executor().provisioned.clone() {
+                        engine.worker_ready(w);
+                    }
+                }
+            }
+            engine.advance();
+            engine.flush();
+            for e in engine.take_ended() {
+                assert!(ended.insert(e.id), "seed {seed}: request {} ended twice", e.id);
+                assert!(submitted.contains(&e.id), "seed {seed}: unknown request {} ended", e.id);
+            }
+        }
+        // Drain: finish every job and let expiry end whatever the policy still holds.
+        for step in 0..200 {
+            now += 100 * MS;
+            clock.set(now);
+            finish_all(&mut engine, &BTreeMap::new());
+            engine.advance();
+            engine.flush();
+            for e in engine.take_ended() {
+                assert!(ended.insert(e.id), "seed {seed}: request {} ended twice", e.id);
+            }
+            if ended.len() == submitted.len() && step > 2 {
+                break;
+            }
+        }
+        assert_eq!(ended, submitted, "seed {seed}: every request ends exactly once");
+        assert_eq!(engine.in_flight(), 0);
+        let summary = engine.accounting().summary(now);
+        assert_eq!(summary.overall.ended as usize, submitted.len(), "seed {seed}: accounting saw every end");
+        assert!(engine.arm().stats().rejected_total() > 0, "the chaos policy also emitted invalid actions");
+    }
+}

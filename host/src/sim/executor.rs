@@ -1,0 +1,284 @@
+//! The simulator's executor: jobs take their profiled latency (with noise), LLM
+//! frames generate tokens and pay for prefill, swaps and the spread of input lengths,
+//! detectors fan out, and new workers start warm or cold depending on a host-memory
+//! cache of model parameters.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use rustc_hash::FxHashMap;
+
+use super::rng::SimRng;
+use crate::engine::{BatchJob, Executor, ItemResult, JobResult, Pipeline, Resume};
+use crate::policy::contract::{DeviceKind, EvictMode, StageKind};
+
+/// Output tokens assumed for an LLM request that gives no length.
+pub const DEFAULT_OUTPUT_TOKENS: u32 = 128;
+
+/// Settings of the simulated executor.
+#[derive(Debug, Clone)]
+pub struct SimExecutorOptions {
+    /// Coefficient of variation of job latency around the profiled mean (0: none).
+    pub noise_cv: f64,
+    /// Host memory for cached model parameters.
+    pub host_cache_bytes: u64,
+    /// Evict cached parameters (least recently used first) above this fraction.
+    pub cache_high_water: f64,
+}
+
+impl Default for SimExecutorOptions {
+    fn default() -> Self {
+        Self { noise_cv: 0.05, host_cache_bytes: 64 << 30, cache_high_water: 0.85 }
+    }
+}
+
+/// Something that will happen on the executor.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ExecEvent {
+    /// A job finished.
+    Finished(JobResult),
+    /// A worker finished starting.
+    Ready(u32),
+}
+
+#[derive(Debug, Clone)]
+struct SimWorker {
+    stage: u32,
+    variant: u32,
+    threads: u32,
+    /// Bumped on abort and retire, so a stale completion is ignored.
+    generation: u64,
+}
+
+/// The latency-model executor.
+pub struct SimExecutor {
+    pipeline: Pipeline,
+    options: SimExecutorOptions,
+    rng: SimRng,
+    now: u64,
+    workers: FxHashMap<u32, SimWorker>,
+    queue: BinaryHeap<Reverse<(u64, u64, u32, u64)>>,
+    payloads: FxHashMap<u64, ExecEvent>,
+    seq: u64,
+    /// Cached (stage, variant) parameters, least recently used first, with bytes.
+    cache: Vec<((u32, u32), u64)>,
+    /// Warm and cold starts so far.
+    pub starts: (u64, u64),
+}
+
+impl SimExecutor {
+    /// An executor for `pipeline` whose initial workers (as the engine numbers them)
+    /// are already serving, with their parameters cached.
+    pub fn new(pipeline: &Pipeline, options: SimExecutorOptions, rng: SimRng) -> Self {
+        let mut workers = FxHashMap::default();
+        let mut cache = Vec::new();
+        let mut id = 0;
+        for (stage, def) in pipeline.stages.iter().enumerate() {
+            for _ in 0..def.replicas {
+                workers.insert(id, SimWorker { stage: stage as u32, variant: 0, threads: def.threads, generation: 0 });
+                id += 1;
+            }
+            if def.replicas > 0 {
+                cache.push(((stage as u32, 0), def.variants[0].memory_bytes));
+            }
+        }
+        Self {
+            pipeline: pipeline.clone(),
+            options,
+            rng,
+            now: 0,
+            workers,
+            queue: BinaryHeap::new(),
+            payloads: FxHashMap::default(),
+            seq: 0,
+            cache,
+            starts: (0, 0),
+        }
+    }
+
+    /// Move the executor's notion of now (the driver does this before calling the engine).
+    pub fn set_now(&mut self, now: u64) {
+        self.now = now;
+    }
+
+    /// When the next executor event happens.
+    pub fn next_time(&self) -> Option<u64> {
+        self.queue.peek().map(|Reverse((at, ..))| *at)
+    }
+
+    /// The next event due at or before `now`, if any (stale ones are skipped).
+    pub fn pop_due(&mut self, now: u64) -> Option<ExecEvent> {
+        while let Some(Reverse((at, seq, worker, generation))) = self.queue.peek().copied() {
+            if at > now {
+                return None;
+            }
+            self.queue.pop();
+            let event = self.payloads.remove(&seq).expect("payload");
+            let current = self.workers.get(&worker).map(|w| w.generation);
+            if current == Some(generation) {
+                return Some(event);
+            }
+        }
+        None
+    }
+
+    fn push(&mut self, at: u64, worker: u32, event: ExecEvent) {
+        self.seq += 1;
+        let generation = self.workers.get(&worker).map_or(0, |w| w.generation);
+        self.queue.push(Reverse((at, self.seq, worker, generation)));
+        self.payloads.insert(self.seq, event);
+    }
+
+    fn noise(&mut self) -> f64 {
+        if self.options.noise_cv <= 0.0 {
+            1.0
+        } else {
+            self.rng.lognormal_with_mean_cv(1.0, self.options.noise_cv)
+        }
+    }
+
+    /// Latency multiplier of a CPU worker running with `threads` instead of the
+    /// stage's profiled thread count (sub-linear speed-up).
+    fn thread_factor(&self, stage: u32, threads: u32) -> f64 {
+        let def = &self.pipeline.stages[stage as usize];
+        if def.device == DeviceKind::Gpu || threads == def.threads {
+            return 1.0;
+        }
+        (def.threads.max(1) as f64 / threads.max(1) as f64).powf(0.8)
+    }
+
+    fn poisson(&mut self, mean: f64) -> u32 {
+        if mean <= 0.0 {
+            return 0;
+        }
+        if mean > 30.0 {
+            return self.rng.normal(mean, mean.sqrt()).round().max(0.0) as u32;
+        }
+        let limit = (-mean).exp();
+        let (mut k, mut p) = (0u32, 1.0);
+        loop {
+            p *= self.rng.uniform();
+            if p < limit {
+                return k;
+            }
+            k += 1;
+        }
+    }
+
+    fn touch_cache(&mut self, key: (u32, u32)) -> bool {
+        let bytes = self.pipeline.stages[key.0 as usize].variants[key.1 as usize].memory_bytes;
+        let hit = if let Some(i) = self.cache.iter().position(|(k, _)| *k == key) {
+            let entry = self.cache.remove(i);
+            self.cache.push(entry);
+            true
+        } else {
+            self.cache.push((key, bytes));
+            false
+        };
+        let limit = (self.options.host_cache_bytes as f64 * self.options.cache_high_water) as u64;
+        while self.cache.iter().map(|(_, b)| b).sum::<u64>() > limit && self.cache.len() > 1 {
+            self.cache.remove(0);
+        }
+        hit
+    }
+}
+
+impl Executor for SimExecutor {
+    fn start(&mut self, job: BatchJob) {
+        let def = self.pipeline.stages[job.stage as usize].clone();
+        let variant = &def.variants[job.variant as usize];
+        let threads = self.workers.get(&job.worker).map_or(def.threads, |w| w.threads);
+        let factor = self.thread_factor(job.stage, threads) * self.noise();
+        let batch = job.items.len() as u32;
+        let (duration, items) = match def.kind {
+            StageKind::Batch => {
+                let duration = (variant.profile.mean(batch) as f64 * factor) as u64;
+                let mut items = Vec::with_capacity(job.items.len());
+                for item in &job.items {
+                    let mut fan_out = Vec::new();
+                    for &(successor, mean) in &variant.fan_out {
+                        fan_out.push((successor, self.poisson(mean)));
+                    }
+                    items.push(ItemResult { id: item.id, error: None, tokens: 0, finished: true, fan_out });
+                }
+                (duration, items)
+            }
+            StageKind::Iteration => {
+                let llm = def.llm;
+                let step = variant.profile.mean(batch) as f64;
+                let lengths: Vec<f64> = job.items.iter().map(|i| i.input_size as f64).collect();
+                let spread = coefficient_of_variation(&lengths);
+                let mut duration = step * job.frame_steps as f64 * (1.0 + llm.spread_penalty * spread);
+                let mut items = Vec::with_capacity(job.items.len());
+                for item in &job.items {
+                    let context = item.input_size as f64 + item.generated as f64;
+                    duration += match item.resume {
+                        Resume::Fresh => item.input_size as f64 * llm.prefill_ns_per_token,
+                        Resume::Recompute => context * llm.prefill_ns_per_token,
+                        Resume::SwapIn => context * llm.kv_bytes_per_token as f64 * llm.swap_ns_per_byte,
+                        Resume::Continue => 0.0,
+                    };
+                    let target = if item.expected_tokens == 0 { DEFAULT_OUTPUT_TOKENS } else { item.expected_tokens };
+                    let tokens = job.frame_steps.min(target.saturating_sub(item.generated)).max(1);
+                    let finished = item.generated + tokens >= target;
+                    items.push(ItemResult { id: item.id, error: None, tokens, finished, fan_out: Vec::new() });
+                }
+                ((duration * factor) as u64, items)
+            }
+        };
+        let at = self.now + duration.max(1);
+        self.push(at, job.worker, ExecEvent::Finished(JobResult { worker: job.worker, duration: duration.max(1), items }));
+    }
+
+    fn abort(&mut self, worker: u32) {
+        if let Some(w) = self.workers.get_mut(&worker) {
+            w.generation += 1;
+        }
+    }
+
+    fn provision(&mut self, worker: u32, stage: u32, variant: u32) {
+        let def = &self.pipeline.stages[stage as usize];
+        self.workers.insert(worker, SimWorker { stage, variant, threads: def.threads, generation: 0 });
+        let (warm, cold) = (def.variants[variant as usize].warm_start_ns, def.variants[variant as usize].cold_start_ns);
+        let delay = if self.touch_cache((stage, variant)) {
+            self.starts.0 += 1;
+            warm
+        } else {
+            self.starts.1 += 1;
+            cold
+        };
+        self.push(self.now + delay.max(1), worker, ExecEvent::Ready(worker));
+    }
+
+    fn retire(&mut self, worker: u32) {
+        self.workers.remove(&worker);
+    }
+
+    fn set_threads(&mut self, worker: u32, threads: u32) {
+        if let Some(w) = self.workers.get_mut(&worker) {
+            w.threads = threads;
+        }
+    }
+
+    fn set_variant(&mut self, worker: u32, variant: u32) {
+        if let Some(w) = self.workers.get_mut(&worker) {
+            w.variant = variant;
+            let key = (w.stage, variant);
+            self.touch_cache(key);
+        }
+    }
+
+    fn evict(&mut self, _worker: u32, _sequence: u64, _mode: EvictMode) {}
+}
+
+fn coefficient_of_variation(values: &[f64]) -> f64 {
+    if values.len() < 2 {
+        return 0.0;
+    }
+    let mean = values.iter().sum::<f64>() / values.len() as f64;
+    if mean <= 0.0 {
+        return 0.0;
+    }
+    let variance = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / values.len() as f64;
+    variance.sqrt() / mean
+}

@@ -1,0 +1,86 @@
+//! The discrete-event simulator: the scheduling engine on a virtual clock, with a
+//! latency-model executor, workloads and traces, running the very same policy
+//! components the server runs (metered by fuel, so runs replay exactly).
+//!
+//! - [`rng`]: the seeded random source;
+//! - [`workload`]: arrival processes (Poisson, bursty with a target CV, diurnal,
+//!   presets, per-second rate files, the Azure LLM trace);
+//! - [`trace`]: our JSON-lines trace format (written by the server, replayed here);
+//! - [`executor`]: jobs take their profiled latency, LLM frames, fan-out, warm/cold starts;
+//! - [`presets`]: built-in pipelines;
+//! - [`run`]: one run; [`compare`] runs several policies on the same workload and seed.
+
+pub mod bench;
+pub mod executor;
+pub mod presets;
+pub mod rng;
+pub mod run;
+mod sources;
+pub mod trace;
+pub mod workload;
+
+use std::path::PathBuf;
+
+use anyhow::{anyhow, Result};
+
+pub use run::{PolicySpec, RunOutcome, SimSpec};
+use workload::Arrival;
+
+/// Where arrivals come from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WorkloadSpec {
+    /// A named arrival process at a mean rate (requests per second): `poisson`,
+    /// `wikipedia`, `twitter`, `azure-functions`.
+    Preset {
+        /// Preset name.
+        name: String,
+        /// Mean rate.
+        rate: f64,
+    },
+    /// A per-second rate file.
+    RateFile(PathBuf),
+    /// The Azure LLM 2023 CSV, sped up by a factor.
+    AzureLlm {
+        /// The CSV.
+        path: PathBuf,
+        /// Time compression (2 = twice as fast).
+        speedup: f64,
+    },
+    /// Arrivals of one of our JSON-lines traces.
+    Trace(PathBuf),
+}
+
+impl WorkloadSpec {
+    /// Parse `NAME` (a preset, with `rate`), `rates:FILE`, `azure-llm:FILE` or `trace:FILE`.
+    pub fn parse(text: &str, rate: f64, speedup: f64) -> Result<Self> {
+        Ok(match text.split_once(':') {
+            Some(("rates", path)) => WorkloadSpec::RateFile(path.into()),
+            Some(("azure-llm", path)) => WorkloadSpec::AzureLlm { path: path.into(), speedup },
+            Some(("trace", path)) => WorkloadSpec::Trace(path.into()),
+            Some((kind, _)) => return Err(anyhow!("unknown workload kind {kind:?} (rates:FILE, azure-llm:FILE, trace:FILE, or a preset name)")),
+            None => WorkloadSpec::Preset { name: text.into(), rate },
+        })
+    }
+
+    /// The arrivals, for `duration` nanoseconds, seeded.
+    pub fn arrivals(&self, duration: u64, seed: u64) -> Result<Box<dyn Iterator<Item = Arrival>>> {
+        sources::open(self, duration, seed)
+    }
+}
+
+/// Run every policy on the same pipeline, workload and seed, one after another.
+pub fn compare(
+    spec: &SimSpec,
+    workload: &WorkloadSpec,
+    policies: &[PolicySpec],
+    loader: &crate::policy::PolicyLoader,
+    mut progress: impl FnMut(&str, f64),
+) -> Result<Vec<RunOutcome>> {
+    let mut outcomes = Vec::new();
+    for policy in policies {
+        let arrivals = workload.arrivals(spec.duration, spec.seed)?;
+        let outcome = run::run(spec, policy, loader, arrivals, &mut |done| progress(&policy.name, done))?;
+        outcomes.push(outcome);
+    }
+    Ok(outcomes)
+}

@@ -1,0 +1,47 @@
+//! Built-in pipelines for the simulator (the TOML files under `host/presets/`,
+//! embedded in the binary).
+
+use crate::engine::Pipeline;
+
+/// Preset pipelines: name, TOML text.
+pub const PIPELINES: &[(&str, &str)] = &[
+    ("vision-chain", include_str!("../../presets/vision-chain.toml")),
+    ("traffic-dag", include_str!("../../presets/traffic-dag.toml")),
+    ("five-stage", include_str!("../../presets/five-stage.toml")),
+    ("llm", include_str!("../../presets/llm.toml")),
+];
+
+/// A pipeline by preset name, or from a file: `.toml` (our format) or `.json` (Loki's
+/// application JSON, with profiles read from the file's directory).
+pub fn pipeline(name_or_path: &str) -> Result<Pipeline, String> {
+    if let Some((_, text)) = PIPELINES.iter().find(|(name, _)| *name == name_or_path) {
+        return Pipeline::from_toml(text, name_or_path).map_err(|e| e.to_string());
+    }
+    let path = std::path::Path::new(name_or_path);
+    if !path.exists() {
+        let names: Vec<&str> = PIPELINES.iter().map(|(n, _)| *n).collect();
+        return Err(format!("{name_or_path:?} is neither a preset pipeline ({}) nor a file", names.join(", ")));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if path.extension().is_some_and(|e| e == "json") {
+        let dir = path.parent().unwrap_or(std::path::Path::new("."));
+        let mut profiles = crate::engine::pipeline::LokiProfiles::load(dir, "onnxruntime_gpu_ampere")?;
+        profiles.fallback = Some(crate::engine::Profile::Linear { alpha_ns: 2e6, beta_ns: 5e6 });
+        Pipeline::from_loki_app(&text, &profiles, name_or_path).map_err(|e| e.to_string())
+    } else {
+        Pipeline::from_toml(&text, name_or_path).map_err(|e| e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_preset_parses_and_validates() {
+        for (name, _) in super::PIPELINES {
+            let pipeline = super::pipeline(name).unwrap_or_else(|e| panic!("{e}"));
+            assert!(!pipeline.stages.is_empty());
+        }
+        let error = super::pipeline("no-such-preset").unwrap_err();
+        assert!(error.contains("vision-chain"), "{error}");
+    }
+}

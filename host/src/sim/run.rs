@@ -1,0 +1,149 @@
+//! One simulated run: the engine, the latency-model executor, a workload and a policy
+//! on a virtual clock, from the first arrival until every request has ended.
+//!
+//! The loop jumps from one instant to the next thing that happens (an arrival, a job
+//! finishing, a worker becoming ready, an engine timer) and gathers everything that
+//! happens at that instant before one policy call: the simulator's decision points are
+//! exactly the distinct instants at which something happened. Nothing reads the wall
+//! clock, and the policy is metered by fuel, so a run is a pure function of its inputs.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant as WallInstant};
+
+use anyhow::{Context, Result};
+
+use super::executor::{ExecEvent, SimExecutor, SimExecutorOptions};
+use super::rng::SimRng;
+use super::workload::Arrival;
+use crate::engine::{Engine, EngineOptions, EngineStats, ManualClock, Pipeline, Submission};
+use crate::metrics::RunReport;
+use crate::policy::{Arm, ArmStats, FailureMode, PolicyLoader};
+
+/// A policy to simulate: its name and component bytes.
+#[derive(Clone)]
+pub struct PolicySpec {
+    /// Name in reports.
+    pub name: String,
+    /// The component.
+    pub bytes: Arc<Vec<u8>>,
+}
+
+/// Everything a run needs besides the policy.
+#[derive(Clone)]
+pub struct SimSpec {
+    /// The pipeline.
+    pub pipeline: Pipeline,
+    /// Seed of every random choice (workload, noise, fan-out, the policy's source).
+    pub seed: u64,
+    /// Length of the arrival process.
+    pub duration: u64,
+    /// Executor settings.
+    pub executor: SimExecutorOptions,
+    /// Engine settings.
+    pub engine: EngineOptions,
+}
+
+/// What a run produced.
+pub struct RunOutcome {
+    /// Metrics.
+    pub report: RunReport,
+    /// Engine counters.
+    pub engine: EngineStats,
+    /// Policy arm counters.
+    pub arm: ArmStats,
+    /// Simulated events handled (arrivals, job ends, worker starts, engine wake-ups).
+    pub events: u64,
+    /// Wall time of the run.
+    pub wall: Duration,
+    /// Simulated time at the end.
+    pub simulated: u64,
+    /// Requests still in flight at the end (0 unless the drain limit was hit).
+    pub unfinished: usize,
+}
+
+/// Run `policy` on `spec` with the arrivals of `workload`; `progress` is called with the
+/// fraction of simulated time done, now and then.
+pub fn run(
+    spec: &SimSpec,
+    policy: &PolicySpec,
+    loader: &PolicyLoader,
+    workload: impl Iterator<Item = Arrival>,
+    progress: &mut dyn FnMut(f64),
+) -> Result<RunOutcome> {
+    let started = WallInstant::now();
+    let module = loader.load(&policy.name, &policy.bytes).with_context(|| format!("loading policy {}", policy.name))?;
+    let clock = ManualClock::default();
+    let mut root = SimRng::new(spec.seed);
+    let executor = SimExecutor::new(&spec.pipeline, spec.executor.clone(), root.fork(1));
+    let sandbox = loader.sandbox().clone();
+    let mut engine_options = spec.engine.clone();
+    engine_options.seed = spec.seed;
+    let mut engine = Engine::new(clock.clone(), executor, spec.pipeline.clone(), engine_options, |config, view| {
+        Arm::start_wasm(&policy.name, config, &sandbox, module, FailureMode::FailOpen, None, view)
+    });
+    let streams = spec.pipeline.streams.len() as u32;
+    let mut arrivals = workload.take_while(|a| a.at < spec.duration).peekable();
+    let drain_limit = spec.duration
+        + spec.pipeline.streams.iter().map(|s| s.slo_ns).max().unwrap_or(0)
+        + spec.engine.expiry_grace
+        + 1_000_000_000;
+    let mut events = 0u64;
+    let mut next_progress = 0u64;
+    let progress_step = (spec.duration / 100).max(1);
+    loop {
+        let next_arrival = arrivals.peek().map(|a| a.at);
+        let next_exec = engine.executor().next_time();
+        let next_wake = engine.next_wakeup().filter(|_| next_arrival.is_some() || engine.in_flight() > 0);
+        let Some(now) = [next_arrival, next_exec, next_wake].into_iter().flatten().min() else { break };
+        if now > drain_limit {
+            break;
+        }
+        clock.set(now);
+        engine.executor_mut().set_now(now);
+        while arrivals.peek().is_some_and(|a| a.at <= now) {
+            let a = arrivals.next().expect("peeked");
+            events += 1;
+            engine.submit(Submission {
+                stream: a.stream % streams,
+                sent_at: a.at,
+                input_size: a.input_size,
+                expected_tokens: a.expected_tokens,
+                ..Submission::default()
+            });
+        }
+        while let Some(event) = engine.executor_mut().pop_due(now) {
+            events += 1;
+            match event {
+                ExecEvent::Finished(result) => engine.job_finished(result),
+                ExecEvent::Ready(worker) => engine.worker_ready(worker),
+            }
+        }
+        if engine.next_wakeup().is_some_and(|t| t <= now) {
+            events += 1;
+            engine.advance();
+        }
+        engine.flush();
+        engine.take_ended();
+        if now >= next_progress {
+            progress((now as f64 / spec.duration as f64).min(1.0));
+            next_progress = now + progress_step;
+        }
+    }
+    progress(1.0);
+    let simulated = clock_now(&clock);
+    let report = engine.accounting().report(&policy.name, simulated);
+    Ok(RunOutcome {
+        report,
+        engine: engine.stats().clone(),
+        arm: engine.arm().stats().clone(),
+        events,
+        wall: started.elapsed(),
+        simulated,
+        unfinished: engine.in_flight(),
+    })
+}
+
+fn clock_now(clock: &ManualClock) -> u64 {
+    use crate::engine::Clock;
+    clock.now()
+}
