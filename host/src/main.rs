@@ -200,11 +200,11 @@ fn main() -> ExitCode {
 fn main_job() -> ExitCode {
     let checked = check_all_shipped();
     println!();
-    println!("simulation: every shipped policy on the vision-chain pipeline, twitter-like bursty load");
+    println!("simulation: every shipped policy on the vision-chain pipeline, twitter-like bursty load at 1,500 req/s (capacity about 1,460)");
     let args = SimArgs {
         pipeline: "vision-chain".into(),
         workload: "twitter".into(),
-        rate: 900.0,
+        rate: 1_500.0,
         speedup: 1.0,
         duration: 30.0,
         seed: 1,
