@@ -78,6 +78,11 @@ struct SimArgs {
     /// Policy parameter `key=value` (repeatable).
     #[arg(long = "param", value_parser = parse_param)]
     params: Vec<Param>,
+    /// Decision granularity in microseconds: 0 (default) makes every distinct instant a
+    /// decision point; larger values batch what happens within an interval into one
+    /// policy call (faster, decisions up to one interval late).
+    #[arg(long, default_value_t = 0)]
+    decision_interval_us: u64,
     /// Directory for CSV, JSON and plots (none written when absent).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -210,6 +215,7 @@ fn main_job() -> ExitCode {
         seed: 1,
         noise: 0.05,
         params: Vec::new(),
+        decision_interval_us: 0,
         out: Some(PathBuf::from("yardmaster-report")),
     };
     let names: Vec<String> = yardmaster_policy_artifacts::SHIPPED.iter().map(|a| a.name.to_string()).collect();
@@ -336,6 +342,7 @@ fn try_sim_compare(policies: &[String], args: &SimArgs) -> anyhow::Result<()> {
         duration: (args.duration * 1e9) as u64,
         executor: sim::executor::SimExecutorOptions { noise_cv: args.noise, ..Default::default() },
         engine: yardmaster::engine::EngineOptions { params: args.params.clone(), ..Default::default() },
+        decision_interval: args.decision_interval_us * 1_000,
     };
     let sandbox = yardmaster::policy::Sandbox::new(yardmaster::policy::Mode::Simulate, Limits::default())?;
     let loader = PolicyLoader::new(sandbox, PolicyLoader::default_cache_dir());

@@ -4,10 +4,15 @@ use crate::{Config, Duration, LatencyPoint, StageId, VariantId};
 
 /// Profiled batch latencies of every (stage, variant), with linear interpolation
 /// between profiled batch sizes and linear extrapolation past the largest one.
+///
+/// Mean latencies of every batch size up to the stage's `max-batch` are computed once,
+/// so the common look-up is an index.
 #[derive(Debug, Clone, Default)]
 pub struct LatencyTable {
     /// `profiles[stage][variant]`, each sorted by batch size.
     profiles: Vec<Vec<Vec<LatencyPoint>>>,
+    /// `dense[stage][variant][batch - 1]`: mean latency for batch sizes 1..=max-batch.
+    dense: Vec<Vec<Vec<Duration>>>,
 }
 
 impl LatencyTable {
@@ -31,12 +36,36 @@ impl LatencyTable {
             }
             profiles[index] = variants;
         }
-        Self { profiles }
+        let mut table = Self { profiles, dense: Vec::new() };
+        table.dense = config
+            .stages
+            .iter()
+            .map(|stage| {
+                (0..table.profiles.get(stage.id as usize).map_or(0, Vec::len) as u32)
+                    .map(|variant| {
+                        (1..=stage.max_batch)
+                            .map_while(|b| table.lookup(stage.id, variant, b, |p| p.mean))
+                            .collect()
+                    })
+                    .collect()
+            })
+            .collect();
+        // `dense` is indexed by stage id; keep it aligned with `profiles`.
+        let mut aligned = vec![Vec::new(); table.profiles.len()];
+        for (stage, dense) in config.stages.iter().zip(std::mem::take(&mut table.dense)) {
+            aligned[stage.id as usize] = dense;
+        }
+        table.dense = aligned;
+        table
     }
 
     /// Mean latency of a batch of `batch` requests, or `None` without a profile.
     pub fn mean(&self, stage: StageId, variant: VariantId, batch: u32) -> Option<Duration> {
-        self.lookup(stage, variant, batch, |p| p.mean)
+        let dense = self.dense.get(stage as usize).and_then(|s| s.get(variant as usize));
+        match dense.and_then(|d| d.get(batch.max(1) as usize - 1)) {
+            Some(latency) => Some(*latency),
+            None => self.lookup(stage, variant, batch, |p| p.mean),
+        }
     }
 
     /// Tail latency of a batch of `batch` requests, or `None` without a profile.

@@ -25,6 +25,7 @@ fn simulate(pipeline: &str, workload: WorkloadSpec, seconds: u64, seed: u64, nam
         duration: seconds * 1_000_000_000,
         executor: SimExecutorOptions::default(),
         engine: EngineOptions::default(),
+        decision_interval: 0,
     };
     let loader = PolicyLoader::new(Sandbox::new(Mode::Simulate, Limits::default()).unwrap(), None);
     compare(&spec, &workload, &policies(names), &loader, |_, _| {}).unwrap()

@@ -19,9 +19,10 @@ pub fn run(cluster_seconds: u64) -> Result<String> {
     let policy = PolicySpec { name: "edf".into(), bytes: Arc::new(artifact.bytes.to_vec()) };
     let mut out = String::new();
 
-    for (label, pipeline, rate, seconds) in [
-        ("throughput", "vision-chain", 1_500.0, 120u64),
-        ("cluster hour", "five-stage", 1_000.0, cluster_seconds),
+    for (label, pipeline, rate, seconds, decision_interval) in [
+        ("throughput", "vision-chain", 1_500.0, 120u64, 0),
+        ("cluster hour", "five-stage", 1_000.0, cluster_seconds, 0),
+        ("cluster hour", "five-stage", 1_000.0, cluster_seconds, 1_000_000),
     ] {
         let spec = SimSpec {
             pipeline: presets::pipeline(pipeline).map_err(anyhow::Error::msg)?,
@@ -29,6 +30,7 @@ pub fn run(cluster_seconds: u64) -> Result<String> {
             duration: seconds * 1_000_000_000,
             executor: SimExecutorOptions::default(),
             engine: EngineOptions::default(),
+            decision_interval,
         };
         let workload = WorkloadSpec::Preset { name: "poisson".into(), rate };
         eprintln!("{label}: {pipeline}, {rate} req/s for {seconds} simulated s …");
@@ -39,8 +41,9 @@ pub fn run(cluster_seconds: u64) -> Result<String> {
         let workers = spec.pipeline.stages.iter().map(|s| s.replicas).sum::<u32>();
         writeln!(
             out,
-            "{label:<13} {pipeline} ({workers} workers), {rate} req/s, {seconds} s simulated: {:.2} s wall, \
+            "{label:<13} {pipeline} ({workers} workers), {rate} req/s, {seconds} s simulated, decision interval {} µs: {:.2} s wall, \
              {} simulator events ({:.2} M/s), {} policy events in {} calls ({:.2} M/s), goodput {:.0}/s",
+            decision_interval / 1_000,
             wall,
             outcome.events,
             outcome.events as f64 / wall / 1e6,

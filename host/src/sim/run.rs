@@ -41,6 +41,11 @@ pub struct SimSpec {
     pub executor: SimExecutorOptions,
     /// Engine settings.
     pub engine: EngineOptions,
+    /// Decision granularity: 0 makes every distinct instant a decision point (exact);
+    /// a positive value rounds instants up to its multiples, so everything that happens
+    /// within one interval reaches the policy in one call (as a live scheduler loop
+    /// would batch it), at the price of decisions up to one interval late.
+    pub decision_interval: u64,
 }
 
 /// What a run produced.
@@ -94,7 +99,11 @@ pub fn run(
         let next_arrival = arrivals.peek().map(|a| a.at);
         let next_exec = engine.executor().next_time();
         let next_wake = engine.next_wakeup().filter(|_| next_arrival.is_some() || engine.in_flight() > 0);
-        let Some(now) = [next_arrival, next_exec, next_wake].into_iter().flatten().min() else { break };
+        let Some(next) = [next_arrival, next_exec, next_wake].into_iter().flatten().min() else { break };
+        let now = match spec.decision_interval {
+            0 => next,
+            q => next.div_ceil(q) * q,
+        };
         if now > drain_limit {
             break;
         }
