@@ -140,21 +140,7 @@ impl TimeEwma {
 mod tests {
     use super::*;
 
-    /// Tiny xorshift64 generator for reproducible pseudo-random tests.
-    struct XorShift(u64);
-
-    impl XorShift {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-
-        fn unit(&mut self) -> f64 {
-            (self.next() >> 11) as f64 / (1u64 << 53) as f64
-        }
-    }
+    use crate::helpers::test_rng::XorShift;
 
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() <= 1e-9 * (1.0 + a.abs().max(b.abs()))

@@ -272,25 +272,7 @@ impl<'a, T: Ord> IntoIterator for &'a MinMaxHeap<T> {
 mod tests {
     use super::*;
 
-    /// Tiny xorshift64 generator for reproducible pseudo-random tests.
-    struct XorShift(u64);
-
-    impl XorShift {
-        fn new(seed: u64) -> Self {
-            Self(seed.max(1))
-        }
-
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n
-        }
-    }
+    use crate::helpers::test_rng::XorShift;
 
     /// Checks the min-max heap order directly: every node compares correctly
     /// with all of its descendants (checking children and grandchildren

@@ -18,6 +18,9 @@ pub mod pid;
 pub mod quantile;
 pub mod window;
 
+#[cfg(test)]
+mod test_rng;
+
 pub use ewma::{Ewma, TimeEwma};
 pub use minmax_heap::MinMaxHeap;
 pub use pid::Pid;

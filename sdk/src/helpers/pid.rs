@@ -154,22 +154,7 @@ impl Pid {
 mod tests {
     use super::*;
 
-    /// Tiny xorshift64 generator for reproducible pseudo-random tests.
-    struct XorShift(u64);
-
-    impl XorShift {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-
-        /// Uniform in [lo, hi).
-        fn range(&mut self, lo: f64, hi: f64) -> f64 {
-            lo + (hi - lo) * (self.next() >> 11) as f64 / (1u64 << 53) as f64
-        }
-    }
+    use crate::helpers::test_rng::XorShift;
 
     /// First-order plant `T dy/dt = K u - y`, integrated with explicit Euler.
     struct Plant {

@@ -233,37 +233,7 @@ impl WindowQuantile {
 mod tests {
     use super::*;
 
-    /// Tiny xorshift64 generator for reproducible pseudo-random tests.
-    struct XorShift(u64);
-
-    impl XorShift {
-        fn new(seed: u64) -> Self {
-            Self(seed.max(1))
-        }
-
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-
-        /// Uniform in (0, 1].
-        fn unit(&mut self) -> f64 {
-            ((self.next() >> 11) + 1) as f64 / (1u64 << 53) as f64
-        }
-
-        /// Exponential with mean 1.
-        fn exponential(&mut self) -> f64 {
-            -self.unit().ln()
-        }
-
-        /// Standard normal (Box-Muller).
-        fn normal(&mut self) -> f64 {
-            let (u, v) = (self.unit(), self.unit());
-            (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
-        }
-    }
+    use crate::helpers::test_rng::XorShift;
 
     /// Reference nearest-rank quantile by counting: the smallest value `v`
     /// such that at least `q * n` of the values are `<= v`.
@@ -321,7 +291,7 @@ mod tests {
             assert_eq!(estimator.estimate(), None);
             let mut seen = Vec::new();
             for _ in 0..5 {
-                let x = rng.unit();
+                let x = rng.unit_nonzero();
                 estimator.observe(x);
                 seen.push(x);
                 assert_eq!(estimator.estimate(), reference_quantile(&seen, p), "p {p}");
@@ -393,7 +363,7 @@ mod tests {
             (0.9, 0.03),
             (0.99, 0.03),
         ];
-        check_p2("uniform", || rng.unit(), &cases);
+        check_p2("uniform", || rng.unit_nonzero(), &cases);
     }
 
     #[test]
