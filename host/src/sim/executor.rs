@@ -282,3 +282,82 @@ fn coefficient_of_variation(values: &[f64]) -> f64 {
     let variance = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / values.len() as f64;
     variance.sqrt() / mean
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{Executor, JobItem};
+
+    fn pipeline() -> Pipeline {
+        crate::sim::presets::pipeline("vision-chain").unwrap()
+    }
+
+    fn drain(executor: &mut SimExecutor) -> Vec<(u64, ExecEvent)> {
+        let mut out = Vec::new();
+        while let Some(at) = executor.next_time() {
+            executor.set_now(at);
+            while let Some(event) = executor.pop_due(at) {
+                out.push((at, event));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn new_workers_start_warm_when_cached_and_cold_otherwise() {
+        let p = pipeline();
+        let options = SimExecutorOptions { noise_cv: 0.0, ..Default::default() };
+        let mut executor = SimExecutor::new(&p, options, SimRng::new(1));
+        // Stage 0's variant 0 serves at start, so its parameters are cached: warm.
+        executor.provision(100, 0, 0);
+        // A cold start: make the cache forget everything but one entry.
+        executor.cache.clear();
+        executor.provision(101, 1, 0);
+        let events = drain(&mut executor);
+        let warm = p.stages[0].variants[0].warm_start_ns;
+        let cold = p.stages[1].variants[0].cold_start_ns;
+        assert_eq!(events, vec![(warm, ExecEvent::Ready(100)), (cold, ExecEvent::Ready(101))]);
+        assert_eq!(executor.starts, (1, 1));
+    }
+
+    #[test]
+    fn jobs_take_their_profiled_latency_and_aborted_jobs_never_finish() {
+        let p = pipeline();
+        let options = SimExecutorOptions { noise_cv: 0.0, ..Default::default() };
+        let mut executor = SimExecutor::new(&p, options, SimRng::new(1));
+        let item = |id| JobItem { id, input_size: 1, generated: 0, expected_tokens: 0, resume: Resume::Fresh };
+        executor.start(BatchJob { worker: 0, stage: 0, variant: 0, items: vec![item(1), item(2)], frame_steps: 0 });
+        executor.start(BatchJob { worker: 1, stage: 0, variant: 0, items: vec![item(3)], frame_steps: 0 });
+        executor.abort(1);
+        let events = drain(&mut executor);
+        assert_eq!(events.len(), 1, "the aborted job's completion is discarded");
+        let (at, ExecEvent::Finished(result)) = &events[0] else { panic!("{events:?}") };
+        assert_eq!(*at, p.stages[0].variants[0].profile.mean(2));
+        assert_eq!(result.items.iter().map(|i| i.id).collect::<Vec<_>>(), vec![1, 2]);
+    }
+
+    #[test]
+    fn llm_frames_generate_tokens_and_pay_for_prefill_and_spread() {
+        let p = crate::sim::presets::pipeline("llm").unwrap();
+        let options = SimExecutorOptions { noise_cv: 0.0, ..Default::default() };
+        let mut executor = SimExecutor::new(&p, options, SimRng::new(1));
+        let seq = |id, input, generated, resume| JobItem { id, input_size: input, generated, expected_tokens: 10, resume };
+        let frame = |items| BatchJob { worker: 0, stage: 0, variant: 0, items, frame_steps: 8 };
+        // Two resident sequences of equal length: no prefill, no spread.
+        executor.start(frame(vec![seq(1, 100, 0, Resume::Continue), seq(2, 100, 6, Resume::Continue)]));
+        let plain = drain(&mut executor);
+        let (at, ExecEvent::Finished(result)) = &plain[0] else { panic!() };
+        assert_eq!(*at, p.stages[0].variants[0].profile.mean(2) * 8);
+        assert_eq!((result.items[0].tokens, result.items[0].finished), (8, false));
+        assert_eq!((result.items[1].tokens, result.items[1].finished), (4, true), "only 4 tokens were left");
+        // A fresh sequence pays its prefill; unequal prompts pay the spread penalty.
+        executor.set_now(0);
+        executor.start(frame(vec![seq(3, 100, 0, Resume::Fresh), seq(4, 1_000, 0, Resume::Continue)]));
+        let costly = drain(&mut executor);
+        let llm = p.stages[0].llm;
+        let spread = coefficient_of_variation(&[100.0, 1_000.0]);
+        let expected = *at as f64 * (1.0 + llm.spread_penalty * spread) + 100.0 * llm.prefill_ns_per_token;
+        assert!((costly[0].0 as f64 - expected).abs() < 2.0, "{} vs {expected}", costly[0].0);
+        assert!(costly[0].0 > *at);
+    }
+}
