@@ -185,7 +185,9 @@ pub fn measure(
 
 /// Benchmark the shipped `edf` policy.
 pub fn bench_edf(batches: &[usize], events_per_run: usize, repetitions: usize) -> anyhow::Result<Vec<BenchRow>> {
-    let sandbox = Sandbox::new(Mode::Serve, Limits::default())?;
+    // The deadline bounds runaway policies; a benchmark on a busy machine must not trip it.
+    let limits = Limits { event_deadline: std::time::Duration::from_secs(1), ..Limits::default() };
+    let sandbox = Sandbox::new(Mode::Serve, limits)?;
     let loader = PolicyLoader::new(sandbox.clone(), None);
     let artifact = yardmaster_policy_artifacts::shipped("edf").expect("edf is shipped");
     let module = loader.load("edf", artifact.bytes)?;

@@ -5,9 +5,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant as WallInstant};
 
+use wasmtime::component::TypedFunc;
 use wasmtime::{ResourceLimiter, Store, Trap};
 
 use super::contract::{self, Action, Config, Event, Level, Scheduler};
+use super::fast_events::EventList;
 use super::loader::PolicyModule;
 use super::sandbox::{CallKind, Mode, Sandbox};
 
@@ -211,12 +213,21 @@ impl contract::yardmaster::policy::host::Host for HostState {
     }
 }
 
+/// The typed `handle` export, called with the fast event lowering.
+type HandleFunc = TypedFunc<(u64, EventList), (Vec<Action>,)>;
+
+/// The exports of an instance.
+struct Exports {
+    bindings: Scheduler,
+    handle: HandleFunc,
+}
+
 /// A policy component instance with its store.
 pub struct WasmPolicy {
     module: Arc<PolicyModule>,
     sandbox: Sandbox,
     store: Store<HostState>,
-    bindings: Scheduler,
+    exports: Exports,
     last_cost: CallCost,
 }
 
@@ -246,19 +257,9 @@ impl WasmPolicy {
         };
         let mut store = Store::new(sandbox.engine(), state);
         store.limiter(|state| &mut state.memory);
-        let mut this_store = store;
-        arm_budget(sandbox, &mut this_store, CallKind::Init);
-        let bindings = module
-            .pre()
-            .instantiate(&mut this_store)
-            .map_err(|e| classify(sandbox, &mut this_store, CallKind::Init, e))?;
-        Ok(Self {
-            module,
-            sandbox: sandbox.clone(),
-            store: this_store,
-            bindings,
-            last_cost: CallCost::default(),
-        })
+        arm_budget(sandbox, &mut store, CallKind::Init);
+        let exports = instantiate_exports(&module, &mut store).map_err(|e| classify(sandbox, &mut store, CallKind::Init, e))?;
+        Ok(Self { module, sandbox: sandbox.clone(), store, exports, last_cost: CallCost::default() })
     }
 
     /// The module this instance runs.
@@ -270,7 +271,7 @@ impl WasmPolicy {
         &mut self,
         now: u64,
         kind: CallKind,
-        body: impl FnOnce(&Scheduler, &mut Store<HostState>) -> wasmtime::Result<R>,
+        body: impl FnOnce(&Exports, &mut Store<HostState>) -> wasmtime::Result<R>,
     ) -> Result<R, PolicyFault> {
         let state = self.store.data_mut();
         state.now = now;
@@ -279,7 +280,7 @@ impl WasmPolicy {
         state.call_started = WallInstant::now();
         let started = state.call_started;
         arm_budget(&self.sandbox, &mut self.store, kind);
-        let result = body(&self.bindings, &mut self.store);
+        let result = body(&self.exports, &mut self.store);
         let fuel = match self.sandbox.mode() {
             Mode::Simulate => {
                 let left = self.store.get_fuel().unwrap_or(0);
@@ -294,6 +295,17 @@ impl WasmPolicy {
         }
         result.map_err(|e| classify(&self.sandbox, &mut self.store, kind, e))
     }
+}
+
+/// Instantiate the component and find its exports.
+fn instantiate_exports(module: &PolicyModule, store: &mut Store<HostState>) -> wasmtime::Result<Exports> {
+    let instance = module.pre().instance_pre().instantiate(&mut *store)?;
+    let bindings = Scheduler::new(&mut *store, &instance)?;
+    let missing = || wasmtime::Error::msg("the component does not export yardmaster:policy/policy#handle");
+    let interface = instance.get_export_index(&mut *store, None, "yardmaster:policy/policy@0.1.0").ok_or_else(missing)?;
+    let handle = instance.get_export_index(&mut *store, Some(&interface), "handle").ok_or_else(missing)?;
+    let handle = instance.get_typed_func::<(u64, EventList), (Vec<Action>,)>(&mut *store, &handle)?;
+    Ok(Exports { bindings, handle })
 }
 
 /// Set the call's budget: an epoch deadline (serve) or fuel (simulate).
@@ -347,8 +359,8 @@ impl PolicyInstance for WasmPolicy {
 
     fn init(&mut self, config: &Config, now: u64) -> Result<Vec<Action>, PolicyFault> {
         let max_actions = self.sandbox.limits().max_actions;
-        let result = self.call(now, CallKind::Init, |bindings, store| {
-            bindings.yardmaster_policy_policy().call_init(store, config)
+        let result = self.call(now, CallKind::Init, |exports, store| {
+            exports.bindings.yardmaster_policy_policy().call_init(store, config)
         })?;
         let actions = result.map_err(PolicyFault::InitRefused)?;
         check_action_count(actions, max_actions)
@@ -361,8 +373,10 @@ impl PolicyInstance for WasmPolicy {
         kind: CallKind,
     ) -> Result<Vec<Action>, PolicyFault> {
         let max_actions = self.sandbox.limits().max_actions;
-        let actions = self.call(now, kind, |bindings, store| {
-            bindings.yardmaster_policy_policy().call_handle(store, now, events)
+        let actions = self.call(now, kind, |exports, store| {
+            // SAFETY: the list view lives only for this call, while `events` is borrowed.
+            let events = unsafe { EventList::new(events) };
+            exports.handle.call(store, (now, events)).map(|(actions,)| actions)
         })?;
         check_action_count(actions, max_actions)
     }

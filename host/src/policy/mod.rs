@@ -5,12 +5,14 @@
 //!   when simulating) and limits;
 //! - [`loader`]: SHA-256, the import check, compilation and its cache;
 //! - [`instance`]: a running component, its host imports, fault classification;
+//! - [`fast_events`]: the fast lowering of the hot events into a policy's memory;
 //! - [`native`]: SDK policies compiled into the host (the built-in fallback);
 //! - [`validate`]: checking actions against the host's truth;
 //! - [`arm`]: one live policy with its held requests and its failure mode.
 
 pub mod arm;
 pub mod contract;
+pub mod fast_events;
 pub mod instance;
 pub mod loader;
 pub mod native;

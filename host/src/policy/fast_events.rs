@@ -1,0 +1,187 @@
+//! A faster lowering of the event list into a policy's memory.
+//!
+//! wasmtime 48 lowers a `list<event>` field by field, looking up the guest's memory
+//! and recomputing the record layout for every field store; for the arrival record
+//! (twelve fields) that is most of the cost of delivering an event. [`EventList`]
+//! lowers the two hot cases — `arrival` without tags and `worker-idle` — by writing
+//! their canonical-ABI bytes straight into one view of memory, and hands every other
+//! event to wasmtime's own lowering. The layout is fixed by `wit/policy.wit`; in debug
+//! builds every list is also lowered the generic way and the bytes compared, so any
+//! drift between this file and the contract fails the test suite.
+//!
+//! This uses wasmtime's `#[doc(hidden)]` lowering traits, which is why the wasmtime
+//! version is pinned exactly in the workspace.
+
+use std::mem::MaybeUninit;
+
+use wasmtime::component::__internal::{CanonicalAbiInfo, InterfaceType, LowerContext};
+use wasmtime::component::{ComponentType, Lower};
+use wasmtime::ValRaw;
+
+use super::contract::{Event, Request};
+
+/// Offset of a variant case's payload in `event` (its largest case is 8-aligned).
+const PAYLOAD: usize = 8;
+/// Discriminants of the `event` cases written here.
+const ARRIVAL: u8 = 0;
+const WORKER_IDLE: u8 = 1;
+
+/// A borrowed event list, lowered with the fast path.
+///
+/// It holds a raw pointer so that a `TypedFunc` over it can be stored; it is only
+/// ever built by [`EventList::new`] from a slice that outlives the call it is passed to.
+#[derive(Clone, Copy)]
+pub struct EventList {
+    ptr: *const Event,
+    len: usize,
+}
+
+// SAFETY: an `EventList` is a shared view of `Event`s (which are `Send + Sync`),
+// created and consumed within one synchronous call on one thread.
+unsafe impl Send for EventList {}
+// SAFETY: as above.
+unsafe impl Sync for EventList {}
+
+impl EventList {
+    /// A view of `events` for one call.
+    ///
+    /// # Safety
+    /// The `EventList` must not outlive `events` (pass it straight to the call).
+    pub unsafe fn new(events: &[Event]) -> Self {
+        Self { ptr: events.as_ptr(), len: events.len() }
+    }
+
+    fn events(&self) -> &[Event] {
+        // SAFETY: built from a live slice by `new`, whose contract keeps it alive.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+// SAFETY: the type-level information is exactly that of `[Event]`, which this type
+// lowers to.
+unsafe impl ComponentType for EventList {
+    type Lower = [ValRaw; 2];
+    const ABI: CanonicalAbiInfo = CanonicalAbiInfo::POINTER_PAIR;
+
+    fn typecheck(ty: &InterfaceType, types: &wasmtime::component::__internal::InstanceType<'_>) -> wasmtime::Result<()> {
+        <[Event] as ComponentType>::typecheck(ty, types)
+    }
+}
+
+// SAFETY: writes a pointer/length pair of a list allocated with the guest's realloc
+// and filled with canonical-ABI `event` values, as `[Event]`'s own impl does.
+unsafe impl Lower for EventList {
+    fn linear_lower_to_flat<T>(
+        &self,
+        cx: &mut LowerContext<'_, T>,
+        ty: InterfaceType,
+        dst: &mut MaybeUninit<[ValRaw; 2]>,
+    ) -> wasmtime::Result<()> {
+        let (ptr, len) = lower_events(cx, element(cx, ty), self.events())?;
+        dst.write([ValRaw::i64(ptr as i64), ValRaw::i64(len as i64)]);
+        Ok(())
+    }
+
+    fn linear_lower_to_memory<T>(
+        &self,
+        cx: &mut LowerContext<'_, T>,
+        ty: InterfaceType,
+        offset: usize,
+    ) -> wasmtime::Result<()> {
+        let (ptr, len) = lower_events(cx, element(cx, ty), self.events())?;
+        let memory = cx.as_slice_mut();
+        memory[offset..offset + 4].copy_from_slice(&(ptr as u32).to_le_bytes());
+        memory[offset + 4..offset + 8].copy_from_slice(&(len as u32).to_le_bytes());
+        Ok(())
+    }
+}
+
+fn element<T>(cx: &LowerContext<'_, T>, ty: InterfaceType) -> InterfaceType {
+    match ty {
+        InterfaceType::List(i) => cx.types[i].element,
+        other => panic!("EventList lowered as {other:?}, not a list"),
+    }
+}
+
+/// Allocate the list in the guest and fill it.
+fn lower_events<T>(cx: &mut LowerContext<'_, T>, elem: InterfaceType, events: &[Event]) -> wasmtime::Result<(usize, usize)> {
+    let stride = Event::SIZE32;
+    let size = events.len().checked_mul(stride).ok_or_else(|| wasmtime::Error::msg("event list too large"))?;
+    let base = cx.realloc(0, 0, Event::ALIGN32, size)?;
+    let mut i = 0;
+    while i < events.len() {
+        // Runs of hot events are written through one view of memory.
+        let memory = cx.as_slice_mut();
+        let region = memory
+            .get_mut(base..base + size)
+            .ok_or_else(|| wasmtime::Error::msg("event list out of the policy's memory"))?;
+        while let Some(event) = events.get(i) {
+            let slot = &mut region[i * stride..(i + 1) * stride];
+            match event {
+                Event::Arrival(request) if request.tags.is_none() => write_arrival(slot, request),
+                Event::WorkerIdle(worker) => {
+                    slot[0] = WORKER_IDLE;
+                    slot[PAYLOAD..PAYLOAD + 4].copy_from_slice(&worker.to_le_bytes());
+                }
+                _ => break,
+            }
+            i += 1;
+        }
+        if let Some(event) = events.get(i) {
+            // Anything else may allocate in the guest: wasmtime's own lowering.
+            event.linear_lower_to_memory(cx, elem, base + i * stride)?;
+            i += 1;
+        }
+    }
+    #[cfg(debug_assertions)]
+    check_against_generic(cx, elem, events, base, size)?;
+    Ok((base, events.len()))
+}
+
+/// `arrival(request)` with `tags: none`, in the canonical ABI layout of `request`.
+fn write_arrival(slot: &mut [u8], r: &Request) {
+    slot[0] = ARRIVAL;
+    let p = &mut slot[PAYLOAD..];
+    p[0..8].copy_from_slice(&r.id.to_le_bytes());
+    p[8..16].copy_from_slice(&r.origin.to_le_bytes());
+    p[16..20].copy_from_slice(&r.stage.to_le_bytes());
+    p[20..24].copy_from_slice(&r.stream.to_le_bytes());
+    p[24..32].copy_from_slice(&r.sent_at.to_le_bytes());
+    p[32..40].copy_from_slice(&r.arrived_at.to_le_bytes());
+    p[40..48].copy_from_slice(&r.deadline.to_le_bytes());
+    p[48..52].copy_from_slice(&r.priority.to_le_bytes());
+    p[52..56].copy_from_slice(&r.input_size.to_le_bytes());
+    p[56..60].copy_from_slice(&r.expected_tokens.to_le_bytes());
+    p[60..64].copy_from_slice(&r.requeues.to_le_bytes());
+    p[64] = 0; // tags: none
+}
+
+/// Debug builds: lower the same list the generic way and compare the bytes the
+/// fast path wrote (padding excluded by zeroing both first).
+#[cfg(debug_assertions)]
+fn check_against_generic<T>(
+    cx: &mut LowerContext<'_, T>,
+    elem: InterfaceType,
+    events: &[Event],
+    fast: usize,
+    size: usize,
+) -> wasmtime::Result<()> {
+    let generic = cx.realloc(0, 0, Event::ALIGN32, size)?;
+    cx.as_slice_mut()[generic..generic + size].fill(0);
+    Event::linear_store_list_to_memory(cx, elem, generic, events)?;
+    let stride = Event::SIZE32;
+    let memory = cx.as_slice_mut();
+    for (i, event) in events.iter().enumerate() {
+        let used = match event {
+            Event::Arrival(r) if r.tags.is_none() => PAYLOAD + 65,
+            Event::WorkerIdle(_) => PAYLOAD + 4,
+            _ => continue,
+        };
+        let (a, b) = (fast + i * stride, generic + i * stride);
+        let mut fast_bytes = memory[a..a + used].to_vec();
+        fast_bytes[1..PAYLOAD].fill(0);
+        let generic_bytes = &memory[b..b + used];
+        assert_eq!(fast_bytes, generic_bytes, "fast lowering of {} differs from wasmtime's", event.kind());
+    }
+    Ok(())
+}
