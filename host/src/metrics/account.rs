@@ -26,7 +26,9 @@
 //! The metrics themselves are defined once, in [`Stats`], [`Summary`] and [`Window`];
 //! see the [parent module](super) for the list.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap as HashMap;
 
 use serde::{Deserialize, Serialize};
 
@@ -628,8 +630,8 @@ impl RecentEnds {
         Self {
             horizon: SETTLE_HORIZON,
             rotate_at: start.saturating_add(SETTLE_HORIZON),
-            current: HashMap::new(),
-            previous: HashMap::new(),
+            current: HashMap::default(),
+            previous: HashMap::default(),
         }
     }
 
@@ -713,7 +715,7 @@ impl Accounting {
             series: Series::new(start, window),
             overall: Tally::default(),
             streams: BTreeMap::new(),
-            in_flight: HashMap::new(),
+            in_flight: HashMap::default(),
             recent: RecentEnds::new(start),
             accelerator_ns: 0.0,
             drop_reasons: Reasons::default(),

@@ -43,7 +43,7 @@ impl Edf {
         let mut binding_deadline = Instant::MAX;
         while batch.len() < limit {
             let Some(&Reverse((deadline, id))) = self.queues[stage as usize].peek() else { break };
-            if self.ended.remove(&id) {
+            if !self.ended.is_empty() && self.ended.remove(&id) {
                 self.queues[stage as usize].pop();
                 continue;
             }

@@ -56,7 +56,7 @@ impl Policy for Fifo {
                 let queue = &mut self.queues[stage as usize];
                 while batch.len() < limit {
                     let Some(id) = queue.pop_front() else { break };
-                    if !self.ended.remove(&id) {
+                    if self.ended.is_empty() || !self.ended.remove(&id) {
                         batch.push(id);
                     }
                 }
