@@ -12,7 +12,8 @@ use yardmaster::policy::{Limits, PolicyLoader};
 /// WebAssembly policies.
 ///
 /// Without a subcommand, runs the conformance check on every shipped policy and on
-/// the built-in fallback.
+/// the built-in fallback, then a short simulated comparison of the shipped policies
+/// (report files in ./yardmaster-report).
 #[derive(Parser)]
 #[command(version, about, long_about)]
 struct Cli {
@@ -60,8 +61,9 @@ struct SimArgs {
     /// `rates:FILE` (per-second rates), `azure-llm:FILE` or `trace:FILE` (JSON lines).
     #[arg(long, default_value = "twitter")]
     workload: String,
-    /// Mean arrival rate of a preset workload, requests per second.
-    #[arg(long, default_value_t = 400.0)]
+    /// Mean arrival rate of a preset workload, requests per second (the default
+    /// pipeline's capacity is about 1,460).
+    #[arg(long, default_value_t = 1_500.0)]
     rate: f64,
     /// Speed-up of a replayed trace (azure-llm).
     #[arg(long, default_value_t = 1.0)]

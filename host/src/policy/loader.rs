@@ -176,6 +176,12 @@ impl PolicyLoader {
 
     /// Load a policy from its bytes.
     pub fn load(&self, name: &str, bytes: &[u8]) -> Result<Arc<PolicyModule>, LoadError> {
+        if !bytes.starts_with(b"\0asm") {
+            return Err(LoadError::Invalid {
+                name: name.into(),
+                reason: "the file does not start with the WebAssembly magic bytes (\\0asm)".into(),
+            });
+        }
         if wasmparser_is_core_module(bytes) {
             return Err(LoadError::CoreModule { name: name.into() });
         }
