@@ -39,7 +39,7 @@ impl Ctx {
         let workers = config
             .workers
             .iter()
-            .map(|w| (w.id, WorkerView { info: w.clone(), idle: false }))
+            .map(|w| (w.id, WorkerView { info: *w, idle: false }))
             .collect();
         let mut batch_limits = Vec::new();
         for stage in &config.stages {

@@ -40,7 +40,7 @@ impl<P: Policy> Driver<P> {
                 Event::Tick(snapshot) => policy.on_tick(ctx, snapshot),
                 Event::Timer(token) => policy.on_timer(ctx, token),
                 Event::WorkerAdded(worker) => {
-                    ctx.add_worker(worker.clone());
+                    ctx.add_worker(worker);
                     policy.on_worker_added(ctx, worker)
                 }
                 Event::WorkerRemoved(worker) => {

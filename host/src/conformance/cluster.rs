@@ -167,7 +167,7 @@ impl ScriptedCluster {
         let workers: BTreeMap<u32, SimWorker> = config
             .workers
             .iter()
-            .map(|w| (w.id, SimWorker { info: w.clone(), running: None, resident: BTreeMap::new() }))
+            .map(|w| (w.id, SimWorker { info: *w, running: None, resident: BTreeMap::new() }))
             .collect();
         let mut replicas = vec![0; config.stages.len()];
         for w in &config.workers {
@@ -213,7 +213,7 @@ impl ScriptedCluster {
             }
         }
         if let Event::WorkerAdded(w) = &event {
-            self.workers.insert(w.id, SimWorker { info: w.clone(), running: None, resident: BTreeMap::new() });
+            self.workers.insert(w.id, SimWorker { info: *w, running: None, resident: BTreeMap::new() });
             self.replicas[w.stage as usize] += 1;
             self.next_worker = self.next_worker.max(w.id + 1);
         }
@@ -282,7 +282,7 @@ impl ScriptedCluster {
         self.starting = rest;
         for (_, worker) in ready {
             let id = worker.id;
-            self.workers.insert(id, SimWorker { info: worker.clone(), running: None, resident: BTreeMap::new() });
+            self.workers.insert(id, SimWorker { info: worker, running: None, resident: BTreeMap::new() });
             self.pending.push(Event::WorkerAdded(worker));
             self.pending.push(Event::WorkerIdle(id));
         }

@@ -326,7 +326,7 @@ fn scripted_event(cluster: &mut ScriptedCluster, what: Scripted) {
         }
         Scripted::AddWorker => {
             let id = cluster.new_worker_id();
-            let mut worker = ScriptedCluster::config("", Vec::new(), 0).workers[2].clone();
+            let mut worker = ScriptedCluster::config("", Vec::new(), 0).workers[2];
             worker.id = id;
             cluster.push_event(Event::WorkerAdded(worker));
             cluster.push_event(Event::WorkerIdle(id));

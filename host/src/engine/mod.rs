@@ -179,7 +179,7 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         for worker in &config.workers {
             state.workers.insert(
                 worker.id,
-                WorkerEntry::new(worker.clone(), WorkerPhase::Idle),
+                WorkerEntry::new(*worker, WorkerPhase::Idle),
             );
             state.stages[worker.stage as usize].replicas += 1;
         }
@@ -338,7 +338,7 @@ impl<C: Clock, X: Executor> Engine<C, X> {
             return;
         }
         entry.phase = WorkerPhase::Idle;
-        let info = entry.info.clone();
+        let info = entry.info;
         self.pending.push(Event::WorkerAdded(info));
         self.pending.push(Event::WorkerIdle(worker));
         let (now, serving) = (self.state.now, self.state.serving() as u32);

@@ -540,14 +540,17 @@ mod loki {
     use super::*;
     use std::path::Path;
 
+    /// Profiled points of one model: (batch, p50 ms, p90 ms).
+    type Points = Vec<(u32, f64, f64)>;
+
     /// Profiles and accuracies published with Loki.
     #[derive(Debug, Clone, Default)]
     pub struct LokiProfiles {
-        /// (model, accelerator) → batch → (p50 ms, p90 ms).
-        runtimes: HashMap<(String, String), Vec<(u32, f64, f64)>>,
-        /// model (without checkpoint suffix) → batch → (p50 ms, p90 ms), from the
-        /// serving system's own profiles.
-        serving_runtimes: HashMap<String, Vec<(u32, f64, f64)>>,
+        /// (model, accelerator) → profiled points.
+        runtimes: HashMap<(String, String), Points>,
+        /// model (without checkpoint suffix) → profiled points, from the serving
+        /// system's own profiles.
+        serving_runtimes: HashMap<String, Points>,
         /// model → accuracy in [0, 1].
         accuracy: HashMap<String, f64>,
         /// detector model → (total pieces per frame, share per child task).

@@ -279,7 +279,7 @@ impl Policy for Chaos {
         let draws = (ctx.host().random() % 6) as usize;
         for _ in 0..draws {
             let r = ctx.host().random();
-            let pick = |held: &Vec<u64>| if held.is_empty() || r % 7 == 0 { r % 1000 } else { held[(r as usize / 7) % held.len()] };
+            let pick = |held: &Vec<u64>| if held.is_empty() || r.is_multiple_of(7) { r % 1000 } else { held[(r as usize / 7) % held.len()] };
             let worker = (r >> 20) as u32 % 5;
             match r % 9 {
                 0 | 1 => {
