@@ -218,58 +218,6 @@ impl SlidingWindow {
         exact_quantile(self.store.values(), q)
     }
 
-    /// Iterates over the `(t_ns, value)` samples held, oldest first.
-    pub fn iter(&self) -> impl ExactSizeIterator<Item = (u64, f64)> + '_ {
-        self.store.iter()
-    }
-}
-
-/// A time window whose mean weights each sample linearly by recency: a sample
-/// taken at `now` weighs 1 and the weight falls to `1 / span_ns` for a sample
-/// at the far edge of the window.
-#[derive(Clone, Debug)]
-pub struct LinearWeightedWindow {
-    store: SampleStore,
-}
-
-impl LinearWeightedWindow {
-    /// Creates an empty window covering `span_ns` nanoseconds.
-    ///
-    /// # Panics
-    /// If `span_ns` is zero.
-    pub fn new(span_ns: u64) -> Self {
-        Self {
-            store: SampleStore::new(span_ns),
-        }
-    }
-
-    /// The span of the window in nanoseconds.
-    pub fn span_ns(&self) -> u64 {
-        self.store.span_ns
-    }
-
-    /// Adds a sample taken at `t_ns`, first dropping the samples that the
-    /// (possibly advanced) latest time pushes out of the window.
-    pub fn push(&mut self, t_ns: u64, value: f64) {
-        self.store.push(t_ns, value);
-    }
-
-    /// Advances the latest time seen to `now_ns` (if later) and drops the
-    /// samples that fall out of the window.
-    pub fn expire(&mut self, now_ns: u64) {
-        self.store.expire(now_ns);
-    }
-
-    /// Number of samples held.
-    pub fn len(&self) -> usize {
-        self.store.len()
-    }
-
-    /// `true` if no sample is held.
-    pub fn is_empty(&self) -> bool {
-        self.store.len() == 0
-    }
-
     /// Mean of the samples inside the window ending at `now_ns` (or at the
     /// latest time seen, if later), each weighted by `(span - age) / span`, or
     /// `None` if no sample is inside. Does not modify the window.
@@ -293,6 +241,13 @@ impl LinearWeightedWindow {
         self.store.iter()
     }
 }
+
+/// A time window read through its linearly recency-weighted mean
+/// ([`SlidingWindow::weighted_mean`]): a sample taken at `now` weighs 1 and the
+/// weight falls to `1 / span_ns` for a sample at the far edge of the window. The
+/// same store serves both readings, so this is the sliding window under the name
+/// the reference policies use.
+pub type LinearWeightedWindow = SlidingWindow;
 
 /// The last `capacity` values pushed (a fixed-capacity ring), with mean,
 /// population standard deviation and coefficient of variation. Statistics are
