@@ -59,20 +59,25 @@ fn engine_with<P: Policy + Send>(pipeline: Pipeline) -> (Engine<ManualClock, Tes
     (engine, clock)
 }
 
+/// A successful result of `job`, every item yielding `fan_out`.
+fn success(job: &BatchJob, fan_out: &[(u32, u32)]) -> JobResult {
+    JobResult {
+        worker: job.worker,
+        duration: MS,
+        items: job
+            .items
+            .iter()
+            .map(|i| ItemResult { id: i.id, error: None, tokens: 0, finished: true, fan_out: fan_out.to_vec() })
+            .collect(),
+    }
+}
+
 /// Finish every started job successfully (fan-out as given per stage).
 fn finish_all(engine: &mut Engine<ManualClock, TestExecutor>, fan_out: &BTreeMap<u32, Vec<(u32, u32)>>) {
     let jobs = std::mem::take(&mut engine.executor_mut().started);
     for job in jobs {
         let fan = fan_out.get(&job.stage).cloned().unwrap_or_default();
-        engine.job_finished(JobResult {
-            worker: job.worker,
-            duration: MS,
-            items: job
-                .items
-                .iter()
-                .map(|i| ItemResult { id: i.id, error: None, tokens: 0, finished: true, fan_out: fan.clone() })
-                .collect(),
-        });
+        engine.job_finished(success(&job, &fan));
     }
 }
 
@@ -149,11 +154,7 @@ fn a_dag_splits_into_pieces_and_merges_them_at_the_fan_in_stage() {
     let cars: Vec<BatchJob> = engine.executor().started.iter().filter(|j| j.stage == 1).cloned().collect();
     engine.executor_mut().started.retain(|j| j.stage != 1);
     for job in cars {
-        engine.job_finished(JobResult {
-            worker: job.worker,
-            duration: MS,
-            items: job.items.iter().map(|i| ItemResult { id: i.id, error: None, tokens: 0, finished: true, fan_out: vec![] }).collect(),
-        });
+        engine.job_finished(success(&job, &[]));
     }
     engine.flush();
     assert!(engine.executor().started.iter().all(|j| j.stage != 3), "the sink waits for every piece");
