@@ -88,6 +88,10 @@ struct SimArgs {
     /// Directory for CSV, JSON and plots (none written when absent).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Also write each run as a JSON-lines trace (`trace-POLICY.jsonl`) into this
+    /// directory; replay one with `--workload trace:FILE`.
+    #[arg(long)]
+    capture: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -219,6 +223,7 @@ fn main_job() -> ExitCode {
         params: Vec::new(),
         decision_interval_us: 0,
         out: Some(PathBuf::from("yardmaster-report")),
+        capture: None,
     };
     let names: Vec<String> = yardmaster_policy_artifacts::SHIPPED.iter().map(|a| a.name.to_string()).collect();
     let simulated = sim_compare(&names, &args);
@@ -345,6 +350,7 @@ fn try_sim_compare(policies: &[String], args: &SimArgs) -> anyhow::Result<()> {
         executor: sim::executor::SimExecutorOptions { noise_cv: args.noise, ..Default::default() },
         engine: yardmaster::engine::EngineOptions { params: args.params.clone(), ..Default::default() },
         decision_interval: args.decision_interval_us * 1_000,
+        capture_dir: args.capture.clone(),
     };
     let sandbox = yardmaster::policy::Sandbox::new(yardmaster::policy::Mode::Simulate, Limits::default())?;
     let loader = PolicyLoader::new(sandbox, PolicyLoader::default_cache_dir());

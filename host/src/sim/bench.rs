@@ -31,6 +31,7 @@ pub fn run(cluster_seconds: u64) -> Result<String> {
             executor: SimExecutorOptions::default(),
             engine: EngineOptions::default(),
             decision_interval,
+            capture_dir: None,
         };
         let workload = WorkloadSpec::Preset { name: "poisson".into(), rate };
         eprintln!("{label}: {pipeline}, {rate} req/s for {seconds} simulated s …");

@@ -14,6 +14,9 @@ use anyhow::{Context, Result};
 
 use super::executor::{ExecEvent, SimExecutor, SimExecutorOptions};
 use super::rng::SimRng;
+use super::trace::{
+    ArrivalRecord, BatchRecord, CompletionRecord, Outcome as TraceOutcome, TraceHeader, TraceRecord, TraceWriter,
+};
 use super::workload::Arrival;
 use crate::engine::{Engine, EngineOptions, EngineStats, ManualClock, Pipeline, Submission};
 use crate::metrics::RunReport;
@@ -46,6 +49,9 @@ pub struct SimSpec {
     /// within one interval reaches the policy in one call (as a live scheduler loop
     /// would batch it), at the price of decisions up to one interval late.
     pub decision_interval: u64,
+    /// Write each run's arrivals, batches and completions as a JSON-lines trace
+    /// (`trace-POLICY.jsonl`) into this directory.
+    pub capture_dir: Option<std::path::PathBuf>,
 }
 
 /// What a run produced.
@@ -87,6 +93,10 @@ pub fn run(
         Arm::start_wasm(&policy.name, config, &sandbox, module, FailureMode::FailOpen, None, view)
     });
     let streams = spec.pipeline.streams.len() as u32;
+    let mut capture = match &spec.capture_dir {
+        Some(dir) => Some(Capture::create(dir, &policy.name)?),
+        None => None,
+    };
     let mut arrivals = workload.take_while(|a| a.at < spec.duration).peekable();
     let drain_limit = spec.duration
         + spec.pipeline.streams.iter().map(|s| s.slo_ns).max().unwrap_or(0)
@@ -112,18 +122,45 @@ pub fn run(
         while arrivals.peek().is_some_and(|a| a.at <= now) {
             let a = arrivals.next().expect("peeked");
             events += 1;
-            engine.submit(Submission {
-                stream: a.stream % streams,
+            let stream = a.stream % streams;
+            let id = engine.submit(Submission {
+                stream,
                 sent_at: a.at,
                 input_size: a.input_size,
                 expected_tokens: a.expected_tokens,
                 ..Submission::default()
             });
+            if let Some(capture) = capture.as_mut() {
+                let slo = spec.pipeline.streams[stream as usize].slo_ns;
+                let entry = spec.pipeline.streams[stream as usize].entry;
+                capture.write(TraceRecord::Arrival(ArrivalRecord {
+                    at: a.at,
+                    id,
+                    stream,
+                    stage: entry,
+                    deadline: a.at + slo,
+                    input_size: a.input_size,
+                    expected_tokens: a.expected_tokens,
+                }))?;
+            }
         }
         while let Some(event) = engine.executor_mut().pop_due(now) {
             events += 1;
             match event {
-                ExecEvent::Finished(result) => engine.job_finished(result),
+                ExecEvent::Finished(result) => {
+                    if let Some(capture) = capture.as_mut() {
+                        let worker = engine.state().workers.get(&result.worker);
+                        capture.write(TraceRecord::Batch(BatchRecord {
+                            at: now.saturating_sub(result.duration),
+                            worker: result.worker,
+                            stage: worker.map_or(0, |w| w.info.stage),
+                            variant: worker.map_or(0, |w| w.info.variant),
+                            requests: result.items.iter().map(|i| i.id).collect(),
+                            duration: result.duration,
+                        }))?;
+                    }
+                    engine.job_finished(result)
+                }
                 ExecEvent::Ready(worker) => engine.worker_ready(worker),
             }
         }
@@ -132,13 +169,21 @@ pub fn run(
             engine.advance();
         }
         engine.flush();
-        engine.take_ended();
+        let ended = engine.take_ended();
+        if let Some(capture) = capture.as_mut() {
+            for end in ended {
+                capture.write(TraceRecord::Completion(completion_record(end)))?;
+            }
+        }
         if now >= next_progress {
             progress((now as f64 / spec.duration as f64).min(1.0));
             next_progress = now + progress_step;
         }
     }
     progress(1.0);
+    if let Some(capture) = capture {
+        capture.finish()?;
+    }
     let simulated = clock_now(&clock);
     let report = engine.accounting().report(&policy.name, simulated);
     Ok(RunOutcome {
@@ -150,6 +195,43 @@ pub fn run(
         simulated,
         unfinished: engine.in_flight(),
     })
+}
+
+/// A trace file being written.
+struct Capture {
+    path: std::path::PathBuf,
+    writer: TraceWriter<std::io::BufWriter<std::fs::File>>,
+}
+
+impl Capture {
+    fn create(dir: &std::path::Path, policy: &str) -> Result<Self> {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let path = dir.join(format!("trace-{policy}.jsonl"));
+        let file = std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+        let header = TraceHeader::new(format!("yardmaster sim ({policy})"), 0);
+        let writer = TraceWriter::new(std::io::BufWriter::new(file), &header)
+            .with_context(|| format!("writing {}", path.display()))?;
+        Ok(Self { path, writer })
+    }
+
+    fn write(&mut self, record: TraceRecord) -> Result<()> {
+        self.writer.write(&record).with_context(|| format!("writing {}", self.path.display()))
+    }
+
+    fn finish(mut self) -> Result<()> {
+        self.writer.flush().with_context(|| format!("writing {}", self.path.display()))
+    }
+}
+
+/// A trace completion record for an ended request.
+fn completion_record(end: crate::engine::Ended) -> CompletionRecord {
+    use crate::metrics::Outcome as Ended;
+    let (outcome, reason) = match end.outcome {
+        Ended::Completed => (TraceOutcome::Completed, None),
+        Ended::Dropped { reason } => (TraceOutcome::Dropped, Some(reason)),
+        Ended::Failed { error } => (TraceOutcome::Failed, Some(error)),
+    };
+    CompletionRecord { at: end.at, id: end.id, outcome, reason }
 }
 
 fn clock_now(clock: &ManualClock) -> u64 {
