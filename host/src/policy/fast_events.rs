@@ -3,9 +3,10 @@
 //! wasmtime 48 lowers a `list<event>` field by field, looking up the guest's memory
 //! and recomputing the record layout for every field store; for the arrival record
 //! (twelve fields) that is most of the cost of delivering an event. [`EventList`]
-//! lowers the two hot cases — `arrival` without tags and `worker-idle` — by writing
-//! their canonical-ABI bytes straight into one view of memory, and hands every other
-//! event to wasmtime's own lowering. The layout is fixed by `wit/policy.wit`; in debug
+//! lowers the hot cases — `arrival` without tags, `worker-idle` and `batch-done` — by
+//! writing their canonical-ABI bytes straight into memory (a `batch-done` still needs
+//! one guest allocation for its results), and hands every other event to wasmtime's
+//! own lowering. The layout is fixed by `wit/policy.wit`; in debug
 //! builds every list is also lowered the generic way and the bytes compared, so any
 //! drift between this file and the contract fails the test suite.
 //!
@@ -18,13 +19,17 @@ use wasmtime::component::__internal::{CanonicalAbiInfo, InterfaceType, LowerCont
 use wasmtime::component::{ComponentType, Lower};
 use wasmtime::ValRaw;
 
-use super::contract::{Event, Request};
+use super::contract::{BatchOutcome, Event, Request, RequestStatus};
 
 /// Offset of a variant case's payload in `event` (its largest case is 8-aligned).
 const PAYLOAD: usize = 8;
 /// Discriminants of the `event` cases written here.
 const ARRIVAL: u8 = 0;
 const WORKER_IDLE: u8 = 1;
+const BATCH_DONE: u8 = 2;
+/// Size and alignment of `request-result` (id u64, status enum, tokens u32).
+const RESULT_SIZE: usize = 16;
+const RESULT_ALIGN: u32 = 8;
 
 /// A borrowed event list, lowered with the fast path.
 ///
@@ -127,15 +132,49 @@ fn lower_events<T>(cx: &mut LowerContext<'_, T>, elem: InterfaceType, events: &[
             }
             i += 1;
         }
-        if let Some(event) = events.get(i) {
-            // Anything else may allocate in the guest: wasmtime's own lowering.
-            event.linear_lower_to_memory(cx, elem, base + i * stride)?;
-            i += 1;
+        match events.get(i) {
+            Some(Event::BatchDone(outcome)) => {
+                write_batch_done(cx, base + i * stride, outcome)?;
+                i += 1;
+            }
+            Some(event) => {
+                // Anything else: wasmtime's own lowering.
+                event.linear_lower_to_memory(cx, elem, base + i * stride)?;
+                i += 1;
+            }
+            None => {}
         }
     }
     #[cfg(debug_assertions)]
     check_against_generic(cx, elem, events, base, size)?;
     Ok((base, events.len()))
+}
+
+/// `batch-done(batch-outcome)`: allocate the results list, then write both.
+fn write_batch_done<T>(cx: &mut LowerContext<'_, T>, at: usize, outcome: &BatchOutcome) -> wasmtime::Result<()> {
+    let len = outcome.results.len();
+    let list = cx.realloc(0, 0, RESULT_ALIGN, len * RESULT_SIZE)?;
+    let memory = cx.as_slice_mut();
+    let results = memory
+        .get_mut(list..list + len * RESULT_SIZE)
+        .ok_or_else(|| wasmtime::Error::msg("results list out of the policy's memory"))?;
+    for (slot, result) in results.chunks_exact_mut(RESULT_SIZE).zip(&outcome.results) {
+        slot[0..8].copy_from_slice(&result.id.to_le_bytes());
+        slot[8] = match result.status {
+            RequestStatus::Ok => 0,
+            RequestStatus::Failed => 1,
+        };
+        slot[12..16].copy_from_slice(&result.tokens.to_le_bytes());
+    }
+    let slot = &mut memory[at..at + Event::SIZE32];
+    slot[0] = BATCH_DONE;
+    let p = &mut slot[PAYLOAD..];
+    p[0..4].copy_from_slice(&outcome.worker.to_le_bytes());
+    p[8..16].copy_from_slice(&outcome.started_at.to_le_bytes());
+    p[16..24].copy_from_slice(&outcome.duration.to_le_bytes());
+    p[24..28].copy_from_slice(&(list as u32).to_le_bytes());
+    p[28..32].copy_from_slice(&(len as u32).to_le_bytes());
+    Ok(())
 }
 
 /// `arrival(request)` with `tags: none`, in the canonical ABI layout of `request`.
@@ -172,12 +211,32 @@ fn check_against_generic<T>(
     let stride = Event::SIZE32;
     let memory = cx.as_slice_mut();
     for (i, event) in events.iter().enumerate() {
+        let (a, b) = (fast + i * stride, generic + i * stride);
         let used = match event {
             Event::Arrival(r) if r.tags.is_none() => PAYLOAD + 65,
             Event::WorkerIdle(_) => PAYLOAD + 4,
+            Event::BatchDone(outcome) => {
+                // The results lists live in different allocations: compare their
+                // contents (id, status, tokens), then the record up to the pointer.
+                let list_at = |base: usize| {
+                    let p = base + PAYLOAD + 24;
+                    u32::from_le_bytes(memory[p..p + 4].try_into().unwrap()) as usize
+                };
+                let (fa, ga) = (list_at(a), list_at(b));
+                for k in 0..outcome.results.len() {
+                    let (f, g) = (fa + k * RESULT_SIZE, ga + k * RESULT_SIZE);
+                    assert_eq!(memory[f..f + 9], memory[g..g + 9], "fast lowering of batch-done results differs");
+                    assert_eq!(memory[f + 12..f + 16], memory[g + 12..g + 16], "fast lowering of batch-done results differs");
+                }
+                let (p, q) = (a + PAYLOAD, b + PAYLOAD);
+                assert_eq!(memory[p..p + 4], memory[q..q + 4], "batch-done worker differs");
+                assert_eq!(memory[p + 8..p + 24], memory[q + 8..q + 24], "batch-done times differ");
+                assert_eq!(memory[p + 28..p + 32], memory[q + 28..q + 32], "batch-done result count differs");
+                assert_eq!(memory[a], memory[b]);
+                continue;
+            }
             _ => continue,
         };
-        let (a, b) = (fast + i * stride, generic + i * stride);
         let mut fast_bytes = memory[a..a + used].to_vec();
         fast_bytes[1..PAYLOAD].fill(0);
         let generic_bytes = &memory[b..b + used];
