@@ -355,16 +355,20 @@ fn try_sim_compare(policies: &[String], args: &SimArgs) -> anyhow::Result<()> {
     let sandbox = yardmaster::policy::Sandbox::new(yardmaster::policy::Mode::Simulate, Limits::default())?;
     let loader = PolicyLoader::new(sandbox, PolicyLoader::default_cache_dir());
     // A progress line on a terminal; one line per policy otherwise (logs, CI).
+    // Runs go in parallel: a terminal gets one progress line for all of them, a log
+    // one line per run started.
     let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let mut last_shown = (String::new(), -1i64);
+    let shown = std::sync::Mutex::new(std::collections::BTreeMap::<String, i64>::new());
     let outcomes = sim::compare(&spec, &workload, &specs, &loader, |policy, done| {
         let percent = (done * 100.0) as i64;
-        if terminal && (last_shown.0 != policy || percent / 5 != last_shown.1 / 5) {
-            eprint!("\r  simulating {policy:<16} {percent:>3}% ");
-        } else if !terminal && last_shown.0 != policy {
+        let mut shown = shown.lock().unwrap();
+        let previous = shown.insert(policy.to_string(), percent);
+        if terminal && previous.is_none_or(|p| p / 5 != percent / 5) {
+            let line: Vec<String> = shown.iter().map(|(name, p)| format!("{name} {p:>3}%")).collect();
+            eprint!("\r  simulating: {} ", line.join("  "));
+        } else if !terminal && previous.is_none() {
             eprintln!("  simulating {policy} …");
         }
-        last_shown = (policy.to_string(), percent);
     })?;
     if terminal {
         eprintln!();

@@ -68,19 +68,35 @@ impl WorkloadSpec {
     }
 }
 
-/// Run every policy on the same pipeline, workload and seed, one after another.
+/// Run every policy on the same pipeline, workload and seed. Runs are independent
+/// (each has its own engine, executor and random streams), so they go in parallel, one
+/// per core; the outcomes come back in the order of `policies`.
 pub fn compare(
     spec: &SimSpec,
     workload: &WorkloadSpec,
     policies: &[PolicySpec],
     loader: &crate::policy::PolicyLoader,
-    mut progress: impl FnMut(&str, f64),
+    progress: impl Fn(&str, f64) + Sync,
 ) -> Result<Vec<RunOutcome>> {
-    let mut outcomes = Vec::new();
-    for policy in policies {
-        let arrivals = workload.arrivals(spec.duration, spec.seed)?;
-        let outcome = run::run(spec, policy, loader, arrivals, &mut |done| progress(&policy.name, done))?;
-        outcomes.push(outcome);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut outcomes = Vec::with_capacity(policies.len());
+    for group in policies.chunks(cores) {
+        let results: Vec<Result<RunOutcome>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = group
+                .iter()
+                .map(|policy| {
+                    let progress = &progress;
+                    scope.spawn(move || {
+                        let arrivals = workload.arrivals(spec.duration, spec.seed)?;
+                        run::run(spec, policy, loader, arrivals, &mut |done| progress(&policy.name, done))
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("a simulation thread panicked")).collect()
+        });
+        for result in results {
+            outcomes.push(result?);
+        }
     }
     Ok(outcomes)
 }
