@@ -88,7 +88,7 @@ impl Driver {
             }
         }
         let events = self.cluster.take_events();
-        let output = self.arm.handle(events, &self.cluster);
+        let output = self.arm.handle(&events, &self.cluster);
         self.cluster.apply(&output);
         self.outputs.push(output);
         self.outputs.last().expect("just pushed")

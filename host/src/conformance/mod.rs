@@ -277,7 +277,7 @@ fn run(start: &dyn Fn(Config, &ScriptedCluster) -> (Arm, ArmOutput), options: &C
         }
         let kind = call_kind(&events);
         report.events += events.len() as u64;
-        let output = arm.handle(events.clone(), &cluster);
+        let output = arm.handle(&events, &cluster);
         let cost = report.costs.entry(kind).or_default();
         cost.calls += 1;
         cost.events += events.len() as u64;

@@ -467,12 +467,21 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         let now = self.state.now;
         let Some(piece) = self.state.pieces.remove(&id) else { return };
         let stage = piece.request.stage as usize;
-        let successors = self.state.pipeline.stages[stage].successors.clone();
         let origin_id = piece.request.origin;
-        if successors.is_empty() {
-            self.piece_done(origin_id, now);
-            return;
+        let successors = &self.state.pipeline.stages[stage].successors;
+        match successors.as_slice() {
+            [] => {
+                self.piece_done(origin_id, now);
+                return;
+            }
+            // The common case, a chain: the same piece moves on.
+            &[next] if fan_out.iter().all(|(t, n)| *t != next || *n == 1) => {
+                self.arrive_at(piece.request, next, piece.generated);
+                return;
+            }
+            _ => {}
         }
+        let successors = successors.clone();
         let counts: Vec<(u32, u32)> = successors
             .iter()
             .map(|s| (*s, fan_out.iter().find(|(t, _)| t == s).map_or(1, |(_, n)| *n)))
@@ -666,10 +675,13 @@ impl<C: Clock, X: Executor> Engine<C, X> {
             return false;
         }
         self.now();
-        let events = std::mem::take(&mut self.pending);
+        let mut events = std::mem::take(&mut self.pending);
         self.stats.flushes += 1;
         self.stats.events += events.len() as u64;
-        let output = self.arm.handle(events, &self.state);
+        let output = self.arm.handle(&events, &self.state);
+        // Reuse the buffer for the events the answer causes.
+        events.clear();
+        self.pending = events;
         self.apply(output);
         true
     }
@@ -814,7 +826,7 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         stage_entry.window.job_items += items.len() as u64;
         let origins = d.requests.iter().filter_map(|id| self.state.pieces.get(id).map(|p| p.request.origin)).collect();
         let worker = self.state.workers.get_mut(&d.worker).expect("checked");
-        worker.phase = WorkerPhase::Busy { items: d.requests.clone(), started: now };
+        worker.phase = WorkerPhase::Busy { items: d.requests, started: now };
         worker.job_origins = origins;
         self.stats.jobs += 1;
         let frame_steps = if kind == StageKind::Iteration { self.options.frame_steps } else { 0 };

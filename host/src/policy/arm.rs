@@ -226,10 +226,10 @@ impl Arm {
     }
 
     /// Deliver a batch of events and return the validated actions.
-    pub fn handle(&mut self, events: Vec<Event>, view: &dyn ClusterView) -> ArmOutput {
+    pub fn handle(&mut self, events: &[Event], view: &dyn ClusterView) -> ArmOutput {
         let now = view.now();
         let mut refused = Vec::new();
-        for event in &events {
+        for event in events {
             match event {
                 Event::Arrival(request) => {
                     if self.state == ArmState::Closed {
@@ -252,7 +252,7 @@ impl Arm {
             self.retry_at = None;
             if let Ok(instance) = self.fresh_primary() {
                 self.stats.reloads += 1;
-                let mut output = self.hand_over(instance, ArmState::Primary, events, view);
+                let mut output = self.hand_over(instance, ArmState::Primary, events.to_vec(), view);
                 output.refused.extend(refused);
                 return output;
             }
@@ -265,7 +265,7 @@ impl Arm {
         self.stats.calls += 1;
         self.stats.events += events.len() as u64;
         let instance = self.instance.as_mut().expect("an open arm has an instance");
-        let result = instance.handle(&events, now, kind);
+        let result = instance.handle(events, now, kind);
         self.account_cost();
         let mut output = match result {
             Ok(actions) => {
@@ -277,7 +277,7 @@ impl Arm {
                 }
                 self.accept(actions, view)
             }
-            Err(fault) => self.fault(fault, events, view),
+            Err(fault) => self.fault(fault, events.to_vec(), view),
         };
         output.refused.extend(refused);
         output

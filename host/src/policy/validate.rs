@@ -275,6 +275,16 @@ impl Ledger {
     }
 }
 
+/// The first id that appears twice in a batch (batches are small: a quadratic scan
+/// avoids allocating a set per dispatch).
+fn first_duplicate(ids: &[u64]) -> Option<u64> {
+    if ids.len() > 64 {
+        let mut seen = HashSet::with_capacity_and_hasher(ids.len(), Default::default());
+        return ids.iter().copied().find(|id| !seen.insert(*id));
+    }
+    ids.iter().enumerate().find(|(i, id)| ids[..*i].contains(id)).map(|(_, id)| *id)
+}
+
 /// The outcome of validating one answer.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Verdict {
@@ -411,9 +421,11 @@ impl Checker<'_> {
                 return Err(Rejection::UnknownVariant { stage: worker.stage, variant });
             }
         }
-        let mut in_batch = HashSet::with_capacity_and_hasher(d.requests.len(), Default::default());
+        if let Some(id) = first_duplicate(&d.requests) {
+            return Err(Rejection::RequestReused(id));
+        }
         for &id in &d.requests {
-            if !in_batch.insert(id) || self.used.contains(&id) {
+            if self.used.contains(&id) {
                 return Err(Rejection::RequestReused(id));
             }
             match self.ledger.get(id) {
@@ -435,7 +447,7 @@ impl Checker<'_> {
                 }
             }
         }
-        self.used.extend(in_batch);
+        self.used.extend(d.requests.iter().copied());
         self.taken.insert(d.worker);
         Ok(())
     }

@@ -52,7 +52,7 @@ struct SimWorker {
 
 /// The latency-model executor.
 pub struct SimExecutor {
-    pipeline: Pipeline,
+    pipeline: std::sync::Arc<Pipeline>,
     options: SimExecutorOptions,
     rng: SimRng,
     now: u64,
@@ -83,7 +83,7 @@ impl SimExecutor {
             }
         }
         Self {
-            pipeline: pipeline.clone(),
+            pipeline: std::sync::Arc::new(pipeline.clone()),
             options,
             rng,
             now: 0,
@@ -185,7 +185,8 @@ impl SimExecutor {
 
 impl Executor for SimExecutor {
     fn start(&mut self, job: BatchJob) {
-        let def = self.pipeline.stages[job.stage as usize].clone();
+        let pipeline = self.pipeline.clone();
+        let def = &pipeline.stages[job.stage as usize];
         let variant = &def.variants[job.variant as usize];
         let threads = self.workers.get(&job.worker).map_or(def.threads, |w| w.threads);
         let factor = self.thread_factor(job.stage, threads) * self.noise();
