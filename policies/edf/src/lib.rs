@@ -101,8 +101,10 @@ impl Policy for Edf {
 
     fn on_events_done(&mut self, ctx: &mut Ctx) {
         for stage in 0..self.queues.len() as u32 {
-            let idle: Vec<_> = ctx.idle_workers(stage).collect();
-            for worker in idle {
+            // A dispatch makes its worker busy, so this walks the idle workers in turn.
+            loop {
+                let next = ctx.idle_workers(stage).next();
+                let Some(worker) = next else { break };
                 let batch = self.form_batch(ctx, stage, worker);
                 if batch.is_empty() {
                     break;

@@ -47,9 +47,11 @@ impl Policy for Fifo {
 
     fn on_events_done(&mut self, ctx: &mut Ctx) {
         for stage in 0..self.queues.len() as u32 {
-            let idle: Vec<_> = ctx.idle_workers(stage).collect();
             let limit = ctx.batch_limit(stage) as usize;
-            for worker in idle {
+            // A dispatch makes its worker busy, so this walks the idle workers in turn.
+            loop {
+                let next = ctx.idle_workers(stage).next();
+                let Some(worker) = next else { break };
                 // Iteration workers keep running their resident sequences first.
                 let mut batch: Vec<RequestId> =
                     ctx.resident(worker).iter().take(limit).map(|s| s.id).collect();
