@@ -865,6 +865,9 @@ impl<C: Clock, X: Executor> Engine<C, X> {
 
     fn scale(&mut self, stage: u32, replicas: u32, variant: u32) {
         let current = self.state.stages[stage as usize].replicas;
+        // Workers that could not be removed (idle LLM workers still holding paused
+        // sequences) keep counting as replicas.
+        let mut kept = 0;
         if replicas > current {
             for _ in current..replicas {
                 let id = self.next_worker;
@@ -912,8 +915,9 @@ impl<C: Clock, X: Executor> Engine<C, X> {
                     }
                 }
             }
+            kept = surplus;
         }
-        self.state.stages[stage as usize].replicas = replicas;
+        self.state.stages[stage as usize].replicas = replicas + kept;
         let (now, serving) = (self.state.now, self.state.serving() as u32);
         self.accounting.workers_changed(now, serving);
         self.update_capacity();

@@ -376,3 +376,62 @@ fn random_policies_never_lose_or_duplicate_a_request() {
         assert!(engine.arm().stats().rejected_total() > 0, "the chaos policy also emitted invalid actions");
     }
 }
+
+/// Dispatches each arrival alone to an idle worker, never resumes paused sequences,
+/// and asks to scale stage 0 down to one replica at every tick.
+#[derive(Default)]
+struct PauseAndShrink;
+
+impl Policy for PauseAndShrink {
+    fn init(_ctx: &mut Ctx) -> Result<Self, String> {
+        Ok(Self)
+    }
+    fn on_arrival(&mut self, ctx: &mut Ctx, request: sdk::Request) {
+        let idle = ctx.idle_workers(0).next();
+        if let Some(worker) = idle {
+            ctx.dispatch(worker, vec![request.id]);
+        }
+    }
+    fn on_tick(&mut self, ctx: &mut Ctx, _snapshot: sdk::Snapshot) {
+        ctx.scale(0, 1, None);
+    }
+}
+
+#[test]
+fn workers_holding_paused_sequences_are_not_removed_and_still_count() {
+    let text = r#"
+        name = "llm"
+        slo_ms = 60000
+        [[stage]]
+        name = "generate"
+        kind = "iteration"
+        max_batch = 4
+        replicas = 2
+        worker_memory_mib = 40960
+        [[stage.variant]]
+        name = "m"
+        alpha_ms = 1.0
+        beta_ms = 10.0
+    "#;
+    let (mut engine, clock) = engine_with::<PauseAndShrink>(Pipeline::from_toml(text, "llm").unwrap());
+    for _ in 0..2 {
+        engine.submit(Submission { input_size: 100, expected_tokens: 100, ..Default::default() });
+    }
+    engine.flush();
+    assert_eq!(engine.executor().started.len(), 2, "one sequence per worker");
+    // One frame each: both sequences stay resident, paused (the policy never resumes them).
+    let jobs = std::mem::take(&mut engine.executor_mut().started);
+    for job in jobs {
+        let items = job.items.iter().map(|i| ItemResult { id: i.id, error: None, tokens: 8, finished: false, fan_out: vec![] }).collect();
+        engine.job_finished(JobResult { worker: job.worker, duration: MS, items });
+    }
+    engine.flush();
+    assert!(engine.state().workers.values().all(|w| w.resident.len() == 1));
+    // The tick asks for one replica: neither worker can go, so both still count.
+    clock.set(1_000 * MS);
+    engine.advance();
+    engine.flush();
+    assert_eq!(engine.state().workers.len(), 2);
+    assert_eq!(engine.state().stages[0].replicas, 2);
+    assert!(engine.executor().retired.is_empty());
+}
