@@ -99,25 +99,37 @@ impl LatencyTable {
         value: impl Fn(&LatencyPoint) -> Duration,
     ) -> Option<Duration> {
         let points = self.profiles.get(stage as usize)?.get(variant as usize)?;
-        let batch = batch.max(1);
-        let first = points.first()?;
-        if points.len() == 1 {
-            // A single profiled size: the best estimate for every size.
-            return Some(value(first));
-        }
-        // Find the segment [lo, hi] around `batch` (or the last/first segment to extrapolate).
-        let upper = points.partition_point(|p| p.batch < batch).clamp(1, points.len() - 1);
-        let (lo, hi) = (&points[upper - 1], &points[upper]);
-        if batch == hi.batch {
-            return Some(value(hi));
-        }
-        if batch <= first.batch {
-            return Some(value(first));
-        }
-        let slope = (value(hi) as f64 - value(lo) as f64) / (hi.batch as f64 - lo.batch as f64);
-        let estimate = value(lo) as f64 + slope * (batch as f64 - lo.batch as f64);
-        Some(estimate.max(0.0).round() as Duration)
+        interpolate(points, batch, |p| p.batch, value)
     }
+}
+
+/// A profiled value at `batch` from points sorted by batch size: linear between the
+/// points around it, linear from the last two past the end, the first point's value
+/// below the start and the only point's value when there is one. `None` without points.
+///
+/// This is the one interpolation rule of Yardmaster: the host's profiles and the
+/// simulator use it too.
+pub fn interpolate<P>(
+    points: &[P],
+    batch: u32,
+    batch_of: impl Fn(&P) -> u32,
+    value: impl Fn(&P) -> Duration,
+) -> Option<Duration> {
+    let batch = batch.max(1);
+    let first = points.first()?;
+    if points.len() == 1 || batch <= batch_of(first) {
+        return Some(value(first));
+    }
+    // Find the segment [lo, hi] around `batch` (or the last segment to extrapolate).
+    let upper = points.partition_point(|p| batch_of(p) < batch).clamp(1, points.len() - 1);
+    let (lo, hi) = (&points[upper - 1], &points[upper]);
+    if batch == batch_of(hi) {
+        return Some(value(hi));
+    }
+    let (lo_batch, hi_batch) = (batch_of(lo) as f64, batch_of(hi) as f64);
+    let slope = (value(hi) as f64 - value(lo) as f64) / (hi_batch - lo_batch);
+    let estimate = value(lo) as f64 + slope * (batch as f64 - lo_batch);
+    Some(estimate.max(0.0).round() as Duration)
 }
 
 #[cfg(test)]

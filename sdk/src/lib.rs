@@ -37,7 +37,7 @@ pub use driver::Driver;
 #[cfg(target_arch = "wasm32")]
 pub use host::ComponentHost;
 pub use host::{splitmix64, Host, NullHost};
-pub use latency::LatencyTable;
+pub use latency::{interpolate, LatencyTable};
 
 pub use bindings::yardmaster::policy::host::Level;
 pub use bindings::yardmaster::policy::types::{

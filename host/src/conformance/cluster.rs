@@ -554,16 +554,9 @@ impl ScriptedCluster {
     }
 }
 
-/// Linear interpolation of a profile (the same rule as the SDK's latency table).
+/// Mean latency of a batch from a profile (the SDK's interpolation rule).
 fn interpolate(profile: &[LatencyPoint], batch: u32) -> u64 {
-    let batch = batch.max(1);
-    let upper = profile.partition_point(|p| p.batch < batch).clamp(1, profile.len() - 1);
-    let (lo, hi) = (&profile[upper - 1], &profile[upper]);
-    if batch <= lo.batch {
-        return lo.mean;
-    }
-    let slope = (hi.mean as f64 - lo.mean as f64) / (hi.batch as f64 - lo.batch as f64);
-    (lo.mean as f64 + slope * (batch - lo.batch) as f64).round() as u64
+    yardmaster_sdk::interpolate(profile, batch, |p| p.batch, |p| p.mean).unwrap_or(0)
 }
 
 impl ClusterView for ScriptedCluster {

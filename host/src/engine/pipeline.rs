@@ -46,13 +46,7 @@ impl Profile {
         match self {
             Profile::Linear { alpha_ns, beta_ns } => (alpha_ns * batch as f64 + beta_ns).max(0.0) as u64,
             Profile::Points(points) => {
-                if points.len() == 1 || batch <= points[0].batch {
-                    return value(&points[0]);
-                }
-                let upper = points.partition_point(|p| p.batch < batch).clamp(1, points.len() - 1);
-                let (lo, hi) = (&points[upper - 1], &points[upper]);
-                let slope = (value(hi) as f64 - value(lo) as f64) / (hi.batch as f64 - lo.batch as f64);
-                (value(lo) as f64 + slope * (batch - lo.batch) as f64).max(0.0).round() as u64
+                yardmaster_sdk::interpolate(points, batch, |p| p.batch, value).unwrap_or(0)
             }
         }
     }

@@ -8,16 +8,15 @@
 //! executor noise, fan-out, ...) owns its own generator and adding a consumer does not
 //! change what the others draw.
 
-/// The golden-ratio increment of SplitMix64.
+/// The golden-ratio increment of SplitMix64 (a non-zero fallback state).
 const GOLDEN_GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
 
-/// One step of SplitMix64: advances `state` and returns the next output.
+/// One step of SplitMix64 (the SDK's, shared with the policies' random source):
+/// advances `state` and returns the next output.
 fn splitmix64(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(GOLDEN_GAMMA);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+    let (next, output) = yardmaster_sdk::splitmix64(*state);
+    *state = next;
+    output
 }
 
 /// A deterministic pseudo-random generator (xoshiro256++ seeded through SplitMix64).
