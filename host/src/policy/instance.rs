@@ -181,14 +181,7 @@ impl contract::yardmaster::policy::host::Host for HostState {
             message.truncate(cut);
             message.push('…');
         }
-        let policy = &*self.label;
-        match level {
-            Level::Trace => tracing::trace!(policy, "{message}"),
-            Level::Debug => tracing::debug!(policy, "{message}"),
-            Level::Info => tracing::info!(policy, "{message}"),
-            Level::Warn => tracing::warn!(policy, "{message}"),
-            Level::Error => tracing::error!(policy, "{message}"),
-        }
+        log_policy_line(&self.label, level, &message);
         Ok(())
     }
 
@@ -220,6 +213,17 @@ type HandleFunc = TypedFunc<(u64, EventList), (Vec<Action>,)>;
 struct Exports {
     bindings: Scheduler,
     handle: HandleFunc,
+}
+
+/// Write a policy's log line to the host's log at its level.
+pub(crate) fn log_policy_line(policy: &str, level: Level, message: &str) {
+    match level {
+        Level::Trace => tracing::trace!(policy, "{message}"),
+        Level::Debug => tracing::debug!(policy, "{message}"),
+        Level::Info => tracing::info!(policy, "{message}"),
+        Level::Warn => tracing::warn!(policy, "{message}"),
+        Level::Error => tracing::error!(policy, "{message}"),
+    }
 }
 
 /// A policy component instance with its store.

@@ -13,7 +13,7 @@ use std::time::Instant as WallInstant;
 use yardmaster_sdk as sdk;
 
 use super::contract as host;
-use super::instance::{check_action_count, CallCost, PolicyFault, PolicyInstance};
+use super::instance::{check_action_count, log_policy_line, CallCost, PolicyFault, PolicyInstance};
 use super::sandbox::CallKind;
 
 /// The host services a native policy sees.
@@ -32,14 +32,14 @@ impl sdk::Host for SharedHost {
         self.0.now.load(Ordering::Relaxed)
     }
     fn log(&self, level: sdk::Level, message: &str) {
-        let policy = &*self.0.label;
-        match level {
-            sdk::Level::Trace => tracing::trace!(policy, "{message}"),
-            sdk::Level::Debug => tracing::debug!(policy, "{message}"),
-            sdk::Level::Info => tracing::info!(policy, "{message}"),
-            sdk::Level::Warn => tracing::warn!(policy, "{message}"),
-            sdk::Level::Error => tracing::error!(policy, "{message}"),
-        }
+        let level = match level {
+            sdk::Level::Trace => host::Level::Trace,
+            sdk::Level::Debug => host::Level::Debug,
+            sdk::Level::Info => host::Level::Info,
+            sdk::Level::Warn => host::Level::Warn,
+            sdk::Level::Error => host::Level::Error,
+        };
+        log_policy_line(&self.0.label, level, message);
     }
     fn profile(&self, _stage: u32, _variant: u32, _batch: u32) -> Option<u64> {
         None
