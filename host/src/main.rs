@@ -1,5 +1,7 @@
 //! The `yardmaster` command line.
 
+mod dataplane_cli;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -29,6 +31,12 @@ enum Command {
     /// Simulate policies on a pipeline and workload (virtual time, deterministic).
     #[command(subcommand)]
     Sim(SimCommand),
+    /// Measure a model's latency per batch size with ONNX Runtime and write the profile
+    /// the simulator reads.
+    Profile(dataplane_cli::ProfileArgs),
+    /// The ONNX Runtime data plane.
+    #[command(subcommand)]
+    Dataplane(dataplane_cli::DataplaneCommand),
 }
 
 #[derive(Subcommand)]
@@ -41,6 +49,27 @@ enum SimCommand {
         policies: Vec<String>,
         #[command(flatten)]
         sim: SimArgs,
+    },
+    /// Re-run a reference policy's paper: the policy against every baseline the paper
+    /// compares it with, on the paper's pipelines and workloads, on one seed; prints
+    /// the comparison tables and writes CSV, JSON and the plots matching the paper's
+    /// figures to --out.
+    Reproduce {
+        /// Which paper (see the list printed by `sim reproduce --list`).
+        #[arg(required_unless_present = "list")]
+        name: Option<String>,
+        /// List the reproductions and exit.
+        #[arg(long)]
+        list: bool,
+        /// Seed of every random choice.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Directory for tables and plots (default: reproduce-NAME).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// A short smoke run: fewer simulated seconds and sweep points.
+        #[arg(long)]
+        quick: bool,
     },
     /// Simulator throughput: events per second with edf, and the wall time of one
     /// simulated hour of the 64-GPU five-stage pipeline at 1,000 requests/s.
@@ -192,6 +221,7 @@ fn main() -> ExitCode {
         None => main_job(),
         Some(Command::Sim(SimCommand::Compare { policies, sim })) => sim_compare(&policies, &sim),
         Some(Command::Sim(SimCommand::Bench { seconds })) => sim_bench(seconds),
+        Some(Command::Sim(SimCommand::Reproduce { name, list, seed, out, quick })) => reproduce(name, list, seed, out, quick),
         Some(Command::Policy(PolicyCommand::Check { policies, check: args })) => check(&policies, &args),
         Some(Command::Policy(PolicyCommand::List)) => {
             for artifact in yardmaster_policy_artifacts::SHIPPED {
@@ -203,6 +233,8 @@ fn main() -> ExitCode {
         }
         Some(Command::Policy(PolicyCommand::Export { dir })) => export(&dir),
         Some(Command::Policy(PolicyCommand::Bench { batches, events, repetitions })) => bench(&batches, events, repetitions),
+        Some(Command::Profile(args)) => dataplane_cli::profile(&args),
+        Some(Command::Dataplane(command)) => dataplane_cli::run(command),
     }
 }
 
@@ -402,6 +434,33 @@ fn try_sim_compare(policies: &[String], args: &SimArgs) -> anyhow::Result<()> {
 
 fn sim_bench(seconds: u64) -> ExitCode {
     match yardmaster::sim::bench::run(seconds) {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn reproduce(name: Option<String>, list: bool, seed: u64, out: Option<PathBuf>, quick: bool) -> ExitCode {
+    use yardmaster::sim::reproduce::{self, ReproduceOptions, REPRODUCTIONS};
+    if list {
+        for r in REPRODUCTIONS {
+            println!("{:<8} {}", r.name, r.about);
+        }
+        return ExitCode::SUCCESS;
+    }
+    let name = name.expect("clap requires a name unless --list");
+    let result = reproduce::find(&name).and_then(|r| {
+        let out = out.unwrap_or_else(|| PathBuf::from(format!("reproduce-{name}")));
+        std::fs::create_dir_all(&out)?;
+        eprintln!("reproducing {name}: {} (seed {seed}{})", r.about, if quick { ", quick" } else { "" });
+        (r.run)(&ReproduceOptions { seed, out, quick })
+    });
+    match result {
         Ok(text) => {
             print!("{text}");
             ExitCode::SUCCESS

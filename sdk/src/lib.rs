@@ -22,8 +22,8 @@
 //! ```
 //!
 //! The [`helpers`] module holds the data structures the reference policies share:
-//! a double-ended priority queue, sliding windows, EWMAs, streaming quantiles and a
-//! PID controller.
+//! a double-ended priority queue, sliding windows, EWMAs, streaming quantiles, a
+//! PID controller, M/M/c queueing formulas and per-stage FIFO queues.
 
 pub mod bindings;
 mod ctx;

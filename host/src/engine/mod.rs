@@ -121,6 +121,8 @@ pub struct EngineStats {
     pub expired: u64,
     /// Actions the engine refused after validation (e.g. KV cache full).
     pub refused_actions: u64,
+    /// Policy drops by the stage the dropped piece was at (indexed by stage id).
+    pub drops_by_stage: Vec<u64>,
 }
 
 /// The scheduling engine.
@@ -185,7 +187,14 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         }
         let next_worker = config.workers.len() as u32;
         let (arm, output) = start_arm(config, &state);
-        let accounting = Accounting::new(options.metrics_window);
+        let mut accounting = Accounting::new(options.metrics_window);
+        if state.pipeline.stages.iter().any(|s| s.kind == StageKind::Iteration) {
+            // LLM goodput by service class: classes from stream names, LS time between
+            // tokens from the run's `tbt_ms` parameter (the one the policies read).
+            let names: Vec<&str> = state.pipeline.streams.iter().map(|s| s.name.as_str()).collect();
+            let tbt_ms = options.params.iter().find(|p| p.key == "tbt_ms").and_then(|p| p.value.trim().parse::<f64>().ok());
+            accounting.llm_mut().activate(&names, (tbt_ms.unwrap_or(100.0) * 1e6) as u64);
+        }
         let mut engine = Self {
             clock,
             executor,
@@ -294,6 +303,7 @@ impl<C: Clock, X: Executor> Engine<C, X> {
             },
         );
         self.accounting.arrival(now, submission.stream);
+        self.accounting.llm_mut().submitted(id, submission.stream, sent_at, deadline, submission.input_size);
         let request = Request {
             id,
             origin: id,
@@ -398,6 +408,9 @@ impl<C: Clock, X: Executor> Engine<C, X> {
                 StageKind::Iteration => {
                     let kv_per_token = self.state.pipeline.stages[stage_id as usize].llm.kv_bytes_per_token;
                     let Some(piece) = self.state.pieces.get_mut(&item.id) else { continue };
+                    let started = now.saturating_sub(result.duration);
+                    let (origin, before) = (piece.request.origin, piece.generated);
+                    self.accounting.llm_mut().tokens_emitted(origin, started, result.duration, self.options.frame_steps, before, item.tokens);
                     piece.generated += item.tokens;
                     piece.resume = Resume::Continue;
                     let generated = piece.generated;
@@ -705,7 +718,11 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         let now = self.state.now;
         match action {
             Action::Drop(d) => {
-                if let Some(origin) = self.state.pieces.get(&d.request).map(|p| p.request.origin) {
+                if let Some((origin, stage)) = self.state.pieces.get(&d.request).map(|p| (p.request.origin, p.request.stage as usize)) {
+                    if self.stats.drops_by_stage.len() <= stage {
+                        self.stats.drops_by_stage.resize(stage + 1, 0);
+                    }
+                    self.stats.drops_by_stage[stage] += 1;
                     let reason = format!("dropped by the policy: {}", drop_reason(d.reason));
                     self.end_origin_except(origin, Outcome::Dropped { reason }, now, EndReason::Cancelled, Some(d.request));
                 }
@@ -747,7 +764,10 @@ impl<C: Clock, X: Executor> Engine<C, X> {
                 self.update_capacity();
             }
             Action::SetRoutes(r) => self.state.stages[r.stage as usize].routes = r.targets,
-            Action::SetBatchLimit(b) => self.state.stages[b.stage as usize].batch_limit = b.limit,
+            Action::SetBatchLimit(b) => {
+                self.state.stages[b.stage as usize].batch_limit = b.limit;
+                self.update_capacity();
+            }
             Action::SetThreads(t) => {
                 if let Some(w) = self.state.workers.get_mut(&t.worker) {
                     w.info.threads = t.threads;
@@ -934,8 +954,9 @@ impl<C: Clock, X: Executor> Engine<C, X> {
     }
 
     /// The pipeline's capacity in end-to-end requests per second with the serving
-    /// workers: the slowest stage, each worker running full batches of its variant,
-    /// divided by the pieces per request that reach the stage.
+    /// workers: the slowest stage, each worker running full batches (at the stage's
+    /// current batch limit) of its variant, divided by the pieces per request that
+    /// reach the stage.
     pub fn capacity(&self) -> f64 {
         let pipeline = &self.state.pipeline;
         let pieces = pieces_per_request(pipeline);
@@ -947,7 +968,7 @@ impl<C: Clock, X: Executor> Engine<C, X> {
                 .values()
                 .filter(|w| w.info.stage == i as u32 && w.phase != WorkerPhase::Starting)
                 .map(|w| {
-                    let b = def.max_batch;
+                    let b = self.state.stages[i].batch_limit.clamp(1, def.max_batch.max(1));
                     let latency = def.variants[w.info.variant as usize].profile.mean(b).max(1) as f64;
                     b as f64 / (latency / 1e9)
                 })

@@ -146,6 +146,11 @@ pub struct StageDef {
     pub device: DeviceKind,
     /// Intra-op threads of a worker at start.
     pub threads: u32,
+    /// Share of a job's time that divides among the worker's threads (Amdahl's law;
+    /// the profile is taken at `threads`), for stages whose CPU-side work (transfer,
+    /// serialisation, control flow) speeds up with cores even on a GPU. `None`: GPU
+    /// workers ignore threads and CPU workers speed up sub-linearly.
+    pub parallel_fraction: Option<f64>,
     /// Accelerator memory of a worker (KV capacity for iteration stages).
     pub worker_memory_bytes: u64,
     /// LLM costs (iteration stages).
@@ -364,6 +369,7 @@ mod toml_format {
         device: DeviceFile,
         #[serde(default = "one")]
         threads: u32,
+        parallel_fraction: Option<f64>,
         #[serde(default)]
         worker_memory_mib: u64,
         #[serde(rename = "variant")]
@@ -492,6 +498,7 @@ mod toml_format {
                         DeviceFile::Cpu => DeviceKind::Cpu,
                     },
                     threads: stage.threads,
+                    parallel_fraction: stage.parallel_fraction.map(|f| f.clamp(0.0, 1.0)),
                     worker_memory_bytes: if stage.worker_memory_mib == 0 { 16 << 30 } else { stage.worker_memory_mib << 20 },
                     llm: LlmCosts::default(),
                 });
@@ -750,6 +757,7 @@ mod loki {
             max_replicas: 8,
             device: DeviceKind::Gpu,
             threads: 1,
+            parallel_fraction: None,
             worker_memory_bytes: 16 << 30,
             llm: LlmCosts::default(),
         });

@@ -33,6 +33,7 @@ use rustc_hash::FxHashMap as HashMap;
 use serde::{Deserialize, Serialize};
 
 use super::histogram::Histogram;
+use super::llm_goodput::{LlmGoodput, LlmGoodputSummary};
 use super::report::RunReport;
 
 /// Default length of a time-series window: one second.
@@ -336,6 +337,9 @@ pub struct Window {
     pub p99_latency: u64,
     /// Mean number of active workers over the window.
     pub active_workers: f64,
+    /// Mean accuracy of the requests that completed in the window (0 when none did).
+    #[serde(default)]
+    pub accuracy: f64,
     /// Mean capacity (req/s) given by the caller over the part of the window for
     /// which one was set; `None` before the first [`Accounting::set_capacity`].
     pub capacity: Option<f64>,
@@ -466,6 +470,7 @@ struct OpenWindow {
     outcomes: Outcomes,
     integrals: Integrals,
     latency: Histogram,
+    accuracy_sum: f64,
 }
 
 impl OpenWindow {
@@ -477,6 +482,7 @@ impl OpenWindow {
             outcomes: Outcomes::default(),
             integrals: Integrals::default(),
             latency: Histogram::new(),
+            accuracy_sum: 0.0,
         }
     }
 
@@ -503,6 +509,7 @@ impl OpenWindow {
             outcomes: self.outcomes,
             p99_latency: self.latency.quantile(0.99),
             active_workers: ratio(integrals.worker_ns, duration as f64),
+            accuracy: ratio(self.accuracy_sum, self.outcomes.completed() as f64),
             capacity,
             optimal: optimal_bound(offered_rate, capacity),
         }
@@ -692,6 +699,8 @@ pub struct Accounting {
     accelerator_ns: f64,
     drop_reasons: Reasons,
     failure_reasons: Reasons,
+    /// Goodput by LLM service class (inactive unless the engine activates it).
+    llm: LlmGoodput,
 }
 
 impl Default for Accounting {
@@ -720,6 +729,7 @@ impl Accounting {
             accelerator_ns: 0.0,
             drop_reasons: Reasons::default(),
             failure_reasons: Reasons::default(),
+            llm: LlmGoodput::default(),
         }
     }
 
@@ -745,6 +755,9 @@ impl Accounting {
     /// when the request was dropped or completed late.
     pub fn request_ended(&mut self, end: RequestEnd) {
         self.series.advance(end.ended_at);
+        if self.llm.is_active() {
+            self.llm.ended(&end);
+        }
         let class = end.class();
         let share = self.in_flight.remove(&end.id).unwrap_or(0.0);
         self.recent.insert(
@@ -759,6 +772,7 @@ impl Accounting {
         open.outcomes.add(class);
         if class.is_completed() {
             open.latency.record(end.latency());
+            open.accuracy_sum += end.accuracy;
         }
         self.overall.end(class, &end, share);
         self.stream_mut(end.stream).end(class, &end, share);
@@ -847,6 +861,17 @@ impl Accounting {
     /// `policy`: summary, every window up to `now` and the latency histogram.
     pub fn report(&self, policy: impl Into<String>, now: u64) -> RunReport {
         RunReport::from_accounting(policy, self, now)
+    }
+
+    /// The LLM goodput accounting (the engine feeds it; see [`LlmGoodput`]).
+    pub fn llm_mut(&mut self) -> &mut LlmGoodput {
+        &mut self.llm
+    }
+
+    /// LLM goodput by service class as of `now`.
+    pub fn llm_goodput(&self, now: u64) -> LlmGoodputSummary {
+        let now = now.max(self.series.clock);
+        self.llm.summary((now - self.series.start) as f64 / NS_PER_S)
     }
 
     /// End-to-end latency of every completed request (ns).

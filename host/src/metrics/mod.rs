@@ -16,15 +16,18 @@
 //! | utilisation | busy accelerator time / (workers × elapsed), the number of workers integrated over time |
 //! | GPU-seconds | ∫ active workers dt |
 //! | pipeline accuracy | mean over completed requests of the product of the accuracies of the variants that served each stage they passed |
+//! | LLM goodput (by class) | see [`llm_goodput`]: LS tokens on their timeline, DS/BE/CP requests by their deadline |
 //! | optimal goodput bound | per window: min(offered rate, capacity), the capacity (req/s) given by the caller; over a run: the duration-weighted mean over windows |
 //!
 //! - [`account`]: [`Accounting`], fed incrementally by the engine, gives the
 //!   [`Summary`] (overall and per stream) and the per-window time series ([`Window`]);
+//! - [`llm_goodput`]: goodput of LLM serving by service class (CALM's definitions);
 //! - [`histogram`]: [`Histogram`], the log-bucketed latency histogram (≤ 1 % error);
 //! - [`report`]: text table, CSV, JSON and charts comparing runs ([`RunReport`]).
 
 pub mod account;
 pub mod histogram;
+pub mod llm_goodput;
 pub mod report;
 
 pub use account::{
@@ -32,4 +35,5 @@ pub use account::{
     Window, DEFAULT_WINDOW,
 };
 pub use histogram::Histogram;
-pub use report::{render_table, write_csv, write_json, write_plots, Plots, RunReport};
+pub use report::{render_table, write_csv, write_json, write_line_chart, write_plots, Plots, RunReport, Series};
+pub use llm_goodput::{ClassGoodput, LlmGoodput, LlmGoodputSummary};

@@ -491,7 +491,7 @@ const PREFERRED_FONT: &str = "DejaVuSans.ttf";
 
 /// Which font the charts got.
 #[derive(Debug)]
-enum PlotFont {
+pub(crate) enum PlotFont {
     /// A system font: text can be rasterised (PNG).
     System(PathBuf),
     /// The metrics-only font: SVG only; the string says why.
@@ -547,7 +547,7 @@ fn register_system_font() -> Result<PathBuf, String> {
 }
 
 /// The charts' font, registered on first use.
-fn plot_font() -> Result<&'static PlotFont, String> {
+pub(crate) fn plot_font() -> Result<&'static PlotFont, String> {
     static FONT: OnceLock<Result<PlotFont, String>> = OnceLock::new();
     FONT.get_or_init(|| match register_system_font() {
         Ok(path) => Ok(PlotFont::System(path)),
@@ -871,17 +871,17 @@ fn tick(value: f64) -> String {
 }
 
 /// A chart's texts and where its legend goes.
-struct Axes {
-    title: &'static str,
-    x: &'static str,
-    y: &'static str,
+struct Axes<'a> {
+    title: &'a str,
+    x: &'a str,
+    y: &'a str,
     legend: SeriesLabelPosition,
 }
 
 /// A line chart with a title, axis descriptions, a grid and a legend.
 fn draw_lines<DB, X>(
     root: &DrawingArea<DB, Shift>,
-    axes: Axes,
+    axes: Axes<'_>,
     x: X,
     y: Range<f64>,
     lines: &[Line],
@@ -978,6 +978,61 @@ pub fn write_plots(dir: &Path, runs: &[RunReport]) -> Result<Plots, String> {
         ),
     };
     Ok(Plots { files, font, note })
+}
+
+/// One named series of a [`write_line_chart`].
+pub type Series = (String, Vec<(f64, f64)>);
+
+/// A line chart of arbitrary series (for the figures of a reproduction beyond the
+/// three comparison charts): `stem.svg` in `dir`, and `stem.png` when a system font
+/// was found. The y axis spans 0 to `y_max` (the data's maximum with headroom when
+/// `None`). Returns the files written.
+///
+/// # Errors
+/// A message naming the file that could not be created or drawn.
+pub fn write_line_chart(
+    dir: &Path,
+    stem: &str,
+    labels: [&str; 3],
+    series: &[Series],
+    y_max: Option<f64>,
+) -> Result<Vec<PathBuf>, String> {
+    fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let font = plot_font()?;
+    let lines: Vec<Line> = series
+        .iter()
+        .enumerate()
+        .map(|(i, (label, points))| Line { label: label.clone(), colour: colour(i), dashed: false, points: points.clone() })
+        .collect();
+    let xs = || lines.iter().flat_map(|l| &l.points).map(|p| p.0);
+    let x_min = xs().fold(f64::INFINITY, f64::min);
+    let x_max = xs().fold(f64::NEG_INFINITY, f64::max);
+    let x = if x_min.is_finite() && x_max > x_min { x_min..x_max } else { 0.0..1.0 };
+    let y = 0.0..y_max.unwrap_or_else(|| 1.3 * max_or_one(lines.iter().flat_map(|l| &l.points).map(|p| p.1)));
+    let axes = || Axes { title: labels[0], x: labels[1], y: labels[2], legend: SeriesLabelPosition::UpperRight };
+    let mut files = Vec::new();
+    let svg = dir.join(format!("{stem}.svg"));
+    let draw = |root: DrawingArea<SVGBackend, Shift>| -> Result<(), String> {
+        root.fill(&WHITE).map_err(|e| e.to_string())?;
+        draw_lines(&root, axes(), x.clone(), y.clone(), &lines)?;
+        root.present().map_err(|e| e.to_string())
+    };
+    draw(SVGBackend::new(&svg, CHART_SIZE).into_drawing_area()).map_err(|e| format!("{}: {e}", svg.display()))?;
+    files.push(svg);
+    if matches!(font, PlotFont::System(_)) {
+        let png = dir.join(format!("{stem}.png"));
+        {
+            let root = BitMapBackend::new(&png, CHART_SIZE).into_drawing_area();
+            let drawn = root
+                .fill(&WHITE)
+                .map_err(|e| e.to_string())
+                .and_then(|()| draw_lines(&root, axes(), x.clone(), y.clone(), &lines))
+                .and_then(|()| root.present().map_err(|e| e.to_string()));
+            drawn.map_err(|e| format!("{}: {e}", png.display()))?;
+        }
+        files.push(png);
+    }
+    Ok(files)
 }
 
 #[cfg(test)]

@@ -82,7 +82,7 @@ impl SimExecutor {
                 cache.push(((stage as u32, 0), def.variants[0].memory_bytes));
             }
         }
-        Self {
+        let mut executor = Self {
             pipeline: std::sync::Arc::new(pipeline.clone()),
             options,
             rng,
@@ -93,7 +93,9 @@ impl SimExecutor {
             seq: 0,
             cache,
             starts: (0, 0),
-        }
+        };
+        executor.evict_above_high_water();
+        executor
     }
 
     /// Move the executor's notion of now (the driver does this before calling the engine).
@@ -137,11 +139,18 @@ impl SimExecutor {
         }
     }
 
-    /// Latency multiplier of a CPU worker running with `threads` instead of the
-    /// stage's profiled thread count (sub-linear speed-up).
+    /// Latency multiplier of a worker running with `threads` instead of the stage's
+    /// profiled thread count: Amdahl's law when the stage gives its parallel fraction,
+    /// otherwise a sub-linear speed-up on CPU workers and none on GPU workers.
     fn thread_factor(&self, stage: u32, threads: u32) -> f64 {
         let def = &self.pipeline.stages[stage as usize];
-        if def.device == DeviceKind::Gpu || threads == def.threads {
+        if threads == def.threads {
+            return 1.0;
+        }
+        if let Some(parallel) = def.parallel_fraction {
+            return (1.0 - parallel) + parallel * def.threads.max(1) as f64 / threads.max(1) as f64;
+        }
+        if def.device == DeviceKind::Gpu {
             return 1.0;
         }
         (def.threads.max(1) as f64 / threads.max(1) as f64).powf(0.8)
@@ -175,11 +184,17 @@ impl SimExecutor {
             self.cache.push((key, bytes));
             false
         };
+        self.evict_above_high_water();
+        hit
+    }
+
+    /// Evict cached parameters, least recently used first, until the cache is within
+    /// its high-water mark of host memory.
+    fn evict_above_high_water(&mut self) {
         let limit = (self.options.host_cache_bytes as f64 * self.options.cache_high_water) as u64;
-        while self.cache.iter().map(|(_, b)| b).sum::<u64>() > limit && self.cache.len() > 1 {
+        while self.cache.iter().map(|(_, b)| b).sum::<u64>() > limit {
             self.cache.remove(0);
         }
-        hit
     }
 }
 
@@ -319,6 +334,59 @@ mod tests {
         let cold = p.stages[1].variants[0].cold_start_ns;
         assert_eq!(events, vec![(warm, ExecEvent::Ready(100)), (cold, ExecEvent::Ready(101))]);
         assert_eq!(executor.starts, (1, 1));
+    }
+
+    /// The vision chain with every stage's parameters `gib` GiB.
+    fn sized(gib: u64) -> Pipeline {
+        let mut p = pipeline();
+        for stage in &mut p.stages {
+            stage.variants[0].memory_bytes = gib << 30;
+        }
+        p
+    }
+
+    #[test]
+    fn a_removed_replica_restarts_warm_until_its_entry_is_evicted_lru_at_85_percent() {
+        // Three 3-GiB entries fit under 85 % of 10 GiB (8.5 GiB) only twice over:
+        // the third one evicts the least recently used.
+        let p = sized(3);
+        let options = SimExecutorOptions { noise_cv: 0.0, host_cache_bytes: 10 << 30, cache_high_water: 0.85 };
+        let mut executor = SimExecutor::new(&p, options, SimRng::new(1));
+        executor.cache.clear();
+        executor.provision(10, 0, 0); // cold, cached
+        executor.retire(10);
+        executor.provision(11, 0, 0); // warm: the entry outlived the replica
+        executor.provision(12, 1, 0); // cold, cached: 6 GiB
+        executor.provision(13, 0, 0); // warm, stage 0 is now the most recent
+        executor.provision(14, 2, 0); // cold: 9 GiB > 8.5, evicts stage 1 (LRU)
+        executor.provision(15, 0, 0); // warm: the most recently used survived
+        executor.provision(16, 1, 0); // cold again
+        assert_eq!(executor.starts, (3, 4));
+        let keys: Vec<u32> = executor.cache.iter().map(|(k, _)| k.0).collect();
+        assert_eq!(keys, vec![0, 1], "stage 2's entry was the least recently used");
+    }
+
+    #[test]
+    fn without_host_memory_every_start_is_cold() {
+        let p = sized(1);
+        let options = SimExecutorOptions { noise_cv: 0.0, host_cache_bytes: 0, cache_high_water: 0.85 };
+        let mut executor = SimExecutor::new(&p, options, SimRng::new(1));
+        for worker in 0..3 {
+            executor.provision(100 + worker, 0, 0);
+        }
+        assert_eq!(executor.starts, (0, 3));
+    }
+
+    #[test]
+    fn threads_follow_amdahl_when_the_stage_gives_its_parallel_fraction() {
+        let mut p = pipeline();
+        p.stages[0].threads = 2;
+        p.stages[0].parallel_fraction = Some(0.66);
+        let executor = SimExecutor::new(&p, SimExecutorOptions::default(), SimRng::new(1));
+        assert_eq!(executor.thread_factor(0, 2), 1.0);
+        assert!((executor.thread_factor(0, 4) - 0.67).abs() < 1e-12);
+        assert!((executor.thread_factor(0, 16) - 0.4225).abs() < 1e-12);
+        assert_eq!(executor.thread_factor(1, 8), 1.0, "a GPU stage without a fraction ignores threads");
     }
 
     #[test]

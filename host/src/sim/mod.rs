@@ -8,11 +8,13 @@
 //! - [`trace`]: our JSON-lines trace format (written by the server, replayed here);
 //! - [`executor`]: jobs take their profiled latency, LLM frames, fan-out, warm/cold starts;
 //! - [`presets`]: built-in pipelines;
-//! - [`run`]: one run; [`compare`] runs several policies on the same workload and seed.
+//! - [`run`]: one run; [`compare`] runs several policies on the same workload and seed;
+//! - [`reproduce`]: the reference policies' papers re-run against their baselines.
 
 pub mod bench;
 pub mod executor;
 pub mod presets;
+pub mod reproduce;
 pub mod rng;
 pub mod run;
 mod sources;

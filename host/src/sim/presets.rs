@@ -9,6 +9,14 @@ pub const PIPELINES: &[(&str, &str)] = &[
     ("traffic-dag", include_str!("../../presets/traffic-dag.toml")),
     ("five-stage", include_str!("../../presets/five-stage.toml")),
     ("llm", include_str!("../../presets/llm.toml")),
+    ("pard-tm", include_str!("../../presets/pard-tm.toml")),
+    ("pard-lv", include_str!("../../presets/pard-lv.toml")),
+    ("pard-ga", include_str!("../../presets/pard-ga.toml")),
+    ("pard-da", include_str!("../../presets/pard-da.toml")),
+    ("flex-fig11a", include_str!("../../presets/flex-fig11a.toml")),
+    ("flex-cluster", include_str!("../../presets/flex-cluster.toml")),
+    ("quart-bert8", include_str!("../../presets/quart-bert8.toml")),
+    ("llm-classes", include_str!("../../presets/llm-classes.toml")),
 ];
 
 /// A pipeline by preset name, or from a file: `.toml` (our format) or `.json` (Loki's

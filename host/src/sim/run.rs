@@ -22,6 +22,10 @@ use crate::engine::{Engine, EngineOptions, EngineStats, ManualClock, Pipeline, S
 use crate::metrics::RunReport;
 use crate::policy::{Arm, ArmStats, FailureMode, PolicyLoader};
 
+/// Most consecutive decision points at one instant that only deliver events the
+/// previous answer caused.
+const MAX_CAUSED_ROUNDS: u32 = 4;
+
 /// A policy to simulate: its name and component bytes.
 #[derive(Clone)]
 pub struct PolicySpec {
@@ -70,6 +74,8 @@ pub struct RunOutcome {
     pub simulated: u64,
     /// Requests still in flight at the end (0 unless the drain limit was hit).
     pub unfinished: usize,
+    /// LLM goodput by service class (empty for pipelines without LLM stages).
+    pub llm: crate::metrics::LlmGoodputSummary,
 }
 
 /// Run `policy` on `spec` with the arrivals of `workload`; `progress` is called with the
@@ -103,13 +109,18 @@ pub fn run(
         + spec.engine.expiry_grace
         + 1_000_000_000;
     let mut events = 0u64;
+    let mut caused_rounds = 0u32;
     let mut next_progress = 0u64;
     let progress_step = (spec.duration / 100).max(1);
     loop {
         let next_arrival = arrivals.peek().map(|a| a.at);
         let next_exec = engine.executor().next_time();
         let next_wake = engine.next_wakeup().filter(|_| next_arrival.is_some() || engine.in_flight() > 0);
-        let Some(next) = [next_arrival, next_exec, next_wake].into_iter().flatten().min() else { break };
+        // Events the last answer caused (a preempted batch's requests handed back, its
+        // worker idle again) reach the policy at the same instant, a few rounds at most
+        // (a dispatch the engine keeps refusing must not stop the clock).
+        let next_caused = (engine.has_pending() && caused_rounds < MAX_CAUSED_ROUNDS).then(|| clock_now(&clock));
+        let Some(next) = [next_arrival, next_exec, next_wake, next_caused].into_iter().flatten().min() else { break };
         let now = match spec.decision_interval {
             0 => next,
             q => next.div_ceil(q) * q,
@@ -117,6 +128,7 @@ pub fn run(
         if now > drain_limit {
             break;
         }
+        caused_rounds = if next_caused == Some(now) && now == clock_now(&clock) { caused_rounds + 1 } else { 0 };
         clock.set(now);
         engine.executor_mut().set_now(now);
         while arrivals.peek().is_some_and(|a| a.at <= now) {
@@ -186,6 +198,7 @@ pub fn run(
     }
     let simulated = clock_now(&clock);
     let report = engine.accounting().report(&policy.name, simulated);
+    let llm = engine.accounting().llm_goodput(simulated);
     Ok(RunOutcome {
         report,
         engine: engine.stats().clone(),
@@ -194,6 +207,7 @@ pub fn run(
         wall: started.elapsed(),
         simulated,
         unfinished: engine.in_flight(),
+        llm,
     })
 }
 

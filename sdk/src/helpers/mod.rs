@@ -8,21 +8,63 @@
 //!   sample or per unit of elapsed time.
 //! * [`P2Quantile`] and [`WindowQuantile`]: streaming and windowed quantiles.
 //! * [`Pid`]: a PID controller with anti-windup.
+//! * [`StageGraph`]: the pipeline graph (downstream paths, levels, longest paths).
+//! * [`NexusPlan`] and [`ScalingPlanner`]: Nexus-style SLO split, batch sizes and
+//!   replica counts for a pipeline.
+//! * [`BatchBroker`]: per-worker queues and open batches with round-robin
+//!   dispatch, for pipeline policies whose [`Discipline`] picks and drops;
+//!   [`BrokeredPipeline`] makes a whole policy of a [`PipelineRule`] with them.
+//! * [`ModelCatalog`]: the models (stage, variant) of a multi-model cluster, the
+//!   model each stream needs, and batch latencies and budgets per model.
+//! * [`milp`]: a branch-and-bound mixed-integer linear program solver with node,
+//!   pivot and clock budgets and warm starts.
+//! * [`mmc_sojourn`] and friends: M/M/c (Erlang-C) latency for capacity planning.
+//! * [`StageFifo`]: per-stage FIFO queues that dispatch to idle workers and measure
+//!   time-averaged queue length and per-stage sojourn time.
+//! * [`LengthEstimator`]: a survival-conditioned quantile estimator of LLM output
+//!   lengths, learned online.
+//! * [`LlmBook`] and [`plan_by_rank`]: the live request table of an LLM
+//!   (iteration-level) policy, service classes, KV footprints, frame plans.
+//! * [`RankedLlm`]: a whole LLM baseline policy given a [`Ranking`] (FCFS, EDF, SJF).
 //!
 //! Everything here is plain `std` Rust, so it behaves the same compiled
 //! natively and for WebAssembly.
 
+pub mod batch_broker;
 pub mod ewma;
+pub mod milp;
+pub mod length;
+pub mod llm;
 pub mod minmax_heap;
+pub mod nexus_planner;
+pub mod models;
 pub mod pid;
+pub mod pipeline_policy;
+pub mod ranked;
 pub mod quantile;
+pub mod stage_graph;
+pub mod queueing;
+pub mod stage_fifo;
 pub mod window;
 
 #[cfg(test)]
 mod test_rng;
 
+pub use batch_broker::{
+    Admitted, BatchBroker, Discipline, FifoQueue, FillContext, Filled, PriorityQueue, Queued, RunningBatch,
+    WorkerQueue, WorkerSlot,
+};
 pub use ewma::{Ewma, TimeEwma};
+pub use length::LengthEstimator;
+pub use llm::{plan_by_rank, BatchStageFifo, Finished, FramePlan, LlmBook, LlmRequest, Preemption, Residence, ServiceClass};
 pub use minmax_heap::MinMaxHeap;
+pub use nexus_planner::{NexusPlan, ScalingPlanner};
+pub use models::{ModelCatalog, ModelInfo};
 pub use pid::Pid;
+pub use pipeline_policy::{BrokeredPipeline, PipelineRule};
+pub use ranked::{RankedLlm, Ranking};
 pub use quantile::{P2Quantile, WindowQuantile};
+pub use stage_graph::StageGraph;
+pub use queueing::{erlang_c, mmc_min_servers, mmc_sojourn};
+pub use stage_fifo::StageFifo;
 pub use window::{CountWindow, LinearWeightedWindow, SlidingWindow};

@@ -1,0 +1,131 @@
+//! Device selection: the CUDA execution provider when a GPU, its driver and a CUDA-enabled
+//! ONNX Runtime are all present, the CPU otherwise — decided once, with one log line that
+//! says which and why. GPU discovery and memory telemetry go through `cudarc`, which loads
+//! the driver at run time, so all of this compiles and runs on machines without CUDA.
+
+/// Where sessions run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Device {
+    /// The CPU execution provider.
+    Cpu,
+    /// The CUDA execution provider on the GPU with this ordinal.
+    Cuda(u32),
+}
+
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Device::Cpu => write!(f, "cpu"),
+            Device::Cuda(ordinal) => write!(f, "cuda:{ordinal}"),
+        }
+    }
+}
+
+/// What the operator asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DevicePreference {
+    /// The first GPU when everything CUDA needs is present, else the CPU.
+    #[default]
+    Auto,
+    /// The CPU, even where a GPU is present.
+    Cpu,
+    /// This GPU; falls back to the CPU (with the reason logged) when it cannot be used.
+    Cuda(u32),
+}
+
+/// The device chosen and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceChoice {
+    /// The device sessions run on.
+    pub device: Device,
+    /// Why this device (shown in the log line).
+    pub reason: String,
+}
+
+/// A GPU as the driver reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuInfo {
+    /// Ordinal.
+    pub ordinal: u32,
+    /// Marketing name.
+    pub name: String,
+    /// Total memory, bytes.
+    pub total_bytes: u64,
+    /// Free memory now, bytes.
+    pub free_bytes: u64,
+}
+
+/// The GPUs the CUDA driver can see; an explanation instead when there are none.
+#[cfg(feature = "cuda")]
+pub fn discover_gpus() -> Result<Vec<GpuInfo>, String> {
+    use cudarc::driver::CudaContext;
+    // Without the driver library, cudarc's context creation panics: check first.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err("no CUDA driver library (libcuda) on this machine".into());
+    }
+    let count = std::panic::catch_unwind(CudaContext::device_count)
+        .map_err(|_| "the CUDA driver failed to initialise".to_string())?
+        .map_err(|e| format!("the CUDA driver reports no devices ({e})"))?;
+    let mut gpus = Vec::new();
+    for ordinal in 0..count.max(0) as usize {
+        let context = CudaContext::new(ordinal).map_err(|e| format!("GPU {ordinal}: {e}"))?;
+        let (free, total) = context.mem_get_info().map_err(|e| format!("GPU {ordinal}: {e}"))?;
+        gpus.push(GpuInfo {
+            ordinal: ordinal as u32,
+            name: context.name().unwrap_or_else(|_| "unknown GPU".into()),
+            total_bytes: total as u64,
+            free_bytes: free as u64,
+        });
+    }
+    if gpus.is_empty() {
+        return Err("the CUDA driver sees no GPU".into());
+    }
+    Ok(gpus)
+}
+
+/// The GPUs the CUDA driver can see; this build has no CUDA support.
+#[cfg(not(feature = "cuda"))]
+pub fn discover_gpus() -> Result<Vec<GpuInfo>, String> {
+    Err("built without the `cuda` feature".into())
+}
+
+/// Whether the loaded ONNX Runtime library was built with the CUDA execution provider.
+#[cfg(feature = "cuda")]
+pub fn ort_has_cuda() -> bool {
+    use ort::ep::ExecutionProvider;
+    ort::ep::CUDA::is_available().unwrap_or(false)
+}
+
+/// Whether the loaded ONNX Runtime library was built with the CUDA execution provider.
+#[cfg(not(feature = "cuda"))]
+pub fn ort_has_cuda() -> bool {
+    false
+}
+
+/// Decide the device for a preference. Needs ONNX Runtime loaded (it asks the library
+/// whether it carries the CUDA provider).
+pub fn choose(preference: DevicePreference) -> DeviceChoice {
+    let wanted = match preference {
+        DevicePreference::Cpu => return DeviceChoice { device: Device::Cpu, reason: "the CPU was asked for".into() },
+        DevicePreference::Auto => 0,
+        DevicePreference::Cuda(ordinal) => ordinal,
+    };
+    let cpu = |why: String| DeviceChoice { device: Device::Cpu, reason: why };
+    let gpus = match discover_gpus() {
+        Ok(gpus) => gpus,
+        Err(why) => return cpu(why),
+    };
+    let Some(gpu) = gpus.iter().find(|g| g.ordinal == wanted) else {
+        return cpu(format!("GPU {wanted} does not exist ({} found)", gpus.len()));
+    };
+    if !ort_has_cuda() {
+        return cpu(format!(
+            "found {} but the loaded ONNX Runtime has no CUDA execution provider (install the onnxruntime-gpu library)",
+            gpu.name
+        ));
+    }
+    DeviceChoice {
+        device: Device::Cuda(wanted),
+        reason: format!("{} with {} MiB free of {} MiB", gpu.name, gpu.free_bytes >> 20, gpu.total_bytes >> 20),
+    }
+}

@@ -1,0 +1,111 @@
+//! A pool of workers addressed the way the engine addresses them: worker ids, and models
+//! by (stage, variant) through a catalogue. Each method matches one operation of the
+//! engine's executor (start, abort, provision, retire, set threads, set variant), so
+//! the server's executor is a thin adapter over this pool and its event channel.
+
+use std::collections::HashMap;
+use std::sync::mpsc::{self, Receiver, Sender};
+
+use crate::error::{DataplaneError, Result};
+use crate::session::ModelSpec;
+use crate::worker::{Job, Worker, WorkerContext, WorkerEvent};
+
+/// The models of a pipeline: `stages[stage][variant]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ModelCatalog {
+    /// Per stage, its variants' models.
+    pub stages: Vec<Vec<ModelSpec>>,
+}
+
+impl ModelCatalog {
+    /// The model of (stage, variant).
+    pub fn get(&self, stage: u32, variant: u32) -> Result<&ModelSpec> {
+        self.stages
+            .get(stage as usize)
+            .and_then(|variants| variants.get(variant as usize))
+            .ok_or_else(|| DataplaneError::Invalid(format!("no model for stage {stage}, variant {variant}")))
+    }
+}
+
+struct PoolWorker {
+    worker: Worker,
+    stage: u32,
+}
+
+/// Workers by id, with one event channel for all of them.
+pub struct WorkerPool {
+    context: WorkerContext,
+    catalog: ModelCatalog,
+    threads: usize,
+    workers: HashMap<u32, PoolWorker>,
+    events: Sender<WorkerEvent>,
+}
+
+impl std::fmt::Debug for WorkerPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerPool").field("workers", &self.workers.len()).field("threads", &self.threads).finish()
+    }
+}
+
+impl WorkerPool {
+    /// An empty pool whose workers start with `threads` intra-op threads; events of
+    /// every worker arrive on the returned receiver.
+    pub fn new(context: WorkerContext, catalog: ModelCatalog, threads: usize) -> (Self, Receiver<WorkerEvent>) {
+        let (events, receiver) = mpsc::channel();
+        (WorkerPool { context, catalog, threads, workers: HashMap::new(), events }, receiver)
+    }
+
+    /// Start worker `worker` with the model of (stage, variant): warm when the cache
+    /// holds it, cold otherwise. `Ready` (or `StartFailed`) follows.
+    pub fn provision(&mut self, worker: u32, stage: u32, variant: u32) -> Result<()> {
+        let spec = self.catalog.get(stage, variant)?.clone();
+        if let Some(old) = self.workers.remove(&worker) {
+            old.worker.retire();
+        }
+        let handle = Worker::provision(worker, spec, self.threads, self.context.clone(), self.events.clone());
+        self.workers.insert(worker, PoolWorker { worker: handle, stage });
+        Ok(())
+    }
+
+    /// Hand a job to a worker.
+    pub fn start(&self, worker: u32, job: Job) -> Result<()> {
+        self.get(worker)?.worker.start(job)
+    }
+
+    /// Abort the job running on a worker; its id, if there was one.
+    pub fn abort(&self, worker: u32) -> Option<u64> {
+        self.workers.get(&worker).and_then(|w| w.worker.abort())
+    }
+
+    /// Cancel a starting worker or remove an idle one; `Retired` follows.
+    pub fn retire(&mut self, worker: u32) {
+        if let Some(w) = self.workers.remove(&worker) {
+            w.worker.retire();
+        }
+    }
+
+    /// Change a worker's intra-op threads; `Reconfigured` follows.
+    pub fn set_threads(&self, worker: u32, threads: u32) -> Result<()> {
+        self.get(worker)?.worker.set_threads(threads as usize)
+    }
+
+    /// Change a worker's variant (same stage); `Reconfigured` follows.
+    pub fn set_variant(&self, worker: u32, variant: u32) -> Result<()> {
+        let w = self.get(worker)?;
+        w.worker.set_model(self.catalog.get(w.stage, variant)?.clone())
+    }
+
+    /// Number of workers.
+    pub fn len(&self) -> usize {
+        self.workers.len()
+    }
+
+    /// Whether the pool has no workers.
+    pub fn is_empty(&self) -> bool {
+        self.workers.is_empty()
+    }
+
+    fn get(&self, worker: u32) -> Result<&PoolWorker> {
+        self.workers.get(&worker).ok_or(DataplaneError::WorkerGone(worker))
+    }
+}

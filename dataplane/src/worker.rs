@@ -1,0 +1,297 @@
+//! Workers: one thread owning one session, driven by commands and answering with events.
+//! This is the shape the server's engine executor drives — start a batch job, abort it,
+//! provision a replica (warm from the cache or cold from disk), retire it, change its
+//! thread count or its variant — with results coming back on an event channel.
+//!
+//! Abort goes through ONNX Runtime's run options: every job gets its own
+//! [`RunOptions`], created when the job is handed over, and [`Worker::abort`] sets its
+//! terminate flag, which stops a run in progress or one about to start.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use ort::session::RunOptions;
+
+use crate::cache::{ModelCache, ModelKey};
+use crate::error::{DataplaneError, Result};
+use crate::runtime::Runtime;
+use crate::session::{ModelSession, ModelSpec, StartKind};
+use crate::tensor::Tensor;
+
+/// One request of a job: one tensor per model input, without the batch dimension.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    /// The request (piece) id.
+    pub id: u64,
+    /// Its input tensors.
+    pub inputs: Vec<Tensor>,
+}
+
+/// A batch of requests for one worker.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Job {
+    /// The job id (echoed in its events).
+    pub id: u64,
+    /// The requests, stacked into one batch.
+    pub requests: Vec<Request>,
+}
+
+/// The outputs of one request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestOutput {
+    /// The request id.
+    pub id: u64,
+    /// One tensor per model output, without the batch dimension.
+    pub outputs: Vec<Tensor>,
+}
+
+/// What a worker reports.
+#[derive(Debug)]
+pub enum WorkerEvent {
+    /// The worker's session is loaded; it takes jobs.
+    Ready {
+        /// The worker.
+        worker: u32,
+        /// The model it loaded.
+        model: ModelKey,
+        /// Warm (from the cache) or cold (from disk).
+        kind: StartKind,
+        /// How long the start took.
+        took: Duration,
+    },
+    /// The session could not be loaded; the worker has stopped.
+    StartFailed {
+        /// The worker.
+        worker: u32,
+        /// Why.
+        error: DataplaneError,
+    },
+    /// A job ran to its end (successfully or not).
+    Finished {
+        /// The worker.
+        worker: u32,
+        /// The job.
+        job: u64,
+        /// Execution time (stack, run, split).
+        duration: Duration,
+        /// Per-request outputs, in the job's order, or the job's error.
+        result: Result<Vec<RequestOutput>>,
+    },
+    /// A job was stopped by [`Worker::abort`]; it has no result.
+    Aborted {
+        /// The worker.
+        worker: u32,
+        /// The job.
+        job: u64,
+    },
+    /// The session was rebuilt with a new thread count or variant.
+    Reconfigured {
+        /// The worker.
+        worker: u32,
+        /// The model now loaded.
+        model: ModelKey,
+        /// Its intra-op threads.
+        threads: usize,
+        /// How long the rebuild took.
+        took: Duration,
+    },
+    /// A reconfiguration failed; the previous session stays.
+    ReconfigureFailed {
+        /// The worker.
+        worker: u32,
+        /// Why.
+        error: DataplaneError,
+    },
+    /// The worker has stopped after [`Worker::retire`].
+    Retired {
+        /// The worker.
+        worker: u32,
+    },
+}
+
+/// What workers share: the runtime and the parameter cache.
+#[derive(Debug, Clone)]
+pub struct WorkerContext {
+    /// ONNX Runtime.
+    pub runtime: Arc<Runtime>,
+    /// The host-memory model cache.
+    pub cache: Arc<ModelCache>,
+}
+
+enum Command {
+    Run(Job, Arc<RunOptions>),
+    SetThreads(usize),
+    SetModel(ModelSpec),
+}
+
+struct RunningJob {
+    job: u64,
+    options: Arc<RunOptions>,
+}
+
+/// A handle to one worker thread.
+pub struct Worker {
+    id: u32,
+    commands: Option<Sender<Command>>,
+    running: Arc<Mutex<Option<RunningJob>>>,
+    retired: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker").field("id", &self.id).finish()
+    }
+}
+
+impl Worker {
+    /// Start a worker that loads `spec` with `threads` intra-op threads; a
+    /// [`WorkerEvent::Ready`] (or `StartFailed`) follows on `events`. Jobs handed over
+    /// before it is ready wait for the load.
+    pub fn provision(id: u32, spec: ModelSpec, threads: usize, context: WorkerContext, events: Sender<WorkerEvent>) -> Worker {
+        let (commands, inbox) = mpsc::channel();
+        let running = Arc::new(Mutex::new(None));
+        let retired = Arc::new(AtomicBool::new(false));
+        let loop_state = WorkerLoop { id, context, events, running: Arc::clone(&running), retired: Arc::clone(&retired) };
+        let thread = std::thread::Builder::new()
+            .name(format!("yardmaster-worker-{id}"))
+            .spawn(move || loop_state.run(spec, threads, inbox))
+            .expect("spawning a worker thread");
+        Worker { id, commands: Some(commands), running, retired, thread: Some(thread) }
+    }
+
+    /// The worker's id.
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// Hand over a job; a [`WorkerEvent::Finished`] or [`WorkerEvent::Aborted`] follows.
+    pub fn start(&self, job: Job) -> Result<()> {
+        let options = Arc::new(RunOptions::new().map_err(DataplaneError::ort)?);
+        *self.running.lock().unwrap() = Some(RunningJob { job: job.id, options: Arc::clone(&options) });
+        self.send(Command::Run(job, options))
+    }
+
+    /// Abort the job handed over last, if it has not finished: it stops as soon as
+    /// ONNX Runtime notices and reports [`WorkerEvent::Aborted`]. Returns its id. A job
+    /// that finished between the call and the flag reports `Finished` instead.
+    pub fn abort(&self) -> Option<u64> {
+        let running = self.running.lock().unwrap();
+        let job = running.as_ref()?;
+        let _ = job.options.terminate();
+        Some(job.job)
+    }
+
+    /// Rebuild the session with a new intra-op thread count (warm, from the cache).
+    pub fn set_threads(&self, threads: usize) -> Result<()> {
+        self.send(Command::SetThreads(threads))
+    }
+
+    /// Load another model variant in place of the current one.
+    pub fn set_model(&self, spec: ModelSpec) -> Result<()> {
+        self.send(Command::SetModel(spec))
+    }
+
+    /// Stop the worker once its current job is done (a starting worker stops without
+    /// reporting ready); [`WorkerEvent::Retired`] follows. Jobs still queued are dropped.
+    pub fn retire(mut self) {
+        self.retired.store(true, Ordering::SeqCst);
+        self.commands = None; // closing the channel ends the loop
+        // The thread is left to finish on its own: a retire must not wait for a load.
+        self.thread.take();
+    }
+
+    fn send(&self, command: Command) -> Result<()> {
+        self.commands.as_ref().and_then(|c| c.send(command).ok()).ok_or(DataplaneError::WorkerGone(self.id))
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.retired.store(true, Ordering::SeqCst);
+        self.commands = None;
+    }
+}
+
+struct WorkerLoop {
+    id: u32,
+    context: WorkerContext,
+    events: Sender<WorkerEvent>,
+    running: Arc<Mutex<Option<RunningJob>>>,
+    retired: Arc<AtomicBool>,
+}
+
+impl WorkerLoop {
+    fn run(self, spec: ModelSpec, threads: usize, inbox: Receiver<Command>) {
+        let worker = self.id;
+        let mut session = match ModelSession::start(&self.context.runtime, &self.context.cache, &spec, threads) {
+            Ok(started) => {
+                if !self.retired.load(Ordering::SeqCst) {
+                    let _ = self.events.send(WorkerEvent::Ready { worker, model: spec.key.clone(), kind: started.kind, took: started.took });
+                }
+                started.session
+            }
+            Err(error) => {
+                let _ = self.events.send(WorkerEvent::StartFailed { worker, error });
+                return;
+            }
+        };
+        while let Ok(command) = inbox.recv() {
+            if self.retired.load(Ordering::SeqCst) {
+                break;
+            }
+            match command {
+                Command::Run(job, options) => self.run_job(&mut session, job, &options),
+                Command::SetThreads(threads) => {
+                    let spec = session.spec().clone();
+                    self.rebuild(&mut session, &spec, threads);
+                }
+                Command::SetModel(spec) => {
+                    let threads = session.threads();
+                    self.rebuild(&mut session, &spec, threads);
+                }
+            }
+        }
+        let _ = self.events.send(WorkerEvent::Retired { worker });
+    }
+
+    fn run_job(&self, session: &mut ModelSession, job: Job, options: &RunOptions) {
+        let begin = Instant::now();
+        let inputs: Vec<&[Tensor]> = job.requests.iter().map(|r| r.inputs.as_slice()).collect();
+        let result = session.run_batch(&inputs, Some(options));
+        let duration = begin.elapsed();
+        {
+            let mut running = self.running.lock().unwrap();
+            if running.as_ref().is_some_and(|r| r.job == job.id) {
+                *running = None;
+            }
+        }
+        let event = match result {
+            Err(DataplaneError::Aborted) => WorkerEvent::Aborted { worker: self.id, job: job.id },
+            result => WorkerEvent::Finished {
+                worker: self.id,
+                job: job.id,
+                duration,
+                result: result.map(|outputs| {
+                    job.requests.iter().zip(outputs).map(|(r, outputs)| RequestOutput { id: r.id, outputs }).collect()
+                }),
+            },
+        };
+        let _ = self.events.send(event);
+    }
+
+    fn rebuild(&self, session: &mut ModelSession, spec: &ModelSpec, threads: usize) {
+        match ModelSession::start(&self.context.runtime, &self.context.cache, spec, threads) {
+            Ok(started) => {
+                *session = started.session;
+                let _ = self.events.send(WorkerEvent::Reconfigured { worker: self.id, model: spec.key.clone(), threads, took: started.took });
+            }
+            Err(error) => {
+                let _ = self.events.send(WorkerEvent::ReconfigureFailed { worker: self.id, error });
+            }
+        }
+    }
+}

@@ -1,0 +1,212 @@
+//! Goodput of LLM serving by service class (CALM spec §2), beside the generic
+//! metrics: a request's class comes from its stream's name
+//! ([`ServiceClass::from_stream_name`]: `ls…`, `ds…`, `cp…`, `be…`, else DS).
+//!
+//! | class | token goodput G of a request | meets its SLO iff |
+//! |---|---|---|
+//! | LS (streamed) | output tokens j emitted by τ_j = sent + TTFT + j·TBT (TTFT = the stream's SLO) | every token on time |
+//! | DS, BE | L_in + L_out if it completed by its deadline, else 0 | completed by its deadline |
+//! | CP | L_in + L_out over the job's calls if its last call completed by the job deadline | that |
+//!
+//! Dropped requests earn 0, except LS tokens already delivered on time. The emit
+//! time of a frame's k-th token (of n steps, duration D, started at s) is
+//! s + (k+1)·D/n. A CP job is one end-to-end request here (its calls are its pieces).
+
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap as HashMap;
+use serde::{Deserialize, Serialize};
+use yardmaster_sdk::helpers::ServiceClass;
+
+use super::account::{Outcome, RequestEnd};
+
+/// One request being tracked.
+#[derive(Debug, Clone, Copy)]
+struct Tracked {
+    class: ServiceClass,
+    sent_at: u64,
+    deadline: u64,
+    input: u32,
+    on_time_tokens: u64,
+    late_tokens: u64,
+}
+
+/// Goodput of one class over a run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClassGoodput {
+    /// Requests of the class that ended.
+    pub requests: u64,
+    /// Of those, the ones that met their SLO.
+    pub met: u64,
+    /// Σ G over them (tokens).
+    pub tokens: u64,
+}
+
+/// LLM goodput over a run, per class and overall.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LlmGoodputSummary {
+    /// Elapsed seconds the rates are over.
+    pub elapsed_s: f64,
+    /// Per class (`ls`, `ds`, `cp`, `be`).
+    pub classes: BTreeMap<String, ClassGoodput>,
+    /// Token goodput: Σ G / elapsed (tokens/s).
+    pub token_goodput: f64,
+    /// Request goodput: requests that met their SLO per second.
+    pub request_goodput: f64,
+}
+
+impl LlmGoodputSummary {
+    /// The same totals as rates over `elapsed_s` seconds instead (to compare runs over
+    /// a common window, e.g. the arrival window, whatever their drain times).
+    pub fn over(&self, elapsed_s: f64) -> Self {
+        let per_s = |x: u64| if elapsed_s > 0.0 { x as f64 / elapsed_s } else { 0.0 };
+        Self {
+            elapsed_s,
+            classes: self.classes.clone(),
+            token_goodput: per_s(self.classes.values().map(|g| g.tokens).sum()),
+            request_goodput: per_s(self.classes.values().map(|g| g.met).sum()),
+        }
+    }
+}
+
+/// Incremental LLM goodput accounting; inactive until streams are given.
+#[derive(Debug, Clone, Default)]
+pub struct LlmGoodput {
+    /// Class of each stream; empty: inactive.
+    classes: Vec<ServiceClass>,
+    tbt_ns: u64,
+    live: HashMap<u64, Tracked>,
+    totals: BTreeMap<ServiceClass, ClassGoodput>,
+}
+
+/// The short name of a class in reports.
+pub fn class_name(class: ServiceClass) -> &'static str {
+    match class {
+        ServiceClass::Latency => "ls",
+        ServiceClass::Deadline => "ds",
+        ServiceClass::Compound => "cp",
+        ServiceClass::BestEffort => "be",
+    }
+}
+
+impl LlmGoodput {
+    /// Start tracking requests of streams named `stream_names` (by stream id), with
+    /// LS tokens due every `tbt_ns`.
+    pub fn activate(&mut self, stream_names: &[&str], tbt_ns: u64) {
+        self.classes = stream_names.iter().map(|n| ServiceClass::from_stream_name(n)).collect();
+        self.tbt_ns = tbt_ns;
+    }
+
+    /// Whether requests are tracked.
+    pub fn is_active(&self) -> bool {
+        !self.classes.is_empty()
+    }
+
+    /// A request was submitted.
+    pub fn submitted(&mut self, id: u64, stream: u32, sent_at: u64, deadline: u64, input: u32) {
+        let Some(&class) = self.classes.get(stream as usize) else { return };
+        self.live.insert(id, Tracked { class, sent_at, deadline, input, on_time_tokens: 0, late_tokens: 0 });
+    }
+
+    /// A frame (of `steps` decode steps, `duration` ns, started at `started`) emitted
+    /// `count` tokens of request `id`, which had emitted `before` tokens.
+    pub fn tokens_emitted(&mut self, id: u64, started: u64, duration: u64, steps: u32, before: u32, count: u32) {
+        let tbt = self.tbt_ns;
+        let Some(t) = self.live.get_mut(&id) else { return };
+        if t.class != ServiceClass::Latency {
+            return;
+        }
+        let steps = steps.max(count).max(1) as u64;
+        let ttft = t.deadline.saturating_sub(t.sent_at);
+        for k in 0..count as u64 {
+            let emitted = started + (k + 1) * duration / steps;
+            let due = t.sent_at + ttft + (before as u64 + k) * tbt;
+            if emitted <= due {
+                t.on_time_tokens += 1;
+            } else {
+                t.late_tokens += 1;
+            }
+        }
+    }
+
+    /// A request ended (`tokens` = its output tokens).
+    pub fn ended(&mut self, end: &RequestEnd) {
+        let Some(t) = self.live.remove(&end.id) else { return };
+        let completed = matches!(end.outcome, Outcome::Completed);
+        let (goodput, met) = match t.class {
+            ServiceClass::Latency => (t.on_time_tokens, completed && t.late_tokens == 0 && t.on_time_tokens > 0),
+            _ => {
+                let met = completed && end.ended_at <= t.deadline;
+                (if met { t.input as u64 + end.tokens as u64 } else { 0 }, met)
+            }
+        };
+        let totals = self.totals.entry(t.class).or_default();
+        totals.requests += 1;
+        totals.met += met as u64;
+        totals.tokens += goodput;
+    }
+
+    /// The summary over `elapsed_s` seconds.
+    pub fn summary(&self, elapsed_s: f64) -> LlmGoodputSummary {
+        let per_s = |x: u64| if elapsed_s > 0.0 { x as f64 / elapsed_s } else { 0.0 };
+        LlmGoodputSummary {
+            elapsed_s,
+            classes: self.totals.iter().map(|(c, g)| (class_name(*c).to_string(), g.clone())).collect(),
+            token_goodput: per_s(self.totals.values().map(|g| g.tokens).sum()),
+            request_goodput: per_s(self.totals.values().map(|g| g.met).sum()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    fn end(id: u64, ended_at: u64, tokens: u32, outcome: Outcome) -> RequestEnd {
+        RequestEnd { id, stream: 0, sent_at: 0, ended_at, deadline: 0, outcome, tokens, accuracy: 1.0, queue_delay: 0 }
+    }
+
+    fn goodput() -> LlmGoodput {
+        let mut g = LlmGoodput::default();
+        g.activate(&["ls", "ds", "be"], 100 * MS);
+        g
+    }
+
+    #[test]
+    fn ls_counts_the_tokens_emitted_on_their_timeline() {
+        let mut g = goodput();
+        // TTFT 2 s: token j due at 2 s + j·100 ms.
+        g.submitted(1, 0, 0, 2000 * MS, 50);
+        // A frame of 10 steps from 1.9 s to 2.9 s: token k emitted at 2.0 + 0.1k ≤ due.
+        g.tokens_emitted(1, 1900 * MS, 1000 * MS, 10, 0, 10);
+        // Next frame, 10 steps at 2.9 s .. 4.9 s: token 10+k at 3.1 + 0.2k vs due 3.0 + 0.1k: late.
+        g.tokens_emitted(1, 2900 * MS, 2000 * MS, 10, 10, 10);
+        g.ended(&end(1, 4900 * MS, 20, Outcome::Completed));
+        let s = g.summary(10.0);
+        assert_eq!(s.classes["ls"], ClassGoodput { requests: 1, met: 0, tokens: 10 });
+        assert!((s.token_goodput - 1.0).abs() < 1e-12);
+        assert!((s.over(5.0).token_goodput - 2.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn ds_earns_input_and_output_only_by_its_deadline_and_drops_earn_nothing() {
+        let mut g = goodput();
+        g.submitted(1, 1, 0, 20_000 * MS, 100);
+        g.submitted(2, 1, 0, 20_000 * MS, 100);
+        g.submitted(3, 2, 0, 60_000 * MS, 100);
+        g.submitted(4, 0, 0, 2000 * MS, 100);
+        g.ended(&end(1, 19_000 * MS, 30, Outcome::Completed));
+        g.ended(&end(2, 21_000 * MS, 30, Outcome::Completed));
+        g.ended(&end(3, 1000 * MS, 0, Outcome::Dropped { reason: "x".into() }));
+        // A dropped LS request keeps the tokens it delivered on time.
+        g.tokens_emitted(4, 0, 2000 * MS, 10, 0, 3);
+        g.ended(&end(4, 2000 * MS, 3, Outcome::Dropped { reason: "x".into() }));
+        let s = g.summary(1.0);
+        assert_eq!(s.classes["ds"], ClassGoodput { requests: 2, met: 1, tokens: 130 });
+        assert_eq!(s.classes["be"], ClassGoodput { requests: 1, met: 0, tokens: 0 });
+        assert_eq!(s.classes["ls"], ClassGoodput { requests: 1, met: 0, tokens: 3 });
+        assert_eq!(s.request_goodput, 1.0);
+    }
+}

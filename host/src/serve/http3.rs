@@ -1,0 +1,109 @@
+//! The HTTP/3 front end (quinn + h3) over TLS 1.3: every request goes to
+//! [`Api::handle`], exactly as over HTTP/1.1.
+
+use std::sync::Arc;
+
+use anyhow::{anyhow, Result};
+use bytes::{Buf, Bytes, BytesMut};
+use quinn::crypto::rustls::QuicServerConfig;
+use tokio::sync::watch;
+
+use super::api::{Api, ApiRequest, ApiResponse};
+use super::tls::Identity;
+
+/// The ALPN protocol of HTTP/3.
+pub const ALPN: &[u8] = b"h3";
+
+/// A QUIC endpoint for HTTP/3 on `address`.
+pub fn endpoint(identity: &Identity, address: std::net::SocketAddr) -> Result<quinn::Endpoint> {
+    let tls = identity.server_config(&[ALPN])?;
+    let crypto = QuicServerConfig::try_from(tls).map_err(|e| anyhow!("QUIC TLS configuration: {e}"))?;
+    let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+    let mut transport = quinn::TransportConfig::default();
+    transport.max_concurrent_bidi_streams(1024u32.into());
+    config.transport_config(Arc::new(transport));
+    quinn::Endpoint::server(config, address).map_err(|e| anyhow!("binding HTTP/3 on {address}: {e}"))
+}
+
+/// Serve `api` on `endpoint` until `shutdown` turns true.
+pub async fn serve(endpoint: quinn::Endpoint, api: Arc<Api>, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        let incoming = tokio::select! {
+            incoming = endpoint.accept() => incoming,
+            _ = shutdown.changed() => break,
+        };
+        let Some(incoming) = incoming else { break };
+        let api = api.clone();
+        tokio::spawn(async move {
+            match incoming.await {
+                Ok(connection) => {
+                    if let Err(error) = serve_connection(connection, api).await {
+                        tracing::debug!("HTTP/3 connection: {error}");
+                    }
+                }
+                Err(error) => tracing::debug!("HTTP/3 handshake: {error}"),
+            }
+        });
+    }
+    endpoint.close(0u32.into(), b"shutting down");
+}
+
+async fn serve_connection(connection: quinn::Connection, api: Arc<Api>) -> Result<()> {
+    let mut h3 = h3::server::Connection::<_, Bytes>::new(h3_quinn::Connection::new(connection))
+        .await
+        .map_err(|e| anyhow!("HTTP/3 setup: {e}"))?;
+    loop {
+        match h3.accept().await {
+            Ok(Some(resolver)) => {
+                let api = api.clone();
+                tokio::spawn(async move {
+                    let Ok((request, mut stream)) = resolver.resolve_request().await else { return };
+                    let response = read_and_answer(&api, request, &mut stream).await;
+                    let mut head = http::Response::new(());
+                    *head.status_mut() = response.status;
+                    *head.headers_mut() = response.headers;
+                    if stream.send_response(head).await.is_ok() {
+                        if !response.body.is_empty() {
+                            let _ = stream.send_data(response.body).await;
+                        }
+                        let _ = stream.finish().await;
+                    }
+                });
+            }
+            Ok(None) => return Ok(()),
+            Err(error) => return Err(anyhow!("{error}")),
+        }
+    }
+}
+
+async fn read_and_answer<S>(api: &Api, request: http::Request<()>, stream: &mut h3::server::RequestStream<S, Bytes>) -> ApiResponse
+where
+    S: h3::quic::BidiStream<Bytes>,
+{
+    let mut body = BytesMut::new();
+    loop {
+        match stream.recv_data().await {
+            Ok(Some(mut chunk)) => {
+                if body.len() + chunk.remaining() > api.max_body() {
+                    return ApiResponse::error_response(
+                        http::StatusCode::PAYLOAD_TOO_LARGE,
+                        &format!("body exceeds the limit of {} bytes", api.max_body()),
+                    );
+                }
+                while chunk.has_remaining() {
+                    let piece = chunk.chunk();
+                    body.extend_from_slice(piece);
+                    let n = piece.len();
+                    chunk.advance(n);
+                }
+            }
+            Ok(None) => break,
+            Err(error) => {
+                return ApiResponse::error_response(http::StatusCode::BAD_REQUEST, &format!("reading the request body: {error}"))
+            }
+        }
+    }
+    let (parts, ()) = request.into_parts();
+    api.handle(ApiRequest { method: parts.method, path: parts.uri.path().to_string(), headers: parts.headers, body: body.freeze() })
+        .await
+}

@@ -1,0 +1,209 @@
+//! The Prometheus text exposition of a serving engine: requests by outcome, latency
+//! and queueing summaries, goodput, accelerator time, and the policy arm's counters
+//! (calls, decision time, fuel, faults, fallbacks, rejected actions), every series
+//! labelled by the arm. Rendered on scrape from the engine's own accounting, so the
+//! numbers are the ones the simulator reports (one definition of every metric).
+
+use std::fmt::Write as _;
+
+use crate::engine::EngineStats;
+use crate::metrics::{Percentiles, Stats, Summary};
+use crate::policy::ArmStats;
+
+/// What one arm's metrics are rendered from.
+pub struct ArmMetrics<'a> {
+    /// The arm's name (the `arm` label).
+    pub arm: &'a str,
+    /// Stream names, by stream index.
+    pub streams: &'a [String],
+    /// The accounting's summary.
+    pub summary: &'a Summary,
+    /// The policy arm's counters.
+    pub policy: &'a ArmStats,
+    /// The engine's counters.
+    pub engine: &'a EngineStats,
+}
+
+/// Writes metric families, each with its HELP and TYPE lines once.
+#[derive(Default)]
+pub struct Exposition {
+    text: String,
+    declared: Vec<&'static str>,
+}
+
+impl Exposition {
+    /// A new, empty exposition.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn declare(&mut self, name: &'static str, kind: &str, help: &str) {
+        if !self.declared.contains(&name) {
+            self.declared.push(name);
+            let _ = writeln!(self.text, "# HELP {name} {help}");
+            let _ = writeln!(self.text, "# TYPE {name} {kind}");
+        }
+    }
+
+    /// One sample of `name` (declared with `kind` and `help` the first time).
+    pub fn sample(&mut self, name: &'static str, kind: &str, help: &str, labels: &[(&str, &str)], value: f64) {
+        self.declare(name, kind, help);
+        self.write_sample(name, "", labels, value);
+    }
+
+    fn write_sample(&mut self, name: &str, suffix: &str, labels: &[(&str, &str)], value: f64) {
+        self.text.push_str(name);
+        self.text.push_str(suffix);
+        if !labels.is_empty() {
+            self.text.push('{');
+            for (i, (key, value)) in labels.iter().enumerate() {
+                if i > 0 {
+                    self.text.push(',');
+                }
+                let _ = write!(self.text, "{key}=\"{}\"", escape(value));
+            }
+            self.text.push('}');
+        }
+        let _ = writeln!(self.text, " {}", number(value));
+    }
+
+    /// A summary in seconds from nanosecond percentiles and a count.
+    pub fn summary(&mut self, name: &'static str, help: &str, labels: &[(&str, &str)], p: &Percentiles, count: u64) {
+        self.declare(name, "summary", help);
+        for (q, v) in [("0.5", p.p50), ("0.9", p.p90), ("0.95", p.p95), ("0.99", p.p99)] {
+            let mut with_quantile = labels.to_vec();
+            with_quantile.push(("quantile", q));
+            self.write_sample(name, "", &with_quantile, v as f64 / 1e9);
+        }
+        self.write_sample(name, "_sum", labels, p.mean * count as f64 / 1e9);
+        self.write_sample(name, "_count", labels, count as f64);
+    }
+
+    /// The text.
+    pub fn finish(self) -> String {
+        self.text
+    }
+}
+
+fn escape(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+fn number(value: f64) -> String {
+    if value.is_nan() {
+        "NaN".into()
+    } else if value.is_infinite() {
+        if value > 0.0 { "+Inf".into() } else { "-Inf".into() }
+    } else {
+        format!("{value}")
+    }
+}
+
+/// Add one arm's metrics to `out`.
+pub fn render_arm(out: &mut Exposition, metrics: &ArmMetrics<'_>) {
+    let arm = metrics.arm;
+    let mut groups: Vec<(String, &Stats)> = vec![("all".into(), &metrics.summary.overall)];
+    for (index, stats) in &metrics.summary.streams {
+        let name = metrics.streams.get(*index as usize).cloned().unwrap_or_else(|| index.to_string());
+        groups.push((name, stats));
+    }
+    for (stream, stats) in &groups {
+        let labels = [("arm", arm), ("stream", stream.as_str())];
+        out.sample("yardmaster_requests_arrived_total", "counter", "Requests received.", &labels, stats.arrivals as f64);
+        for (outcome, count) in [
+            ("on_time", stats.outcomes.on_time),
+            ("late", stats.outcomes.late),
+            ("dropped", stats.outcomes.dropped),
+            ("failed", stats.outcomes.failed),
+        ] {
+            let labels = [("arm", arm), ("stream", stream.as_str()), ("outcome", outcome)];
+            out.sample("yardmaster_requests_ended_total", "counter", "Requests ended, by outcome.", &labels, count as f64);
+        }
+        out.summary(
+            "yardmaster_request_latency_seconds",
+            "End-to-end latency of completed requests.",
+            &labels,
+            &stats.latency,
+            stats.completed,
+        );
+        out.summary(
+            "yardmaster_queue_delay_seconds",
+            "Time completed requests spent queued, over every stage.",
+            &labels,
+            &stats.queue_delay,
+            stats.completed,
+        );
+        out.sample("yardmaster_goodput_requests_per_second", "gauge", "Requests completed within their SLO per second since start.", &labels, stats.goodput);
+        out.sample("yardmaster_token_goodput_per_second", "gauge", "Tokens of on-time requests per second since start.", &labels, stats.token_goodput);
+        out.sample("yardmaster_slo_attainment_ratio", "gauge", "On-time requests over ended requests.", &labels, stats.slo_attainment);
+        out.sample("yardmaster_accelerator_seconds_total", "counter", "Worker time spent on batches.", &labels, stats.accelerator_s);
+        out.sample(
+            "yardmaster_invalid_accelerator_seconds_total",
+            "counter",
+            "Worker time spent on requests that were dropped or finished late.",
+            &labels,
+            stats.invalid_s,
+        );
+    }
+    let labels = [("arm", arm)];
+    let policy = metrics.policy;
+    out.sample("yardmaster_policy_calls_total", "counter", "Calls into the policy.", &labels, policy.calls as f64);
+    out.sample("yardmaster_policy_events_total", "counter", "Events delivered to the policy.", &labels, policy.events as f64);
+    out.sample(
+        "yardmaster_policy_decision_seconds_total",
+        "counter",
+        "Time spent inside policy calls.",
+        &labels,
+        policy.call_time.as_secs_f64(),
+    );
+    out.sample(
+        "yardmaster_policy_decision_max_seconds",
+        "gauge",
+        "Longest policy call so far.",
+        &labels,
+        policy.max_call_time.as_secs_f64(),
+    );
+    out.sample("yardmaster_policy_fuel_total", "counter", "Fuel the policy consumed (simulation mode).", &labels, policy.fuel as f64);
+    out.sample("yardmaster_policy_fallbacks_total", "counter", "Times the arm fell back after a fault.", &labels, policy.fallbacks as f64);
+    out.sample("yardmaster_policy_reloads_total", "counter", "Times the arm reloaded its policy.", &labels, policy.reloads as f64);
+    for (kind, count) in &policy.faults {
+        out.sample("yardmaster_policy_faults_total", "counter", "Policy faults (traps, timeouts, memory), by kind.", &[("arm", arm), ("kind", kind)], *count as f64);
+    }
+    for (kind, count) in &policy.accepted {
+        out.sample("yardmaster_policy_actions_accepted_total", "counter", "Policy actions applied, by kind.", &[("arm", arm), ("kind", kind)], *count as f64);
+    }
+    for (reason, count) in &policy.rejected {
+        out.sample(
+            "yardmaster_policy_actions_rejected_total",
+            "counter",
+            "Policy actions refused by validation, by reason.",
+            &[("arm", arm), ("reason", reason)],
+            *count as f64,
+        );
+    }
+    let engine = metrics.engine;
+    out.sample("yardmaster_batches_total", "counter", "Batches started on workers.", &labels, engine.jobs as f64);
+    out.sample("yardmaster_preemptions_total", "counter", "Running batches preempted.", &labels, engine.preemptions as f64);
+    out.sample("yardmaster_expired_total", "counter", "Requests the host expired past their deadline.", &labels, engine.expired as f64);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn families_are_declared_once_and_labels_escaped() {
+        let mut out = Exposition::new();
+        out.sample("m_total", "counter", "Help.", &[("a", "x\"y")], 1.0);
+        out.sample("m_total", "counter", "Help.", &[("a", "z")], 2.5);
+        let p = Percentiles { mean: 2e6, p50: 1_000_000, p90: 2_000_000, p95: 3_000_000, p99: 4_000_000, max: 5_000_000 };
+        out.summary("lat_seconds", "Latency.", &[("arm", "main")], &p, 10);
+        let text = out.finish();
+        assert_eq!(text.matches("# TYPE m_total counter").count(), 1);
+        assert!(text.contains("m_total{a=\"x\\\"y\"} 1\n"), "{text}");
+        assert!(text.contains("m_total{a=\"z\"} 2.5\n"));
+        assert!(text.contains("lat_seconds{arm=\"main\",quantile=\"0.99\"} 0.004\n"), "{text}");
+        assert!(text.contains("lat_seconds_sum{arm=\"main\"} 0.02\n"), "{text}");
+        assert!(text.contains("lat_seconds_count{arm=\"main\"} 10\n"));
+    }
+}

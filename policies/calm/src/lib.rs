@@ -1,0 +1,346 @@
+//! `calm`: Concord's Criticality-Aware Length Matching scheduler for LLM serving
+//! (Z. Wu, UIUC 2025; spec `calm.md`).
+//!
+//! Every frame boundary of an iteration-level worker, each request it could run is
+//! analysed ([`analyze`]): a conservative upper bound of its remaining output
+//! ([`predict`], a conditional quantile learned online from finished requests and
+//! refined as tokens are generated) gives the compute it still needs, hence its
+//! minimum serving bandwidth, its quota for the frame and its priority P = goodput /
+//! remaining generation time, inflated for every frame it went unserved. The frame
+//! plan ([`plan`]) keeps the requests within a factor p of the capacity cut-off,
+//! picks the input-length window with the highest summed priority, evicts resident
+//! sequences for it only under the guard (much higher goodput, gain above the
+//! stall), and tops up idle slots. Requests not admitted within `waiting_time`, and
+//! deadline requests past their deadline, are dropped.
+//!
+//! Service classes come from the stream names (see
+//! [`yardmaster_sdk::ServiceClass`]): for a latency-sensitive stream the request's
+//! deadline is its first-token deadline and tokens are then due every `tbt_ms`.
+
+pub mod analyze;
+pub mod params;
+pub mod plan;
+pub mod predict;
+pub mod tune;
+#[cfg(test)]
+mod testing;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+
+use yardmaster_sdk::helpers::{BatchStageFifo, FramePlan, LlmBook, LlmRequest, Residence, ServiceClass};
+use yardmaster_sdk::{Ctx, DropReason, EndReason, EvictMode, FrameReport, Policy, Request, RequestId, Snapshot, StageKind, WorkerId};
+
+use analyze::{analyze, RequestView, WorkerRates};
+use params::{EvictChoice, Params};
+use plan::{plan_frame, Candidate, FrameSetting, Selection};
+use predict::{Bound, LengthPredictor, LengthQuery};
+use tune::PTuner;
+
+/// Decode-step time assumed when the host has neither a profile nor a measurement.
+const FALLBACK_STEP_NS: f64 = 20e6;
+
+/// What CALM keeps per live request beyond the shared book.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Tracking {
+    bound: Option<Bound>,
+    multiplier: f64,
+    frames_unserved: u32,
+    aged_at: u64,
+}
+
+/// The CALM policy.
+pub struct Calm {
+    params: Params,
+    book: LlmBook,
+    predictor: LengthPredictor,
+    tracking: BTreeMap<RequestId, Tracking>,
+    /// Δ as the host runs it (its frame reports), the parameter until then.
+    frame_steps: u32,
+    /// The last plan per worker (for tests and telemetry).
+    last_plan: BTreeMap<WorkerId, Selection>,
+    /// The online tuner of p (when `p_tune`).
+    tuner: Option<PTuner>,
+    /// Requests of batch (non-LLM) stages, served first come first served.
+    batch_stages: BatchStageFifo,
+}
+
+impl Calm {
+    /// The last frame plan made for `worker`.
+    pub fn last_plan(&self, worker: WorkerId) -> Option<&Selection> {
+        self.last_plan.get(&worker)
+    }
+
+    /// The current bound L̂ of a request.
+    pub fn bound(&self, id: RequestId) -> Option<u32> {
+        self.tracking.get(&id).and_then(|t| t.bound).map(|b| b.tokens)
+    }
+
+    /// The shared request table.
+    pub fn book(&self) -> &LlmBook {
+        &self.book
+    }
+
+    /// The cut-off p in force.
+    pub fn p(&self) -> f64 {
+        self.tuner.as_ref().map_or(self.params.p, PTuner::p)
+    }
+
+    /// Credit the tuner with the goodput a frame delivered within SLOs (the policy's
+    /// own estimate, from the frame's timing).
+    fn credit_frame(&mut self, frame: &FrameReport, now: u64) {
+        let Some(tuner) = self.tuner.as_mut() else { return };
+        let started = now.saturating_sub(frame.duration);
+        for s in &frame.sequences {
+            let Some(r) = self.book.get(s.id) else { continue };
+            let new = s.generated.saturating_sub(r.generated);
+            match r.class {
+                ServiceClass::Latency => {
+                    let steps = frame.steps.max(new).max(1) as u64;
+                    let on_time = (0..new as u64)
+                        .filter(|k| {
+                            let emitted = started + (k + 1) * frame.duration / steps;
+                            emitted <= r.deadline + (r.generated as u64 + k) * self.params.tbt_ns
+                        })
+                        .count();
+                    tuner.credit(self.params.omega_out * on_time as f64);
+                }
+                _ if s.finished && now <= r.deadline => {
+                    tuner.credit(self.params.omega_in * r.prompt as f64 + self.params.omega_out * s.generated as f64);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn rates(&self, ctx: &Ctx, worker: WorkerId) -> WorkerRates {
+        let batch = ctx.worker(worker).map_or(1, |w| ctx.batch_limit(w.info.stage));
+        let profiled = ctx.batch_latency(worker, batch) as f64;
+        let step_ns = self.book.step_ns(worker).unwrap_or(if profiled > 0.0 { profiled } else { FALLBACK_STEP_NS });
+        WorkerRates { step_s: step_ns / 1e9, frame_steps: self.frame_steps }
+    }
+
+    /// Seconds of stall if a resident sequence were evicted, and the mode.
+    fn eviction_cost(&self, request: &LlmRequest) -> (f64, EvictMode) {
+        let bytes = self.book.kv_bytes(request.context()) as f64;
+        let swap = bytes * self.params.swap_ns_per_byte / 1e9;
+        let recompute = request.context() as f64 * self.params.prefill_ns_per_token / 1e9;
+        match self.params.evict {
+            EvictChoice::Fixed(EvictMode::Swap) => (swap, EvictMode::Swap),
+            EvictChoice::Fixed(EvictMode::Recompute) => (recompute, EvictMode::Recompute),
+            EvictChoice::Auto if swap < recompute => (swap, EvictMode::Swap),
+            EvictChoice::Auto => (recompute, EvictMode::Recompute),
+        }
+    }
+
+    /// F3: the drops due now among `worker`'s candidates (or every non-resident
+    /// request when `worker` is `None`).
+    fn due_drops(&self, now: u64, worker: Option<WorkerId>) -> Vec<(RequestId, DropReason)> {
+        let mut drops = Vec::new();
+        for r in self.book.iter() {
+            let eligible = match (r.residence, worker) {
+                (Residence::Resident(w), Some(worker)) => w == worker,
+                (Residence::Resident(_), None) => false,
+                _ => true,
+            };
+            if !eligible {
+                continue;
+            }
+            if !r.admitted && now.saturating_sub(r.sent_at) >= self.params.waiting_time_ns {
+                drops.push((r.id, DropReason::Overload));
+            } else if self.params.drop_expired
+                && matches!(r.class, ServiceClass::Deadline | ServiceClass::Compound)
+                && now > r.deadline
+            {
+                drops.push((r.id, DropReason::DeadlineUnreachable));
+            }
+        }
+        drops
+    }
+
+    /// FRAME_PLAN for an idle worker.
+    fn plan(&mut self, ctx: &mut Ctx, worker: WorkerId) {
+        let now = ctx.now();
+        let now_s = now as f64 / 1e9;
+        let Some(info) = ctx.worker(worker).map(|w| w.info) else { return };
+        let batch = ctx.batch_limit(info.stage) as usize;
+        let rates = self.rates(ctx, worker);
+        let drops = self.due_drops(now, Some(worker));
+        let mut candidates = Vec::new();
+        for r in self.book.candidates(worker, info.stage) {
+            if drops.iter().any(|(id, _)| *id == r.id) {
+                continue;
+            }
+            let Some(track) = self.tracking.get_mut(&r.id) else { continue };
+            let query = LengthQuery { class: r.class, prompt: r.prompt, generated: r.generated, hint: r.expected_tokens };
+            let bound = self.predictor.bound(query, track.bound, track.multiplier);
+            track.bound = Some(bound);
+            let resident = r.residence == Residence::Resident(worker);
+            let restore_s = match r.residence {
+                Residence::Evicted(EvictMode::Swap) => {
+                    self.book.kv_bytes(r.context()) as f64 * self.params.swap_ns_per_byte / 1e9
+                }
+                _ => 0.0,
+            };
+            let view = RequestView {
+                class: r.class,
+                arrival_s: r.sent_at as f64 / 1e9,
+                deadline_s: r.deadline as f64 / 1e9,
+                prompt: r.prompt,
+                generated: r.generated,
+                bound: bound.tokens,
+                prefill: r.prefill_tokens(),
+                restore_s,
+                frames_unserved: track.frames_unserved,
+            };
+            let analysis = analyze(&view, now_s, rates, &self.params);
+            let (stall_s, evict_mode) = self.eviction_cost(r);
+            candidates.push(Candidate {
+                id: r.id,
+                key: r.prompt,
+                arrival: r.sent_at,
+                resident,
+                held: if resident { self.book.kv_bytes(r.context()) } else { 0 },
+                footprint: self.book.kv_bytes(r.context() + rates.frame_steps),
+                analysis,
+                stall_s,
+                evict_mode,
+            });
+        }
+        let residents = candidates.iter().filter(|c| c.resident).count().max(1);
+        let setting = FrameSetting {
+            batch,
+            kv_capacity: info.memory_bytes,
+            p: self.p(),
+            packing: self.params.packing,
+            delta_pre: self.params.delta_pre,
+            frame_s: rates.frame_s(),
+            token_rate: residents.min(batch) as f64 / rates.step_s.max(1e-9),
+        };
+        let selection = plan_frame(&candidates, &setting);
+        // F11: aging of every candidate left out, once per elapsed frame.
+        let frame_ns = (rates.frame_s() * 1e9) as u64;
+        for c in &candidates {
+            if selection.run.iter().any(|(id, _)| *id == c.id) {
+                continue;
+            }
+            if let Some(track) = self.tracking.get_mut(&c.id) {
+                if now.saturating_sub(track.aged_at) >= frame_ns {
+                    track.frames_unserved += 1;
+                    track.aged_at = now;
+                }
+            }
+        }
+        let plan = FramePlan {
+            drop: drops,
+            evict: selection.evict.clone(),
+            run: selection.run.iter().map(|(id, _)| *id).collect(),
+        };
+        for (id, _) in &plan.drop {
+            self.tracking.remove(id);
+        }
+        self.book.apply(ctx, worker, plan);
+        self.last_plan.insert(worker, selection);
+    }
+}
+
+impl Policy for Calm {
+    fn init(ctx: &mut Ctx) -> Result<Self, String> {
+        let params = Params::from_ctx(ctx)?;
+        Ok(Self {
+            book: LlmBook::new(ctx, params.kv_bytes_per_token, params.alpha_v),
+            predictor: LengthPredictor::new(&params),
+            tracking: BTreeMap::new(),
+            frame_steps: params.frame_steps,
+            last_plan: BTreeMap::new(),
+            batch_stages: BatchStageFifo::default(),
+            tuner: params.p_tune.then(|| PTuner::new(params.p, params.tune_epoch_frames, params.tune_epsilon, 0.3)),
+            params,
+        })
+    }
+
+    fn on_arrival(&mut self, ctx: &mut Ctx, request: Request) {
+        if BatchStageFifo::is_batch_stage(ctx, request.stage) {
+            self.batch_stages.push(&request);
+            return;
+        }
+        if !self.book.arrive(&request) {
+            return;
+        }
+        let now = ctx.now();
+        let class = self.book.class_of(request.stream);
+        if class == ServiceClass::BestEffort {
+            if let Some(r) = self.book.get_mut(request.id) {
+                r.deadline = r.sent_at.saturating_add(self.params.be_deadline_ns);
+            }
+        }
+        // A deadline request that cannot finish even its prefill and one step: drop now.
+        if matches!(class, ServiceClass::Deadline | ServiceClass::Compound) {
+            let step = ctx.workers().filter_map(|w| self.book.step_ns(w.info.id)).fold(f64::INFINITY, f64::min);
+            let step = if step.is_finite() { step } else { 0.0 };
+            let minimum = request.input_size as f64 * self.params.prefill_ns_per_token + step;
+            if (request.deadline.saturating_sub(now) as f64) < minimum {
+                self.book.remove(request.id);
+                ctx.drop_request(request.id, DropReason::DeadlineUnreachable);
+                return;
+            }
+        }
+        let multiplier = self.predictor.draw_multiplier(ctx.host().random());
+        let query = LengthQuery { class, prompt: request.input_size, generated: 0, hint: request.expected_tokens };
+        let bound = self.predictor.bound(query, None, multiplier);
+        if let Some(tuner) = self.tuner.as_mut() {
+            let input = if class == ServiceClass::Latency { 0.0 } else { self.params.omega_in * request.input_size as f64 };
+            tuner.offer(input + self.params.omega_out * bound.tokens as f64);
+        }
+        self.tracking.insert(request.id, Tracking { bound: Some(bound), multiplier, frames_unserved: 0, aged_at: now });
+    }
+
+    fn on_frame(&mut self, ctx: &mut Ctx, frame: FrameReport) {
+        if frame.steps > 0 {
+            self.frame_steps = frame.steps;
+        }
+        self.credit_frame(&frame, ctx.now());
+        if self.tuner.is_some() {
+            let uniform = |word: u64| (word >> 11) as f64 / (1u64 << 53) as f64;
+            let (explore, pick) = (uniform(ctx.host().random()), uniform(ctx.host().random()));
+            if let Some(tuner) = self.tuner.as_mut() {
+                tuner.frame_done(explore, pick);
+            }
+        }
+        for finished in self.book.frame(&frame) {
+            self.predictor.observe(finished.class, finished.prompt, finished.output);
+            self.tracking.remove(&finished.id);
+        }
+    }
+
+    fn on_request_ended(&mut self, _ctx: &mut Ctx, request: RequestId, _reason: EndReason) {
+        self.book.remove(request);
+        self.tracking.remove(&request);
+        self.batch_stages.remove(request);
+    }
+
+    fn on_tick(&mut self, ctx: &mut Ctx, _snapshot: Snapshot) {
+        // The timeout sweep for requests no worker planned lately.
+        let drops = self.due_drops(ctx.now(), None);
+        for (id, reason) in drops {
+            self.book.remove(id);
+            self.tracking.remove(&id);
+            ctx.drop_request(id, reason);
+        }
+    }
+
+    fn on_events_done(&mut self, ctx: &mut Ctx) {
+        self.batch_stages.dispatch_idle(ctx);
+        let stages: Vec<u32> =
+            ctx.config().stages.iter().filter(|s| s.kind == StageKind::Iteration).map(|s| s.id).collect();
+        for stage in stages {
+            let idle: Vec<WorkerId> = ctx.idle_workers(stage).collect();
+            for worker in idle {
+                self.plan(ctx, worker);
+            }
+        }
+    }
+}
+
+yardmaster_sdk::export_policy!(Calm);

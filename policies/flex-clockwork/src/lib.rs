@@ -1,0 +1,240 @@
+//! `flex-clockwork`: the Clockwork-like baseline of SHEPHERD's evaluation (spec §6): one
+//! central scheduler over every worker, one deadline-ordered queue per model, never
+//! preempting. An idle worker first drops the requests that cannot finish even alone,
+//! then, for each model, takes the largest allowed batch size (`1, 2, 4, …, max_batch`)
+//! that fits the queue and the head's deadline, and runs the model whose batch must
+//! start soonest (the least slack `d_head − l(b)`; ties → lower model index) — the
+//! order of Clockwork's strategy queue. Workers keep every model resident and switch
+//! per batch (see [`yardmaster_sdk::helpers::models`]).
+//!
+//! Parameters: `max_batch` (128), `power_of_two_batches` (true: only sizes
+//! 1, 2, 4, …; false: any size).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use yardmaster_sdk::helpers::ModelCatalog;
+use yardmaster_sdk::{Ctx, DropReason, EndReason, Instant, Policy, Request, RequestId, WorkerId};
+
+/// Queue order: (deadline, arrival, id).
+type Key = (Instant, Instant, RequestId);
+
+/// The Clockwork-like scheduler.
+pub struct Clockwork {
+    catalog: ModelCatalog,
+    max_batch: u32,
+    power_of_two: bool,
+    /// Per model: queued requests.
+    queues: BTreeMap<usize, BTreeSet<Key>>,
+    /// Where each queued request sits.
+    where_queued: HashMap<RequestId, (usize, Key)>,
+}
+
+impl Clockwork {
+    /// The batch sizes Clockwork may run, ascending, up to `limit`.
+    fn allowed(&self, limit: u32) -> impl Iterator<Item = u32> {
+        let power_of_two = self.power_of_two;
+        (1..=limit).filter(move |b| !power_of_two || b.is_power_of_two())
+    }
+
+    /// The next batch for an idle worker of `stage`: (model, requests).
+    fn choose(&mut self, ctx: &mut Ctx, stage: u32) -> Option<(usize, Vec<RequestId>)> {
+        let now = ctx.now();
+        let mut best: Option<(Instant, usize, u32)> = None;
+        let models: Vec<usize> = self.queues.keys().copied().filter(|&m| self.catalog.get(m).stage == stage).collect();
+        for model in models {
+            let info = self.catalog.get(model).clone();
+            let queue = self.queues.get_mut(&model).expect("queue");
+            // Drop what cannot finish even alone.
+            while let Some(&head) = queue.first() {
+                if now + info.latency(1) <= head.0 {
+                    break;
+                }
+                queue.pop_first();
+                self.where_queued.remove(&head.2);
+                ctx.drop_request(head.2, DropReason::DeadlineUnreachable);
+            }
+            let Some(&head) = queue.first() else { continue };
+            let limit = self.max_batch.min(info.max_batch).min(queue.len() as u32);
+            let size = self
+                .allowed(limit)
+                .filter(|&b| now + info.latency(b) <= head.0)
+                .last()
+                .unwrap_or(1);
+            let latest_start = head.0 - info.latency(size);
+            if best.is_none_or(|(s, m, _)| (latest_start, model) < (s, m)) {
+                best = Some((latest_start, model, size));
+            }
+        }
+        let (_, model, size) = best?;
+        let queue = self.queues.get_mut(&model).expect("queue");
+        let batch: Vec<RequestId> = (0..size).filter_map(|_| queue.pop_first()).map(|k| k.2).collect();
+        for id in &batch {
+            self.where_queued.remove(id);
+        }
+        Some((model, batch))
+    }
+}
+
+impl Policy for Clockwork {
+    fn init(ctx: &mut Ctx) -> Result<Self, String> {
+        let catalog = ModelCatalog::from_config(ctx.config());
+        let max_batch: u32 = ctx.param_or("max_batch", 128)?;
+        if max_batch == 0 {
+            return Err("parameter `max_batch` must be at least 1".into());
+        }
+        let queues = (0..catalog.len()).map(|m| (m, BTreeSet::new())).collect();
+        Ok(Self {
+            catalog,
+            max_batch,
+            power_of_two: ctx.param_or("power_of_two_batches", true)?,
+            queues,
+            where_queued: HashMap::new(),
+        })
+    }
+
+    fn on_arrival(&mut self, ctx: &mut Ctx, request: Request) {
+        let Some(model) = self.catalog.model_of(request.stream, request.stage) else {
+            ctx.drop_request(request.id, DropReason::Policy);
+            return;
+        };
+        let key = (request.deadline, request.arrived_at, request.id);
+        // A handed-back request replaces its old entry.
+        if let Some((m, old)) = self.where_queued.insert(request.id, (model, key)) {
+            self.queues.entry(m).or_default().remove(&old);
+        }
+        self.queues.entry(model).or_default().insert(key);
+    }
+
+    fn on_request_ended(&mut self, _ctx: &mut Ctx, request: RequestId, _reason: EndReason) {
+        if let Some((model, key)) = self.where_queued.remove(&request) {
+            self.queues.entry(model).or_default().remove(&key);
+        }
+    }
+
+    fn on_events_done(&mut self, ctx: &mut Ctx) {
+        let idle: Vec<(WorkerId, u32)> =
+            ctx.workers().filter(|w| w.idle).map(|w| (w.info.id, w.info.stage)).collect();
+        for (worker, stage) in idle {
+            // Iteration workers continue their paused sequences first.
+            let resident: Vec<RequestId> = ctx.resident(worker).iter().map(|s| s.id).collect();
+            if !resident.is_empty() {
+                let limit = ctx.batch_limit(stage) as usize;
+                let variant = ctx.worker(worker).map(|w| w.info.variant);
+                ctx.dispatch_variant(worker, resident.into_iter().take(limit).collect(), variant);
+                continue;
+            }
+            let Some((model, batch)) = self.choose(ctx, stage) else { continue };
+            let variant = self.catalog.get(model).variant;
+            ctx.dispatch_variant(worker, batch, Some(variant));
+        }
+    }
+}
+
+yardmaster_sdk::export_policy!(Clockwork);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use yardmaster_sdk::{
+        Action, Config, DeviceKind, Driver, Event, LatencyPoint, NullHost, Stage, StageKind, Stream, Variant, Worker,
+    };
+
+    const MS: u64 = 1_000_000;
+
+    fn config() -> Config {
+        let variant = |id: u32, name: &str, alpha: u64, beta: u64| Variant {
+            id,
+            name: name.into(),
+            accuracy: 1.0,
+            profile: vec![
+                LatencyPoint { batch: 1, mean: alpha + beta, tail: alpha + beta },
+                LatencyPoint { batch: 128, mean: 128 * alpha + beta, tail: 128 * alpha + beta },
+            ],
+            memory_bytes: 0,
+            fan_out: 1.0,
+        };
+        Config {
+            arm: "t".into(),
+            stages: vec![Stage {
+                id: 0,
+                name: "infer".into(),
+                kind: StageKind::Batch,
+                successors: vec![],
+                predecessors: vec![],
+                // RN18 and RS269 (SHEPHERD's Table 4), in microseconds.
+                variants: vec![variant(0, "rn18", 220_000, 3_740_000), variant(1, "rs269", 4_370_000, 74_200_000)],
+                max_batch: 128,
+                min_replicas: 1,
+                max_replicas: 1,
+            }],
+            workers: vec![Worker { id: 0, stage: 0, variant: 0, device: DeviceKind::Gpu, threads: 1, memory_bytes: 0 }],
+            streams: vec![
+                Stream { id: 0, name: "rn18".into(), entry: 0, slo: 500 * MS },
+                Stream { id: 1, name: "rs269".into(), entry: 0, slo: 80 * MS },
+            ],
+            params: vec![],
+            tick_interval: 1_000 * MS,
+            max_workers: 1,
+            seed: 1,
+            now: 0,
+        }
+    }
+
+    fn request(id: u64, stream: u32, deadline: u64) -> Request {
+        Request {
+            id,
+            origin: id,
+            stage: 0,
+            stream,
+            sent_at: 0,
+            arrived_at: 0,
+            deadline,
+            priority: 0,
+            input_size: 0,
+            expected_tokens: 0,
+            requeues: 0,
+            tags: None,
+        }
+    }
+
+    #[test]
+    fn the_least_slack_model_runs_first_with_a_power_of_two_batch() {
+        // 128 relaxed RN18 requests and one urgent RS269 request: Clockwork runs RS269
+        // (FLEX would run the 128-wide RN18 batch).
+        let (mut driver, _) = Driver::<Clockwork>::new(config(), Box::new(NullHost::new(0, 1))).unwrap();
+        let mut events: Vec<Event> = (0..128).map(|id| Event::Arrival(request(id, 0, 500 * MS))).collect();
+        events.push(Event::Arrival(request(1000, 1, 80 * MS)));
+        events.push(Event::WorkerIdle(0));
+        let actions = driver.handle(0, events);
+        match &actions[..] {
+            [Action::Dispatch(d)] => {
+                assert_eq!(d.requests, vec![1000]);
+                assert_eq!(d.variant, Some(1));
+            }
+            other => panic!("{other:?}"),
+        }
+        // Next: RN18, the largest power of two within the queue (128).
+        let done = yardmaster_sdk::BatchOutcome { worker: 0, started_at: 0, duration: 78 * MS, results: vec![] };
+        let actions = driver.handle(78 * MS, vec![Event::BatchDone(done), Event::WorkerIdle(0)]);
+        let Action::Dispatch(d) = &actions[0] else { panic!("{actions:?}") };
+        assert_eq!((d.requests.len(), d.variant), (128, Some(0)));
+    }
+
+    #[test]
+    fn requests_that_cannot_finish_alone_are_dropped_and_sizes_are_powers_of_two() {
+        let (mut driver, _) = Driver::<Clockwork>::new(config(), Box::new(NullHost::new(0, 1))).unwrap();
+        let mut events: Vec<Event> = vec![Event::Arrival(request(1, 1, 10 * MS))];
+        events.extend((10..30).map(|id| Event::Arrival(request(id, 0, 500 * MS))));
+        events.push(Event::WorkerIdle(0));
+        let actions = driver.handle(0, events);
+        assert!(actions.iter().any(|a| matches!(a, Action::Drop(d) if d.request == 1)));
+        let sizes: Vec<usize> = actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Dispatch(d) => Some(d.requests.len()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(sizes, vec![16], "20 queued: the largest power of two is 16");
+    }
+}

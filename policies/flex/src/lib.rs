@@ -1,0 +1,538 @@
+//! `flex`: SHEPHERD's online scheduler FLEX with preemption, and its periodic planner
+//! HERD (Zhang et al., NSDI'23; spec `../shared/specs/flex.md`).
+//!
+//! Workers are GPUs that keep every model of their serving group resident and switch
+//! model per batch (a dispatch names the variant); a stream's model is the variant its
+//! name starts with (see [`yardmaster_sdk::helpers::models`]). Each serving group runs
+//! one FLEX instance ([`group::FlexGroup`]): per-model deadline-ordered queues; on a
+//! completion the worker gets the largest feasible batch across all models; on an
+//! arrival every worker is offered the largest feasible batch and a running batch is
+//! preempted when that batch is at least λ (3.03) times larger; preempted requests that
+//! can still finish go back to their queues, the others and every request that can no
+//! longer finish even alone are dropped. HERD ([`herd`]) splits the workers into groups
+//! of at most Ḡ = 12 and maps streams to groups, at start-up and every period on ticks,
+//! from the arrival rates it measured.
+//!
+//! The scheduler thinks in logical time; this adapter reconciles it with the host: a
+//! preempted batch's requests come back as arrivals (and its worker as idle) at the
+//! next decision point, so a batch that needs them, or a worker being aborted, waits
+//! in `pending` until both are physically available. The delay from a preemption to
+//! the worker's next `worker-idle` is measured and, as a fraction of the aborted
+//! batch's latency, used as the preemption delay δ_pre (with `preempt_delay` as a
+//! floor). Parameters: [`params`].
+
+pub mod group;
+pub mod herd;
+pub mod params;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use yardmaster_sdk::helpers::{Ewma, ModelCatalog};
+use yardmaster_sdk::{
+    BatchOutcome, Ctx, DropReason, EndReason, Instant, Policy, Request, RequestId, Snapshot, StageId, StageKind,
+    Worker, WorkerId,
+};
+
+use group::{Decision, FlexGroup, Forgotten, Key};
+use herd::{Plan, PlanInput, StreamLoad};
+use params::FlexParams;
+
+/// Where a request physically is, as far as the host is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phys {
+    /// Held by the policy: it may be dispatched or dropped.
+    Held,
+    /// In a batch the policy preempted: it comes back as an arrival (then dropped if
+    /// `drop`).
+    Returning { drop: bool },
+    /// In a batch running on a worker.
+    Busy(WorkerId),
+    /// An unfinished sequence paused on an iteration worker.
+    Resident(WorkerId),
+}
+
+/// A request the policy knows.
+#[derive(Debug, Clone, Copy)]
+struct Tracked {
+    model: usize,
+    stage: StageId,
+    key: Key,
+    stream: u32,
+    phys: Phys,
+}
+
+/// A batch decided for a worker, not yet dispatched.
+#[derive(Debug, Clone)]
+struct PendingStart {
+    model: usize,
+    requests: Vec<RequestId>,
+}
+
+/// The FLEX policy: serving groups, each with its scheduler, and the reconciliation
+/// with the host.
+pub struct Flex {
+    params: FlexParams,
+    catalog: ModelCatalog,
+    groups: Vec<FlexGroup>,
+    worker_group: BTreeMap<WorkerId, usize>,
+    /// Group of each stream (by stream id; unknown streams use group 0).
+    stream_group: Vec<usize>,
+    tracked: HashMap<RequestId, Tracked>,
+    /// Fresh arrivals of this call, in order.
+    fresh: Vec<RequestId>,
+    /// Workers whose batch finished in this call, with the requests of the batch.
+    finished: Vec<(WorkerId, Vec<RequestId>)>,
+    /// Requests of this call's finished batches (an iteration worker's unfinished
+    /// sequences are taken back from here).
+    ran: HashMap<RequestId, Tracked>,
+    /// `worker-idle` events of this call.
+    idled: Vec<WorkerId>,
+    pending: BTreeMap<WorkerId, PendingStart>,
+    /// Workers running a batch the policy dispatched.
+    busy: BTreeSet<WorkerId>,
+    /// Workers being aborted: when, and the aborted batch's expected latency.
+    aborting: BTreeMap<WorkerId, (Instant, u64)>,
+    /// Measured preemption delay as a fraction of the aborted batch's latency.
+    measured_delay: Ewma,
+    /// Arrivals per stream since the last plan, and when that plan was made.
+    arrivals_since_plan: Vec<u64>,
+    planned_at: Option<Instant>,
+    /// Preemptions sent to the host, and those that only replaced a batch not yet
+    /// dispatched.
+    physical_preemptions: u64,
+    virtual_preemptions: u64,
+}
+
+impl Flex {
+    /// The scheduler instances (for tests and reports).
+    pub fn groups(&self) -> &[FlexGroup] {
+        &self.groups
+    }
+
+    /// The group each stream maps to.
+    pub fn stream_groups(&self) -> &[usize] {
+        &self.stream_group
+    }
+
+    /// Preemptions sent to the host.
+    pub fn physical_preemptions(&self) -> u64 {
+        self.physical_preemptions
+    }
+
+    fn group_of_stream(&self, stream: u32) -> usize {
+        self.stream_group.get(stream as usize).copied().unwrap_or(0).min(self.groups.len() - 1)
+    }
+
+    /// Whether HERD plans groups for this configuration: one batch stage whose workers
+    /// outnumber Ḡ.
+    fn herd_applies(&self, ctx: &Ctx) -> bool {
+        let stages = &ctx.config().stages;
+        self.params.herd
+            && stages.len() == 1
+            && stages[0].kind == StageKind::Batch
+            && ctx.workers().count() > self.params.group_limit as usize
+    }
+
+    /// HERD's input from the current workers and the measured (or, before any
+    /// measurement, equal) stream rates.
+    fn plan_input(&self, ctx: &Ctx, rates: &[f64]) -> PlanInput {
+        let config = ctx.config();
+        let gpu_memory = ctx.workers().map(|w| w.info.memory_bytes).min().unwrap_or(0);
+        let streams = config
+            .streams
+            .iter()
+            .map(|s| {
+                let model = self.catalog.model_of(s.id, s.entry).unwrap_or(0);
+                let info = self.catalog.get(model);
+                let limit = self.params.settings.max_batch.min(info.max_batch);
+                let goodput = herd::single_gpu_goodput(|b| info.latency(b), limit, s.slo).max(1e-9);
+                let rate = rates.get(s.id as usize).copied().unwrap_or(1.0).max(1e-6);
+                StreamLoad { model, need: rate / goodput }
+            })
+            .collect();
+        PlanInput {
+            gpus: ctx.workers().count() as u32,
+            group_limit: self.params.group_limit,
+            gpu_memory,
+            model_memory: self.catalog.models().iter().map(|m| m.memory_bytes).collect(),
+            affinity: vec![0; self.catalog.len()],
+            streams,
+        }
+    }
+
+    /// Replace the groups with `plan`'s: workers are dealt to groups in id order,
+    /// running batches stay with their worker, queued requests follow their stream.
+    fn apply_plan(&mut self, ctx: &Ctx, plan: &Plan) {
+        if plan.groups.is_empty() {
+            return;
+        }
+        let mut queued = Vec::new();
+        let mut runs = Vec::new();
+        for group in &mut self.groups {
+            queued.extend(group.take_queued());
+            let ids: Vec<WorkerId> = group.worker_ids().collect();
+            for id in ids {
+                if let Some(worker) = group.remove_worker(id) {
+                    runs.push((id, worker));
+                }
+            }
+        }
+        runs.sort_by_key(|(id, _)| *id);
+        let settings = self.params.settings.clone();
+        self.groups = plan.groups.iter().map(|g| FlexGroup::new(settings.clone(), g.models.clone())).collect();
+        self.stream_group = plan.stream_group.clone();
+        self.worker_group.clear();
+        let mut sizes: Vec<u32> = plan.groups.iter().map(|g| g.size).collect();
+        let mut current = 0;
+        for (id, (stage, run)) in runs {
+            while current + 1 < sizes.len() && sizes[current] == 0 {
+                current += 1;
+            }
+            sizes[current] = sizes[current].saturating_sub(1);
+            self.groups[current].adopt_worker(id, stage, run);
+            self.worker_group.insert(id, current);
+        }
+        for (model, key) in queued {
+            let stream = self.tracked.get(&key.2).map_or(0, |t| t.stream);
+            let group = self.group_of_stream(stream);
+            self.groups[group].enqueue(model, key);
+        }
+        let fraction = self.delay_fraction();
+        for group in &mut self.groups {
+            group.set_preempt_delay_fraction(fraction);
+        }
+        ctx.host().emit("flex.groups", self.groups.len() as f64);
+    }
+
+    fn delay_fraction(&self) -> f64 {
+        self.params.settings.preempt_delay_fraction.max(self.measured_delay.value().unwrap_or(0.0))
+    }
+
+    /// Plan (or re-plan) the groups with the rates measured since the last plan.
+    fn replan(&mut self, ctx: &Ctx) {
+        let now = ctx.now();
+        let elapsed = self.planned_at.map_or(0, |at| now.saturating_sub(at));
+        let rates: Vec<f64> = if elapsed > 0 && self.arrivals_since_plan.iter().any(|&n| n > 0) {
+            self.arrivals_since_plan.iter().map(|&n| n as f64 / (elapsed as f64 / 1e9)).collect()
+        } else {
+            vec![1.0; ctx.config().streams.len()]
+        };
+        let input = self.plan_input(ctx, &rates);
+        let plan = herd::plan(&input, self.params.solver, self.params.herd_nodes);
+        self.apply_plan(ctx, &plan);
+        self.arrivals_since_plan.iter_mut().for_each(|n| *n = 0);
+        self.planned_at = Some(now);
+    }
+
+    /// Turn decisions into actions (or pending starts).
+    fn apply(&mut self, ctx: &mut Ctx, decisions: Vec<Decision>) {
+        let now = ctx.now();
+        for decision in decisions {
+            match decision {
+                Decision::Start { worker, model, requests, .. } => {
+                    self.pending.insert(worker, PendingStart { model, requests });
+                }
+                Decision::Preempt { worker, requests } => {
+                    if self.pending.remove(&worker).is_some() {
+                        // The batch was never dispatched: nothing to abort.
+                        self.virtual_preemptions += 1;
+                        continue;
+                    }
+                    if !self.busy.remove(&worker) {
+                        continue;
+                    }
+                    ctx.preempt(worker);
+                    self.physical_preemptions += 1;
+                    ctx.host().emit("flex.preempted_batch", requests.len() as f64);
+                    let mut expected = 0;
+                    let size = requests.len() as u32;
+                    for id in requests {
+                        if let Some(t) = self.tracked.get_mut(&id) {
+                            if matches!(t.phys, Phys::Busy(w) | Phys::Resident(w) if w == worker) {
+                                t.phys = Phys::Returning { drop: false };
+                            }
+                            expected = self.catalog.get(t.model).latency(size);
+                        }
+                    }
+                    self.aborting.insert(worker, (now, expected.max(1)));
+                }
+                Decision::Drop { request, reason } => match self.tracked.get_mut(&request).map(|t| t.phys) {
+                    Some(Phys::Held) => {
+                        self.tracked.remove(&request);
+                        ctx.drop_request(request, reason);
+                    }
+                    Some(Phys::Returning { .. }) => {
+                        self.tracked.get_mut(&request).expect("tracked").phys = Phys::Returning { drop: true };
+                    }
+                    _ => {}
+                },
+            }
+        }
+    }
+
+    /// Dispatch every pending batch whose worker is idle and whose requests are held.
+    fn flush_pending(&mut self, ctx: &mut Ctx) {
+        let ready: Vec<WorkerId> = self
+            .pending
+            .iter()
+            .filter(|(w, _)| ctx.worker(**w).is_some_and(|v| v.idle))
+            .filter(|(w, p)| {
+                p.requests.iter().all(|id| {
+                    self.tracked.get(id).is_some_and(|t| t.phys == Phys::Held || t.phys == Phys::Resident(**w))
+                })
+            })
+            .map(|(w, _)| *w)
+            .collect();
+        for worker in ready {
+            let start = self.pending.remove(&worker).expect("ready");
+            for id in &start.requests {
+                if let Some(t) = self.tracked.get_mut(id) {
+                    t.phys = Phys::Busy(worker);
+                }
+            }
+            let variant = self.catalog.get(start.model).variant;
+            ctx.dispatch_variant(worker, start.requests, Some(variant));
+            self.busy.insert(worker);
+        }
+    }
+
+    fn group_of_worker(&self, worker: WorkerId) -> Option<usize> {
+        self.worker_group.get(&worker).copied()
+    }
+}
+
+impl Policy for Flex {
+    fn init(ctx: &mut Ctx) -> Result<Self, String> {
+        let params = FlexParams::from_ctx(ctx)?;
+        let catalog = ModelCatalog::from_config(ctx.config());
+        if catalog.is_empty() {
+            return Err("flex needs at least one stage with a variant".into());
+        }
+        let all_models: Vec<usize> = (0..catalog.len()).collect();
+        let mut group = FlexGroup::new(params.settings.clone(), all_models);
+        let mut worker_group = BTreeMap::new();
+        for w in &ctx.config().workers {
+            group.add_worker(w.id, w.stage);
+            worker_group.insert(w.id, 0);
+        }
+        let streams = ctx.config().streams.len();
+        let mut flex = Self {
+            params,
+            catalog,
+            groups: vec![group],
+            worker_group,
+            stream_group: vec![0; streams],
+            tracked: HashMap::new(),
+            fresh: Vec::new(),
+            finished: Vec::new(),
+            ran: HashMap::new(),
+            idled: Vec::new(),
+            pending: BTreeMap::new(),
+            busy: BTreeSet::new(),
+            aborting: BTreeMap::new(),
+            measured_delay: Ewma::new(0.2),
+            arrivals_since_plan: vec![0; streams],
+            planned_at: None,
+            physical_preemptions: 0,
+            virtual_preemptions: 0,
+        };
+        if flex.herd_applies(ctx) {
+            flex.replan(ctx);
+        }
+        Ok(flex)
+    }
+
+    fn on_arrival(&mut self, ctx: &mut Ctx, request: Request) {
+        // The same id at another stage is a new arrival (the request moved on).
+        if let Some(t) = self.tracked.get_mut(&request.id).filter(|t| t.stage == request.stage) {
+            match t.phys {
+                Phys::Returning { drop: true } => {
+                    self.tracked.remove(&request.id);
+                    ctx.drop_request(request.id, DropReason::Preempted);
+                    return;
+                }
+                Phys::Returning { drop: false } | Phys::Busy(_) | Phys::Resident(_) => {
+                    // Handed back after a preemption (or a refused dispatch): the
+                    // scheduler already placed it.
+                    t.phys = Phys::Held;
+                    return;
+                }
+                Phys::Held => return,
+            }
+        }
+        let Some(model) = self.catalog.model_of(request.stream, request.stage) else {
+            ctx.drop_request(request.id, DropReason::Policy);
+            return;
+        };
+        if let Some(n) = self.arrivals_since_plan.get_mut(request.stream as usize) {
+            *n += 1;
+        }
+        let key = (request.deadline, request.arrived_at, request.id);
+        let tracked = Tracked { model, stage: request.stage, key, stream: request.stream, phys: Phys::Held };
+        self.tracked.insert(request.id, tracked);
+        self.fresh.push(request.id);
+    }
+
+    fn on_worker_idle(&mut self, _ctx: &mut Ctx, worker: WorkerId) {
+        self.idled.push(worker);
+    }
+
+    fn on_batch_done(&mut self, _ctx: &mut Ctx, outcome: BatchOutcome) {
+        self.busy.remove(&outcome.worker);
+        let ids: Vec<RequestId> = outcome.results.iter().map(|r| r.id).collect();
+        // Requests that ran on this worker leave the policy's hands (an iteration
+        // worker's unfinished sequences come back under `Resident` below).
+        for id in &ids {
+            if self.tracked.get(id).is_some_and(|t| t.phys == Phys::Busy(outcome.worker)) {
+                let entry = self.tracked.remove(id).expect("tracked");
+                self.ran.insert(*id, entry);
+            }
+        }
+        self.finished.push((outcome.worker, ids));
+    }
+
+    fn on_tick(&mut self, ctx: &mut Ctx, _snapshot: Snapshot) {
+        let now = ctx.now();
+        let mut out = Vec::new();
+        if self.params.tick_sweep {
+            for group in &mut self.groups {
+                group.sweep(&self.catalog, now, &mut out);
+            }
+        }
+        self.apply(ctx, out);
+        let due = self.planned_at.is_some_and(|at| now.saturating_sub(at) >= self.params.herd_period);
+        if due && self.herd_applies(ctx) {
+            self.replan(ctx);
+        }
+        ctx.host().emit("flex.preemptions", self.physical_preemptions as f64);
+    }
+
+    fn on_worker_added(&mut self, _ctx: &mut Ctx, worker: Worker) {
+        // The smallest group takes it (HERD re-plans at its next period).
+        let group = (0..self.groups.len())
+            .min_by_key(|&g| (self.groups[g].worker_ids().count(), g))
+            .expect("a group");
+        self.groups[group].add_worker(worker.id, worker.stage);
+        self.worker_group.insert(worker.id, group);
+    }
+
+    fn on_worker_removed(&mut self, _ctx: &mut Ctx, worker: WorkerId) {
+        self.busy.remove(&worker);
+        self.aborting.remove(&worker);
+        let pending = self.pending.remove(&worker);
+        let Some(group) = self.worker_group.remove(&worker) else { return };
+        if let Some((_, Some(run))) = self.groups[group].remove_worker(worker) {
+            if pending.is_some() {
+                // Never dispatched: its requests go back to the queue.
+                for key in run.keys {
+                    self.groups[group].enqueue(run.model, key);
+                }
+            }
+        }
+    }
+
+    fn on_request_ended(&mut self, _ctx: &mut Ctx, request: RequestId, _reason: EndReason) {
+        let Some(t) = self.tracked.remove(&request) else { return };
+        self.fresh.retain(|id| *id != request);
+        for group in &mut self.groups {
+            match group.forget(t.model, &t.key) {
+                Forgotten::Unknown => continue,
+                Forgotten::Queued => break,
+                Forgotten::InBatch(worker) => {
+                    if let Some(p) = self.pending.get_mut(&worker) {
+                        p.requests.retain(|id| *id != request);
+                        if p.requests.is_empty() {
+                            self.pending.remove(&worker);
+                        }
+                    }
+                    break;
+                }
+            }
+        }
+    }
+
+    fn on_events_done(&mut self, ctx: &mut Ctx) {
+        let now = ctx.now();
+        let mut out = Vec::new();
+        // Finished batches: forget their requests (keeping an iteration worker's paused
+        // sequences), then the worker takes its next batch.
+        for (worker, ids) in std::mem::take(&mut self.finished) {
+            let resident: Vec<RequestId> = ctx.resident(worker).iter().map(|s| s.id).collect();
+            let _ = ids;
+            let stage = ctx.worker(worker).map(|w| w.info.stage);
+            let Some(g) = self.group_of_worker(worker) else { continue };
+            for id in &resident {
+                // Hosts differ in whether a finished frame reports its unfinished
+                // sequences as results: take them from either place.
+                if let Some(t) = self.tracked.get_mut(id).filter(|t| t.phys == Phys::Busy(worker)) {
+                    t.phys = Phys::Resident(worker);
+                } else if let Some(t) = self.ran.remove(id).filter(|t| Some(t.stage) == stage) {
+                    self.tracked.insert(*id, Tracked { phys: Phys::Resident(worker), ..t });
+                }
+            }
+            // Every paused sequence of the worker, those that sat out this frame too.
+            let keys: Vec<(usize, Key)> = resident
+                .iter()
+                .filter_map(|id| self.tracked.get(id).filter(|t| t.phys == Phys::Resident(worker)))
+                .map(|t| (t.model, t.key))
+                .collect();
+            if let Some(&(model, _)) = keys.first() {
+                // An iteration worker continues its paused sequences first.
+                let mut keys: Vec<Key> = keys.iter().filter(|(m, _)| *m == model).map(|(_, k)| *k).collect();
+                keys.sort_unstable();
+                keys.truncate(ctx.batch_limit(self.catalog.get(model).stage) as usize);
+                let requests = keys.iter().map(|k| k.2).collect();
+                self.groups[g].complete_without_restart(worker);
+                self.groups[g].occupy(&self.catalog, worker, model, keys, now);
+                out.push(Decision::Start { worker, model, requests, at: now });
+            } else {
+                self.groups[g].complete(&self.catalog, worker, now, &mut out);
+            }
+        }
+        self.ran.clear();
+        // Idle workers: a finished abort (measure its delay), a refused dispatch (its
+        // batch goes back to the queue), or a worker with nothing to do yet.
+        for worker in std::mem::take(&mut self.idled) {
+            if let Some((at, expected)) = self.aborting.remove(&worker) {
+                self.measured_delay.update(now.saturating_sub(at) as f64 / expected as f64);
+                let fraction = self.delay_fraction();
+                for group in &mut self.groups {
+                    group.set_preempt_delay_fraction(fraction);
+                }
+            }
+            let Some(g) = self.group_of_worker(worker) else { continue };
+            if self.busy.remove(&worker) {
+                self.groups[g].requeue_run(worker);
+            }
+            if !self.pending.contains_key(&worker) {
+                self.groups[g].idle(&self.catalog, worker, now, &mut out);
+            }
+        }
+        // Arrivals, one event at a time (or all queued, then one dispatch).
+        let fresh = std::mem::take(&mut self.fresh);
+        let mut touched = BTreeSet::new();
+        for id in fresh {
+            let Some(t) = self.tracked.get(&id).copied() else { continue };
+            let g = self.group_of_stream(t.stream);
+            if self.params.coalesce {
+                if crate::group::feasible_alone(&self.catalog, t.model, &t.key, now) {
+                    self.groups[g].enqueue(t.model, t.key);
+                    touched.insert(g);
+                } else {
+                    out.push(Decision::Drop { request: id, reason: DropReason::DeadlineUnreachable });
+                }
+            } else {
+                self.groups[g].arrive(&self.catalog, t.model, t.key, now, &mut out);
+            }
+        }
+        for g in touched {
+            self.groups[g].dispatch(&self.catalog, now, &mut out);
+        }
+        self.apply(ctx, out);
+        self.flush_pending(ctx);
+    }
+}
+
+yardmaster_sdk::export_policy!(Flex);

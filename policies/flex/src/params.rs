@@ -1,0 +1,93 @@
+//! FLEX's parameters (`--param key=value`), with SHEPHERD's defaults.
+//!
+//! | key | default | meaning |
+//! |---|---|---|
+//! | `lambda` | 3.03 | preemption factor λ; `inf` gives non-preemptive FLEX (FLEX-NP) |
+//! | `max_batch` | 128 | B_max (also capped by each stage's `max-batch`) |
+//! | `preempt_delay` | 0 | estimated preemption delay δ_pre as a fraction of the running batch's latency; the policy uses the larger of this and the delay it measures (preempt → the worker's next `worker-idle`) |
+//! | `batch_mode` | `largest` | `largest` (largest feasible deadline window) or `prefix` (literal Algorithm 2) |
+//! | `select` | `largest` | `largest` (FLEX) or `earliest` (the EDF-inside-FLEX ablation) |
+//! | `coalesce` | false | queue every arrival of a decision point before dispatching once |
+//! | `tick_sweep` | true | drop unreachable queued requests on every tick |
+//! | `herd` | true | plan serving groups with HERD (only when the workers outnumber `group_limit`) |
+//! | `group_limit` | 12 | Ḡ: most GPUs per serving group |
+//! | `herd_period_s` | 1800 | re-planning period P in seconds |
+//! | `herd_solver` | `heuristic` | `heuristic` (§3.4 steps 1–5) or `exact` (exhaustive, small instances) |
+//! | `herd_nodes` | 200000 | budget of the exact solver in search nodes (a deterministic stand-in for a time budget) |
+
+use yardmaster_sdk::Ctx;
+
+use crate::group::{BatchMode, Selection, Settings};
+use crate::herd::Solver;
+
+/// Every parameter of the policy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FlexParams {
+    /// The scheduler's settings.
+    pub settings: Settings,
+    /// Queue simultaneous arrivals before one dispatch.
+    pub coalesce: bool,
+    /// Drop unreachable requests on ticks.
+    pub tick_sweep: bool,
+    /// Plan serving groups with HERD.
+    pub herd: bool,
+    /// Ḡ.
+    pub group_limit: u32,
+    /// HERD's period in nanoseconds.
+    pub herd_period: u64,
+    /// HERD's solver.
+    pub solver: Solver,
+    /// Search-node budget of the exact solver.
+    pub herd_nodes: u64,
+}
+
+impl FlexParams {
+    /// Read the parameters from the configuration; an error names the bad one.
+    pub fn from_ctx(ctx: &Ctx) -> Result<Self, String> {
+        let lambda: f64 = ctx.param_or("lambda", 3.03)?;
+        if lambda.is_nan() || lambda <= 1.0 {
+            return Err(format!("parameter `lambda` must be above 1 (got {lambda})"));
+        }
+        let max_batch: u32 = ctx.param_or("max_batch", 128)?;
+        if max_batch == 0 {
+            return Err("parameter `max_batch` must be at least 1".into());
+        }
+        let preempt_delay: f64 = ctx.param_or("preempt_delay", 0.0)?;
+        if !(0.0..10.0).contains(&preempt_delay) {
+            return Err(format!("parameter `preempt_delay` must be in [0, 10) (got {preempt_delay})"));
+        }
+        let batch_mode = match ctx.param_or("batch_mode", String::from("largest"))?.as_str() {
+            "largest" => BatchMode::Largest,
+            "prefix" => BatchMode::Prefix,
+            other => return Err(format!("parameter `batch_mode`: {other:?} is neither largest nor prefix")),
+        };
+        let selection = match ctx.param_or("select", String::from("largest"))?.as_str() {
+            "largest" => Selection::Largest,
+            "earliest" => Selection::Earliest,
+            other => return Err(format!("parameter `select`: {other:?} is neither largest nor earliest")),
+        };
+        let solver = match ctx.param_or("herd_solver", String::from("heuristic"))?.as_str() {
+            "heuristic" => Solver::Heuristic,
+            "exact" => Solver::Exact,
+            other => return Err(format!("parameter `herd_solver`: {other:?} is neither heuristic nor exact")),
+        };
+        let group_limit: u32 = ctx.param_or("group_limit", 12)?;
+        if group_limit == 0 {
+            return Err("parameter `group_limit` must be at least 1".into());
+        }
+        let period_s: f64 = ctx.param_or("herd_period_s", 1800.0)?;
+        if period_s.is_nan() || period_s <= 0.0 {
+            return Err("parameter `herd_period_s` must be positive".into());
+        }
+        Ok(Self {
+            settings: Settings { lambda, max_batch, preempt_delay_fraction: preempt_delay, batch_mode, selection },
+            coalesce: ctx.param_or("coalesce", false)?,
+            tick_sweep: ctx.param_or("tick_sweep", true)?,
+            herd: ctx.param_or("herd", true)?,
+            group_limit,
+            herd_period: (period_s * 1e9) as u64,
+            solver,
+            herd_nodes: ctx.param_or("herd_nodes", 200_000)?,
+        })
+    }
+}

@@ -1,0 +1,680 @@
+//! The spec's testable properties (§8), checked on the scheduler with exact linear
+//! latencies in a small discrete-event simulation of its own (one event per arrival,
+//! preemption instantaneous), and on the policy adapter through the SDK's driver.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
+
+use yardmaster_sdk::helpers::ModelCatalog;
+use yardmaster_sdk::{
+    Config, DeviceKind, DropReason, Instant, LatencyPoint, Param, RequestId, Stage, StageKind, Stream, Variant,
+    Worker, WorkerId,
+};
+
+use crate::group::{feasible_alone, Decision, FlexGroup, Key, Selection, Settings};
+
+const MS: u64 = 1_000_000;
+const US: u64 = 1_000;
+
+/// A configuration with one batch stage whose variants are `models` (name, α, β in
+/// nanoseconds), `workers` GPUs and one stream per model (named after it).
+fn config(models: &[(&str, u64, u64)], max_batch: u32, workers: u32, slo: u64) -> Config {
+    Config {
+        arm: "test".into(),
+        stages: vec![Stage {
+            id: 0,
+            name: "infer".into(),
+            kind: StageKind::Batch,
+            successors: vec![],
+            predecessors: vec![],
+            variants: models
+                .iter()
+                .enumerate()
+                .map(|(i, &(name, alpha, beta))| Variant {
+                    id: i as u32,
+                    name: name.into(),
+                    accuracy: 1.0,
+                    profile: [1, max_batch]
+                        .iter()
+                        .map(|&b| LatencyPoint { batch: b, mean: alpha * b as u64 + beta, tail: alpha * b as u64 + beta })
+                        .collect(),
+                    memory_bytes: 1 << 30,
+                    fan_out: 1.0,
+                })
+                .collect(),
+            max_batch,
+            min_replicas: workers,
+            max_replicas: workers,
+        }],
+        workers: (0..workers)
+            .map(|id| Worker { id, stage: 0, variant: 0, device: DeviceKind::Gpu, threads: 1, memory_bytes: 16 << 30 })
+            .collect(),
+        streams: models
+            .iter()
+            .enumerate()
+            .map(|(i, &(name, ..))| Stream { id: i as u32, name: name.into(), entry: 0, slo })
+            .collect(),
+        params: vec![],
+        tick_interval: 1_000 * MS,
+        max_workers: workers,
+        seed: 1,
+        now: 0,
+    }
+}
+
+/// Which handler a decision came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cause {
+    Arrival,
+    Completion,
+}
+
+/// One logged decision.
+#[derive(Debug, Clone, PartialEq)]
+struct Logged {
+    at: Instant,
+    cause: Cause,
+    decision: Decision,
+}
+
+/// How a request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fate {
+    OnTime,
+    Late,
+    Dropped(DropReasonCode),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DropReasonCode {
+    Unreachable,
+    Preempted,
+}
+
+/// The scheduler driven by exact events.
+struct Des {
+    catalog: ModelCatalog,
+    group: FlexGroup,
+    now: Instant,
+    /// (time, sequence, event): arrivals (model, key) and completions (worker, generation).
+    agenda: BinaryHeap<Reverse<(Instant, u64, Event)>>,
+    seq: u64,
+    generation: BTreeMap<WorkerId, u64>,
+    /// Running batches as the simulator sees them.
+    running: BTreeMap<WorkerId, (usize, Vec<Key>, Instant)>,
+    deadlines: HashMap<RequestId, (usize, Key)>,
+    fates: HashMap<RequestId, Fate>,
+    log: Vec<Logged>,
+    busy_time: u64,
+    /// Violations of work conservation seen after events.
+    idle_with_work: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Event {
+    Complete(WorkerId, u64),
+    Arrive(usize, Key),
+}
+
+impl Des {
+    fn new(config: &Config, settings: Settings) -> Self {
+        let catalog = ModelCatalog::from_config(config);
+        let mut group = FlexGroup::new(settings, (0..catalog.len()).collect());
+        for w in &config.workers {
+            group.add_worker(w.id, 0);
+        }
+        Self {
+            catalog,
+            group,
+            now: 0,
+            agenda: BinaryHeap::new(),
+            seq: 0,
+            generation: BTreeMap::new(),
+            running: BTreeMap::new(),
+            deadlines: HashMap::new(),
+            fates: HashMap::new(),
+            log: Vec::new(),
+            busy_time: 0,
+            idle_with_work: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, at: Instant, event: Event) {
+        self.seq += 1;
+        self.agenda.push(Reverse((at, self.seq, event)));
+    }
+
+    /// Schedule a request of `model` arriving at `at` with relative deadline `slo`.
+    fn arrival(&mut self, id: RequestId, model: usize, at: Instant, slo: u64) {
+        let key = (at + slo, at, id);
+        self.deadlines.insert(id, (model, key));
+        self.push(at, Event::Arrive(model, key));
+    }
+
+    fn run(&mut self) {
+        while let Some(Reverse((at, _, event))) = self.agenda.pop() {
+            self.now = at;
+            let mut out = Vec::new();
+            let cause = match event {
+                Event::Arrive(model, key) => {
+                    self.group.arrive(&self.catalog, model, key, at, &mut out);
+                    Cause::Arrival
+                }
+                Event::Complete(worker, generation) => {
+                    if self.generation.get(&worker) != Some(&generation) {
+                        continue;
+                    }
+                    let (model, keys, started) = self.running.remove(&worker).expect("running");
+                    self.busy_time += at - started;
+                    for key in keys {
+                        let fate = if at <= key.0 { Fate::OnTime } else { Fate::Late };
+                        assert!(self.fates.insert(key.2, fate).is_none(), "request {} ended twice", key.2);
+                    }
+                    let _ = model;
+                    self.group.complete(&self.catalog, worker, at, &mut out);
+                    Cause::Completion
+                }
+            };
+            self.apply(at, cause, out);
+            self.check_work_conservation(at);
+        }
+        // Requests still queued at the end could only be dropped.
+        let mut out = Vec::new();
+        self.group.sweep(&self.catalog, Instant::MAX / 4, &mut out);
+        self.apply(Instant::MAX / 4, Cause::Completion, out);
+    }
+
+    fn apply(&mut self, at: Instant, cause: Cause, out: Vec<Decision>) {
+        for decision in out {
+            match &decision {
+                Decision::Start { worker, model, requests, at: start } => {
+                    let keys: Vec<Key> = requests.iter().map(|id| self.deadlines[id].1).collect();
+                    let end = start + self.catalog.get(*model).latency(keys.len() as u32);
+                    let generation = self.generation.entry(*worker).or_default();
+                    *generation += 1;
+                    let generation = *generation;
+                    assert!(self.running.insert(*worker, (*model, keys, *start)).is_none(), "worker {worker} double-booked");
+                    self.push(end, Event::Complete(*worker, generation));
+                }
+                Decision::Preempt { worker, .. } => {
+                    let (_, _, started) = self.running.remove(worker).expect("preempting a running batch");
+                    self.busy_time += at - started;
+                    *self.generation.entry(*worker).or_default() += 1;
+                }
+                Decision::Drop { request, reason } => {
+                    let code = match reason {
+                        DropReason::Preempted => DropReasonCode::Preempted,
+                        _ => DropReasonCode::Unreachable,
+                    };
+                    assert!(self.fates.insert(*request, Fate::Dropped(code)).is_none(), "request {request} ended twice");
+                }
+            }
+            self.log.push(Logged { at, cause, decision });
+        }
+    }
+
+    fn check_work_conservation(&mut self, at: Instant) {
+        let idle = self.group.worker_ids().any(|w| self.group.running(w).is_none());
+        if idle {
+            if let Some((model, key)) = self.group.queued_keys().find(|(m, k)| feasible_alone(&self.catalog, *m, k, at)) {
+                self.idle_with_work.push(format!("t={at}: idle worker while {key:?} of model {model} is feasible"));
+            }
+        }
+    }
+
+    fn served(&self) -> usize {
+        self.fates.values().filter(|f| **f == Fate::OnTime).count()
+    }
+
+    fn starts(&self) -> impl Iterator<Item = (&Logged, WorkerId, usize, &Vec<RequestId>, Instant)> {
+        self.log.iter().filter_map(|l| match &l.decision {
+            Decision::Start { worker, model, requests, at } => Some((l, *worker, *model, requests, *at)),
+            _ => None,
+        })
+    }
+}
+
+/// Splitmix-driven random instances: a few models, bursty arrivals.
+fn random_run(seed: u64, lambda: f64) -> Des {
+    let mut state = seed;
+    let mut next = || {
+        let (s, v) = yardmaster_sdk::splitmix64(state);
+        state = s;
+        v
+    };
+    let models = [("a", 220 * US, 3_740 * US), ("b", 1_250 * US, 13_570 * US), ("c", 4_370 * US, 74_200 * US)];
+    let count = 1 + (next() % 3) as usize;
+    let workers = 1 + (next() % 3) as u32;
+    let slo = (40 + next() % 260) * MS;
+    let config = config(&models[..count], 128, workers, slo);
+    let mut des = Des::new(&config, Settings { lambda, ..Settings::default() });
+    let mut t = 0;
+    for id in 0..600u64 {
+        // Bursts: most gaps are tiny, some long.
+        t += if next() % 10 == 0 { next() % (30 * MS) } else { next() % (300 * US) };
+        let model = (next() % count as u64) as usize;
+        des.arrival(id, model, t, slo);
+    }
+    des.run();
+    des
+}
+
+#[test]
+fn preemption_needs_an_arrival_and_a_feasible_batch_lambda_times_larger() {
+    for seed in 0..30 {
+        let des = random_run(seed, 3.03);
+        let mut sizes: BTreeMap<WorkerId, usize> = BTreeMap::new();
+        for (i, entry) in des.log.iter().enumerate() {
+            match &entry.decision {
+                Decision::Preempt { worker, requests } => {
+                    assert_eq!(entry.cause, Cause::Arrival, "seed {seed}: preemption outside an arrival");
+                    assert_eq!(sizes.get(worker), Some(&requests.len()), "seed {seed}: preempted batch is the running one");
+                    let next = des.log[i + 1..]
+                        .iter()
+                        .find_map(|l| match &l.decision {
+                            Decision::Start { worker: w, model, requests, at } if w == worker => Some((*model, requests.clone(), *at)),
+                            _ => None,
+                        })
+                        .expect("a start follows");
+                    let b = requests.len() as f64;
+                    assert!(next.1.len() as f64 >= (3.03 * b).ceil(), "seed {seed}: {} replaced {b}", next.1.len());
+                    let end = next.2 + des.catalog.get(next.0).latency(next.1.len() as u32);
+                    let earliest = next.1.iter().map(|id| des.deadlines[id].1 .0).min().unwrap();
+                    assert!(end <= earliest, "seed {seed}: the preempting batch is infeasible");
+                    assert_eq!(next.2, entry.at, "δ_pre = 0: it starts at once");
+                }
+                Decision::Start { worker, requests, .. } => {
+                    sizes.insert(*worker, requests.len());
+                }
+                Decision::Drop { .. } => {}
+            }
+        }
+    }
+}
+
+#[test]
+fn preemption_ceiling_and_chain_length() {
+    let mut preemptions = 0;
+    for seed in 100..130 {
+        let des = random_run(seed, 3.03);
+        let mut chain: BTreeMap<WorkerId, u32> = BTreeMap::new();
+        let mut replacing: BTreeMap<WorkerId, bool> = BTreeMap::new();
+        for entry in &des.log {
+            match &entry.decision {
+                Decision::Preempt { worker, requests } => {
+                    preemptions += 1;
+                    assert!(requests.len() <= 42, "seed {seed}: a batch of {} was preempted", requests.len());
+                    let count = chain.entry(*worker).or_default();
+                    *count += 1;
+                    assert!(*count <= 4, "seed {seed}: {count} preemptions in one chain");
+                    replacing.insert(*worker, true);
+                }
+                Decision::Start { worker, .. } => {
+                    // A start that does not replace a preempted batch begins a new chain.
+                    if !replacing.insert(*worker, false).unwrap_or(false) {
+                        chain.insert(*worker, 0);
+                    }
+                }
+                Decision::Drop { .. } => {}
+            }
+        }
+    }
+    assert!(preemptions > 0, "the random instances exercise preemption");
+}
+
+#[test]
+fn every_batch_meets_its_deadlines_and_every_request_ends_once() {
+    for seed in 200..230 {
+        let des = random_run(seed, 3.03);
+        for (_, _, model, requests, at) in des.starts() {
+            assert!(requests.len() <= 128);
+            let end = at + des.catalog.get(model).latency(requests.len() as u32);
+            for id in requests {
+                assert!(end <= des.deadlines[id].1 .0, "seed {seed}: request {id} would be late");
+            }
+        }
+        assert_eq!(des.fates.len(), des.deadlines.len(), "seed {seed}: every request ends");
+        assert!(des.fates.values().all(|f| *f != Fate::Late), "seed {seed}: nothing completes late");
+        assert!(des.idle_with_work.is_empty(), "seed {seed}: {:?}", &des.idle_with_work[..1]);
+    }
+}
+
+#[test]
+fn drops_only_when_even_a_batch_of_one_is_too_late() {
+    for seed in 300..320 {
+        let des = random_run(seed, 3.03);
+        for entry in &des.log {
+            if let Decision::Drop { request, reason } = &entry.decision {
+                let (model, key) = des.deadlines[request];
+                assert!(!feasible_alone(&des.catalog, model, &key, entry.at), "seed {seed}: {request} dropped while feasible");
+                if *reason == DropReason::Preempted {
+                    assert_eq!(entry.cause, Cause::Arrival);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn preempted_requests_are_never_lost_or_duplicated() {
+    for seed in 400..430 {
+        let des = random_run(seed, 3.03);
+        // Replay the log: each request is in at most one place at a time.
+        let mut place: HashMap<RequestId, Option<WorkerId>> = HashMap::new();
+        let mut running: BTreeMap<WorkerId, Vec<RequestId>> = BTreeMap::new();
+        for entry in &des.log {
+            match &entry.decision {
+                Decision::Preempt { worker, requests } => {
+                    assert_eq!(running.remove(worker).as_ref(), Some(requests));
+                    for id in requests {
+                        place.insert(*id, None);
+                    }
+                }
+                Decision::Start { worker, requests, .. } => {
+                    for id in requests {
+                        let before = place.insert(*id, Some(*worker));
+                        assert!(before.is_none() || before == Some(None), "seed {seed}: {id} started twice");
+                    }
+                    running.insert(*worker, requests.clone());
+                }
+                Decision::Drop { request, .. } => {
+                    assert!(!running.values().any(|r| r.contains(request)), "seed {seed}: dropped while running");
+                }
+            }
+        }
+        // Preempted requests end exactly once, like every other (checked by the DES).
+        assert_eq!(des.fates.len(), des.deadlines.len());
+    }
+}
+
+#[test]
+fn wasted_work_is_bounded_by_completed_work() {
+    for seed in 500..530 {
+        let des = random_run(seed, 3.03);
+        let stats = des.group.stats();
+        let bound = stats.completed_requests as f64 / (3.03 - 1.0);
+        assert!(stats.preempted_requests as f64 <= bound + 1e-9, "seed {seed}: {stats:?}");
+    }
+}
+
+#[test]
+fn non_preemptive_flex_never_preempts() {
+    for seed in 0..10 {
+        let des = random_run(seed, f64::INFINITY);
+        assert_eq!(des.group.stats().preemptions, 0);
+    }
+}
+
+/// Theorem 5.1's adversary (§8.9).
+fn adversary(lambda: f64) -> Des {
+    let config = config(&[("m", 100 * US, 10_000 * US)], 128, 1, 0);
+    let mut des = Des::new(&config, Settings { lambda, ..Settings::default() });
+    des.arrival(0, 0, 0, 10_100 * US);
+    for id in 1..=40 {
+        des.arrival(id, 0, 1_000 * US, 14_000 * US);
+    }
+    des.run();
+    des
+}
+
+#[test]
+fn the_adversary_is_served_by_flex_and_defeats_flex_np() {
+    let flex = adversary(3.03);
+    assert_eq!(flex.served(), 40);
+    let preempted: Vec<usize> = flex
+        .log
+        .iter()
+        .filter_map(|l| match &l.decision {
+            Decision::Preempt { requests, .. } => Some(requests.len()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(preempted, vec![1, 4, 13], "the chain 1 → 4 → 13 → 40");
+    let sizes: Vec<usize> = flex.starts().map(|s| s.3.len()).collect();
+    assert_eq!(sizes, vec![1, 4, 13, 40]);
+    assert_eq!(flex.fates[&0], Fate::Dropped(DropReasonCode::Preempted));
+
+    let np = adversary(f64::INFINITY);
+    assert_eq!(np.served(), 1);
+    assert_eq!(np.fates.values().filter(|f| matches!(f, Fate::Dropped(_))).count(), 40);
+}
+
+#[test]
+fn figure_3_toy_one_gpu_misses_seven_six_gpus_serve_all() {
+    for (gpus, served, busy) in [(1u32, 3usize, 30 * MS), (6, 10, 100 * MS)] {
+        let config = config(&[("m", 10 * MS, 0)], 128, gpus, 10 * MS);
+        let mut des = Des::new(&config, Settings::default());
+        let arrivals = [0, 0, 0, 40, 80, 80, 80, 80, 80, 80];
+        for (id, &at) in arrivals.iter().enumerate() {
+            des.arrival(id as u64, 0, at * MS, 10 * MS);
+        }
+        des.run();
+        assert_eq!(des.served(), served, "{gpus} GPU(s)");
+        assert_eq!(des.busy_time, busy);
+        if gpus == 6 {
+            let utilisation = des.busy_time as f64 / (6.0 * 100.0 * MS as f64);
+            assert!((utilisation - 0.1667).abs() < 0.001, "{utilisation}");
+        }
+    }
+}
+
+#[test]
+fn the_largest_batch_wins_over_the_most_urgent_one() {
+    // RN18 and RS269 (Table 4). 128 RN18 requests with slack, one urgent RS269 request.
+    let models = [("rn18", 220 * US, 3_740 * US), ("rs269", 4_370 * US, 74_200 * US)];
+    let config = config(&models, 128, 1, 0);
+    for (selection, expected_model, expected_size) in [(Selection::Largest, 0, 128), (Selection::Earliest, 1, 1)] {
+        let catalog = ModelCatalog::from_config(&config);
+        let mut group = FlexGroup::new(Settings { selection, ..Settings::default() }, vec![0, 1]);
+        for id in 0..128 {
+            group.enqueue(0, (500 * MS, 0, id));
+        }
+        group.enqueue(1, (80 * MS, 0, 1000));
+        group.add_worker(0, 0);
+        let mut out = Vec::new();
+        group.idle(&catalog, 0, 0, &mut out);
+        match &out[..] {
+            [Decision::Start { model, requests, .. }] => {
+                assert_eq!((*model, requests.len()), (expected_model, expected_size), "{selection:?}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+#[test]
+fn largest_mode_finds_a_bigger_window_than_the_literal_prefix() {
+    // One urgent head (fits alone) and 20 relaxed requests behind it.
+    let config = config(&[("m", MS, 10 * MS)], 128, 1, 0);
+    let catalog = ModelCatalog::from_config(&config);
+    for (mode, expected) in [(crate::group::BatchMode::Prefix, 1), (crate::group::BatchMode::Largest, 20)] {
+        let mut group = FlexGroup::new(Settings { batch_mode: mode, ..Settings::default() }, vec![0]);
+        group.add_worker(0, 0);
+        group.enqueue(0, (11 * MS + 500 * US, 0, 0));
+        for id in 1..=20 {
+            group.enqueue(0, (100 * MS, 0, id));
+        }
+        let mut out = Vec::new();
+        group.idle(&catalog, 0, 0, &mut out);
+        let Decision::Start { requests, .. } = &out[0] else { panic!("{out:?}") };
+        assert_eq!(requests.len(), expected, "{mode:?}");
+    }
+}
+
+/// Figure 11a's workload on one GPU for `seconds`: RN18 bursts of 1024 every 120 ms
+/// from 5 ms, RS269 one request per ms.
+fn figure_11a(lambda: f64, slo: u64, seconds: u64) -> Des {
+    let models = [("rn18", 220 * US, 3_740 * US), ("rs269", 4_370 * US, 74_200 * US)];
+    let config = config(&models, 128, 1, slo);
+    let mut des = Des::new(&config, Settings { lambda, ..Settings::default() });
+    let mut id = 0;
+    let end = seconds * 1_000 * MS;
+    let mut t = 5 * MS;
+    while t < end {
+        for _ in 0..1024 {
+            des.arrival(id, 0, t, slo);
+            id += 1;
+        }
+        t += 120 * MS;
+    }
+    let mut t = 0;
+    while t < end {
+        des.arrival(id, 1, t, slo);
+        id += 1;
+        t += MS;
+    }
+    des.run();
+    des
+}
+
+#[test]
+fn figure_11a_preemption_pays_at_a_tight_slo_and_not_at_a_loose_one() {
+    let tight = (figure_11a(3.03, 90 * MS, 2).served(), figure_11a(f64::INFINITY, 90 * MS, 2).served());
+    assert!(tight.0 >= 2 * tight.1, "SLO 90 ms: FLEX {} vs FLEX-NP {}", tight.0, tight.1);
+    let loose = (figure_11a(3.03, 250 * MS, 2).served(), figure_11a(f64::INFINITY, 250 * MS, 2).served());
+    let ratio = loose.0 as f64 / loose.1 as f64;
+    assert!((0.95..=1.05).contains(&ratio), "SLO 250 ms: FLEX {} vs FLEX-NP {}", loose.0, loose.1);
+}
+
+#[test]
+fn figure_11a_preemption_chains() {
+    let sizes_at = |des: &Des, at: Instant| -> Vec<(usize, usize)> {
+        des.log
+            .iter()
+            .filter(|l| l.at == at)
+            .filter_map(|l| match &l.decision {
+                Decision::Start { model, requests, .. } => Some((*model, requests.len())),
+                _ => None,
+            })
+            .collect()
+    };
+    let tight = figure_11a(3.03, 90 * MS, 1);
+    let preempted_at_5: Vec<usize> = tight
+        .log
+        .iter()
+        .filter(|l| l.at == 5 * MS)
+        .filter_map(|l| match &l.decision {
+            Decision::Preempt { requests, .. } => Some(requests.len()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(preempted_at_5, vec![1, 4, 13, 40], "RS269 b=1 → RN18 4 → 13 → 40 → 122");
+    assert_eq!(sizes_at(&tight, 5 * MS), vec![(0, 4), (0, 13), (0, 40), (0, 122)]);
+
+    let loose = figure_11a(3.03, 250 * MS, 1);
+    let first: Vec<(Instant, usize)> = loose
+        .log
+        .iter()
+        .filter_map(|l| match &l.decision {
+            Decision::Preempt { requests, .. } => Some((l.at, requests.len())),
+            _ => None,
+        })
+        .take(4)
+        .collect();
+    assert_eq!(first, vec![(3 * MS, 1), (5 * MS, 4), (5 * MS, 13), (5 * MS, 40)]);
+}
+
+#[test]
+fn decisions_are_deterministic() {
+    let a = random_run(7, 3.03);
+    let b = random_run(7, 3.03);
+    assert_eq!(a.log, b.log);
+}
+
+/// The policy adapter through the SDK's driver: a native host, events in, actions out.
+mod adapter {
+    use super::*;
+    use yardmaster_sdk::{Action, Driver, Event, NullHost, Request};
+
+    fn request(id: u64, stream: u32, at: Instant, deadline: Instant) -> Request {
+        Request {
+            id,
+            origin: id,
+            stage: 0,
+            stream,
+            sent_at: at,
+            arrived_at: at,
+            deadline,
+            priority: 0,
+            input_size: 0,
+            expected_tokens: 0,
+            requeues: 0,
+            tags: None,
+        }
+    }
+
+    fn driver(config: Config) -> Driver<crate::Flex> {
+        let (mut driver, _) = Driver::<crate::Flex>::new(config.clone(), Box::new(NullHost::new(0, 1))).expect("init");
+        let idle: Vec<Event> = config.workers.iter().map(|w| Event::WorkerIdle(w.id)).collect();
+        driver.handle(0, idle);
+        driver
+    }
+
+    #[test]
+    fn a_preemption_hands_the_batch_back_and_the_bigger_batch_starts_when_it_returns() {
+        let config = config(&[("m", 100 * US, 10_000 * US)], 128, 1, 0);
+        let mut d = driver(config);
+        let first = d.handle(0, vec![Event::Arrival(request(0, 0, 0, 50 * MS))]);
+        assert!(matches!(&first[..], [Action::Dispatch(x)] if x.requests == vec![0] && x.variant == Some(0)));
+        let burst: Vec<Event> = (1..=3).map(|id| Event::Arrival(request(id, 0, MS, 50 * MS))).collect();
+        let answer = d.handle(MS, burst);
+        assert_eq!(answer, vec![Action::Preempt(0)], "4 ≥ 3.03 · 1: preempt, and wait for the requests");
+        // The host hands request 0 back and reports the worker idle.
+        let mut back = request(0, 0, 0, 50 * MS);
+        back.requeues = 1;
+        back.arrived_at = MS;
+        let answer = d.handle(MS, vec![Event::Arrival(back), Event::WorkerIdle(0)]);
+        match &answer[..] {
+            [Action::Dispatch(x)] => {
+                let mut ids = x.requests.clone();
+                ids.sort_unstable();
+                assert_eq!(ids, vec![0, 1, 2, 3]);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(d.policy().physical_preemptions(), 1);
+    }
+
+    #[test]
+    fn herd_isolates_groups() {
+        // 30 GPUs (more than Ḡ = 12): HERD makes groups; each stream's requests run only
+        // on its group's workers.
+        let models = [("a", 220 * US, 3_740 * US), ("b", 1_250 * US, 13_570 * US), ("c", 750 * US, 7_960 * US)];
+        let mut config = config(&models, 128, 30, 250 * MS);
+        config.params = vec![Param { key: "group_limit".into(), value: "12".into() }];
+        let mut d = driver(config);
+        let groups = d.policy().groups().len();
+        assert!(groups >= 3, "{groups} groups");
+        let membership: BTreeMap<WorkerId, usize> = d
+            .policy()
+            .groups()
+            .iter()
+            .enumerate()
+            .flat_map(|(g, group)| group.worker_ids().map(move |w| (w, g)))
+            .collect();
+        assert_eq!(membership.len(), 30);
+        for group in d.policy().groups() {
+            assert!(group.worker_ids().count() <= 12);
+        }
+        let stream_group = d.policy().stream_groups().to_vec();
+        let mut id = 0;
+        for step in 0..50u64 {
+            let now = step * MS;
+            let events: Vec<Event> = (0..3)
+                .map(|s| {
+                    id += 1;
+                    Event::Arrival(request(id, s, now, now + 250 * MS))
+                })
+                .collect();
+            for action in d.handle(now, events) {
+                if let Action::Dispatch(x) = action {
+                    for rid in &x.requests {
+                        let stream = ((rid - 1) % 3) as usize;
+                        assert_eq!(membership[&x.worker], stream_group[stream], "request {rid} left its group");
+                        assert_eq!(x.variant, Some(stream as u32));
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,295 @@
+//! The Resource Manager's planning step: hardware scaling first (STEP1, exact by
+//! enumeration); if that needs more than the cluster, accuracy scaling (STEP2, the
+//! MILP, warm-started from the previous plan and the greedy single-path plan); if
+//! even that is infeasible, the plan for the largest demand any plan serves; and
+//! if no plan meets the latency cap at all, `FASTEST`.
+//!
+//! The MILP runs as a [`PlanJob`] that a policy advances a slice at a time (one
+//! slice per tick keeps each host call within its fuel or time limit); until it
+//! finishes, the greedy single-path plan serves.
+
+use yardmaster_sdk::helpers::milp::{Budget, Search, Solution, Status};
+
+use crate::model::{Factors, PipelineModel};
+use crate::plan::{Plan, Regime};
+use crate::single_path::{best_single_path, fastest, hardware_scaling};
+use crate::step2::{Goal, Step2};
+
+/// Limits of one MILP solve.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SolverLimits {
+    /// Most branch-and-bound nodes per solve.
+    pub max_nodes: u64,
+    /// Most simplex pivots per solve.
+    pub max_pivots: u64,
+    /// Time slice per call in ns of the caller's clock (0: none).
+    pub time_slice_ns: u64,
+    /// Work (tableau entries touched) per call.
+    pub work_slice: u64,
+}
+
+impl Default for SolverLimits {
+    fn default() -> Self {
+        Self { max_nodes: 400, max_pivots: 200_000, time_slice_ns: 0, work_slice: u64::MAX }
+    }
+}
+
+/// What planning cost.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PlanStats {
+    /// MILP solves run.
+    pub solves: u32,
+    /// Branch-and-bound nodes, over all solves.
+    pub nodes: u64,
+    /// Simplex pivots, over all solves.
+    pub pivots: u64,
+    /// Calls (slices) the solves took.
+    pub slices: u32,
+    /// Status of the last accuracy-scaling solve.
+    pub status: Option<Status>,
+    /// Variables and constraints of the last MILP.
+    pub size: (usize, usize),
+}
+
+/// Inputs of one planning run.
+pub struct PlanRequest<'a> {
+    /// The pipeline.
+    pub model: &'a PipelineModel,
+    /// Multiplicative factors to plan with.
+    pub factors: &'a Factors,
+    /// Root demand to serve (QPS, headroom included).
+    pub demand: f64,
+    /// Workers available.
+    pub cluster: u32,
+    /// Per-path latency cap `L'` (ms).
+    pub cap_ms: f64,
+    /// Solver limits.
+    pub limits: SolverLimits,
+    /// The plan in force (a warm start).
+    pub previous: Option<&'a Plan>,
+    /// Give workers STEP2 leaves idle to the most loaded variants.
+    pub fill_spare: bool,
+}
+
+/// Where a job stands.
+enum Stage {
+    /// STEP2 at `demand` (`capped`: the largest feasible demand).
+    Accuracy { step: Step2, search: Search, demand: f64, capped: bool, greedy: Option<Plan> },
+    /// The largest demand any plan serves.
+    Capacity { step: Step2, search: Search },
+}
+
+/// A Resource Manager run in progress.
+pub struct PlanJob {
+    factors: Factors,
+    cluster: u32,
+    cap_ms: f64,
+    limits: SolverLimits,
+    fill_spare: bool,
+    /// Set once the first stage is built.
+    stage: Option<Stage>,
+    stats: PlanStats,
+}
+
+/// What starting a plan gives.
+pub enum Started {
+    /// The plan, found at once (hardware scaling, or nothing left to optimise).
+    Done(Plan),
+    /// A plan to serve with now (the greedy one, if any) and the job that improves it.
+    Pending(Option<Plan>, Box<PlanJob>),
+}
+
+/// Start planning for a demand.
+pub fn start(request: &PlanRequest) -> Started {
+    let (model, factors, cap, cluster) = (request.model, request.factors, request.cap_ms, request.cluster);
+    if let Some(plan) = hardware_scaling(model, factors, request.demand, cap, cluster) {
+        return Started::Done(plan);
+    }
+    let mut job = PlanJob {
+        factors: factors.clone(),
+        cluster,
+        cap_ms: cap,
+        limits: request.limits,
+        fill_spare: request.fill_spare,
+        stage: None,
+        stats: PlanStats::default(),
+    };
+    match job.accuracy_stage(model, request.demand, false, request.previous) {
+        Some(stage) => {
+            let interim = match &stage {
+                Stage::Accuracy { greedy, .. } => greedy.clone(),
+                Stage::Capacity { .. } => None,
+            };
+            job.stage = Some(stage);
+            Started::Pending(interim, Box::new(job))
+        }
+        None => match job.capacity_stage(model) {
+            Some(stage) => {
+                job.stage = Some(stage);
+                Started::Pending(None, Box::new(job))
+            }
+            None => Started::Done(fastest(model, factors, request.demand, cluster)),
+        },
+    }
+}
+
+/// Plan for a demand, running the MILP to the end in one go (the `SOLVE` cascade).
+pub fn resource_manager(request: &PlanRequest) -> (Plan, PlanStats) {
+    match start(request) {
+        Started::Done(plan) => (plan, PlanStats::default()),
+        Started::Pending(_, mut job) => loop {
+            if let Some(plan) = job.advance(request.model, None) {
+                return (plan, job.stats.clone());
+            }
+        },
+    }
+}
+
+impl PlanJob {
+    /// What the job has cost so far.
+    pub fn stats(&self) -> &PlanStats {
+        &self.stats
+    }
+
+    fn accuracy_stage(&mut self, model: &PipelineModel, demand: f64, capped: bool, previous: Option<&Plan>) -> Option<Stage> {
+        let greedy = best_single_path(model, &self.factors, demand, self.cap_ms, self.cluster);
+        let step = Step2::build(model, &self.factors, self.cluster, self.cap_ms, Goal::Accuracy { demand })?;
+        self.stats.size = step.size();
+        let mut warm = Vec::new();
+        if let Some(plan) = &greedy {
+            warm.extend(step.point_of(model, self.cap_ms, plan));
+        }
+        if let Some(plan) = previous {
+            warm.extend(step.point_of(model, self.cap_ms, plan));
+        }
+        let search = step.search(&warm);
+        Some(Stage::Accuracy { step, search, demand, capped, greedy })
+    }
+
+    fn capacity_stage(&mut self, model: &PipelineModel) -> Option<Stage> {
+        let step = Step2::build(model, &self.factors, self.cluster, self.cap_ms, Goal::Capacity)?;
+        let search = step.search(&[]);
+        Some(Stage::Capacity { step, search })
+    }
+
+    fn finish_plan(&self, model: &PipelineModel, mut plan: Plan, regime: Regime) -> Plan {
+        plan.regime = regime;
+        if self.fill_spare {
+            fill_spare(model, &mut plan, self.cluster);
+        }
+        plan
+    }
+
+    fn record(&mut self, solution: &Solution) {
+        self.stats.solves += 1;
+        self.stats.nodes += solution.nodes;
+        self.stats.pivots += solution.pivots;
+    }
+
+    /// Run one slice (bounded by the limits' work slice and, with a clock, time
+    /// slice); the plan once the job is finished.
+    pub fn advance(&mut self, model: &PipelineModel, clock: Option<&dyn Fn() -> u64>) -> Option<Plan> {
+        let deadline = match (clock, self.limits.time_slice_ns) {
+            (Some(clock), slice) if slice > 0 => Some((clock().saturating_add(slice), clock)),
+            _ => None,
+        };
+        let budget = Budget {
+            max_nodes: self.limits.max_nodes,
+            max_pivots: self.limits.max_pivots,
+            relative_gap: 1e-6,
+            deadline,
+            slice_work: self.limits.work_slice,
+        };
+        self.stats.slices += 1;
+        match self.stage.as_mut()? {
+            Stage::Accuracy { step, search, demand, capped, greedy } => {
+                let solution = search.run(&budget)?;
+                let (demand, capped, greedy) = (*demand, *capped, greedy.take());
+                let plan = solution.has_point().then(|| step.plan(model, &self.factors, &solution.values));
+                self.record(&solution);
+                self.stats.status = Some(solution.status);
+                let regime = if capped { Regime::Capped } else { Regime::Accuracy };
+                if let Some(plan) = plan.or(greedy) {
+                    return Some(self.finish_plan(model, plan, regime));
+                }
+                if capped {
+                    return Some(fastest(model, &self.factors, demand, self.cluster));
+                }
+                match self.capacity_stage(model) {
+                    Some(stage) => {
+                        self.stage = Some(stage);
+                        None
+                    }
+                    None => Some(fastest(model, &self.factors, demand, self.cluster)),
+                }
+            }
+            Stage::Capacity { step, search } => {
+                let solution = search.run(&budget)?;
+                let best = (solution.has_point() && solution.objective > 0.0).then(|| (solution.objective, step.plan(model, &self.factors, &solution.values)));
+                self.record(&solution);
+                let Some((capacity, fallback)) = best else {
+                    return Some(fastest(model, &self.factors, 0.0, self.cluster));
+                };
+                match self.accuracy_stage(model, capacity * (1.0 - 1e-6), true, None) {
+                    Some(stage) => {
+                        self.stage = Some(stage);
+                        None
+                    }
+                    None => Some(self.finish_plan(model, fallback, Regime::Capped)),
+                }
+            }
+        }
+    }
+}
+
+/// Give the workers a plan leaves idle, one at a time, to the hosted variant with
+/// the highest planned load per unit of capacity.
+pub fn fill_spare(model: &PipelineModel, plan: &mut Plan, cluster: u32) {
+    while plan.workers() < cluster && !plan.hosts.is_empty() {
+        let utilisation = |h: &crate::plan::Hosting| {
+            let b = model.batches.iter().position(|&x| x == h.batch).unwrap_or(0);
+            h.load / (h.replicas as f64 * model.tasks[h.task].variants[h.variant].throughput(b, &model.batches))
+        };
+        let open: Vec<usize> = (0..plan.hosts.len()).filter(|&h| plan.task_workers(plan.hosts[h].task) < model.tasks[plan.hosts[h].task].max_replicas).collect();
+        let Some(busiest) = open.into_iter().max_by(|&a, &b| utilisation(&plan.hosts[a]).total_cmp(&utilisation(&plan.hosts[b]))) else { break };
+        plan.hosts[busiest].replicas += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{offline_factors, toy};
+    use yardmaster_sdk::LatencyTable;
+
+    fn toy() -> (PipelineModel, Factors) {
+        let config = toy::chain();
+        let model = PipelineModel::from_config(&config, &LatencyTable::from_config(&config), &[1, 2, 4, 8, 16]).unwrap();
+        let factors = offline_factors(&model, &[]);
+        (model, factors)
+    }
+
+    fn plan_at(model: &PipelineModel, factors: &Factors, demand: f64) -> Plan {
+        let request = PlanRequest {
+            model,
+            factors,
+            demand,
+            cluster: 10,
+            cap_ms: 100.0,
+            limits: SolverLimits { max_nodes: 100_000, max_pivots: 50_000_000, ..SolverLimits::default() },
+            previous: None,
+            fill_spare: false,
+        };
+        resource_manager(&request).0
+    }
+
+    #[test]
+    fn planned_accuracy_matches_the_spec_reference_values() {
+        let (model, factors) = toy();
+        for (demand, expected) in [(700.0, 0.946), (900.0, 0.870), (1200.0, 0.763), (2000.0, 0.630)] {
+            let plan = plan_at(&model, &factors, demand);
+            assert_eq!(plan.regime, Regime::Accuracy, "D = {demand}");
+            assert!((plan.accuracy - expected).abs() < 0.0015, "D = {demand}: {} vs {expected}", plan.accuracy);
+        }
+    }
+}

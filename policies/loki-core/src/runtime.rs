@@ -1,0 +1,845 @@
+//! The policy itself: events in, actions out. Per tick it estimates the root
+//! demand, re-plans every `rm_period_s` or on a demand jump (the flavour's planner),
+//! applies the plan (scale stages, switch worker variants, set max batch sizes and
+//! latency budgets) and rebuilds the routing tables, which it also publishes with
+//! `set-routes`. Each request is queued at the worker its routing table draws; an
+//! idle worker runs its queue in batches after early dropping; finished batches
+//! feed the multiplicative-factor telemetry.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::marker::PhantomData;
+
+use yardmaster_sdk::helpers::CountWindow;
+use yardmaster_sdk::{
+    splitmix64, BatchOutcome, Ctx, DropReason, EndReason, Instant, Policy, Request, RequestId, Route, Snapshot,
+    StageId, VariantTarget, Worker, WorkerId,
+};
+
+use crate::balancer::{most_accurate_first, planned_load_routing, sample, BalancerWorker, Routing};
+use crate::batching::{choose_reroute, form_batch, DropMode, Queued};
+use crate::budgets::budget_ns;
+use crate::demand::DemandEstimator;
+use crate::model::{Factors, PipelineModel};
+use crate::plan::Plan;
+use crate::planner::{start, PlanJob, PlanRequest, Started};
+use crate::settings::{PlannerKind, Settings};
+use crate::single_path::{hardware_scaling, max_served_fraction};
+
+/// A flavour of the policy: which planner and which default drop mode.
+pub trait Flavour: 'static {
+    /// The planner.
+    const PLANNER: PlannerKind;
+    /// Default `drop_mode`.
+    const DROP: DropMode;
+}
+
+/// Loki itself.
+pub struct LokiFlavour;
+impl Flavour for LokiFlavour {
+    const PLANNER: PlannerKind = PlannerKind::Loki;
+    const DROP: DropMode = DropMode::Reroute;
+}
+
+/// The InferLine-like baseline.
+pub struct InferLineFlavour;
+impl Flavour for InferLineFlavour {
+    const PLANNER: PlannerKind = PlannerKind::InferLine;
+    const DROP: DropMode = DropMode::PerTask;
+}
+
+/// The Proteus-like baseline.
+pub struct ProteusFlavour;
+impl Flavour for ProteusFlavour {
+    const PLANNER: PlannerKind = PlannerKind::Proteus;
+    const DROP: DropMode = DropMode::PerTask;
+}
+
+/// The policy, generic over its flavour.
+pub struct LokiPolicy<F: Flavour> {
+    runtime: Runtime,
+    flavour: PhantomData<F>,
+}
+
+impl<F: Flavour> LokiPolicy<F> {
+    /// The runtime state (for tests).
+    pub fn runtime(&self) -> &Runtime {
+        &self.runtime
+    }
+}
+
+/// What the runtime knows of a worker.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Assigned {
+    /// Its stage.
+    pub stage: StageId,
+    /// Its task (none on a pseudo stage).
+    pub task: Option<usize>,
+    /// Variant index.
+    pub variant: usize,
+    /// Max batch size.
+    pub batch: u32,
+    /// Latency budget (ns).
+    pub budget_ns: u64,
+}
+
+/// A map that forgets entries after one to two periods (per-query routing memory).
+#[derive(Debug, Default)]
+struct Recent<K, V> {
+    current: HashMap<K, V>,
+    previous: HashMap<K, V>,
+    rotated_at: Instant,
+}
+
+impl<K: std::hash::Hash + Eq, V: Copy> Recent<K, V> {
+    fn get(&self, key: &K) -> Option<V> {
+        self.current.get(key).or_else(|| self.previous.get(key)).copied()
+    }
+
+    fn insert(&mut self, key: K, value: V) {
+        self.current.insert(key, value);
+    }
+
+    fn rotate(&mut self, now: Instant, period: u64) {
+        if now.saturating_sub(self.rotated_at) >= period {
+            self.previous = std::mem::take(&mut self.current);
+            self.rotated_at = now;
+        }
+    }
+}
+
+/// Sub-requests a worker's processed requests produced, waiting to be counted.
+struct PendingChildren {
+    task: usize,
+    worker: WorkerId,
+    counts: Vec<u32>,
+}
+
+/// Planning statistics the runtime keeps.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RuntimeStats {
+    /// Resource Manager runs.
+    pub plans: u64,
+    /// MILP solves.
+    pub solves: u64,
+    /// Branch-and-bound nodes over all solves.
+    pub nodes: u64,
+    /// Simplex pivots over all solves.
+    pub pivots: u64,
+    /// Variant switches issued.
+    pub switches: u64,
+    /// Requests dropped early.
+    pub dropped: u64,
+    /// Requests pinned by opportunistic rerouting.
+    pub rerouted: u64,
+}
+
+/// The policy's state.
+pub struct Runtime {
+    model: PipelineModel,
+    settings: Settings,
+    rng: u64,
+    demand: DemandEstimator,
+    task_demand: Vec<DemandEstimator>,
+    root_arrivals: u64,
+    task_arrivals: Vec<u64>,
+    last_tick: Instant,
+    tick_ns: u64,
+    plan: Option<Plan>,
+    plan_demand: f64,
+    last_plan: Option<Instant>,
+    workers: BTreeMap<WorkerId, Assigned>,
+    queues: BTreeMap<WorkerId, VecDeque<Queued>>,
+    pseudo_queues: BTreeMap<StageId, VecDeque<RequestId>>,
+    orphans: BTreeMap<usize, VecDeque<Queued>>,
+    ended: HashSet<RequestId>,
+    running: HashMap<WorkerId, Vec<(RequestId, RequestId)>>,
+    processed_by: Recent<(RequestId, usize), WorkerId>,
+    pins: Recent<(RequestId, usize), WorkerId>,
+    pending_children: HashMap<RequestId, PendingChildren>,
+    worker_factors: BTreeMap<WorkerId, Vec<CountWindow>>,
+    variant_factors: Vec<Vec<Vec<CountWindow>>>,
+    child_counts: Vec<Vec<f64>>,
+    requested: BTreeMap<StageId, u32>,
+    /// When each stage was last scaled up (a request the host refused, or workers
+    /// that never came, are forgotten after `SCALE_PATIENCE_NS`).
+    scaled_up_at: BTreeMap<StageId, Instant>,
+    routing: Routing,
+    /// The Resource Manager's MILP in progress, advanced one slice per call.
+    job: Option<Box<PlanJob>>,
+    stats: RuntimeStats,
+}
+
+/// How long requested workers may take to start before the request is forgotten
+/// (the host may refuse a scale-up, e.g. while drained workers still count).
+const SCALE_PATIENCE_NS: u64 = 5_000_000_000;
+
+/// Samples needed before a variant's observed factor replaces the offline one.
+const MIN_FACTOR_SAMPLES: usize = 10;
+
+impl Runtime {
+    /// Build the runtime for the configuration in `ctx`.
+    pub fn new(ctx: &mut Ctx, planner: PlannerKind, default_drop: DropMode) -> Result<Self, String> {
+        let probe = Settings::from_ctx(ctx, planner, default_drop, 0)?;
+        let model = PipelineModel::from_config(ctx.config(), ctx.latency(), &probe.batches)?;
+        let pseudo_workers = model.pseudo.len() as u32;
+        let settings = Settings::from_ctx(ctx, planner, default_drop, pseudo_workers)?;
+        if settings.cluster < model.tasks.len() as u32 {
+            return Err(format!("cluster of {} workers cannot host {} tasks", settings.cluster, model.tasks.len()));
+        }
+        let mut requested = BTreeMap::new();
+        for stage in &ctx.config().stages {
+            requested.insert(stage.id, 0);
+        }
+        let mut workers = BTreeMap::new();
+        for w in &ctx.config().workers {
+            *requested.entry(w.stage).or_default() += 1;
+            workers.insert(w.id, Self::assigned_for(&model, &settings, ctx, w));
+        }
+        let tasks = model.tasks.len();
+        let variant_factors = model
+            .tasks
+            .iter()
+            .map(|t| t.variants.iter().map(|_| t.children.iter().map(|_| CountWindow::new(4 * settings.factor_history)).collect()).collect())
+            .collect();
+        let child_counts = model.tasks.iter().map(|t| vec![0.0; t.children.len()]).collect();
+        let mut runtime = Self {
+            demand: DemandEstimator::new(settings.ewma_com, settings.ewma_window),
+            task_demand: (0..tasks).map(|_| DemandEstimator::new(settings.ewma_com, settings.ewma_window)).collect(),
+            root_arrivals: 0,
+            task_arrivals: vec![0; tasks],
+            last_tick: ctx.config().now,
+            tick_ns: ctx.config().tick_interval.max(1),
+            rng: ctx.config().seed ^ 0x4c6f_6b69,
+            plan: None,
+            plan_demand: 0.0,
+            last_plan: None,
+            queues: workers.keys().map(|&w| (w, VecDeque::new())).collect(),
+            workers,
+            pseudo_queues: BTreeMap::new(),
+            orphans: BTreeMap::new(),
+            ended: HashSet::new(),
+            running: HashMap::new(),
+            processed_by: Recent::default(),
+            pins: Recent::default(),
+            pending_children: HashMap::new(),
+            worker_factors: BTreeMap::new(),
+            variant_factors,
+            child_counts,
+            requested,
+            scaled_up_at: BTreeMap::new(),
+            routing: Routing::default(),
+            job: None,
+            stats: RuntimeStats::default(),
+            model,
+            settings,
+        };
+        // Start from the plan for no demand (one worker per task), then follow the load.
+        runtime.replan(ctx, 0.0);
+        Ok(runtime)
+    }
+
+    fn assigned_for(model: &PipelineModel, settings: &Settings, ctx: &Ctx, w: &Worker) -> Assigned {
+        let task = model.task_of(w.stage);
+        let batch = ctx.config().stages.iter().find(|s| s.id == w.stage).map_or(1, |s| s.max_batch).max(1);
+        let mut assigned = Assigned { stage: w.stage, task, variant: w.variant as usize, batch, budget_ns: u64::MAX };
+        if let Some(t) = task {
+            assigned.batch = 1;
+            assigned.budget_ns = budget_ns(model, None, settings.budget, t, assigned.variant, 1);
+        }
+        assigned
+    }
+
+
+    /// The plan in force.
+    pub fn plan(&self) -> Option<&Plan> {
+        self.plan.as_ref()
+    }
+
+    /// The pipeline model.
+    pub fn model(&self) -> &PipelineModel {
+        &self.model
+    }
+
+    /// Planning statistics.
+    pub fn stats(&self) -> &RuntimeStats {
+        &self.stats
+    }
+
+    /// The smoothed root demand.
+    pub fn demand_estimate(&self) -> f64 {
+        self.demand.estimate()
+    }
+
+    /// Current assignments of the workers.
+    pub fn assignments(&self) -> &BTreeMap<WorkerId, Assigned> {
+        &self.workers
+    }
+
+    /// The routing tables in force.
+    pub fn routing(&self) -> &Routing {
+        &self.routing
+    }
+
+    fn unit(&mut self) -> f64 {
+        let (state, value) = splitmix64(self.rng);
+        self.rng = state;
+        (value >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Multiplicative factors to plan with: observed per variant when enough
+    /// requests were seen, else the variant's total fan-out split by the observed
+    /// child shares of its task (equal shares before any observation).
+    pub fn factors(&self) -> Factors {
+        self.model
+            .tasks
+            .iter()
+            .enumerate()
+            .map(|(t, task)| {
+                let seen: f64 = self.child_counts[t].iter().sum();
+                task.variants
+                    .iter()
+                    .enumerate()
+                    .map(|(k, v)| {
+                        (0..task.children.len())
+                            .map(|slot| {
+                                let window = &self.variant_factors[t][k][slot];
+                                if window.len() >= MIN_FACTOR_SAMPLES {
+                                    window.mean().unwrap_or(0.0)
+                                } else {
+                                    let share = if seen > 0.0 { self.child_counts[t][slot] / seen } else { 1.0 / task.children.len() as f64 };
+                                    v.fan_out * share
+                                }
+                            })
+                            .collect()
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    fn worker_factor(&self, worker: WorkerId, factors: &Factors) -> Vec<f64> {
+        let Some(Assigned { task: Some(t), variant, .. }) = self.workers.get(&worker) else { return Vec::new() };
+        (0..self.model.tasks[*t].children.len())
+            .map(|slot| {
+                self.worker_factors
+                    .get(&worker)
+                    .and_then(|w| w.get(slot))
+                    .filter(|w| w.len() >= MIN_FACTOR_SAMPLES)
+                    .and_then(CountWindow::mean)
+                    .unwrap_or(factors[*t][*variant][slot])
+            })
+            .collect()
+    }
+
+    /// Run the flavour's planner for demand `estimate` and apply the plan.
+    fn replan(&mut self, ctx: &mut Ctx, estimate: f64) {
+        let factors = self.factors();
+        let demand = estimate * self.settings.headroom;
+        let cap_ms = (self.model.slo_ms - self.settings.comm_ms * self.model.branches.iter().map(Vec::len).max().unwrap_or(1) as f64) / 2.0;
+        let cluster = self.settings.cluster;
+        let plan = match self.settings.planner {
+            PlannerKind::Loki => {
+                let request = PlanRequest {
+                    model: &self.model,
+                    factors: &factors,
+                    demand,
+                    cluster,
+                    cap_ms,
+                    limits: self.settings.limits,
+                    previous: self.plan.as_ref(),
+                    fill_spare: self.settings.fill_spare,
+                };
+                self.job = None;
+                match start(&request) {
+                    Started::Done(plan) => plan,
+                    Started::Pending(interim, job) => {
+                        self.job = Some(job);
+                        // Serve with the greedy plan (or the current one) meanwhile,
+                        // and give the MILP its first slice now.
+                        if let Some(plan) = interim {
+                            self.adopt(ctx, plan, estimate);
+                        } else {
+                            self.plan_demand = estimate;
+                            self.last_plan = Some(ctx.now());
+                        }
+                        self.advance_job(ctx);
+                        return;
+                    }
+                }
+            }
+            PlannerKind::InferLine => {
+                let choice: Vec<usize> = self.model.tasks.iter().map(|t| t.most_accurate).collect();
+                hardware_scaling(&self.model, &factors, demand, cap_ms, cluster)
+                    .or_else(|| max_served_fraction(&self.model, &factors, &choice, demand, cap_ms, cluster).map(|(_, p)| p))
+                    .unwrap_or_else(|| crate::single_path::fastest(&self.model, &factors, demand, cluster))
+            }
+            PlannerKind::Proteus => {
+                let demands: Vec<f64> = self.task_demand.iter().map(|d| d.estimate() * self.settings.headroom).collect();
+                crate::proteus::plan(&self.model, &demands, cluster, self.settings.limits.max_nodes)
+            }
+        };
+        self.adopt(ctx, plan, estimate);
+    }
+
+    /// Advance the MILP in progress by one slice; adopt its plan when it is done.
+    fn advance_job(&mut self, ctx: &mut Ctx) {
+        let Some(job) = self.job.as_mut() else { return };
+        let clock = || ctx.host().now();
+        let finished = job.advance(&self.model, Some(&clock));
+        let Some(plan) = finished else { return };
+        let stats = job.stats().clone();
+        self.job = None;
+        self.stats.solves += stats.solves as u64;
+        self.stats.nodes += stats.nodes;
+        self.stats.pivots += stats.pivots;
+        ctx.host().emit("loki.milp_nodes", stats.nodes as f64);
+        ctx.host().emit("loki.milp_pivots", stats.pivots as f64);
+        ctx.host().emit("loki.milp_slices", stats.slices as f64);
+        let estimate = self.plan_demand;
+        self.adopt(ctx, plan, estimate);
+    }
+
+    /// Put a plan in force.
+    fn adopt(&mut self, ctx: &mut Ctx, plan: Plan, estimate: f64) {
+        self.stats.plans += 1;
+        ctx.host().emit("loki.plan_accuracy", plan.accuracy);
+        ctx.host().emit("loki.plan_workers", plan.workers() as f64);
+        let unchanged = self.plan.as_ref().is_some_and(|old| old.same_allocation(&plan));
+        if !unchanged {
+            self.plan = Some(plan);
+        } else if let Some(old) = self.plan.as_mut() {
+            old.accuracy = plan.accuracy;
+            old.demand = plan.demand;
+        }
+        self.plan_demand = estimate;
+        self.last_plan = Some(ctx.now());
+        self.reconcile(ctx);
+        self.balance(ctx);
+    }
+
+    /// Bring the workers in line with the plan: switch variants where a stage has
+    /// workers to spare, scale stages up or down, set batches and budgets.
+    fn reconcile(&mut self, ctx: &mut Ctx) {
+        let Some(plan) = self.plan.clone() else { return };
+        for (t, task) in self.model.tasks.iter().enumerate() {
+            let stage = task.stage;
+            let mut wanted: Vec<(usize, u32, u32)> =
+                plan.hosts.iter().filter(|h| h.task == t && h.replicas > 0).map(|h| (h.variant, h.replicas, h.batch)).collect();
+            if wanted.is_empty() {
+                wanted.push((task.most_accurate, 1, self.model.batches[0]));
+            }
+            let target: u32 = wanted.iter().map(|w| w.1).sum::<u32>().clamp(1, task.max_replicas);
+            let mine: Vec<WorkerId> = self.workers.iter().filter(|(_, a)| a.task == Some(t)).map(|(&w, _)| w).collect();
+            let mut free: Vec<WorkerId> = Vec::new();
+            let mut kept: Vec<(WorkerId, usize)> = Vec::new();
+            let mut deficits: Vec<(usize, u32)> = Vec::new();
+            for &(k, n, _) in &wanted {
+                let hosting: Vec<WorkerId> = mine.iter().copied().filter(|w| self.workers[w].variant == k).collect();
+                for (i, &w) in hosting.iter().enumerate() {
+                    if (i as u32) < n {
+                        kept.push((w, k));
+                    }
+                }
+                if (hosting.len() as u32) < n {
+                    deficits.push((k, n - hosting.len() as u32));
+                }
+            }
+            for &w in &mine {
+                if !kept.iter().any(|(x, _)| *x == w) {
+                    free.push(w);
+                }
+            }
+            // Switch spare workers of the stage to the variants short of replicas.
+            let mut still_short: Vec<(usize, u32)> = Vec::new();
+            for (k, mut n) in deficits {
+                while n > 0 {
+                    let Some(w) = free.pop() else { break };
+                    ctx.set_variant(VariantTarget::Worker(w), task.variants[k].id);
+                    self.stats.switches += 1;
+                    if let Some(a) = self.workers.get_mut(&w) {
+                        a.variant = k;
+                    }
+                    kept.push((w, k));
+                    n -= 1;
+                }
+                if n > 0 {
+                    still_short.push((k, n));
+                }
+            }
+            // Batches and budgets of the kept workers.
+            for &(w, k) in &kept {
+                let batch = wanted.iter().find(|x| x.0 == k).map_or(1, |x| x.2);
+                let budget = budget_ns(&self.model, Some(&plan), self.settings.budget, t, k, batch);
+                if let Some(a) = self.workers.get_mut(&w) {
+                    a.batch = batch;
+                    a.budget_ns = budget;
+                }
+            }
+            // Scale the stage: starting workers count towards the shortage, unless
+            // they were asked for too long ago.
+            let mut requested = self.requested.get(&stage).copied().unwrap_or(0);
+            let stale = self.scaled_up_at.get(&stage).is_none_or(|&at| ctx.now().saturating_sub(at) > SCALE_PATIENCE_NS);
+            if stale && requested > mine.len() as u32 {
+                requested = mine.len() as u32;
+            }
+            let starting = requested.saturating_sub(mine.len() as u32);
+            let mut short: u32 = still_short.iter().map(|s| s.1).sum::<u32>().saturating_sub(starting);
+            if target > requested {
+                let mut total = requested;
+                for &(k, n) in &still_short {
+                    let add = n.min(short).min(target - total);
+                    if add > 0 {
+                        total += add;
+                        short -= add;
+                        ctx.scale(stage, total, Some(task.variants[k].id));
+                    }
+                }
+                if total < target {
+                    ctx.scale(stage, target, Some(task.variants[wanted[0].0].id));
+                }
+                self.requested.insert(stage, target);
+                self.scaled_up_at.insert(stage, ctx.now());
+            } else if target < requested {
+                ctx.scale(stage, target, None);
+                self.requested.insert(stage, target);
+            }
+        }
+    }
+
+    /// Rebuild the routing tables (MostAccurateFirst, or planned load for the
+    /// Proteus-like baseline) and publish them.
+    fn balance(&mut self, ctx: &mut Ctx) {
+        let factors = self.factors();
+        let mut list = Vec::new();
+        for (&id, a) in &self.workers {
+            let Some(t) = a.task else { continue };
+            let v = &self.model.tasks[t].variants[a.variant];
+            let b = self.model.batches.iter().position(|&x| x == a.batch).unwrap_or(0);
+            let planned_load = self
+                .plan
+                .as_ref()
+                .and_then(|p| p.hosting(t, a.variant))
+                .map_or(0.0, |h| h.load / h.replicas.max(1) as f64);
+            list.push(BalancerWorker {
+                id,
+                task: t,
+                accuracy: v.accuracy,
+                capacity: v.throughput(b, &self.model.batches),
+                budget_ns: a.budget_ns,
+                factors: self.worker_factor(id, &factors),
+                planned_load,
+            });
+        }
+        let tick_s = self.tick_ns as f64 / 1e9;
+        self.routing = match self.settings.planner {
+            PlannerKind::Proteus => planned_load_routing(&self.model, &list),
+            _ => most_accurate_first(&self.model, &list, self.demand.estimate(), tick_s, self.settings.ties),
+        };
+        let to_routes = |table: &Vec<(WorkerId, f64)>| -> Vec<Route> { table.iter().map(|&(worker, weight)| Route { worker, weight }).collect() };
+        if !self.routing.front.is_empty() {
+            ctx.set_routes(self.model.tasks[0].stage, None, to_routes(&self.routing.front));
+        }
+        if self.settings.planner == PlannerKind::Proteus {
+            for (t, table) in self.routing.by_task.iter().enumerate().skip(1) {
+                if !table.is_empty() {
+                    ctx.set_routes(self.model.tasks[t].stage, None, to_routes(table));
+                }
+            }
+        }
+        for (&(source, child), table) in &self.routing.tables {
+            if !table.is_empty() {
+                ctx.set_routes(self.model.tasks[child].stage, Some(source), to_routes(table));
+            }
+        }
+    }
+
+    fn is_task_worker(&self, worker: WorkerId, task: usize) -> bool {
+        self.workers.get(&worker).is_some_and(|a| a.task == Some(task))
+    }
+
+    /// The worker a request at `task` goes to.
+    fn route(&mut self, task: usize, origin: RequestId) -> Option<WorkerId> {
+        let unit = self.unit();
+        let drawn = match self.model.tasks[task].parent {
+            None => sample(&self.routing.front, unit),
+            Some(parent) => match self.pins.get(&(origin, task)).filter(|&w| self.is_task_worker(w, task)) {
+                Some(pinned) => Some(pinned),
+                None => self
+                    .processed_by
+                    .get(&(origin, parent))
+                    .and_then(|source| self.routing.tables.get(&(source, task)))
+                    .and_then(|table| sample(table, unit))
+                    .or_else(|| self.routing.by_task.get(task).and_then(|table| sample(table, unit))),
+            },
+        };
+        if let Some(w) = drawn.filter(|&w| self.is_task_worker(w, task)) {
+            return Some(w);
+        }
+        // No table (yet) or a stale one: the task's worker with the shortest queue.
+        self.workers
+            .iter()
+            .filter(|(_, a)| a.task == Some(task))
+            .map(|(&w, _)| w)
+            .min_by_key(|w| self.queues.get(w).map_or(0, VecDeque::len))
+    }
+
+    fn enqueue(&mut self, task: usize, queued: Queued) {
+        match self.route(task, queued.origin) {
+            Some(w) => self.queues.entry(w).or_default().push_back(queued),
+            None => self.orphans.entry(task).or_default().push_back(queued),
+        }
+    }
+
+    fn arrival(&mut self, request: Request) {
+        let Some(task) = self.model.task_of(request.stage) else {
+            self.pseudo_queues.entry(request.stage).or_default().push_back(request.id);
+            return;
+        };
+        if task == 0 && request.requeues == 0 {
+            self.root_arrivals += 1;
+        }
+        self.task_arrivals[task] += 1;
+        if let Some(parent) = self.model.tasks[task].parent {
+            if let Some(pending) = self.pending_children.get_mut(&request.origin) {
+                if pending.task == parent {
+                    if let Some(slot) = self.model.child_slot(parent, task) {
+                        pending.counts[slot] += 1;
+                    }
+                }
+            }
+        }
+        let queued = Queued { id: request.id, origin: request.origin, arrived_at: request.arrived_at, deadline: request.deadline, examined: false };
+        self.enqueue(task, queued);
+    }
+
+    fn batch_done(&mut self, outcome: &BatchOutcome) {
+        let Some(ran) = self.running.remove(&outcome.worker) else { return };
+        let Some(Assigned { task: Some(task), .. }) = self.workers.get(&outcome.worker).cloned() else { return };
+        let children = self.model.tasks[task].children.len();
+        for (_, origin) in ran {
+            self.processed_by.insert((origin, task), outcome.worker);
+            if children > 0 {
+                self.pending_children.insert(origin, PendingChildren { task, worker: outcome.worker, counts: vec![0; children] });
+            }
+        }
+    }
+
+    /// Count the sub-requests of the batches that finished in this call.
+    fn flush_telemetry(&mut self) {
+        for (_, pending) in self.pending_children.drain() {
+            let history = self.settings.factor_history;
+            let windows = self
+                .worker_factors
+                .entry(pending.worker)
+                .or_insert_with(|| (0..pending.counts.len()).map(|_| CountWindow::new(history)).collect());
+            let variant = self.workers.get(&pending.worker).map(|a| a.variant);
+            for (slot, &count) in pending.counts.iter().enumerate() {
+                windows[slot].push(count as f64);
+                if let Some(k) = variant {
+                    self.variant_factors[pending.task][k][slot].push(count as f64);
+                }
+                self.child_counts[pending.task][slot] += count as f64;
+            }
+        }
+    }
+
+    fn tick(&mut self, ctx: &mut Ctx) {
+        let now = ctx.now();
+        let elapsed = now.saturating_sub(self.last_tick).max(1) as f64 / 1e9;
+        self.last_tick = now;
+        self.demand.push(self.root_arrivals as f64 / elapsed);
+        self.root_arrivals = 0;
+        for (t, estimator) in self.task_demand.iter_mut().enumerate() {
+            estimator.push(self.task_arrivals[t] as f64 / elapsed);
+            self.task_arrivals[t] = 0;
+        }
+        let memory = (4.0 * self.model.slo_ms * 1e6) as u64 + 5_000_000_000;
+        self.processed_by.rotate(now, memory);
+        self.pins.rotate(now, memory);
+        if self.ended.len() > 100_000 {
+            self.ended.clear();
+        }
+        let estimate = self.demand.estimate();
+        let due = self.last_plan.is_none_or(|at| now.saturating_sub(at) >= self.settings.rm_period_ns);
+        let jump = estimate > (1.0 + self.settings.replan_jump) * self.plan_demand || estimate < (1.0 - self.settings.replan_jump) * self.plan_demand;
+        ctx.host().emit("loki.demand", estimate);
+        if ctx.param("debug").is_some() {
+            let queued: usize = self.queues.values().map(VecDeque::len).sum();
+            let longest = self.queues.values().map(VecDeque::len).max().unwrap_or(0);
+            #[cfg(target_arch = "wasm32")]
+            let pages = core::arch::wasm32::memory_size(0);
+            #[cfg(not(target_arch = "wasm32"))]
+            let pages = 0;
+            let msg = format!(
+                "t={:.0}s mem={pages} D={estimate:.1} queued={queued} longest={longest} ended={} processed={} pins={} orphans={} pseudo={:?} plan={:?} stats={:?}",
+                now as f64 / 1e9,
+                self.ended.len(),
+                self.processed_by.current.len() + self.processed_by.previous.len(),
+                self.pins.current.len() + self.pins.previous.len(),
+                self.orphans.values().map(VecDeque::len).sum::<usize>(),
+                self.pseudo_queues.values().map(VecDeque::len).collect::<Vec<_>>(),
+                self.plan.as_ref().map(|p| p.hosts.iter().map(|h| (h.task, h.variant, h.batch, h.replicas)).collect::<Vec<_>>()),
+                self.stats,
+            );
+            ctx.log(yardmaster_sdk::Level::Info, &msg);
+        }
+        if due || jump {
+            self.replan(ctx, estimate);
+        } else if self.job.is_some() {
+            self.advance_job(ctx);
+        } else {
+            self.reconcile(ctx);
+            self.balance(ctx);
+        }
+    }
+
+    fn worker_added(&mut self, ctx: &mut Ctx, worker: Worker) {
+        let assigned = Self::assigned_for(&self.model, &self.settings, ctx, &worker);
+        self.workers.insert(worker.id, assigned);
+        self.queues.entry(worker.id).or_default();
+        self.reconcile(ctx);
+        self.balance(ctx);
+        // Requests that found no worker of their task.
+        let tasks: Vec<usize> = self.orphans.keys().copied().collect();
+        for task in tasks {
+            let waiting = self.orphans.remove(&task).unwrap_or_default();
+            for q in waiting {
+                self.enqueue(task, q);
+            }
+        }
+    }
+
+    fn worker_removed(&mut self, ctx: &mut Ctx, worker: WorkerId) {
+        let Some(assigned) = self.workers.remove(&worker) else { return };
+        self.running.remove(&worker);
+        self.worker_factors.remove(&worker);
+        let waiting = self.queues.remove(&worker).unwrap_or_default();
+        self.reconcile(ctx);
+        self.balance(ctx);
+        if let Some(task) = assigned.task {
+            for q in waiting {
+                self.enqueue(task, q);
+            }
+        }
+    }
+
+    /// Form and dispatch a batch for every idle worker with work.
+    fn dispatch(&mut self, ctx: &mut Ctx) {
+        let now = ctx.now();
+        let idle: Vec<WorkerId> = self.workers.keys().copied().filter(|&w| ctx.worker(w).is_some_and(|v| v.idle)).collect();
+        for w in idle {
+            let assigned = self.workers[&w].clone();
+            let Some(task) = assigned.task else {
+                // Stages outside the tree run first come, first served (an iteration
+                // stage keeps its resident sequences running first).
+                let limit = ctx.batch_limit(assigned.stage) as usize;
+                let queue = self.pseudo_queues.entry(assigned.stage).or_default();
+                let mut batch: Vec<RequestId> = ctx.resident(w).iter().take(limit).map(|s| s.id).collect();
+                while batch.len() < limit {
+                    let Some(id) = queue.pop_front() else { break };
+                    if !self.ended.remove(&id) {
+                        batch.push(id);
+                    }
+                }
+                if !batch.is_empty() {
+                    ctx.dispatch(w, batch);
+                }
+                continue;
+            };
+            let mut queue = self.queues.remove(&w).unwrap_or_default();
+            if !self.ended.is_empty() {
+                queue.retain(|q| !self.ended.remove(&q.id));
+            }
+            if queue.is_empty() {
+                self.queues.insert(w, queue);
+                continue;
+            }
+            let variant = self.model.tasks[task].variants[assigned.variant].id;
+            let stage = assigned.stage;
+            let latency = |b: u32| ctx.latency().mean(stage, variant, b).unwrap_or(0);
+            let max_batch = assigned.batch.min(ctx.batch_limit(stage));
+            let spec = crate::batching::Worker { max_batch, budget_ns: assigned.budget_ns, leaf: self.model.tasks[task].children.is_empty(), latency: &latency };
+            let factors = self.factors();
+            let my_factors = self.worker_factor(w, &factors);
+            let mode = self.settings.drop_mode;
+            let formed = {
+                let routing = &mut self.routing;
+                let workers = &self.workers;
+                let model = &self.model;
+                let rng = &mut self.rng;
+                let mut next_unit = move || {
+                    let (state, value) = splitmix64(*rng);
+                    *rng = state;
+                    (value >> 11) as f64 / (1u64 << 53) as f64
+                };
+                let mut reroute = |_: &Queued, overshoot: u64| -> Option<crate::batching::Pins> {
+                    let mut pins = Vec::new();
+                    for (slot, &child) in model.tasks[task].children.iter().enumerate() {
+                        let need = my_factors.get(slot).copied().unwrap_or(0.0);
+                        if need <= 0.0 {
+                            continue;
+                        }
+                        let planned = routing.tables.get(&(w, child)).and_then(|t| sample(t, next_unit()))?;
+                        let planned_budget = workers.get(&planned)?.budget_ns;
+                        let backups = routing.backup.get_mut(child)?;
+                        let target = choose_reroute(backups, planned, planned_budget, overshoot, need, next_unit())?;
+                        pins.push((child, target));
+                    }
+                    Some(pins)
+                };
+                form_batch(&mut queue, &spec, now, mode, &mut reroute)
+            };
+            for id in &formed.dropped {
+                ctx.drop_request(*id, DropReason::DeadlineUnreachable);
+            }
+            self.stats.dropped += formed.dropped.len() as u64;
+            for (request, pins) in &formed.pinned {
+                self.stats.rerouted += 1;
+                for &(child, target) in pins {
+                    self.pins.insert((request.origin, child), target);
+                }
+            }
+            if !formed.batch.is_empty() {
+                // Origins of the batch, for telemetry and routing of the sub-requests.
+                self.running.insert(w, formed.batch.iter().copied().zip(formed.origins.iter().copied()).collect());
+                ctx.dispatch(w, formed.batch.clone());
+            }
+            self.queues.insert(w, queue);
+        }
+    }
+}
+
+impl<F: Flavour> Policy for LokiPolicy<F> {
+    fn init(ctx: &mut Ctx) -> Result<Self, String> {
+        Ok(Self { runtime: Runtime::new(ctx, F::PLANNER, F::DROP)?, flavour: PhantomData })
+    }
+
+    fn on_arrival(&mut self, _ctx: &mut Ctx, request: Request) {
+        self.runtime.arrival(request);
+    }
+
+    fn on_batch_done(&mut self, _ctx: &mut Ctx, outcome: BatchOutcome) {
+        self.runtime.batch_done(&outcome);
+    }
+
+    fn on_tick(&mut self, ctx: &mut Ctx, _snapshot: Snapshot) {
+        self.runtime.tick(ctx);
+    }
+
+    fn on_worker_added(&mut self, ctx: &mut Ctx, worker: Worker) {
+        self.runtime.worker_added(ctx, worker);
+    }
+
+    fn on_worker_removed(&mut self, ctx: &mut Ctx, worker: WorkerId) {
+        self.runtime.worker_removed(ctx, worker);
+    }
+
+    fn on_request_ended(&mut self, _ctx: &mut Ctx, request: RequestId, _reason: EndReason) {
+        self.runtime.ended.insert(request);
+    }
+
+    fn on_events_done(&mut self, ctx: &mut Ctx) {
+        self.runtime.flush_telemetry();
+        self.runtime.dispatch(ctx);
+    }
+}

@@ -1,0 +1,103 @@
+//! Policy parameters, each with the paper's (or the spec's) default.
+
+use yardmaster_sdk::Ctx;
+
+use crate::balancer::Ties;
+use crate::batching::DropMode;
+use crate::budgets::BudgetRule;
+use crate::model::DEFAULT_BATCHES;
+use crate::planner::SolverLimits;
+
+/// Which planner a flavour of the policy runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlannerKind {
+    /// Loki: hardware scaling, then accuracy scaling over the augmented graph.
+    Loki,
+    /// InferLine-like: hardware scaling of the most accurate variants only.
+    InferLine,
+    /// Proteus-like: per-task accuracy scaling on the whole cluster.
+    Proteus,
+}
+
+/// Every setting of the runtime.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Settings {
+    /// The planner.
+    pub planner: PlannerKind,
+    /// Resource Manager period (`rm_period_s`, 10 s).
+    pub rm_period_ns: u64,
+    /// Relative demand change that triggers an early re-plan (`replan_jump`, 0.2).
+    pub replan_jump: f64,
+    /// EWMA centre of mass (`ewma_com`, 1.6 → α ≈ 0.385).
+    pub ewma_com: f64,
+    /// EWMA window in ticks (`ewma_window`, 20).
+    pub ewma_window: usize,
+    /// Over-provisioning headroom η (`headroom`, 1.0).
+    pub headroom: f64,
+    /// Per-hop network latency in ms (`comm_ms`, 0).
+    pub comm_ms: f64,
+    /// Requests in a worker's multiplicative-factor history (`factor_history`, 50).
+    pub factor_history: usize,
+    /// Early dropping (`drop_mode`: reroute for Loki, per_task for the baselines).
+    pub drop_mode: DropMode,
+    /// Workers the planner may use (`cluster_size`; default: the host's maximum
+    /// less one per pseudo stage).
+    pub cluster: u32,
+    /// MILP limits (`milp_nodes` 150, `milp_pivots` 200000 per solve; per tick, a
+    /// slice of `milp_work_per_tick` 30 000 000 tableau updates or `milp_ms_per_tick`
+    /// 20 ms of the host's clock, whichever ends first).
+    pub limits: SolverLimits,
+    /// Latency budgets (`budget`: `slo_share`, `task_share` or a multiple of the
+    /// batch latency such as `2`, the paper's rule; default `slo_share`, and
+    /// `task_share` for the Proteus-like baseline).
+    pub budget: BudgetRule,
+    /// Give idle workers to the busiest variants after accuracy scaling
+    /// (`fill_spare`, true).
+    pub fill_spare: bool,
+    /// MostAccurateFirst tie handling (`maf_ties`: proportional or sequential).
+    pub ties: Ties,
+    /// Allowed batch sizes (`batches`, "1,2,4,8,16,32,64").
+    pub batches: Vec<u32>,
+}
+
+impl Settings {
+    /// Read the parameters; `pseudo_workers` is the number of workers pseudo stages keep.
+    pub fn from_ctx(ctx: &Ctx, planner: PlannerKind, default_drop: DropMode, pseudo_workers: u32) -> Result<Self, String> {
+        let batches: String = ctx.param_or("batches", DEFAULT_BATCHES.iter().map(u32::to_string).collect::<Vec<_>>().join(","))?;
+        let batches = batches
+            .split(',')
+            .map(|b| b.trim().parse::<u32>().map_err(|_| format!("parameter `batches`: bad size {b:?}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        if batches.is_empty() || batches.contains(&0) {
+            return Err("parameter `batches`: need positive sizes".into());
+        }
+        let ties = match ctx.param_or("maf_ties", "proportional".to_string())?.as_str() {
+            "proportional" => Ties::Proportional,
+            "sequential" => Ties::Sequential,
+            other => return Err(format!("parameter `maf_ties`: unknown {other:?}")),
+        };
+        let default_cluster = ctx.config().max_workers.saturating_sub(pseudo_workers).max(1);
+        Ok(Self {
+            planner,
+            rm_period_ns: (ctx.param_or("rm_period_s", 10.0f64)? * 1e9) as u64,
+            replan_jump: ctx.param_or("replan_jump", 0.2)?,
+            ewma_com: ctx.param_or("ewma_com", 1.6)?,
+            ewma_window: ctx.param_or("ewma_window", 20usize)?,
+            headroom: ctx.param_or("headroom", 1.0)?,
+            comm_ms: ctx.param_or("comm_ms", 0.0)?,
+            factor_history: ctx.param_or("factor_history", 50usize)?.max(1),
+            drop_mode: ctx.param_or("drop_mode", default_drop)?,
+            cluster: ctx.param_or("cluster_size", default_cluster)?,
+            limits: SolverLimits {
+                max_nodes: ctx.param_or("milp_nodes", 150u64)?,
+                max_pivots: ctx.param_or("milp_pivots", 200_000u64)?,
+                time_slice_ns: (ctx.param_or("milp_ms_per_tick", 20.0f64)? * 1e6) as u64,
+                work_slice: ctx.param_or("milp_work_per_tick", 30_000_000u64)?,
+            },
+            budget: ctx.param_or("budget", if planner == PlannerKind::Proteus { BudgetRule::TaskShare } else { BudgetRule::SloShare })?,
+            fill_spare: ctx.param_or("fill_spare", true)?,
+            ties,
+            batches,
+        })
+    }
+}

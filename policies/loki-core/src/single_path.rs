@@ -1,0 +1,276 @@
+//! Plans that route every query down one path per branch (one variant per task):
+//! the exact hardware-scaling step (STEP1: the most accurate variants, per-task batch
+//! sizes by enumeration, fewest workers), the greedy accuracy-scaling fallback (the
+//! most accurate variant choice that fits the cluster), the served fraction of a
+//! fixed choice on the whole cluster (the InferLine-like baseline), and the
+//! `FASTEST` fallback.
+
+use crate::model::{multiplier, Factors, PipelineModel};
+use crate::plan::{Hosting, Plan, Regime};
+
+/// The cheapest batch sizes for a fixed variant choice.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sizing {
+    /// Batch index per task.
+    pub batch: Vec<usize>,
+    /// Workers per task.
+    pub replicas: Vec<u32>,
+    /// Sub-requests per root query reaching each task.
+    pub per_query: Vec<f64>,
+    /// Longest branch latency (ms) at the chosen batches.
+    pub max_latency: f64,
+}
+
+impl Sizing {
+    /// Workers in all.
+    pub fn workers(&self) -> u32 {
+        self.replicas.iter().sum()
+    }
+}
+
+/// Sub-requests per root query reaching each task when every task runs `choice`.
+pub fn per_query_load(model: &PipelineModel, factors: &Factors, choice: &[usize]) -> Vec<f64> {
+    let mut load = vec![0.0; model.tasks.len()];
+    for (b, tasks) in model.branches.iter().enumerate() {
+        let path: Vec<usize> = tasks.iter().map(|&t| choice[t]).collect();
+        for (pos, &t) in tasks.iter().enumerate() {
+            load[t] = multiplier(model, factors, b, &path, pos);
+        }
+    }
+    load
+}
+
+/// Every batch vector (one batch index per task) whose branches meet `cap_ms`, in
+/// odometer order; `f` gets the vector and its longest branch latency.
+fn for_each_batch_vector(model: &PipelineModel, choice: &[usize], cap_ms: f64, mut f: impl FnMut(&[usize], f64)) {
+    let tasks = model.tasks.len();
+    let sizes = model.batches.len();
+    let mut vector = vec![0usize; tasks];
+    loop {
+        let mut worst: f64 = 0.0;
+        let mut ok = true;
+        for branch in &model.branches {
+            let latency: f64 = branch.iter().map(|&t| model.tasks[t].variants[choice[t]].latency_ms[vector[t]]).sum();
+            if latency.is_nan() || latency > cap_ms {
+                ok = false;
+                break;
+            }
+            worst = worst.max(latency);
+        }
+        if ok {
+            f(&vector, worst);
+        }
+        let mut slot = 0;
+        loop {
+            if slot == tasks {
+                return;
+            }
+            vector[slot] += 1;
+            if vector[slot] < sizes {
+                break;
+            }
+            vector[slot] = 0;
+            slot += 1;
+        }
+    }
+}
+
+/// Fewest workers serving `demand` with one variant per task (`choice`) within the
+/// per-path latency cap; ties go to the lower longest-branch latency. `None` when no
+/// batch vector meets the cap.
+pub fn cheapest_sizing(model: &PipelineModel, factors: &Factors, choice: &[usize], demand: f64, cap_ms: f64) -> Option<Sizing> {
+    let per_query = per_query_load(model, factors, choice);
+    let replicas_at = |t: usize, b: usize| -> u32 {
+        let v = &model.tasks[t].variants[choice[t]];
+        let need = demand * per_query[t] / v.throughput(b, &model.batches);
+        ((need - 1e-9).ceil().max(1.0)) as u32
+    };
+    let mut best: Option<(u32, f64, Vec<usize>)> = None;
+    for_each_batch_vector(model, choice, cap_ms, |vector, latency| {
+        if vector.iter().enumerate().any(|(t, &b)| replicas_at(t, b) > model.tasks[t].max_replicas) {
+            return;
+        }
+        let workers: u32 = vector.iter().enumerate().map(|(t, &b)| replicas_at(t, b)).sum();
+        if best.as_ref().is_none_or(|(w, l, _)| workers < *w || workers == *w && latency < *l - 1e-9) {
+            best = Some((workers, latency, vector.to_vec()));
+        }
+    });
+    let (_, max_latency, batch) = best?;
+    let replicas = batch.iter().enumerate().map(|(t, &b)| replicas_at(t, b)).collect();
+    Some(Sizing { batch, replicas, per_query, max_latency })
+}
+
+/// A plan from a single-path sizing.
+pub fn plan_from_sizing(model: &PipelineModel, choice: &[usize], sizing: &Sizing, demand: f64, regime: Regime) -> Plan {
+    let hosts = (0..model.tasks.len())
+        .map(|t| Hosting {
+            task: t,
+            variant: choice[t],
+            batch: model.batches[sizing.batch[t]],
+            replicas: sizing.replicas[t],
+            load: demand * sizing.per_query[t],
+        })
+        .collect();
+    Plan { hosts, accuracy: choice_accuracy(model, choice), demand, regime }
+}
+
+/// Branch-averaged accuracy of a single-path choice.
+pub fn choice_accuracy(model: &PipelineModel, choice: &[usize]) -> f64 {
+    let total: f64 = (0..model.branches.len())
+        .map(|b| {
+            let path: Vec<usize> = model.branches[b].iter().map(|&t| choice[t]).collect();
+            model.path_accuracy(b, &path)
+        })
+        .sum();
+    total / model.branches.len() as f64
+}
+
+/// STEP1, hardware scaling: the most accurate variants with the fewest workers, or
+/// `None` when that needs more than `cluster` workers (or no batch meets the cap).
+pub fn hardware_scaling(model: &PipelineModel, factors: &Factors, demand: f64, cap_ms: f64, cluster: u32) -> Option<Plan> {
+    let choice: Vec<usize> = model.tasks.iter().map(|t| t.most_accurate).collect();
+    let sizing = cheapest_sizing(model, factors, &choice, demand, cap_ms)?;
+    (sizing.workers() <= cluster).then(|| plan_from_sizing(model, &choice, &sizing, demand, Regime::Hardware))
+}
+
+/// Greedy accuracy scaling: among every single-path variant choice, the most
+/// accurate one whose cheapest sizing fits the cluster (ties: fewer workers).
+pub fn best_single_path(model: &PipelineModel, factors: &Factors, demand: f64, cap_ms: f64, cluster: u32) -> Option<Plan> {
+    let mut choice = vec![0usize; model.tasks.len()];
+    let mut best: Option<(f64, u32, Plan)> = None;
+    loop {
+        let accuracy = choice_accuracy(model, &choice);
+        let promising = best.as_ref().is_none_or(|(a, _, _)| accuracy >= *a - 1e-12);
+        if promising {
+            if let Some(sizing) = cheapest_sizing(model, factors, &choice, demand, cap_ms) {
+                let workers = sizing.workers();
+                let better = best.as_ref().is_none_or(|(a, w, _)| accuracy > *a + 1e-12 || (accuracy >= *a - 1e-12 && workers < *w));
+                if workers <= cluster && better {
+                    best = Some((accuracy, workers, plan_from_sizing(model, &choice, &sizing, demand, Regime::Accuracy)));
+                }
+            }
+        }
+        let mut slot = 0;
+        loop {
+            if slot == choice.len() {
+                return best.map(|(_, _, plan)| plan);
+            }
+            choice[slot] += 1;
+            if choice[slot] < model.tasks[slot].variants.len() {
+                break;
+            }
+            choice[slot] = 0;
+            slot += 1;
+        }
+    }
+}
+
+/// The largest fraction of `demand` (at most 1) that `cluster` workers serve with a
+/// fixed variant choice, with the plan that does it: every batch vector meeting the
+/// cap, workers added one at a time to the bottleneck task.
+pub fn max_served_fraction(
+    model: &PipelineModel,
+    factors: &Factors,
+    choice: &[usize],
+    demand: f64,
+    cap_ms: f64,
+    cluster: u32,
+) -> Option<(f64, Plan)> {
+    let per_query = per_query_load(model, factors, choice);
+    let tasks = model.tasks.len();
+    if cluster < tasks as u32 {
+        return None;
+    }
+    let mut best: Option<(f64, f64, Vec<usize>, Vec<u32>)> = None;
+    for_each_batch_vector(model, choice, cap_ms, |vector, latency| {
+        // Capacity of one worker in root queries per second, per task.
+        let unit: Vec<f64> = (0..tasks)
+            .map(|t| {
+                let q = model.tasks[t].variants[choice[t]].throughput(vector[t], &model.batches);
+                if per_query[t] > 0.0 { q / per_query[t] } else { f64::INFINITY }
+            })
+            .collect();
+        let mut replicas = vec![1u32; tasks];
+        for _ in tasks as u32..cluster {
+            let open = (0..tasks).filter(|&t| replicas[t] < model.tasks[t].max_replicas);
+            let Some(bottleneck) = open.min_by(|&a, &b| (replicas[a] as f64 * unit[a]).total_cmp(&(replicas[b] as f64 * unit[b]))) else { break };
+            replicas[bottleneck] += 1;
+        }
+        let capacity = (0..tasks).map(|t| replicas[t] as f64 * unit[t]).fold(f64::INFINITY, f64::min);
+        let fraction = if demand > 0.0 { (capacity / demand).min(1.0) } else { 1.0 };
+        if best.as_ref().is_none_or(|(f, l, _, _)| fraction > *f + 1e-12 || (fraction >= *f - 1e-12 && latency < *l)) {
+            best = Some((fraction, latency, vector.to_vec(), replicas));
+        }
+    });
+    let (fraction, _, batch, replicas) = best?;
+    let sizing = Sizing { batch, replicas, per_query, max_latency: 0.0 };
+    Some((fraction, plan_from_sizing(model, choice, &sizing, demand * fraction, Regime::Capped)))
+}
+
+/// `FASTEST`: each task's lowest batch-1 latency variant at batch 1, the cluster
+/// split in proportion to the load (at least one worker per task).
+pub fn fastest(model: &PipelineModel, factors: &Factors, demand: f64, cluster: u32) -> Plan {
+    let choice: Vec<usize> = model
+        .tasks
+        .iter()
+        .map(|t| (0..t.variants.len()).min_by(|&a, &b| t.variants[a].latency_ms[0].total_cmp(&t.variants[b].latency_ms[0])).expect("variants"))
+        .collect();
+    let per_query = per_query_load(model, factors, &choice);
+    let tasks = model.tasks.len();
+    let need: Vec<f64> = (0..tasks).map(|t| per_query[t] / model.tasks[t].variants[choice[t]].throughput(0, &model.batches)).collect();
+    let mut replicas = vec![1u32; tasks];
+    for _ in (tasks as u32)..cluster.max(tasks as u32) {
+        let open = (0..tasks).filter(|&t| replicas[t] < model.tasks[t].max_replicas);
+        let Some(t) = open.max_by(|&a, &b| (need[a] / replicas[a] as f64).total_cmp(&(need[b] / replicas[b] as f64))) else { break };
+        replicas[t] += 1;
+    }
+    let sizing = Sizing { batch: vec![0; tasks], replicas, per_query, max_latency: 0.0 };
+    plan_from_sizing(model, &choice, &sizing, demand, Regime::Fastest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{offline_factors, toy};
+    use yardmaster_sdk::LatencyTable;
+
+    fn toy() -> (PipelineModel, Factors) {
+        let config = toy::chain();
+        let model = PipelineModel::from_config(&config, &LatencyTable::from_config(&config), &[1, 2, 4, 8, 16]).unwrap();
+        let factors = offline_factors(&model, &[]);
+        (model, factors)
+    }
+
+    #[test]
+    fn hardware_scaling_matches_the_spec_reference_values() {
+        let (model, factors) = toy();
+        // Σx = 2, 4, 5, 7, 9, 10 at D = 50, 200, 300, 400, 500, 600 (spec §7).
+        for (demand, workers) in [(50.0, 2), (200.0, 4), (300.0, 5), (400.0, 7), (500.0, 9), (600.0, 10)] {
+            let plan = hardware_scaling(&model, &factors, demand, 100.0, 10).expect("feasible");
+            assert_eq!(plan.workers(), workers, "D = {demand}");
+            assert_eq!(plan.accuracy, 1.0);
+            assert!(plan.hosts.iter().all(|h| h.variant == 0), "most accurate only");
+        }
+        // Feasible up to 640 QPS, not at 645.
+        assert!(hardware_scaling(&model, &factors, 640.0, 100.0, 10).is_some());
+        assert!(hardware_scaling(&model, &factors, 645.0, 100.0, 10).is_none());
+    }
+
+    #[test]
+    fn served_fraction_falls_like_capacity_over_demand() {
+        let (model, factors) = toy();
+        let (f1, _) = max_served_fraction(&model, &factors, &[0, 0], 600.0, 100.0, 10).unwrap();
+        let (f2, plan) = max_served_fraction(&model, &factors, &[0, 0], 1300.0, 100.0, 10).unwrap();
+        assert_eq!(f1, 1.0);
+        assert!(f2 < 0.55 && f2 > 0.4, "about 640/1300: {f2}");
+        assert_eq!(plan.workers(), 10);
+    }
+
+    #[test]
+    fn fastest_uses_batch_one_and_the_whole_cluster() {
+        let (model, factors) = toy();
+        let plan = fastest(&model, &factors, 1000.0, 10);
+        assert_eq!(plan.workers(), 10);
+        assert!(plan.hosts.iter().all(|h| h.batch == 1 && h.variant == 1));
+    }
+}

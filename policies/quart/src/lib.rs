@@ -1,0 +1,334 @@
+//! `quart`: QUART (ICDCS'24), key-stage scaling for pipelined large-model inference.
+//!
+//! Every control period (2 s) the policy estimates each stage's latency with an
+//! M/M/c model corrected by the observed sojourn time and backlog, marks the stages
+//! over their latency target as key stages and adds replicas to them with a PID
+//! controller (the Corrector; it never removes replicas and freezes its integral
+//! while replicas start). Every smoothing period (30 s) the Smoother gives back at
+//! most one surplus replica per non-key stage, blending the stage's allocation with
+//! its neighbours' demand by the buffer of its predicted CV and never going below
+//! what the latency target needs; the CPU compensator gives the remaining replicas
+//! more cores (intra-op threads) or cancels the reclaim, and returns cores that are
+//! no longer needed. Requests wait in one FIFO queue per stage and run one at a time
+//! on an idle replica; nothing is dropped.
+//!
+//! Warm starts from the host-memory parameter cache and draining before removal are
+//! the host's mechanisms; placement on servers is not part of the contract (see
+//! `docs/quart.md`).
+
+pub mod corrector;
+pub mod cpu;
+pub mod params;
+pub mod propagation;
+pub mod service;
+pub mod smoother;
+pub mod telemetry;
+pub mod view;
+
+use yardmaster_sdk::helpers::StageFifo;
+use yardmaster_sdk::{BatchOutcome, Ctx, EndReason, Instant, Level, Policy, Request, RequestId, Snapshot, Worker, WorkerId};
+
+use corrector::Corrector;
+use params::Params;
+use propagation::{predict_cvs, FlowStage};
+use service::ServiceModel;
+use smoother::{smooth_stage, SmoothInput, SmootherSettings};
+use telemetry::StageTelemetry;
+use view::{split_budget, StageView};
+
+/// Service time assumed for a stage without a profile, seconds.
+const UNPROFILED_SERVICE_S: f64 = 0.01;
+
+/// The static plan of one stage.
+#[derive(Debug, Clone)]
+struct StagePlan {
+    service: ServiceModel,
+    target: f64,
+    bounds: (u32, u32),
+    predecessors: Vec<usize>,
+    neighbours: Vec<usize>,
+}
+
+/// The QUART policy.
+pub struct Quart {
+    params: Params,
+    plans: Vec<StagePlan>,
+    /// Stages in an order where each follows its predecessors.
+    order: Vec<usize>,
+    fifo: StageFifo,
+    telemetry: Vec<StageTelemetry>,
+    corrector: Corrector,
+    /// Cores per replica of each stage, `C_i`.
+    cores: Vec<u32>,
+    /// Last scale action of each stage.
+    last_action: Vec<Option<Instant>>,
+    /// Last time each stage was granted replicas (key-stage list with a TTL).
+    last_key: Vec<Option<Instant>>,
+    next_control: Instant,
+    next_smooth: Instant,
+}
+
+impl Quart {
+    /// The stages on the key-stage list at `now`.
+    pub fn key_stages(&self, now: Instant) -> Vec<usize> {
+        (0..self.plans.len())
+            .filter(|&i| self.last_key[i].is_some_and(|at| now.saturating_sub(at) <= self.params.key_ttl))
+            .collect()
+    }
+
+    /// Cores per replica of every stage.
+    pub fn cores(&self) -> &[u32] {
+        &self.cores
+    }
+
+    fn views(&mut self, snapshot: &Snapshot, ctx: &Ctx, now: Instant) -> Vec<StageView> {
+        let mut views = Vec::with_capacity(self.plans.len());
+        for (i, plan) in self.plans.iter().enumerate() {
+            let stats = snapshot.stages.iter().find(|s| s.stage as usize == i);
+            let (ready, pending) = match stats {
+                Some(s) => (s.replicas, s.starting),
+                None => (ctx.workers().filter(|w| w.info.stage as usize == i).count() as u32, 0),
+            };
+            let t = &mut self.telemetry[i];
+            let lambda = t.rate_short(now);
+            views.push(StageView {
+                lambda,
+                lambda_smooth: lambda.max(t.rate_long(now)),
+                cv_measured: t.cv(now, self.params.min_cv_samples),
+                ready,
+                pending,
+                queue: self.fifo.take_mean_len(i as u32, now),
+                observed: t.sojourn(now),
+                cores: self.cores[i],
+                service: plan.service,
+                target: plan.target,
+            });
+        }
+        views
+    }
+
+    /// One control period: Corrector, and when due the Smoother and CPU release.
+    fn control(&mut self, ctx: &mut Ctx, snapshot: &Snapshot) {
+        let now = ctx.now();
+        let views = self.views(snapshot, ctx, now);
+        let in_use: u32 = views.iter().map(StageView::replicas).sum();
+        let free = ctx.config().max_workers.saturating_sub(in_use);
+        let bounds: Vec<(u32, u32)> = self.plans.iter().map(|p| p.bounds).collect();
+        let correction = self.corrector.correct(&views, &bounds, free);
+        let mut targets = correction.targets.clone();
+        let mut cores = self.cores.clone();
+        for (i, &granted) in correction.granted.iter().enumerate() {
+            if granted > 0 {
+                self.last_key[i] = Some(now);
+                self.last_action[i] = Some(now);
+            }
+        }
+        if now >= self.next_smooth {
+            self.next_smooth = now + self.params.smooth_period;
+            if self.params.smoother {
+                self.smooth(&views, &correction.key, &mut targets, &mut cores, now);
+            }
+        }
+        // Shrinking first frees room for growing in the same answer.
+        let mut changes: Vec<(usize, u32)> =
+            (0..views.len()).filter(|&i| targets[i] != views[i].replicas()).map(|i| (i, targets[i])).collect();
+        changes.sort_by_key(|&(i, target)| (target > views[i].replicas(), i));
+        for (i, target) in changes {
+            ctx.scale(i as u32, target, None);
+        }
+        for (i, &c) in cores.iter().enumerate() {
+            if c != self.cores[i] {
+                self.cores[i] = c;
+                let workers: Vec<WorkerId> =
+                    ctx.workers().filter(|w| w.info.stage as usize == i).map(|w| w.info.id).collect();
+                for worker in workers {
+                    ctx.set_threads(worker, c);
+                }
+            }
+        }
+        let key: Vec<String> = self.key_stages(now).iter().map(usize::to_string).collect();
+        if correction.granted.iter().any(|&g| g > 0) {
+            ctx.log(Level::Debug, &format!("quart: key stages [{}], targets {:?}", key.join(","), targets));
+        }
+    }
+
+    /// The Smoother and the CPU release over every stage.
+    fn smooth(&mut self, views: &[StageView], key: &[bool], targets: &mut [u32], cores: &mut [u32], now: Instant) {
+        let p = &self.params;
+        let flows: Vec<FlowStage> = views
+            .iter()
+            .map(|v| FlowStage { lambda: v.lambda_smooth, rho: v.utilisation(), servers: v.replicas(), cv_measured: v.cv_measured })
+            .collect();
+        let predecessors: Vec<Vec<usize>> = self.plans.iter().map(|plan| plan.predecessors.clone()).collect();
+        let cvs = predict_cvs(&flows, &predecessors, &self.order, p.service_scv);
+        let settings = SmootherSettings {
+            r_min: p.r_min,
+            r_max: p.r_max,
+            base_cores: p.base_cores,
+            max_cores: p.max_cores,
+            cpu_compensation: p.cpu_compensation,
+            buffer_alpha: p.buffer_alpha,
+            cv_threshold: p.cv_threshold,
+            cooldown: p.cooldown,
+        };
+        for (i, view) in views.iter().enumerate() {
+            let neighbours = &self.plans[i].neighbours;
+            let neighbour_demand = if neighbours.is_empty() {
+                view.demand()
+            } else {
+                neighbours.iter().map(|&j| views[j].demand()).sum::<f64>() / neighbours.len() as f64
+            };
+            let mut settings = settings;
+            settings.r_min = self.plans[i].bounds.0;
+            settings.r_max = self.plans[i].bounds.1;
+            let input = SmoothInput {
+                view,
+                target: targets[i],
+                key: key[i],
+                cv: cvs[i],
+                neighbour_demand,
+                last_action: self.last_action[i],
+            };
+            if let Some(reclaim) = smooth_stage(&input, &settings, now) {
+                targets[i] = reclaim.replicas;
+                cores[i] = reclaim.cores;
+                self.last_action[i] = Some(now);
+            } else if p.cpu_compensation && targets[i] == view.replicas() {
+                cores[i] = cpu::released_cores(view, p.base_cores, p.max_cores);
+            }
+        }
+    }
+}
+
+/// Stages in an order where each comes after its predecessors (Kahn's algorithm;
+/// stages on a cycle, which pipelines do not have, go last in id order).
+fn topological_order(predecessors: &[Vec<usize>]) -> Vec<usize> {
+    let n = predecessors.len();
+    let mut indegree: Vec<usize> = predecessors.iter().map(Vec::len).collect();
+    let mut order = Vec::with_capacity(n);
+    let mut placed = vec![false; n];
+    while let Some(next) = (0..n).find(|&i| !placed[i] && indegree[i] == 0) {
+        placed[next] = true;
+        order.push(next);
+        for (j, preds) in predecessors.iter().enumerate() {
+            indegree[j] -= preds.iter().filter(|&&p| p == next).count();
+        }
+    }
+    order.extend((0..n).filter(|&i| !placed[i]));
+    order
+}
+
+impl Policy for Quart {
+    fn init(ctx: &mut Ctx) -> Result<Self, String> {
+        let params = Params::from_ctx(ctx)?;
+        let config = ctx.config();
+        let n = config.stages.iter().map(|s| s.id as usize + 1).max().unwrap_or(0);
+        let mut base_times = vec![UNPROFILED_SERVICE_S; n];
+        let mut plans: Vec<StagePlan> = (0..n)
+            .map(|_| StagePlan {
+                service: ServiceModel::anchored(UNPROFILED_SERVICE_S, params.base_cores, params.cpu_serial_share),
+                target: 0.0,
+                bounds: (params.r_min, params.r_max),
+                predecessors: Vec::new(),
+                neighbours: Vec::new(),
+            })
+            .collect();
+        for stage in &config.stages {
+            let i = stage.id as usize;
+            if let Some(ns) = ctx.latency().mean(stage.id, 0, 1) {
+                base_times[i] = (ns as f64 / 1e9).max(1e-6);
+            }
+            let plan = &mut plans[i];
+            plan.service = ServiceModel::anchored(base_times[i], params.base_cores, params.cpu_serial_share);
+            let low = params.r_min.max(stage.min_replicas);
+            plan.bounds = (low, params.r_max.min(stage.max_replicas).max(low));
+            plan.predecessors = stage.predecessors.iter().map(|&p| p as usize).collect();
+            let mut neighbours: Vec<usize> =
+                stage.predecessors.iter().chain(&stage.successors).map(|&s| s as usize).collect();
+            neighbours.sort_unstable();
+            neighbours.dedup();
+            plan.neighbours = neighbours;
+        }
+        let budget = match params.slo_ctrl_s {
+            Some(budget) => budget,
+            None => config.streams.iter().map(|s| s.slo as f64 / 1e9).filter(|&s| s > 0.0).reduce(f64::min).unwrap_or(1.0),
+        };
+        for (plan, target) in plans.iter_mut().zip(split_budget(budget, &base_times)) {
+            plan.target = target;
+        }
+        let predecessors: Vec<Vec<usize>> = plans.iter().map(|p| p.predecessors.clone()).collect();
+        let now = config.now;
+        let workers: Vec<Worker> = config.workers.clone();
+        let policy = Self {
+            order: topological_order(&predecessors),
+            telemetry: (0..n).map(|_| StageTelemetry::new(&params, now)).collect(),
+            corrector: Corrector::new(n, &params),
+            cores: vec![params.base_cores; n],
+            last_action: vec![None; n],
+            last_key: vec![None; n],
+            next_control: now,
+            next_smooth: now + params.smooth_period,
+            fifo: StageFifo::new(),
+            plans,
+            params,
+        };
+        for worker in workers {
+            policy.align_threads(ctx, &worker);
+        }
+        Ok(policy)
+    }
+
+    fn on_arrival(&mut self, ctx: &mut Ctx, request: Request) {
+        if let Some(t) = self.telemetry.get_mut(request.stage as usize) {
+            t.arrival(request.arrived_at.min(ctx.now()));
+        }
+        self.fifo.push(ctx.now(), &request);
+    }
+
+    fn on_batch_done(&mut self, ctx: &mut Ctx, outcome: BatchOutcome) {
+        let now = ctx.now();
+        if let Some((stage, sojourns)) = self.fifo.finish(&outcome, now) {
+            if let Some(t) = self.telemetry.get_mut(stage as usize) {
+                for sojourn in sojourns {
+                    t.finished(now, sojourn);
+                }
+            }
+        }
+    }
+
+    fn on_request_ended(&mut self, ctx: &mut Ctx, request: RequestId, _reason: EndReason) {
+        self.fifo.forget(ctx.now(), request);
+    }
+
+    fn on_worker_added(&mut self, ctx: &mut Ctx, worker: Worker) {
+        self.align_threads(ctx, &worker);
+    }
+
+    fn on_worker_removed(&mut self, _ctx: &mut Ctx, worker: WorkerId) {
+        self.fifo.worker_gone(worker);
+    }
+
+    fn on_tick(&mut self, ctx: &mut Ctx, snapshot: Snapshot) {
+        if ctx.now() >= self.next_control {
+            self.next_control = ctx.now() + self.params.control_period;
+            self.control(ctx, &snapshot);
+        }
+    }
+
+    fn on_events_done(&mut self, ctx: &mut Ctx) {
+        self.fifo.dispatch_idle(ctx);
+    }
+}
+
+impl Quart {
+    /// Give a worker its stage's cores when it has others.
+    fn align_threads(&self, ctx: &mut Ctx, worker: &Worker) {
+        if let Some(&cores) = self.cores.get(worker.stage as usize) {
+            if worker.threads != cores {
+                ctx.set_threads(worker.id, cores);
+            }
+        }
+    }
+}
+
+yardmaster_sdk::export_policy!(Quart);

@@ -1,0 +1,343 @@
+//! Nexus-style batch-size and replica planning for pipelines with one end-to-end
+//! SLO (Shen et al., "Nexus", SOSP'19, its "complex query" analysis; the planner
+//! PARD and its baselines share).
+//!
+//! * [`NexusPlan`] splits the SLO into per-stage latency budgets by dynamic
+//!   programming over a millisecond grid, minimising the accelerators needed per
+//!   unit of request rate. A stage with budget `ℓ` runs the batch `b` that maximises
+//!   throughput `b / d(b)` subject to `d(b) ≤ ℓ / 2` (the other half is left for
+//!   the batch to fill). Stages that run side by side (the branches of a diamond)
+//!   form one level whose cost is the sum of the branches' costs. The rate factors
+//!   out of the objective, so the split and the batch sizes do not depend on it;
+//!   only the replica counts do ([`NexusPlan::replicas`]).
+//! * [`ScalingPlanner`] applies a plan from inside a policy: the batch limits at
+//!   start, and every scaling epoch replica counts for the mean entry rate measured
+//!   over the last seconds.
+
+use crate::helpers::{CountWindow, StageGraph};
+use crate::{Ctx, Duration, Instant, StageId};
+
+const NS_PER_S: f64 = 1e9;
+
+/// Most grid steps the SLO split considers (the grid coarsens for long SLOs).
+pub const MAX_STEPS: u64 = 1000;
+
+/// Per-stage latency budgets, batch sizes and per-replica throughputs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NexusPlan {
+    /// Latency budget of each stage (indexed by stage id).
+    pub budget: Vec<Duration>,
+    /// Batch size of each stage.
+    pub batch: Vec<u32>,
+    /// Requests per second one replica serves at that batch size.
+    pub throughput: Vec<f64>,
+    /// Pieces per end-to-end request reaching each stage (fan-out; merges count one).
+    pub pieces: Vec<f64>,
+}
+
+/// Best batch within a budget: `(batch, requests per second per replica)`, or
+/// `(0, 0)` if even a batch of one exceeds half the budget.
+fn best_batch(budget: Duration, max_batch: u32, latency: &impl Fn(u32) -> Duration) -> (u32, f64) {
+    let mut best = (0, 0.0);
+    for b in 1..=max_batch {
+        let d = latency(b);
+        if d == 0 || 2 * d > budget {
+            continue;
+        }
+        let tp = b as f64 * NS_PER_S / d as f64;
+        if tp > best.1 {
+            best = (b, tp);
+        }
+    }
+    best
+}
+
+impl NexusPlan {
+    /// Solve the split of `slo` over `graph` on a grid of `grid` ns (coarser when the
+    /// SLO spans more than [`MAX_STEPS`] steps).
+    /// `latency(stage, b)` is the profiled duration of a batch of `b`;
+    /// `max_batch(stage)` the largest batch considered; `fan_out(stage)` the mean
+    /// pieces a stage emits per input over all its successors.
+    /// `None` when no split fits (the SLO is too tight for some stage).
+    pub fn solve(
+        graph: &StageGraph,
+        slo: Duration,
+        grid: Duration,
+        latency: impl Fn(StageId, u32) -> Duration,
+        max_batch: impl Fn(StageId) -> u32,
+        fan_out: impl Fn(StageId) -> f64,
+    ) -> Option<Self> {
+        // The DP costs O(levels · steps²): at most MAX_STEPS grid steps whatever the SLO.
+        let grid = grid.max(1).max(slo.div_ceil(MAX_STEPS));
+        let steps = (slo / grid) as usize;
+        let n = graph.len();
+        let pieces = pieces_per_request(graph, &fan_out);
+        let levels = graph.levels();
+        // cost[level][g]: replicas per unit rate of the level at budget g·grid.
+        let cost: Vec<Vec<f64>> = levels
+            .iter()
+            .map(|level| {
+                (0..=steps)
+                    .map(|g| {
+                        level
+                            .iter()
+                            .map(|&s| {
+                                let (_, tp) = best_batch(g as u64 * grid, max_batch(s), &|b| latency(s, b));
+                                if tp > 0.0 { pieces[s as usize] / tp } else if pieces[s as usize] > 0.0 { f64::INFINITY } else { 0.0 }
+                            })
+                            .sum()
+                    })
+                    .collect()
+            })
+            .collect();
+        // best[i][g]: least cost of levels i.. within g steps; choice[i][g]: level i's steps.
+        let depth = levels.len();
+        let mut best = vec![vec![f64::INFINITY; steps + 1]; depth + 1];
+        let mut choice = vec![vec![0usize; steps + 1]; depth];
+        best[depth].iter_mut().for_each(|c| *c = 0.0);
+        for i in (0..depth).rev() {
+            for g in 0..=steps {
+                for own in 1..=g {
+                    let total = cost[i][own] + best[i + 1][g - own];
+                    if total < best[i][g] {
+                        best[i][g] = total;
+                        choice[i][g] = own;
+                    }
+                }
+            }
+        }
+        if !best[0][steps].is_finite() {
+            return None;
+        }
+        let mut plan = Self { budget: vec![0; n], batch: vec![0; n], throughput: vec![0.0; n], pieces };
+        let mut left = steps;
+        for (i, level) in levels.iter().enumerate() {
+            let own = choice[i][left];
+            left -= own;
+            for &s in level {
+                let budget = own as u64 * grid;
+                let (b, tp) = best_batch(budget, max_batch(s), &|b| latency(s, b));
+                plan.budget[s as usize] = budget;
+                plan.batch[s as usize] = b.max(1);
+                plan.throughput[s as usize] = tp;
+            }
+        }
+        Some(plan)
+    }
+
+    /// Replicas of `stage` for an entry rate of `rate` requests per second (at least 1).
+    pub fn workers(&self, stage: StageId, rate: f64) -> u32 {
+        let s = stage as usize;
+        if self.throughput[s] <= 0.0 {
+            return 1;
+        }
+        ((rate * self.pieces[s] / self.throughput[s]).ceil() as u32).max(1)
+    }
+
+    /// Replicas of every stage for `rate`, clamped to each stage's `bounds` (min, max)
+    /// and, when the total exceeds `max_workers`, scaled down in proportion (each
+    /// stage keeping at least its minimum).
+    pub fn replicas(&self, rate: f64, bounds: &[(u32, u32)], max_workers: u32) -> Vec<u32> {
+        let mut wanted: Vec<u32> = (0..self.batch.len())
+            .map(|s| {
+                let (lo, hi) = bounds.get(s).copied().unwrap_or((1, u32::MAX));
+                self.workers(s as StageId, rate).clamp(lo.max(1), hi.max(lo.max(1)))
+            })
+            .collect();
+        let total: u32 = wanted.iter().sum();
+        if total > max_workers && total > 0 {
+            let factor = max_workers as f64 / total as f64;
+            for (s, w) in wanted.iter_mut().enumerate() {
+                let lo = bounds.get(s).map_or(1, |b| b.0.max(1));
+                *w = ((*w as f64 * factor).floor() as u32).max(lo);
+            }
+        }
+        wanted
+    }
+
+    /// The pipeline's planned capacity in entry requests per second with `replicas`
+    /// per stage: the slowest stage.
+    pub fn capacity(&self, replicas: &[u32]) -> f64 {
+        (0..self.batch.len())
+            .filter(|&s| self.pieces[s] > 0.0)
+            .map(|s| replicas.get(s).copied().unwrap_or(0) as f64 * self.throughput[s] / self.pieces[s])
+            .fold(f64::INFINITY, f64::min)
+    }
+}
+
+/// Mean pieces per end-to-end request at each stage: 1 at entries (stages without
+/// predecessors) and at merges, otherwise the predecessors' pieces times their
+/// fan-out shared among their successors.
+fn pieces_per_request(graph: &StageGraph, fan_out: &impl Fn(StageId) -> f64) -> Vec<f64> {
+    let mut pieces = vec![0.0; graph.len()];
+    for &s in graph.topological_order() {
+        let preds = graph.predecessors(s);
+        pieces[s as usize] = match preds.len() {
+            0 => 1.0,
+            1 => {
+                let p = preds[0];
+                pieces[p as usize] * fan_out(p) / graph.successors(p).len().max(1) as f64
+            }
+            _ => preds.iter().map(|&p| pieces[p as usize]).fold(0.0, f64::max).min(1.0),
+        };
+    }
+    pieces
+}
+
+/// Applies a [`NexusPlan`] from inside a policy: batch limits once, replica counts
+/// every epoch from the mean entry rate over the last `rate_window` whole seconds.
+#[derive(Debug, Clone)]
+pub struct ScalingPlanner {
+    plan: NexusPlan,
+    epoch: Duration,
+    next_epoch: Instant,
+    /// Entry arrivals in the current second.
+    counting: u64,
+    /// Entry arrivals of the last whole seconds.
+    per_second: CountWindow,
+    last_second: Instant,
+    bounds: Vec<(u32, u32)>,
+    max_workers: u32,
+    /// Replicas asked for at the last epoch.
+    replicas: Vec<u32>,
+}
+
+impl ScalingPlanner {
+    /// A planner applying `plan`, rescaling every `epoch` ns from the mean rate over
+    /// the last `rate_window_s` seconds, within the configuration's replica bounds.
+    /// If `initial_rate` is positive, replicas for it are requested at once.
+    pub fn start(ctx: &mut Ctx, plan: NexusPlan, epoch: Duration, rate_window_s: usize, initial_rate: f64) -> Self {
+        let mut bounds = vec![(1, u32::MAX); plan.batch.len()];
+        for stage in &ctx.config().stages {
+            bounds[stage.id as usize] = (stage.min_replicas, stage.max_replicas);
+        }
+        let now = ctx.now();
+        let mut planner = Self {
+            epoch: epoch.max(1),
+            next_epoch: now + epoch.max(1),
+            counting: 0,
+            per_second: CountWindow::new(rate_window_s.max(1)),
+            last_second: now,
+            max_workers: ctx.config().max_workers,
+            replicas: Vec::new(),
+            bounds,
+            plan,
+        };
+        for (stage, &b) in planner.plan.batch.clone().iter().enumerate() {
+            let limit = ctx.config().stages.iter().find(|s| s.id as usize == stage).map_or(b, |s| b.min(s.max_batch));
+            ctx.set_batch_limit(stage as StageId, limit.max(1));
+        }
+        if initial_rate > 0.0 {
+            planner.rescale(ctx, initial_rate);
+        }
+        planner
+    }
+
+    /// The plan being applied.
+    pub fn plan(&self) -> &NexusPlan {
+        &self.plan
+    }
+
+    /// Replicas requested at the last epoch (empty before the first).
+    pub fn replicas(&self) -> &[u32] {
+        &self.replicas
+    }
+
+    /// Count one request entering the pipeline.
+    pub fn entry_arrival(&mut self) {
+        self.counting += 1;
+    }
+
+    /// Close the seconds that have passed and, at an epoch boundary, rescale.
+    pub fn tick(&mut self, ctx: &mut Ctx) {
+        let now = ctx.now();
+        while now >= self.last_second + 1_000_000_000 {
+            self.per_second.push(std::mem::take(&mut self.counting) as f64);
+            self.last_second += 1_000_000_000;
+        }
+        if now >= self.next_epoch {
+            while self.next_epoch <= now {
+                self.next_epoch += self.epoch;
+            }
+            let rate = self.per_second.mean().unwrap_or(0.0);
+            self.rescale(ctx, rate);
+        }
+    }
+
+    fn rescale(&mut self, ctx: &mut Ctx, rate: f64) {
+        let replicas = self.plan.replicas(rate, &self.bounds, self.max_workers);
+        for (stage, &n) in replicas.iter().enumerate() {
+            if self.replicas.get(stage) != Some(&n) && ctx.config().stages.iter().any(|s| s.id as usize == stage) {
+                ctx.scale(stage as StageId, n, None);
+            }
+        }
+        self.replicas = replicas;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    /// d(b) = β + α·b in ms.
+    fn linear(profiles: &[(u64, u64)]) -> impl Fn(StageId, u32) -> Duration + '_ {
+        move |s, b| {
+            let (beta, alpha) = profiles[s as usize];
+            (beta + alpha * b as u64) * MS
+        }
+    }
+
+    #[test]
+    fn best_batch_respects_half_the_budget() {
+        let d = |b: u32| (25 + 5 * b as u64) * MS;
+        assert_eq!(best_batch(100 * MS, 32, &d).0, 5);
+        assert_eq!(best_batch(49 * MS, 32, &d), (0, 0.0));
+        assert_eq!(best_batch(1000 * MS, 8, &d).0, 8);
+    }
+
+    #[test]
+    fn chain_split_fits_the_slo_and_favours_the_heavy_stage() {
+        let profiles = [(25, 5), (8, 2), (6, 1)];
+        let graph = StageGraph::chain(3);
+        let plan = NexusPlan::solve(&graph, 400 * MS, MS, linear(&profiles), |_| 32, |_| 1.0).unwrap();
+        let total: u64 = plan.budget.iter().sum();
+        assert!(total <= 400 * MS);
+        for s in 0..3 {
+            let d = linear(&profiles)(s as StageId, plan.batch[s]);
+            assert!(2 * d <= plan.budget[s], "stage {s}: 2·{d} > {}", plan.budget[s]);
+        }
+        assert!(plan.budget[0] > plan.budget[2], "{:?}", plan.budget);
+        // Replicas grow with the rate; the capacity covers the rate.
+        let low = plan.replicas(100.0, &[(1, 64); 3], 64);
+        let high = plan.replicas(1000.0, &[(1, 64); 3], 64);
+        assert!(high.iter().sum::<u32>() > low.iter().sum::<u32>());
+        assert!(plan.capacity(&high) >= 1000.0);
+        // Over the cluster size: scaled down in proportion, at least one each.
+        let capped = plan.replicas(1e6, &[(1, 1000); 3], 10);
+        assert!(capped.iter().sum::<u32>() <= 10 && capped.iter().all(|&n| n >= 1), "{capped:?}");
+    }
+
+    #[test]
+    fn diamond_branches_share_a_level_budget() {
+        let stage = |id: StageId, successors: Vec<StageId>| crate::Stage {
+            id,
+            name: String::new(),
+            kind: crate::StageKind::Batch,
+            successors,
+            predecessors: vec![],
+            variants: vec![],
+            max_batch: 32,
+            min_replicas: 1,
+            max_replicas: 8,
+        };
+        let graph = StageGraph::new(&[stage(0, vec![1, 2]), stage(1, vec![3]), stage(2, vec![3]), stage(3, vec![])]);
+        let profiles = [(25, 5), (12, 3), (8, 2), (6, 1)];
+        let plan = NexusPlan::solve(&graph, 420 * MS, MS, linear(&profiles), |_| 32, |s| if s == 0 { 2.0 } else { 1.0 }).unwrap();
+        assert_eq!(plan.budget[1], plan.budget[2]);
+        assert_eq!(plan.pieces, vec![1.0, 1.0, 1.0, 1.0]);
+        assert!(plan.budget[0] + plan.budget[1] + plan.budget[3] <= 420 * MS);
+        assert!(NexusPlan::solve(&graph, 50 * MS, MS, linear(&profiles), |_| 32, |_| 1.0).is_none());
+    }
+}

@@ -1,0 +1,144 @@
+//! A whole pipeline policy from a rule: [`BrokeredPipeline`] wires a
+//! [`BatchBroker`] (per-worker queues, open batches, round-robin dispatch) and a
+//! [`ScalingPlanner`] (Nexus-style batch sizes and replicas) to the host's events,
+//! and leaves to a [`PipelineRule`] only what distinguishes one policy from another:
+//! the queue order, the drop rule, drops at arrival and per-tick bookkeeping.
+//!
+//! PARD, its ablations and the baselines it is compared with (naive, Nexus,
+//! Clipper++) are each a rule, so they share batching, planning and scaling exactly.
+//!
+//! Planner parameters, read by every rule's policy (defaults in brackets):
+//! `max_batch` [32] largest batch considered; `scale_epoch_ms` [5000] scaling period;
+//! `rate_window_s` [5] seconds averaged for the entry rate; `plan_grid_ms` [1] grid of
+//! the SLO split; `initial_rate` [0] entry rate (req/s) to scale for at start (0:
+//! keep the configured replicas until the first epoch).
+
+use crate::helpers::{BatchBroker, Discipline, NexusPlan, Queued, ScalingPlanner, StageGraph, WorkerQueue};
+use crate::{Ctx, DropReason, EndReason, Policy, Request, RequestId, Snapshot, StageId, Worker, WorkerId};
+
+/// What a pipeline policy decides beyond the shared mechanics.
+pub trait PipelineRule: Discipline<Self::Queue> + Sized + 'static {
+    /// The per-worker queue.
+    type Queue: WorkerQueue;
+
+    /// Build the rule. Batch limits are already set from `plan`.
+    fn init(ctx: &mut Ctx, graph: &StageGraph, plan: &NexusPlan) -> Result<Self, String>;
+
+    /// The queue key of an arriving request (smaller is served first by a
+    /// [`crate::helpers::PriorityQueue`]); the deadline by default.
+    fn key(&self, request: &Queued) -> crate::Instant {
+        request.deadline
+    }
+
+    /// A drop decided at arrival, before the request is queued; none by default.
+    fn admit_arrival(&mut self, _ctx: &Ctx, _request: &Queued) -> Option<DropReason> {
+        None
+    }
+
+    /// The periodic tick: update estimates (the broker shows what is queued).
+    fn tick(&mut self, _ctx: &mut Ctx, _broker: &BatchBroker<Self::Queue>, _snapshot: &Snapshot) {}
+}
+
+/// A [`Policy`] made of a [`PipelineRule`], the shared broker and the planner.
+pub struct BrokeredPipeline<R: PipelineRule> {
+    broker: BatchBroker<R::Queue>,
+    planner: ScalingPlanner,
+    rule: R,
+    graph: StageGraph,
+    /// Whether each stage is a stream's entry (for the entry rate).
+    entry: Vec<bool>,
+}
+
+impl<R: PipelineRule> BrokeredPipeline<R> {
+    /// The rule.
+    pub fn rule(&self) -> &R {
+        &self.rule
+    }
+
+    /// The broker.
+    pub fn broker(&self) -> &BatchBroker<R::Queue> {
+        &self.broker
+    }
+
+    /// The planner.
+    pub fn planner(&self) -> &ScalingPlanner {
+        &self.planner
+    }
+
+    /// The stage graph.
+    pub fn graph(&self) -> &StageGraph {
+        &self.graph
+    }
+}
+
+/// The Nexus plan for the configuration, with the planner parameters.
+fn plan(ctx: &Ctx, graph: &StageGraph) -> Result<NexusPlan, String> {
+    let max_batch: u32 = ctx.param_or("max_batch", 32)?;
+    let grid_ms: u64 = ctx.param_or("plan_grid_ms", 1)?;
+    let slo = ctx.config().streams.iter().map(|s| s.slo).min().ok_or("the pipeline has no stream")?;
+    let config = ctx.config();
+    let stage_max = |s: StageId| config.stages.iter().find(|st| st.id == s).map_or(1, |st| st.max_batch.min(max_batch));
+    let fan_out = |s: StageId| {
+        config.stages.iter().find(|st| st.id == s).and_then(|st| st.variants.first()).map_or(1.0, |v| v.fan_out)
+    };
+    let latency = |s: StageId, b: u32| ctx.latency().mean(s, 0, b).unwrap_or(0);
+    NexusPlan::solve(graph, slo, grid_ms.max(1) * 1_000_000, latency, stage_max, fan_out)
+        .ok_or_else(|| "the SLO is too tight for the pipeline's profiles".to_string())
+}
+
+impl<R: PipelineRule> Policy for BrokeredPipeline<R> {
+    fn init(ctx: &mut Ctx) -> Result<Self, String> {
+        let graph = StageGraph::new(&ctx.config().stages);
+        let plan = plan(ctx, &graph)?;
+        let epoch_ms: u64 = ctx.param_or("scale_epoch_ms", 5000)?;
+        let rate_window: usize = ctx.param_or("rate_window_s", 5)?;
+        let initial_rate: f64 = ctx.param_or("initial_rate", 0.0)?;
+        let planner = ScalingPlanner::start(ctx, plan, epoch_ms.saturating_mul(1_000_000), rate_window, initial_rate);
+        let rule = R::init(ctx, &graph, planner.plan())?;
+        let mut entry = vec![false; graph.len()];
+        for stream in &ctx.config().streams {
+            if let Some(e) = entry.get_mut(stream.entry as usize) {
+                *e = true;
+            }
+        }
+        Ok(Self { broker: BatchBroker::new(ctx), planner, rule, graph, entry })
+    }
+
+    fn on_arrival(&mut self, ctx: &mut Ctx, request: Request) {
+        if request.requeues == 0 && self.entry.get(request.stage as usize).copied().unwrap_or(false) {
+            self.planner.entry_arrival();
+        }
+        let mut queued = Queued::from(&request);
+        queued.key = self.rule.key(&queued);
+        if let Some(reason) = self.rule.admit_arrival(ctx, &queued) {
+            ctx.drop_request(queued.id, reason);
+            return;
+        }
+        self.broker.enqueue(queued);
+    }
+
+    fn on_worker_idle(&mut self, _ctx: &mut Ctx, worker: WorkerId) {
+        self.broker.worker_idle(worker);
+    }
+
+    fn on_tick(&mut self, ctx: &mut Ctx, snapshot: Snapshot) {
+        self.rule.tick(ctx, &self.broker, &snapshot);
+        self.planner.tick(ctx);
+    }
+
+    fn on_worker_added(&mut self, _ctx: &mut Ctx, worker: Worker) {
+        self.broker.add_worker(&worker);
+    }
+
+    fn on_worker_removed(&mut self, _ctx: &mut Ctx, worker: WorkerId) {
+        self.broker.remove_worker(worker);
+    }
+
+    fn on_request_ended(&mut self, _ctx: &mut Ctx, request: RequestId, _reason: EndReason) {
+        self.broker.forget(request);
+    }
+
+    fn on_events_done(&mut self, ctx: &mut Ctx) {
+        self.broker.settle(ctx, &mut self.rule);
+    }
+}

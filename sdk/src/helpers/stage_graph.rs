@@ -1,0 +1,251 @@
+//! The pipeline graph as pipeline-aware policies read it: successors and
+//! predecessors, sinks, a topological order, every downstream path of a stage, the
+//! longest path through a stage, and the stages grouped into sequential levels.
+//!
+//! Built once from the stages of the policy's configuration (the host validates the
+//! graph as acyclic).
+
+use crate::{Stage, StageId};
+
+/// The stage graph of a pipeline (chain or DAG).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StageGraph {
+    successors: Vec<Vec<StageId>>,
+    predecessors: Vec<Vec<StageId>>,
+    order: Vec<StageId>,
+}
+
+impl StageGraph {
+    /// The graph of `stages` (indexed by stage id; ids need not be dense).
+    pub fn new(stages: &[Stage]) -> Self {
+        let count = stages.iter().map(|s| s.id as usize + 1).max().unwrap_or(0);
+        let mut successors = vec![Vec::new(); count];
+        let mut predecessors = vec![Vec::new(); count];
+        for stage in stages {
+            successors[stage.id as usize] = stage.successors.clone();
+            predecessors[stage.id as usize] = stage.predecessors.clone();
+        }
+        // Predecessor lists may be left empty by a caller: rebuild them from the edges.
+        for stage in stages {
+            for &next in &stage.successors {
+                let list = &mut predecessors[next as usize];
+                if !list.contains(&stage.id) {
+                    list.push(stage.id);
+                }
+            }
+        }
+        let order = topological_order(&successors, &predecessors);
+        Self { successors, predecessors, order }
+    }
+
+    /// A chain of `len` stages `0 → 1 → … → len−1` (for tests and examples).
+    pub fn chain(len: usize) -> Self {
+        let successors = (0..len).map(|k| if k + 1 < len { vec![k as StageId + 1] } else { vec![] }).collect();
+        let predecessors = (0..len).map(|k| if k > 0 { vec![k as StageId - 1] } else { vec![] }).collect();
+        Self { order: (0..len as StageId).collect(), successors, predecessors }
+    }
+
+    /// Number of stage slots (the largest stage id plus one).
+    pub fn len(&self) -> usize {
+        self.successors.len()
+    }
+
+    /// Whether the graph has no stage.
+    pub fn is_empty(&self) -> bool {
+        self.successors.is_empty()
+    }
+
+    /// Stages fed by `stage`.
+    pub fn successors(&self, stage: StageId) -> &[StageId] {
+        self.successors.get(stage as usize).map_or(&[], Vec::as_slice)
+    }
+
+    /// Stages feeding `stage`.
+    pub fn predecessors(&self, stage: StageId) -> &[StageId] {
+        self.predecessors.get(stage as usize).map_or(&[], Vec::as_slice)
+    }
+
+    /// Whether `stage` has no successor.
+    pub fn is_sink(&self, stage: StageId) -> bool {
+        self.successors(stage).is_empty()
+    }
+
+    /// Every stage, each after all of its predecessors.
+    pub fn topological_order(&self) -> &[StageId] {
+        &self.order
+    }
+
+    /// Every path from a successor of `stage` to a sink (`stage` itself excluded);
+    /// empty for a sink. A chain has exactly one path per non-sink stage.
+    pub fn downstream_paths(&self, stage: StageId) -> Vec<Vec<StageId>> {
+        let mut paths = Vec::new();
+        for &next in self.successors(stage) {
+            let mut prefix = vec![next];
+            self.extend_paths(&mut prefix, &mut paths);
+        }
+        paths
+    }
+
+    fn extend_paths(&self, prefix: &mut Vec<StageId>, out: &mut Vec<Vec<StageId>>) {
+        let last = *prefix.last().expect("non-empty prefix");
+        let successors = self.successors(last);
+        if successors.is_empty() {
+            out.push(prefix.clone());
+            return;
+        }
+        for &next in successors {
+            prefix.push(next);
+            self.extend_paths(prefix, out);
+            prefix.pop();
+        }
+    }
+
+    /// Every ancestor of `stage` (stages from which it can be reached), unordered.
+    pub fn ancestors(&self, stage: StageId) -> Vec<StageId> {
+        let mut seen = vec![false; self.len()];
+        let mut stack = self.predecessors(stage).to_vec();
+        let mut out = Vec::new();
+        while let Some(s) = stack.pop() {
+            if std::mem::replace(&mut seen[s as usize], true) {
+                continue;
+            }
+            out.push(s);
+            stack.extend_from_slice(self.predecessors(s));
+        }
+        out
+    }
+
+    /// The largest total `cost` of an entry-to-sink path through `stage`, counting
+    /// `stage` itself once.
+    pub fn longest_path_through(&self, stage: StageId, cost: impl Fn(StageId) -> f64) -> f64 {
+        let n = self.len();
+        // Longest path ending at each stage (inclusive), then starting at each (inclusive).
+        let mut to = vec![0.0f64; n];
+        for &s in &self.order {
+            let best = self.predecessors(s).iter().map(|&p| to[p as usize]).fold(0.0, f64::max);
+            to[s as usize] = best + cost(s);
+        }
+        let mut from = vec![0.0f64; n];
+        for &s in self.order.iter().rev() {
+            let best = self.successors(s).iter().map(|&c| from[c as usize]).fold(0.0, f64::max);
+            from[s as usize] = best + cost(s);
+        }
+        to[stage as usize] + from[stage as usize] - cost(stage)
+    }
+
+    /// Each stage's share of an end-to-end budget in proportion to its `cost` along
+    /// the longest path through it (Clipper-style split): `cost(k) / longest(k)`,
+    /// 0 for a stage whose longest path costs nothing.
+    pub fn proportional_shares(&self, cost: impl Fn(StageId) -> f64) -> Vec<f64> {
+        (0..self.len() as StageId)
+            .map(|k| {
+                let longest = self.longest_path_through(k, &cost);
+                if longest > 0.0 { cost(k) / longest } else { 0.0 }
+            })
+            .collect()
+    }
+
+    /// The stages grouped into levels by their longest distance (in stages) from an
+    /// entry: a chain gives one stage per level, a diamond puts its parallel branches
+    /// in one level. Levels are run one after another; the stages of a level run side
+    /// by side.
+    pub fn levels(&self) -> Vec<Vec<StageId>> {
+        let mut depth = vec![0usize; self.len()];
+        for &s in &self.order {
+            depth[s as usize] = self.predecessors(s).iter().map(|&p| depth[p as usize] + 1).max().unwrap_or(0);
+        }
+        let mut levels: Vec<Vec<StageId>> = Vec::new();
+        for &s in &self.order {
+            let d = depth[s as usize];
+            if levels.len() <= d {
+                levels.resize(d + 1, Vec::new());
+            }
+            levels[d].push(s);
+        }
+        for level in &mut levels {
+            level.sort_unstable();
+        }
+        levels
+    }
+}
+
+/// Kahn's algorithm, smallest ready id first (deterministic).
+fn topological_order(successors: &[Vec<StageId>], predecessors: &[Vec<StageId>]) -> Vec<StageId> {
+    let mut indegree: Vec<usize> = predecessors.iter().map(Vec::len).collect();
+    let mut ready: std::collections::BTreeSet<StageId> =
+        (0..successors.len() as StageId).filter(|&s| indegree[s as usize] == 0).collect();
+    let mut order = Vec::with_capacity(successors.len());
+    while let Some(s) = ready.pop_first() {
+        order.push(s);
+        for &next in &successors[s as usize] {
+            indegree[next as usize] -= 1;
+            if indegree[next as usize] == 0 {
+                ready.insert(next);
+            }
+        }
+    }
+    order
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::StageKind;
+
+    fn stage(id: StageId, successors: &[StageId]) -> Stage {
+        Stage {
+            id,
+            name: format!("s{id}"),
+            kind: StageKind::Batch,
+            successors: successors.to_vec(),
+            predecessors: vec![],
+            variants: vec![],
+            max_batch: 8,
+            min_replicas: 1,
+            max_replicas: 8,
+        }
+    }
+
+    /// person → {pose ∥ face} → expression → eye: the `da` pipeline's shape.
+    fn diamond() -> StageGraph {
+        StageGraph::new(&[stage(0, &[1, 2]), stage(1, &[3]), stage(2, &[3]), stage(3, &[4]), stage(4, &[])])
+    }
+
+    #[test]
+    fn chain_has_one_path_per_stage() {
+        let g = StageGraph::chain(4);
+        assert_eq!(g.downstream_paths(0), vec![vec![1, 2, 3]]);
+        assert_eq!(g.downstream_paths(2), vec![vec![3]]);
+        assert!(g.downstream_paths(3).is_empty());
+        assert_eq!(g.levels(), vec![vec![0], vec![1], vec![2], vec![3]]);
+        assert_eq!(g, StageGraph::new(&[stage(0, &[1]), stage(1, &[2]), stage(2, &[3]), stage(3, &[])]));
+    }
+
+    #[test]
+    fn diamond_paths_levels_and_ancestors() {
+        let g = diamond();
+        assert_eq!(g.downstream_paths(0), vec![vec![1, 3, 4], vec![2, 3, 4]]);
+        assert_eq!(g.downstream_paths(1), vec![vec![3, 4]]);
+        assert_eq!(g.levels(), vec![vec![0], vec![1, 2], vec![3], vec![4]]);
+        let mut ancestors = g.ancestors(3);
+        ancestors.sort_unstable();
+        assert_eq!(ancestors, vec![0, 1, 2]);
+        assert_eq!(g.predecessors(3), &[1, 2]);
+        assert!(g.is_sink(4) && !g.is_sink(3));
+        assert_eq!(g.topological_order(), &[0, 1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn longest_path_through_picks_the_heavier_branch() {
+        let g = diamond();
+        let cost = |s: StageId| [10.0, 5.0, 1.0, 2.0, 3.0][s as usize];
+        assert_eq!(g.longest_path_through(0, cost), 20.0);
+        assert_eq!(g.longest_path_through(2, cost), 16.0);
+        assert_eq!(g.longest_path_through(4, cost), 20.0);
+        let shares = g.proportional_shares(cost);
+        assert_eq!(shares[0], 0.5);
+        assert_eq!(shares[2], 1.0 / 16.0);
+        let chain: f64 = [0, 1, 3, 4].iter().map(|&s| shares[s]).sum();
+        assert!((chain - 1.0).abs() < 1e-12);
+    }
+}
