@@ -12,3 +12,4 @@ pub mod kserve;
 pub mod load;
 pub mod prometheus;
 pub mod tls;
+pub mod workers;
