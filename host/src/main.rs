@@ -1,6 +1,7 @@
 //! The `yardmaster` command line.
 
 mod dataplane_cli;
+mod serve_cli;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -37,6 +38,10 @@ enum Command {
     /// The ONNX Runtime data plane.
     #[command(subcommand)]
     Dataplane(dataplane_cli::DataplaneCommand),
+    /// Send open-loop load to a running server over HTTP/3 or HTTP/1.1 (a workload
+    /// preset at a rate, or a trace) and print goodput, drop rate and latency
+    /// percentiles.
+    Load(serve_cli::LoadArgs),
 }
 
 #[derive(Subcommand)]
@@ -235,6 +240,7 @@ fn main() -> ExitCode {
         Some(Command::Policy(PolicyCommand::Bench { batches, events, repetitions })) => bench(&batches, events, repetitions),
         Some(Command::Profile(args)) => dataplane_cli::profile(&args),
         Some(Command::Dataplane(command)) => dataplane_cli::run(command),
+        Some(Command::Load(args)) => serve_cli::load(&args),
     }
 }
 

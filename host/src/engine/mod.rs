@@ -123,6 +123,24 @@ pub struct EngineStats {
     pub refused_actions: u64,
     /// Policy drops by the stage the dropped piece was at (indexed by stage id).
     pub drops_by_stage: Vec<u64>,
+    /// Jobs by batch size: entry `k` counts jobs of at most `2^k` requests (and more
+    /// than `2^(k-1)`); the last entry counts every larger job.
+    pub batch_sizes: [u64; BATCH_SIZE_BUCKETS],
+    /// Requests over all jobs started (their mean batch size is this over `jobs`).
+    pub batch_items: u64,
+}
+
+/// Buckets of [`EngineStats::batch_sizes`]: 1, 2, 4, … 512, and above.
+pub const BATCH_SIZE_BUCKETS: usize = 11;
+
+impl EngineStats {
+    /// Count a job of `size` requests.
+    fn record_batch(&mut self, size: usize) {
+        let bucket = (usize::BITS - size.saturating_sub(1).leading_zeros()) as usize;
+        self.batch_sizes[bucket.min(BATCH_SIZE_BUCKETS - 1)] += 1;
+        self.batch_items += size as u64;
+        self.jobs += 1;
+    }
 }
 
 /// The scheduling engine.
@@ -848,7 +866,7 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         let worker = self.state.workers.get_mut(&d.worker).expect("checked");
         worker.phase = WorkerPhase::Busy { items: d.requests, started: now };
         worker.job_origins = origins;
-        self.stats.jobs += 1;
+        self.stats.record_batch(items.len());
         let frame_steps = if kind == StageKind::Iteration { self.options.frame_steps } else { 0 };
         self.executor.start(BatchJob { worker: d.worker, stage, variant, items, frame_steps });
     }

@@ -6,7 +6,7 @@
 
 use std::fmt::Write as _;
 
-use crate::engine::EngineStats;
+use crate::engine::{Clock, Engine, EngineStats, Executor};
 use crate::metrics::{Percentiles, Stats, Summary};
 use crate::policy::ArmStats;
 
@@ -24,11 +24,17 @@ pub struct ArmMetrics<'a> {
     pub engine: &'a EngineStats,
 }
 
-/// Writes metric families, each with its HELP and TYPE lines once.
+/// Writes metric families, each with its HELP and TYPE lines once and all its samples
+/// together (the text format requires a family's lines to be one group), in the order
+/// the families were first used.
 #[derive(Default)]
 pub struct Exposition {
+    families: Vec<Family>,
+}
+
+struct Family {
+    name: &'static str,
     text: String,
-    declared: Vec<&'static str>,
 }
 
 impl Exposition {
@@ -37,52 +43,71 @@ impl Exposition {
         Self::default()
     }
 
-    fn declare(&mut self, name: &'static str, kind: &str, help: &str) {
-        if !self.declared.contains(&name) {
-            self.declared.push(name);
-            let _ = writeln!(self.text, "# HELP {name} {help}");
-            let _ = writeln!(self.text, "# TYPE {name} {kind}");
-        }
+    /// The text of family `name`, declared with `kind` and `help` the first time.
+    fn family(&mut self, name: &'static str, kind: &str, help: &str) -> &mut String {
+        let index = match self.families.iter().position(|f| f.name == name) {
+            Some(index) => index,
+            None => {
+                self.families.push(Family { name, text: format!("# HELP {name} {help}\n# TYPE {name} {kind}\n") });
+                self.families.len() - 1
+            }
+        };
+        &mut self.families[index].text
     }
 
     /// One sample of `name` (declared with `kind` and `help` the first time).
     pub fn sample(&mut self, name: &'static str, kind: &str, help: &str, labels: &[(&str, &str)], value: f64) {
-        self.declare(name, kind, help);
-        self.write_sample(name, "", labels, value);
-    }
-
-    fn write_sample(&mut self, name: &str, suffix: &str, labels: &[(&str, &str)], value: f64) {
-        self.text.push_str(name);
-        self.text.push_str(suffix);
-        if !labels.is_empty() {
-            self.text.push('{');
-            for (i, (key, value)) in labels.iter().enumerate() {
-                if i > 0 {
-                    self.text.push(',');
-                }
-                let _ = write!(self.text, "{key}=\"{}\"", escape(value));
-            }
-            self.text.push('}');
-        }
-        let _ = writeln!(self.text, " {}", number(value));
+        write_sample(self.family(name, kind, help), name, "", labels, value);
     }
 
     /// A summary in seconds from nanosecond percentiles and a count.
     pub fn summary(&mut self, name: &'static str, help: &str, labels: &[(&str, &str)], p: &Percentiles, count: u64) {
-        self.declare(name, "summary", help);
+        let text = self.family(name, "summary", help);
         for (q, v) in [("0.5", p.p50), ("0.9", p.p90), ("0.95", p.p95), ("0.99", p.p99)] {
             let mut with_quantile = labels.to_vec();
             with_quantile.push(("quantile", q));
-            self.write_sample(name, "", &with_quantile, v as f64 / 1e9);
+            write_sample(text, name, "", &with_quantile, v as f64 / 1e9);
         }
-        self.write_sample(name, "_sum", labels, p.mean * count as f64 / 1e9);
-        self.write_sample(name, "_count", labels, count as f64);
+        write_sample(text, name, "_sum", labels, p.mean * count as f64 / 1e9);
+        write_sample(text, name, "_count", labels, count as f64);
+    }
+
+    /// A histogram from per-bucket counts (not cumulative) with their upper bounds;
+    /// `sum` is the sum of the observed values.
+    pub fn histogram(&mut self, name: &'static str, help: &str, labels: &[(&str, &str)], buckets: &[(f64, u64)], sum: f64) {
+        let text = self.family(name, "histogram", help);
+        let mut cumulative = 0;
+        for (bound, count) in buckets {
+            cumulative += count;
+            let le = number(*bound);
+            let mut with_le = labels.to_vec();
+            with_le.push(("le", le.as_str()));
+            write_sample(text, name, "_bucket", &with_le, cumulative as f64);
+        }
+        write_sample(text, name, "_sum", labels, sum);
+        write_sample(text, name, "_count", labels, cumulative as f64);
     }
 
     /// The text.
     pub fn finish(self) -> String {
-        self.text
+        self.families.into_iter().map(|f| f.text).collect()
     }
+}
+
+fn write_sample(text: &mut String, name: &str, suffix: &str, labels: &[(&str, &str)], value: f64) {
+    text.push_str(name);
+    text.push_str(suffix);
+    if !labels.is_empty() {
+        text.push('{');
+        for (i, (key, value)) in labels.iter().enumerate() {
+            if i > 0 {
+                text.push(',');
+            }
+            let _ = write!(text, "{key}=\"{}\"", escape(value));
+        }
+        text.push('}');
+    }
+    let _ = writeln!(text, " {}", number(value));
 }
 
 fn escape(value: &str) -> String {
@@ -183,8 +208,41 @@ pub fn render_arm(out: &mut Exposition, metrics: &ArmMetrics<'_>) {
     }
     let engine = metrics.engine;
     out.sample("yardmaster_batches_total", "counter", "Batches started on workers.", &labels, engine.jobs as f64);
+    let last = engine.batch_sizes.len() - 1;
+    let buckets: Vec<(f64, u64)> = engine
+        .batch_sizes
+        .iter()
+        .enumerate()
+        .map(|(k, count)| (if k == last { f64::INFINITY } else { (1u64 << k) as f64 }, *count))
+        .collect();
+    out.histogram(
+        "yardmaster_batch_size",
+        "Requests per batch started on a worker.",
+        &labels,
+        &buckets,
+        engine.batch_items as f64,
+    );
     out.sample("yardmaster_preemptions_total", "counter", "Running batches preempted.", &labels, engine.preemptions as f64);
     out.sample("yardmaster_expired_total", "counter", "Requests the host expired past their deadline.", &labels, engine.expired as f64);
+}
+
+/// The whole exposition of one engine, whose policy arm is named `arm`; call it on
+/// the actor thread (through `ActorHandle::inspect`).
+pub fn render_engine<C: Clock, X: Executor>(engine: &Engine<C, X>, arm: &str) -> String {
+    let state = engine.state();
+    let summary = engine.accounting().summary(state.now);
+    let streams: Vec<String> = state.pipeline.streams.iter().map(|s| s.name.clone()).collect();
+    let mut out = Exposition::new();
+    let metrics = ArmMetrics { arm, streams: &streams, summary: &summary, policy: engine.arm().stats(), engine: engine.stats() };
+    render_arm(&mut out, &metrics);
+    out.sample(
+        "yardmaster_requests_in_flight",
+        "gauge",
+        "Requests admitted and not yet ended.",
+        &[("arm", arm)],
+        engine.in_flight() as f64,
+    );
+    out.finish()
 }
 
 #[cfg(test)]
@@ -205,5 +263,20 @@ mod tests {
         assert!(text.contains("lat_seconds{arm=\"main\",quantile=\"0.99\"} 0.004\n"), "{text}");
         assert!(text.contains("lat_seconds_sum{arm=\"main\"} 0.02\n"), "{text}");
         assert!(text.contains("lat_seconds_count{arm=\"main\"} 10\n"));
+    }
+
+    #[test]
+    fn a_family_s_samples_stay_together_and_histograms_are_cumulative() {
+        let mut out = Exposition::new();
+        out.sample("a_total", "counter", "A.", &[("s", "1")], 1.0);
+        out.sample("b_total", "counter", "B.", &[], 1.0);
+        out.sample("a_total", "counter", "A.", &[("s", "2")], 2.0);
+        out.histogram("h", "H.", &[], &[(1.0, 3), (2.0, 1), (f64::INFINITY, 2)], 9.0);
+        let text = out.finish();
+        let a = text.find("a_total{s=\"2\"}").unwrap();
+        assert!(a < text.find("# HELP b_total").unwrap(), "a's samples before b's header: {text}");
+        assert!(text.contains("h_bucket{le=\"2\"} 4\n"), "{text}");
+        assert!(text.contains("h_bucket{le=\"+Inf\"} 6\n"), "{text}");
+        assert!(text.contains("h_count 6\n") && text.contains("h_sum 9\n"), "{text}");
     }
 }
