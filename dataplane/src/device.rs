@@ -33,6 +33,24 @@ pub enum DevicePreference {
     Cuda(u32),
 }
 
+impl std::str::FromStr for DevicePreference {
+    type Err = String;
+
+    /// `auto`, `cpu`, `cuda` (the first GPU) or `cuda:N`.
+    fn from_str(raw: &str) -> std::result::Result<Self, String> {
+        match raw {
+            "auto" => Ok(DevicePreference::Auto),
+            "cpu" => Ok(DevicePreference::Cpu),
+            "cuda" => Ok(DevicePreference::Cuda(0)),
+            other => other
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(DevicePreference::Cuda)
+                .ok_or_else(|| format!("device {other:?}: expected auto, cpu, cuda or cuda:N")),
+        }
+    }
+}
+
 /// The device chosen and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceChoice {

@@ -77,16 +77,7 @@ fn parse_shape(raw: &str) -> Result<Vec<usize>, String> {
 }
 
 fn parse_device(raw: &str) -> Result<DevicePreference, String> {
-    match raw {
-        "auto" => Ok(DevicePreference::Auto),
-        "cpu" => Ok(DevicePreference::Cpu),
-        "cuda" => Ok(DevicePreference::Cuda(0)),
-        other => other
-            .strip_prefix("cuda:")
-            .and_then(|n| n.parse().ok())
-            .map(DevicePreference::Cuda)
-            .ok_or_else(|| format!("device {other:?}: expected auto, cpu, cuda or cuda:N")),
-    }
+    raw.parse()
 }
 
 fn fail(error: impl std::fmt::Display) -> ExitCode {
@@ -99,7 +90,7 @@ fn stem(path: &Path) -> String {
 }
 
 /// The device line: which device and why.
-fn print_device(runtime: &Runtime) {
+pub(crate) fn print_device(runtime: &Runtime) {
     let choice = runtime.device_choice();
     println!("device: {} ({})", choice.device, choice.reason);
 }

@@ -16,6 +16,7 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use super::capture::Recorder;
 use crate::engine::{Clock, Ended, Engine, Executor, JobResult, Submission};
 use crate::metrics::Outcome;
 
@@ -45,6 +46,8 @@ pub enum Message<C: Clock, X: Executor> {
     WorkerReady(u32),
     /// Read the engine (metrics, state) on the actor thread.
     Inspect(Inspect<C, X>),
+    /// Start capturing a trace (replacing any capture running), or stop with `None`.
+    Capture(Option<Recorder>),
     /// Stop: every request still in flight ends as failed with this reason.
     Shutdown(String),
 }
@@ -97,6 +100,11 @@ impl<C: Clock, X: Executor> ActorHandle<C, X> {
     /// Cancel a request.
     pub fn cancel(&self, id: u64) -> Result<(), ActorStopped> {
         self.send(Message::Cancel(id))
+    }
+
+    /// Start a trace capture (replacing one already running), or stop it with `None`.
+    pub fn capture(&self, recorder: Option<Recorder>) -> Result<(), ActorStopped> {
+        self.send(Message::Capture(recorder))
     }
 
     /// Run `question` on the actor thread and return its answer.
@@ -163,28 +171,45 @@ impl<C: Clock, X: Executor> Drop for Actor<C, X> {
 /// The actor loop.
 fn run<C: Clock, X: Executor>(mut engine: Engine<C, X>, clock: C, receiver: Receiver<Message<C, X>>) {
     let mut waiting: HashMap<u64, OnEnd> = HashMap::new();
+    let mut capture: Option<Recorder> = None;
     loop {
         let first = match engine.next_wakeup() {
             Some(at) => match receiver.recv_timeout(Duration::from_nanos(at.saturating_sub(clock.now()))) {
                 Ok(message) => Some(message),
                 Err(RecvTimeoutError::Timeout) => None,
-                Err(RecvTimeoutError::Disconnected) => return shut_down(&mut engine, waiting, "every handle was dropped"),
+                Err(RecvTimeoutError::Disconnected) => {
+                    return shut_down(&mut engine, waiting, &mut capture, "every handle was dropped")
+                }
             },
             None => match receiver.recv() {
                 Ok(message) => Some(message),
-                Err(_) => return shut_down(&mut engine, waiting, "every handle was dropped"),
+                Err(_) => return shut_down(&mut engine, waiting, &mut capture, "every handle was dropped"),
             },
         };
         let mut stop = None;
         for message in first.into_iter().chain(std::iter::from_fn(|| receiver.try_recv().ok())) {
             match message {
                 Message::Submit { submission, admitted, ended } => {
+                    let (input_size, expected_tokens) = (submission.input_size, submission.expected_tokens);
                     let id = engine.submit(submission);
+                    if let Some(recorder) = &mut capture {
+                        recorder.arrival(&engine, id, input_size, expected_tokens);
+                    }
                     admitted(id);
                     waiting.insert(id, ended);
                 }
                 Message::Cancel(id) => engine.cancel(id),
-                Message::JobFinished(result) => engine.job_finished(result),
+                Message::JobFinished(result) => {
+                    if let Some(recorder) = &mut capture {
+                        recorder.batch(&engine, &result);
+                    }
+                    engine.job_finished(result)
+                }
+                Message::Capture(recorder) => {
+                    if let Some(mut old) = std::mem::replace(&mut capture, recorder) {
+                        old.flush();
+                    }
+                }
                 Message::WorkerReady(worker) => engine.worker_ready(worker),
                 Message::Inspect(question) => question(&engine),
                 Message::Shutdown(reason) => {
@@ -197,15 +222,25 @@ fn run<C: Clock, X: Executor>(mut engine: Engine<C, X>, clock: C, receiver: Rece
             engine.advance();
         }
         engine.flush();
-        answer(&mut engine, &mut waiting);
+        answer(&mut engine, &mut waiting, &mut capture);
         if let Some(reason) = stop {
-            return shut_down(&mut engine, waiting, &reason);
+            return shut_down(&mut engine, waiting, &mut capture, &reason);
+        }
+        if let Some(recorder) = &mut capture {
+            recorder.flush();
         }
     }
 }
 
-fn answer<C: Clock, X: Executor>(engine: &mut Engine<C, X>, waiting: &mut HashMap<u64, OnEnd>) {
+fn answer<C: Clock, X: Executor>(
+    engine: &mut Engine<C, X>,
+    waiting: &mut HashMap<u64, OnEnd>,
+    capture: &mut Option<Recorder>,
+) {
     for end in engine.take_ended() {
+        if let Some(recorder) = capture {
+            recorder.ended(&end);
+        }
         if let Some(callback) = waiting.remove(&end.id) {
             callback(end);
         }
@@ -213,11 +248,23 @@ fn answer<C: Clock, X: Executor>(engine: &mut Engine<C, X>, waiting: &mut HashMa
 }
 
 /// Every request still waiting ends once, as failed with the reason.
-fn shut_down<C: Clock, X: Executor>(engine: &mut Engine<C, X>, mut waiting: HashMap<u64, OnEnd>, reason: &str) {
-    answer(engine, &mut waiting);
+fn shut_down<C: Clock, X: Executor>(
+    engine: &mut Engine<C, X>,
+    mut waiting: HashMap<u64, OnEnd>,
+    capture: &mut Option<Recorder>,
+    reason: &str,
+) {
+    answer(engine, &mut waiting, capture);
     let at = clock_now(engine);
     for (id, callback) in waiting {
-        callback(Ended { id, outcome: Outcome::Failed { error: reason.to_string() }, at });
+        let end = Ended { id, outcome: Outcome::Failed { error: reason.to_string() }, at };
+        if let Some(recorder) = capture {
+            recorder.ended(&end);
+        }
+        callback(end);
+    }
+    if let Some(recorder) = capture {
+        recorder.flush();
     }
 }
 
@@ -316,6 +363,48 @@ mod tests {
         let completed = handle.inspect(|engine| engine.accounting().summary(engine.state().now).overall.completed).unwrap();
         assert_eq!(completed, 200);
         actor.shutdown("test over");
+    }
+
+    /// A capture sink the test can read afterwards.
+    #[derive(Clone, Default)]
+    struct Shared(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Shared {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_capture_records_every_arrival_batch_and_end_and_reads_back_as_a_trace() {
+        use crate::sim::trace::{TraceReader, TraceRecord};
+        let actor = start("edf", Arc::new(Mutex::new(Vec::new())));
+        let handle = actor.handle();
+        let sink = Shared::default();
+        handle.capture(Some(Recorder::start(Box::new(sink.clone()), "test").unwrap())).unwrap();
+        let (done, results) = mpsc::channel();
+        for _ in 0..40 {
+            let done = done.clone();
+            handle.submit(Submission::default(), Box::new(|_| {}), Box::new(move |end| done.send(end).unwrap())).unwrap();
+        }
+        for _ in 0..40 {
+            results.recv_timeout(Duration::from_secs(20)).unwrap();
+        }
+        handle.capture(None).unwrap();
+        actor.shutdown("test over");
+        let bytes = sink.0.lock().unwrap().clone();
+        let reader = TraceReader::new(std::io::BufReader::new(&bytes[..])).unwrap();
+        let records: Vec<TraceRecord> = reader.map(|r| r.unwrap()).collect();
+        let count = |f: fn(&TraceRecord) -> bool| records.iter().filter(|r| f(r)).count();
+        assert_eq!(count(|r| matches!(r, TraceRecord::Arrival(_))), 40);
+        assert_eq!(count(|r| matches!(r, TraceRecord::Completion(_))), 40);
+        let batched: usize =
+            records.iter().map(|r| if let TraceRecord::Batch(b) = r { b.requests.len() } else { 0 }).sum();
+        assert!(batched >= 40, "every request ran in a recorded batch at least once ({batched})");
     }
 
     #[test]

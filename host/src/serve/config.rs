@@ -9,7 +9,7 @@
 //! pipeline = "ocr"            # a preset name or a pipeline .toml file
 //! policy = "edf"              # a shipped policy name or a .wasm file
 //! params = { }                # policy parameters, key = "value"
-//! threads = 1                 # ONNX Runtime intra-op threads per worker
+//! device = "auto"             # auto (CUDA when present, else CPU), cpu, cuda or cuda:N
 //! max_body_bytes = 67108864   # larger request bodies get 413
 //! capture = "live.jsonl"      # optional: write a JSON-lines trace of what is served
 //! state_dir = "…"             # where a generated certificate is kept
@@ -77,8 +77,8 @@ pub struct ServeConfig {
     pub policy: String,
     /// Policy parameters.
     pub params: BTreeMap<String, String>,
-    /// Intra-op threads per worker.
-    pub threads: usize,
+    /// Device: `auto`, `cpu`, `cuda` or `cuda:N`.
+    pub device: String,
     /// Largest request body.
     pub max_body_bytes: usize,
     /// Trace capture file.
@@ -100,7 +100,7 @@ impl Default for ServeConfig {
             pipeline: "ocr".into(),
             policy: "edf".into(),
             params: BTreeMap::new(),
-            threads: 1,
+            device: "auto".into(),
             max_body_bytes: super::api::DEFAULT_MAX_BODY,
             capture: None,
             state_dir: None,
@@ -155,13 +155,16 @@ impl ServeConfig {
         if !self.http1 && !self.http3 {
             bail!("both http1 and http3 are off: nothing would listen");
         }
-        if self.threads == 0 {
-            bail!("threads must be at least 1");
-        }
+        self.device_preference()?;
         if self.max_body_bytes < 1024 {
             bail!("max_body_bytes must be at least 1024 (got {})", self.max_body_bytes);
         }
         Ok(())
+    }
+
+    /// The device to run on.
+    pub fn device_preference(&self) -> Result<yardmaster_dataplane::DevicePreference> {
+        self.device.parse().map_err(|e: String| anyhow::anyhow!(e))
     }
 
     /// The policy parameters in the contract's form.

@@ -5,6 +5,7 @@
 
 pub mod actor;
 pub mod api;
+pub mod capture;
 pub mod client;
 pub mod http1;
 pub mod http3;

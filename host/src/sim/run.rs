@@ -15,7 +15,7 @@ use anyhow::{Context, Result};
 use super::executor::{ExecEvent, SimExecutor, SimExecutorOptions};
 use super::rng::SimRng;
 use super::trace::{
-    ArrivalRecord, BatchRecord, CompletionRecord, Outcome as TraceOutcome, TraceHeader, TraceRecord, TraceWriter,
+    ArrivalRecord, BatchRecord, TraceHeader, TraceRecord, TraceWriter,
 };
 use super::workload::Arrival;
 use crate::engine::{Engine, EngineOptions, EngineStats, ManualClock, Pipeline, Submission};
@@ -184,7 +184,7 @@ pub fn run(
         let ended = engine.take_ended();
         if let Some(capture) = capture.as_mut() {
             for end in ended {
-                capture.write(TraceRecord::Completion(completion_record(end)))?;
+                capture.write(TraceRecord::Completion(end.into()))?;
             }
         }
         if now >= next_progress {
@@ -235,17 +235,6 @@ impl Capture {
     fn finish(mut self) -> Result<()> {
         self.writer.flush().with_context(|| format!("writing {}", self.path.display()))
     }
-}
-
-/// A trace completion record for an ended request.
-fn completion_record(end: crate::engine::Ended) -> CompletionRecord {
-    use crate::metrics::Outcome as Ended;
-    let (outcome, reason) = match end.outcome {
-        Ended::Completed => (TraceOutcome::Completed, None),
-        Ended::Dropped { reason } => (TraceOutcome::Dropped, Some(reason)),
-        Ended::Failed { error } => (TraceOutcome::Failed, Some(error)),
-    };
-    CompletionRecord { at: end.at, id: end.id, outcome, reason }
 }
 
 fn clock_now(clock: &ManualClock) -> u64 {

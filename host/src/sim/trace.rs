@@ -107,6 +107,18 @@ pub struct CompletionRecord {
     pub reason: Option<String>,
 }
 
+impl From<crate::engine::Ended> for CompletionRecord {
+    fn from(end: crate::engine::Ended) -> Self {
+        use crate::metrics::Outcome as Ended;
+        let (outcome, reason) = match end.outcome {
+            Ended::Completed => (Outcome::Completed, None),
+            Ended::Dropped { reason } => (Outcome::Dropped, Some(reason)),
+            Ended::Failed { error } => (Outcome::Failed, Some(error)),
+        };
+        CompletionRecord { at: end.at, id: end.id, outcome, reason }
+    }
+}
+
 /// One record after the header.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]

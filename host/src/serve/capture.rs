@@ -1,0 +1,161 @@
+//! Trace capture while serving: every arrival, batch and completion the engine sees,
+//! written in the simulator's JSON-lines trace format ([`crate::sim::trace`]), so any
+//! policy can be replayed against real traffic
+//! (`yardmaster sim compare --workload trace:FILE --policies X.wasm`).
+//!
+//! The recorder lives on the engine's actor thread and is fed by it. Writing never
+//! stands in the way of serving: when a write fails (a full disk, a closed pipe) the
+//! recorder says so once in the log, stops capturing, and requests go on as before.
+
+use std::io::Write;
+
+use crate::engine::{Clock, Ended, Engine, Executor, JobResult};
+use crate::sim::trace::{ArrivalRecord, BatchRecord, TraceHeader, TraceRecord, TraceWriter};
+
+/// Where a capture goes.
+pub type CaptureSink = Box<dyn Write + Send>;
+
+/// Writes the trace of a serving engine; see the module docs.
+pub struct Recorder {
+    writer: Option<TraceWriter<CaptureSink>>,
+    name: String,
+    records: u64,
+}
+
+impl Recorder {
+    /// Start a trace on `sink` (its header written at once), named `name` in log lines.
+    pub fn start(sink: CaptureSink, name: &str) -> std::io::Result<Recorder> {
+        let started_at_unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let header = TraceHeader::new(format!("yardmaster serve ({name})"), started_at_unix_ms);
+        let writer = TraceWriter::new(sink, &header)?;
+        Ok(Recorder { writer: Some(writer), name: name.to_string(), records: 0 })
+    }
+
+    /// Whether it still writes (false after a write error).
+    pub fn active(&self) -> bool {
+        self.writer.is_some()
+    }
+
+    /// Records written so far.
+    pub fn records(&self) -> u64 {
+        self.records
+    }
+
+    /// Request `id` was just submitted to `engine`.
+    pub fn arrival<C: Clock, X: Executor>(&mut self, engine: &Engine<C, X>, id: u64, input_size: u32, expected_tokens: u32) {
+        if self.writer.is_none() {
+            return;
+        }
+        let state = engine.state();
+        let Some(origin) = state.origins.get(&id) else { return };
+        let entry = state.pipeline.streams.get(origin.stream as usize).map_or(0, |s| s.entry);
+        self.write(TraceRecord::Arrival(ArrivalRecord {
+            at: origin.sent_at,
+            id,
+            stream: origin.stream,
+            stage: entry,
+            deadline: origin.deadline,
+            input_size,
+            expected_tokens,
+        }));
+    }
+
+    /// A job finished on a worker of `engine` (call before the engine takes it).
+    pub fn batch<C: Clock, X: Executor>(&mut self, engine: &Engine<C, X>, result: &JobResult) {
+        if self.writer.is_none() {
+            return;
+        }
+        let state = engine.state();
+        let worker = state.workers.get(&result.worker);
+        self.write(TraceRecord::Batch(BatchRecord {
+            at: state.now.saturating_sub(result.duration),
+            worker: result.worker,
+            stage: worker.map_or(0, |w| w.info.stage),
+            variant: worker.map_or(0, |w| w.info.variant),
+            requests: result.items.iter().map(|i| i.id).collect(),
+            duration: result.duration,
+        }));
+    }
+
+    /// A request ended.
+    pub fn ended(&mut self, end: &Ended) {
+        if self.writer.is_some() {
+            self.write(TraceRecord::Completion(end.clone().into()));
+        }
+    }
+
+    /// Push what is buffered to the sink.
+    pub fn flush(&mut self) {
+        if let Some(writer) = &mut self.writer {
+            if let Err(error) = writer.flush() {
+                self.fail(&error);
+            }
+        }
+    }
+
+    fn write(&mut self, record: TraceRecord) {
+        let Some(writer) = &mut self.writer else { return };
+        match writer.write(&record) {
+            Ok(()) => self.records += 1,
+            Err(error) => self.fail(&error),
+        }
+    }
+
+    fn fail(&mut self, error: &std::io::Error) {
+        tracing::error!(
+            "trace capture {} stopped after {} records: {error}; serving goes on without it",
+            self.name,
+            self.records
+        );
+        self.writer = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::Ended;
+    use crate::metrics::Outcome;
+
+    /// A sink that takes `room` bytes and then fails like a full disk.
+    struct Full {
+        room: usize,
+    }
+
+    impl Write for Full {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            if buf.len() > self.room {
+                return Err(std::io::Error::other("no space left on device"));
+            }
+            self.room -= buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_failing_sink_stops_the_capture_and_nothing_else() {
+        let mut recorder = Recorder::start(Box::new(Full { room: 100_000 }), "t").unwrap();
+        let end = Ended { id: 1, outcome: Outcome::Dropped { reason: "late".repeat(40_000) }, at: 5 };
+        recorder.ended(&end);
+        recorder.flush();
+        assert!(!recorder.active(), "a write past the room stops the recorder");
+        recorder.ended(&end);
+        recorder.flush();
+        assert!(!recorder.active());
+    }
+
+    #[test]
+    fn records_are_counted() {
+        let mut recorder = Recorder::start(Box::new(Vec::new()), "t").unwrap();
+        recorder.ended(&Ended { id: 1, outcome: Outcome::Completed, at: 5 });
+        recorder.ended(&Ended { id: 2, outcome: Outcome::Failed { error: "x".into() }, at: 6 });
+        recorder.flush();
+        assert!(recorder.active());
+        assert_eq!(recorder.records(), 2);
+    }
+}
