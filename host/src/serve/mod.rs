@@ -1,15 +1,24 @@
 //! The live server. The client API speaks the KServe v2 / Open Inference Protocol
 //! ([`kserve`] is the codec, [`api`] the routes) over HTTP/1.1 ([`http1`]) and HTTP/3
 //! ([`http3`], TLS from [`tls`]). [`actor`] runs the engine on a thread of its own and
-//! is how everything else reaches it.
+//! is how everything else reaches it. [`stack`] builds the serving stack: the engine
+//! actor with the ONNX Runtime [`executor`] (stage [`stages`] programs around the
+//! models, request data in the [`payload`] store, workers behind [`workers`]) and the
+//! KServe [`backend`] the client API answers with.
 
 pub mod actor;
 pub mod api;
+pub mod backend;
 pub mod client;
+pub mod executor;
 pub mod http1;
 pub mod http3;
 pub mod kserve;
 pub mod load;
+pub mod payload;
 pub mod prometheus;
+pub mod stack;
+pub mod stages;
+pub mod tiny_model;
 pub mod tls;
 pub mod workers;
