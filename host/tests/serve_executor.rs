@@ -31,9 +31,19 @@ fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
 }
 
-/// A fresh folder for the trivial model.
-fn scratch(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("yardmaster-serve-executor-{}-{name}", std::process::id()))
+/// A folder of this test's own for the trivial model, removed when dropped.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Self {
+        Self(std::env::temp_dir().join(format!("yardmaster-serve-executor-{}-{name}", std::process::id())))
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 fn start(served: ServedPipeline, placements: Vec<Placement>) -> (ServeActor, Arc<EngineBackend>) {
@@ -126,7 +136,8 @@ fn images_are_read_through_the_whole_stack() {
 
 #[test]
 fn concurrent_tiny_requests_end_once_each_and_are_batched() {
-    let served = ServedPipeline::tiny(&scratch("batched")).unwrap();
+    let dir = Scratch::new("batched");
+    let served = ServedPipeline::tiny(&dir.0).unwrap();
     let (actor, backend) = start(served, Vec::new());
     let rt = runtime();
     let answers = bounded(&rt, 60, async {
@@ -157,8 +168,31 @@ fn concurrent_tiny_requests_end_once_each_and_are_batched() {
 }
 
 #[test]
+fn one_request_at_a_time_measures_the_overhead_beyond_the_model() {
+    let dir = Scratch::new("latency");
+    let served = ServedPipeline::tiny(&dir.0).unwrap();
+    let (actor, backend) = start(served, Vec::new());
+    let rt = runtime();
+    let mut took = Vec::new();
+    for i in 0..300 {
+        let begin = Instant::now();
+        let response = bounded(&rt, 10, backend.infer("tiny", request(vec![tiny_input([i as f32; 4])], None))).unwrap();
+        took.push(begin.elapsed());
+        assert_eq!(response.outputs[0].as_f32().unwrap(), vec![i as f32 + 1.0; 4]);
+    }
+    // The first requests wait for the model to load.
+    let mut steady = took[50..].to_vec();
+    steady.sort();
+    let (p50, p99) = (steady[steady.len() / 2], steady[steady.len() * 99 / 100]);
+    eprintln!("tiny model through backend, engine, policy and worker, one at a time: p50 {p50:?}, p99 {p99:?} (model alone: ~8 µs)");
+    assert!(p50 < Duration::from_millis(50), "p50 {p50:?}");
+    actor.shutdown("test over");
+}
+
+#[test]
 fn an_impossible_deadline_is_dropped_with_its_reason() {
-    let served = ServedPipeline::tiny(&scratch("deadline")).unwrap();
+    let dir = Scratch::new("deadline");
+    let served = ServedPipeline::tiny(&dir.0).unwrap();
     let (actor, backend) = start(served, Vec::new());
     let rt = runtime();
     let answer = bounded(&rt, 30, backend.infer("tiny", request(vec![tiny_input([1.0; 4])], Some(1))));
@@ -175,7 +209,8 @@ fn an_impossible_deadline_is_dropped_with_its_reason() {
 
 #[test]
 fn malformed_requests_are_refused_with_the_reason() {
-    let served = ServedPipeline::tiny(&scratch("malformed")).unwrap();
+    let dir = Scratch::new("malformed");
+    let served = ServedPipeline::tiny(&dir.0).unwrap();
     let (actor, backend) = start(served, Vec::new());
     let rt = runtime();
     let cases = [
@@ -198,8 +233,9 @@ fn malformed_requests_are_refused_with_the_reason() {
 
 #[test]
 fn a_worker_that_cannot_start_fails_requests_with_the_error() {
-    let mut served = ServedPipeline::tiny(&scratch("missing")).unwrap();
-    let missing = scratch("missing").join("no-such-model.onnx");
+    let dir = Scratch::new("missing");
+    let mut served = ServedPipeline::tiny(&dir.0).unwrap();
+    let missing = dir.0.join("no-such-model.onnx");
     served.catalog.stages[0][0] = ModelSpec::new(ModelKey::new("tiny", "missing"), &missing);
     let (actor, backend) = start(served, Vec::new());
     let rt = runtime();
@@ -259,7 +295,8 @@ impl Workers for Stalled {
 
 #[test]
 fn a_client_that_goes_away_cancels_its_request() {
-    let served = ServedPipeline::tiny(&scratch("cancel")).unwrap();
+    let dir = Scratch::new("cancel");
+    let served = ServedPipeline::tiny(&dir.0).unwrap();
     let (sender, events) = mpsc::channel();
     let jobs = Arc::new(Mutex::new(Vec::new()));
     let stalled = Stalled { jobs: Arc::clone(&jobs), _events: sender };

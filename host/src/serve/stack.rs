@@ -105,6 +105,12 @@ impl ServedPipeline {
         Ok(served)
     }
 
+    /// The trivial pipeline with its model in the assets folder
+    /// (`yardmaster_dataplane::assets::assets_dir`), where `yardmaster serve` keeps it.
+    pub fn tiny_in_assets() -> Result<Self, String> {
+        Self::tiny(&yardmaster_dataplane::assets::assets_dir())
+    }
+
     /// Check that the executor can serve it: a chain of batch stages (one request id
     /// from entry to exit, no fan-out), a program and a model for every stage and
     /// variant, every served model on a stream of the pipeline.
