@@ -162,6 +162,7 @@ fn concurrent_tiny_requests_end_once_each_and_are_batched() {
     }
     let (arrivals, ended, completed, jobs, in_flight) = counts(&actor);
     assert_eq!((arrivals, ended, completed, in_flight), (32, 32, 32, 0), "each request ended exactly once");
+    eprintln!("32 concurrent requests ran in {jobs} jobs");
     assert!(jobs < 32, "32 requests arriving together ran in {jobs} jobs: they were batched");
     assert!(backend.store().is_empty());
     actor.shutdown("test over");

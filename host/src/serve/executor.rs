@@ -29,6 +29,7 @@ use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use yardmaster_dataplane::{Job, Request, Tensor, WorkerEvent};
 
@@ -102,6 +103,18 @@ impl WorkerBoard {
         all
     }
 
+    /// The worker's status once it is no longer loading, waiting at most `limit`.
+    fn wait_while_loading(&self, worker: u32, limit: Duration) -> Option<WorkerStatus> {
+        let until = Instant::now() + limit;
+        loop {
+            let status = self.status(worker);
+            if status != Some(WorkerStatus::Loading) || Instant::now() >= until {
+                return status;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     fn set(&self, worker: u32, stage: u32, status: WorkerStatus) {
         lock(&self.workers).insert(worker, (stage, status));
     }
@@ -117,6 +130,10 @@ impl WorkerBoard {
         lock(&self.workers).remove(&worker);
     }
 }
+
+/// How long a job that a starting worker refused waits for the worker's start verdict
+/// (only on that error path; it holds the actor thread).
+const VERDICT_WAIT: Duration = Duration::from_millis(250);
 
 /// A poisoned lock still holds consistent data here (every update is one assignment),
 /// so a panic elsewhere must not stop serving.
@@ -389,9 +406,16 @@ impl Executor for OnnxExecutor {
             None => Err(format!("worker {} is unknown to the executor", job.worker)),
         };
         if let Err(error) = handed {
+            // A worker whose model failed to load is gone before its pump has read the
+            // `StartFailed` that says why; wait briefly for that verdict so the requests
+            // fail with the real cause (the pump may claim the job itself meanwhile).
+            let error = match shared.board.wait_while_loading(job.worker, VERDICT_WAIT) {
+                Some(WorkerStatus::Failed(cause)) => start_failure(job.worker, &cause),
+                _ => format!("worker {}: {error}", job.worker),
+            };
             if let Some(record) = shared.claim(id) {
                 tracing::warn!(worker = job.worker, "a job could not be handed over: {error}");
-                shared.report(record.failed(&format!("worker {}: {error}", job.worker)));
+                shared.report(record.failed(&error));
             }
         }
     }
