@@ -67,9 +67,10 @@ pub struct TextBox {
     pub score: f32,
 }
 
-/// The detector's input for `image`: a `[3, H, W]` tensor with H and W multiples of 32.
-pub fn preprocess(image: &RgbImage, options: &DetOptions) -> Tensor {
-    let (h, w) = (image.height as f32, image.width as f32);
+/// The detector's input size (height, width) for an image of `width` × `height`: the
+/// side limit applied, each side rounded to a multiple of 32.
+pub fn input_size(width: usize, height: usize, options: &DetOptions) -> (usize, usize) {
+    let (h, w) = (height as f32, width as f32);
     let limit = options.limit_side_len as f32;
     let ratio = match options.limit_type {
         LimitType::Min if h.min(w) < limit => limit / h.min(w),
@@ -77,7 +78,13 @@ pub fn preprocess(image: &RgbImage, options: &DetOptions) -> Tensor {
         _ => 1.0,
     };
     let to_32 = |side: f32| (((side * ratio) / 32.0).round() as usize * 32).max(32);
-    let (rh, rw) = (to_32(h), to_32(w));
+    (to_32(h), to_32(w))
+}
+
+/// The detector's input for `image`: a `[3, H, W]` tensor with H and W multiples of 32
+/// (see [`input_size`]).
+pub fn preprocess(image: &RgbImage, options: &DetOptions) -> Tensor {
+    let (rh, rw) = input_size(image.width, image.height, options);
     let resized = if (rh, rw) == (image.height, image.width) { image.clone() } else { image.resize(rw, rh) };
     resized.to_chw(options.mean, options.std, rw, 0.0)
 }
@@ -135,6 +142,26 @@ pub fn postprocess(map: &Tensor, width: usize, height: usize, options: &DetOptio
     }
     sort_reading_order(&mut boxes);
     Ok(boxes)
+}
+
+/// The top-left `height` × `width` of a detection map (`[1, H, W]`): an image's own map
+/// out of one that ran in a batch padded to a larger image.
+pub fn unpad_map(map: &Tensor, height: usize, width: usize) -> Result<Tensor> {
+    let (mh, mw) = match map.shape.as_slice() {
+        [1, h, w] => (*h, *w),
+        other => return Err(DataplaneError::Invalid(format!("detection map of shape {other:?}, expected [1, H, W]"))),
+    };
+    if height > mh || width > mw {
+        return Err(DataplaneError::Invalid(format!("detection map of {mh}×{mw} is smaller than its input of {height}×{width}")));
+    }
+    if (height, width) == (mh, mw) {
+        return Ok(map.clone());
+    }
+    let mut data = Vec::with_capacity(height * width);
+    for row in map.data.chunks_exact(mw).take(height) {
+        data.extend_from_slice(&row[..width]);
+    }
+    Ok(Tensor { shape: vec![1, height, width], data })
 }
 
 /// Sort boxes top to bottom, and left to right within a line (tops within 10 px).

@@ -7,7 +7,7 @@ use super::image::RgbImage;
 use super::rec::{self, Dictionary, RecOptions, Recognized};
 use crate::assets;
 use crate::cache::{ModelCache, ModelKey};
-use crate::error::{DataplaneError, Result};
+use crate::error::Result;
 use crate::runtime::Runtime;
 use crate::session::{ModelSession, ModelSpec};
 use crate::tensor::Tensor;
@@ -76,10 +76,8 @@ impl OcrPipeline {
         let det = ModelSession::start(runtime, cache, &models.det, threads)?.session;
         let cls = ModelSession::start(runtime, cache, &models.cls, threads)?.session;
         let rec = ModelSession::start(runtime, cache, &models.rec, threads)?.session;
-        let character = rec.custom_metadata("character")?.ok_or_else(|| {
-            DataplaneError::Invalid(format!("{} has no `character` metadata (the CTC dictionary)", models.rec.path.display()))
-        })?;
-        Ok(OcrPipeline { det, cls, rec, dictionary: Dictionary::from_metadata(&character), options: OcrOptions::default() })
+        let dictionary = Dictionary::from_session(&rec)?;
+        Ok(OcrPipeline { det, cls, rec, dictionary, options: OcrOptions::default() })
     }
 
     /// Detection alone: text boxes of `image`.
@@ -134,17 +132,23 @@ impl OcrPipeline {
         let mut crops: Vec<RgbImage> = boxes.iter().map(|b| image.crop_quad(&b.corners)).collect();
         let directions = self.classify(&mut crops)?;
         let texts = self.recognize(&crops)?;
-        Ok(boxes
-            .into_iter()
-            .zip(directions)
-            .zip(texts)
-            .filter(|(_, r)| r.score >= self.options.rec.text_score)
-            .map(|((region, direction), r)| TextLine { region, direction, text: r.text, score: r.score })
-            .collect())
+        Ok(assemble(boxes, directions, texts, &self.options.rec))
     }
 
     /// The stage sessions (detection, classification, recognition).
     pub fn sessions(&mut self) -> [&mut ModelSession; 3] {
         [&mut self.det, &mut self.cls, &mut self.rec]
     }
+}
+
+/// Lines of text from each stage's findings, box by box (in the boxes' reading order),
+/// without those whose recognition scores below `options.text_score`.
+pub fn assemble(boxes: Vec<TextBox>, directions: Vec<Direction>, texts: Vec<Recognized>, options: &RecOptions) -> Vec<TextLine> {
+    boxes
+        .into_iter()
+        .zip(directions)
+        .zip(texts)
+        .filter(|(_, r)| r.score >= options.text_score)
+        .map(|((region, direction), r)| TextLine { region, direction, text: r.text, score: r.score })
+        .collect()
 }

@@ -4,6 +4,7 @@
 
 use super::image::RgbImage;
 use crate::error::{DataplaneError, Result};
+use crate::session::ModelSession;
 use crate::tensor::Tensor;
 
 /// Recogniser settings (defaults: `rapidocr-onnxruntime` 1.4.4's configuration).
@@ -47,6 +48,14 @@ impl Dictionary {
         labels.extend(character.lines().map(str::to_string));
         labels.push(" ".into());
         Dictionary { labels }
+    }
+
+    /// The dictionary stored in a loaded recogniser's metadata (key `character`).
+    pub fn from_session(session: &ModelSession) -> Result<Self> {
+        let character = session.custom_metadata("character")?.ok_or_else(|| {
+            DataplaneError::Invalid(format!("{} has no `character` metadata (the CTC dictionary)", session.spec().path.display()))
+        })?;
+        Ok(Self::from_metadata(&character))
     }
 
     /// Number of labels, blank included.

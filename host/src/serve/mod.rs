@@ -1,18 +1,30 @@
 //! The live server. The client API speaks the KServe v2 / Open Inference Protocol
 //! ([`kserve`] is the codec, [`api`] the routes) over HTTP/1.1 ([`http1`]) and HTTP/3
 //! ([`http3`], TLS from [`tls`]). [`actor`] runs the engine on a thread of its own and
-//! is how everything else reaches it.
+//! is how everything else reaches it. [`stack`] builds the serving stack: the engine
+//! actor with the ONNX Runtime [`executor`] (stage [`stages`] programs around the
+//! models, request data in the [`payload`] store, workers behind [`workers`]) and the
+//! KServe [`backend`] the client API answers with. [`config`] is the server's
+//! configuration file, [`listeners`] brings the transports up, [`capture`] writes
+//! live traffic as a simulator trace, [`prometheus`] renders `/metrics`, and
+//! [`client`] and [`load`] are the project's own client and load generator.
 
 pub mod actor;
 pub mod api;
+pub mod backend;
 pub mod capture;
 pub mod client;
+pub mod config;
+pub mod executor;
 pub mod http1;
 pub mod http3;
-pub mod config;
 pub mod kserve;
 pub mod listeners;
 pub mod load;
+pub mod payload;
 pub mod prometheus;
+pub mod stack;
+pub mod stages;
+pub mod tiny_model;
 pub mod tls;
 pub mod workers;

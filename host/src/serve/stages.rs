@@ -1,0 +1,235 @@
+//! Stage programs: how a request's [`Payload`] becomes a stage's model inputs, and how
+//! the stage's outputs update the payload. The executor runs one program per stage; the
+//! models themselves run on the workers.
+//!
+//! A request may give a stage several batch elements, or none: the OCR chain carries
+//! one engine request per client image, and classification and recognition run every
+//! crop of every request of the job in one batch. The programs here are thin: the
+//! pre- and post-processing is the data plane's (`yardmaster_dataplane::ocr`).
+//!
+//! - [`DetProgram`]: image → detector input; probability map → text boxes and crops.
+//! - [`ClsProgram`]: crops → classifier inputs; verdicts → crops turned upright.
+//! - [`RecProgram`]: crops → recogniser inputs; CTC outputs → lines of text.
+//! - [`TensorProgram`]: the payload's tensors in, the model's outputs back (the trivial
+//!   benchmark pipeline).
+
+use yardmaster_dataplane::ocr::pipeline::assemble;
+use yardmaster_dataplane::ocr::rec::Dictionary;
+use yardmaster_dataplane::ocr::{cls, det, rec, OcrOptions};
+use yardmaster_dataplane::Tensor;
+
+use super::payload::{OcrDocument, Payload};
+
+/// One stage's pre- and post-processing.
+pub trait StageProgram: Send + Sync {
+    /// A short name, for logs and errors.
+    fn name(&self) -> &str;
+    /// The model inputs of one request: one entry per batch element, each one tensor per
+    /// model input (without the batch dimension).
+    fn inputs(&self, payload: &Payload) -> Result<Vec<Vec<Tensor>>, String>;
+    /// Fold the outputs of those elements (in the same order) back into the payload.
+    fn apply(&self, payload: &mut Payload, outputs: Vec<Vec<Tensor>>) -> Result<(), String>;
+}
+
+fn document<'a>(program: &str, payload: &'a Payload) -> Result<&'a OcrDocument, String> {
+    match payload {
+        Payload::Ocr(document) => Ok(document),
+        Payload::Tensors(_) => Err(format!("{program}: the request carries tensors, not an image")),
+    }
+}
+
+fn document_mut<'a>(program: &str, payload: &'a mut Payload) -> Result<&'a mut OcrDocument, String> {
+    match payload {
+        Payload::Ocr(document) => Ok(document),
+        Payload::Tensors(_) => Err(format!("{program}: the request carries tensors, not an image")),
+    }
+}
+
+/// The first output of each element, checking that every element got one.
+fn first_outputs(program: &str, outputs: Vec<Vec<Tensor>>, expected: usize) -> Result<Vec<Tensor>, String> {
+    if outputs.len() != expected {
+        return Err(format!("{program}: {} outputs for {expected} inputs", outputs.len()));
+    }
+    outputs
+        .into_iter()
+        .map(|o| o.into_iter().next().ok_or_else(|| format!("{program}: the model returned no output")))
+        .collect()
+}
+
+/// Text detection: one element per request.
+#[derive(Debug, Clone, Default)]
+pub struct DetProgram {
+    /// Settings.
+    pub options: OcrOptions,
+}
+
+impl StageProgram for DetProgram {
+    fn name(&self) -> &str {
+        "ocr-det"
+    }
+
+    fn inputs(&self, payload: &Payload) -> Result<Vec<Vec<Tensor>>, String> {
+        let document = document(self.name(), payload)?;
+        Ok(vec![vec![det::preprocess(&document.image, &self.options.det)]])
+    }
+
+    fn apply(&self, payload: &mut Payload, outputs: Vec<Vec<Tensor>>) -> Result<(), String> {
+        let document = document_mut(self.name(), payload)?;
+        let map = first_outputs(self.name(), outputs, 1)?.remove(0);
+        let (width, height) = (document.image.width, document.image.height);
+        // A map from a batch of larger images is padded: keep this image's own part.
+        let (rh, rw) = det::input_size(width, height, &self.options.det);
+        let map = det::unpad_map(&map, rh, rw).map_err(|e| e.to_string())?;
+        document.boxes = det::postprocess(&map, width, height, &self.options.det).map_err(|e| e.to_string())?;
+        document.crops = document.boxes.iter().map(|b| document.image.crop_quad(&b.corners)).collect();
+        Ok(())
+    }
+}
+
+/// Direction classification: one element per crop.
+#[derive(Debug, Clone, Default)]
+pub struct ClsProgram {
+    /// Settings.
+    pub options: OcrOptions,
+}
+
+impl StageProgram for ClsProgram {
+    fn name(&self) -> &str {
+        "ocr-cls"
+    }
+
+    fn inputs(&self, payload: &Payload) -> Result<Vec<Vec<Tensor>>, String> {
+        let document = document(self.name(), payload)?;
+        Ok(document.crops.iter().map(|crop| vec![cls::preprocess(crop, &self.options.cls)]).collect())
+    }
+
+    fn apply(&self, payload: &mut Payload, outputs: Vec<Vec<Tensor>>) -> Result<(), String> {
+        let name = self.name().to_string();
+        let document = document_mut(&name, payload)?;
+        let outputs = first_outputs(&name, outputs, document.crops.len())?;
+        let mut directions = Vec::with_capacity(outputs.len());
+        for (crop, output) in document.crops.iter_mut().zip(&outputs) {
+            let direction = cls::postprocess(output).map_err(|e| e.to_string())?;
+            if direction.upside_down(&self.options.cls) {
+                *crop = crop.rotate_180();
+            }
+            directions.push(direction);
+        }
+        document.directions = directions;
+        Ok(())
+    }
+}
+
+/// Recognition: one element per crop (crops of a job are padded to a common width, as
+/// the data plane's own batches are).
+#[derive(Debug, Clone)]
+pub struct RecProgram {
+    /// Settings.
+    pub options: OcrOptions,
+    /// The recogniser's character list.
+    pub dictionary: Dictionary,
+}
+
+impl StageProgram for RecProgram {
+    fn name(&self) -> &str {
+        "ocr-rec"
+    }
+
+    fn inputs(&self, payload: &Payload) -> Result<Vec<Vec<Tensor>>, String> {
+        let document = document(self.name(), payload)?;
+        Ok(document
+            .crops
+            .iter()
+            .flat_map(|crop| rec::preprocess(std::slice::from_ref(crop), &self.options.rec))
+            .map(|tensor| vec![tensor])
+            .collect())
+    }
+
+    fn apply(&self, payload: &mut Payload, outputs: Vec<Vec<Tensor>>) -> Result<(), String> {
+        let name = self.name().to_string();
+        let document = document_mut(&name, payload)?;
+        let outputs = first_outputs(&name, outputs, document.crops.len())?;
+        let texts = outputs.iter().map(|o| rec::decode(o, &self.dictionary)).collect::<Result<Vec<_>, _>>().map_err(|e| e.to_string())?;
+        if document.directions.len() != document.crops.len() {
+            return Err(format!("{name}: {} crops but {} direction verdicts", document.crops.len(), document.directions.len()));
+        }
+        document.lines = assemble(document.boxes.clone(), document.directions.clone(), texts, &self.options.rec);
+        Ok(())
+    }
+}
+
+/// A model fed the payload's tensors as they are: one element per request, whose
+/// outputs become the payload.
+#[derive(Debug, Clone)]
+pub struct TensorProgram {
+    /// Name, for logs and errors.
+    pub name: String,
+}
+
+impl StageProgram for TensorProgram {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn inputs(&self, payload: &Payload) -> Result<Vec<Vec<Tensor>>, String> {
+        match payload {
+            Payload::Tensors(tensors) => Ok(vec![tensors.clone()]),
+            Payload::Ocr(_) => Err(format!("{}: the request carries an image, not tensors", self.name)),
+        }
+    }
+
+    fn apply(&self, payload: &mut Payload, outputs: Vec<Vec<Tensor>>) -> Result<(), String> {
+        let [outputs] = <[Vec<Tensor>; 1]>::try_from(outputs).map_err(|o| format!("{}: {} outputs for one input", self.name, o.len()))?;
+        *payload = Payload::Tensors(outputs);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use yardmaster_dataplane::ocr::RgbImage;
+
+    #[test]
+    fn detection_keeps_its_own_part_of_a_padded_map_and_crops_boxes() {
+        let program = DetProgram::default();
+        let mut payload = Payload::Ocr(OcrDocument::new(RgbImage::filled(100, 40, [255, 255, 255])));
+        let input = program.inputs(&payload).unwrap();
+        let (rh, rw) = det::input_size(100, 40, &program.options.det);
+        assert_eq!(input[0][0].shape, vec![3, rh, rw]);
+        // A map padded by 32 on each side with one text-like band inside the image's part.
+        let (ph, pw) = (rh + 32, rw + 32);
+        let mut map = Tensor::filled(vec![1, ph, pw], 0.0);
+        for y in rh / 3..rh / 2 {
+            for x in rw / 10..rw / 2 {
+                map.data[y * pw + x] = 0.9;
+            }
+        }
+        // Padding that would be a box if it were read as part of the image.
+        for y in rh..ph {
+            for x in 0..pw {
+                map.data[y * pw + x] = 0.9;
+            }
+        }
+        program.apply(&mut payload, vec![vec![map]]).unwrap();
+        let Payload::Ocr(document) = &payload else { unreachable!() };
+        assert_eq!(document.boxes.len(), 1, "{:?}", document.boxes);
+        assert_eq!(document.crops.len(), 1);
+        assert!(document.boxes[0].corners.iter().all(|&(x, y)| x <= 100.0 && y <= 40.0));
+    }
+
+    #[test]
+    fn programs_refuse_the_wrong_payload_and_miscounted_outputs() {
+        let tensor = TensorProgram { name: "tiny".into() };
+        let image = Payload::Ocr(OcrDocument::new(RgbImage::filled(8, 8, [0, 0, 0])));
+        assert!(tensor.inputs(&image).unwrap_err().contains("an image"));
+        assert!(DetProgram::default().inputs(&Payload::Tensors(Vec::new())).unwrap_err().contains("tensors"));
+        let mut payload = image.clone();
+        let error = ClsProgram::default().apply(&mut payload, vec![vec![Tensor::filled(vec![2], 0.5)]]).unwrap_err();
+        assert!(error.contains("1 outputs for 0 inputs"), "{error}");
+        let mut tensors = Payload::Tensors(vec![Tensor::filled(vec![4], 1.0)]);
+        assert_eq!(tensor.inputs(&tensors).unwrap(), vec![vec![Tensor::filled(vec![4], 1.0)]]);
+        tensor.apply(&mut tensors, vec![vec![Tensor::filled(vec![4], 2.0)]]).unwrap();
+        assert_eq!(tensors, Payload::Tensors(vec![Tensor::filled(vec![4], 2.0)]));
+    }
+}
