@@ -38,6 +38,9 @@ enum Command {
     /// The ONNX Runtime data plane.
     #[command(subcommand)]
     Dataplane(dataplane_cli::DataplaneCommand),
+    /// Serve models over HTTP/1.1 and HTTP/3 (KServe v2 protocol) with a scheduling
+    /// policy deciding every drop, batch and scaling step; Prometheus text at /metrics.
+    Serve(serve_cli::ServeArgs),
     /// Send open-loop load to a running server over HTTP/3 or HTTP/1.1 (a workload
     /// preset at a rate, or a trace) and print goodput, drop rate and latency
     /// percentiles.
@@ -240,6 +243,7 @@ fn main() -> ExitCode {
         Some(Command::Policy(PolicyCommand::Bench { batches, events, repetitions })) => bench(&batches, events, repetitions),
         Some(Command::Profile(args)) => dataplane_cli::profile(&args),
         Some(Command::Dataplane(command)) => dataplane_cli::run(command),
+        Some(Command::Serve(args)) => serve_cli::serve(&args),
         Some(Command::Load(args)) => serve_cli::load(&args),
     }
 }

@@ -17,6 +17,8 @@ pub const PIPELINES: &[(&str, &str)] = &[
     ("flex-cluster", include_str!("../../presets/flex-cluster.toml")),
     ("quart-bert8", include_str!("../../presets/quart-bert8.toml")),
     ("llm-classes", include_str!("../../presets/llm-classes.toml")),
+    ("ocr", crate::serve::stack::OCR_PRESET),
+    ("tiny", crate::serve::stack::TINY_PRESET),
 ];
 
 /// A pipeline by preset name, or from a file: `.toml` (our format) or `.json` (Loki's
