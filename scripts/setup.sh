@@ -101,5 +101,5 @@ fi
 say "Building yardmaster (release; the first build takes about 10 minutes)"
 cargo build --release -p yardmaster
 
-say "Main job: conformance check of the shipped policies, then a simulated comparison"
+say "Main job: conformance check of the shipped policies, then serving PP-OCR under a short load"
 exec ./target/release/yardmaster

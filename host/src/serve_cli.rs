@@ -14,25 +14,19 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use bytes::Bytes;
 use http::{HeaderMap, Method, StatusCode};
 use serde_json::{json, Value};
-use std::sync::Arc;
-use yardmaster::engine::EngineOptions;
-use yardmaster::policy::{FailureMode, Limits, Mode, PolicyLoader, Sandbox};
-use yardmaster::serve::api::{Api, MetricsRenderer};
-use yardmaster::serve::capture::Recorder;
 use yardmaster::serve::client::Http1Client;
 use yardmaster::serve::config::ServeConfig;
 use yardmaster::serve::executor::Placement;
-use yardmaster::serve::listeners::Listeners;
 use yardmaster::serve::load::{self, LoadPlan, Transport};
-use yardmaster::serve::stack::{PolicyChoice, ServedPipeline, ServingStack};
-use yardmaster::serve::{prometheus, tls};
-use yardmaster_dataplane::{ModelCache, Runtime, RuntimeConfig, WorkerContext};
+use yardmaster::serve::server::Server;
+use yardmaster::serve::tls;
 
 /// Arguments of `yardmaster serve`.
 #[derive(clap::Args, Clone)]
@@ -101,93 +95,28 @@ pub fn serve_config(args: &ServeArgs) -> Result<ServeConfig> {
 
 async fn run_serve(args: &ServeArgs) -> Result<()> {
     let config = serve_config(args)?;
-    let ort = Runtime::init(RuntimeConfig { library: None, device: config.device_preference()? })
-        .map_err(|e| anyhow!("loading ONNX Runtime: {e} (run `bash scripts/setup.sh --deps` to install it)"))?;
-    let choice = ort.device_choice();
-    eprintln!("device: {} ({})", choice.device, choice.reason);
-    let context = WorkerContext { runtime: ort.clone(), cache: Arc::new(ModelCache::default()) };
-    let served = match config.pipeline.as_str() {
-        "ocr" => ServedPipeline::ocr(&context),
-        "tiny" => ServedPipeline::tiny_in_assets(),
-        other => Err(format!("pipeline {other:?} cannot be served: the server knows `ocr` (PP-OCR) and `tiny`")),
-    }
-    .map_err(|e| anyhow!(e))?;
-    let models: Vec<String> = served.models.iter().map(|m| m.name.clone()).collect();
-    let policy = policy_choice(&config.policy)?;
-    let policy_name = policy.name.clone();
-    let options = EngineOptions { params: config.policy_params(), ..Default::default() };
-    let placements = remote_placements(&config, &served)?;
-    let (actor, backend) = ServingStack::start(served, policy, options, context, placements).map_err(|e| anyhow!(e))?;
-    let handle = actor.handle();
+    let placements = remote_placements(&config)?;
+    let server = Server::start(&config, placements).await?;
+    print!("{}", server.banner());
     if let Some(path) = &config.capture {
-        let file = std::fs::File::create(path).with_context(|| format!("creating the capture file {}", path.display()))?;
-        let recorder = Recorder::start(Box::new(file), &path.display().to_string())
-            .with_context(|| format!("writing {}", path.display()))?;
-        handle.capture(Some(recorder)).map_err(|e| anyhow!(e))?;
-        eprintln!("capturing a trace into {}", path.display());
+        println!("capturing a trace into {}", path.display());
     }
-    let metrics_handle = handle.clone();
-    let arm = policy_name.clone();
-    let renderer: MetricsRenderer = Arc::new(move || {
-        let arm = arm.clone();
-        metrics_handle
-            .inspect(move |engine| prometheus::render_engine(engine, &arm))
-            .unwrap_or_else(|e| format!("# {e}\n"))
-    });
-    let api = Arc::new(Api::new(Arc::new(backend)).with_metrics(renderer).with_max_body(config.max_body_bytes));
-    let listeners = Listeners::start(&config.listen_options(), api).await?;
-    let address = listeners.http1.or(listeners.http3).expect("validate keeps one transport on");
-    let mut transports = Vec::new();
-    if listeners.http1.is_some() {
-        transports.push("HTTP/1.1 over TCP".to_string());
-    }
-    if let Some(cert) = &listeners.certificate {
-        let how = if listeners.certificate_generated { "generated self-signed" } else { "certificate" };
-        transports.push(format!("HTTP/3 over UDP ({how}: {})", cert.display()));
-    }
-    println!("serving {} with policy {policy_name}", models.join(", "));
-    println!("listening on {address} ({})", transports.join("; "));
-    println!("metrics at http://{address}/metrics; stop with Ctrl-C");
     match args.serve_for {
         Some(seconds) => tokio::time::sleep(Duration::from_secs_f64(seconds.max(0.0))).await,
         None => {
+            println!("stop with Ctrl-C");
             tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")?;
         }
     }
     eprintln!("stopping: no new requests; requests in flight finish or fail");
-    listeners.stop().await;
-    let summary = handle
-        .inspect(|engine| {
-            let stats = engine.accounting().summary(engine.state().now).overall;
-            format!(
-                "served {} requests: {} on time, {} late, {} dropped, {} failed",
-                stats.arrivals, stats.outcomes.on_time, stats.outcomes.late, stats.outcomes.dropped, stats.outcomes.failed
-            )
-        })
-        .unwrap_or_else(|e| e.to_string());
-    let _ = handle.capture(None);
-    tokio::task::spawn_blocking(move || actor.shutdown("the server is shutting down")).await?;
+    let summary = server.summary();
+    server.stop().await;
     println!("{summary}");
     Ok(())
 }
 
-/// A shipped policy by name, or a `.wasm` file.
-fn policy_choice(policy: &str) -> Result<PolicyChoice> {
-    let path = std::path::Path::new(policy);
-    if !path.exists() {
-        return PolicyChoice::shipped(policy).map_err(|e| anyhow!(e));
-    }
-    let bytes = std::fs::read(path).with_context(|| format!("reading {policy}"))?;
-    let name = path.file_stem().map_or_else(|| policy.to_string(), |s| s.to_string_lossy().into_owned());
-    let sandbox = Sandbox::new(Mode::Serve, Limits::default())?;
-    let module = PolicyLoader::new(sandbox.clone(), PolicyLoader::default_cache_dir())
-        .load(&name, &bytes)
-        .map_err(|e| anyhow!("policy {policy} refused: {e}"))?;
-    Ok(PolicyChoice { name, sandbox, module, failure: FailureMode::FailOpen })
-}
-
 /// Placements of stages on remote nodes, from the configuration.
-fn remote_placements(config: &ServeConfig, _served: &ServedPipeline) -> Result<Vec<Placement>> {
+fn remote_placements(config: &ServeConfig) -> Result<Vec<Placement>> {
     if !config.remote.is_empty() {
         bail!("remote placements are not supported by this build");
     }
@@ -221,7 +150,7 @@ pub struct LoadArgs {
     #[arg(long, default_value = "poisson")]
     pub workload: String,
     /// Mean request rate of a preset workload, requests per second.
-    #[arg(long, default_value_t = 20.0)]
+    #[arg(long, default_value_t = 2.0)]
     pub rate: f64,
     /// Seconds of arrivals.
     #[arg(long, default_value_t = 10.0)]
@@ -229,8 +158,9 @@ pub struct LoadArgs {
     /// Seed of the arrival process.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// A request counts as good when answered within this many milliseconds.
-    #[arg(long, default_value_t = 1000.0)]
+    /// A request counts as good when answered within this many milliseconds (the
+    /// default is the ocr pipeline's SLO).
+    #[arg(long, default_value_t = 3000.0)]
     pub slo_ms: f64,
     /// The infer request body (KServe v2 JSON); synthesised from the model's metadata
     /// when absent.
@@ -369,4 +299,181 @@ mod tests {
         assert_eq!(request.inputs.len(), 2, "the codec accepts what the generator makes");
         assert!(body_from_metadata(&json!({})).is_err());
     }
+}
+
+/// An OCR request body with a rendered image, in the binary-tensor extension:
+/// (body, length of its JSON part).
+fn ocr_body(lines: &[&str]) -> Result<(Bytes, usize)> {
+    let image = yardmaster_dataplane::ocr::sample::render_text(lines, 28.0, 480, 40 + 50 * lines.len(), 20.0, 20.0)?;
+    let header = json!({"inputs": [{
+        "name": "image", "datatype": "UINT8", "shape": [image.height, image.width, 3],
+        "parameters": {"binary_data_size": image.data.len()}
+    }]});
+    let mut body = serde_json::to_vec(&header)?;
+    let json_length = body.len();
+    body.extend_from_slice(&image.data);
+    Ok((Bytes::from(body), json_length))
+}
+
+/// The main job (`yardmaster` with no arguments): serve the default PP-OCR pipeline
+/// with the default policy, read one rendered image through it, send a short
+/// open-loop load over HTTP/3 and then HTTP/1.1, print the reports and stop.
+pub fn main_job() -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run_main_job()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run_main_job() -> Result<()> {
+    let mut config = ServeConfig::default();
+    if std::net::TcpListener::bind(config.listen).is_err() {
+        eprintln!("{} is taken; using a free port", config.listen);
+        config.listen.set_port(0);
+    }
+    let server = Server::start(&config, Vec::new()).await?;
+    print!("{}", server.banner());
+    let address = server.address();
+    let result = demonstrate(&server, address).await;
+    println!("{}", server.summary());
+    server.stop().await;
+    result?;
+    println!("\nTo keep serving: yardmaster serve   (then: yardmaster load --rate 5 --duration 30)");
+    Ok(())
+}
+
+async fn demonstrate(server: &Server, address: SocketAddr) -> Result<()> {
+    let lines = ["Yardmaster serves PP-OCR", "policies decide every batch"];
+    let (body, json_length) = ocr_body(&lines)?;
+    let mut headers = HeaderMap::new();
+    headers.insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/octet-stream"));
+    headers.insert(yardmaster::serve::kserve::HEADER_CONTENT_LENGTH, http::HeaderValue::from(json_length));
+    let mut client = Http1Client::connect(address).await?;
+    let started = std::time::Instant::now();
+    let reply = client.request(Method::POST, "/v2/models/ocr/infer", &headers, body.clone()).await?;
+    if reply.status != StatusCode::OK {
+        bail!("the first OCR request got {}: {}", reply.status, String::from_utf8_lossy(&reply.body));
+    }
+    let answer: Value = serde_json::from_slice(&reply.body).context("the OCR answer is not JSON")?;
+    let texts: Vec<String> = answer["outputs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|o| o["name"] == "texts")
+        .flat_map(|o| o["data"].as_array().cloned().unwrap_or_default())
+        .filter_map(|t| t.as_str().map(String::from))
+        .collect();
+    println!("\nOCR of a rendered image ({:.0} ms, models loaded cold): {texts:?}", started.elapsed().as_secs_f64() * 1e3);
+    let trusted = match &server.listeners.certificate {
+        Some(cert) => tls::read_certificates(cert)?,
+        None => Vec::new(),
+    };
+    let workload = yardmaster::sim::WorkloadSpec::parse("poisson", 2.0, 1.0)?;
+    for transport in [Transport::Http3 { server_name: "localhost".into(), trusted }, Transport::Http1 { connections: 8 }] {
+        let name = if matches!(transport, Transport::Http3 { .. }) { "HTTP/3" } else { "HTTP/1.1" };
+        println!("\n{name}: open-loop Poisson load, 2 images/s for 5 s, SLO 3 s (the ocr pipeline's)");
+        let arrivals: Vec<_> = workload.arrivals(5_000_000_000, 1)?.collect();
+        let plan = LoadPlan {
+            address,
+            model: "ocr".into(),
+            body: body.clone(),
+            json_length: Some(json_length),
+            slo: Duration::from_secs(3),
+            transport,
+        };
+        let report = load::run(&plan, arrivals, |_, _| {}).await?;
+        print!("{}", report.render());
+    }
+    Ok(())
+}
+
+/// Arguments of `yardmaster serve-bench`.
+#[derive(clap::Args, Clone)]
+pub struct ServeBenchArgs {
+    /// Requests sent one at a time, for latency and overhead.
+    #[arg(long, default_value_t = 2_000)]
+    pub sequential: usize,
+    /// Requests of the closed loop, for throughput.
+    #[arg(long, default_value_t = 20_000)]
+    pub requests: usize,
+    /// Concurrent clients of the closed loop.
+    #[arg(long, default_value_t = 64)]
+    pub concurrency: usize,
+    /// Policy scheduling the trivial model.
+    #[arg(long, default_value = "edf")]
+    pub policy: String,
+}
+
+/// Run `yardmaster serve-bench`.
+pub fn serve_bench(args: &ServeBenchArgs) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run_serve_bench(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run_serve_bench(args: &ServeBenchArgs) -> Result<()> {
+    use yardmaster::serve::bench::{self, BenchOptions, BenchTarget, BenchTransport};
+    let config = ServeConfig {
+        listen: "127.0.0.1:0".parse()?,
+        pipeline: "tiny".into(),
+        policy: args.policy.clone(),
+        ..ServeConfig::default()
+    };
+    let server = Server::start(&config, Vec::new()).await?;
+    eprintln!("trivial model (y = x + 1 on 4 floats) on {}, policy {}", server.device, server.policy);
+    let handle = server.handle.clone();
+    let target = BenchTarget {
+        address: server.address(),
+        trusted: match &server.listeners.certificate {
+            Some(cert) => tls::read_certificates(cert)?,
+            None => Vec::new(),
+        },
+        model_time: Arc::new(move || {
+            handle
+                .inspect(|engine| {
+                    let stats = engine.accounting().summary(engine.state().now).overall;
+                    ((stats.accelerator_s * 1e9) as u64, engine.stats().jobs)
+                })
+                .unwrap_or((0, 0))
+        }),
+    };
+    let options = BenchOptions {
+        sequential: args.sequential,
+        requests: args.requests,
+        concurrency: args.concurrency,
+        connections: args.concurrency,
+    };
+    let mut result = Ok(());
+    for transport in [BenchTransport::Http1, BenchTransport::Http3] {
+        match bench::run(transport, &target, &options).await {
+            Ok(report) => println!("{}", report.render()),
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        }
+    }
+    server.stop().await;
+    result
 }

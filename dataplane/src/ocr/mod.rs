@@ -9,6 +9,7 @@ pub mod geometry;
 pub mod image;
 pub mod pipeline;
 pub mod rec;
+pub mod sample;
 
 pub use image::RgbImage;
 pub use pipeline::{OcrModels, OcrOptions, OcrPipeline, TextLine};

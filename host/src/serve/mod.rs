@@ -12,6 +12,7 @@
 pub mod actor;
 pub mod api;
 pub mod backend;
+pub mod bench;
 pub mod capture;
 pub mod client;
 pub mod config;
@@ -23,6 +24,7 @@ pub mod listeners;
 pub mod load;
 pub mod payload;
 pub mod prometheus;
+pub mod server;
 pub mod stack;
 pub mod stages;
 pub mod tiny_model;

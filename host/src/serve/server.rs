@@ -1,0 +1,146 @@
+//! A whole server in one value: what `yardmaster serve` runs, and what the main job,
+//! the serving benchmark and the end-to-end tests start in-process. [`Server::start`]
+//! loads ONNX Runtime and the policy, starts the serving stack (engine actor, ONNX
+//! workers, KServe backend), optionally a trace capture, and brings the transports up
+//! with Prometheus text at `/metrics`; [`Server::stop`] stops accepting, fails what is
+//! still in flight exactly once, and stops the engine.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{anyhow, Context, Result};
+use yardmaster_dataplane::{ModelCache, Runtime, RuntimeConfig, WorkerContext};
+
+use super::api::{Api, MetricsRenderer};
+use super::capture::Recorder;
+use super::config::ServeConfig;
+use super::executor::{Placement, ServeActor, ServeHandle};
+use super::listeners::Listeners;
+use super::prometheus;
+use super::stack::{PolicyChoice, ServedPipeline, ServingStack};
+use crate::engine::EngineOptions;
+use crate::policy::{FailureMode, Limits, Mode, PolicyLoader, Sandbox};
+
+/// A running server.
+pub struct Server {
+    /// The transports.
+    pub listeners: Listeners,
+    /// A handle to the engine actor.
+    pub handle: ServeHandle,
+    /// The policy's name (the `arm` label of every metric).
+    pub policy: String,
+    /// The models clients can address.
+    pub models: Vec<String>,
+    /// The device line: which device and why.
+    pub device: String,
+    actor: ServeActor,
+}
+
+impl Server {
+    /// Start serving `config`, with `placements` for stages on other hosts (the rest
+    /// run here). Must run inside a tokio runtime.
+    pub async fn start(config: &ServeConfig, placements: Vec<Placement>) -> Result<Server> {
+        config.validate()?;
+        let ort = Runtime::init(RuntimeConfig { library: None, device: config.device_preference()? })
+            .map_err(|e| anyhow!("loading ONNX Runtime: {e} (run `bash scripts/setup.sh --deps` to install it)"))?;
+        let choice = ort.device_choice();
+        let device = format!("{} ({})", choice.device, choice.reason);
+        let context = WorkerContext { runtime: ort.clone(), cache: Arc::new(ModelCache::default()) };
+        let served = served_pipeline(&config.pipeline, &context)?;
+        let models: Vec<String> = served.models.iter().map(|m| m.name.clone()).collect();
+        let policy = policy_choice(&config.policy)?;
+        let policy_name = policy.name.clone();
+        let options = EngineOptions { params: config.policy_params(), ..Default::default() };
+        let (actor, backend) = ServingStack::start(served, policy, options, context, placements).map_err(|e| anyhow!(e))?;
+        let handle = actor.handle();
+        if let Some(path) = &config.capture {
+            let file = std::fs::File::create(path).with_context(|| format!("creating the capture file {}", path.display()))?;
+            let recorder = Recorder::start(Box::new(file), &path.display().to_string())
+                .with_context(|| format!("writing {}", path.display()))?;
+            handle.capture(Some(recorder)).map_err(|e| anyhow!(e))?;
+        }
+        let metrics_handle = handle.clone();
+        let arm = policy_name.clone();
+        let renderer: MetricsRenderer = Arc::new(move || {
+            let arm = arm.clone();
+            metrics_handle
+                .inspect(move |engine| prometheus::render_engine(engine, &arm))
+                .unwrap_or_else(|e| format!("# {e}\n"))
+        });
+        let api = Arc::new(Api::new(Arc::new(backend)).with_metrics(renderer).with_max_body(config.max_body_bytes));
+        let listeners = Listeners::start(&config.listen_options(), api).await?;
+        Ok(Server { listeners, handle, policy: policy_name, models, device, actor })
+    }
+
+    /// The address clients use (TCP and UDP share the port).
+    pub fn address(&self) -> std::net::SocketAddr {
+        self.listeners.http1.or(self.listeners.http3).expect("a validated configuration keeps one transport on")
+    }
+
+    /// The lines an operator sees at start: what is served, where, and how to stop.
+    pub fn banner(&self) -> String {
+        let address = self.address();
+        let mut transports = Vec::new();
+        if self.listeners.http1.is_some() {
+            transports.push("HTTP/1.1 over TCP".to_string());
+        }
+        if let Some(cert) = &self.listeners.certificate {
+            let how = if self.listeners.certificate_generated { "generated self-signed" } else { "certificate" };
+            transports.push(format!("HTTP/3 over UDP ({how}: {})", cert.display()));
+        }
+        format!(
+            "serving {} with policy {} on {}\nlistening on {address} ({})\nmetrics at http://{address}/metrics\n",
+            self.models.join(", "),
+            self.policy,
+            self.device,
+            transports.join("; ")
+        )
+    }
+
+    /// One line: requests by outcome so far.
+    pub fn summary(&self) -> String {
+        self.handle
+            .inspect(|engine| {
+                let stats = engine.accounting().summary(engine.state().now).overall;
+                format!(
+                    "served {} requests: {} on time, {} late, {} dropped, {} failed",
+                    stats.arrivals, stats.outcomes.on_time, stats.outcomes.late, stats.outcomes.dropped, stats.outcomes.failed
+                )
+            })
+            .unwrap_or_else(|e| e.to_string())
+    }
+
+    /// Stop accepting, end the capture, fail what is in flight once, stop the engine.
+    pub async fn stop(self) {
+        self.listeners.stop().await;
+        let _ = self.handle.capture(None);
+        let actor = self.actor;
+        let _ = tokio::task::spawn_blocking(move || actor.shutdown("the server is shutting down")).await;
+    }
+}
+
+/// The pipeline by name: `ocr` (PP-OCR, the default) or `tiny` (the trivial model).
+pub fn served_pipeline(name: &str, context: &WorkerContext) -> Result<ServedPipeline> {
+    match name {
+        "ocr" => ServedPipeline::ocr(context),
+        "tiny" => ServedPipeline::tiny_in_assets(),
+        other => Err(format!("pipeline {other:?} cannot be served: the server knows `ocr` (PP-OCR) and `tiny`")),
+    }
+    .map_err(|e| anyhow!(e))
+}
+
+/// A shipped policy by name, or a `.wasm` file (refused with the reason when it is not
+/// a valid policy component).
+pub fn policy_choice(policy: &str) -> Result<PolicyChoice> {
+    let path = Path::new(policy);
+    if !path.exists() {
+        return PolicyChoice::shipped(policy).map_err(|e| anyhow!(e));
+    }
+    let bytes = std::fs::read(path).with_context(|| format!("reading {policy}"))?;
+    let name = path.file_stem().map_or_else(|| policy.to_string(), |s| s.to_string_lossy().into_owned());
+    let sandbox = Sandbox::new(Mode::Serve, Limits::default())?;
+    let module = PolicyLoader::new(sandbox.clone(), PolicyLoader::default_cache_dir())
+        .load(&name, &bytes)
+        .map_err(|e| anyhow!("policy {policy} refused: {e}"))?;
+    Ok(PolicyChoice { name, sandbox, module, failure: FailureMode::FailOpen })
+}
