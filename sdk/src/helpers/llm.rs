@@ -311,6 +311,14 @@ impl LlmBook {
     }
 }
 
+/// The idle workers of every iteration-level (LLM) stage, stage by stage in the
+/// configuration's order: the workers an LLM policy plans a frame for once its
+/// events are handled.
+pub fn idle_iteration_workers(ctx: &Ctx) -> Vec<WorkerId> {
+    let stages = ctx.config().stages.iter().filter(|s| s.kind == StageKind::Iteration);
+    stages.flat_map(|s| ctx.idle_workers(s.id)).collect()
+}
+
 /// First-in-first-out service of the batch (non-LLM) stages of a pipeline, so that
 /// an LLM policy also moves requests through the other stages it may be given.
 #[derive(Debug, Clone, Default)]
@@ -444,7 +452,7 @@ pub fn plan_by_rank(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Config, DeviceKind, NullHost, SequenceState, Stage, Stream, Worker};
+    use crate::{Config, DeviceKind, NullHost, Stage, Stream, Worker};
 
     const KV: u64 = 10;
 
@@ -474,38 +482,11 @@ mod tests {
     }
 
     fn request(id: u64, prompt: u32) -> Request {
-        Request {
-            id,
-            origin: id,
-            stage: 0,
-            stream: 0,
-            sent_at: id,
-            arrived_at: id,
-            deadline: 1_000,
-            priority: 0,
-            input_size: prompt,
-            expected_tokens: 0,
-            requeues: 0,
-            tags: None,
-        }
+        Request { input_size: prompt, ..crate::testing::request(id, 0, id, 1_000) }
     }
 
     fn frame(sequences: &[(u64, u32, u32, bool)]) -> FrameReport {
-        FrameReport {
-            worker: 0,
-            steps: 10,
-            duration: 100,
-            sequences: sequences
-                .iter()
-                .map(|&(id, prompt, generated, finished)| SequenceState {
-                    id,
-                    generated,
-                    kv_bytes: (prompt + generated) as u64 * KV,
-                    finished,
-                })
-                .collect(),
-            kv_capacity: 0,
-        }
+        crate::testing::frame_report(0, 10, 100, sequences, KV)
     }
 
     /// A book with requests 1..=n of `prompt` tokens, 1 and 2 resident on worker 0.

@@ -23,8 +23,9 @@
 //!   time-averaged queue length and per-stage sojourn time.
 //! * [`LengthEstimator`]: a survival-conditioned quantile estimator of LLM output
 //!   lengths, learned online.
-//! * [`LlmBook`] and [`plan_by_rank`]: the live request table of an LLM
-//!   (iteration-level) policy, service classes, KV footprints, frame plans.
+//! * [`LlmBook`], [`plan_by_rank`] and [`idle_iteration_workers`]: the live
+//!   request table of an LLM (iteration-level) policy, service classes, KV
+//!   footprints, frame plans, and the workers to plan frames for.
 //! * [`RankedLlm`]: a whole LLM baseline policy given a [`Ranking`] (FCFS, EDF, SJF).
 //!
 //! Everything here is plain `std` Rust, so it behaves the same compiled
@@ -56,7 +57,10 @@ pub use batch_broker::{
 };
 pub use ewma::{Ewma, TimeEwma};
 pub use length::LengthEstimator;
-pub use llm::{plan_by_rank, BatchStageFifo, Finished, FramePlan, LlmBook, LlmRequest, Preemption, Residence, ServiceClass};
+pub use llm::{
+    idle_iteration_workers, plan_by_rank, BatchStageFifo, Finished, FramePlan, LlmBook, LlmRequest, Preemption, Residence,
+    ServiceClass,
+};
 pub use minmax_heap::MinMaxHeap;
 pub use nexus_planner::{NexusPlan, ScalingPlanner};
 pub use models::{ModelCatalog, ModelInfo};
