@@ -20,7 +20,8 @@
 //!   pivot and clock budgets and warm starts.
 //! * [`mmc_sojourn`] and friends: M/M/c (Erlang-C) latency for capacity planning.
 //! * [`StageFifo`]: per-stage FIFO queues that dispatch to idle workers and measure
-//!   time-averaged queue length and per-stage sojourn time.
+//!   time-averaged queue length and per-stage sojourn time; [`ScaledFifo`] makes
+//!   a whole autoscaling policy of a [`ScalingRule`] with them.
 //! * [`LengthEstimator`]: a survival-conditioned quantile estimator of LLM output
 //!   lengths, learned online.
 //! * [`LlmBook`], [`plan_by_rank`] and [`idle_iteration_workers`]: the live
@@ -33,6 +34,7 @@
 
 pub mod batch_broker;
 pub mod ewma;
+pub mod fifo_policy;
 pub mod milp;
 pub mod length;
 pub mod llm;
@@ -56,6 +58,7 @@ pub use batch_broker::{
     WorkerQueue, WorkerSlot,
 };
 pub use ewma::{Ewma, TimeEwma};
+pub use fifo_policy::{ScaledFifo, ScalingRule};
 pub use length::LengthEstimator;
 pub use llm::{
     idle_iteration_workers, plan_by_rank, BatchStageFifo, Finished, FramePlan, LlmBook, LlmRequest, Preemption, Residence,
