@@ -20,7 +20,7 @@ use crate::metrics::{self, RunReport};
 use crate::policy::contract::Param;
 use crate::sim::executor::SimExecutorOptions;
 use crate::sim::workload::RateSchedule;
-use crate::sim::{run, PolicySpec, RunOutcome, SimSpec};
+use crate::sim::{per_core, run, PolicySpec, RunOutcome, SimSpec};
 
 /// Workers of the GPU cluster (the paper's 20 GPUs).
 pub const CLUSTER: u32 = 20;
@@ -198,42 +198,25 @@ fn sim_spec(pipeline: &Pipeline, setup: &Setup, seed: u64, params: &[(&str, &str
     }
 }
 
-/// Run `contenders` (in parallel, one per core) on the ramp.
 /// Linear memory each policy may use. Loki's runtime grows its memory with the
 /// traffic it has served (an open issue, see docs/loki.md); the default 64 MiB cap
 /// is reached after a few hundred thousand sub-requests.
 const POLICY_MEMORY: usize = 1 << 30;
 
+/// Run `contenders` (in parallel, one per core) on the ramp.
 fn run_all(pipeline: &Pipeline, setup: &Setup, seed: u64, contenders: &[Contender]) -> Result<Vec<RunOutcome>> {
     let sandbox = Sandbox::new(Mode::Simulate, Limits { memory_bytes: POLICY_MEMORY, ..Limits::default() })?;
     let loader = PolicyLoader::new(sandbox, PolicyLoader::default_cache_dir());
     let schedule = setup.schedule();
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut outcomes = Vec::new();
-    for group in contenders.chunks(cores) {
-        let results: Vec<Result<RunOutcome>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = group
-                .iter()
-                .map(|c| {
-                    let (loader, schedule) = (&loader, &schedule);
-                    scope.spawn(move || -> Result<RunOutcome> {
-                        let policy: PolicySpec = shipped(c.policy, c.name)?;
-                        let spec = sim_spec(pipeline, setup, seed, c.params);
-                        eprintln!("  simulating {} …", c.name);
-                        let started = std::time::Instant::now();
-                        let outcome = run::run(&spec, &policy, loader, schedule.arrivals(seed), &mut |_| {})?;
-                        eprintln!("  {} done in {:.1} s", c.name, started.elapsed().as_secs_f64());
-                        Ok(outcome)
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("simulation thread panicked")))).collect()
-        });
-        for r in results {
-            outcomes.push(r?);
-        }
-    }
-    Ok(outcomes)
+    per_core(contenders, |c| {
+        let policy: PolicySpec = shipped(c.policy, c.name)?;
+        let spec = sim_spec(pipeline, setup, seed, c.params);
+        eprintln!("  simulating {} …", c.name);
+        let started = std::time::Instant::now();
+        let outcome = run::run(&spec, &policy, &loader, schedule.arrivals(seed), &mut |_| {})?;
+        eprintln!("  {} done in {:.1} s", c.name, started.elapsed().as_secs_f64());
+        Ok(outcome)
+    })
 }
 
 fn phase_table(names: &[&str], all: &[Vec<Phase>]) -> String {
