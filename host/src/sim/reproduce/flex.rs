@@ -17,24 +17,16 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
-use super::{shipped, simulation_loader, ReproduceOptions};
+use super::{simulation_loader, Arm, ReproduceOptions};
 use crate::engine::EngineOptions;
-use crate::policy::contract::Param;
 use crate::policy::PolicyLoader;
 use crate::sim::executor::SimExecutorOptions;
 use crate::sim::rng::SimRng;
 use crate::sim::workload::Arrival;
-use crate::sim::{per_core, presets, run, PolicySpec, RunOutcome, SimSpec};
+use crate::sim::{per_core, presets, run, RunOutcome, SimSpec};
 
 const MS: u64 = 1_000_000;
 const S: u64 = 1_000_000_000;
-
-/// One arm: a report name, the shipped policy and its parameters.
-struct Arm {
-    name: &'static str,
-    policy: &'static str,
-    params: &'static [(&'static str, &'static str)],
-}
 
 /// FLEX and every baseline.
 const ARMS: &[Arm] = &[
@@ -78,8 +70,8 @@ fn run_arms(
     eprintln!("  {label}: simulating {} arms …", ARMS.len());
     let started = std::time::Instant::now();
     let out = per_core(ARMS, |arm| {
-        let policy: PolicySpec = shipped(arm.policy, arm.name)?;
-        let params = arm.params.iter().map(|(k, v)| Param { key: (*k).into(), value: (*v).into() }).collect();
+        let policy = arm.policy_spec()?;
+        let params = arm.engine_params();
         let spec = SimSpec {
             pipeline: pipeline.clone(),
             seed,

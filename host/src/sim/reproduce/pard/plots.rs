@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
+use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
@@ -74,13 +75,7 @@ fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, title: &str, y_desc: 
                     .label(name.as_str())
                     .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 14, y + 6)], colour.filled()));
             }
-            c.configure_series_labels()
-                .position(SeriesLabelPosition::UpperRight)
-                .label_font((FAMILY, 14))
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK.mix(0.5))
-                .draw()
-                .map_err(err)
+            draw_legend(&mut c)
         }
         Chart::Lines { series, x_desc } => {
             let points = series.iter().flat_map(|s| s.1.iter());
@@ -107,15 +102,22 @@ fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, title: &str, y_desc: 
                     .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(2)));
                 c.draw_series(pts.iter().map(|&p| Circle::new(p, 4, colour.filled()))).map_err(err)?;
             }
-            c.configure_series_labels()
-                .position(SeriesLabelPosition::UpperRight)
-                .label_font((FAMILY, 14))
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK.mix(0.5))
-                .draw()
-                .map_err(err)
+            draw_legend(&mut c)
         }
     }
+}
+
+/// The series' legend, in the upper right corner.
+fn draw_legend<'a, DB: DrawingBackend + 'a>(
+    c: &mut ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+) -> Result<(), String> {
+    c.configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .label_font((FAMILY, 14))
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK.mix(0.5))
+        .draw()
+        .map_err(err)
 }
 
 /// Render a chart as `stem.svg` (and `stem.png` with a system font).
