@@ -12,7 +12,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use yardmaster_sdk::helpers::ModelCatalog;
+use yardmaster_sdk::helpers::{resume_resident, ModelCatalog};
 use yardmaster_sdk::{Ctx, DropReason, EndReason, Instant, Policy, Request, RequestId, WorkerId};
 
 /// Queue order: (deadline, arrival, id).
@@ -116,11 +116,7 @@ impl Policy for Clockwork {
             ctx.workers().filter(|w| w.idle).map(|w| (w.info.id, w.info.stage)).collect();
         for (worker, stage) in idle {
             // Iteration workers continue their paused sequences first.
-            let resident: Vec<RequestId> = ctx.resident(worker).iter().map(|s| s.id).collect();
-            if !resident.is_empty() {
-                let limit = ctx.batch_limit(stage) as usize;
-                let variant = ctx.worker(worker).map(|w| w.info.variant);
-                ctx.dispatch_variant(worker, resident.into_iter().take(limit).collect(), variant);
+            if resume_resident(ctx, worker) {
                 continue;
             }
             let Some((model, batch)) = self.choose(ctx, stage) else { continue };

@@ -18,7 +18,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use yardmaster_sdk::helpers::{ModelCatalog, ModelInfo};
+use yardmaster_sdk::helpers::{resume_resident, ModelCatalog, ModelInfo};
 use yardmaster_sdk::{Ctx, DropReason, EndReason, Instant, Policy, Request, RequestId, Snapshot, StageId, WorkerId};
 
 /// Queue order: (deadline, arrival, id).
@@ -356,13 +356,9 @@ impl Policy for Nexus {
     }
 
     fn on_events_done(&mut self, ctx: &mut Ctx) {
-        let idle: Vec<(WorkerId, u32)> = ctx.workers().filter(|w| w.idle).map(|w| (w.info.id, w.info.stage)).collect();
-        for (worker, stage) in idle {
-            let resident: Vec<RequestId> = ctx.resident(worker).iter().map(|s| s.id).collect();
-            if !resident.is_empty() {
-                let limit = ctx.batch_limit(stage) as usize;
-                let variant = ctx.worker(worker).map(|w| w.info.variant);
-                ctx.dispatch_variant(worker, resident.into_iter().take(limit).collect(), variant);
+        let idle: Vec<WorkerId> = ctx.workers().filter(|w| w.idle).map(|w| w.info.id).collect();
+        for worker in idle {
+            if resume_resident(ctx, worker) {
                 continue;
             }
             if let Some((model, batch)) = self.next_batch(ctx, worker) {

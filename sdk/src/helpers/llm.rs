@@ -319,6 +319,20 @@ pub fn idle_iteration_workers(ctx: &Ctx) -> Vec<WorkerId> {
     stages.flat_map(|s| ctx.idle_workers(s.id)).collect()
 }
 
+/// Dispatch the sequences paused on an iteration-level `worker` again (as many as its
+/// stage's batch limit, on the variant it runs), so that they continue before any
+/// new request; whether it had any.
+pub fn resume_resident(ctx: &mut Ctx, worker: WorkerId) -> bool {
+    let Some((stage, variant)) = ctx.worker(worker).map(|w| (w.info.stage, w.info.variant)) else { return false };
+    let limit = ctx.batch_limit(stage) as usize;
+    let resident: Vec<RequestId> = ctx.resident(worker).iter().take(limit).map(|s| s.id).collect();
+    if resident.is_empty() {
+        return false;
+    }
+    ctx.dispatch_variant(worker, resident, Some(variant));
+    true
+}
+
 /// First-in-first-out service of the batch (non-LLM) stages of a pipeline, so that
 /// an LLM policy also moves requests through the other stages it may be given.
 #[derive(Debug, Clone, Default)]
@@ -497,6 +511,21 @@ mod tests {
         }
         book.frame(&frame(&[(1, prompt, 5, false), (2, prompt, 5, false)]));
         book
+    }
+
+    #[test]
+    fn resume_resident_continues_paused_sequences_up_to_the_batch_limit() {
+        let mut ctx = ctx();
+        assert!(!resume_resident(&mut ctx, 0), "nothing resident yet");
+        ctx.record_frame(&frame(&[(1, 10, 5, false), (2, 10, 5, true), (3, 10, 5, false), (4, 10, 5, false)]));
+        ctx.set_batch_limit(0, 2);
+        ctx.take_actions();
+        assert!(resume_resident(&mut ctx, 0));
+        match &ctx.take_actions()[..] {
+            [crate::Action::Dispatch(d)] => assert_eq!((d.requests.clone(), d.variant), (vec![1, 3], Some(0))),
+            other => panic!("{other:?}"),
+        }
+        assert!(!resume_resident(&mut ctx, 9), "unknown worker");
     }
 
     #[test]
