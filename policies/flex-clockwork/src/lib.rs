@@ -12,8 +12,8 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use yardmaster_sdk::helpers::{resume_resident, ModelCatalog};
-use yardmaster_sdk::{Ctx, DropReason, EndReason, Instant, Policy, Request, RequestId, WorkerId};
+use yardmaster_sdk::helpers::{dispatch_idle, ModelCatalog};
+use yardmaster_sdk::{Ctx, DropReason, EndReason, Instant, Policy, Request, RequestId};
 
 /// Queue order: (deadline, arrival, id).
 type Key = (Instant, Instant, RequestId);
@@ -112,17 +112,11 @@ impl Policy for Clockwork {
     }
 
     fn on_events_done(&mut self, ctx: &mut Ctx) {
-        let idle: Vec<(WorkerId, u32)> =
-            ctx.workers().filter(|w| w.idle).map(|w| (w.info.id, w.info.stage)).collect();
-        for (worker, stage) in idle {
-            // Iteration workers continue their paused sequences first.
-            if resume_resident(ctx, worker) {
-                continue;
-            }
-            let Some((model, batch)) = self.choose(ctx, stage) else { continue };
-            let variant = self.catalog.get(model).variant;
-            ctx.dispatch_variant(worker, batch, Some(variant));
-        }
+        // Iteration workers continue their paused sequences first.
+        dispatch_idle(ctx, |ctx, _, stage| {
+            let (model, batch) = self.choose(ctx, stage)?;
+            Some((self.catalog.get(model).variant, batch))
+        });
     }
 }
 
@@ -131,10 +125,8 @@ yardmaster_sdk::export_policy!(Clockwork);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use yardmaster_sdk::testing::{linear_variant, one_stage};
+    use yardmaster_sdk::testing::{linear_variant, one_stage, MS};
     use yardmaster_sdk::{Action, Config, Driver, Event, NullHost, Stream};
-
-    const MS: u64 = 1_000_000;
 
     fn config() -> Config {
         // RN18 and RS269 (SHEPHERD's Table 4), in microseconds.

@@ -18,7 +18,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use yardmaster_sdk::helpers::{resume_resident, ModelCatalog, ModelInfo};
+use yardmaster_sdk::helpers::{dispatch_idle, ModelCatalog, ModelInfo};
 use yardmaster_sdk::{Ctx, DropReason, EndReason, Instant, Policy, Request, RequestId, Snapshot, StageId, WorkerId};
 
 /// Queue order: (deadline, arrival, id).
@@ -356,16 +356,10 @@ impl Policy for Nexus {
     }
 
     fn on_events_done(&mut self, ctx: &mut Ctx) {
-        let idle: Vec<WorkerId> = ctx.workers().filter(|w| w.idle).map(|w| w.info.id).collect();
-        for worker in idle {
-            if resume_resident(ctx, worker) {
-                continue;
-            }
-            if let Some((model, batch)) = self.next_batch(ctx, worker) {
-                let variant = self.catalog.get(model).variant;
-                ctx.dispatch_variant(worker, batch, Some(variant));
-            }
-        }
+        dispatch_idle(ctx, |ctx, worker, _| {
+            let (model, batch) = self.next_batch(ctx, worker)?;
+            Some((self.catalog.get(model).variant, batch))
+        });
     }
 }
 
@@ -375,10 +369,8 @@ yardmaster_sdk::export_policy!(Nexus);
 mod tests {
     use super::*;
 
-    use yardmaster_sdk::testing::{linear_variant, one_stage};
+    use yardmaster_sdk::testing::{linear_variant, one_stage, MS};
     use yardmaster_sdk::{Driver, NullHost, Stream};
-
-    const MS: u64 = 1_000_000;
 
     /// RN18 (α 0.22 ms, β 3.74 ms) and RS269 (α 4.37 ms, β 74.2 ms) on `workers` GPUs.
     fn nexus(workers: u32) -> Driver<Nexus> {

@@ -13,7 +13,9 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use super::ewma::Ewma;
-use crate::{Ctx, DropReason, EvictMode, FrameReport, Instant, Request, RequestId, StageId, StageKind, StreamId, WorkerId};
+use crate::{
+    Ctx, DropReason, EvictMode, FrameReport, Instant, Request, RequestId, StageId, StageKind, StreamId, VariantId, WorkerId,
+};
 
 /// What a request's SLO is about (CALM spec §2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -333,6 +335,24 @@ pub fn resume_resident(ctx: &mut Ctx, worker: WorkerId) -> bool {
     true
 }
 
+/// Give every idle worker work: it continues its paused sequences first (see
+/// [`resume_resident`]); otherwise `next` picks a batch for it (the worker and its
+/// stage in, the variant and the requests out), if any. Workers in id order.
+pub fn dispatch_idle(
+    ctx: &mut Ctx,
+    mut next: impl FnMut(&mut Ctx, WorkerId, StageId) -> Option<(VariantId, Vec<RequestId>)>,
+) {
+    let idle: Vec<(WorkerId, StageId)> = ctx.workers().filter(|w| w.idle).map(|w| (w.info.id, w.info.stage)).collect();
+    for (worker, stage) in idle {
+        if resume_resident(ctx, worker) {
+            continue;
+        }
+        if let Some((variant, batch)) = next(ctx, worker, stage) {
+            ctx.dispatch_variant(worker, batch, Some(variant));
+        }
+    }
+}
+
 /// First-in-first-out service of the batch (non-LLM) stages of a pipeline, so that
 /// an LLM policy also moves requests through the other stages it may be given.
 #[derive(Debug, Clone, Default)]
@@ -526,6 +546,28 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(!resume_resident(&mut ctx, 9), "unknown worker");
+    }
+
+    #[test]
+    fn dispatch_idle_resumes_residents_before_asking_for_a_batch() {
+        let mut ctx = ctx();
+        ctx.mark_idle(0);
+        ctx.record_frame(&frame(&[(1, 10, 5, false)]));
+        let mut asked = Vec::new();
+        dispatch_idle(&mut ctx, |_, worker, _| {
+            asked.push(worker);
+            None
+        });
+        assert!(asked.is_empty(), "a worker with paused sequences continues them");
+        ctx.mark_idle(0);
+        ctx.forget_sequence(1);
+        ctx.take_actions();
+        dispatch_idle(&mut ctx, |_, worker, stage| {
+            asked.push(worker);
+            Some((0, vec![7 + stage as u64]))
+        });
+        assert_eq!(asked, vec![0]);
+        assert!(matches!(&ctx.take_actions()[..], [crate::Action::Dispatch(d)] if d.requests == vec![7]));
     }
 
     #[test]

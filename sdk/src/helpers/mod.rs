@@ -24,10 +24,10 @@
 //!   a whole autoscaling policy of a [`ScalingRule`] with them.
 //! * [`LengthEstimator`]: a survival-conditioned quantile estimator of LLM output
 //!   lengths, learned online.
-//! * [`LlmBook`], [`plan_by_rank`], [`idle_iteration_workers`] and
-//!   [`resume_resident`]: the live request table of an LLM (iteration-level)
-//!   policy, service classes, KV footprints, frame plans, the workers to plan
-//!   frames for and the paused sequences to continue.
+//! * [`LlmBook`], [`plan_by_rank`], [`idle_iteration_workers`],
+//!   [`resume_resident`] and [`dispatch_idle`]: the live request table of an LLM
+//!   (iteration-level) policy, service classes, KV footprints, frame plans, the
+//!   workers to plan frames for and the paused sequences to continue.
 //! * [`RankedLlm`]: a whole LLM baseline policy given a [`Ranking`] (FCFS, EDF, SJF).
 //!
 //! Everything here is plain `std` Rust, so it behaves the same compiled
@@ -62,7 +62,7 @@ pub use ewma::{Ewma, TimeEwma};
 pub use fifo_policy::{ScaledFifo, ScalingRule};
 pub use length::LengthEstimator;
 pub use llm::{
-    idle_iteration_workers, plan_by_rank, resume_resident, BatchStageFifo, Finished, FramePlan, LlmBook, LlmRequest, Preemption, Residence,
+    dispatch_idle, idle_iteration_workers, plan_by_rank, resume_resident, BatchStageFifo, Finished, FramePlan, LlmBook, LlmRequest, Preemption, Residence,
     ServiceClass,
 };
 pub use minmax_heap::MinMaxHeap;
