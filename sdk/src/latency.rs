@@ -135,47 +135,14 @@ pub fn interpolate<P>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{DeviceKind, Stage, StageKind, Variant};
+    use crate::testing::{constant_variant, one_stage};
+    use crate::{DeviceKind, Variant};
 
     fn config(points: &[(u32, u64)]) -> Config {
-        Config {
-            arm: "test".into(),
-            stages: vec![Stage {
-                id: 0,
-                name: "s".into(),
-                kind: StageKind::Batch,
-                successors: vec![],
-                predecessors: vec![],
-                variants: vec![Variant {
-                    id: 0,
-                    name: "v".into(),
-                    accuracy: 1.0,
-                    profile: points
-                        .iter()
-                        .map(|&(batch, mean)| LatencyPoint { batch, mean, tail: mean * 2 })
-                        .collect(),
-                    memory_bytes: 0,
-                    fan_out: 1.0,
-                }],
-                max_batch: 32,
-                min_replicas: 1,
-                max_replicas: 4,
-            }],
-            workers: vec![crate::Worker {
-                id: 0,
-                stage: 0,
-                variant: 0,
-                device: DeviceKind::Cpu,
-                threads: 1,
-                memory_bytes: 0,
-            }],
-            streams: vec![],
-            params: vec![],
-            tick_interval: 1_000_000_000,
-            max_workers: 4,
-            seed: 1,
-            now: 0,
-        }
+        let profile = points.iter().map(|&(batch, mean)| LatencyPoint { batch, mean, tail: mean * 2 }).collect();
+        let mut config = one_stage(vec![Variant { profile, ..constant_variant(0) }], 32, 1);
+        config.workers[0].device = DeviceKind::Cpu;
+        config
     }
 
     #[test]

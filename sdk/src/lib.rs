@@ -31,6 +31,8 @@ mod driver;
 pub mod helpers;
 mod host;
 mod latency;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 pub use ctx::{Ctx, WorkerView};
 pub use driver::Driver;

@@ -642,8 +642,10 @@ const COLOURS: [RGBColor; 8] = [
     RGBColor(23, 190, 207),
 ];
 
-fn colour(run: usize) -> RGBColor {
-    COLOURS[run % COLOURS.len()]
+/// The colour of the `index`-th run or series of a chart (eight colours, cycling),
+/// so that every chart of the project colours its series alike.
+pub fn colour(index: usize) -> RGBColor {
+    COLOURS[index % COLOURS.len()]
 }
 
 /// One line of a chart.

@@ -8,7 +8,8 @@
 //! - [`trace`]: our JSON-lines trace format (written by the server, replayed here);
 //! - [`executor`]: jobs take their profiled latency, LLM frames, fan-out, warm/cold starts;
 //! - [`presets`]: built-in pipelines;
-//! - [`run`]: one run; [`compare`] runs several policies on the same workload and seed;
+//! - [`run`]: one run; [`compare`] runs several policies on the same workload and seed
+//!   ([`per_core`] runs independent jobs in parallel);
 //! - [`reproduce`]: the reference policies' papers re-run against their baselines.
 
 pub mod bench;
@@ -80,21 +81,23 @@ pub fn compare(
     loader: &crate::policy::PolicyLoader,
     progress: impl Fn(&str, f64) + Sync,
 ) -> Result<Vec<RunOutcome>> {
+    per_core(policies, |policy| {
+        let arrivals = workload.arrivals(spec.duration, spec.seed)?;
+        run::run(spec, policy, loader, arrivals, &mut |done| progress(&policy.name, done))
+    })
+}
+
+/// Run `job` on every item in parallel, one thread per core: the items go in groups
+/// of as many as there are cores, a group at a time. The results come back in the
+/// order of `items`; the first error in that order (a panicking job is one) ends it
+/// once its group has finished.
+pub fn per_core<T: Sync, R: Send>(items: &[T], job: impl Fn(&T) -> Result<R> + Sync) -> Result<Vec<R>> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut outcomes = Vec::with_capacity(policies.len());
-    for group in policies.chunks(cores) {
-        let results: Vec<Result<RunOutcome>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = group
-                .iter()
-                .map(|policy| {
-                    let progress = &progress;
-                    scope.spawn(move || {
-                        let arrivals = workload.arrivals(spec.duration, spec.seed)?;
-                        run::run(spec, policy, loader, arrivals, &mut |done| progress(&policy.name, done))
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().expect("a simulation thread panicked")).collect()
+    let mut outcomes = Vec::with_capacity(items.len());
+    for group in items.chunks(cores) {
+        let results: Vec<Result<R>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = group.iter().map(|item| scope.spawn(|| job(item))).collect();
+            handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("a simulation thread panicked")))).collect()
         });
         for result in results {
             outcomes.push(result?);

@@ -29,8 +29,8 @@ mod tests;
 
 use std::collections::BTreeMap;
 
-use yardmaster_sdk::helpers::{BatchStageFifo, FramePlan, LlmBook, LlmRequest, Residence, ServiceClass};
-use yardmaster_sdk::{Ctx, DropReason, EndReason, EvictMode, FrameReport, Policy, Request, RequestId, Snapshot, StageKind, WorkerId};
+use yardmaster_sdk::helpers::{idle_iteration_workers, BatchStageFifo, FramePlan, LlmBook, LlmRequest, Residence, ServiceClass};
+use yardmaster_sdk::{Ctx, DropReason, EndReason, EvictMode, FrameReport, Policy, Request, RequestId, Snapshot, WorkerId};
 
 use analyze::{analyze, RequestView, WorkerRates};
 use params::{EvictChoice, Params};
@@ -332,13 +332,8 @@ impl Policy for Calm {
 
     fn on_events_done(&mut self, ctx: &mut Ctx) {
         self.batch_stages.dispatch_idle(ctx);
-        let stages: Vec<u32> =
-            ctx.config().stages.iter().filter(|s| s.kind == StageKind::Iteration).map(|s| s.id).collect();
-        for stage in stages {
-            let idle: Vec<WorkerId> = ctx.idle_workers(stage).collect();
-            for worker in idle {
-                self.plan(ctx, worker);
-            }
+        for worker in idle_iteration_workers(ctx) {
+            self.plan(ctx, worker);
         }
     }
 }

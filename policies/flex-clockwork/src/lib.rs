@@ -12,8 +12,8 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use yardmaster_sdk::helpers::ModelCatalog;
-use yardmaster_sdk::{Ctx, DropReason, EndReason, Instant, Policy, Request, RequestId, WorkerId};
+use yardmaster_sdk::helpers::{dispatch_idle, ModelCatalog};
+use yardmaster_sdk::{Ctx, DropReason, EndReason, Instant, Policy, Request, RequestId};
 
 /// Queue order: (deadline, arrival, id).
 type Key = (Instant, Instant, RequestId);
@@ -112,21 +112,11 @@ impl Policy for Clockwork {
     }
 
     fn on_events_done(&mut self, ctx: &mut Ctx) {
-        let idle: Vec<(WorkerId, u32)> =
-            ctx.workers().filter(|w| w.idle).map(|w| (w.info.id, w.info.stage)).collect();
-        for (worker, stage) in idle {
-            // Iteration workers continue their paused sequences first.
-            let resident: Vec<RequestId> = ctx.resident(worker).iter().map(|s| s.id).collect();
-            if !resident.is_empty() {
-                let limit = ctx.batch_limit(stage) as usize;
-                let variant = ctx.worker(worker).map(|w| w.info.variant);
-                ctx.dispatch_variant(worker, resident.into_iter().take(limit).collect(), variant);
-                continue;
-            }
-            let Some((model, batch)) = self.choose(ctx, stage) else { continue };
-            let variant = self.catalog.get(model).variant;
-            ctx.dispatch_variant(worker, batch, Some(variant));
-        }
+        // Iteration workers continue their paused sequences first.
+        dispatch_idle(ctx, |ctx, _, stage| {
+            let (model, batch) = self.choose(ctx, stage)?;
+            Some((self.catalog.get(model).variant, batch))
+        });
     }
 }
 
@@ -135,66 +125,22 @@ yardmaster_sdk::export_policy!(Clockwork);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use yardmaster_sdk::{
-        Action, Config, DeviceKind, Driver, Event, LatencyPoint, NullHost, Stage, StageKind, Stream, Variant, Worker,
-    };
-
-    const MS: u64 = 1_000_000;
+    use yardmaster_sdk::testing::{linear_variant, one_stage, MS};
+    use yardmaster_sdk::{Action, Config, Driver, Event, NullHost, Stream};
 
     fn config() -> Config {
-        let variant = |id: u32, name: &str, alpha: u64, beta: u64| Variant {
-            id,
-            name: name.into(),
-            accuracy: 1.0,
-            profile: vec![
-                LatencyPoint { batch: 1, mean: alpha + beta, tail: alpha + beta },
-                LatencyPoint { batch: 128, mean: 128 * alpha + beta, tail: 128 * alpha + beta },
-            ],
-            memory_bytes: 0,
-            fan_out: 1.0,
-        };
-        Config {
-            arm: "t".into(),
-            stages: vec![Stage {
-                id: 0,
-                name: "infer".into(),
-                kind: StageKind::Batch,
-                successors: vec![],
-                predecessors: vec![],
-                // RN18 and RS269 (SHEPHERD's Table 4), in microseconds.
-                variants: vec![variant(0, "rn18", 220_000, 3_740_000), variant(1, "rs269", 4_370_000, 74_200_000)],
-                max_batch: 128,
-                min_replicas: 1,
-                max_replicas: 1,
-            }],
-            workers: vec![Worker { id: 0, stage: 0, variant: 0, device: DeviceKind::Gpu, threads: 1, memory_bytes: 0 }],
-            streams: vec![
-                Stream { id: 0, name: "rn18".into(), entry: 0, slo: 500 * MS },
-                Stream { id: 1, name: "rs269".into(), entry: 0, slo: 80 * MS },
-            ],
-            params: vec![],
-            tick_interval: 1_000 * MS,
-            max_workers: 1,
-            seed: 1,
-            now: 0,
-        }
+        // RN18 and RS269 (SHEPHERD's Table 4), in microseconds.
+        let variants = vec![linear_variant(0, "rn18", 220_000, 3_740_000, 128), linear_variant(1, "rs269", 4_370_000, 74_200_000, 128)];
+        let mut config = one_stage(variants, 128, 1);
+        config.streams = vec![
+            Stream { id: 0, name: "rn18".into(), entry: 0, slo: 500 * MS },
+            Stream { id: 1, name: "rs269".into(), entry: 0, slo: 80 * MS },
+        ];
+        config
     }
 
     fn request(id: u64, stream: u32, deadline: u64) -> Request {
-        Request {
-            id,
-            origin: id,
-            stage: 0,
-            stream,
-            sent_at: 0,
-            arrived_at: 0,
-            deadline,
-            priority: 0,
-            input_size: 0,
-            expected_tokens: 0,
-            requeues: 0,
-            tags: None,
-        }
+        yardmaster_sdk::testing::request(id, stream, 0, deadline)
     }
 
     #[test]

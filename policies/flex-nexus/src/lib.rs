@@ -18,7 +18,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use yardmaster_sdk::helpers::{ModelCatalog, ModelInfo};
+use yardmaster_sdk::helpers::{dispatch_idle, ModelCatalog, ModelInfo};
 use yardmaster_sdk::{Ctx, DropReason, EndReason, Instant, Policy, Request, RequestId, Snapshot, StageId, WorkerId};
 
 /// Queue order: (deadline, arrival, id).
@@ -356,20 +356,10 @@ impl Policy for Nexus {
     }
 
     fn on_events_done(&mut self, ctx: &mut Ctx) {
-        let idle: Vec<(WorkerId, u32)> = ctx.workers().filter(|w| w.idle).map(|w| (w.info.id, w.info.stage)).collect();
-        for (worker, stage) in idle {
-            let resident: Vec<RequestId> = ctx.resident(worker).iter().map(|s| s.id).collect();
-            if !resident.is_empty() {
-                let limit = ctx.batch_limit(stage) as usize;
-                let variant = ctx.worker(worker).map(|w| w.info.variant);
-                ctx.dispatch_variant(worker, resident.into_iter().take(limit).collect(), variant);
-                continue;
-            }
-            if let Some((model, batch)) = self.next_batch(ctx, worker) {
-                let variant = self.catalog.get(model).variant;
-                ctx.dispatch_variant(worker, batch, Some(variant));
-            }
-        }
+        dispatch_idle(ctx, |ctx, worker, _| {
+            let (model, batch) = self.next_batch(ctx, worker)?;
+            Some((self.catalog.get(model).variant, batch))
+        });
     }
 }
 
@@ -379,49 +369,17 @@ yardmaster_sdk::export_policy!(Nexus);
 mod tests {
     use super::*;
 
-    use yardmaster_sdk::{Config, DeviceKind, Driver, LatencyPoint, NullHost, Stage, StageKind, Stream, Variant, Worker};
-
-    const MS: u64 = 1_000_000;
+    use yardmaster_sdk::testing::{linear_variant, one_stage, MS};
+    use yardmaster_sdk::{Driver, NullHost, Stream};
 
     /// RN18 (α 0.22 ms, β 3.74 ms) and RS269 (α 4.37 ms, β 74.2 ms) on `workers` GPUs.
     fn nexus(workers: u32) -> Driver<Nexus> {
-        let variant = |id: u32, name: &str, alpha: u64, beta: u64| Variant {
-            id,
-            name: name.into(),
-            accuracy: 1.0,
-            profile: vec![
-                LatencyPoint { batch: 1, mean: alpha + beta, tail: alpha + beta },
-                LatencyPoint { batch: 128, mean: 128 * alpha + beta, tail: 128 * alpha + beta },
-            ],
-            memory_bytes: 0,
-            fan_out: 1.0,
-        };
-        let config = Config {
-            arm: "t".into(),
-            stages: vec![Stage {
-                id: 0,
-                name: "infer".into(),
-                kind: StageKind::Batch,
-                successors: vec![],
-                predecessors: vec![],
-                variants: vec![variant(0, "rn18", 220_000, 3_740_000), variant(1, "rs269", 4_370_000, 74_200_000)],
-                max_batch: 128,
-                min_replicas: workers,
-                max_replicas: workers,
-            }],
-            workers: (0..workers)
-                .map(|id| Worker { id, stage: 0, variant: 0, device: DeviceKind::Gpu, threads: 1, memory_bytes: 0 })
-                .collect(),
-            streams: vec![
-                Stream { id: 0, name: "rn18".into(), entry: 0, slo: 100 * MS },
-                Stream { id: 1, name: "rs269".into(), entry: 0, slo: 250 * MS },
-            ],
-            params: vec![],
-            tick_interval: 1_000 * MS,
-            max_workers: workers,
-            seed: 1,
-            now: 0,
-        };
+        let variants = vec![linear_variant(0, "rn18", 220_000, 3_740_000, 128), linear_variant(1, "rs269", 4_370_000, 74_200_000, 128)];
+        let mut config = one_stage(variants, 128, workers);
+        config.streams = vec![
+            Stream { id: 0, name: "rn18".into(), entry: 0, slo: 100 * MS },
+            Stream { id: 1, name: "rs269".into(), entry: 0, slo: 250 * MS },
+        ];
         Driver::<Nexus>::new(config, Box::new(NullHost::new(0, 1))).unwrap().0
     }
 

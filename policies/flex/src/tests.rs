@@ -6,10 +6,8 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 
 use yardmaster_sdk::helpers::ModelCatalog;
-use yardmaster_sdk::{
-    Config, DeviceKind, DropReason, Instant, LatencyPoint, Param, RequestId, Stage, StageKind, Stream, Variant,
-    Worker, WorkerId,
-};
+use yardmaster_sdk::testing::{linear_variant, one_stage};
+use yardmaster_sdk::{Config, DropReason, Instant, Param, RequestId, Stream, Variant, WorkerId};
 
 use crate::group::{feasible_alone, Decision, FlexGroup, Key, Selection, Settings};
 
@@ -19,47 +17,21 @@ const US: u64 = 1_000;
 /// A configuration with one batch stage whose variants are `models` (name, α, β in
 /// nanoseconds), `workers` GPUs and one stream per model (named after it).
 fn config(models: &[(&str, u64, u64)], max_batch: u32, workers: u32, slo: u64) -> Config {
-    Config {
-        arm: "test".into(),
-        stages: vec![Stage {
-            id: 0,
-            name: "infer".into(),
-            kind: StageKind::Batch,
-            successors: vec![],
-            predecessors: vec![],
-            variants: models
-                .iter()
-                .enumerate()
-                .map(|(i, &(name, alpha, beta))| Variant {
-                    id: i as u32,
-                    name: name.into(),
-                    accuracy: 1.0,
-                    profile: [1, max_batch]
-                        .iter()
-                        .map(|&b| LatencyPoint { batch: b, mean: alpha * b as u64 + beta, tail: alpha * b as u64 + beta })
-                        .collect(),
-                    memory_bytes: 1 << 30,
-                    fan_out: 1.0,
-                })
-                .collect(),
-            max_batch,
-            min_replicas: workers,
-            max_replicas: workers,
-        }],
-        workers: (0..workers)
-            .map(|id| Worker { id, stage: 0, variant: 0, device: DeviceKind::Gpu, threads: 1, memory_bytes: 16 << 30 })
-            .collect(),
-        streams: models
-            .iter()
-            .enumerate()
-            .map(|(i, &(name, ..))| Stream { id: i as u32, name: name.into(), entry: 0, slo })
-            .collect(),
-        params: vec![],
-        tick_interval: 1_000 * MS,
-        max_workers: workers,
-        seed: 1,
-        now: 0,
+    let variants = models
+        .iter()
+        .enumerate()
+        .map(|(i, &(name, alpha, beta))| Variant { memory_bytes: 1 << 30, ..linear_variant(i as u32, name, alpha, beta, max_batch) })
+        .collect();
+    let mut config = one_stage(variants, max_batch, workers);
+    for worker in &mut config.workers {
+        worker.memory_bytes = 16 << 30;
     }
+    config.streams = models
+        .iter()
+        .enumerate()
+        .map(|(i, &(name, ..))| Stream { id: i as u32, name: name.into(), entry: 0, slo })
+        .collect();
+    config
 }
 
 /// Which handler a decision came from.
@@ -584,24 +556,8 @@ fn decisions_are_deterministic() {
 /// The policy adapter through the SDK's driver: a native host, events in, actions out.
 mod adapter {
     use super::*;
-    use yardmaster_sdk::{Action, Driver, Event, NullHost, Request};
-
-    fn request(id: u64, stream: u32, at: Instant, deadline: Instant) -> Request {
-        Request {
-            id,
-            origin: id,
-            stage: 0,
-            stream,
-            sent_at: at,
-            arrived_at: at,
-            deadline,
-            priority: 0,
-            input_size: 0,
-            expected_tokens: 0,
-            requeues: 0,
-            tags: None,
-        }
-    }
+    use yardmaster_sdk::testing::request;
+    use yardmaster_sdk::{Action, Driver, Event, NullHost};
 
     fn driver(config: Config) -> Driver<crate::Flex> {
         let (mut driver, _) = Driver::<crate::Flex>::new(config.clone(), Box::new(NullHost::new(0, 1))).expect("init");

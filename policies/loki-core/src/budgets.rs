@@ -78,16 +78,13 @@ pub fn budget_ns(model: &PipelineModel, plan: Option<&Plan>, rule: BudgetRule, t
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{offline_factors, toy};
+    use crate::model::toy;
     use crate::planner::{resource_manager, PlanRequest, SolverLimits};
-    use yardmaster_sdk::LatencyTable;
 
     #[test]
     fn budgets_along_every_hosted_path_add_up_to_at_most_the_slo() {
         // Property 6 (budget part), for both rules, across the regimes.
-        let config = toy::chain();
-        let model = PipelineModel::from_config(&config, &LatencyTable::from_config(&config), &[1, 2, 4, 8, 16]).unwrap();
-        let factors = offline_factors(&model, &[]);
+        let (model, factors) = toy::chain_model();
         for demand in [50.0, 400.0, 700.0, 1200.0, 2000.0] {
             let request = PlanRequest { model: &model, factors: &factors, demand, cluster: 10, cap_ms: 100.0, limits: SolverLimits::default(), previous: None, fill_spare: true };
             let plan = resource_manager(&request).0;

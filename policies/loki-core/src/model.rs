@@ -246,7 +246,18 @@ pub fn multiplier(model: &PipelineModel, factors: &Factors, branch: usize, path:
 pub(crate) mod toy {
     //! The spec's toy chain (§7) and small variants of it, as policy configurations.
 
-    use yardmaster_sdk::{Config, LatencyPoint, Stage, StageKind, Stream, Variant};
+    use yardmaster_sdk::{Config, LatencyPoint, LatencyTable, Stage, StageKind, Stream, Variant};
+
+    use super::{offline_factors, Factors, PipelineModel};
+
+    /// The toy chain as a planning model (batch sizes 1 to 16) with its offline
+    /// factors (no measured branch shares).
+    pub fn chain_model() -> (PipelineModel, Factors) {
+        let config = chain();
+        let model = PipelineModel::from_config(&config, &LatencyTable::from_config(&config), &[1, 2, 4, 8, 16]).unwrap();
+        let factors = offline_factors(&model, &[]);
+        (model, factors)
+    }
 
     /// A linear profile `alpha + beta·b` ms at the given batch sizes.
     pub fn linear(alpha: f64, beta: f64, batches: &[u32]) -> Vec<LatencyPoint> {

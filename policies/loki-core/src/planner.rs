@@ -259,15 +259,7 @@ pub fn fill_spare(model: &PipelineModel, plan: &mut Plan, cluster: u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{offline_factors, toy};
-    use yardmaster_sdk::LatencyTable;
-
-    fn toy() -> (PipelineModel, Factors) {
-        let config = toy::chain();
-        let model = PipelineModel::from_config(&config, &LatencyTable::from_config(&config), &[1, 2, 4, 8, 16]).unwrap();
-        let factors = offline_factors(&model, &[]);
-        (model, factors)
-    }
+    use crate::model::toy;
 
     fn plan_at(model: &PipelineModel, factors: &Factors, demand: f64) -> Plan {
         let request = PlanRequest {
@@ -285,7 +277,7 @@ mod tests {
 
     #[test]
     fn planned_accuracy_matches_the_spec_reference_values() {
-        let (model, factors) = toy();
+        let (model, factors) = toy::chain_model();
         for (demand, expected) in [(700.0, 0.946), (900.0, 0.870), (1200.0, 0.763), (2000.0, 0.630)] {
             let plan = plan_at(&model, &factors, demand);
             assert_eq!(plan.regime, Regime::Accuracy, "D = {demand}");

@@ -2,21 +2,14 @@
 //! `L = 200 ms`), checked against the planners and, for the control cadence, the
 //! policy driven natively by scripted events.
 
-use yardmaster_sdk::{Driver, Event, LatencyTable, NullHost, Request, Snapshot, Worker};
+use yardmaster_sdk::{Driver, Event, NullHost, Request, Snapshot, Worker};
 
-use crate::model::{offline_factors, toy, Factors, PipelineModel};
+use crate::model::{toy, Factors, PipelineModel};
 use crate::plan::{Plan, Regime};
 use crate::planner::{resource_manager, PlanRequest, SolverLimits};
 use crate::runtime::{LokiFlavour, LokiPolicy};
 use crate::single_path::hardware_scaling;
 use crate::step2::{Goal, Step2};
-
-fn toy_model() -> (PipelineModel, Factors) {
-    let config = toy::chain();
-    let model = PipelineModel::from_config(&config, &LatencyTable::from_config(&config), &[1, 2, 4, 8, 16]).unwrap();
-    let factors = offline_factors(&model, &[]);
-    (model, factors)
-}
 
 fn exact_plan(model: &PipelineModel, factors: &Factors, demand: f64, cap_ms: f64) -> Plan {
     let request = PlanRequest {
@@ -39,7 +32,7 @@ fn uses(plan: &Plan, task: usize, variant: usize) -> bool {
 #[test]
 fn hardware_scaling_is_monotone_and_below_the_cluster() {
     // Property 1.
-    let (model, factors) = toy_model();
+    let (model, factors) = toy::chain_model();
     let mut last = 0;
     for demand in (1..=128).map(|i| i as f64 * 5.0) {
         let plan = hardware_scaling(&model, &factors, demand, 100.0, 10).expect("feasible up to 640 QPS");
@@ -53,7 +46,7 @@ fn hardware_scaling_is_monotone_and_below_the_cluster() {
 #[test]
 fn accuracy_scaling_starts_where_hardware_scaling_ends_and_uses_the_whole_cluster() {
     // Property 2.
-    let (model, factors) = toy_model();
+    let (model, factors) = toy::chain_model();
     let before = exact_plan(&model, &factors, 640.0, 100.0);
     assert_eq!((before.regime, before.accuracy), (Regime::Hardware, 1.0));
     let after = exact_plan(&model, &factors, 645.0, 100.0);
@@ -65,7 +58,7 @@ fn accuracy_scaling_starts_where_hardware_scaling_ends_and_uses_the_whole_cluste
 #[test]
 fn accuracy_falls_with_demand_downstream_first_and_feasibility_is_downward_closed() {
     // Properties 3 and 4, and 6 (constraint soundness) on every plan of the sweep.
-    let (model, factors) = toy_model();
+    let (model, factors) = toy::chain_model();
     let mut last_accuracy = 1.0;
     let mut first_c_lo = None;
     let mut first_d_lo = None;
@@ -121,7 +114,7 @@ fn accuracy_falls_with_demand_downstream_first_and_feasibility_is_downward_close
 #[test]
 fn the_cluster_runs_out_near_3_4_times_the_hardware_capacity() {
     // Property 11 on the toy: STEP2 infeasible from about 2225 QPS (≈ 3.4 × 640).
-    let (model, factors) = toy_model();
+    let (model, factors) = toy::chain_model();
     assert_eq!(exact_plan(&model, &factors, 2150.0, 100.0).regime, Regime::Accuracy);
     let beyond = exact_plan(&model, &factors, 2300.0, 100.0);
     assert_eq!(beyond.regime, Regime::Capped);
@@ -131,7 +124,7 @@ fn the_cluster_runs_out_near_3_4_times_the_hardware_capacity() {
 #[test]
 fn fewer_sub_requests_need_fewer_downstream_workers() {
     // Property 5: halving the observed factor lowers T2's replicas at the next solve.
-    let (model, factors) = toy_model();
+    let (model, factors) = toy::chain_model();
     let mut halved = factors.clone();
     for v in &mut halved[0] {
         for r in v.iter_mut() {
@@ -150,7 +143,7 @@ fn fewer_sub_requests_need_fewer_downstream_workers() {
 #[test]
 fn tighter_slos_cost_workers_first_then_accuracy_then_everything() {
     // Property 7 (Fig. 8): sweep L downwards at a fixed demand.
-    let (model, factors) = toy_model();
+    let (model, factors) = toy::chain_model();
     let mut last_accuracy = 1.0;
     let mut accuracy_fell_at = None;
     let mut workers_at_full_accuracy = Vec::new();
@@ -182,20 +175,7 @@ fn driven() -> Driver<LokiPolicy<LokiFlavour>> {
 }
 
 fn arrival(id: u64, at: u64) -> Event {
-    Event::Arrival(Request {
-        id,
-        origin: id,
-        stage: 0,
-        stream: 0,
-        sent_at: at,
-        arrived_at: at,
-        deadline: at + 200_000_000,
-        priority: 0,
-        input_size: 1,
-        expected_tokens: 0,
-        requeues: 0,
-        tags: None,
-    })
+    Event::Arrival(Request { input_size: 1, ..yardmaster_sdk::testing::request(id, 0, at, at + 200_000_000) })
 }
 
 fn tick(at: u64) -> Event {

@@ -98,12 +98,10 @@ pub fn plan(model: &PipelineModel, demand: &[f64], cluster: u32, max_nodes: u64)
 mod tests {
     use super::*;
     use crate::model::toy;
-    use yardmaster_sdk::LatencyTable;
 
     #[test]
     fn uses_the_whole_cluster_and_downgrades_per_task_under_load() {
-        let config = toy::chain();
-        let model = PipelineModel::from_config(&config, &LatencyTable::from_config(&config), &[1, 2, 4, 8, 16]).unwrap();
+        let (model, _) = toy::chain_model();
         assert_eq!(task_share_ms(&model), 100.0);
         let light = plan(&model, &[10.0, 40.0], 10, 1000);
         assert_eq!(light.workers(), 10, "Proteus keeps every worker on");

@@ -231,19 +231,11 @@ pub fn fastest(model: &PipelineModel, factors: &Factors, demand: f64, cluster: u
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{offline_factors, toy};
-    use yardmaster_sdk::LatencyTable;
-
-    fn toy() -> (PipelineModel, Factors) {
-        let config = toy::chain();
-        let model = PipelineModel::from_config(&config, &LatencyTable::from_config(&config), &[1, 2, 4, 8, 16]).unwrap();
-        let factors = offline_factors(&model, &[]);
-        (model, factors)
-    }
+    use crate::model::toy;
 
     #[test]
     fn hardware_scaling_matches_the_spec_reference_values() {
-        let (model, factors) = toy();
+        let (model, factors) = toy::chain_model();
         // Σx = 2, 4, 5, 7, 9, 10 at D = 50, 200, 300, 400, 500, 600 (spec §7).
         for (demand, workers) in [(50.0, 2), (200.0, 4), (300.0, 5), (400.0, 7), (500.0, 9), (600.0, 10)] {
             let plan = hardware_scaling(&model, &factors, demand, 100.0, 10).expect("feasible");
@@ -258,7 +250,7 @@ mod tests {
 
     #[test]
     fn served_fraction_falls_like_capacity_over_demand() {
-        let (model, factors) = toy();
+        let (model, factors) = toy::chain_model();
         let (f1, _) = max_served_fraction(&model, &factors, &[0, 0], 600.0, 100.0, 10).unwrap();
         let (f2, plan) = max_served_fraction(&model, &factors, &[0, 0], 1300.0, 100.0, 10).unwrap();
         assert_eq!(f1, 1.0);
@@ -268,7 +260,7 @@ mod tests {
 
     #[test]
     fn fastest_uses_batch_one_and_the_whole_cluster() {
-        let (model, factors) = toy();
+        let (model, factors) = toy::chain_model();
         let plan = fastest(&model, &factors, 1000.0, 10);
         assert_eq!(plan.workers(), 10);
         assert!(plan.hosts.iter().all(|h| h.batch == 1 && h.variant == 1));

@@ -47,7 +47,8 @@ mod scenarios {
     //! test, on the rule directly.
 
     use yardmaster_sdk::helpers::{Discipline, FillContext, Filled, PriorityQueue, Queued, StageGraph, WorkerQueue};
-    use yardmaster_sdk::{Config, Ctx, DeviceKind, DropReason, LatencyPoint, NullHost, Stage, StageKind, Variant, Worker};
+    use yardmaster_sdk::testing::{constant_variant, one_stage};
+    use yardmaster_sdk::{Ctx, DropReason, NullHost};
 
     use super::*;
 
@@ -57,35 +58,7 @@ mod scenarios {
 
     /// One module whose batches take 20 ms whatever their size.
     fn single_module(batch: u32) -> Ctx {
-        let config = Config {
-            arm: "test".into(),
-            stages: vec![Stage {
-                id: 0,
-                name: "m".into(),
-                kind: StageKind::Batch,
-                successors: vec![],
-                predecessors: vec![],
-                variants: vec![Variant {
-                    id: 0,
-                    name: "v".into(),
-                    accuracy: 1.0,
-                    profile: vec![LatencyPoint { batch: 1, mean: 20 * MS, tail: 20 * MS }],
-                    memory_bytes: 0,
-                    fan_out: 1.0,
-                }],
-                max_batch: batch,
-                min_replicas: 1,
-                max_replicas: 1,
-            }],
-            workers: vec![Worker { id: 0, stage: 0, variant: 0, device: DeviceKind::Gpu, threads: 1, memory_bytes: 0 }],
-            streams: vec![],
-            params: vec![],
-            tick_interval: 1_000 * MS,
-            max_workers: 1,
-            seed: 1,
-            now: 0,
-        };
-        Ctx::new(config, Box::new(NullHost::default()))
+        Ctx::new(one_stage(vec![constant_variant(20 * MS)], batch, 1), Box::new(NullHost::default()))
     }
 
     fn rule(ctx: &Ctx, priority: Priority, mode: Mode) -> PardRule {

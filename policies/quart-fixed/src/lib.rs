@@ -3,16 +3,17 @@
 //! counts) and never scales again. Requests wait in one FIFO queue per stage and run
 //! on the first idle replica; nothing is dropped.
 
-use yardmaster_sdk::helpers::StageFifo;
-use yardmaster_sdk::{BatchOutcome, Ctx, EndReason, Policy, Request, RequestId, WorkerId};
+use yardmaster_sdk::helpers::{ScaledFifo, ScalingRule};
+use yardmaster_sdk::Ctx;
 
 /// Fixed replicas, FIFO per stage.
-#[derive(Debug, Default)]
-pub struct QuartFixed {
-    fifo: StageFifo,
-}
+pub type QuartFixed = ScaledFifo<FixedReplicas>;
 
-impl Policy for QuartFixed {
+/// The rule: scale once at start, never again.
+#[derive(Debug)]
+pub struct FixedReplicas;
+
+impl ScalingRule for FixedReplicas {
     fn init(ctx: &mut Ctx) -> Result<Self, String> {
         let replicas: u32 = ctx.param_or("replicas", 0)?;
         if replicas > 0 {
@@ -23,27 +24,7 @@ impl Policy for QuartFixed {
                 ctx.scale(stage, replicas.min(per_stage_room).clamp(low, high.max(low)), None);
             }
         }
-        Ok(Self::default())
-    }
-
-    fn on_arrival(&mut self, ctx: &mut Ctx, request: Request) {
-        self.fifo.push(ctx.now(), &request);
-    }
-
-    fn on_batch_done(&mut self, ctx: &mut Ctx, outcome: BatchOutcome) {
-        self.fifo.finish(&outcome, ctx.now());
-    }
-
-    fn on_request_ended(&mut self, ctx: &mut Ctx, request: RequestId, _reason: EndReason) {
-        self.fifo.forget(ctx.now(), request);
-    }
-
-    fn on_worker_removed(&mut self, _ctx: &mut Ctx, worker: WorkerId) {
-        self.fifo.worker_gone(worker);
-    }
-
-    fn on_events_done(&mut self, ctx: &mut Ctx) {
-        self.fifo.dispatch_idle(ctx);
+        Ok(Self)
     }
 }
 

@@ -6,8 +6,8 @@
 //! than `low_utilisation` (50 %) of the time for `down_intervals` (2) intervals in a
 //! row gives one back. FIFO per stage, nothing dropped.
 
-use yardmaster_sdk::helpers::StageFifo;
-use yardmaster_sdk::{BatchOutcome, Ctx, EndReason, Instant, Policy, Request, RequestId, Snapshot, WorkerId};
+use yardmaster_sdk::helpers::{ScaledFifo, ScalingRule, StageFifo};
+use yardmaster_sdk::{Ctx, Instant, Snapshot};
 
 /// Per-stage state of the scale-down rule.
 #[derive(Debug, Clone, Default)]
@@ -17,10 +17,12 @@ struct StageLoad {
     low_intervals: u32,
 }
 
-/// Queue-length scale-up, utilisation scale-down, per stage.
+/// Queue-length scale-up, utilisation scale-down, per stage; FIFO per stage.
+pub type QuartReactive = ScaledFifo<ReactiveRule>;
+
+/// The rule: queue-length scale-up, utilisation scale-down, per stage.
 #[derive(Debug)]
-pub struct QuartReactive {
-    fifo: StageFifo,
+pub struct ReactiveRule {
     loads: Vec<StageLoad>,
     bounds: Vec<(u32, u32)>,
     queue_per_replica: f64,
@@ -32,7 +34,7 @@ pub struct QuartReactive {
     next_down: Instant,
 }
 
-impl Policy for QuartReactive {
+impl ScalingRule for ReactiveRule {
     fn init(ctx: &mut Ctx) -> Result<Self, String> {
         let period_s: f64 = ctx.param_or("period_s", 2.0)?;
         let down_interval_s: f64 = ctx.param_or("down_interval_s", 10.0)?;
@@ -50,7 +52,6 @@ impl Policy for QuartReactive {
         }
         let (period, down_interval) = ((period_s * 1e9) as u64, (down_interval_s * 1e9) as u64);
         Ok(Self {
-            fifo: StageFifo::new(),
             loads: vec![StageLoad::default(); n],
             bounds,
             queue_per_replica: ctx.param_or("queue_per_replica", 1.0)?,
@@ -63,23 +64,7 @@ impl Policy for QuartReactive {
         })
     }
 
-    fn on_arrival(&mut self, ctx: &mut Ctx, request: Request) {
-        self.fifo.push(ctx.now(), &request);
-    }
-
-    fn on_batch_done(&mut self, ctx: &mut Ctx, outcome: BatchOutcome) {
-        self.fifo.finish(&outcome, ctx.now());
-    }
-
-    fn on_request_ended(&mut self, ctx: &mut Ctx, request: RequestId, _reason: EndReason) {
-        self.fifo.forget(ctx.now(), request);
-    }
-
-    fn on_worker_removed(&mut self, _ctx: &mut Ctx, worker: WorkerId) {
-        self.fifo.worker_gone(worker);
-    }
-
-    fn on_tick(&mut self, ctx: &mut Ctx, snapshot: Snapshot) {
+    fn tick(&mut self, ctx: &mut Ctx, fifo: &mut StageFifo, snapshot: &Snapshot) {
         let now = ctx.now();
         let n = self.loads.len();
         // Mean busy fraction of each stage's workers over the tick.
@@ -120,7 +105,7 @@ impl Policy for QuartReactive {
         if now >= self.next_up {
             self.next_up = now + self.period;
             for i in 0..n {
-                let queue = self.fifo.take_mean_len(i as u32, now);
+                let queue = fifo.take_mean_len(i as u32, now);
                 if queue > self.queue_per_replica * replicas[i] as f64 && targets[i] >= replicas[i] && targets[i] < self.bounds[i].1 && in_use < capacity {
                     targets[i] = replicas[i] + 1;
                     in_use += 1;
@@ -132,10 +117,6 @@ impl Policy for QuartReactive {
         for (i, t) in changes {
             ctx.scale(i as u32, t, None);
         }
-    }
-
-    fn on_events_done(&mut self, ctx: &mut Ctx) {
-        self.fifo.dispatch_idle(ctx);
     }
 }
 

@@ -6,13 +6,15 @@
 //! once and down only `cooldown_s` (6 min) after its last scale-up. FIFO per stage,
 //! nothing dropped.
 
-use yardmaster_sdk::helpers::{SlidingWindow, StageFifo};
-use yardmaster_sdk::{BatchOutcome, Ctx, EndReason, Instant, Policy, Request, RequestId, Snapshot, WorkerId};
+use yardmaster_sdk::helpers::{ScaledFifo, ScalingRule, SlidingWindow, StageFifo};
+use yardmaster_sdk::{Ctx, Instant, Request, Snapshot};
 
-/// Uniform QPS-driven scaling of the whole pipeline.
+/// Uniform QPS-driven scaling of the whole pipeline; FIFO per stage.
+pub type QuartUniform = ScaledFifo<UniformRule>;
+
+/// The rule: every stage at the replicas the entry rate needs.
 #[derive(Debug)]
-pub struct QuartUniform {
-    fifo: StageFifo,
+pub struct UniformRule {
     entry_arrivals: SlidingWindow,
     entry: Vec<bool>,
     slowest_s: f64,
@@ -27,7 +29,7 @@ pub struct QuartUniform {
     started: Instant,
 }
 
-impl Policy for QuartUniform {
+impl ScalingRule for UniformRule {
     fn init(ctx: &mut Ctx) -> Result<Self, String> {
         let period_s: f64 = ctx.param_or("period_s", 3.0)?;
         let cooldown_s: f64 = ctx.param_or("cooldown_s", 360.0)?;
@@ -55,7 +57,6 @@ impl Policy for QuartUniform {
         let current = config.stages.iter().map(|s| config.workers.iter().filter(|w| w.stage == s.id).count() as u32).max().unwrap_or(1);
         let period = (period_s * 1e9) as u64;
         Ok(Self {
-            fifo: StageFifo::new(),
             entry_arrivals: SlidingWindow::new(period),
             entry,
             slowest_s,
@@ -71,26 +72,13 @@ impl Policy for QuartUniform {
         })
     }
 
-    fn on_arrival(&mut self, ctx: &mut Ctx, request: Request) {
+    fn arrival(&mut self, ctx: &Ctx, request: &Request) {
         if self.entry.get(request.stage as usize).copied().unwrap_or(false) && request.requeues == 0 {
             self.entry_arrivals.push(request.arrived_at.min(ctx.now()), 1.0);
         }
-        self.fifo.push(ctx.now(), &request);
     }
 
-    fn on_batch_done(&mut self, ctx: &mut Ctx, outcome: BatchOutcome) {
-        self.fifo.finish(&outcome, ctx.now());
-    }
-
-    fn on_request_ended(&mut self, ctx: &mut Ctx, request: RequestId, _reason: EndReason) {
-        self.fifo.forget(ctx.now(), request);
-    }
-
-    fn on_worker_removed(&mut self, _ctx: &mut Ctx, worker: WorkerId) {
-        self.fifo.worker_gone(worker);
-    }
-
-    fn on_tick(&mut self, ctx: &mut Ctx, _snapshot: Snapshot) {
+    fn tick(&mut self, ctx: &mut Ctx, _fifo: &mut StageFifo, _snapshot: &Snapshot) {
         let now = ctx.now();
         if now < self.next_decision {
             return;
@@ -113,10 +101,6 @@ impl Policy for QuartUniform {
         for stage in stages {
             ctx.scale(stage, next, None);
         }
-    }
-
-    fn on_events_done(&mut self, ctx: &mut Ctx) {
-        self.fifo.dispatch_idle(ctx);
     }
 }
 

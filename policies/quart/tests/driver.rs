@@ -3,9 +3,9 @@
 //! arrival order one at a time; new workers get the stage's cores.
 
 use policy_quart::Quart;
+use yardmaster_sdk::testing::constant_variant;
 use yardmaster_sdk::{
-    Action, Config, DeviceKind, Driver, Event, LatencyPoint, NullHost, Request, Snapshot, Stage, StageKind, StageStats,
-    Stream, Variant, Worker,
+    Action, Config, DeviceKind, Driver, Event, NullHost, Request, Snapshot, Stage, StageKind, StageStats, Stream, Worker,
 };
 
 const MS: u64 = 1_000_000;
@@ -17,14 +17,7 @@ fn config() -> Config {
         kind: StageKind::Batch,
         successors: if id < 2 { vec![id + 1] } else { vec![] },
         predecessors: if id > 0 { vec![id - 1] } else { vec![] },
-        variants: vec![Variant {
-            id: 0,
-            name: "v".into(),
-            accuracy: 1.0,
-            profile: vec![LatencyPoint { batch: 1, mean: 20 * MS, tail: 20 * MS }],
-            memory_bytes: 0,
-            fan_out: 1.0,
-        }],
+        variants: vec![constant_variant(20 * MS)],
         max_batch: 1,
         min_replicas: 1,
         max_replicas: 8,
@@ -43,10 +36,7 @@ fn config() -> Config {
 }
 
 fn request(id: u64, stage: u32, at: u64) -> Request {
-    Request {
-        id, origin: id, stage, stream: 0, sent_at: at, arrived_at: at, deadline: at + 150 * MS, priority: 0,
-        input_size: 0, expected_tokens: 0, requeues: 0, tags: None,
-    }
+    Request { stage, ..yardmaster_sdk::testing::request(id, 0, at, at + 150 * MS) }
 }
 
 fn snapshot(at: u64, replicas: [u32; 3]) -> Snapshot {

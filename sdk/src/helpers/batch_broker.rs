@@ -456,41 +456,16 @@ impl<Q: WorkerQueue> BatchBroker<Q> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Config, DeviceKind, LatencyPoint, NullHost, Stage, StageKind, Variant};
+    use crate::testing::{constant_variant, one_stage, MS};
+    use crate::{Config, NullHost};
 
-    const MS: u64 = 1_000_000;
-
+    /// One stage of 20 ms batches of at most 2, `workers` workers, room for 4.
     fn config(workers: u32) -> Config {
-        Config {
-            arm: "t".into(),
-            stages: vec![Stage {
-                id: 0,
-                name: "s".into(),
-                kind: StageKind::Batch,
-                successors: vec![],
-                predecessors: vec![],
-                variants: vec![Variant {
-                    id: 0,
-                    name: "v".into(),
-                    accuracy: 1.0,
-                    profile: vec![LatencyPoint { batch: 1, mean: 20 * MS, tail: 20 * MS }],
-                    memory_bytes: 0,
-                    fan_out: 1.0,
-                }],
-                max_batch: 2,
-                min_replicas: 1,
-                max_replicas: 4,
-            }],
-            workers: (0..workers)
-                .map(|id| Worker { id, stage: 0, variant: 0, device: DeviceKind::Gpu, threads: 1, memory_bytes: 0 })
-                .collect(),
-            streams: vec![],
-            params: vec![],
-            tick_interval: 1_000 * MS,
-            max_workers: 4,
-            seed: 1,
-            now: 0,
-        }
+        let mut config = one_stage(vec![constant_variant(20 * MS)], 2, workers);
+        config.stages[0].min_replicas = 1;
+        config.stages[0].max_replicas = 4;
+        config.max_workers = 4;
+        config
     }
 
     fn queued(id: RequestId, at: Instant) -> Queued {

@@ -13,7 +13,9 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use super::ewma::Ewma;
-use crate::{Ctx, DropReason, EvictMode, FrameReport, Instant, Request, RequestId, StageId, StageKind, StreamId, WorkerId};
+use crate::{
+    Ctx, DropReason, EvictMode, FrameReport, Instant, Request, RequestId, StageId, StageKind, StreamId, VariantId, WorkerId,
+};
 
 /// What a request's SLO is about (CALM spec §2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -311,6 +313,46 @@ impl LlmBook {
     }
 }
 
+/// The idle workers of every iteration-level (LLM) stage, stage by stage in the
+/// configuration's order: the workers an LLM policy plans a frame for once its
+/// events are handled.
+pub fn idle_iteration_workers(ctx: &Ctx) -> Vec<WorkerId> {
+    let stages = ctx.config().stages.iter().filter(|s| s.kind == StageKind::Iteration);
+    stages.flat_map(|s| ctx.idle_workers(s.id)).collect()
+}
+
+/// Dispatch the sequences paused on an iteration-level `worker` again (as many as its
+/// stage's batch limit, on the variant it runs), so that they continue before any
+/// new request; whether it had any.
+pub fn resume_resident(ctx: &mut Ctx, worker: WorkerId) -> bool {
+    let Some((stage, variant)) = ctx.worker(worker).map(|w| (w.info.stage, w.info.variant)) else { return false };
+    let limit = ctx.batch_limit(stage) as usize;
+    let resident: Vec<RequestId> = ctx.resident(worker).iter().take(limit).map(|s| s.id).collect();
+    if resident.is_empty() {
+        return false;
+    }
+    ctx.dispatch_variant(worker, resident, Some(variant));
+    true
+}
+
+/// Give every idle worker work: it continues its paused sequences first (see
+/// [`resume_resident`]); otherwise `next` picks a batch for it (the worker and its
+/// stage in, the variant and the requests out), if any. Workers in id order.
+pub fn dispatch_idle(
+    ctx: &mut Ctx,
+    mut next: impl FnMut(&mut Ctx, WorkerId, StageId) -> Option<(VariantId, Vec<RequestId>)>,
+) {
+    let idle: Vec<(WorkerId, StageId)> = ctx.workers().filter(|w| w.idle).map(|w| (w.info.id, w.info.stage)).collect();
+    for (worker, stage) in idle {
+        if resume_resident(ctx, worker) {
+            continue;
+        }
+        if let Some((variant, batch)) = next(ctx, worker, stage) {
+            ctx.dispatch_variant(worker, batch, Some(variant));
+        }
+    }
+}
+
 /// First-in-first-out service of the batch (non-LLM) stages of a pipeline, so that
 /// an LLM policy also moves requests through the other stages it may be given.
 #[derive(Debug, Clone, Default)]
@@ -444,7 +486,7 @@ pub fn plan_by_rank(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Config, DeviceKind, NullHost, SequenceState, Stage, Stream, Worker};
+    use crate::{Config, DeviceKind, NullHost, Stage, Stream, Worker};
 
     const KV: u64 = 10;
 
@@ -474,38 +516,11 @@ mod tests {
     }
 
     fn request(id: u64, prompt: u32) -> Request {
-        Request {
-            id,
-            origin: id,
-            stage: 0,
-            stream: 0,
-            sent_at: id,
-            arrived_at: id,
-            deadline: 1_000,
-            priority: 0,
-            input_size: prompt,
-            expected_tokens: 0,
-            requeues: 0,
-            tags: None,
-        }
+        Request { input_size: prompt, ..crate::testing::request(id, 0, id, 1_000) }
     }
 
     fn frame(sequences: &[(u64, u32, u32, bool)]) -> FrameReport {
-        FrameReport {
-            worker: 0,
-            steps: 10,
-            duration: 100,
-            sequences: sequences
-                .iter()
-                .map(|&(id, prompt, generated, finished)| SequenceState {
-                    id,
-                    generated,
-                    kv_bytes: (prompt + generated) as u64 * KV,
-                    finished,
-                })
-                .collect(),
-            kv_capacity: 0,
-        }
+        crate::testing::frame_report(0, 10, 100, sequences, KV)
     }
 
     /// A book with requests 1..=n of `prompt` tokens, 1 and 2 resident on worker 0.
@@ -516,6 +531,43 @@ mod tests {
         }
         book.frame(&frame(&[(1, prompt, 5, false), (2, prompt, 5, false)]));
         book
+    }
+
+    #[test]
+    fn resume_resident_continues_paused_sequences_up_to_the_batch_limit() {
+        let mut ctx = ctx();
+        assert!(!resume_resident(&mut ctx, 0), "nothing resident yet");
+        ctx.record_frame(&frame(&[(1, 10, 5, false), (2, 10, 5, true), (3, 10, 5, false), (4, 10, 5, false)]));
+        ctx.set_batch_limit(0, 2);
+        ctx.take_actions();
+        assert!(resume_resident(&mut ctx, 0));
+        match &ctx.take_actions()[..] {
+            [crate::Action::Dispatch(d)] => assert_eq!((d.requests.clone(), d.variant), (vec![1, 3], Some(0))),
+            other => panic!("{other:?}"),
+        }
+        assert!(!resume_resident(&mut ctx, 9), "unknown worker");
+    }
+
+    #[test]
+    fn dispatch_idle_resumes_residents_before_asking_for_a_batch() {
+        let mut ctx = ctx();
+        ctx.mark_idle(0);
+        ctx.record_frame(&frame(&[(1, 10, 5, false)]));
+        let mut asked = Vec::new();
+        dispatch_idle(&mut ctx, |_, worker, _| {
+            asked.push(worker);
+            None
+        });
+        assert!(asked.is_empty(), "a worker with paused sequences continues them");
+        ctx.mark_idle(0);
+        ctx.forget_sequence(1);
+        ctx.take_actions();
+        dispatch_idle(&mut ctx, |_, worker, stage| {
+            asked.push(worker);
+            Some((0, vec![7 + stage as u64]))
+        });
+        assert_eq!(asked, vec![0]);
+        assert!(matches!(&ctx.take_actions()[..], [crate::Action::Dispatch(d)] if d.requests == vec![7]));
     }
 
     #[test]

@@ -20,11 +20,14 @@
 //!   pivot and clock budgets and warm starts.
 //! * [`mmc_sojourn`] and friends: M/M/c (Erlang-C) latency for capacity planning.
 //! * [`StageFifo`]: per-stage FIFO queues that dispatch to idle workers and measure
-//!   time-averaged queue length and per-stage sojourn time.
+//!   time-averaged queue length and per-stage sojourn time; [`ScaledFifo`] makes
+//!   a whole autoscaling policy of a [`ScalingRule`] with them.
 //! * [`LengthEstimator`]: a survival-conditioned quantile estimator of LLM output
 //!   lengths, learned online.
-//! * [`LlmBook`] and [`plan_by_rank`]: the live request table of an LLM
-//!   (iteration-level) policy, service classes, KV footprints, frame plans.
+//! * [`LlmBook`], [`plan_by_rank`], [`idle_iteration_workers`],
+//!   [`resume_resident`] and [`dispatch_idle`]: the live request table of an LLM
+//!   (iteration-level) policy, service classes, KV footprints, frame plans, the
+//!   workers to plan frames for and the paused sequences to continue.
 //! * [`RankedLlm`]: a whole LLM baseline policy given a [`Ranking`] (FCFS, EDF, SJF).
 //!
 //! Everything here is plain `std` Rust, so it behaves the same compiled
@@ -32,6 +35,7 @@
 
 pub mod batch_broker;
 pub mod ewma;
+pub mod fifo_policy;
 pub mod milp;
 pub mod length;
 pub mod llm;
@@ -55,8 +59,12 @@ pub use batch_broker::{
     WorkerQueue, WorkerSlot,
 };
 pub use ewma::{Ewma, TimeEwma};
+pub use fifo_policy::{ScaledFifo, ScalingRule};
 pub use length::LengthEstimator;
-pub use llm::{plan_by_rank, BatchStageFifo, Finished, FramePlan, LlmBook, LlmRequest, Preemption, Residence, ServiceClass};
+pub use llm::{
+    dispatch_idle, idle_iteration_workers, plan_by_rank, resume_resident, BatchStageFifo, Finished, FramePlan, LlmBook, LlmRequest, Preemption, Residence,
+    ServiceClass,
+};
 pub use minmax_heap::MinMaxHeap;
 pub use nexus_planner::{NexusPlan, ScalingPlanner};
 pub use models::{ModelCatalog, ModelInfo};

@@ -168,48 +168,21 @@ impl ModelCatalog {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{DeviceKind, LatencyPoint, Stage, StageKind, Stream, Variant, Worker};
+    use crate::testing::{linear_variant, one_stage};
+    use crate::{Stream, Variant};
 
     fn variant(id: u32, name: &str, alpha: u64, beta: u64) -> Variant {
-        Variant {
-            id,
-            name: name.into(),
-            accuracy: 1.0,
-            profile: vec![
-                LatencyPoint { batch: 1, mean: alpha + beta, tail: alpha + beta },
-                LatencyPoint { batch: 8, mean: 8 * alpha + beta, tail: 8 * alpha + beta },
-            ],
-            memory_bytes: 100,
-            fan_out: 1.0,
-        }
+        Variant { memory_bytes: 100, ..linear_variant(id, name, alpha, beta, 8) }
     }
 
     fn config() -> Config {
-        Config {
-            arm: "t".into(),
-            stages: vec![Stage {
-                id: 0,
-                name: "infer".into(),
-                kind: StageKind::Batch,
-                successors: vec![],
-                predecessors: vec![],
-                variants: vec![variant(0, "RN18", 10, 100), variant(1, "RS269", 50, 700)],
-                max_batch: 8,
-                min_replicas: 1,
-                max_replicas: 1,
-            }],
-            workers: vec![Worker { id: 0, stage: 0, variant: 0, device: DeviceKind::Gpu, threads: 1, memory_bytes: 0 }],
-            streams: vec![
-                Stream { id: 0, name: "rs269/bursty".into(), entry: 0, slo: 1 },
-                Stream { id: 1, name: "rn18".into(), entry: 0, slo: 1 },
-                Stream { id: 2, name: "other".into(), entry: 0, slo: 1 },
-            ],
-            params: vec![],
-            tick_interval: 1,
-            max_workers: 1,
-            seed: 1,
-            now: 0,
-        }
+        let mut config = one_stage(vec![variant(0, "RN18", 10, 100), variant(1, "RS269", 50, 700)], 8, 1);
+        config.streams = vec![
+            Stream { id: 0, name: "rs269/bursty".into(), entry: 0, slo: 1 },
+            Stream { id: 1, name: "rn18".into(), entry: 0, slo: 1 },
+            Stream { id: 2, name: "other".into(), entry: 0, slo: 1 },
+        ];
+        config
     }
 
     #[test]

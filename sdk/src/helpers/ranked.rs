@@ -6,8 +6,8 @@
 //! Parameters read here: `kv_bytes_per_token` (KV footprint until measured, 819200)
 //! and `frame_steps` (growth reserved per sequence until the host reports its frames, 50).
 
-use super::llm::{plan_by_rank, BatchStageFifo, Finished, LlmBook, LlmRequest, Preemption};
-use crate::{Ctx, EndReason, FrameReport, Instant, Policy, Request, RequestId, StageKind, WorkerId};
+use super::llm::{idle_iteration_workers, plan_by_rank, BatchStageFifo, Finished, LlmBook, LlmRequest, Preemption};
+use crate::{Ctx, EndReason, FrameReport, Instant, Policy, Request, RequestId, WorkerId};
 
 /// The ordering of a rank-based LLM baseline.
 pub trait Ranking: Sized + 'static {
@@ -79,13 +79,8 @@ impl<R: Ranking> Policy for RankedLlm<R> {
 
     fn on_events_done(&mut self, ctx: &mut Ctx) {
         self.batch_stages.dispatch_idle(ctx);
-        let stages: Vec<u32> =
-            ctx.config().stages.iter().filter(|s| s.kind == StageKind::Iteration).map(|s| s.id).collect();
-        for stage in stages {
-            let idle: Vec<WorkerId> = ctx.idle_workers(stage).collect();
-            for worker in idle {
-                self.plan(ctx, worker);
-            }
+        for worker in idle_iteration_workers(ctx) {
+            self.plan(ctx, worker);
         }
     }
 }

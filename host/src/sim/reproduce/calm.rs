@@ -17,6 +17,7 @@ use crate::engine::{EngineOptions, Pipeline};
 use crate::metrics::{write_plots, LlmGoodputSummary};
 use crate::policy::contract::Param;
 use crate::sim::executor::SimExecutorOptions;
+use crate::sim::per_core;
 use crate::sim::run::{run, PolicySpec, SimSpec};
 use crate::sim::workload::{read_azure_llm_trace, Arrival, AzureOptions};
 
@@ -90,23 +91,7 @@ pub fn run_setting(speedup: f64, slo_scale: f64, duration: u64, seed: u64, captu
     let loader = simulation_loader()?;
     let policies: Vec<PolicySpec> = POLICIES.iter().map(|(p, n)| shipped(p, n)).collect::<Result<_>>()?;
     eprintln!("  calm: speed-up {speedup}×, SLO ×{slo_scale}: {} requests …", arrivals.len());
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut outcomes = Vec::new();
-    for group in policies.chunks(cores) {
-        let results: Vec<Result<_>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = group
-                .iter()
-                .map(|policy| {
-                    let (spec, loader, arrivals) = (&spec, &loader, &arrivals);
-                    scope.spawn(move || run(spec, policy, loader, arrivals.iter().copied(), &mut |_| {}))
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().expect("a simulation thread panicked")).collect()
-        });
-        for r in results {
-            outcomes.push(r?);
-        }
-    }
+    let outcomes = per_core(&policies, |policy| run(&spec, policy, &loader, arrivals.iter().copied(), &mut |_| {}))?;
     if let Some(dir) = capture {
         let reports: Vec<_> = outcomes.iter().map(|o| o.report.clone()).collect();
         write_plots(dir, &reports).map_err(|e| anyhow!(e))?;

@@ -17,24 +17,16 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
-use super::{shipped, simulation_loader, ReproduceOptions};
+use super::{simulation_loader, Arm, ReproduceOptions};
 use crate::engine::EngineOptions;
-use crate::policy::contract::Param;
 use crate::policy::PolicyLoader;
 use crate::sim::executor::SimExecutorOptions;
 use crate::sim::rng::SimRng;
 use crate::sim::workload::Arrival;
-use crate::sim::{presets, run, PolicySpec, RunOutcome, SimSpec};
+use crate::sim::{per_core, presets, run, RunOutcome, SimSpec};
 
 const MS: u64 = 1_000_000;
 const S: u64 = 1_000_000_000;
-
-/// One arm: a report name, the shipped policy and its parameters.
-struct Arm {
-    name: &'static str,
-    policy: &'static str,
-    params: &'static [(&'static str, &'static str)],
-}
 
 /// FLEX and every baseline.
 const ARMS: &[Arm] = &[
@@ -77,39 +69,22 @@ fn run_arms(
     }
     eprintln!("  {label}: simulating {} arms …", ARMS.len());
     let started = std::time::Instant::now();
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()).max(1);
-    let mut out = Vec::new();
-    for chunk in ARMS.chunks(cores) {
-        let results: Vec<Result<(&'static str, RunOutcome)>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = chunk
-                .iter()
-                .map(|arm| {
-                    let pipeline = pipeline.clone();
-                    scope.spawn(move || -> Result<(&'static str, RunOutcome)> {
-                        let policy: PolicySpec = shipped(arm.policy, arm.name)?;
-                        let params = arm.params.iter().map(|(k, v)| Param { key: (*k).into(), value: (*v).into() }).collect();
-                        let engine = EngineOptions { params, ..EngineOptions::default() };
-                        let spec = SimSpec {
-                            pipeline,
-                            seed,
-                            duration,
-                            executor: SimExecutorOptions { noise_cv: 0.0, ..SimExecutorOptions::default() },
-                            engine,
-                            decision_interval: 0,
-                            capture_dir: None,
-                        };
-                        let outcome = run::run(&spec, &policy, loader, arrivals.iter().cloned(), &mut |_| {})
-                            .with_context(|| format!("{label}: {}", arm.name))?;
-                        Ok((arm.name, outcome))
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().expect("a simulation thread panicked")).collect()
-        });
-        for r in results {
-            out.push(r?);
-        }
-    }
+    let out = per_core(ARMS, |arm| {
+        let policy = arm.policy_spec()?;
+        let params = arm.engine_params();
+        let spec = SimSpec {
+            pipeline: pipeline.clone(),
+            seed,
+            duration,
+            executor: SimExecutorOptions { noise_cv: 0.0, ..SimExecutorOptions::default() },
+            engine: EngineOptions { params, ..EngineOptions::default() },
+            decision_interval: 0,
+            capture_dir: None,
+        };
+        let outcome = run::run(&spec, &policy, loader, arrivals.iter().cloned(), &mut |_| {})
+            .with_context(|| format!("{label}: {}", arm.name))?;
+        Ok((arm.name, outcome))
+    })?;
     eprintln!("  {label}: done in {:.1} s", started.elapsed().as_secs_f64());
     Ok(out)
 }

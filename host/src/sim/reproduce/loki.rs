@@ -12,7 +12,7 @@ use std::path::Path;
 
 use anyhow::{anyhow, Context, Result};
 
-use super::{shipped, ReproduceOptions};
+use super::{Arm, ReproduceOptions};
 use crate::policy::{Limits, Mode, PolicyLoader, Sandbox};
 use crate::engine::pipeline::LokiProfiles;
 use crate::engine::{EngineOptions, Pipeline};
@@ -20,7 +20,7 @@ use crate::metrics::{self, RunReport};
 use crate::policy::contract::Param;
 use crate::sim::executor::SimExecutorOptions;
 use crate::sim::workload::RateSchedule;
-use crate::sim::{run, PolicySpec, RunOutcome, SimSpec};
+use crate::sim::{per_core, run, RunOutcome, SimSpec};
 
 /// Workers of the GPU cluster (the paper's 20 GPUs).
 pub const CLUSTER: u32 = 20;
@@ -158,35 +158,25 @@ const SUSTAINED: f64 = 0.01;
 /// A looser threshold: our steps include re-planning transients.
 const LOOSE: f64 = 0.05;
 
-/// A policy of the comparison: report name, shipped policy, parameters.
-struct Contender {
-    name: &'static str,
-    policy: &'static str,
-    params: &'static [(&'static str, &'static str)],
-}
-
 /// Over-provisioning headroom η of every policy (the authors' code ran 1.05 and
 /// 1.2; at 1.0 every stage is planned at full utilisation and queueing alone
 /// violates the SLO).
 const HEADROOM: (&str, &str) = ("headroom", "1.2");
 
-const MAIN: &[Contender] = &[
-    Contender { name: "loki", policy: "loki", params: &[HEADROOM] },
-    Contender { name: "inferline", policy: "loki-inferline", params: &[HEADROOM] },
-    Contender { name: "proteus", policy: "loki-proteus", params: &[HEADROOM] },
+const MAIN: &[Arm] = &[
+    Arm { name: "loki", policy: "loki", params: &[HEADROOM] },
+    Arm { name: "inferline", policy: "loki-inferline", params: &[HEADROOM] },
+    Arm { name: "proteus", policy: "loki-proteus", params: &[HEADROOM] },
 ];
 
-const ABLATIONS: &[Contender] = &[
-    Contender { name: "loki-drop-none", policy: "loki", params: &[HEADROOM, ("drop_mode", "none")] },
-    Contender { name: "loki-drop-last-task", policy: "loki", params: &[HEADROOM, ("drop_mode", "last_task")] },
-    Contender { name: "loki-drop-per-task", policy: "loki", params: &[HEADROOM, ("drop_mode", "per_task")] },
+const ABLATIONS: &[Arm] = &[
+    Arm { name: "loki-drop-none", policy: "loki", params: &[HEADROOM, ("drop_mode", "none")] },
+    Arm { name: "loki-drop-last-task", policy: "loki", params: &[HEADROOM, ("drop_mode", "last_task")] },
+    Arm { name: "loki-drop-per-task", policy: "loki", params: &[HEADROOM, ("drop_mode", "per_task")] },
 ];
 
-fn sim_spec(pipeline: &Pipeline, setup: &Setup, seed: u64, params: &[(&str, &str)]) -> SimSpec {
-    let engine = EngineOptions {
-        params: params.iter().map(|(k, v)| Param { key: k.to_string(), value: v.to_string() }).collect(),
-        ..EngineOptions::default()
-    };
+fn sim_spec(pipeline: &Pipeline, setup: &Setup, seed: u64, params: Vec<Param>) -> SimSpec {
+    let engine = EngineOptions { params, ..EngineOptions::default() };
     SimSpec {
         pipeline: pipeline.clone(),
         seed,
@@ -198,42 +188,25 @@ fn sim_spec(pipeline: &Pipeline, setup: &Setup, seed: u64, params: &[(&str, &str
     }
 }
 
-/// Run `contenders` (in parallel, one per core) on the ramp.
 /// Linear memory each policy may use. Loki's runtime grows its memory with the
 /// traffic it has served (an open issue, see docs/loki.md); the default 64 MiB cap
 /// is reached after a few hundred thousand sub-requests.
 const POLICY_MEMORY: usize = 1 << 30;
 
-fn run_all(pipeline: &Pipeline, setup: &Setup, seed: u64, contenders: &[Contender]) -> Result<Vec<RunOutcome>> {
+/// Run `contenders` (in parallel, one per core) on the ramp.
+fn run_all(pipeline: &Pipeline, setup: &Setup, seed: u64, contenders: &[Arm]) -> Result<Vec<RunOutcome>> {
     let sandbox = Sandbox::new(Mode::Simulate, Limits { memory_bytes: POLICY_MEMORY, ..Limits::default() })?;
     let loader = PolicyLoader::new(sandbox, PolicyLoader::default_cache_dir());
     let schedule = setup.schedule();
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut outcomes = Vec::new();
-    for group in contenders.chunks(cores) {
-        let results: Vec<Result<RunOutcome>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = group
-                .iter()
-                .map(|c| {
-                    let (loader, schedule) = (&loader, &schedule);
-                    scope.spawn(move || -> Result<RunOutcome> {
-                        let policy: PolicySpec = shipped(c.policy, c.name)?;
-                        let spec = sim_spec(pipeline, setup, seed, c.params);
-                        eprintln!("  simulating {} …", c.name);
-                        let started = std::time::Instant::now();
-                        let outcome = run::run(&spec, &policy, loader, schedule.arrivals(seed), &mut |_| {})?;
-                        eprintln!("  {} done in {:.1} s", c.name, started.elapsed().as_secs_f64());
-                        Ok(outcome)
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("simulation thread panicked")))).collect()
-        });
-        for r in results {
-            outcomes.push(r?);
-        }
-    }
-    Ok(outcomes)
+    per_core(contenders, |c| {
+        let policy = c.policy_spec()?;
+        let spec = sim_spec(pipeline, setup, seed, c.engine_params());
+        eprintln!("  simulating {} …", c.name);
+        let started = std::time::Instant::now();
+        let outcome = run::run(&spec, &policy, &loader, schedule.arrivals(seed), &mut |_| {})?;
+        eprintln!("  {} done in {:.1} s", c.name, started.elapsed().as_secs_f64());
+        Ok(outcome)
+    })
 }
 
 fn phase_table(names: &[&str], all: &[Vec<Phase>]) -> String {
@@ -277,7 +250,7 @@ pub fn reproduce(opts: &ReproduceOptions) -> Result<String> {
         "loki: traffic analysis, {CLUSTER} GPUs ({ACCELERATOR}), SLO {} ms, ramp {:?} QPS × {} s",
         setup.slo_ms, setup.demands, setup.phase_s
     );
-    let mut contenders: Vec<&Contender> = MAIN.iter().collect();
+    let mut contenders: Vec<&Arm> = MAIN.iter().collect();
     contenders.extend(ABLATIONS.iter());
     let mut outcomes = run_all(&pipeline, &setup, opts.seed, MAIN)?;
     outcomes.extend(run_all(&pipeline, &setup, opts.seed, ABLATIONS)?);

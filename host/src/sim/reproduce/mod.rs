@@ -20,6 +20,7 @@ use std::sync::Arc;
 use anyhow::{anyhow, Result};
 
 use super::{compare, PolicySpec, RunOutcome, SimSpec, WorkloadSpec};
+use crate::policy::contract::Param;
 use crate::policy::{Limits, Mode, PolicyLoader, Sandbox};
 
 /// Options common to every reproduction.
@@ -67,6 +68,30 @@ pub fn find(name: &str) -> Result<&'static Reproduction> {
 pub fn shipped(policy: &str, report_name: &str) -> Result<PolicySpec> {
     let artifact = yardmaster_policy_artifacts::shipped(policy).ok_or_else(|| anyhow!("{policy:?} is not a shipped policy"))?;
     Ok(PolicySpec { name: report_name.to_string(), bytes: Arc::new(artifact.bytes.to_vec()) })
+}
+
+/// A policy of a comparison: its name in reports, the shipped policy it runs and the
+/// parameters it runs with (one shipped policy may be several arms).
+#[derive(Debug, Clone, Copy)]
+pub struct Arm {
+    /// Name in reports.
+    pub name: &'static str,
+    /// The shipped policy.
+    pub policy: &'static str,
+    /// Parameters, `(key, value)`.
+    pub params: &'static [(&'static str, &'static str)],
+}
+
+impl Arm {
+    /// The shipped policy as a simulation input, under the arm's name.
+    pub fn policy_spec(&self) -> Result<PolicySpec> {
+        shipped(self.policy, self.name)
+    }
+
+    /// The parameters as the engine passes them to the policy.
+    pub fn engine_params(&self) -> Vec<Param> {
+        self.params.iter().map(|(k, v)| Param { key: (*k).into(), value: (*v).into() }).collect()
+    }
 }
 
 /// A loader for simulation: fuel-metered sandbox, the default compiled-code cache.

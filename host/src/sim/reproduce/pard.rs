@@ -25,7 +25,7 @@ use crate::policy::contract::Param;
 use crate::policy::PolicyLoader;
 use crate::sim::executor::SimExecutorOptions;
 use crate::sim::workload::{Arrival, RateSchedule};
-use crate::sim::{presets, run, PolicySpec, RunOutcome, SimSpec, WorkloadSpec};
+use crate::sim::{per_core, presets, run, PolicySpec, RunOutcome, SimSpec, WorkloadSpec};
 use measure::{measure, overload_windows, PardMetrics};
 
 /// The reproduction's entry in [`super::REPRODUCTIONS`].
@@ -139,18 +139,7 @@ pub fn run_job(job: &Job, seed: u64, loader: &PolicyLoader) -> Result<RunOutcome
 
 /// Run every job, one per core at a time; outcomes in the jobs' order.
 pub fn run_jobs(jobs: &[Job], seed: u64, loader: &PolicyLoader) -> Result<Vec<RunOutcome>> {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut outcomes = Vec::with_capacity(jobs.len());
-    for group in jobs.chunks(cores) {
-        let results: Vec<Result<RunOutcome>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = group.iter().map(|job| scope.spawn(move || run_job(job, seed, loader))).collect();
-            handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("a simulation thread panicked")))).collect()
-        });
-        for result in results {
-            outcomes.push(result?);
-        }
-    }
-    Ok(outcomes)
+    per_core(jobs, |job| run_job(job, seed, loader))
 }
 
 /// A preset pipeline by name.

@@ -25,7 +25,7 @@ use crate::metrics::{write_csv, write_json, write_plots, RunReport};
 use crate::sim::executor::SimExecutorOptions;
 use crate::sim::rng::SimRng;
 use crate::sim::workload::Arrival;
-use crate::sim::{presets, run, PolicySpec, RunOutcome, SimSpec};
+use crate::sim::{per_core, presets, run, PolicySpec, RunOutcome, SimSpec};
 
 /// Whole-model execution time of BERT-21B (paper Table 1), nanoseconds.
 pub const EXEC_NS: u64 = 137_000_000;
@@ -166,28 +166,11 @@ pub fn spec(seed: u64, duration_s: f64, cached: bool) -> Result<SimSpec> {
 fn run_level(cv: f64, rate: f64, duration_s: f64, seed: u64) -> Result<Vec<RunOutcome>> {
     let loader = simulation_loader()?;
     let contenders = contenders()?;
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut outcomes = Vec::new();
-    for group in contenders.chunks(cores) {
-        let results: Vec<Result<RunOutcome>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = group
-                .iter()
-                .map(|c| {
-                    let loader = &loader;
-                    scope.spawn(move || {
-                        let spec = spec(seed, duration_s, c.cached)?;
-                        let arrivals = GammaArrivals::new(rate, cv, duration_s, seed);
-                        run::run(&spec, &c.policy, loader, arrivals, &mut |_| {})
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().expect("a simulation thread panicked")).collect()
-        });
-        for result in results {
-            outcomes.push(result?);
-        }
-    }
-    Ok(outcomes)
+    per_core(&contenders, |c| {
+        let spec = spec(seed, duration_s, c.cached)?;
+        let arrivals = GammaArrivals::new(rate, cv, duration_s, seed);
+        run::run(&spec, &c.policy, &loader, arrivals, &mut |_| {})
+    })
 }
 
 /// Render the per-CV table.

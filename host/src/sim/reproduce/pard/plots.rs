@@ -5,25 +5,16 @@
 
 use std::path::{Path, PathBuf};
 
+use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use super::measure::SLIDING_WINDOWS_S;
 use super::{Results, LAMBDAS};
-use crate::metrics::{write_plots, RunReport};
+use crate::metrics::{report, write_plots, RunReport};
 
 const SIZE: (u32, u32) = (1200, 650);
 const FAMILY: &str = "sans-serif";
-const COLOURS: [RGBColor; 8] = [
-    RGBColor(31, 119, 180),
-    RGBColor(214, 39, 40),
-    RGBColor(44, 160, 44),
-    RGBColor(255, 127, 14),
-    RGBColor(148, 103, 189),
-    RGBColor(140, 86, 75),
-    RGBColor(227, 119, 194),
-    RGBColor(23, 190, 207),
-];
 
 /// A chart: what to draw, given a drawing area.
 enum Chart<'a> {
@@ -70,7 +61,7 @@ fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, title: &str, y_desc: 
                 .map_err(err)?;
             let width = if stacked { 0.7 } else { 0.8 / series.len().max(1) as f64 };
             for (s, (name, values)) in series.iter().enumerate() {
-                let colour = COLOURS[s % COLOURS.len()];
+                let colour = report::colour(s);
                 let rects = values.iter().enumerate().map(|(g, &v)| {
                     let (x0, base) = if stacked {
                         (g as f64 + 0.15, series[..s].iter().map(|p| p.1[g]).sum::<f64>())
@@ -84,13 +75,7 @@ fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, title: &str, y_desc: 
                     .label(name.as_str())
                     .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 14, y + 6)], colour.filled()));
             }
-            c.configure_series_labels()
-                .position(SeriesLabelPosition::UpperRight)
-                .label_font((FAMILY, 14))
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK.mix(0.5))
-                .draw()
-                .map_err(err)
+            draw_legend(&mut c)
         }
         Chart::Lines { series, x_desc } => {
             let points = series.iter().flat_map(|s| s.1.iter());
@@ -110,22 +95,29 @@ fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, title: &str, y_desc: 
                 .draw()
                 .map_err(err)?;
             for (s, (name, pts)) in series.iter().enumerate() {
-                let colour = COLOURS[s % COLOURS.len()];
+                let colour = report::colour(s);
                 c.draw_series(LineSeries::new(pts.iter().copied(), colour.stroke_width(2)))
                     .map_err(err)?
                     .label(name.as_str())
                     .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(2)));
                 c.draw_series(pts.iter().map(|&p| Circle::new(p, 4, colour.filled()))).map_err(err)?;
             }
-            c.configure_series_labels()
-                .position(SeriesLabelPosition::UpperRight)
-                .label_font((FAMILY, 14))
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK.mix(0.5))
-                .draw()
-                .map_err(err)
+            draw_legend(&mut c)
         }
     }
+}
+
+/// The series' legend, in the upper right corner.
+fn draw_legend<'a, DB: DrawingBackend + 'a>(
+    c: &mut ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+) -> Result<(), String> {
+    c.configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .label_font((FAMILY, 14))
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK.mix(0.5))
+        .draw()
+        .map_err(err)
 }
 
 /// Render a chart as `stem.svg` (and `stem.png` with a system font).
