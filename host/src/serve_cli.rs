@@ -464,16 +464,44 @@ async fn run_serve_bench(args: &ServeBenchArgs) -> Result<()> {
         concurrency: args.concurrency,
         connections: args.concurrency,
     };
+    // The baseline: the same API and transports with the arithmetic inline.
+    let baseline_api = Arc::new(yardmaster::serve::api::Api::new(Arc::new(bench::InlineTiny)));
+    let baseline = yardmaster::serve::listeners::Listeners::start(
+        &ServeConfig { listen: "127.0.0.1:0".parse()?, ..ServeConfig::default() }.listen_options(),
+        baseline_api,
+    )
+    .await?;
+    let baseline_target = BenchTarget {
+        address: baseline.http1.expect("HTTP/1.1 is on"),
+        trusted: target.trusted.clone(),
+        model_time: Arc::new(|| (0, 0)),
+    };
     let mut result = Ok(());
+    println!("{:<9}{}", "", "end-to-end latency of sequential requests; req/s of a closed loop");
     for transport in [BenchTransport::Http1, BenchTransport::Http3] {
-        match bench::run(transport, &target, &options).await {
-            Ok(report) => println!("{}", report.render()),
+        let measured = async {
+            let served = bench::run(transport, &target, &options).await?;
+            let inline = bench::run(transport, &baseline_target, &options).await?;
+            anyhow::Ok((served, inline))
+        };
+        match measured.await {
+            Ok((served, inline)) => {
+                println!("served   {}", served.render());
+                println!("baseline {}", inline.render());
+                println!(
+                    "         scheduling path adds p50 {:.1} µs, p99 {:.1} µs; throughput {:.2}× the baseline's",
+                    (served.latency.quantile(0.5) as f64 - inline.latency.quantile(0.5) as f64) / 1e3,
+                    (served.latency.quantile(0.99) as f64 - inline.latency.quantile(0.99) as f64) / 1e3,
+                    served.throughput / inline.throughput.max(1e-9)
+                );
+            }
             Err(e) => {
                 result = Err(e);
                 break;
             }
         }
     }
+    baseline.stop().await;
     server.stop().await;
     result
 }

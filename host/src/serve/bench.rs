@@ -9,6 +9,10 @@
 //! - **throughput**: a closed loop of concurrent clients; completed requests per second.
 //!
 //! Client and server share the machine, so the figures include the client's own cost.
+//! To separate the scheduling path from what the transport, the codec and the client
+//! cost anyway, the same requests also go to a **baseline** server in the same run:
+//! the same API and transports answered by [`InlineTiny`], which computes `x + 1` on
+//! the request's task — no engine, no policy, no worker thread.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -19,7 +23,9 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use rustls::pki_types::CertificateDer;
 
+use super::api::{Backend, BoxFuture, InferError, ModelMetadata, TensorSpec};
 use super::client::{Http1Client, Http3Client};
+use super::kserve::{DataType, InferRequest, InferResponse, Tensor};
 use crate::metrics::Histogram;
 
 /// What to run.
@@ -105,6 +111,38 @@ pub struct BenchTarget {
     pub trusted: Vec<CertificateDer<'static>>,
     /// The model's accelerator time and job count so far (ns, jobs).
     pub model_time: Arc<dyn Fn() -> (u64, u64) + Send + Sync>,
+}
+
+/// The baseline backend: the trivial model's arithmetic done inline on the caller's
+/// task, with the same metadata and validation outcome as the served `tiny` model.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct InlineTiny;
+
+impl Backend for InlineTiny {
+    fn models(&self) -> Vec<ModelMetadata> {
+        let spec = |name: &str| TensorSpec { name: name.into(), datatype: DataType::F32, shape: vec![4] };
+        vec![ModelMetadata {
+            name: "tiny".into(),
+            versions: vec!["1".into()],
+            platform: "inline".into(),
+            inputs: vec![spec("x")],
+            outputs: vec![spec("y")],
+        }]
+    }
+
+    fn ready(&self) -> bool {
+        true
+    }
+
+    fn infer(&self, model: &str, request: InferRequest) -> BoxFuture<'_, Result<InferResponse, InferError>> {
+        let model = model.to_string();
+        Box::pin(async move {
+            let x = request.inputs.first().and_then(Tensor::as_f32).ok_or_else(|| InferError::Invalid("x must be FP32".into()))?;
+            let y: Vec<f32> = x.iter().map(|v| v + 1.0).collect();
+            let output = Tensor::f32("y", vec![y.len() as u64], &y).map_err(|e| InferError::Invalid(e.0))?;
+            Ok(InferResponse { model_name: model, model_version: None, id: request.id, parameters: Default::default(), outputs: vec![output] })
+        })
+    }
 }
 
 /// The trivial model's request body.
