@@ -37,6 +37,8 @@ enum Command {
     /// The ONNX Runtime data plane.
     #[command(subcommand)]
     Dataplane(dataplane_cli::DataplaneCommand),
+    /// Host workers for a controller on another machine (inter-node QUIC).
+    Node(yardmaster::serve::remote::node::NodeArgs),
 }
 
 #[derive(Subcommand)]
@@ -235,6 +237,7 @@ fn main() -> ExitCode {
         Some(Command::Policy(PolicyCommand::Bench { batches, events, repetitions })) => bench(&batches, events, repetitions),
         Some(Command::Profile(args)) => dataplane_cli::profile(&args),
         Some(Command::Dataplane(command)) => dataplane_cli::run(command),
+        Some(Command::Node(args)) => yardmaster::serve::remote::node::main(&args),
     }
 }
 

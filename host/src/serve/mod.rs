@@ -11,5 +11,6 @@ pub mod http3;
 pub mod kserve;
 pub mod load;
 pub mod prometheus;
+pub mod remote;
 pub mod tls;
 pub mod workers;
