@@ -565,5 +565,11 @@ async fn bench_forwarding_overhead_of_a_tensor_round_trip() {
             r99.as_secs_f64() / l99.as_secs_f64(),
             r50.saturating_sub(l50),
         );
+        let stats = remote.stats();
+        println!(
+            "  QUIC: rtt {:?}, cwnd {} B, MTU {} B, {} packets lost of {} sent, {} congestion events",
+            stats.path.rtt, stats.path.cwnd, stats.path.current_mtu, stats.path.lost_packets, stats.path.sent_packets,
+            stats.path.congestion_events,
+        );
     }
 }

@@ -562,11 +562,7 @@ impl Writer {
             for &dim in &tensor.shape {
                 self.u32(dim as u32);
             }
-            let start = self.out.len();
-            self.out.resize(start + 4 * tensor.data.len(), 0);
-            for (bytes, value) in self.out[start..].chunks_exact_mut(4).zip(&tensor.data) {
-                bytes.copy_from_slice(&value.to_le_bytes());
-            }
+            put_f32s(&mut self.out, &tensor.data);
         }
     }
     fn error(&mut self, error: &DataplaneError) {
@@ -725,6 +721,38 @@ fn write_event(w: &mut Writer, event: &WorkerEvent) {
     }
 }
 
+/// Append `values` as little-endian `f32` bytes: one copy on little-endian machines.
+#[cfg(target_endian = "little")]
+fn put_f32s(out: &mut Vec<u8>, values: &[f32]) {
+    // SAFETY: `f32` has no padding bytes, so all `size_of_val(values)` bytes behind the
+    // pointer are initialised; `u8` has alignment 1; the view lives as long as `values`.
+    let bytes = unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values)) };
+    out.extend_from_slice(bytes);
+}
+
+#[cfg(not(target_endian = "little"))]
+fn put_f32s(out: &mut Vec<u8>, values: &[f32]) {
+    for value in values {
+        out.extend_from_slice(&value.to_le_bytes());
+    }
+}
+
+/// The `f32`s of little-endian bytes (`raw.len()` is a multiple of 4).
+#[cfg(target_endian = "little")]
+fn get_f32s(raw: &[u8]) -> Vec<f32> {
+    let mut values = vec![0f32; raw.len() / 4];
+    // SAFETY: the view covers exactly the initialised elements of `values`; every bit
+    // pattern is a valid `f32`, so writing arbitrary bytes through it is sound.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(values.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(values.as_slice())) };
+    bytes.copy_from_slice(&raw[..bytes.len()]);
+    values
+}
+
+#[cfg(not(target_endian = "little"))]
+fn get_f32s(raw: &[u8]) -> Vec<f32> {
+    raw.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+}
+
 // ---------------------------------------------------------------------------------
 // Decoding.
 
@@ -842,8 +870,7 @@ impl<'a> Reader<'a> {
             });
         }
         let raw = self.take(bytes as usize, "tensor data")?;
-        let data = raw.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-        Ok(Tensor { shape, data })
+        Ok(Tensor { shape, data: get_f32s(raw) })
     }
 
     fn error(&mut self) -> Result<DataplaneError, FrameError> {

@@ -161,7 +161,7 @@ impl Node {
         let leaf = config.identity.chain.first().ok_or_else(|| anyhow!("the node's certificate chain is empty"))?;
         let fingerprint = Fingerprint::of(leaf);
         let server = transport::server_config(&config.identity, config.idle_timeout)?;
-        let endpoint = quinn::Endpoint::server(server, config.listen)
+        let endpoint = transport::endpoint(config.listen, Some(server))
             .with_context(|| format!("binding the node endpoint on {}", config.listen))?;
         let device = config.context.runtime.device().to_string();
         Ok(Node {

@@ -178,7 +178,7 @@ impl RemotePool {
     pub async fn connect(config: RemoteConfig) -> Result<(RemotePool, Receiver<WorkerEvent>)> {
         let address = config.address;
         let bind: SocketAddr = if address.is_ipv6() { "[::]:0".parse()? } else { "0.0.0.0:0".parse()? };
-        let mut endpoint = quinn::Endpoint::client(bind).context("binding a UDP socket for the node link")?;
+        let mut endpoint = transport::endpoint(bind, None).context("binding a UDP socket for the node link")?;
         endpoint.set_default_client_config(transport::client_config(config.pin, config.idle_timeout)?);
         let connecting = endpoint.connect(address, transport::SERVER_NAME).with_context(|| format!("connecting to node {address}"))?;
         let connection = tokio::time::timeout(config.idle_timeout, connecting)
@@ -252,6 +252,12 @@ impl RemotePool {
     /// The node's device, in words (from its welcome).
     pub fn device(&self) -> &str {
         &self.device
+    }
+
+    /// QUIC statistics of the connection (round-trip time, congestion window, packets
+    /// lost), for metrics and benchmarks.
+    pub fn stats(&self) -> quinn::ConnectionStats {
+        self.connection.stats()
     }
 
     /// Why the connection was lost, once it is.

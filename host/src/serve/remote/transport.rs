@@ -12,6 +12,7 @@
 //! by any address (an IP that is not in the certificate, a NAT) and no CA is needed.
 
 use std::fmt;
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,6 +47,14 @@ const STREAM_WINDOW: u32 = 16 << 20;
 const CONNECTION_WINDOW: u32 = 64 << 20;
 /// The most worker streams one connection may have open at once.
 pub const MAX_WORKER_STREAMS: u32 = 4096;
+/// Bytes asked for each UDP socket buffer. A tensor leaves in bursts as large as the
+/// congestion window; the kernel's default receive buffer (about 200 KiB on Linux)
+/// overflows under them and every drop halves the window. The kernel may grant less
+/// (`net.core.rmem_max`, `net.core.wmem_max`).
+const SOCKET_BUFFER: usize = 8 << 20;
+/// The largest UDP payload path-MTU discovery probes for: a 9000-byte jumbo frame less
+/// IPv6 and UDP headers (where the path takes less, discovery settles lower).
+const MTU_UPPER_BOUND: u16 = 8952;
 /// How much of a frame is read (and allocated) at a time: a peer that announces a
 /// large frame and sends little of it costs little memory.
 const READ_CHUNK: usize = 1 << 20;
@@ -61,11 +70,33 @@ pub fn transport_config(idle_timeout: Duration) -> Result<quinn::TransportConfig
         .stream_receive_window(STREAM_WINDOW.into())
         .receive_window(CONNECTION_WINDOW.into())
         .send_window(CONNECTION_WINDOW as u64)
+        .mtu_discovery_config(Some({
+            let mut mtu = quinn::MtuDiscoveryConfig::default();
+            mtu.upper_bound(MTU_UPPER_BOUND);
+            mtu
+        }))
         .keep_alive_interval(Some(idle_timeout / 3))
         .max_idle_timeout(Some(
             idle_timeout.try_into().map_err(|e| anyhow!("idle timeout {idle_timeout:?}: {e}"))?,
         ));
     Ok(transport)
+}
+
+/// A QUIC endpoint on a UDP socket bound to `address`, with large socket buffers, as a
+/// server when `server` is given. Must run inside a Tokio runtime.
+pub fn endpoint(address: SocketAddr, server: Option<quinn::ServerConfig>) -> Result<quinn::Endpoint> {
+    let socket = std::net::UdpSocket::bind(address).with_context(|| format!("binding UDP {address}"))?;
+    let state = quinn::udp::UdpSocketState::new((&socket).into()).with_context(|| format!("UDP socket {address}"))?;
+    // Best effort: a smaller buffer costs throughput, not correctness.
+    if let Err(error) = state.set_recv_buffer_size((&socket).into(), SOCKET_BUFFER) {
+        tracing::debug!("UDP receive buffer of {address}: {error}");
+    }
+    if let Err(error) = state.set_send_buffer_size((&socket).into(), SOCKET_BUFFER) {
+        tracing::debug!("UDP send buffer of {address}: {error}");
+    }
+    let runtime = Arc::new(quinn::TokioRuntime);
+    quinn::Endpoint::new(quinn::EndpointConfig::default(), server, socket, runtime)
+        .with_context(|| format!("QUIC endpoint on {address}"))
 }
 
 /// The QUIC server configuration of a node.
