@@ -235,7 +235,7 @@ async fn abort_stops_a_remote_job() {
     }
     let stop = aborted_at.elapsed();
     eprintln!("one image {one:?}; the remote abort took effect after {stop:?}");
-    assert!(stop < one * 4, "the abort took {stop:?}; the whole batch takes about {:?}", one * 8);
+    assert!(stop < one * 6, "the abort took {stop:?}; the whole batch takes about {:?}", one * 8);
     // Nothing left to abort; the worker carries on.
     assert_eq!(remote.abort(3), None);
     remote.start(3, job(4, &[3, 64, 64], 1)).unwrap();

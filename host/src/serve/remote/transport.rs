@@ -52,9 +52,6 @@ pub const MAX_WORKER_STREAMS: u32 = 4096;
 /// overflows under them and every drop halves the window. The kernel may grant less
 /// (`net.core.rmem_max`, `net.core.wmem_max`).
 const SOCKET_BUFFER: usize = 8 << 20;
-/// The largest UDP payload path-MTU discovery probes for: a 9000-byte jumbo frame less
-/// IPv6 and UDP headers (where the path takes less, discovery settles lower).
-const MTU_UPPER_BOUND: u16 = 8952;
 /// How much of a frame is read (and allocated) at a time: a peer that announces a
 /// large frame and sends little of it costs little memory.
 const READ_CHUNK: usize = 1 << 20;
@@ -70,11 +67,6 @@ pub fn transport_config(idle_timeout: Duration) -> Result<quinn::TransportConfig
         .stream_receive_window(STREAM_WINDOW.into())
         .receive_window(CONNECTION_WINDOW.into())
         .send_window(CONNECTION_WINDOW as u64)
-        .mtu_discovery_config(Some({
-            let mut mtu = quinn::MtuDiscoveryConfig::default();
-            mtu.upper_bound(MTU_UPPER_BOUND);
-            mtu
-        }))
         .keep_alive_interval(Some(idle_timeout / 3))
         .max_idle_timeout(Some(
             idle_timeout.try_into().map_err(|e| anyhow!("idle timeout {idle_timeout:?}: {e}"))?,
@@ -314,7 +306,7 @@ mod tests {
         let text = pin.to_string();
         assert!(text.starts_with("sha256:abab"));
         assert_eq!(Fingerprint::parse(&text).unwrap(), pin);
-        assert_eq!(Fingerprint::parse(&"AB:".repeat(32).trim_end_matches(':').to_string()).unwrap(), pin);
+        assert_eq!(Fingerprint::parse("AB:".repeat(32).trim_end_matches(':')).unwrap(), pin);
         let short = Fingerprint::parse("sha256:abcd").unwrap_err().to_string();
         assert!(short.contains("2 bytes"), "{short}");
         assert!(Fingerprint::parse("sha256:zz").is_err());
