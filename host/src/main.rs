@@ -51,6 +51,8 @@ enum Command {
     /// driven on loopback over HTTP/1.1 and HTTP/3; prints latency and overhead
     /// percentiles and requests per second.
     ServeBench(serve_cli::ServeBenchArgs),
+    /// Host workers for a controller on another machine (inter-node QUIC).
+    Node(yardmaster::serve::remote::node::NodeArgs),
 }
 
 #[derive(Subcommand)]
@@ -252,10 +254,11 @@ fn main() -> ExitCode {
         Some(Command::Serve(args)) => serve_cli::serve(&args),
         Some(Command::Load(args)) => serve_cli::load(&args),
         Some(Command::ServeBench(args)) => serve_cli::serve_bench(&args),
+        Some(Command::Node(args)) => yardmaster::serve::remote::node::main(&args),
     }
 }
 
-/// The default job: check every shipped policy, then a short side-by-side simulation
+/// The default job: check every shipped policy, then serve PP-OCR under a short load
 /// of them on a bursty workload.
 fn main_job() -> ExitCode {
     let checked = check_all_shipped();

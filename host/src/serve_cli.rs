@@ -23,7 +23,6 @@ use http::{HeaderMap, Method, StatusCode};
 use serde_json::{json, Value};
 use yardmaster::serve::client::Http1Client;
 use yardmaster::serve::config::ServeConfig;
-use yardmaster::serve::executor::Placement;
 use yardmaster::serve::load::{self, LoadPlan, Transport};
 use yardmaster::serve::server::Server;
 use yardmaster::serve::tls;
@@ -95,8 +94,7 @@ pub fn serve_config(args: &ServeArgs) -> Result<ServeConfig> {
 
 async fn run_serve(args: &ServeArgs) -> Result<()> {
     let config = serve_config(args)?;
-    let placements = remote_placements(&config)?;
-    let server = Server::start(&config, placements).await?;
+    let server = Server::start(&config, Vec::new()).await?;
     print!("{}", server.banner());
     if let Some(path) = &config.capture {
         println!("capturing a trace into {}", path.display());
@@ -113,14 +111,6 @@ async fn run_serve(args: &ServeArgs) -> Result<()> {
     server.stop().await;
     println!("{summary}");
     Ok(())
-}
-
-/// Placements of stages on remote nodes, from the configuration.
-fn remote_placements(config: &ServeConfig) -> Result<Vec<Placement>> {
-    if !config.remote.is_empty() {
-        bail!("remote placements are not supported by this build");
-    }
-    Ok(Vec::new())
 }
 
 /// Arguments of `yardmaster load`.

@@ -198,3 +198,56 @@ fn an_ocr_request_is_read_and_a_capture_replays_in_the_simulator() {
         String::from_utf8_lossy(&replay.stderr)
     );
 }
+
+/// A `yardmaster node` process: (process, address, fingerprint).
+fn node(dir: &Path) -> (Child, String, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_yardmaster"))
+        .args(["node", "--listen", "127.0.0.1:0", "--tls-dir"])
+        .arg(dir.join("node-tls"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let listening = lines.next().unwrap().unwrap();
+    let address = listening.strip_prefix("yardmaster node listening on ").unwrap_or_else(|| panic!("{listening}")).to_string();
+    let certificate = lines.next().unwrap().unwrap();
+    let pin = certificate.strip_prefix("certificate ").unwrap().split_whitespace().next().unwrap().to_string();
+    std::thread::spawn(move || for _ in lines {});
+    (child, address, pin)
+}
+
+#[test]
+fn one_pipeline_split_across_two_hosts_reads_text() {
+    let dir = scratch("nodes");
+    let (mut node_process, node_address, pin) = node(&dir);
+    let server = serve("split", "ocr", &format!("[[remote]]\nstages = [\"cls\", \"rec\"]\nnode = \"{node_address}\"\npin = \"{pin}\"\n"));
+    let body = server.dir.join("page.json");
+    let image = yardmaster_dataplane::ocr::sample::render_text(&["SPLIT ACROSS HOSTS"], 32.0, 480, 80, 10.0, 10.0).unwrap();
+    let request = serde_json::json!({"inputs": [{"name": "image", "datatype": "UINT8",
+        "shape": [image.height, image.width, 3], "data": image.data}]});
+    std::fs::write(&body, serde_json::to_vec(&request).unwrap()).unwrap();
+    let (host, port) = server.address.rsplit_once(':').unwrap();
+    let cert = server.certificate.to_str().unwrap();
+    let reply = run_client("h3_infer.py", &[host, port, cert, "/v2/models/ocr/infer", body.to_str().unwrap()]);
+    assert_eq!(reply["status"], 200, "{reply}");
+    let answer: Value = serde_json::from_str(reply["body"].as_str().unwrap()).unwrap();
+    let texts = answer["outputs"].as_array().unwrap().iter().find(|o| o["name"] == "texts").unwrap()["data"].clone();
+    assert_eq!(texts, serde_json::json!(["SPLIT ACROSS HOSTS"]), "{answer}");
+
+    // A server that pins another certificate refuses to start, saying why.
+    let wrong = "sha256:".to_string() + &"0".repeat(64);
+    let config = dir.join("wrong-pin.toml");
+    std::fs::write(
+        &config,
+        format!("listen = \"127.0.0.1:0\"\nstate_dir = \"state\"\n[[remote]]\nstages = [\"rec\"]\nnode = \"{node_address}\"\npin = \"{wrong}\"\n"),
+    )
+    .unwrap();
+    let refused = Command::new(env!("CARGO_BIN_EXE_yardmaster")).args(["serve", "--for", "1", "--config"]).arg(&config).output().unwrap();
+    assert!(!refused.status.success(), "a wrong pin must not serve");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains(&node_address), "the error names the node: {stderr}");
+    let _ = node_process.kill();
+    let _ = node_process.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -19,9 +19,10 @@
 //! key = "key.pem"
 //!
 //! [[remote]]                  # optional: stages served by `yardmaster node` hosts
-//! stages = ["ocr-rec"]
-//! node = "127.0.0.1:9100"
-//! cert = "node-cert.pem"      # the node's certificate, pinned
+//! stages = ["rec"]
+//! node = "127.0.0.1:7443"
+//! pin = "sha256:3f1c…"        # the node's certificate: its printed fingerprint, or
+//!                             # the path of a copy of its cert.pem
 //! ```
 //!
 //! Unknown keys are refused (a misspelt key is an error, not a silent default).
@@ -57,8 +58,8 @@ pub struct RemotePlacement {
     pub stages: Vec<String>,
     /// The node's QUIC address.
     pub node: SocketAddr,
-    /// The node's certificate (PEM), pinned.
-    pub cert: PathBuf,
+    /// The node's certificate, pinned: `sha256:HEX` or the path of its PEM file.
+    pub pin: String,
 }
 
 /// The whole configuration.
@@ -125,7 +126,11 @@ impl ServeConfig {
             resolve(&mut tls.key);
         }
         for remote in &mut config.remote {
-            resolve(&mut remote.cert);
+            if !remote.pin.starts_with("sha256:") {
+                let mut path = PathBuf::from(&remote.pin);
+                resolve(&mut path);
+                remote.pin = path.to_string_lossy().into_owned();
+            }
         }
         if let Some(capture) = &mut config.capture {
             resolve(capture);

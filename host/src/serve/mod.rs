@@ -24,6 +24,7 @@ pub mod listeners;
 pub mod load;
 pub mod payload;
 pub mod prometheus;
+pub mod remote;
 pub mod server;
 pub mod stack;
 pub mod stages;

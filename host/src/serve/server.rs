@@ -9,14 +9,16 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{anyhow, Context, Result};
-use yardmaster_dataplane::{ModelCache, Runtime, RuntimeConfig, WorkerContext};
+use yardmaster_dataplane::{ModelCache, ModelCatalog, Runtime, RuntimeConfig, WorkerContext};
 
 use super::api::{Api, MetricsRenderer};
 use super::capture::Recorder;
-use super::config::ServeConfig;
+use super::config::{RemotePlacement, ServeConfig};
 use super::executor::{Placement, ServeActor, ServeHandle};
 use super::listeners::Listeners;
 use super::prometheus;
+use super::remote::pool::{RemoteConfig, RemotePool};
+use super::remote::transport::Fingerprint;
 use super::stack::{PolicyChoice, ServedPipeline, ServingStack};
 use crate::engine::EngineOptions;
 use crate::policy::{FailureMode, Limits, Mode, PolicyLoader, Sandbox};
@@ -37,9 +39,10 @@ pub struct Server {
 }
 
 impl Server {
-    /// Start serving `config`, with `placements` for stages on other hosts (the rest
-    /// run here). Must run inside a tokio runtime.
-    pub async fn start(config: &ServeConfig, placements: Vec<Placement>) -> Result<Server> {
+    /// Start serving `config`: the stages its `[[remote]]` sections name on those
+    /// nodes, the stages `placements` name on their worker groups, the rest here.
+    /// Must run inside a tokio runtime.
+    pub async fn start(config: &ServeConfig, mut placements: Vec<Placement>) -> Result<Server> {
         config.validate()?;
         let ort = Runtime::init(RuntimeConfig { library: None, device: config.device_preference()? })
             .map_err(|e| anyhow!("loading ONNX Runtime: {e} (run `bash scripts/setup.sh --deps` to install it)"))?;
@@ -48,6 +51,9 @@ impl Server {
         let context = WorkerContext { runtime: ort.clone(), cache: Arc::new(ModelCache::default()) };
         let served = served_pipeline(&config.pipeline, &context)?;
         let models: Vec<String> = served.models.iter().map(|m| m.name.clone()).collect();
+        for remote in &config.remote {
+            placements.push(remote_placement(remote, &served).await?);
+        }
         let policy = policy_choice(&config.policy)?;
         let policy_name = policy.name.clone();
         let options = EngineOptions { params: config.policy_params(), ..Default::default() };
@@ -117,6 +123,32 @@ impl Server {
         let actor = self.actor;
         let _ = tokio::task::spawn_blocking(move || actor.shutdown("the server is shutting down")).await;
     }
+}
+
+/// Connect to the node of a `[[remote]]` section and place its stages there. The
+/// node is sent the catalogue of those stages only, with this host's model paths
+/// (a node on another machine needs the models at the same paths).
+pub async fn remote_placement(remote: &RemotePlacement, served: &ServedPipeline) -> Result<Placement> {
+    let stage_names: Vec<&str> = served.pipeline.stages.iter().map(|s| s.name.as_str()).collect();
+    let mut stages = Vec::new();
+    for name in &remote.stages {
+        let index = stage_names
+            .iter()
+            .position(|s| s == name)
+            .ok_or_else(|| anyhow!("[[remote]] names stage {name:?}; pipeline {:?} has {}", served.pipeline.name, stage_names.join(", ")))?;
+        stages.push(index as u32);
+    }
+    let catalog = ModelCatalog {
+        stages: (0..served.catalog.stages.len())
+            .map(|s| if stages.contains(&(s as u32)) { served.catalog.stages[s].clone() } else { Vec::new() })
+            .collect(),
+    };
+    let pin = Fingerprint::from_argument(&remote.pin).with_context(|| format!("the pin of node {}", remote.node))?;
+    let mut link = RemoteConfig::new(remote.node, pin, catalog);
+    link.threads = stages.iter().map(|&s| served.pipeline.stages[s as usize].threads).max().unwrap_or(1);
+    let (pool, events) =
+        RemotePool::connect(link).await.with_context(|| format!("connecting to node {} for {}", remote.node, remote.stages.join(", ")))?;
+    Ok(Placement { stages, workers: Box::new(pool), events })
 }
 
 /// The pipeline by name: `ocr` (PP-OCR, the default) or `tiny` (the trivial model).

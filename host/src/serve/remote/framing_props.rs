@@ -1,0 +1,288 @@
+//! Property tests of the framing: every message kind, with random contents (tensors
+//! of random ranks and shapes whose floats include NaN, infinities, negative zero and
+//! subnormals; strings with multi-byte characters; every error kind), round-trips
+//! exactly; every truncation, extension and garbling of a valid frame is an error or a
+//! valid message, never a panic.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use yardmaster_dataplane::{
+    DataplaneError, Job, ModelCatalog, ModelKey, ModelSpec, Request, RequestOutput, StartKind, Tensor, WorkerEvent,
+};
+
+use super::*;
+
+/// A SplitMix64 stream: reproducible random choices.
+struct Gen(u64);
+
+impl Gen {
+    fn next(&mut self) -> u64 {
+        let (state, out) = yardmaster_sdk::splitmix64(self.0);
+        self.0 = state;
+        out
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    fn u32(&mut self) -> u32 {
+        self.next() as u32
+    }
+    fn f32(&mut self) -> f32 {
+        match self.below(8) {
+            0 => f32::NAN,
+            1 => f32::from_bits(0x7fc0_1234), // a NaN with a payload
+            2 => f32::INFINITY,
+            3 => -0.0,
+            4 => f32::from_bits(1), // the smallest subnormal
+            _ => f32::from_bits(self.u32()),
+        }
+    }
+    fn string(&mut self) -> String {
+        const PIECES: [&str; 6] = ["a", "Z", "é", "ß", "漢", "🦀"];
+        (0..self.below(12)).map(|_| PIECES[self.below(PIECES.len() as u64) as usize]).collect()
+    }
+    fn tensor(&mut self) -> Tensor {
+        let shape: Vec<usize> = (0..self.below(5)).map(|_| self.below(5) as usize).collect();
+        let n = shape.iter().product();
+        Tensor { shape, data: (0..n).map(|_| self.f32()).collect() }
+    }
+    fn tensors(&mut self) -> Vec<Tensor> {
+        (0..self.below(4)).map(|_| self.tensor()).collect()
+    }
+    fn duration(&mut self) -> Duration {
+        Duration::from_nanos(self.next())
+    }
+    fn key(&mut self) -> ModelKey {
+        ModelKey::new(self.string(), self.string())
+    }
+    fn error(&mut self) -> DataplaneError {
+        match self.below(7) {
+            0 => DataplaneError::Missing {
+                what: ["the ONNX Runtime library", "the PP-OCR models", "a model file"][self.below(3) as usize],
+                path: PathBuf::from(self.string()),
+                hint: self.string(),
+            },
+            1 => DataplaneError::Ort(self.string()),
+            2 => DataplaneError::Batch(self.string()),
+            3 => DataplaneError::Aborted,
+            4 => DataplaneError::Io { path: PathBuf::from(self.string()), message: self.string() },
+            5 => DataplaneError::WorkerGone(self.u32()),
+            _ => DataplaneError::Invalid(self.string()),
+        }
+    }
+    fn message(&mut self, kind: u8) -> Message {
+        let worker = self.u32();
+        match kind {
+            kind::HELLO => Message::Hello {
+                threads: self.u32(),
+                catalog: ModelCatalog {
+                    stages: (0..self.below(4))
+                        .map(|_| (0..self.below(3)).map(|_| ModelSpec::new(self.key(), self.string())).collect())
+                        .collect(),
+                },
+            },
+            kind::PROVISION => Message::Provision { worker, stage: self.u32(), variant: self.u32() },
+            kind::START => Message::Start {
+                worker,
+                job: Job {
+                    id: self.next(),
+                    requests: (0..self.below(4)).map(|_| Request { id: self.next(), inputs: self.tensors() }).collect(),
+                },
+            },
+            kind::ABORT => Message::Abort { worker },
+            kind::RETIRE => Message::Retire { worker },
+            kind::SET_THREADS => Message::SetThreads { worker, threads: self.u32() },
+            kind::SET_VARIANT => Message::SetVariant { worker, variant: self.u32() },
+            kind::WELCOME => Message::Welcome { device: self.string() },
+            kind::REFUSED => Message::Refused { reason: self.string() },
+            kind::READY => Message::Event(WorkerEvent::Ready {
+                worker,
+                model: self.key(),
+                kind: if self.below(2) == 0 { StartKind::Cold } else { StartKind::Warm },
+                took: self.duration(),
+            }),
+            kind::START_FAILED => Message::Event(WorkerEvent::StartFailed { worker, error: self.error() }),
+            kind::FINISHED => Message::Event(WorkerEvent::Finished {
+                worker,
+                job: self.next(),
+                duration: self.duration(),
+                result: if self.below(3) == 0 {
+                    Err(self.error())
+                } else {
+                    Ok((0..self.below(4)).map(|_| RequestOutput { id: self.next(), outputs: self.tensors() }).collect())
+                },
+            }),
+            kind::ABORTED => Message::Event(WorkerEvent::Aborted { worker, job: self.next() }),
+            kind::RECONFIGURED => Message::Event(WorkerEvent::Reconfigured {
+                worker,
+                model: self.key(),
+                threads: self.u32() as usize,
+                took: self.duration(),
+            }),
+            kind::RECONFIGURE_FAILED => Message::Event(WorkerEvent::ReconfigureFailed { worker, error: self.error() }),
+            kind::RETIRED => Message::Event(WorkerEvent::Retired { worker }),
+            other => panic!("no generator for kind {other:#x}"),
+        }
+    }
+}
+
+const KINDS: [u8; 16] = [
+    kind::HELLO,
+    kind::PROVISION,
+    kind::START,
+    kind::ABORT,
+    kind::RETIRE,
+    kind::SET_THREADS,
+    kind::SET_VARIANT,
+    kind::WELCOME,
+    kind::REFUSED,
+    kind::READY,
+    kind::START_FAILED,
+    kind::FINISHED,
+    kind::ABORTED,
+    kind::RECONFIGURED,
+    kind::RECONFIGURE_FAILED,
+    kind::RETIRED,
+];
+
+const CASES_PER_KIND: u64 = 200;
+
+/// Every kind, many random instances.
+fn samples() -> impl Iterator<Item = (u8, Message)> {
+    KINDS.into_iter().flat_map(|kind| {
+        let mut g = Gen(0x5eed ^ kind as u64);
+        (0..CASES_PER_KIND).map(move |_| (kind, g.message(kind)))
+    })
+}
+
+#[test]
+fn every_kind_round_trips_exactly() {
+    for (kind, message) in samples() {
+        let frame = encode(&message).unwrap_or_else(|e| panic!("encoding {message:?}: {e}"));
+        assert_eq!(frame[PREFIX_LEN + 1], kind, "the kind byte");
+        assert_eq!(encoded_len(&message).unwrap(), frame.len());
+        let decoded = decode(&frame).unwrap_or_else(|e| panic!("decoding {message:?}: {e}"));
+        // Floats compare by bits (NaN payloads included) through the re-encoding, the
+        // rest through the debug form.
+        assert_eq!(encode(&decoded).unwrap(), frame, "re-encoding {message:?}");
+        assert_eq!(format!("{decoded:?}"), format!("{message:?}"));
+    }
+}
+
+#[test]
+fn every_truncation_is_an_error() {
+    for (_, message) in samples().step_by(7) {
+        let frame = encode(&message).unwrap();
+        for cut in 0..frame.len() {
+            assert!(decode(&frame[..cut]).is_err(), "{cut} of {} bytes of {message:?} decoded", frame.len());
+        }
+        // The same truncation with the length prefix patched to match: the body
+        // itself is short, and that is an error too (never a panic).
+        for cut in PREFIX_LEN + 2..frame.len() {
+            let mut short = frame[..cut].to_vec();
+            short[..4].copy_from_slice(&((cut - PREFIX_LEN) as u32).to_le_bytes());
+            assert!(decode(&short).is_err(), "a body cut to {cut} bytes decoded for {message:?}");
+        }
+    }
+}
+
+#[test]
+fn trailing_bytes_are_an_error() {
+    for (_, message) in samples().step_by(11) {
+        let mut frame = encode(&message).unwrap();
+        frame.push(0);
+        assert!(matches!(decode(&frame), Err(FrameError::LengthMismatch { .. })));
+        let len = (frame.len() - PREFIX_LEN) as u32;
+        frame[..4].copy_from_slice(&len.to_le_bytes());
+        assert_eq!(decode(&frame).unwrap_err(), FrameError::Trailing(1));
+    }
+}
+
+#[test]
+fn garbled_frames_never_panic() {
+    let mut g = Gen(42);
+    for (_, message) in samples().step_by(3) {
+        let frame = encode(&message).unwrap();
+        for _ in 0..20 {
+            let mut garbled = frame.clone();
+            for _ in 0..1 + g.below(4) {
+                let at = g.below(garbled.len() as u64) as usize;
+                garbled[at] = g.next() as u8;
+            }
+            if let Ok(decoded) = decode(&garbled) {
+                // Whatever decodes is a message in bounds: it encodes again.
+                encode(&decoded).unwrap();
+            }
+        }
+    }
+}
+
+#[test]
+fn random_bytes_behind_a_valid_header_never_panic() {
+    let mut g = Gen(7);
+    for _ in 0..20_000 {
+        let len = g.below(64) as usize;
+        let mut frame = Vec::with_capacity(PREFIX_LEN + 2 + len);
+        frame.extend_from_slice(&((len + 2) as u32).to_le_bytes());
+        frame.push(VERSION);
+        frame.push(KINDS[g.below(KINDS.len() as u64) as usize]);
+        frame.extend((0..len).map(|_| g.next() as u8));
+        let _ = decode(&frame);
+    }
+}
+
+#[test]
+fn hostile_counts_are_refused_before_allocating() {
+    // A job claiming four billion requests in a few bytes.
+    let mut frame = vec![0u8; 4];
+    frame.extend_from_slice(&[VERSION, kind::START]);
+    frame.extend_from_slice(&1u32.to_le_bytes());
+    frame.extend_from_slice(&9u64.to_le_bytes());
+    frame.extend_from_slice(&u32::MAX.to_le_bytes());
+    let len = (frame.len() - PREFIX_LEN) as u32;
+    frame[..4].copy_from_slice(&len.to_le_bytes());
+    assert!(matches!(decode(&frame), Err(FrameError::Limit { what: "requests", .. })));
+
+    // A tensor of shape [2^32 - 1, 2^32 - 1] with no data.
+    let mut frame = vec![0u8; 4];
+    frame.extend_from_slice(&[VERSION, kind::START]);
+    frame.extend_from_slice(&1u32.to_le_bytes());
+    frame.extend_from_slice(&9u64.to_le_bytes());
+    frame.extend_from_slice(&1u32.to_le_bytes());
+    frame.extend_from_slice(&5u64.to_le_bytes());
+    frame.extend_from_slice(&1u16.to_le_bytes());
+    frame.push(2);
+    frame.extend_from_slice(&u32::MAX.to_le_bytes());
+    frame.extend_from_slice(&u32::MAX.to_le_bytes());
+    let len = (frame.len() - PREFIX_LEN) as u32;
+    frame[..4].copy_from_slice(&len.to_le_bytes());
+    match decode(&frame) {
+        Err(FrameError::Truncated { field: "tensor data", .. }) => {}
+        other => panic!("{other:?}"),
+    }
+
+    // Rank 200.
+    let mut frame = encode(&Message::Event(WorkerEvent::Finished {
+        worker: 1,
+        job: 2,
+        duration: Duration::ZERO,
+        result: Ok(vec![RequestOutput { id: 3, outputs: vec![Tensor { shape: vec![], data: vec![1.0] }] }]),
+    }))
+    .unwrap();
+    let rank_at = frame.len() - 4 - 1;
+    frame[rank_at] = 200;
+    assert!(matches!(decode(&frame), Err(FrameError::Limit { what: "tensor rank", .. })));
+}
+
+#[test]
+fn unknown_versions_and_kinds_are_named() {
+    let mut frame = encode(&Message::Retire { worker: 1 }).unwrap();
+    frame[4] = 9;
+    let error = decode(&frame).unwrap_err();
+    assert_eq!(error, FrameError::Version(9));
+    assert!(error.to_string().contains("version 9"), "{error}");
+    frame[4] = VERSION;
+    frame[5] = 0x7f;
+    assert_eq!(decode(&frame).unwrap_err().to_string(), "unknown message kind 0x7f");
+}
