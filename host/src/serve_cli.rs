@@ -467,7 +467,7 @@ async fn run_serve_bench(args: &ServeBenchArgs) -> Result<()> {
         model_time: Arc::new(|| (0, 0)),
     };
     let mut result = Ok(());
-    println!("{:<9}{}", "", "end-to-end latency of sequential requests; req/s of a closed loop");
+    println!("         end-to-end latency of sequential requests; req/s of a closed loop");
     for transport in [BenchTransport::Http1, BenchTransport::Http3] {
         let measured = async {
             let served = bench::run(transport, &target, &options).await?;
