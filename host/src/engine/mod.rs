@@ -32,7 +32,7 @@ pub use state::{ClusterState, Origin, Piece, PieceState, WorkerEntry, WorkerPhas
 
 use crate::metrics::{Accounting, BatchRecord, Outcome, RequestEnd};
 use crate::policy::contract::{self, Action, Config, EndReason, Event, Param, Request, StageKind};
-use crate::policy::{Arm, ArmOutput};
+use crate::policy::{Arm, ArmOutput, Candidate, PolicyInstance, SwapReport};
 
 /// Engine settings.
 #[derive(Debug, Clone)]
@@ -102,6 +102,23 @@ enum Wakeup {
     Timer(u64),
     Deferred(u64),
     Expire(u64),
+}
+
+/// What [`Engine::swap`] did.
+pub struct SwapOutcome {
+    /// The arm's account of the hand-over.
+    pub report: SwapReport,
+    /// Wall time the swap held the engine: the hand-over (the new policy's `init`
+    /// and the replay) and applying its actions.
+    pub pause: std::time::Duration,
+    /// The instance that answered before, for the caller to drop off the hot path.
+    pub retired: Option<Box<dyn PolicyInstance>>,
+}
+
+impl std::fmt::Debug for SwapOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SwapOutcome").field("report", &self.report).field("pause", &self.pause).finish_non_exhaustive()
+    }
 }
 
 /// Engine counters beyond the arm's.
@@ -715,6 +732,21 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         self.pending = events;
         self.apply(output);
         true
+    }
+
+    /// Swap the policy at a quiet point: the events gathered so far go to the old
+    /// policy first ([`Engine::flush`]), then the arm hands over to `candidate`
+    /// ([`Arm::swap`]) and the hand-over's actions are applied. The wall time of the
+    /// hand-over is measured and counted in the arm's stats.
+    pub fn swap(&mut self, candidate: Candidate) -> SwapOutcome {
+        self.flush();
+        let started = std::time::Instant::now();
+        self.now();
+        let (output, report, retired) = self.arm.swap(candidate, &self.state);
+        self.apply(output);
+        let pause = started.elapsed();
+        self.arm.record_swap_pause(pause);
+        SwapOutcome { report, pause, retired }
     }
 
     fn apply(&mut self, output: ArmOutput) {

@@ -19,7 +19,7 @@ pub mod native;
 pub mod sandbox;
 pub mod validate;
 
-pub use arm::{Arm, ArmOutput, ArmState, ArmStats, FailureMode};
+pub use arm::{Arm, ArmOutput, ArmState, ArmStats, Candidate, FailureMode, SwapPauses, SwapReport};
 pub use instance::{CallCost, PolicyFault, PolicyInstance, ProfileSource, WasmPolicy};
 pub use loader::{LoadError, PolicyLoader, PolicyModule};
 pub use native::NativePolicy;
