@@ -1,5 +1,6 @@
 //! The `yardmaster` command line.
 
+mod admin_cli;
 mod dataplane_cli;
 mod serve_cli;
 
@@ -51,6 +52,8 @@ enum Command {
     /// driven on loopback over HTTP/1.1 and HTTP/3; prints latency and overhead
     /// percentiles and requests per second.
     ServeBench(serve_cli::ServeBenchArgs),
+    /// A running server's admin API: list the policy, swap it for a file or a shipped one.
+    Admin(admin_cli::AdminArgs),
 }
 
 #[derive(Subcommand)]
@@ -252,6 +255,7 @@ fn main() -> ExitCode {
         Some(Command::Serve(args)) => serve_cli::serve(&args),
         Some(Command::Load(args)) => serve_cli::load(&args),
         Some(Command::ServeBench(args)) => serve_cli::serve_bench(&args),
+        Some(Command::Admin(args)) => admin_cli::run(&args),
     }
 }
 

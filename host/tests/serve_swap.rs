@@ -223,6 +223,32 @@ async fn admin_calls_without_the_right_token_get_401_and_no_token_means_no_admin
     }
 }
 
+/// Run `yardmaster admin ARGS` against `admin`: exit success, stdout, stderr.
+async fn admin_cli(admin: SocketAddr, token: &str, args: &[&str]) -> (bool, String, String) {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_yardmaster"));
+    command.arg("admin").args(args).args(["--address", &admin.to_string(), "--token", token]);
+    let output = tokio::task::spawn_blocking(move || command.output().unwrap()).await.unwrap();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (output.status.success(), text(&output.stdout), text(&output.stderr))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_command_lists_and_swaps() {
+    let server = Server::start(&config("edf", &[]), Vec::new()).await.unwrap();
+    let admin = server.admin_address().unwrap();
+    let (ok, out, err) = admin_cli(admin, TOKEN, &["swap", "fifo"]).await;
+    assert!(ok && out.starts_with("swapped in fifo (sha256 ") && out.contains("the engine paused"), "{out}{err}");
+    let (ok, out, err) = admin_cli(admin, TOKEN, &["swap", fixtures::HOSTILE]).await;
+    assert!(ok && out.contains("swapped in hostile"), "a file is sent and named after its stem: {out}{err}");
+    let (ok, out, err) = admin_cli(admin, TOKEN, &["list"]).await;
+    assert!(ok && out.contains("policy hostile (sha256 ") && out.contains(", primary,") && out.contains("2 swaps"), "{out}{err}");
+    let (ok, _, err) = admin_cli(admin, TOKEN, &["swap", "no-such-policy"]).await;
+    assert!(!ok && err.contains("400") && err.contains("no shipped policy named"), "{err}");
+    let (ok, _, err) = admin_cli(admin, "wrong", &["list"]).await;
+    assert!(!ok && err.contains("401"), "{err}");
+    server.stop().await;
+}
+
 fn scratch_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("yardmaster-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
