@@ -91,22 +91,26 @@ async fn swaps_while_requests_flow_answer_every_request_exactly_once() {
     let server = Server::start(&config("edf", &[]), Vec::new()).await.unwrap();
     let (address, admin) = (server.address(), server.admin_address().expect("a token starts the admin API"));
     let (clients, per_client) = (30, 10);
-    let tasks: Vec<_> = (0..clients).map(|_| tokio::spawn(infer(address, per_client))).collect();
-    // Swap round fifo, a policy that holds every request, edf, the holder again, …
+    // Swap round a policy that holds every request, fifo, the holder again, edf, …
     // for as long as requests flow (at least 8 times): whatever the holder took is
-    // replayed into the next policy, which must serve it.
+    // replayed into the next policy, which must serve it. The holder goes first, so
+    // the first requests are certainly held and replayed.
     let hold = Bytes::from(std::fs::read(fixtures::HOSTILE).unwrap());
+    let mut tasks = Vec::new();
     let mut summaries = Vec::new();
-    while summaries.len() < 8 || tasks.iter().any(|t| !t.is_finished()) {
+    while summaries.len() < 8 || tasks.iter().any(|t: &tokio::task::JoinHandle<_>| !t.is_finished()) {
         let summary = match summaries.len() % 4 {
-            0 => swap_shipped(admin, "fifo").await,
-            2 => swap_shipped(admin, "edf").await,
+            1 => swap_shipped(admin, "fifo").await,
+            3 => swap_shipped(admin, "edf").await,
             _ => {
                 let reply = admin_call(admin, Some(TOKEN), Method::POST, "/admin/swap?name=holder", hold.clone()).await;
+                if tasks.is_empty() {
+                    tasks = (0..clients).map(|_| tokio::spawn(infer(address, per_client))).collect();
+                }
                 let started = Instant::now();
                 while tasks.iter().any(|t| !t.is_finished())
                     && policies(admin).await["held"].as_u64() == Some(0)
-                    && started.elapsed() < Duration::from_secs(2)
+                    && started.elapsed() < Duration::from_secs(10)
                 {
                     tokio::time::sleep(Duration::from_millis(2)).await;
                 }
@@ -221,6 +225,44 @@ async fn admin_calls_without_the_right_token_get_401_and_no_token_means_no_admin
         assert_eq!(server.admin_address(), None, "no token, no admin API");
         server.stop().await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shadow_policy_is_fed_the_live_events_and_its_actions_are_counted_not_executed() {
+    // `mode` is read by the hostile fixture only: it traps on its first call.
+    let server = Server::start(&config("edf", &[("mode", "trap")]), Vec::new()).await.unwrap();
+    let (address, admin) = (server.address(), server.admin_address().unwrap());
+    let reply = admin_call(admin, Some(TOKEN), Method::GET, "/admin/shadow", Bytes::new()).await;
+    assert_eq!(reply.status, StatusCode::NOT_FOUND, "no shadow yet");
+
+    let reply = admin_call(admin, Some(TOKEN), Method::POST, "/admin/shadow", Bytes::from_static(br#"{"shipped":"fifo"}"#)).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", String::from_utf8_lossy(&reply.body));
+    assert_eq!(json(&reply)["shadow"]["policy"], "fifo");
+    assert!(infer(address, 30).await.iter().all(|s| *s == StatusCode::OK));
+    let reply = admin_call(admin, Some(TOKEN), Method::GET, "/admin/shadow", Bytes::new()).await;
+    let report = json(&reply)["shadow"].clone();
+    assert_eq!(report["state"], "running", "{report}");
+    assert!(report["events"].as_u64().unwrap() >= 30, "the shadow saw the arrivals: {report}");
+    assert!(report["accepted"]["dispatch"].as_u64().unwrap() > 0, "{report}");
+    // Only the live policy's dispatches ran.
+    let live = metric(address, "yardmaster_policy_actions_accepted_total{arm=\"edf\",kind=\"dispatch\"}").await;
+    assert_eq!(metric(address, "yardmaster_batches_total").await, live);
+
+    // A shadow that traps is stopped and reported; serving goes on.
+    let hostile = Bytes::from(std::fs::read(fixtures::HOSTILE).unwrap());
+    let reply = admin_call(admin, Some(TOKEN), Method::POST, "/admin/shadow?name=hostile", hostile).await;
+    let report = json(&reply)["shadow"].clone();
+    assert_eq!((report["policy"].as_str(), report["state"].as_str()), (Some("hostile"), Some("faulted")), "{report}");
+    assert_eq!(report["faults"]["trap"], 1, "{report}");
+    assert!(infer(address, 5).await.iter().all(|s| *s == StatusCode::OK));
+    let arm = policies(admin).await;
+    assert_eq!((arm["policy"].as_str(), arm["state"].as_str(), arm["fallbacks"].as_u64()), (Some("edf"), Some("primary"), Some(0)));
+
+    let reply = admin_call(admin, Some(TOKEN), Method::DELETE, "/admin/shadow", Bytes::new()).await;
+    assert_eq!((reply.status, json(&reply)["shadow"]["policy"].as_str()), (StatusCode::OK, Some("hostile")));
+    let reply = admin_call(admin, Some(TOKEN), Method::GET, "/admin/shadow", Bytes::new()).await;
+    assert_eq!(reply.status, StatusCode::NOT_FOUND, "stopped");
+    server.stop().await;
 }
 
 /// Run `yardmaster admin ARGS` against `admin`: exit success, stdout, stderr.

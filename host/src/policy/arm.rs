@@ -190,6 +190,11 @@ impl Candidate {
     pub fn label(&self) -> String {
         self.instance.label()
     }
+
+    /// The instance and the component it runs (for a shadow, which never reloads).
+    pub(super) fn into_parts(self) -> (Box<dyn PolicyInstance>, Option<Arc<PolicyModule>>) {
+        (self.instance, self.source.map(|s| s.module))
+    }
 }
 
 impl std::fmt::Debug for Candidate {
@@ -321,6 +326,16 @@ impl Arm {
     /// if the primary is a component.
     pub fn module(&self) -> Option<&Arc<PolicyModule>> {
         self.reloadable.as_ref().map(|r| &r.module)
+    }
+
+    /// The configuration the arm's policies are initialised with.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The latest telemetry snapshot the arm delivered.
+    pub fn last_snapshot(&self) -> Option<&Snapshot> {
+        self.last_snapshot.as_ref()
     }
 
     /// What a [`Candidate`] for this arm is built with: the arm's seed and its

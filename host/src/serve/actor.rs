@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use super::capture::Recorder;
 use crate::engine::{Clock, Ended, Engine, Executor, JobResult, Submission, SwapOutcome};
-use crate::policy::Candidate;
+use crate::policy::{Candidate, ShadowReport};
 use crate::metrics::Outcome;
 
 /// Called on the actor thread with the new request's id, before any decision.
@@ -34,6 +34,8 @@ pub type OnEnd = Box<dyn FnOnce(Ended) + Send>;
 pub type Inspect<C, X> = Box<dyn FnOnce(&Engine<C, X>) + Send>;
 /// Called on the actor thread with what a swap did.
 pub type OnSwap = Box<dyn FnOnce(SwapOutcome) + Send>;
+/// Called on the actor thread with the report of the shadow a command replaced or stopped.
+pub type OnShadow = Box<dyn FnOnce(Option<ShadowReport>) + Send>;
 
 /// What the actor handles.
 pub enum Message<C: Clock, X: Executor> {
@@ -62,6 +64,14 @@ pub enum Message<C: Clock, X: Executor> {
         candidate: Candidate,
         /// Runs with the outcome.
         done: OnSwap,
+    },
+    /// Start a shadow policy (`Some`, replacing one running) or stop it (`None`); see
+    /// [`Engine::start_shadow`].
+    Shadow {
+        /// The shadow to start, already instantiated; `None` stops the running one.
+        candidate: Option<Candidate>,
+        /// Runs with the report of the shadow replaced or stopped.
+        done: OnShadow,
     },
     /// Stop: every request still in flight ends as failed with this reason.
     Shutdown(String),
@@ -130,6 +140,19 @@ impl<C: Clock, X: Executor> ActorHandle<C, X> {
             candidate,
             done: Box::new(move |outcome| {
                 let _ = reply.send(outcome);
+            }),
+        })?;
+        answer.recv().map_err(|_| ActorStopped)
+    }
+
+    /// Start `candidate` as a shadow (`Some`) or stop the shadow (`None`); the report
+    /// of the shadow replaced or stopped, if one ran.
+    pub fn shadow(&self, candidate: Option<Candidate>) -> Result<Option<ShadowReport>, ActorStopped> {
+        let (reply, answer) = mpsc::sync_channel(1);
+        self.send(Message::Shadow {
+            candidate,
+            done: Box::new(move |report| {
+                let _ = reply.send(report);
             }),
         })?;
         answer.recv().map_err(|_| ActorStopped)
@@ -241,6 +264,8 @@ fn run<C: Clock, X: Executor>(mut engine: Engine<C, X>, clock: C, receiver: Rece
                 Message::WorkerReady(worker) => engine.worker_ready(worker),
                 Message::Inspect(question) => question(&engine),
                 Message::Swap { candidate, done } => done(engine.swap(candidate)),
+                Message::Shadow { candidate: Some(candidate), done } => done(engine.start_shadow(candidate)),
+                Message::Shadow { candidate: None, done } => done(engine.stop_shadow()),
                 Message::Shutdown(reason) => {
                     stop = Some(reason);
                     break;

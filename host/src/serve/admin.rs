@@ -7,7 +7,12 @@
 //!   the `name` query parameter, else `uploaded`), or JSON `{"path": FILE}` (a file on
 //!   the server) or `{"shipped": NAME}`. A policy the loader refuses gets 400 with the
 //!   loader's reason and the running policy is untouched; otherwise 200 with what the
-//!   swap did, the engine's pause included.
+//!   swap did, the engine's pause included;
+//! - `POST /admin/shadow` (body as for a swap): start the policy as a shadow of the
+//!   live one ([`crate::policy::Shadow`]): it gets the live events, its actions are
+//!   validated and counted, never executed; `GET /admin/shadow`: its report (accepted
+//!   and rejected actions, faults, call time); `DELETE /admin/shadow`: stop it, with
+//!   the final report. 404 when no shadow runs.
 //!
 //! Without a token (in `[admin] token` or `YARDMASTER_ADMIN_TOKEN`) the admin API does
 //! not start, and one log line says so. A call without `Authorization: Bearer TOKEN`,
@@ -89,8 +94,31 @@ impl AdminApi {
                     Err(join) => error(StatusCode::INTERNAL_SERVER_ERROR, &join.to_string()),
                 }
             }
-            (_, "/admin/policies" | "/admin/swap") => error(StatusCode::METHOD_NOT_ALLOWED, &format!("{method} is not allowed on {path}")),
-            _ => error(StatusCode::NOT_FOUND, &format!("no admin route {path} (GET /admin/policies, POST /admin/swap)")),
+            (&Method::POST, "/admin/shadow") => {
+                let source = match swap_source(query, headers, &body) {
+                    Ok(source) => source,
+                    Err(message) => return error(StatusCode::BAD_REQUEST, &message),
+                };
+                let swapper = self.swapper.clone();
+                match tokio::task::spawn_blocking(move || swapper.start_shadow(&source)).await {
+                    Ok(Ok(report)) => (StatusCode::OK, json!({ "shadow": report })),
+                    Ok(Err(SwapError::Refused(reason))) => error(StatusCode::BAD_REQUEST, &reason),
+                    Ok(Err(SwapError::Stopped(stopped))) => error(StatusCode::SERVICE_UNAVAILABLE, &stopped.to_string()),
+                    Err(join) => error(StatusCode::INTERNAL_SERVER_ERROR, &join.to_string()),
+                }
+            }
+            (&Method::GET | &Method::DELETE, "/admin/shadow") => {
+                let (swapper, stop) = (self.swapper.clone(), method == Method::DELETE);
+                let read = move || if stop { swapper.stop_shadow() } else { swapper.shadow_report() };
+                match tokio::task::spawn_blocking(read).await {
+                    Ok(Ok(Some(report))) => (StatusCode::OK, json!({ "shadow": report })),
+                    Ok(Ok(None)) => error(StatusCode::NOT_FOUND, "no shadow policy is running (POST /admin/shadow starts one)"),
+                    Ok(Err(stopped)) => error(StatusCode::SERVICE_UNAVAILABLE, &stopped.to_string()),
+                    Err(join) => error(StatusCode::INTERNAL_SERVER_ERROR, &join.to_string()),
+                }
+            }
+            (_, "/admin/policies" | "/admin/swap" | "/admin/shadow") => error(StatusCode::METHOD_NOT_ALLOWED, &format!("{method} is not allowed on {path}")),
+            _ => error(StatusCode::NOT_FOUND, &format!("no admin route {path} (GET /admin/policies, POST /admin/swap, GET|POST|DELETE /admin/shadow)")),
         }
     }
 }

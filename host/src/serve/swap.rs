@@ -10,7 +10,9 @@
 //! ([`crate::policy::Arm::swap`]); that hand-over is the pause the engine sees, and it
 //! is measured there. The retired instance comes back and is dropped here.
 //!
-//! Swaps are serialised: one at a time per server.
+//! Swaps are serialised: one at a time per server. A shadow policy
+//! ([`crate::policy::Shadow`]) is prepared the same way and started with
+//! [`Swapper::start_shadow`].
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -21,7 +23,7 @@ use serde::Serialize;
 
 use super::actor::{ActorHandle, ActorStopped};
 use crate::engine::{Clock, Executor};
-use crate::policy::{ArmState, Candidate, LoadError, PolicyLoader, PolicyModule, Sandbox};
+use crate::policy::{ArmState, Candidate, LoadError, PolicyLoader, PolicyModule, Sandbox, ShadowReport};
 
 /// Where the new policy comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -160,10 +162,7 @@ impl<C: Clock, X: Executor> Swapper<C, X> {
     pub fn swap(&self, source: &PolicySource) -> Result<SwapSummary, SwapError> {
         let _serial = self.one_at_a_time.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let started = Instant::now();
-        let module = self.load(source)?;
-        let (seed, profiles) = self.handle.inspect(|engine| engine.arm().candidate_inputs())?;
-        let candidate = Candidate::wasm(self.loader.sandbox(), module.clone(), seed, profiles)
-            .map_err(|fault| SwapError::Refused(format!("{} cannot be instantiated: it {fault}", module.name())))?;
+        let (module, candidate) = self.prepare(source)?;
         let prepare = started.elapsed();
         let outcome = self.handle.swap(candidate)?;
         let report = outcome.report;
@@ -185,6 +184,39 @@ impl<C: Clock, X: Executor> Swapper<C, X> {
             Some(fault) => tracing::warn!(policy = %summary.policy, %fault, state = summary.state, "the swapped-in policy faulted during the hand-over"),
         }
         Ok(summary)
+    }
+
+    /// Load and instantiate a policy for the engine's arm, off the engine's thread.
+    fn prepare(&self, source: &PolicySource) -> Result<(Arc<PolicyModule>, Candidate), SwapError> {
+        let module = self.load(source)?;
+        let (seed, profiles) = self.handle.inspect(|engine| engine.arm().candidate_inputs())?;
+        let candidate = Candidate::wasm(self.loader.sandbox(), module.clone(), seed, profiles)
+            .map_err(|fault| SwapError::Refused(format!("{} cannot be instantiated: it {fault}", module.name())))?;
+        Ok((module, candidate))
+    }
+
+    /// Start the policy from `source` as a shadow of the live one (replacing a shadow
+    /// already running); its first report (after `init` and the replay of what the
+    /// live policy holds).
+    pub fn start_shadow(&self, source: &PolicySource) -> Result<ShadowReport, SwapError> {
+        let _serial = self.one_at_a_time.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let (module, candidate) = self.prepare(source)?;
+        if let Some(old) = self.handle.shadow(Some(candidate))? {
+            tracing::info!(shadow = %old.policy, "a shadow was replaced");
+        }
+        let report = self.handle.inspect(|engine| engine.shadow_report())?;
+        tracing::info!(shadow = %module.name(), sha256 = %module.sha256_hex(), "shadow policy started");
+        Ok(report.expect("a shadow was just started"))
+    }
+
+    /// Stop the shadow; its final report (none when no shadow ran).
+    pub fn stop_shadow(&self) -> Result<Option<ShadowReport>, ActorStopped> {
+        self.handle.shadow(None)
+    }
+
+    /// The running shadow's report (none when no shadow runs).
+    pub fn shadow_report(&self) -> Result<Option<ShadowReport>, ActorStopped> {
+        self.handle.inspect(|engine| engine.shadow_report())
     }
 
     /// The running policy.
