@@ -4,7 +4,9 @@
 //! - `yardmaster admin list`: the policy arm, the policy it runs with its SHA-256, its
 //!   state and swap counters;
 //! - `yardmaster admin swap FILE|NAME`: swap the policy in, from a `.wasm` file (sent
-//!   to the server) or a shipped policy by name; prints the engine's pause.
+//!   to the server) or a shipped policy by name; prints the engine's pause;
+//! - `yardmaster admin shadow start FILE|NAME | report | stop`: run a candidate as a
+//!   shadow of the live policy and read what it would have done.
 //!
 //! The token comes from `--token` or `YARDMASTER_ADMIN_TOKEN`. The exit status is
 //! non-zero when the call is refused, and when a swapped-in policy faulted at once
@@ -45,6 +47,24 @@ pub enum AdminCommand {
         /// A policy component file, or the name of a shipped policy (`edf`, `fifo`, …).
         policy: String,
     },
+    /// Run a candidate policy as a shadow of the live one (its actions are checked and
+    /// counted, never executed), read its report, or stop it.
+    #[command(subcommand)]
+    Shadow(ShadowCommand),
+}
+
+/// The shadow calls.
+#[derive(clap::Subcommand, Clone)]
+pub enum ShadowCommand {
+    /// Start (or replace) the shadow.
+    Start {
+        /// A policy component file, or the name of a shipped policy.
+        policy: String,
+    },
+    /// What the shadow did so far.
+    Report,
+    /// Stop the shadow and print its final report.
+    Stop,
 }
 
 /// Run `yardmaster admin`.
@@ -78,7 +98,10 @@ async fn call(args: &AdminArgs) -> Result<ExitCode> {
     );
     let (method, path, body) = match &args.command {
         AdminCommand::List => (Method::GET, "/admin/policies".to_string(), Bytes::new()),
-        AdminCommand::Swap { policy } => swap_request(policy, &mut headers)?,
+        AdminCommand::Swap { policy } => swap_request(policy, "/admin/swap", &mut headers)?,
+        AdminCommand::Shadow(ShadowCommand::Start { policy }) => swap_request(policy, "/admin/shadow", &mut headers)?,
+        AdminCommand::Shadow(ShadowCommand::Report) => (Method::GET, "/admin/shadow".to_string(), Bytes::new()),
+        AdminCommand::Shadow(ShadowCommand::Stop) => (Method::DELETE, "/admin/shadow".to_string(), Bytes::new()),
     };
     let mut client = Http1Client::connect(args.address).await.context("is the server running with an admin token?")?;
     let reply = client.request(method, &path, &headers, body).await?;
@@ -97,11 +120,15 @@ async fn call(args: &AdminArgs) -> Result<ExitCode> {
             ExitCode::SUCCESS
         }
         AdminCommand::Swap { .. } => print_swap(&value),
+        AdminCommand::Shadow(_) => {
+            print_shadow(&value["shadow"]);
+            ExitCode::SUCCESS
+        }
     })
 }
 
 /// A file is sent as bytes (named after its stem); anything else is a shipped name.
-fn swap_request(policy: &str, headers: &mut HeaderMap) -> Result<(Method, String, Bytes)> {
+fn swap_request(policy: &str, route: &str, headers: &mut HeaderMap) -> Result<(Method, String, Bytes)> {
     let path = Path::new(policy);
     if path.exists() {
         let bytes = std::fs::read(path).with_context(|| format!("reading {policy}"))?;
@@ -110,13 +137,13 @@ fn swap_request(policy: &str, headers: &mut HeaderMap) -> Result<(Method, String
             .map(|s| s.to_string_lossy().chars().filter(|c| c.is_ascii_alphanumeric() || "-_.".contains(*c)).collect())
             .unwrap_or_default();
         headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/wasm"));
-        return Ok((Method::POST, format!("/admin/swap?name={name}"), Bytes::from(bytes)));
+        return Ok((Method::POST, format!("{route}?name={name}"), Bytes::from(bytes)));
     }
     if policy.ends_with(".wasm") {
         bail!("no such file: {policy}");
     }
     headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    Ok((Method::POST, "/admin/swap".into(), Bytes::from(serde_json::json!({ "shipped": policy }).to_string())))
+    Ok((Method::POST, route.into(), Bytes::from(serde_json::json!({ "shipped": policy }).to_string())))
 }
 
 fn print_arm(arm: &Value) {
@@ -154,5 +181,28 @@ fn print_swap(summary: &Value) -> ExitCode {
             );
             ExitCode::FAILURE
         }
+    }
+}
+
+fn print_shadow(report: &Value) {
+    let counts = |v: &Value| -> String {
+        let pairs: Vec<String> = v.as_object().into_iter().flatten().map(|(k, n)| format!("{k} {n}")).collect();
+        if pairs.is_empty() { "none".into() } else { pairs.join(", ") }
+    };
+    println!(
+        "shadow {} (sha256 {}), {}: {} calls, {} events, {:.0} µs in calls (longest {:.0} µs), {} requests held",
+        report["policy"].as_str().unwrap_or("?"),
+        report["sha256"].as_str().unwrap_or("none: native"),
+        report["state"].as_str().unwrap_or("?"),
+        report["calls"],
+        report["events"],
+        report["call_time_us"].as_f64().unwrap_or(0.0),
+        report["max_call_us"].as_f64().unwrap_or(0.0),
+        report["held"],
+    );
+    println!("  accepted: {}", counts(&report["accepted"]));
+    println!("  rejected: {}", counts(&report["rejected"]));
+    if let Some(fault) = report["fault"].as_str() {
+        println!("  stopped: it {fault}");
     }
 }

@@ -286,6 +286,12 @@ async fn the_admin_command_lists_and_swaps() {
     assert!(ok && out.contains("policy hostile (sha256 ") && out.contains(", primary,") && out.contains("2 swaps"), "{out}{err}");
     let (ok, _, err) = admin_cli(admin, TOKEN, &["swap", "no-such-policy"]).await;
     assert!(!ok && err.contains("400") && err.contains("no shipped policy named"), "{err}");
+    let (ok, out, err) = admin_cli(admin, TOKEN, &["shadow", "start", "fifo"]).await;
+    assert!(ok && out.starts_with("shadow fifo (sha256 ") && out.contains(", running:"), "{out}{err}");
+    let (ok, out, err) = admin_cli(admin, TOKEN, &["shadow", "stop"]).await;
+    assert!(ok && out.contains("accepted:") && out.contains("rejected:"), "{out}{err}");
+    let (ok, _, err) = admin_cli(admin, TOKEN, &["shadow", "report"]).await;
+    assert!(!ok && err.contains("404") && err.contains("no shadow policy is running"), "{err}");
     let (ok, _, err) = admin_cli(admin, "wrong", &["list"]).await;
     assert!(!ok && err.contains("401"), "{err}");
     server.stop().await;
