@@ -365,7 +365,6 @@ impl Arm {
         self.retry_at = None;
         self.closed_reason = None;
         let output = self.hand_over(candidate.instance, ArmState::Primary, Vec::new(), view);
-        tracing::info!(arm = %self.name, %from, %to, replayed, state = ?self.state, "swapped the policy");
         let report = SwapReport { from, to, replayed, state: self.state, fault: output.fault.clone() };
         (output, report, retired)
     }
