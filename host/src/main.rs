@@ -1,5 +1,6 @@
 //! The `yardmaster` command line.
 
+mod admin_cli;
 mod dataplane_cli;
 mod serve_cli;
 
@@ -53,6 +54,8 @@ enum Command {
     ServeBench(serve_cli::ServeBenchArgs),
     /// Host workers for a controller on another machine (inter-node QUIC).
     Node(yardmaster::serve::remote::node::NodeArgs),
+    /// A running server's admin API: list the policy, swap it for a file or a shipped one.
+    Admin(admin_cli::AdminArgs),
 }
 
 #[derive(Subcommand)]
@@ -255,11 +258,11 @@ fn main() -> ExitCode {
         Some(Command::Load(args)) => serve_cli::load(&args),
         Some(Command::ServeBench(args)) => serve_cli::serve_bench(&args),
         Some(Command::Node(args)) => yardmaster::serve::remote::node::main(&args),
+        Some(Command::Admin(args)) => admin_cli::run(&args),
     }
 }
 
-/// The default job: check every shipped policy, then serve PP-OCR under a short load
-/// of them on a bursty workload.
+/// The default job: check every shipped policy, then serve PP-OCR under a short load.
 fn main_job() -> ExitCode {
     let checked = check_all_shipped();
     println!();

@@ -32,7 +32,7 @@ pub use state::{ClusterState, Origin, Piece, PieceState, WorkerEntry, WorkerPhas
 
 use crate::metrics::{Accounting, BatchRecord, Outcome, RequestEnd};
 use crate::policy::contract::{self, Action, Config, EndReason, Event, Param, Request, StageKind};
-use crate::policy::{Arm, ArmOutput};
+use crate::policy::{Arm, ArmOutput, Candidate, PolicyInstance, Shadow, ShadowReport, SwapReport};
 
 /// Engine settings.
 #[derive(Debug, Clone)]
@@ -104,6 +104,23 @@ enum Wakeup {
     Expire(u64),
 }
 
+/// What [`Engine::swap`] did.
+pub struct SwapOutcome {
+    /// The arm's account of the hand-over.
+    pub report: SwapReport,
+    /// Wall time the swap held the engine: the hand-over (the new policy's `init`
+    /// and the replay) and applying its actions.
+    pub pause: std::time::Duration,
+    /// The instance that answered before, for the caller to drop off the hot path.
+    pub retired: Option<Box<dyn PolicyInstance>>,
+}
+
+impl std::fmt::Debug for SwapOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SwapOutcome").field("report", &self.report).field("pause", &self.pause).finish_non_exhaustive()
+    }
+}
+
 /// Engine counters beyond the arm's.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct EngineStats {
@@ -148,6 +165,7 @@ pub struct Engine<C: Clock, X: Executor> {
     clock: C,
     executor: X,
     arm: Arm,
+    shadow: Option<Shadow>,
     state: ClusterState,
     options: EngineOptions,
     pending: Vec<Event>,
@@ -217,6 +235,7 @@ impl<C: Clock, X: Executor> Engine<C, X> {
             clock,
             executor,
             arm,
+            shadow: None,
             state,
             options,
             pending: Vec::new(),
@@ -710,11 +729,53 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         self.stats.flushes += 1;
         self.stats.events += events.len() as u64;
         let output = self.arm.handle(&events, &self.state);
+        if let Some(shadow) = &mut self.shadow {
+            // Before the live answer is applied: both answer against the same cluster.
+            shadow.observe(&events, &self.state);
+        }
         // Reuse the buffer for the events the answer causes.
         events.clear();
         self.pending = events;
         self.apply(output);
         true
+    }
+
+    /// Swap the policy at a quiet point: the events gathered so far go to the old
+    /// policy first ([`Engine::flush`]), then the arm hands over to `candidate`
+    /// ([`Arm::swap`]) and the hand-over's actions are applied. The wall time of the
+    /// hand-over is measured and counted in the arm's stats.
+    pub fn swap(&mut self, candidate: Candidate) -> SwapOutcome {
+        self.flush();
+        let started = std::time::Instant::now();
+        self.now();
+        let (output, report, retired) = self.arm.swap(candidate, &self.state);
+        self.apply(output);
+        let pause = started.elapsed();
+        self.arm.record_swap_pause(pause);
+        SwapOutcome { report, pause, retired }
+    }
+
+    /// Start `candidate` as a shadow of the arm (replacing a shadow already running,
+    /// whose final report is returned): it gets every batch of events the arm gets, and
+    /// its answers are validated and counted, never applied (see [`Shadow`]). Events
+    /// gathered so far go to the arm first, so the shadow starts from what it holds.
+    pub fn start_shadow(&mut self, candidate: Candidate) -> Option<ShadowReport> {
+        self.flush();
+        self.now();
+        let held = self.arm.ledger().in_arrival_order();
+        let snapshot = self.arm.last_snapshot().cloned();
+        let shadow = Shadow::start(candidate, self.arm.config(), held, snapshot, &self.state);
+        self.shadow.replace(shadow).map(|old| old.report())
+    }
+
+    /// Stop the shadow; its final report.
+    pub fn stop_shadow(&mut self) -> Option<ShadowReport> {
+        self.shadow.take().map(|s| s.report())
+    }
+
+    /// The running shadow's report.
+    pub fn shadow_report(&self) -> Option<ShadowReport> {
+        self.shadow.as_ref().map(|s| s.report())
     }
 
     fn apply(&mut self, output: ArmOutput) {

@@ -435,3 +435,68 @@ fn workers_holding_paused_sequences_are_not_removed_and_still_count() {
     assert_eq!(engine.state().stages[0].replicas, 2);
     assert!(engine.executor().retired.is_empty());
 }
+
+/// Holds every request it is given and dispatches none.
+struct Hold;
+
+impl Policy for Hold {
+    fn init(_ctx: &mut Ctx) -> Result<Self, String> {
+        Ok(Hold)
+    }
+}
+
+#[test]
+fn a_swap_replays_the_held_requests_into_the_new_policy_which_serves_each_once() {
+    let (mut engine, clock) = engine_with::<Hold>(chain(1, 1));
+    let ids: Vec<u64> = (0..20).map(|_| engine.submit(Submission::default())).collect();
+    engine.flush();
+    assert!(engine.executor().started.is_empty(), "the holder dispatches nothing");
+    assert_eq!(engine.arm().ledger().len(), 20);
+
+    // A request arriving just before the swap reaches the old policy first (it is held
+    // too), so it is replayed like the others.
+    let late = engine.submit(Submission::default());
+    let fifo = NativePolicy::<policy_fifo::Fifo>::new("fifo", 3, 100_000);
+    let outcome = engine.swap(crate::policy::Candidate::native(Box::new(fifo)));
+    assert_eq!(outcome.report.replayed, 21);
+    assert_eq!(outcome.report.state, crate::policy::ArmState::Primary);
+    assert!(outcome.retired.is_some_and(|old| old.label().contains("test")), "the holder is handed back");
+    assert_eq!(engine.arm().stats().swaps.count, 1);
+    assert_eq!(engine.arm().stats().swaps.last, outcome.pause);
+    assert!(!engine.executor().started.is_empty(), "fifo dispatches what was replayed");
+
+    for step in 1..=20 {
+        clock.set(step * 10 * MS);
+        finish_all(&mut engine, &BTreeMap::new());
+        engine.flush();
+    }
+    let mut ended: Vec<u64> = engine.take_ended().iter().map(|e| e.id).collect();
+    ended.sort();
+    let mut expected = ids;
+    expected.push(late);
+    assert_eq!(ended, expected, "every request ended exactly once");
+    assert_eq!(engine.in_flight(), 0);
+}
+
+#[test]
+fn a_shadow_sees_the_live_events_and_its_actions_are_counted_never_applied() {
+    let (mut engine, _clock) = engine_with::<Hold>(chain(1, 2));
+    let first: Vec<u64> = (0..3).map(|_| engine.submit(Submission::default())).collect();
+    let fifo = NativePolicy::<policy_fifo::Fifo>::new("fifo", 3, 100_000);
+    assert!(engine.start_shadow(crate::policy::Candidate::native(Box::new(fifo))).is_none());
+    for _ in 0..5 {
+        engine.submit(Submission::default());
+    }
+    engine.flush();
+    assert!(engine.executor().started.is_empty(), "the shadow's dispatches are not executed");
+    assert_eq!(engine.arm().ledger().len(), 8, "the live policy still holds everything");
+    let report = engine.shadow_report().expect("a shadow runs");
+    assert_eq!(report.state, "running");
+    assert!(report.events >= 5 + 3, "the held requests were replayed, the new ones delivered: {report:?}");
+    assert_eq!(report.accepted.get("dispatch"), Some(&2), "fifo dispatched to both idle workers: {report:?}");
+    assert!(report.held < 8, "the shadow's own ledger follows its decisions: {report:?}");
+    assert!(first.iter().all(|id| engine.arm().ledger().get(*id).is_some()));
+    let last = engine.stop_shadow().expect("the final report");
+    assert_eq!(last.accepted, report.accepted);
+    assert!(engine.shadow_report().is_none());
+}

@@ -13,6 +13,12 @@
 //! - `reload`: a fresh instance of the same component takes over at once; if it faults
 //!   again, the fallback serves while the arm backs off (1 s, doubling to 60 s) before
 //!   the next fresh instance.
+//!
+//! [`Arm::swap`] hands the arm over to another policy on a running engine: the new
+//! instance ([`Candidate`], instantiated by the caller, off the engine's thread) is
+//! initialised and replayed the held requests, the idle workers and the latest
+//! snapshot by the same hand-over the failure modes use, and the old instance is
+//! returned for the caller to drop wherever it likes.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -87,6 +93,41 @@ pub struct ArmStats {
     pub max_call_time: Duration,
     /// Total fuel (simulate mode).
     pub fuel: u64,
+    /// Hot swaps to another policy, and how long each held the engine.
+    pub swaps: SwapPauses,
+}
+
+/// Upper bounds of the [`SwapPauses`] buckets, in microseconds (the last bucket,
+/// beyond these, is unbounded).
+pub const SWAP_PAUSE_BUCKETS_US: [u64; 10] = [50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 50_000, 250_000];
+
+/// How long swaps paused the engine: a count, a sum, the longest, the last, and a
+/// histogram over [`SWAP_PAUSE_BUCKETS_US`] (one more bucket for anything longer).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SwapPauses {
+    /// Swaps done.
+    pub count: u64,
+    /// Sum of the pauses.
+    pub total: Duration,
+    /// Longest pause.
+    pub max: Duration,
+    /// Pause of the latest swap.
+    pub last: Duration,
+    /// Per-bucket counts (not cumulative).
+    pub buckets: [u64; SWAP_PAUSE_BUCKETS_US.len() + 1],
+}
+
+impl SwapPauses {
+    /// Count one swap that held the engine for `pause`.
+    pub fn record(&mut self, pause: Duration) {
+        self.count += 1;
+        self.total += pause;
+        self.max = self.max.max(pause);
+        self.last = pause;
+        let micros = pause.as_micros() as u64;
+        let bucket = SWAP_PAUSE_BUCKETS_US.iter().position(|&bound| micros <= bound).unwrap_or(SWAP_PAUSE_BUCKETS_US.len());
+        self.buckets[bucket] += 1;
+    }
 }
 
 impl ArmStats {
@@ -115,6 +156,67 @@ pub struct ArmOutput {
     pub refused: Vec<u64>,
     /// Why requests are refused.
     pub refusal: Option<String>,
+}
+
+/// A policy ready to take over an arm: instantiated (which is the expensive part,
+/// and can happen on any thread) but not yet initialised.
+pub struct Candidate {
+    instance: Box<dyn PolicyInstance>,
+    source: Option<Reloadable>,
+}
+
+impl Candidate {
+    /// Instantiate `module` in `sandbox` for an arm whose policies get `seed` and
+    /// `profiles` (see [`Arm::candidate_inputs`]). A fault here (a trap in the
+    /// component's start function) is the caller's to report; the arm is untouched.
+    pub fn wasm(
+        sandbox: &Sandbox,
+        module: Arc<PolicyModule>,
+        seed: u64,
+        profiles: Option<Arc<dyn ProfileSource>>,
+    ) -> Result<Self, PolicyFault> {
+        let instance = WasmPolicy::instantiate(sandbox, module.clone(), seed, profiles.clone())?;
+        let source = Reloadable { sandbox: sandbox.clone(), module, profiles };
+        Ok(Self { instance: Box::new(instance), source: Some(source) })
+    }
+
+    /// An already built instance (native policies, tests). Under `reload` the arm
+    /// cannot start a fresh copy of it and serves with the fallback instead.
+    pub fn native(instance: Box<dyn PolicyInstance>) -> Self {
+        Self { instance, source: None }
+    }
+
+    /// The label of the candidate's instance.
+    pub fn label(&self) -> String {
+        self.instance.label()
+    }
+
+    /// The instance and the component it runs (for a shadow, which never reloads).
+    pub(super) fn into_parts(self) -> (Box<dyn PolicyInstance>, Option<Arc<PolicyModule>>) {
+        (self.instance, self.source.map(|s| s.module))
+    }
+}
+
+impl std::fmt::Debug for Candidate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Candidate").field("instance", &self.instance.label()).finish()
+    }
+}
+
+/// What a swap did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SwapReport {
+    /// Label of the instance that answered before (`closed` when none did).
+    pub from: String,
+    /// Label of the instance swapped in.
+    pub to: String,
+    /// Requests the arm held at the swap, replayed into the new instance.
+    pub replayed: usize,
+    /// The arm's state after the swap: `Primary`, unless the new policy faulted at
+    /// once and the failure mode applied.
+    pub state: ArmState,
+    /// The fault the new policy hit during the hand-over, if any.
+    pub fault: Option<PolicyFault>,
 }
 
 /// Where a fresh primary instance comes from (for `reload`).
@@ -220,6 +322,59 @@ impl Arm {
         &self.ledger
     }
 
+    /// The component the arm's primary runs (also while the fallback answers for it),
+    /// if the primary is a component.
+    pub fn module(&self) -> Option<&Arc<PolicyModule>> {
+        self.reloadable.as_ref().map(|r| &r.module)
+    }
+
+    /// The configuration the arm's policies are initialised with.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The latest telemetry snapshot the arm delivered.
+    pub fn last_snapshot(&self) -> Option<&Snapshot> {
+        self.last_snapshot.as_ref()
+    }
+
+    /// What a [`Candidate`] for this arm is built with: the arm's seed and its
+    /// profile source.
+    pub fn candidate_inputs(&self) -> (u64, Option<Arc<dyn ProfileSource>>) {
+        (self.config.seed, self.reloadable.as_ref().and_then(|r| r.profiles.clone()))
+    }
+
+    /// Hand the arm over to `candidate`: initialise it, replay every held request,
+    /// the idle workers and the latest snapshot into it (the same hand-over the
+    /// failure modes use, so no request is lost or handled twice), and make it the
+    /// primary, whatever state the arm was in (a closed arm opens again). If the new
+    /// policy faults during the hand-over, the failure mode applies as for any fault.
+    /// Returns the hand-over's actions, what happened, and the retired instance (for
+    /// the caller to drop off the hot path).
+    pub fn swap(
+        &mut self,
+        candidate: Candidate,
+        view: &dyn ClusterView,
+    ) -> (ArmOutput, SwapReport, Option<Box<dyn PolicyInstance>>) {
+        let retired = self.instance.take();
+        let from = retired.as_ref().map(|i| i.label()).unwrap_or_else(|| "closed".into());
+        let to = candidate.label();
+        let replayed = self.ledger.len();
+        self.reloadable = candidate.source;
+        self.reload_attempts = 0;
+        self.retry_at = None;
+        self.closed_reason = None;
+        let output = self.hand_over(candidate.instance, ArmState::Primary, Vec::new(), view);
+        let report = SwapReport { from, to, replayed, state: self.state, fault: output.fault.clone() };
+        (output, report, retired)
+    }
+
+    /// Count a swap that held the engine for `pause` (measured by the engine, which
+    /// also applies the hand-over's actions).
+    pub fn record_swap_pause(&mut self, pause: Duration) {
+        self.stats.swaps.record(pause);
+    }
+
     /// Cost of the last call of the answering instance.
     pub fn last_cost(&self) -> Option<super::instance::CallCost> {
         self.instance.as_ref().map(|i| i.last_cost())
@@ -284,7 +439,9 @@ impl Arm {
     }
 
     fn fresh_primary(&self) -> Result<Box<dyn PolicyInstance>, PolicyFault> {
-        let source = self.reloadable.as_ref().expect("a wasm arm");
+        let Some(source) = self.reloadable.as_ref() else {
+            return Err(PolicyFault::InitRefused("a native policy cannot be reloaded".into()));
+        };
         let instance = WasmPolicy::instantiate(
             &source.sandbox,
             source.module.clone(),

@@ -8,7 +8,8 @@
 //! - [`fast_events`]: the fast lowering of the hot events into a policy's memory;
 //! - [`native`]: SDK policies compiled into the host (the built-in fallback);
 //! - [`validate`]: checking actions against the host's truth;
-//! - [`arm`]: one live policy with its held requests and its failure mode.
+//! - [`arm`]: one live policy with its held requests and its failure mode;
+//! - [`shadow`]: a candidate policy fed the live events, its answers checked, never applied.
 
 pub mod arm;
 pub mod contract;
@@ -17,11 +18,13 @@ pub mod instance;
 pub mod loader;
 pub mod native;
 pub mod sandbox;
+pub mod shadow;
 pub mod validate;
 
-pub use arm::{Arm, ArmOutput, ArmState, ArmStats, FailureMode};
+pub use arm::{Arm, ArmOutput, ArmState, ArmStats, Candidate, FailureMode, SwapPauses, SwapReport};
 pub use instance::{CallCost, PolicyFault, PolicyInstance, ProfileSource, WasmPolicy};
 pub use loader::{LoadError, PolicyLoader, PolicyModule};
 pub use native::NativePolicy;
 pub use sandbox::{CallKind, Limits, Mode, Sandbox};
+pub use shadow::{Shadow, ShadowReport};
 pub use validate::{ClusterView, Ledger, Rejection, SequenceState, StageState, WorkerState};

@@ -10,6 +10,11 @@
 //! thread as soon as the request has its id and before any policy decision, so the
 //! caller can park the request's tensors where the executor will look for them; `ended`
 //! runs exactly once, when the request completes, is dropped or fails.
+//!
+//! A policy swap ([`Message::Swap`]) is handled in turn with the other messages: what
+//! arrived before it is delivered to the old policy, what arrives after it to the new
+//! one, and the retired instance travels back with the answer to be dropped on the
+//! caller's thread.
 
 use std::collections::HashMap;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
@@ -17,7 +22,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use super::capture::Recorder;
-use crate::engine::{Clock, Ended, Engine, Executor, JobResult, Submission};
+use crate::engine::{Clock, Ended, Engine, Executor, JobResult, Submission, SwapOutcome};
+use crate::policy::{Candidate, ShadowReport};
 use crate::metrics::Outcome;
 
 /// Called on the actor thread with the new request's id, before any decision.
@@ -26,6 +32,10 @@ pub type Admitted = Box<dyn FnOnce(u64) + Send>;
 pub type OnEnd = Box<dyn FnOnce(Ended) + Send>;
 /// A question about the engine, answered on the actor thread.
 pub type Inspect<C, X> = Box<dyn FnOnce(&Engine<C, X>) + Send>;
+/// Called on the actor thread with what a swap did.
+pub type OnSwap = Box<dyn FnOnce(SwapOutcome) + Send>;
+/// Called on the actor thread with the report of the shadow a command replaced or stopped.
+pub type OnShadow = Box<dyn FnOnce(Option<ShadowReport>) + Send>;
 
 /// What the actor handles.
 pub enum Message<C: Clock, X: Executor> {
@@ -48,6 +58,21 @@ pub enum Message<C: Clock, X: Executor> {
     Inspect(Inspect<C, X>),
     /// Start capturing a trace (replacing any capture running), or stop with `None`.
     Capture(Option<Recorder>),
+    /// Hand the policy arm over to a new instance (see [`Engine::swap`]).
+    Swap {
+        /// The new policy, already instantiated.
+        candidate: Candidate,
+        /// Runs with the outcome.
+        done: OnSwap,
+    },
+    /// Start a shadow policy (`Some`, replacing one running) or stop it (`None`); see
+    /// [`Engine::start_shadow`].
+    Shadow {
+        /// The shadow to start, already instantiated; `None` stops the running one.
+        candidate: Option<Candidate>,
+        /// Runs with the report of the shadow replaced or stopped.
+        done: OnShadow,
+    },
     /// Stop: every request still in flight ends as failed with this reason.
     Shutdown(String),
 }
@@ -105,6 +130,32 @@ impl<C: Clock, X: Executor> ActorHandle<C, X> {
     /// Start a trace capture (replacing one already running), or stop it with `None`.
     pub fn capture(&self, recorder: Option<Recorder>) -> Result<(), ActorStopped> {
         self.send(Message::Capture(recorder))
+    }
+
+    /// Swap the policy (see [`Engine::swap`]) and wait for the outcome; the retired
+    /// instance comes back in it, to be dropped on this thread.
+    pub fn swap(&self, candidate: Candidate) -> Result<SwapOutcome, ActorStopped> {
+        let (reply, answer) = mpsc::sync_channel(1);
+        self.send(Message::Swap {
+            candidate,
+            done: Box::new(move |outcome| {
+                let _ = reply.send(outcome);
+            }),
+        })?;
+        answer.recv().map_err(|_| ActorStopped)
+    }
+
+    /// Start `candidate` as a shadow (`Some`) or stop the shadow (`None`); the report
+    /// of the shadow replaced or stopped, if one ran.
+    pub fn shadow(&self, candidate: Option<Candidate>) -> Result<Option<ShadowReport>, ActorStopped> {
+        let (reply, answer) = mpsc::sync_channel(1);
+        self.send(Message::Shadow {
+            candidate,
+            done: Box::new(move |report| {
+                let _ = reply.send(report);
+            }),
+        })?;
+        answer.recv().map_err(|_| ActorStopped)
     }
 
     /// Run `question` on the actor thread and return its answer.
@@ -212,6 +263,9 @@ fn run<C: Clock, X: Executor>(mut engine: Engine<C, X>, clock: C, receiver: Rece
                 }
                 Message::WorkerReady(worker) => engine.worker_ready(worker),
                 Message::Inspect(question) => question(&engine),
+                Message::Swap { candidate, done } => done(engine.swap(candidate)),
+                Message::Shadow { candidate: Some(candidate), done } => done(engine.start_shadow(candidate)),
+                Message::Shadow { candidate: None, done } => done(engine.stop_shadow()),
                 Message::Shutdown(reason) => {
                     stop = Some(reason);
                     break;

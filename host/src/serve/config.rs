@@ -18,6 +18,12 @@
 //! cert = "cert.pem"
 //! key = "key.pem"
 //!
+//! [admin]                     # optional: the admin API (docs/swap.md)
+//! listen = "127.0.0.1:8001"   # its own address
+//! token = "…"                 # bearer token (or env YARDMASTER_ADMIN_TOKEN); none: no admin API
+//! watch_dir = "policies/"     # optional: swap in a .wasm that appears here
+//! watch_sha256 = ["…"]        # optional: only files with these SHA-256s
+//!
 //! [[remote]]                  # optional: stages served by `yardmaster node` hosts
 //! stages = ["rec"]
 //! node = "127.0.0.1:7443"
@@ -62,6 +68,55 @@ pub struct RemotePlacement {
     pub pin: String,
 }
 
+/// The default admin API address.
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:8001";
+
+/// The environment variable the admin token is read from when the file has none.
+pub const ADMIN_TOKEN_ENV: &str = "YARDMASTER_ADMIN_TOKEN";
+
+/// The admin API and the watched directory (`[admin]`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// Listen address of the admin API (TCP, HTTP/1.1).
+    pub listen: SocketAddr,
+    /// Bearer token every admin call must carry; without one (here or in
+    /// `YARDMASTER_ADMIN_TOKEN`) the admin API does not start.
+    pub token: Option<String>,
+    /// A directory watched for new policy `.wasm` files to swap in.
+    pub watch_dir: Option<PathBuf>,
+    /// SHA-256s (hex) of the files the watched directory may swap in; empty: any.
+    pub watch_sha256: Vec<String>,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig {
+            listen: DEFAULT_ADMIN_LISTEN.parse().expect("the default admin address parses"),
+            token: None,
+            watch_dir: None,
+            watch_sha256: Vec::new(),
+        }
+    }
+}
+
+impl AdminConfig {
+    /// The token: the file's, else the environment's; an empty one counts as none.
+    pub fn effective_token(&self) -> Option<String> {
+        self.token.clone().or_else(|| std::env::var(ADMIN_TOKEN_ENV).ok()).filter(|t| !t.trim().is_empty())
+    }
+
+    /// Refuse a malformed allow-list.
+    pub fn validate(&self) -> Result<()> {
+        for sha in &self.watch_sha256 {
+            if sha.len() != 64 || !sha.chars().all(|c| c.is_ascii_hexdigit()) {
+                bail!("[admin] watch_sha256: {sha:?} is not a SHA-256 (64 hex digits)");
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The whole configuration.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -90,6 +145,8 @@ pub struct ServeConfig {
     pub tls: Option<TlsFiles>,
     /// Remote placements.
     pub remote: Vec<RemotePlacement>,
+    /// The admin API.
+    pub admin: AdminConfig,
 }
 
 impl Default for ServeConfig {
@@ -107,6 +164,7 @@ impl Default for ServeConfig {
             state_dir: None,
             tls: None,
             remote: Vec::new(),
+            admin: AdminConfig::default(),
         }
     }
 }
@@ -138,6 +196,9 @@ impl ServeConfig {
         if let Some(dir) = &mut config.state_dir {
             resolve(dir);
         }
+        if let Some(dir) = &mut config.admin.watch_dir {
+            resolve(dir);
+        }
         if config.pipeline.ends_with(".toml") {
             // a file, not a preset name
             let mut file = PathBuf::from(&config.pipeline);
@@ -161,6 +222,7 @@ impl ServeConfig {
             bail!("both http1 and http3 are off: nothing would listen");
         }
         self.device_preference()?;
+        self.admin.validate()?;
         if self.max_body_bytes < 1024 {
             bail!("max_body_bytes must be at least 1024 (got {})", self.max_body_bytes);
         }
@@ -232,6 +294,22 @@ mod tests {
         assert!(format!("{error:#}").contains("nothing would listen"), "{error:#}");
         let error = ServeConfig::parse("listen = \"nowhere\"", Path::new(".")).unwrap_err();
         assert!(format!("{error:#}").contains("listen") || format!("{error:#}").contains("address"), "{error:#}");
+    }
+
+    #[test]
+    fn the_admin_section_parses_and_checks_its_allow_list() {
+        let config = ServeConfig::parse(
+            "[admin]\nlisten = \"127.0.0.1:9001\"\ntoken = \"s3cret\"\nwatch_dir = \"drop\"\n",
+            Path::new("/srv/ym"),
+        )
+        .unwrap();
+        assert_eq!(config.admin.listen, "127.0.0.1:9001".parse().unwrap());
+        assert_eq!(config.admin.effective_token().as_deref(), Some("s3cret"));
+        assert_eq!(config.admin.watch_dir.as_deref(), Some(Path::new("/srv/ym/drop")));
+        let error = ServeConfig::parse("[admin]\nwatch_sha256 = [\"abc\"]\n", Path::new(".")).unwrap_err();
+        assert!(format!("{error:#}").contains("not a SHA-256"), "{error:#}");
+        let error = ServeConfig::parse("[admin]\ntokn = \"x\"\n", Path::new(".")).unwrap_err();
+        assert!(format!("{error:#}").contains("tokn"), "{error:#}");
     }
 
     #[test]

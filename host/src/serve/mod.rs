@@ -7,9 +7,12 @@
 //! KServe [`backend`] the client API answers with. [`config`] is the server's
 //! configuration file, [`listeners`] brings the transports up, [`capture`] writes
 //! live traffic as a simulator trace, [`prometheus`] renders `/metrics`, and
-//! [`client`] and [`load`] are the project's own client and load generator.
+//! [`client`] and [`load`] are the project's own client and load generator. [`swap`]
+//! swaps the policy on the running engine, triggered by the [`admin`] API and the
+//! [`watch`]ed directory.
 
 pub mod actor;
+pub mod admin;
 pub mod api;
 pub mod backend;
 pub mod bench;
@@ -28,6 +31,8 @@ pub mod remote;
 pub mod server;
 pub mod stack;
 pub mod stages;
+pub mod swap;
 pub mod tiny_model;
 pub mod tls;
+pub mod watch;
 pub mod workers;

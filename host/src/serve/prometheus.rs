@@ -8,6 +8,7 @@ use std::fmt::Write as _;
 
 use crate::engine::{Clock, Engine, EngineStats, Executor};
 use crate::metrics::{Percentiles, Stats, Summary};
+use crate::policy::arm::SWAP_PAUSE_BUCKETS_US;
 use crate::policy::ArmStats;
 
 /// What one arm's metrics are rendered from.
@@ -191,6 +192,19 @@ pub fn render_arm(out: &mut Exposition, metrics: &ArmMetrics<'_>) {
     out.sample("yardmaster_policy_fuel_total", "counter", "Fuel the policy consumed (simulation mode).", &labels, policy.fuel as f64);
     out.sample("yardmaster_policy_fallbacks_total", "counter", "Times the arm fell back after a fault.", &labels, policy.fallbacks as f64);
     out.sample("yardmaster_policy_reloads_total", "counter", "Times the arm reloaded its policy.", &labels, policy.reloads as f64);
+    let swaps = &policy.swaps;
+    out.sample("yardmaster_policy_swaps_total", "counter", "Hot swaps to another policy.", &labels, swaps.count as f64);
+    let mut buckets: Vec<(f64, u64)> =
+        SWAP_PAUSE_BUCKETS_US.iter().zip(&swaps.buckets).map(|(us, count)| (*us as f64 / 1e6, *count)).collect();
+    buckets.push((f64::INFINITY, swaps.buckets[SWAP_PAUSE_BUCKETS_US.len()]));
+    out.histogram(
+        "yardmaster_policy_swap_pause_seconds",
+        "Time each swap held the engine (the new policy's init and the replay of held requests).",
+        &labels,
+        &buckets,
+        swaps.total.as_secs_f64(),
+    );
+    out.sample("yardmaster_policy_swap_pause_max_seconds", "gauge", "Longest swap pause so far.", &labels, swaps.max.as_secs_f64());
     for (kind, count) in &policy.faults {
         out.sample("yardmaster_policy_faults_total", "counter", "Policy faults (traps, timeouts, memory), by kind.", &[("arm", arm), ("kind", kind)], *count as f64);
     }
@@ -235,6 +249,16 @@ pub fn render_engine<C: Clock, X: Executor>(engine: &Engine<C, X>, arm: &str) ->
     let mut out = Exposition::new();
     let metrics = ArmMetrics { arm, streams: &streams, summary: &summary, policy: engine.arm().stats(), engine: engine.stats() };
     render_arm(&mut out, &metrics);
+    let policy = engine.arm().module().map_or_else(|| engine.arm().instance_label(), |m| m.name().to_string());
+    let sha256 = engine.arm().module().map(|m| m.sha256_hex()).unwrap_or_default();
+    let state = super::swap::state_name(engine.arm().state());
+    out.sample(
+        "yardmaster_policy_info",
+        "gauge",
+        "The policy the arm runs (its name and SHA-256) and its state; always 1.",
+        &[("arm", arm), ("policy", &policy), ("sha256", &sha256), ("state", state)],
+        1.0,
+    );
     out.sample(
         "yardmaster_requests_in_flight",
         "gauge",

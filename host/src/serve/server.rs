@@ -2,7 +2,8 @@
 //! the serving benchmark and the end-to-end tests start in-process. [`Server::start`]
 //! loads ONNX Runtime and the policy, starts the serving stack (engine actor, ONNX
 //! workers, KServe backend), optionally a trace capture, and brings the transports up
-//! with Prometheus text at `/metrics`; [`Server::stop`] stops accepting, fails what is
+//! with Prometheus text at `/metrics`, and the admin API ([`super::admin`]) when it is
+//! configured; [`Server::stop`] stops accepting, fails what is
 //! still in flight exactly once, and stops the engine.
 
 use std::path::Path;
@@ -11,6 +12,7 @@ use std::sync::Arc;
 use anyhow::{anyhow, Context, Result};
 use yardmaster_dataplane::{ModelCache, ModelCatalog, Runtime, RuntimeConfig, WorkerContext};
 
+use super::admin::Admin;
 use super::api::{Api, MetricsRenderer};
 use super::capture::Recorder;
 use super::config::{RemotePlacement, ServeConfig};
@@ -20,6 +22,7 @@ use super::prometheus;
 use super::remote::pool::{RemoteConfig, RemotePool};
 use super::remote::transport::Fingerprint;
 use super::stack::{PolicyChoice, ServedPipeline, ServingStack};
+use super::swap::Swapper;
 use crate::engine::EngineOptions;
 use crate::policy::{FailureMode, Limits, Mode, PolicyLoader, Sandbox};
 
@@ -36,6 +39,7 @@ pub struct Server {
     /// The device line: which device and why.
     pub device: String,
     actor: ServeActor,
+    admin: Admin,
 }
 
 impl Server {
@@ -56,6 +60,7 @@ impl Server {
         }
         let policy = policy_choice(&config.policy)?;
         let policy_name = policy.name.clone();
+        let sandbox = policy.sandbox.clone();
         let options = EngineOptions { params: config.policy_params(), ..Default::default() };
         let (actor, backend) = ServingStack::start(served, policy, options, context, placements).map_err(|e| anyhow!(e))?;
         let handle = actor.handle();
@@ -75,12 +80,18 @@ impl Server {
         });
         let api = Arc::new(Api::new(Arc::new(backend)).with_metrics(renderer).with_max_body(config.max_body_bytes));
         let listeners = Listeners::start(&config.listen_options(), api).await?;
-        Ok(Server { listeners, handle, policy: policy_name, models, device, actor })
+        let admin = Admin::start(&config.admin, Arc::new(Swapper::new(handle.clone(), sandbox))).await?;
+        Ok(Server { listeners, handle, policy: policy_name, models, device, actor, admin })
     }
 
     /// The address clients use (TCP and UDP share the port).
     pub fn address(&self) -> std::net::SocketAddr {
         self.listeners.http1.or(self.listeners.http3).expect("a validated configuration keeps one transport on")
+    }
+
+    /// Where the admin API listens, when it runs.
+    pub fn admin_address(&self) -> Option<std::net::SocketAddr> {
+        self.admin.address
     }
 
     /// The lines an operator sees at start: what is served, where, and how to stop.
@@ -94,13 +105,17 @@ impl Server {
             let how = if self.listeners.certificate_generated { "generated self-signed" } else { "certificate" };
             transports.push(format!("HTTP/3 over UDP ({how}: {})", cert.display()));
         }
-        format!(
+        let mut text = format!(
             "serving {} with policy {} on {}\nlistening on {address} ({})\nmetrics at http://{address}/metrics\n",
             self.models.join(", "),
             self.policy,
             self.device,
             transports.join("; ")
-        )
+        );
+        if let Some(admin) = self.admin.address {
+            text.push_str(&format!("admin API at http://{admin}/admin/\n"));
+        }
+        text
     }
 
     /// One line: requests by outcome so far.
@@ -118,6 +133,7 @@ impl Server {
 
     /// Stop accepting, end the capture, fail what is in flight once, stop the engine.
     pub async fn stop(self) {
+        self.admin.stop().await;
         self.listeners.stop().await;
         let _ = self.handle.capture(None);
         let actor = self.actor;

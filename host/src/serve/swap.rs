@@ -1,0 +1,243 @@
+//! Hot swap of the policy on a running engine, as the admin API, the CLI and the
+//! watched directory trigger it.
+//!
+//! The expensive work happens on the caller's thread, never the engine's: reading the
+//! file, checking and compiling the component ([`PolicyLoader`], which keeps compiled
+//! code by SHA-256 so swapping back to a policy seen before skips compilation) and
+//! instantiating it ([`Candidate::wasm`]). Only then does the engine actor get a
+//! [`Message::Swap`](super::actor::Message::Swap): between two event batches the arm
+//! initialises the new instance and replays what it holds into it
+//! ([`crate::policy::Arm::swap`]); that hand-over is the pause the engine sees, and it
+//! is measured there. The retired instance comes back and is dropped here.
+//!
+//! Swaps are serialised: one at a time per server. A shadow policy
+//! ([`crate::policy::Shadow`]) is prepared the same way and started with
+//! [`Swapper::start_shadow`].
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use serde::Serialize;
+
+use super::actor::{ActorHandle, ActorStopped};
+use crate::engine::{Clock, Executor};
+use crate::policy::{ArmState, Candidate, LoadError, PolicyLoader, PolicyModule, Sandbox, ShadowReport};
+
+/// Where the new policy comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PolicySource {
+    /// A component's bytes, and the name to give it.
+    Bytes {
+        /// The policy's name (for logs and the admin API).
+        name: String,
+        /// The `.wasm` bytes.
+        bytes: Vec<u8>,
+    },
+    /// A `.wasm` file on the server's file system (named after its file stem).
+    File(PathBuf),
+    /// A policy shipped with Yardmaster, by name.
+    Shipped(String),
+}
+
+/// Why a swap did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum SwapError {
+    /// The policy was refused before it reached the engine (unreadable, not a valid
+    /// component, outside the policy world, unknown name, or its instantiation
+    /// trapped); the running policy is untouched.
+    #[error("{0}")]
+    Refused(String),
+    /// The engine has stopped.
+    #[error(transparent)]
+    Stopped(#[from] ActorStopped),
+}
+
+impl From<LoadError> for SwapError {
+    fn from(error: LoadError) -> Self {
+        SwapError::Refused(error.to_string())
+    }
+}
+
+/// What a swap did, as the admin API answers it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SwapSummary {
+    /// The new policy's name.
+    pub policy: String,
+    /// SHA-256 of its component.
+    pub sha256: String,
+    /// Label of the instance that answered before.
+    pub from: String,
+    /// Label of the instance swapped in.
+    pub to: String,
+    /// The arm's state after the swap (`primary`, or `fallback`/`closed` when the new
+    /// policy faulted at once).
+    pub state: &'static str,
+    /// The fault the new policy hit during the hand-over.
+    pub fault: Option<String>,
+    /// Requests held at the swap and replayed into the new policy.
+    pub replayed: usize,
+    /// Microseconds the engine was held by the hand-over.
+    pub pause_us: f64,
+    /// Microseconds spent preparing off the engine's thread (read, compile or cache
+    /// hit, instantiate).
+    pub prepare_us: f64,
+}
+
+/// The running policy, as `GET /admin/policies` lists it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PolicyReport {
+    /// The arm's name (the `arm` label of every metric; it stays across swaps).
+    pub arm: String,
+    /// The name of the policy the arm runs.
+    pub policy: String,
+    /// SHA-256 of its component (none for a native policy).
+    pub sha256: Option<String>,
+    /// The instance answering now (the fallback's label while it answers).
+    pub answering: String,
+    /// `primary`, `fallback` or `closed`.
+    pub state: &'static str,
+    /// Swaps so far.
+    pub swaps: u64,
+    /// Microseconds of the latest swap's pause.
+    pub last_swap_pause_us: f64,
+    /// Microseconds of the longest swap pause.
+    pub max_swap_pause_us: f64,
+    /// Switches to the fallback so far.
+    pub fallbacks: u64,
+    /// Faults so far, by kind.
+    pub faults: BTreeMap<String, u64>,
+    /// Requests the policy holds now.
+    pub held: usize,
+}
+
+/// The name of an arm state in the admin API and logs.
+pub fn state_name(state: ArmState) -> &'static str {
+    match state {
+        ArmState::Primary => "primary",
+        ArmState::Fallback => "fallback",
+        ArmState::Closed => "closed",
+    }
+}
+
+/// Swaps the policy of one engine.
+pub struct Swapper<C: Clock, X: Executor> {
+    handle: ActorHandle<C, X>,
+    loader: PolicyLoader,
+    one_at_a_time: Mutex<()>,
+}
+
+impl<C: Clock, X: Executor> Swapper<C, X> {
+    /// A swapper for the engine behind `handle`, compiling for `sandbox` (the one the
+    /// running policy uses) with the default on-disk cache of compiled policies.
+    pub fn new(handle: ActorHandle<C, X>, sandbox: Sandbox) -> Self {
+        Self::with_loader(handle, PolicyLoader::new(sandbox, PolicyLoader::default_cache_dir()))
+    }
+
+    /// A swapper compiling with `loader`.
+    pub fn with_loader(handle: ActorHandle<C, X>, loader: PolicyLoader) -> Self {
+        Self { handle, loader, one_at_a_time: Mutex::new(()) }
+    }
+
+    /// Read, check and compile a policy without swapping it in.
+    pub fn load(&self, source: &PolicySource) -> Result<Arc<PolicyModule>, SwapError> {
+        match source {
+            PolicySource::Bytes { name, bytes } => Ok(self.loader.load(name, bytes)?),
+            PolicySource::File(path) => Ok(self.loader.load_file(path)?),
+            PolicySource::Shipped(name) => {
+                let artifact = yardmaster_policy_artifacts::shipped(name).ok_or_else(|| {
+                    let known: Vec<&str> = yardmaster_policy_artifacts::SHIPPED.iter().map(|a| a.name).collect();
+                    SwapError::Refused(format!("no shipped policy named {name:?} (shipped: {})", known.join(", ")))
+                })?;
+                Ok(self.loader.load(name, artifact.bytes)?)
+            }
+        }
+    }
+
+    /// Swap the policy in from `source` (blocking: call it off any async runtime's
+    /// worker threads). A policy that is refused leaves the running one untouched; a
+    /// policy that faults during the hand-over is swapped in and the arm's failure
+    /// mode applies (the summary says so).
+    pub fn swap(&self, source: &PolicySource) -> Result<SwapSummary, SwapError> {
+        let _serial = self.one_at_a_time.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let started = Instant::now();
+        let (module, candidate) = self.prepare(source)?;
+        let prepare = started.elapsed();
+        let outcome = self.handle.swap(candidate)?;
+        let report = outcome.report;
+        // The retired instance is dropped here, off the engine's thread.
+        drop(outcome.retired);
+        let summary = SwapSummary {
+            policy: module.name().to_string(),
+            sha256: module.sha256_hex(),
+            from: report.from,
+            to: report.to,
+            state: state_name(report.state),
+            fault: report.fault.map(|f| f.to_string()),
+            replayed: report.replayed,
+            pause_us: outcome.pause.as_secs_f64() * 1e6,
+            prepare_us: prepare.as_secs_f64() * 1e6,
+        };
+        match &summary.fault {
+            None => tracing::info!(policy = %summary.policy, sha256 = %summary.sha256, pause_us = summary.pause_us, replayed = summary.replayed, "policy swapped in"),
+            Some(fault) => tracing::warn!(policy = %summary.policy, %fault, state = summary.state, "the swapped-in policy faulted during the hand-over"),
+        }
+        Ok(summary)
+    }
+
+    /// Load and instantiate a policy for the engine's arm, off the engine's thread.
+    fn prepare(&self, source: &PolicySource) -> Result<(Arc<PolicyModule>, Candidate), SwapError> {
+        let module = self.load(source)?;
+        let (seed, profiles) = self.handle.inspect(|engine| engine.arm().candidate_inputs())?;
+        let candidate = Candidate::wasm(self.loader.sandbox(), module.clone(), seed, profiles)
+            .map_err(|fault| SwapError::Refused(format!("{} cannot be instantiated: it {fault}", module.name())))?;
+        Ok((module, candidate))
+    }
+
+    /// Start the policy from `source` as a shadow of the live one (replacing a shadow
+    /// already running); its first report (after `init` and the replay of what the
+    /// live policy holds).
+    pub fn start_shadow(&self, source: &PolicySource) -> Result<ShadowReport, SwapError> {
+        let _serial = self.one_at_a_time.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let (module, candidate) = self.prepare(source)?;
+        if let Some(old) = self.handle.shadow(Some(candidate))? {
+            tracing::info!(shadow = %old.policy, "a shadow was replaced");
+        }
+        let report = self.handle.inspect(|engine| engine.shadow_report())?;
+        tracing::info!(shadow = %module.name(), sha256 = %module.sha256_hex(), "shadow policy started");
+        Ok(report.expect("a shadow was just started"))
+    }
+
+    /// Stop the shadow; its final report (none when no shadow ran).
+    pub fn stop_shadow(&self) -> Result<Option<ShadowReport>, ActorStopped> {
+        self.handle.shadow(None)
+    }
+
+    /// The running shadow's report (none when no shadow runs).
+    pub fn shadow_report(&self) -> Result<Option<ShadowReport>, ActorStopped> {
+        self.handle.inspect(|engine| engine.shadow_report())
+    }
+
+    /// The running policy.
+    pub fn policies(&self) -> Result<PolicyReport, ActorStopped> {
+        self.handle.inspect(|engine| {
+            let arm = engine.arm();
+            let stats = arm.stats();
+            let module = arm.module();
+            PolicyReport {
+                arm: arm.name().to_string(),
+                policy: module.map(|m| m.name().to_string()).unwrap_or_else(|| arm.instance_label()),
+                sha256: module.map(|m| m.sha256_hex()),
+                answering: arm.instance_label(),
+                state: state_name(arm.state()),
+                swaps: stats.swaps.count,
+                last_swap_pause_us: stats.swaps.last.as_secs_f64() * 1e6,
+                max_swap_pause_us: stats.swaps.max.as_secs_f64() * 1e6,
+                fallbacks: stats.fallbacks,
+                faults: stats.faults.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+                held: arm.ledger().len(),
+            }
+        })
+    }
+}
