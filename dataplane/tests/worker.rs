@@ -15,19 +15,9 @@ fn context() -> WorkerContext {
     WorkerContext { runtime: common::runtime(), cache: common::cache() }
 }
 
-/// Deterministic pseudo-random input in [-1, 1].
+/// Deterministic pseudo-random input in [-1, 1] (the profiler's synthetic inputs).
 fn input(shape: &[usize], seed: u64) -> Tensor {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let n = shape.iter().product();
-    let data = (0..n)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state % 2001) as f32 / 1000.0 - 1.0
-        })
-        .collect();
-    Tensor::new(shape.to_vec(), data).unwrap()
+    yardmaster_dataplane::profile::synthetic(shape, seed)
 }
 
 fn job(id: u64, shape: &[usize], n: usize) -> Job {

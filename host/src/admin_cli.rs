@@ -69,20 +69,7 @@ pub enum ShadowCommand {
 
 /// Run `yardmaster admin`.
 pub fn run(args: &AdminArgs) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(call(args)) {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    crate::serve_cli::run_async(call(args))
 }
 
 async fn call(args: &AdminArgs) -> Result<ExitCode> {

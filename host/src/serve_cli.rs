@@ -27,6 +27,25 @@ use yardmaster::serve::load::{self, LoadPlan, Transport};
 use yardmaster::serve::server::Server;
 use yardmaster::serve::tls;
 
+/// Run `future` on a multi-threaded tokio runtime: its error, or a runtime that cannot
+/// start, is printed and fails the command.
+pub(crate) fn run_async(future: impl std::future::Future<Output = Result<ExitCode>>) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(future) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// Arguments of `yardmaster serve`.
 #[derive(clap::Args, Clone)]
 pub struct ServeArgs {
@@ -54,20 +73,7 @@ pub struct ServeArgs {
 
 /// Run `yardmaster serve`.
 pub fn serve(args: &ServeArgs) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run_serve(args)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    run_async(async { run_serve(args).await.map(|()| ExitCode::SUCCESS) })
 }
 
 /// The configuration `serve` runs with: the file's (or the defaults), then the flags.
@@ -160,20 +166,7 @@ pub struct LoadArgs {
 
 /// Run `yardmaster load`.
 pub fn load(args: &LoadArgs) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run_load(args)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    run_async(async { run_load(args).await.map(|()| ExitCode::SUCCESS) })
 }
 
 async fn run_load(args: &LoadArgs) -> Result<()> {
@@ -309,20 +302,7 @@ fn ocr_body(lines: &[&str]) -> Result<(Bytes, usize)> {
 /// with the default policy, read one rendered image through it, send a short
 /// open-loop load over HTTP/3 and then HTTP/1.1, print the reports and stop.
 pub fn main_job() -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run_main_job()) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    run_async(async { run_main_job().await.map(|()| ExitCode::SUCCESS) })
 }
 
 async fn run_main_job() -> Result<()> {
@@ -406,20 +386,7 @@ pub struct ServeBenchArgs {
 
 /// Run `yardmaster serve-bench`.
 pub fn serve_bench(args: &ServeBenchArgs) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run_serve_bench(args)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    run_async(async { run_serve_bench(args).await.map(|()| ExitCode::SUCCESS) })
 }
 
 async fn run_serve_bench(args: &ServeBenchArgs) -> Result<()> {
