@@ -162,6 +162,10 @@ pub struct LoadArgs {
     /// when absent.
     #[arg(long)]
     pub body: Option<PathBuf>,
+    /// For the ocr model: send an image of these lines of text (separated by `|`),
+    /// rendered with the DejaVu Sans font, instead of a synthetic body.
+    #[arg(long, conflicts_with = "body")]
+    pub text: Option<String>,
 }
 
 /// Run `yardmaster load`.
@@ -178,9 +182,14 @@ async fn run_load(args: &LoadArgs) -> Result<()> {
     if arrivals.is_empty() {
         bail!("the workload has no arrivals in {} s", args.duration);
     }
-    let body = match &args.body {
-        Some(path) => Bytes::from(std::fs::read(path).with_context(|| format!("reading {}", path.display()))?),
-        None => synthesise_body(args.address, &args.model).await?,
+    let (body, json_length) = match (&args.body, &args.text) {
+        (Some(path), _) => (Bytes::from(std::fs::read(path).with_context(|| format!("reading {}", path.display()))?), None),
+        (None, Some(text)) => {
+            let lines: Vec<&str> = text.split('|').collect();
+            let (body, json_length) = ocr_body(&lines)?;
+            (body, Some(json_length))
+        }
+        (None, None) => (synthesise_body(args.address, &args.model).await?, None),
     };
     let transport = if args.transport == "h1" {
         Transport::Http1 { connections: args.connections.max(1) }
@@ -197,7 +206,7 @@ async fn run_load(args: &LoadArgs) -> Result<()> {
         address: args.address,
         model: args.model.clone(),
         body,
-        json_length: None,
+        json_length,
         slo: Duration::from_secs_f64(args.slo_ms / 1e3),
         transport,
     };
@@ -284,10 +293,11 @@ mod tests {
     }
 }
 
-/// An OCR request body with a rendered image, in the binary-tensor extension:
-/// (body, length of its JSON part).
+/// An OCR request body with a rendered 736 × 736 page (the size the `ocr` preset's
+/// detection profile was measured at; the detector scales smaller images up to it), in
+/// the binary-tensor extension: (body, length of its JSON part).
 fn ocr_body(lines: &[&str]) -> Result<(Bytes, usize)> {
-    let image = yardmaster_dataplane::ocr::sample::render_text(lines, 28.0, 480, 40 + 50 * lines.len(), 20.0, 20.0)?;
+    let image = yardmaster_dataplane::ocr::sample::render_text(lines, 32.0, 736, 736, 40.0, 60.0)?;
     let header = json!({"inputs": [{
         "name": "image", "datatype": "UINT8", "shape": [image.height, image.width, 3],
         "parameters": {"binary_data_size": image.data.len()}
@@ -323,7 +333,7 @@ async fn run_main_job() -> Result<()> {
 }
 
 async fn demonstrate(server: &Server, address: SocketAddr) -> Result<()> {
-    let lines = ["Yardmaster serves PP-OCR", "policies decide every batch"];
+    let lines = ["Yardmaster serves PP-OCR", "policies decide every batch", "on two CPU cores"];
     let (body, json_length) = ocr_body(&lines)?;
     let mut headers = HeaderMap::new();
     headers.insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/octet-stream"));
