@@ -329,6 +329,13 @@ async fn run_main_job() -> Result<()> {
     server.stop().await;
     result?;
     println!("\nTo keep serving: yardmaster serve   (then, elsewhere: yardmaster load --text \"hello world\" --rate 2 --duration 30)");
+    Ok(())
+}
+
+async fn demonstrate(server: &Server, address: SocketAddr) -> Result<()> {
+    let lines = ["Yardmaster serves PP-OCR", "policies decide every batch", "on two CPU cores"];
+    let (body, json_length) = ocr_body(&lines)?;
+    let mut headers = HeaderMap::new();
     headers.insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/octet-stream"));
     headers.insert(yardmaster::serve::kserve::HEADER_CONTENT_LENGTH, http::HeaderValue::from(json_length));
     let mut client = Http1Client::connect(address).await?;
