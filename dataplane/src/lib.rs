@@ -8,6 +8,8 @@
 //! engine executor drives (start a job, abort, provision warm or cold, retire, set
 //! threads, change variant).
 
+#![warn(missing_docs)]
+
 pub mod assets;
 pub mod batch;
 pub mod bench;

@@ -7,8 +7,11 @@
 //! - [`engine`]: the scheduling engine, generic over a clock and an executor;
 //! - [`metrics`]: the one definition of every metric, and reports;
 //! - [`sim`]: the discrete-event simulator;
-//! - [`serve`]: the live server's protocol pieces (KServe v2 codec);
+//! - [`serve`]: the live server (KServe v2 over HTTP/1.1 and HTTP/3, the ONNX Runtime
+//!   executor, inter-node QUIC, metrics, trace capture, hot swap and the admin API);
 //! - [`bench`]: decision cost of a policy as a component against the same code native.
+
+#![warn(missing_docs)]
 
 pub mod bench;
 pub mod conformance;

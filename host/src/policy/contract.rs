@@ -3,6 +3,7 @@
 //! These generated types are the host's vocabulary for events and actions. A later
 //! `0.2` contract gets a module of its own next to this one plus an adapter that
 //! converts between them, so components built against `0.1` keep loading.
+#![allow(missing_docs)] // the bindings wasmtime generates from the WIT carry the WIT's own docs only
 
 wasmtime::component::bindgen!({
     path: "../wit",
