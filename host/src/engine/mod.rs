@@ -393,6 +393,54 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         self.update_capacity();
     }
 
+    /// A worker was lost — its model failed to load, or its host went away — and takes
+    /// no more work. A job it is running still reports its result (the executor fails
+    /// it); the worker is then removed. The policy sees `worker-removed` (for a worker
+    /// it had seen added), and the stage counts one replica fewer, so a later
+    /// scale-up replaces it. When the stage is left with no worker that will serve
+    /// (none starting, idle or busy), the requests queued there fail now with `reason`
+    /// instead of waiting for their deadlines.
+    pub fn worker_lost(&mut self, worker: u32, reason: &str) {
+        self.now();
+        let Some(entry) = self.state.workers.get_mut(&worker) else { return };
+        let stage = entry.info.stage as usize;
+        match std::mem::replace(&mut entry.phase, WorkerPhase::Idle) {
+            WorkerPhase::Busy { items, started } => entry.phase = WorkerPhase::Draining { items, started },
+            // Already leaving (a scale-down counted it): nothing more to do.
+            phase @ WorkerPhase::Draining { .. } => {
+                entry.phase = phase;
+                return;
+            }
+            WorkerPhase::Starting => {
+                self.state.workers.remove(&worker);
+                self.executor.retire(worker);
+            }
+            _ => self.remove_worker(worker),
+        }
+        let replicas = &mut self.state.stages[stage].replicas;
+        *replicas = replicas.saturating_sub(1);
+        let (now, serving) = (self.state.now, self.state.serving() as u32);
+        self.accounting.workers_changed(now, serving);
+        self.update_capacity();
+        let serves = |w: &WorkerEntry| {
+            w.info.stage as usize == stage
+                && matches!(w.phase, WorkerPhase::Starting | WorkerPhase::Idle | WorkerPhase::Busy { .. })
+        };
+        if !self.state.workers.values().any(serves) {
+            let name = self.state.pipeline.stages[stage].name.clone();
+            let waiting: Vec<u64> = self
+                .state
+                .pieces
+                .iter()
+                .filter(|(_, p)| p.request.stage as usize == stage && p.state == PieceState::Queued)
+                .map(|(id, _)| *id)
+                .collect();
+            for id in waiting {
+                self.fail_piece(id, format!("stage {name} has no worker left: {reason}"));
+            }
+        }
+    }
+
     /// A job finished.
     pub fn job_finished(&mut self, result: JobResult) {
         let now = self.now();

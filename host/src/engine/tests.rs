@@ -500,3 +500,65 @@ fn a_shadow_sees_the_live_events_and_its_actions_are_counted_never_applied() {
     assert_eq!(last.accepted, report.accepted);
     assert!(engine.shadow_report().is_none());
 }
+
+#[test]
+fn a_lost_worker_finishes_its_job_then_leaves_and_its_stage_counts_one_replica_fewer() {
+    let (mut engine, _clock) = engine_with::<policy_fifo::Fifo>(chain(1, 2));
+    let workers: Vec<u32> = engine.state().workers.keys().copied().collect();
+    assert_eq!(workers.len(), 2);
+    let id = engine.submit(Submission { stream: 0, ..Default::default() });
+    engine.flush();
+    let job = engine.executor().started.last().cloned().expect("a job");
+    let busy = job.worker;
+    let idle = *workers.iter().find(|&&w| w != busy).unwrap();
+
+    // The idle one is lost: removed at once, and no longer counted.
+    engine.worker_lost(idle, "gone");
+    assert!(!engine.state().workers.contains_key(&idle));
+    assert_eq!(engine.state().stages[0].replicas, 1);
+    // The busy one is lost: its job still reports (failed), then it leaves.
+    engine.worker_lost(busy, "model failed to load");
+    assert!(engine.state().workers.contains_key(&busy), "kept until its job reports");
+    let failed = JobResult {
+        worker: busy,
+        duration: MS,
+        items: vec![ItemResult { id, error: Some("model failed to load".into()), tokens: 0, finished: false, fan_out: vec![] }],
+    };
+    engine.job_finished(failed);
+    engine.flush();
+    assert!(engine.state().workers.is_empty(), "a lost worker leaves after its job");
+    assert_eq!(engine.state().stages[0].replicas, 0);
+    let ended = engine.take_ended();
+    assert_eq!(ended.len(), 1, "the request ends exactly once");
+    assert!(matches!(&ended[0].outcome, Outcome::Failed { error } if error.contains("failed to load")));
+    engine.worker_lost(busy, "again"); // a second report of a gone worker changes nothing
+    assert_eq!(engine.state().stages[0].replicas, 0);
+    assert!(engine.executor().retired.contains(&idle));
+}
+
+#[test]
+fn requests_waiting_at_a_stage_left_without_workers_fail_with_the_reason() {
+    let (mut engine, _clock) = engine_with::<policy_fifo::Fifo>(chain(1, 1));
+    let ids: Vec<u64> = (0..6).map(|_| engine.submit(Submission { stream: 0, ..Default::default() })).collect();
+    engine.flush();
+    let job = engine.executor().started.last().cloned().expect("a job");
+    assert_eq!(job.items.len(), 4, "one batch of four runs, two wait");
+    engine.worker_lost(job.worker, "its model failed to load");
+    engine.flush();
+    let waiting_failed = engine.take_ended();
+    assert_eq!(waiting_failed.len(), 2, "the two waiting requests fail at once");
+    assert!(waiting_failed
+        .iter()
+        .all(|e| matches!(&e.outcome, Outcome::Failed { error } if error.contains("no worker left") && error.contains("failed to load"))));
+    let result = JobResult {
+        worker: job.worker,
+        duration: MS,
+        items: job.items.iter().map(|i| ItemResult { id: i.id, error: Some("failed to load".into()), tokens: 0, finished: false, fan_out: vec![] }).collect(),
+    };
+    engine.job_finished(result);
+    engine.flush();
+    let mut ended: Vec<u64> = waiting_failed.iter().chain(engine.take_ended().iter()).map(|e| e.id).collect();
+    ended.sort();
+    assert_eq!(ended, ids, "every request ended exactly once");
+    assert_eq!(engine.in_flight(), 0);
+}

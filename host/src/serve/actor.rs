@@ -54,6 +54,8 @@ pub enum Message<C: Clock, X: Executor> {
     JobFinished(JobResult),
     /// A worker finished starting.
     WorkerReady(u32),
+    /// A worker was lost (failed to start, or its host went away), and why.
+    WorkerLost(u32, String),
     /// Read the engine (metrics, state) on the actor thread.
     Inspect(Inspect<C, X>),
     /// Start capturing a trace (replacing any capture running), or stop with `None`.
@@ -120,6 +122,11 @@ impl<C: Clock, X: Executor> ActorHandle<C, X> {
     /// Report a worker ready.
     pub fn worker_ready(&self, worker: u32) -> Result<(), ActorStopped> {
         self.send(Message::WorkerReady(worker))
+    }
+
+    /// Report a worker lost, and why.
+    pub fn worker_lost(&self, worker: u32, reason: String) -> Result<(), ActorStopped> {
+        self.send(Message::WorkerLost(worker, reason))
     }
 
     /// Cancel a request.
@@ -262,6 +269,7 @@ fn run<C: Clock, X: Executor>(mut engine: Engine<C, X>, clock: C, receiver: Rece
                     }
                 }
                 Message::WorkerReady(worker) => engine.worker_ready(worker),
+                Message::WorkerLost(worker, reason) => engine.worker_lost(worker, &reason),
                 Message::Inspect(question) => question(&engine),
                 Message::Swap { candidate, done } => done(engine.swap(candidate)),
                 Message::Shadow { candidate: Some(candidate), done } => done(engine.start_shadow(candidate)),

@@ -14,8 +14,9 @@
 //!   errors, the measured duration) goes to the engine;
 //! - `Ready`: `worker_ready`;
 //! - `StartFailed`: logged; the worker is marked failed, the job waiting for it (if
-//!   any) and every later job sent to it fail with the error, so no request waits on a
-//!   worker that will never run (the engine has no message for a failed start);
+//!   any) and any job already on its way to it fail with the error, so no request waits
+//!   on a worker that will never run, and the engine is told the worker is lost (it
+//!   removes it; the policy sees `worker-removed` and may scale up a replacement);
 //! - `ReconfigureFailed`: logged; the worker keeps its previous session and serves on;
 //! - `Aborted`: nothing (the engine already took the job's requests back);
 //! - `Reconfigured`, `Retired`: logged, and the worker board updated.
@@ -486,9 +487,11 @@ fn pump(shared: &Shared, events: Receiver<WorkerEvent>) {
                 let error = error.to_string();
                 let stage = shared.board.update(worker, WorkerStatus::Failed(error.clone()));
                 tracing::error!(worker, ?stage, "worker failed to start: {error}; jobs sent to it fail with this error");
+                let failure = start_failure(worker, &error);
                 if let Some(record) = shared.claim_running(worker) {
-                    shared.report(record.failed(&start_failure(worker, &error)));
+                    shared.report(record.failed(&failure));
                 }
+                let _ = shared.handle.worker_lost(worker, failure);
             }
             WorkerEvent::Finished { worker, job, duration, result } => {
                 let Some(record) = shared.claim(job) else { continue };
