@@ -553,6 +553,123 @@ fn decisions_are_deterministic() {
     assert_eq!(a.log, b.log);
 }
 
+/// Spec §4: `A(m_i, m_j)`, how much denser in value a batch of `m_i` can be than one of
+/// `m_j` (α, β in any common unit).
+fn affinity(i: (f64, f64), j: (f64, f64)) -> f64 {
+    let ((ai, bi), (aj, bj)) = (i, j);
+    if aj + bj - bi <= 0.0 {
+        (ai + bi) / aj
+    } else {
+        ((ai + bi) / aj).min((ai / (aj + bj - bi)).max(ai / aj))
+    }
+}
+
+/// A tiny instance's requests: (model, arrival, deadline).
+type Tiny = Vec<(usize, Instant, Instant)>;
+
+/// The offline optimum of Eq. 3 by exhaustive search: the most requests that batches of
+/// one model each (start ≥ latest arrival, end ≤ earliest deadline, one batch per GPU at
+/// a time) can serve. Every feasible schedule stays feasible when each GPU's batches are
+/// shifted left in their order, so it suffices to append batches to GPUs, each starting
+/// as early as its GPU and its arrivals allow.
+fn brute_force_optimum(requests: &Tiny, latency: &dyn Fn(usize, u32) -> u64, gpus: usize) -> u32 {
+    fn search(
+        requests: &Tiny,
+        latency: &dyn Fn(usize, u32) -> u64,
+        left: u32,
+        free: Vec<Instant>,
+        memo: &mut HashMap<(u32, Vec<Instant>), u32>,
+    ) -> u32 {
+        if let Some(&v) = memo.get(&(left, free.clone())) {
+            return v;
+        }
+        let mut best = 0;
+        for g in 0..free.len() {
+            if free[..g].contains(&free[g]) {
+                continue; // identical GPUs with the same free time: one is enough
+            }
+            let mut subset = left;
+            while subset != 0 {
+                let members: Vec<usize> = (0..requests.len()).filter(|i| subset & (1 << i) != 0).collect();
+                let model = requests[members[0]].0;
+                if members.iter().all(|&i| requests[i].0 == model) {
+                    let start = members.iter().map(|&i| requests[i].1).max().expect("non-empty").max(free[g]);
+                    let deadline = members.iter().map(|&i| requests[i].2).min().expect("non-empty");
+                    if start + latency(model, members.len() as u32) <= deadline {
+                        let mut next = free.clone();
+                        next[g] = start + latency(model, members.len() as u32);
+                        next.sort_unstable();
+                        let value = members.len() as u32 + search(requests, latency, left & !subset, next, memo);
+                        best = best.max(value);
+                    }
+                }
+                subset = (subset - 1) & left;
+            }
+        }
+        memo.insert((left, free), best);
+        best
+    }
+    let all = (1u32 << requests.len()) - 1;
+    search(requests, latency, all, vec![0; gpus], &mut HashMap::new())
+}
+
+/// Spec §8.10: on random tiny instances (≤ 8 requests, ≤ 2 GPUs, ≤ 2 models) FLEX's
+/// goodput is at least OPT / (12.62·K), OPT found by exhaustive search over Eq. 3 and K
+/// from the instance's profiles; and never above OPT.
+#[test]
+fn flex_is_within_the_competitive_bound_of_the_offline_optimum() {
+    let mut state = 0x5eed_u64;
+    let mut next = move |n: u64| {
+        let (s, v) = yardmaster_sdk::splitmix64(state);
+        state = s;
+        v % n
+    };
+    let (mut worst, mut below_opt, mut instances) = (1.0f64, 0, 0);
+    for _ in 0..400 {
+        let model_count = 1 + next(2) as usize;
+        let gpus = 1 + next(2) as u32;
+        let models: Vec<(String, u64, u64)> = (0..model_count)
+            .map(|m| (format!("m{m}"), (100 + next(2_000)) * US, (1_000 + next(20_000)) * US))
+            .collect();
+        let named: Vec<(&str, u64, u64)> = models.iter().map(|(n, a, b)| (n.as_str(), *a, *b)).collect();
+        let config = config(&named, 128, gpus, 0);
+        let mut des = Des::new(&config, Settings::default());
+        let mut requests: Tiny = Vec::new();
+        let count = 1 + next(8) as usize;
+        let mut t = 0;
+        for id in 0..count {
+            t += next(4) * next(5 * MS);
+            let model = next(model_count as u64) as usize;
+            let alone = models[model].1 + models[model].2;
+            let slo = alone + next(3 * alone);
+            requests.push((model, t, t + slo));
+            des.arrival(id as RequestId, model, t, slo);
+        }
+        des.run();
+        let latency = |m: usize, b: u32| models[m].1 * b as u64 + models[m].2;
+        let opt = brute_force_optimum(&requests, &latency, gpus as usize);
+        let served = des.served() as u32;
+        let profile = |m: usize| (models[m].1 as f64, models[m].2 as f64);
+        let k = (0..model_count)
+            .flat_map(|i| (0..model_count).map(move |j| (i, j)))
+            .map(|(i, j)| affinity(profile(i), profile(j)))
+            .fold(1.0f64, f64::max);
+        assert!(served <= opt, "FLEX served {served} > OPT {opt} on {requests:?} with {models:?}, {gpus} GPUs");
+        assert!(
+            served as f64 >= opt as f64 / (12.62 * k) - 1e-9,
+            "FLEX served {served}, OPT {opt}, K {k:.2}: {requests:?} with {models:?}, {gpus} GPUs"
+        );
+        if served > 0 {
+            worst = worst.max(opt as f64 / served as f64);
+        }
+        below_opt += usize::from(served < opt);
+        instances += 1;
+    }
+    // The observed ratio, expected to be far tighter than the bound (spec §8.10).
+    println!("competitive ratio observed: worst OPT/FLEX {worst:.2}; FLEX below OPT on {below_opt} of {instances}");
+    assert!(below_opt > 0, "the instances never separate FLEX from OPT: too easy to test anything");
+}
+
 /// The policy adapter through the SDK's driver: a native host, events in, actions out.
 mod adapter {
     use super::*;
