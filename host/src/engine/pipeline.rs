@@ -181,6 +181,10 @@ pub struct Pipeline {
     pub max_workers: u32,
 }
 
+/// Most workers a pipeline may ask for (`max_workers`, and so its initial replicas):
+/// the host keeps an entry per worker, so a file must not be able to ask for billions.
+pub const MAX_WORKERS: u32 = 65_536;
+
 /// Why a pipeline description was refused.
 #[derive(Debug, thiserror::Error)]
 #[error("pipeline {source_name}: {message}")]
@@ -246,6 +250,12 @@ impl Pipeline {
             }
         }
         let initial: u64 = self.stages.iter().map(|s| s.replicas as u64).sum();
+        if initial > MAX_WORKERS as u64 {
+            return fail(format!("{initial} initial replicas exceed the host's limit of {MAX_WORKERS} workers"));
+        }
+        if self.max_workers > MAX_WORKERS {
+            return fail(format!("max_workers = {} is over the host's limit of {MAX_WORKERS}", self.max_workers));
+        }
         if initial > self.max_workers as u64 {
             return fail(format!("{initial} initial replicas exceed max_workers = {}", self.max_workers));
         }
@@ -525,7 +535,8 @@ mod toml_format {
             }
             let initial = stages.iter().map(|s| s.replicas as u64).sum::<u64>().min(u32::MAX as u64) as u32;
             let max_workers = self.max_workers.unwrap_or_else(|| {
-                stages.iter().map(|s| s.max_replicas as u64).sum::<u64>().min(u32::MAX as u64).max(initial as u64) as u32
+                let bounds = stages.iter().map(|s| s.max_replicas as u64).sum::<u64>().min(MAX_WORKERS as u64) as u32;
+                bounds.max(initial)
             });
             Ok(Pipeline { name: self.name, stages, streams, max_workers })
         }
@@ -830,12 +841,18 @@ mod tests {
     fn huge_numbers_are_refused_or_saturate_never_overflow() {
         // Found by fuzzing: replicas · 4, the replica sums and the batch sizes of the
         // profile points overflowed; memory sizes wrapped silently.
-        let p = Pipeline::from_toml(&one_stage("replicas = 2000000000", ""), "t").unwrap();
-        assert_eq!(p.stages[0].max_replicas, u32::MAX, "the default of four times the replicas saturates");
+        // Found by fuzzing: two billion initial replicas were accepted, and describing
+        // them to the policy allocated an entry for each.
+        let err = Pipeline::from_toml(&one_stage("replicas = 2000000000", ""), "t").unwrap_err();
+        assert!(err.message.contains("2000000000 initial replicas exceed the host's limit of 65536 workers"), "{err}");
+        let err = Pipeline::from_toml(&format!("max_workers = 100000\n{}", one_stage("", "")), "t").unwrap_err();
+        assert!(err.message.contains("max_workers = 100000 is over"), "{err}");
+        let p = Pipeline::from_toml(&one_stage("replicas = 1000\nmax_replicas = 4294967295", ""), "t").unwrap();
+        assert_eq!(p.max_workers, MAX_WORKERS, "the default max_workers is capped");
         let two = one_stage("replicas = 4294967295\nmax_replicas = 4294967295", "")
             + "[[stage]]\nname = \"b\"\nreplicas = 4294967295\nmax_replicas = 4294967295\n[[stage.variant]]\nname = \"w\"\nalpha_ms = 1.0\nbeta_ms = 1.0\n";
         let err = Pipeline::from_toml(&two, "t").unwrap_err();
-        assert!(err.message.contains("8589934590 initial replicas exceed"), "{err}");
+        assert!(err.message.contains("8589934590 initial replicas exceed the host's limit"), "{err}");
         let err = Pipeline::from_toml(&one_stage("", "memory_mib = 18446744073709551615"), "t").unwrap_err();
         assert!(err.message.contains("memory_mib = 18446744073709551615 is too large"), "{err}");
         let err = Pipeline::from_toml(&one_stage("worker_memory_mib = 17592186044416", ""), "t").unwrap_err();
