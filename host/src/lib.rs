@@ -16,6 +16,8 @@
 pub mod bench;
 pub mod conformance;
 pub mod engine;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod metrics;
 pub mod policy;
 pub mod serve;

@@ -60,7 +60,7 @@ impl Profile {
                 let mut b = 1;
                 while b < max_batch {
                     sizes.push(b);
-                    b *= 2;
+                    b = b.saturating_mul(2);
                 }
                 sizes.push(max_batch.max(1));
                 sizes.into_iter().map(|b| LatencyPoint { batch: b, mean: self.mean(b), tail: self.tail(b) }).collect()
@@ -181,6 +181,10 @@ pub struct Pipeline {
     pub max_workers: u32,
 }
 
+/// Most workers a pipeline may ask for (`max_workers`, and so its initial replicas):
+/// the host keeps an entry per worker, so a file must not be able to ask for billions.
+pub const MAX_WORKERS: u32 = 65_536;
+
 /// Why a pipeline description was refused.
 #[derive(Debug, thiserror::Error)]
 #[error("pipeline {source_name}: {message}")]
@@ -245,8 +249,14 @@ impl Pipeline {
                 return fail(format!("stream {:?} enters at a stage that does not exist", stream.name));
             }
         }
-        let initial: u32 = self.stages.iter().map(|s| s.replicas).sum();
-        if initial > self.max_workers {
+        let initial: u64 = self.stages.iter().map(|s| s.replicas as u64).sum();
+        if initial > MAX_WORKERS as u64 {
+            return fail(format!("{initial} initial replicas exceed the host's limit of {MAX_WORKERS} workers"));
+        }
+        if self.max_workers > MAX_WORKERS {
+            return fail(format!("max_workers = {} is over the host's limit of {MAX_WORKERS}", self.max_workers));
+        }
+        if initial > self.max_workers as u64 {
             return fail(format!("{initial} initial replicas exceed max_workers = {}", self.max_workers));
         }
         Ok(())
@@ -425,6 +435,11 @@ mod toml_format {
     fn one() -> u32 {
         1
     }
+
+    /// Mebibytes to bytes, refusing sizes that do not fit in 64 bits.
+    fn mib_to_bytes(mib: u64, what: &str) -> Result<u64, String> {
+        mib.checked_mul(1 << 20).ok_or_else(|| format!("{what} = {mib} is too large"))
+    }
     fn full() -> f64 {
         1.0
     }
@@ -474,7 +489,7 @@ mod toml_format {
                         name: v.name.clone(),
                         accuracy: v.accuracy,
                         profile,
-                        memory_bytes: v.memory_mib << 20,
+                        memory_bytes: mib_to_bytes(v.memory_mib, &format!("variant {:?}: memory_mib", v.name))?,
                         fan_out,
                         cold_start_ns: (v.cold_start_ms * MS) as u64,
                         warm_start_ns: (v.warm_start_ms * MS) as u64,
@@ -492,14 +507,18 @@ mod toml_format {
                     max_batch: stage.max_batch,
                     replicas: stage.replicas,
                     min_replicas: stage.min_replicas.unwrap_or(1).min(stage.replicas),
-                    max_replicas: stage.max_replicas.unwrap_or(stage.replicas.max(1) * 4),
+                    max_replicas: stage.max_replicas.unwrap_or(stage.replicas.max(1).saturating_mul(4)),
                     device: match stage.device {
                         DeviceFile::Gpu => DeviceKind::Gpu,
                         DeviceFile::Cpu => DeviceKind::Cpu,
                     },
                     threads: stage.threads,
                     parallel_fraction: stage.parallel_fraction.map(|f| f.clamp(0.0, 1.0)),
-                    worker_memory_bytes: if stage.worker_memory_mib == 0 { 16 << 30 } else { stage.worker_memory_mib << 20 },
+                    worker_memory_bytes: if stage.worker_memory_mib == 0 {
+                        16 << 30
+                    } else {
+                        mib_to_bytes(stage.worker_memory_mib, &format!("stage {:?}: worker_memory_mib", stage.name))?
+                    },
                     llm: LlmCosts::default(),
                 });
             }
@@ -514,8 +533,11 @@ mod toml_format {
                 let slo = default_slo.ok_or("no [[stream]] and no pipeline slo_ms")?;
                 streams.push(StreamDef { name: self.name.clone(), entry: 0, slo_ns: (slo * MS) as u64 });
             }
-            let initial: u32 = stages.iter().map(|s| s.replicas).sum();
-            let max_workers = self.max_workers.unwrap_or_else(|| stages.iter().map(|s| s.max_replicas).sum::<u32>().max(initial));
+            let initial = stages.iter().map(|s| s.replicas as u64).sum::<u64>().min(u32::MAX as u64) as u32;
+            let max_workers = self.max_workers.unwrap_or_else(|| {
+                let bounds = stages.iter().map(|s| s.max_replicas as u64).sum::<u64>().min(MAX_WORKERS as u64) as u32;
+                bounds.max(initial)
+            });
             Ok(Pipeline { name: self.name, stages, streams, max_workers })
         }
     }
@@ -809,6 +831,37 @@ mod tests {
         alpha_ms = 0.0
         beta_ms = 0.0
     "#;
+
+    /// A one-stage pipeline with `stage` and `variant` lines added.
+    fn one_stage(stage: &str, variant: &str) -> String {
+        format!("name = \"h\"\nslo_ms = 10\n[[stage]]\nname = \"a\"\n{stage}\n[[stage.variant]]\nname = \"v\"\nalpha_ms = 1.0\nbeta_ms = 1.0\n{variant}\n")
+    }
+
+    #[test]
+    fn huge_numbers_are_refused_or_saturate_never_overflow() {
+        // Found by fuzzing: replicas · 4, the replica sums and the batch sizes of the
+        // profile points overflowed; memory sizes wrapped silently.
+        // Found by fuzzing: two billion initial replicas were accepted, and describing
+        // them to the policy allocated an entry for each.
+        let err = Pipeline::from_toml(&one_stage("replicas = 2000000000", ""), "t").unwrap_err();
+        assert!(err.message.contains("2000000000 initial replicas exceed the host's limit of 65536 workers"), "{err}");
+        let err = Pipeline::from_toml(&format!("max_workers = 100000\n{}", one_stage("", "")), "t").unwrap_err();
+        assert!(err.message.contains("max_workers = 100000 is over"), "{err}");
+        let p = Pipeline::from_toml(&one_stage("replicas = 1000\nmax_replicas = 4294967295", ""), "t").unwrap();
+        assert_eq!(p.max_workers, MAX_WORKERS, "the default max_workers is capped");
+        let two = one_stage("replicas = 4294967295\nmax_replicas = 4294967295", "")
+            + "[[stage]]\nname = \"b\"\nreplicas = 4294967295\nmax_replicas = 4294967295\n[[stage.variant]]\nname = \"w\"\nalpha_ms = 1.0\nbeta_ms = 1.0\n";
+        let err = Pipeline::from_toml(&two, "t").unwrap_err();
+        assert!(err.message.contains("8589934590 initial replicas exceed the host's limit"), "{err}");
+        let err = Pipeline::from_toml(&one_stage("", "memory_mib = 18446744073709551615"), "t").unwrap_err();
+        assert!(err.message.contains("memory_mib = 18446744073709551615 is too large"), "{err}");
+        let err = Pipeline::from_toml(&one_stage("worker_memory_mib = 17592186044416", ""), "t").unwrap_err();
+        assert!(err.message.contains("worker_memory_mib = 17592186044416 is too large"), "{err}");
+        let p = Pipeline::from_toml(&one_stage("max_batch = 4294967295", ""), "t").unwrap();
+        let points = p.stages[0].variants[0].profile.to_points(u32::MAX);
+        assert_eq!(points.len(), 33, "1, 2, 4, … 2^31 and the largest batch");
+        assert_eq!(points.last().unwrap().batch, u32::MAX);
+    }
 
     #[test]
     fn reads_our_toml_dag() {

@@ -26,6 +26,9 @@ pub const HEADER_CONTENT_LENGTH: &str = "inference-header-content-length";
 /// overflow and absurd allocations).
 pub const MAX_ELEMENTS: u64 = 1 << 31;
 
+/// Most elements reserved from a JSON input's declared shape before they are read.
+const PREALLOCATED_ELEMENTS: u64 = 1 << 16;
+
 /// A refusal of a malformed message: the reason, meant for the client.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProtocolError(pub String);
@@ -416,7 +419,10 @@ fn decode_input(index: usize, raw: Value, binary: &mut &[u8]) -> Result<Tensor, 
             }
         }
         (None, Some(data)) => {
-            let mut flat = Vec::with_capacity(count as usize);
+            // The shape is only a claim: reserve no more than a small bound ahead of
+            // the elements actually present (a shape of 2^31 with one element must not
+            // allocate 2^31 JSON values).
+            let mut flat = Vec::with_capacity(count.min(PREALLOCATED_ELEMENTS) as usize);
             flatten(&name, data, &mut flat)?;
             if flat.len() as u64 != count {
                 return error(format!("input {name:?}: shape {shape:?} needs {count} elements, \"data\" has {}", flat.len()));
@@ -601,6 +607,13 @@ mod tests {
 
     fn decode(json: &str) -> Result<InferRequest, ProtocolError> {
         decode_request(json.as_bytes(), None)
+    }
+
+    #[test]
+    fn a_huge_declared_shape_with_little_data_is_refused_without_allocating_for_it() {
+        // Found by fuzzing: the shape's element count was reserved up front (64 GiB).
+        let err = decode(r#"{"inputs":[{"name":"x","datatype":"FP32","shape":[2147483648],"data":[1]}]}"#).unwrap_err();
+        assert!(err.0.contains("needs 2147483648 elements"), "{err}");
     }
 
     #[test]
