@@ -109,10 +109,8 @@ pub fn trace_file(data: &[u8]) {
     use crate::sim::trace::{arrivals_from_trace, TraceReader};
     if let Ok(reader) = TraceReader::new(Cursor::new(data)) {
         let _ = reader.header();
-        for record in reader {
-            if let Ok(record) = record {
-                let _ = record.at();
-            }
+        for record in reader.flatten() {
+            let _ = record.at();
         }
     }
     if let Ok(reader) = TraceReader::new(Cursor::new(data)) {
@@ -234,11 +232,11 @@ impl Script {
             3 => Action::Preempt(self.below(8)),
             4 => Action::Evict(contract::Evict {
                 sequence: self.request(),
-                mode: if self.byte() % 2 == 0 { contract::EvictMode::Recompute } else { contract::EvictMode::Swap },
+                mode: if self.byte().is_multiple_of(2) { contract::EvictMode::Recompute } else { contract::EvictMode::Swap },
             }),
             5 => Action::Scale(contract::Scale { stage: self.below(4), replicas: self.below(6), variant: self.option(3) }),
             6 => Action::SetVariant(contract::SetVariant {
-                target: if self.byte() % 2 == 0 {
+                target: if self.byte().is_multiple_of(2) {
                     contract::VariantTarget::Worker(self.below(8))
                 } else {
                     contract::VariantTarget::Stage(self.below(4))

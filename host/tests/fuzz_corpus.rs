@@ -11,8 +11,11 @@ use std::path::{Path, PathBuf};
 
 use yardmaster::fuzzing;
 
+/// A target's entry point.
+type Entry = fn(&[u8]);
+
 /// The targets, by corpus directory, with their entry point.
-const TARGETS: &[(&str, fn(&[u8]))] = &[
+const TARGETS: &[(&str, Entry)] = &[
     ("kserve_request", fuzzing::kserve_request),
     ("remote_frame", fuzzing::remote_frame),
     ("pipeline_toml", fuzzing::pipeline_toml),
@@ -109,7 +112,7 @@ fn mutate(rng: &mut Rng, input: &[u8], other: &[u8]) -> Vec<u8> {
 
 /// Run `input` through `entry`; on a panic, fail naming the input so that it can be
 /// added to the corpus and fixed.
-fn run_one(target: &str, what: &str, entry: fn(&[u8]), input: &[u8]) {
+fn run_one(target: &str, what: &str, entry: Entry, input: &[u8]) {
     if catch_unwind(AssertUnwindSafe(|| entry(input))).is_err() {
         panic!("{target}: {what} panicked; input ({} bytes): {:?}", input.len(), String::from_utf8_lossy(input));
     }
@@ -119,7 +122,7 @@ fn mutations() -> usize {
     std::env::var("YARDMASTER_FUZZ_MUTATIONS").ok().and_then(|n| n.parse().ok()).unwrap_or(1000)
 }
 
-fn smoke(target: &str, entry: fn(&[u8]), mutations: usize) {
+fn smoke(target: &str, entry: Entry, mutations: usize) {
     let seeds = seeds(target);
     assert!(seeds.len() >= 3, "{target}: the corpus has {} seeds, expected a handful", seeds.len());
     for (name, bytes) in &seeds {
