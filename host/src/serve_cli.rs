@@ -49,7 +49,7 @@ pub(crate) fn run_async(future: impl std::future::Future<Output = Result<ExitCod
 /// Arguments of `yardmaster serve`.
 #[derive(clap::Args, Clone)]
 pub struct ServeArgs {
-    /// Configuration file (TOML; see the README). Without one: the PP-OCR pipeline
+    /// Configuration file (TOML; see docs/serving.md). Without one: the PP-OCR pipeline
     /// with the edf policy on 127.0.0.1:8000.
     #[arg(long)]
     pub config: Option<PathBuf>,
