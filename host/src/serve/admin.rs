@@ -19,7 +19,6 @@
 //! or with another token, gets 401. [`Admin::start`] also starts the watched directory
 //! ([`super::watch`]) when one is configured; it does not need the token.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -28,8 +27,6 @@ use bytes::Bytes;
 use http::{header, Method, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -203,41 +200,12 @@ impl Admin {
 }
 
 /// Serve `api` on `listener` until `shutdown` turns true.
-async fn serve(listener: TcpListener, api: Arc<AdminApi>, mut shutdown: watch::Receiver<bool>) {
-    loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            _ = shutdown.changed() => return,
-        };
-        let (stream, peer) = match accepted {
-            Ok(pair) => pair,
-            Err(error) => {
-                tracing::warn!("admin API accept failed: {error}");
-                continue;
-            }
-        };
+async fn serve(listener: TcpListener, api: Arc<AdminApi>, shutdown: watch::Receiver<bool>) {
+    super::http1::serve_with(listener, "admin API", shutdown, move |request, _peer| {
         let api = api.clone();
-        let mut shutdown = shutdown.clone();
-        tokio::spawn(async move {
-            let service = service_fn(move |request| {
-                let api = api.clone();
-                async move { Ok::<_, Infallible>(answer(&api, request).await) }
-            });
-            let connection = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service);
-            tokio::pin!(connection);
-            tokio::select! {
-                result = connection.as_mut() => {
-                    if let Err(error) = result {
-                        tracing::debug!("admin connection from {peer}: {error}");
-                    }
-                }
-                _ = shutdown.changed() => {
-                    connection.as_mut().graceful_shutdown();
-                    let _ = connection.await;
-                }
-            }
-        });
-    }
+        async move { answer(&api, request).await }
+    })
+    .await
 }
 
 async fn answer(api: &AdminApi, request: http::Request<Incoming>) -> http::Response<Full<Bytes>> {

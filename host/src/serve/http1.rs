@@ -2,6 +2,7 @@
 //! connections, no Nagle delay, bodies read up to the API's limit (413 beyond it).
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -17,7 +18,23 @@ use super::api::{Api, ApiRequest, ApiResponse};
 
 /// Serve `api` on `listener` until `shutdown` turns true; connections already open
 /// finish their current request.
-pub async fn serve(listener: TcpListener, api: Arc<Api>, mut shutdown: watch::Receiver<bool>) {
+pub async fn serve(listener: TcpListener, api: Arc<Api>, shutdown: watch::Receiver<bool>) {
+    serve_with(listener, "HTTP/1.1", shutdown, move |request, peer| {
+        let api = api.clone();
+        async move { answer(&api, request, peer).await }
+    })
+    .await
+}
+
+/// The HTTP/1.1 accept loop for any handler (the client API, the admin API): keep-alive
+/// connections without Nagle delay, each request answered by `handle`, until
+/// `shutdown` turns true; connections already open finish their current request.
+/// `label` names the listener in log lines.
+pub async fn serve_with<H, F>(listener: TcpListener, label: &'static str, mut shutdown: watch::Receiver<bool>, handle: H)
+where
+    H: Fn(http::Request<Incoming>, SocketAddr) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = http::Response<Full<Bytes>>> + Send + 'static,
+{
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -26,17 +43,17 @@ pub async fn serve(listener: TcpListener, api: Arc<Api>, mut shutdown: watch::Re
         let (stream, peer) = match accepted {
             Ok(pair) => pair,
             Err(error) => {
-                tracing::warn!("HTTP/1.1 accept failed: {error}");
+                tracing::warn!("{label} accept failed: {error}");
                 continue;
             }
         };
         let _ = stream.set_nodelay(true);
-        let api = api.clone();
+        let handle = handle.clone();
         let mut shutdown = shutdown.clone();
         tokio::spawn(async move {
             let service = service_fn(move |request| {
-                let api = api.clone();
-                async move { Ok::<_, Infallible>(answer(&api, request, peer).await) }
+                let answer = handle(request, peer);
+                async move { Ok::<_, Infallible>(answer.await) }
             });
             let connection = hyper::server::conn::http1::Builder::new()
                 .keep_alive(true)
@@ -45,7 +62,7 @@ pub async fn serve(listener: TcpListener, api: Arc<Api>, mut shutdown: watch::Re
             tokio::select! {
                 result = connection.as_mut() => {
                     if let Err(error) = result {
-                        tracing::debug!("HTTP/1.1 connection from {peer}: {error}");
+                        tracing::debug!("{label} connection from {peer}: {error}");
                     }
                 }
                 _ = shutdown.changed() => {
