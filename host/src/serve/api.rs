@@ -132,14 +132,17 @@ pub type MetricsRenderer = Arc<dyn Fn() -> String + Send + Sync>;
 /// The client API.
 pub struct Api {
     backend: Arc<dyn Backend>,
+    /// The backend's models, read once: every request looks its model up here.
+    models: Vec<ModelMetadata>,
     metrics: Option<MetricsRenderer>,
     max_body: usize,
 }
 
 impl Api {
-    /// An API answered by `backend`.
+    /// An API answered by `backend` (whose models are read once, here).
     pub fn new(backend: Arc<dyn Backend>) -> Self {
-        Self { backend, metrics: None, max_body: DEFAULT_MAX_BODY }
+        let models = backend.models();
+        Self { backend, models, metrics: None, max_body: DEFAULT_MAX_BODY }
     }
 
     /// Serve `GET /metrics` with `render`.
@@ -196,8 +199,8 @@ impl Api {
     }
 
     async fn model_route(&self, request: &ApiRequest, model: &str, rest: &[&str]) -> ApiResponse {
-        let Some(metadata) = self.backend.models().into_iter().find(|m| m.name == model) else {
-            let known: Vec<String> = self.backend.models().into_iter().map(|m| m.name).collect();
+        let Some(metadata) = self.models.iter().find(|m| m.name == model) else {
+            let known: Vec<&str> = self.models.iter().map(|m| m.name.as_str()).collect();
             return ApiResponse::error(StatusCode::NOT_FOUND, &format!("unknown model {model:?} (served: {})", known.join(", ")));
         };
         let rest = match rest {
@@ -214,7 +217,7 @@ impl Api {
         };
         let get = request.method == Method::GET || request.method == Method::HEAD;
         match rest {
-            [] if get => ApiResponse::json(StatusCode::OK, &metadata_json(&metadata)),
+            [] if get => ApiResponse::json(StatusCode::OK, &metadata_json(metadata)),
             ["ready"] if get => ApiResponse::empty(if self.backend.ready() {
                 StatusCode::OK
             } else {
@@ -224,7 +227,7 @@ impl Api {
                 StatusCode::OK,
                 &json!({ "name": metadata.name, "platform": metadata.platform, "max_batch_size": 0 }),
             ),
-            ["infer"] if request.method == Method::POST => self.infer(request, &metadata).await,
+            ["infer"] if request.method == Method::POST => self.infer(request, metadata).await,
             [] | ["ready"] | ["config"] | ["infer"] => {
                 ApiResponse::error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this route")
             }
