@@ -134,3 +134,91 @@ pub trait Executor {
     /// A sequence leaves a worker's memory (iteration stages).
     fn evict(&mut self, worker: u32, sequence: u64, mode: EvictMode);
 }
+
+/// One executor driven by several engines on the same thread: the arms of an A/B run
+/// each schedule their own workers, all of which live in this one executor. Cloning
+/// gives another handle to the same executor. Worker and request ids must not collide
+/// between the engines ([`super::IdSpace`] sees to that).
+pub struct SharedExecutor<X>(std::rc::Rc<std::cell::RefCell<X>>);
+
+impl<X> SharedExecutor<X> {
+    /// Share `executor`.
+    pub fn new(executor: X) -> Self {
+        Self(std::rc::Rc::new(std::cell::RefCell::new(executor)))
+    }
+
+    /// The executor, for reading.
+    pub fn borrow(&self) -> std::cell::Ref<'_, X> {
+        self.0.borrow()
+    }
+
+    /// The executor, for changing.
+    pub fn borrow_mut(&self) -> std::cell::RefMut<'_, X> {
+        self.0.borrow_mut()
+    }
+}
+
+impl<X> Clone for SharedExecutor<X> {
+    fn clone(&self) -> Self {
+        Self(self.0.clone())
+    }
+}
+
+impl<X: std::fmt::Debug> std::fmt::Debug for SharedExecutor<X> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("SharedExecutor").field(&*self.0.borrow()).finish()
+    }
+}
+
+impl<X: Executor> Executor for SharedExecutor<X> {
+    fn start(&mut self, job: BatchJob) {
+        self.0.borrow_mut().start(job)
+    }
+    fn abort(&mut self, worker: u32) {
+        self.0.borrow_mut().abort(worker)
+    }
+    fn provision(&mut self, worker: u32, stage: u32, variant: u32) {
+        self.0.borrow_mut().provision(worker, stage, variant)
+    }
+    fn retire(&mut self, worker: u32) {
+        self.0.borrow_mut().retire(worker)
+    }
+    fn set_threads(&mut self, worker: u32, threads: u32) {
+        self.0.borrow_mut().set_threads(worker, threads)
+    }
+    fn set_variant(&mut self, worker: u32, variant: u32) {
+        self.0.borrow_mut().set_variant(worker, variant)
+    }
+    fn evict(&mut self, worker: u32, sequence: u64, mode: EvictMode) {
+        self.0.borrow_mut().evict(worker, sequence, mode)
+    }
+}
+
+/// Where an engine takes new request and worker ids from. Engines that share one
+/// (the arms of an A/B run, over one [`SharedExecutor`]) never hand out the same id
+/// twice; a lone engine has its own, counting requests from 1 and workers from 0.
+#[derive(Debug, Clone)]
+pub struct IdSpace(Arc<(AtomicU64, AtomicU64)>);
+
+impl Default for IdSpace {
+    fn default() -> Self {
+        Self(Arc::new((AtomicU64::new(1), AtomicU64::new(0))))
+    }
+}
+
+impl IdSpace {
+    /// A new request (or piece) id.
+    pub fn request(&self) -> u64 {
+        self.0 .0.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// A new worker id.
+    pub fn worker(&self) -> u32 {
+        self.0 .1.fetch_add(1, Ordering::Relaxed) as u32
+    }
+
+    /// Make sure worker ids from now on are at least `next`.
+    pub(super) fn reserve_workers(&self, next: u32) {
+        self.0 .1.fetch_max(next as u64, Ordering::Relaxed);
+    }
+}

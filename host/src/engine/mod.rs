@@ -26,7 +26,7 @@ mod tests;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-pub use exec::{BatchJob, Clock, Executor, ItemResult, JobItem, JobResult, ManualClock, MonotonicClock, Resume};
+pub use exec::{BatchJob, Clock, Executor, IdSpace, ItemResult, JobItem, JobResult, ManualClock, MonotonicClock, Resume, SharedExecutor};
 pub use pipeline::{Pipeline, Profile, StageDef, StreamDef, VariantDef};
 pub use state::{ClusterState, Origin, Piece, PieceState, WorkerEntry, WorkerPhase};
 
@@ -93,6 +93,10 @@ pub struct Ended {
     pub outcome: Outcome,
     /// When.
     pub at: u64,
+    /// When the client sent it.
+    pub sent_at: u64,
+    /// Its deadline.
+    pub deadline: u64,
 }
 
 /// Things the engine schedules for itself.
@@ -171,8 +175,7 @@ pub struct Engine<C: Clock, X: Executor> {
     pending: Vec<Event>,
     agenda: BinaryHeap<Reverse<(u64, u64, Wakeup)>>,
     agenda_seq: u64,
-    next_id: u64,
-    next_worker: u32,
+    ids: IdSpace,
     accounting: Accounting,
     ended: Vec<Ended>,
     stats: EngineStats,
@@ -211,17 +214,56 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         options: EngineOptions,
         start_arm: impl FnOnce(Config, &ClusterState) -> (Arm, ArmOutput),
     ) -> Self {
+        Self::build(clock, executor, pipeline, options, IdSpace::default(), "main", true, start_arm)
+    }
+
+    /// An engine beside others on the same executor (the second arm of an A/B run):
+    /// ids come from the shared `ids`, the arm is called `arm`, and `pipeline`'s
+    /// initial replicas are provisioned on the executor — they reach the policy as
+    /// `worker-added` when ready, so its configuration lists no worker.
+    pub fn beside(
+        clock: C,
+        executor: X,
+        pipeline: Pipeline,
+        options: EngineOptions,
+        ids: IdSpace,
+        arm: &str,
+        start_arm: impl FnOnce(Config, &ClusterState) -> (Arm, ArmOutput),
+    ) -> Self {
+        Self::build(clock, executor, pipeline, options, ids, arm, false, start_arm)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn build(
+        clock: C,
+        executor: X,
+        pipeline: Pipeline,
+        options: EngineOptions,
+        ids: IdSpace,
+        arm: &str,
+        serving_at_once: bool,
+        start_arm: impl FnOnce(Config, &ClusterState) -> (Arm, ArmOutput),
+    ) -> Self {
         let mut state = ClusterState::new(pipeline, options.max_threads);
         state.now = clock.now();
-        let config = Self::policy_config(&state.pipeline, "main", &options);
-        for worker in &config.workers {
-            state.workers.insert(
-                worker.id,
-                WorkerEntry::new(*worker, WorkerPhase::Idle),
-            );
-            state.stages[worker.stage as usize].replicas += 1;
+        let mut config = Self::policy_config(&state.pipeline, arm, &options);
+        let mut provision = Vec::new();
+        if serving_at_once {
+            // The configuration numbers the initial workers from 0, as the executors do.
+            ids.reserve_workers(config.workers.len() as u32);
+            for worker in &config.workers {
+                state.workers.insert(worker.id, WorkerEntry::new(*worker, WorkerPhase::Idle));
+                state.stages[worker.stage as usize].replicas += 1;
+            }
+        } else {
+            for worker in std::mem::take(&mut config.workers) {
+                let mut info = worker;
+                info.id = ids.worker();
+                state.workers.insert(info.id, WorkerEntry::new(info, WorkerPhase::Starting));
+                state.stages[info.stage as usize].replicas += 1;
+                provision.push((info.id, info.stage, info.variant));
+            }
         }
-        let next_worker = config.workers.len() as u32;
         let (arm, output) = start_arm(config, &state);
         let mut accounting = Accounting::new(options.metrics_window);
         if state.pipeline.stages.iter().any(|s| s.kind == StageKind::Iteration) {
@@ -241,12 +283,14 @@ impl<C: Clock, X: Executor> Engine<C, X> {
             pending: Vec::new(),
             agenda: BinaryHeap::new(),
             agenda_seq: 0,
-            next_id: 1,
-            next_worker,
+            ids,
             accounting,
             ended: Vec::new(),
             stats: EngineStats::default(),
         };
+        for (worker, stage, variant) in provision {
+            engine.executor.provision(worker, stage, variant);
+        }
         let now = engine.state.now;
         engine.accounting.workers_changed(now, engine.state.serving() as u32);
         engine.update_capacity();
@@ -278,6 +322,43 @@ impl<C: Clock, X: Executor> Engine<C, X> {
     /// Counters.
     pub fn stats(&self) -> &EngineStats {
         &self.stats
+    }
+
+    /// The settings it runs with.
+    pub fn options(&self) -> &EngineOptions {
+        &self.options
+    }
+
+    /// Where its request and worker ids come from (share it with an engine started
+    /// [`Engine::beside`] this one).
+    pub fn ids(&self) -> IdSpace {
+        self.ids.clone()
+    }
+
+    /// Whether `worker` is one of this engine's workers.
+    pub fn owns_worker(&self, worker: u32) -> bool {
+        self.state.workers.contains_key(&worker)
+    }
+
+    /// Whether the end-to-end request `id` is in flight here.
+    pub fn holds_request(&self, id: u64) -> bool {
+        self.state.origins.contains_key(&id)
+    }
+
+    /// Set a stage's replicas from outside the policy (the host dividing workers
+    /// between the arms of an A/B run): workers are provisioned, or starting, idle and
+    /// then busy ones leave (busy ones after their job), as for the policy's `scale`.
+    pub fn resize(&mut self, stage: u32, replicas: u32) {
+        if (stage as usize) < self.state.stages.len() {
+            self.now();
+            let variant = self.state.workers.values().find(|w| w.info.stage == stage).map_or(0, |w| w.info.variant);
+            self.scale(stage, replicas, variant);
+        }
+    }
+
+    /// Cap the workers the policy may ask for (its share of the cluster).
+    pub fn set_max_workers(&mut self, max_workers: u32) {
+        self.state.pipeline.max_workers = max_workers;
     }
 
     /// The accounting (every metric).
@@ -319,8 +400,7 @@ impl<C: Clock, X: Executor> Engine<C, X> {
     /// A client request arrives; returns its id.
     pub fn submit(&mut self, submission: Submission) -> u64 {
         let now = self.now();
-        let id = self.next_id;
-        self.next_id += 1;
+        let id = self.ids.request();
         let stream = &self.state.pipeline.streams[submission.stream as usize];
         let sent_at = if submission.sent_at == 0 || submission.sent_at > now { now } else { submission.sent_at };
         let deadline = if submission.deadline == 0 { sent_at + stream.slo_ns } else { submission.deadline };
@@ -598,8 +678,7 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         for (next, n) in counts {
             for _ in 0..n {
                 let mut child = piece.request.clone();
-                child.id = self.next_id;
-                self.next_id += 1;
+                child.id = self.ids.request();
                 child.requeues = 0;
                 self.arrive_at(child, next, 0);
             }
@@ -683,7 +762,7 @@ impl<C: Clock, X: Executor> Engine<C, X> {
             accuracy: origin.accuracy,
             queue_delay: origin.queue_delay,
         });
-        self.ended.push(Ended { id: origin_id, outcome, at: now });
+        self.ended.push(Ended { id: origin_id, outcome, at: now, sent_at: origin.sent_at, deadline: origin.deadline });
     }
 
     /// End an origin early (drop, failure, cancellation, expiry): every live piece goes,
@@ -1017,8 +1096,7 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         let mut kept = 0;
         if replicas > current {
             for _ in current..replicas {
-                let id = self.next_worker;
-                self.next_worker += 1;
+                let id = self.ids.worker();
                 let def = &self.state.pipeline.stages[stage as usize];
                 let mut info = worker_info(id, stage, def);
                 info.variant = variant;

@@ -165,7 +165,8 @@ fn a_dag_splits_into_pieces_and_merges_them_at_the_fan_in_stage() {
     assert_eq!(sink[0].items.len(), 1, "merged into one piece");
     finish_all(&mut engine, &BTreeMap::new());
     let ended = engine.take_ended();
-    assert_eq!(ended, vec![Ended { id, outcome: Outcome::Completed, at: 0 }]);
+    let slo = engine.state().pipeline.streams[0].slo_ns;
+    assert_eq!(ended, vec![Ended { id, outcome: Outcome::Completed, at: 0, sent_at: 0, deadline: slo }]);
 }
 
 #[test]
@@ -174,7 +175,8 @@ fn a_detector_that_finds_nothing_completes_the_request() {
     let id = engine.submit(Submission::default());
     engine.flush();
     finish_all(&mut engine, &BTreeMap::from([(0, vec![(1, 0), (2, 0)])]));
-    assert_eq!(engine.take_ended(), vec![Ended { id, outcome: Outcome::Completed, at: 0 }]);
+    let slo = engine.state().pipeline.streams[0].slo_ns;
+    assert_eq!(engine.take_ended(), vec![Ended { id, outcome: Outcome::Completed, at: 0, sent_at: 0, deadline: slo }]);
 }
 
 /// Preempts whatever runs as soon as anything arrives (once per worker).

@@ -279,6 +279,27 @@ impl Arm {
         (arm, output)
     }
 
+    /// Start an arm on a [`Candidate`] (instantiated off the engine's thread, as for
+    /// a swap): the second arm of an A/B run. A fault in `init` applies the failure
+    /// mode straight away.
+    pub fn start_candidate(
+        name: &str,
+        config: Config,
+        candidate: Candidate,
+        mode: FailureMode,
+        view: &dyn ClusterView,
+    ) -> (Self, ArmOutput) {
+        let mut arm = Self::empty(name, config, mode);
+        arm.reloadable = candidate.source;
+        let output = arm.hand_over(candidate.instance, ArmState::Primary, Vec::new(), view);
+        (arm, output)
+    }
+
+    /// What the arm does when its policy faults.
+    pub fn failure_mode(&self) -> FailureMode {
+        self.mode
+    }
+
     fn empty(name: &str, config: Config, mode: FailureMode) -> Self {
         Self {
             name: name.into(),

@@ -140,7 +140,7 @@ mod tests {
     #[test]
     fn a_failing_sink_stops_the_capture_and_nothing_else() {
         let mut recorder = Recorder::start(Box::new(Full { room: 100_000 }), "t").unwrap();
-        let end = Ended { id: 1, outcome: Outcome::Dropped { reason: "late".repeat(40_000) }, at: 5 };
+        let end = Ended { id: 1, outcome: Outcome::Dropped { reason: "late".repeat(40_000) }, at: 5, sent_at: 0, deadline: 0 };
         recorder.ended(&end);
         recorder.flush();
         assert!(!recorder.active(), "a write past the room stops the recorder");
@@ -152,8 +152,8 @@ mod tests {
     #[test]
     fn records_are_counted() {
         let mut recorder = Recorder::start(Box::new(Vec::new()), "t").unwrap();
-        recorder.ended(&Ended { id: 1, outcome: Outcome::Completed, at: 5 });
-        recorder.ended(&Ended { id: 2, outcome: Outcome::Failed { error: "x".into() }, at: 6 });
+        recorder.ended(&Ended { id: 1, outcome: Outcome::Completed, at: 5, sent_at: 0, deadline: 0 });
+        recorder.ended(&Ended { id: 2, outcome: Outcome::Failed { error: "x".into() }, at: 6, sent_at: 0, deadline: 0 });
         recorder.flush();
         assert!(recorder.active());
         assert_eq!(recorder.records(), 2);

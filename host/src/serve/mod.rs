@@ -11,6 +11,7 @@
 //! swaps the policy on the running engine, triggered by the [`admin`] API and the
 //! [`watch`]ed directory.
 
+pub mod ab;
 pub mod actor;
 pub mod admin;
 pub mod api;

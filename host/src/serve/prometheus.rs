@@ -6,6 +6,7 @@
 
 use std::fmt::Write as _;
 
+use super::ab::Arms;
 use crate::engine::{Clock, Engine, EngineStats, Executor};
 use crate::metrics::{Percentiles, Stats, Summary};
 use crate::policy::arm::SWAP_PAUSE_BUCKETS_US;
@@ -243,12 +244,34 @@ pub fn render_arm(out: &mut Exposition, metrics: &ArmMetrics<'_>) {
 /// The whole exposition of one engine, whose policy arm is named `arm`; call it on
 /// the actor thread (through `ActorHandle::inspect`).
 pub fn render_engine<C: Clock, X: Executor>(engine: &Engine<C, X>, arm: &str) -> String {
+    let mut out = Exposition::new();
+    render_one(&mut out, engine, arm);
+    out.finish()
+}
+
+/// The exposition of every arm of a server (two during an A/B run), each series
+/// labelled with its arm.
+pub fn render_arms<C: Clock + Clone, X: Executor>(arms: &Arms<C, X>) -> String {
+    let mut out = Exposition::new();
+    for slot in arms.slots() {
+        render_one(&mut out, &slot.engine, &slot.label);
+    }
+    out.sample(
+        "yardmaster_ab_running",
+        "gauge",
+        "1 while an A/B run splits the traffic between two arms (or is ending), else 0.",
+        &[],
+        if arms.ab_running() { 1.0 } else { 0.0 },
+    );
+    out.finish()
+}
+
+fn render_one<C: Clock, X: Executor>(out: &mut Exposition, engine: &Engine<C, X>, arm: &str) {
     let state = engine.state();
     let summary = engine.accounting().summary(state.now);
     let streams: Vec<String> = state.pipeline.streams.iter().map(|s| s.name.clone()).collect();
-    let mut out = Exposition::new();
     let metrics = ArmMetrics { arm, streams: &streams, summary: &summary, policy: engine.arm().stats(), engine: engine.stats() };
-    render_arm(&mut out, &metrics);
+    render_arm(out, &metrics);
     let policy = engine.arm().module().map_or_else(|| engine.arm().instance_label(), |m| m.name().to_string());
     let sha256 = engine.arm().module().map(|m| m.sha256_hex()).unwrap_or_default();
     let state = super::swap::state_name(engine.arm().state());
@@ -266,7 +289,6 @@ pub fn render_engine<C: Clock, X: Executor>(engine: &Engine<C, X>, arm: &str) ->
         &[("arm", arm)],
         engine.in_flight() as f64,
     );
-    out.finish()
 }
 
 #[cfg(test)]

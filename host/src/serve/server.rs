@@ -71,13 +71,8 @@ impl Server {
             handle.capture(Some(recorder)).map_err(|e| anyhow!(e))?;
         }
         let metrics_handle = handle.clone();
-        let arm = policy_name.clone();
-        let renderer: MetricsRenderer = Arc::new(move || {
-            let arm = arm.clone();
-            metrics_handle
-                .inspect(move |engine| prometheus::render_engine(engine, &arm))
-                .unwrap_or_else(|e| format!("# {e}\n"))
-        });
+        let renderer: MetricsRenderer =
+            Arc::new(move || metrics_handle.inspect_arms(prometheus::render_arms).unwrap_or_else(|e| format!("# {e}\n")));
         let api = Arc::new(Api::new(Arc::new(backend)).with_metrics(renderer).with_max_body(config.max_body_bytes));
         let listeners = Listeners::start(&config.listen_options(), api).await?;
         let admin = Admin::start(&config.admin, Arc::new(Swapper::new(handle.clone(), sandbox))).await?;

@@ -19,7 +19,7 @@ use super::executor::{check_placements, OnnxExecutor, Placement, ServeActor, Wor
 use super::payload::PayloadStore;
 use super::stages::{ClsProgram, DetProgram, RecProgram, StageProgram, TensorProgram};
 use super::tiny_model;
-use crate::engine::{Engine, EngineOptions, MonotonicClock, Pipeline};
+use crate::engine::{Engine, EngineOptions, MonotonicClock, Pipeline, SharedExecutor};
 use crate::policy::contract::StageKind;
 use crate::policy::{Arm, FailureMode, Limits, Mode, PolicyLoader, PolicyModule, Sandbox};
 
@@ -205,10 +205,11 @@ impl ServingStack {
         let board = WorkerBoard::new(stages);
         let actor = {
             let (clock, store, board, programs) = (clock.clone(), store.clone(), board.clone(), programs.clone());
-            ServeActor::spawn("yardmaster-engine", clock.clone(), move |handle| {
+            let label = policy.name.clone();
+            ServeActor::spawn("yardmaster-engine", clock.clone(), &label, move |handle| {
                 let executor = OnnxExecutor::new(handle, &pipeline, programs, store, board, placements);
                 let PolicyChoice { name, sandbox, module, failure } = policy;
-                Engine::new(clock, executor, pipeline, options, |config, view| {
+                Engine::new(clock, SharedExecutor::new(executor), pipeline, options, |config, view| {
                     Arm::start_wasm(&name, config, &sandbox, module, failure, None, view)
                 })
             })
