@@ -6,7 +6,10 @@
 //! - `yardmaster admin swap FILE|NAME`: swap the policy in, from a `.wasm` file (sent
 //!   to the server) or a shipped policy by name; prints the engine's pause;
 //! - `yardmaster admin shadow start FILE|NAME | report | stop`: run a candidate as a
-//!   shadow of the live policy and read what it would have done.
+//!   shadow of the live policy and read what it would have done;
+//! - `yardmaster ab start FILE|NAME [--share S] [--by request|stream|key] [--arm NAME]
+//!   | status | report | promote | rollback`: an A/B run of a candidate against the
+//!   live policy, its report with confidence intervals, and its end.
 //!
 //! The token comes from `--token` or `YARDMASTER_ADMIN_TOKEN`. The exit status is
 //! non-zero when the call is refused, and when a swapped-in policy faulted at once
@@ -20,6 +23,8 @@ use anyhow::{anyhow, bail, Context, Result};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use serde_json::Value;
+use yardmaster::serve::ab::stats::render as render_report;
+use yardmaster::serve::ab::AbReport;
 use yardmaster::serve::client::Http1Client;
 use yardmaster::serve::config::{ADMIN_TOKEN_ENV, DEFAULT_ADMIN_LISTEN};
 
@@ -46,6 +51,9 @@ pub enum AdminCommand {
     Swap {
         /// A policy component file, or the name of a shipped policy (`edf`, `fifo`, …).
         policy: String,
+        /// The arm to swap during an A/B run (default: the control arm).
+        #[arg(long)]
+        arm: Option<String>,
     },
     /// Run a candidate policy as a shadow of the live one (its actions are checked and
     /// counted, never executed), read its report, or stop it.
@@ -67,14 +75,68 @@ pub enum ShadowCommand {
     Stop,
 }
 
+/// Arguments of `yardmaster ab`.
+#[derive(clap::Args, Clone)]
+pub struct AbArgs {
+    /// The admin API's address.
+    #[arg(long, default_value = DEFAULT_ADMIN_LISTEN, global = true)]
+    pub address: SocketAddr,
+    /// The admin token (default: the YARDMASTER_ADMIN_TOKEN environment variable).
+    #[arg(long, global = true)]
+    pub token: Option<String>,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: AbCommand,
+}
+
+/// The A/B calls.
+#[derive(clap::Subcommand, Clone)]
+pub enum AbCommand {
+    /// Start an A/B run: the candidate policy gets its share of the requests and of
+    /// each stage's workers; the live policy keeps the rest.
+    Start {
+        /// A policy component file, or the name of a shipped policy.
+        policy: String,
+        /// The candidate's share of requests and workers, between 0 and 1.
+        #[arg(long, default_value_t = 0.5)]
+        share: f64,
+        /// What decides a request's arm: `request` (each on its own), `stream`, or
+        /// `key` (the client's x-yardmaster-key header or `split_key` parameter).
+        #[arg(long, default_value = "request")]
+        by: String,
+        /// The candidate arm's name (default: the policy's name).
+        #[arg(long)]
+        arm: Option<String>,
+    },
+    /// Where the run stands: its arms, their workers and requests in flight.
+    Status,
+    /// Compare the arms: goodput, drop rate and latency, with 95 % confidence
+    /// intervals, and whether each difference is significant.
+    Report {
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make the candidate the whole: it takes every new request, and the control's
+    /// workers once the control has finished what it holds.
+    Promote,
+    /// Make the control the whole again (stops the run).
+    Rollback,
+}
+
 /// Run `yardmaster admin`.
 pub fn run(args: &AdminArgs) -> ExitCode {
     crate::serve_cli::run_async(call(args))
 }
 
-async fn call(args: &AdminArgs) -> Result<ExitCode> {
-    let token = args
-        .token
+/// Run `yardmaster ab`.
+pub fn run_ab(args: &AbArgs) -> ExitCode {
+    crate::serve_cli::run_async(call_ab(args))
+}
+
+/// The headers of an authenticated admin call.
+fn auth_headers(token: &Option<String>) -> Result<HeaderMap> {
+    let token = token
         .clone()
         .or_else(|| std::env::var(ADMIN_TOKEN_ENV).ok())
         .ok_or_else(|| anyhow!("no admin token: pass --token or set {ADMIN_TOKEN_ENV}"))?;
@@ -83,22 +145,88 @@ async fn call(args: &AdminArgs) -> Result<ExitCode> {
         http::header::AUTHORIZATION,
         HeaderValue::from_str(&format!("Bearer {token}")).context("the token is not a valid header value")?,
     );
+    Ok(headers)
+}
+
+/// Make one admin call; its JSON answer, or the server's reason for refusing it.
+async fn admin_call(address: SocketAddr, method: Method, path: &str, headers: &HeaderMap, body: Bytes) -> Result<Value> {
+    let mut client = Http1Client::connect(address).await.context("is the server running with an admin token?")?;
+    let reply = client.request(method, path, headers, body).await?;
+    let value: Value = serde_json::from_slice(&reply.body)
+        .with_context(|| format!("{}: {}", reply.status, String::from_utf8_lossy(&reply.body)))?;
+    match reply.status {
+        StatusCode::OK => Ok(value),
+        StatusCode::UNAUTHORIZED => bail!("401 unauthorized: the token is not the server's (--token or {ADMIN_TOKEN_ENV})"),
+        status => bail!("{status}: {}", value["error"].as_str().unwrap_or("no reason given")),
+    }
+}
+
+async fn call_ab(args: &AbArgs) -> Result<ExitCode> {
+    let mut headers = auth_headers(&args.token)?;
+    let (method, path, body) = match &args.command {
+        AbCommand::Start { policy, share, by, arm } => {
+            let (method, path, body) = swap_request(policy, "/admin/ab", &mut headers)?;
+            let mut query = format!("share={share}&by={by}");
+            if let Some(arm) = arm {
+                query.push_str(&format!("&arm={arm}"));
+            }
+            let joiner = if path.contains('?') { '&' } else { '?' };
+            (method, format!("{path}{joiner}{query}"), body)
+        }
+        AbCommand::Status | AbCommand::Report { .. } => (Method::GET, "/admin/ab".to_string(), Bytes::new()),
+        AbCommand::Promote => (Method::POST, "/admin/ab/promote".to_string(), Bytes::new()),
+        AbCommand::Rollback => (Method::POST, "/admin/ab/rollback".to_string(), Bytes::new()),
+    };
+    let value = admin_call(args.address, method, &path, &headers, body).await?;
+    match &args.command {
+        AbCommand::Report { json: true } => println!("{}", serde_json::to_string_pretty(&value["report"])?),
+        AbCommand::Report { json: false } => match serde_json::from_value::<Option<AbReport>>(value["report"].clone())? {
+            Some(report) => print!("{}", render_report(&report)),
+            None => println!("no A/B run has taken place yet (yardmaster ab start POLICY)"),
+        },
+        AbCommand::Status => print_ab_status(&value["status"]),
+        _ => print_ab_status(&value),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_ab_status(status: &Value) {
+    let state = status["state"].as_str().unwrap_or("?");
+    match state {
+        "none" => println!("no A/B run in progress"),
+        _ => println!(
+            "A/B run {state}{}{}",
+            status["split"].as_str().map(|s| format!(", split {s}")).unwrap_or_default(),
+            status["winner"].as_str().map(|w| format!("; {w} becomes the whole once the other arm drains")).unwrap_or_default()
+        ),
+    }
+    for arm in status["arms"].as_array().into_iter().flatten() {
+        println!(
+            "  arm {}: {}, workers per stage {}, {} requests in flight",
+            arm["arm"].as_str().unwrap_or("?"),
+            arm["policy"].as_str().unwrap_or("?"),
+            arm["workers"],
+            arm["in_flight"]
+        );
+    }
+}
+
+async fn call(args: &AdminArgs) -> Result<ExitCode> {
+    let mut headers = auth_headers(&args.token)?;
     let (method, path, body) = match &args.command {
         AdminCommand::List => (Method::GET, "/admin/policies".to_string(), Bytes::new()),
-        AdminCommand::Swap { policy } => swap_request(policy, "/admin/swap", &mut headers)?,
+        AdminCommand::Swap { policy, arm } => {
+            let (method, path, body) = swap_request(policy, "/admin/swap", &mut headers)?;
+            match arm {
+                Some(arm) => (method, format!("{path}{}arm={arm}", if path.contains('?') { '&' } else { '?' }), body),
+                None => (method, path, body),
+            }
+        }
         AdminCommand::Shadow(ShadowCommand::Start { policy }) => swap_request(policy, "/admin/shadow", &mut headers)?,
         AdminCommand::Shadow(ShadowCommand::Report) => (Method::GET, "/admin/shadow".to_string(), Bytes::new()),
         AdminCommand::Shadow(ShadowCommand::Stop) => (Method::DELETE, "/admin/shadow".to_string(), Bytes::new()),
     };
-    let mut client = Http1Client::connect(args.address).await.context("is the server running with an admin token?")?;
-    let reply = client.request(method, &path, &headers, body).await?;
-    let value: Value = serde_json::from_slice(&reply.body)
-        .with_context(|| format!("{}: {}", reply.status, String::from_utf8_lossy(&reply.body)))?;
-    match reply.status {
-        StatusCode::OK => {}
-        StatusCode::UNAUTHORIZED => bail!("401 unauthorized: the token is not the server's (--token or {ADMIN_TOKEN_ENV})"),
-        status => bail!("{status}: {}", value["error"].as_str().unwrap_or("no reason given")),
-    }
+    let value = admin_call(args.address, method, &path, &headers, body).await?;
     Ok(match &args.command {
         AdminCommand::List => {
             for arm in value["arms"].as_array().into_iter().flatten() {

@@ -56,6 +56,10 @@ enum Command {
     Node(yardmaster::serve::remote::node::NodeArgs),
     /// A running server's admin API: list the policy, swap it for a file or a shipped one.
     Admin(admin_cli::AdminArgs),
+    /// A/B runs on a running server: start one (a candidate policy takes a share of
+    /// the traffic and the workers), compare the arms with confidence intervals,
+    /// promote the candidate or roll back.
+    Ab(admin_cli::AbArgs),
 }
 
 #[derive(Subcommand)]
@@ -259,6 +263,7 @@ fn main() -> ExitCode {
         Some(Command::ServeBench(args)) => serve_cli::serve_bench(&args),
         Some(Command::Node(args)) => yardmaster::serve::remote::node::main(&args),
         Some(Command::Admin(args)) => admin_cli::run(&args),
+        Some(Command::Ab(args)) => admin_cli::run_ab(&args),
     }
 }
 

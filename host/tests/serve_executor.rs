@@ -55,7 +55,7 @@ fn start(served: ServedPipeline, placements: Vec<Placement>) -> (ServeActor, Arc
 fn request(inputs: Vec<Tensor>, timeout_us: Option<u64>) -> InferRequest {
     InferRequest {
         id: Some("r".into()),
-        schedule: Schedule { priority: None, timeout_us },
+        schedule: Schedule { priority: None, timeout_us, split_key: None },
         parameters: Map::new(),
         inputs,
         outputs: Vec::new(),

@@ -572,6 +572,10 @@ impl ClusterView for ScriptedCluster {
         self.workers.values().filter(|w| w.running.is_none()).map(|w| w.info.id).collect()
     }
 
+    fn serving_workers(&self) -> Vec<crate::policy::contract::Worker> {
+        self.workers.values().map(|w| w.info).collect()
+    }
+
     fn stage(&self, id: u32) -> Option<StageState> {
         let s = self.config.stages.get(id as usize)?;
         Some(StageState {

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use crate::policy::contract::EvictMode;
 
-/// A source of the current time in nanoseconds.
-pub trait Clock {
+/// A source of the current time in nanoseconds; clones read the same clock.
+pub trait Clock: Clone {
     /// Now.
     fn now(&self) -> u64;
 }

@@ -265,6 +265,13 @@ impl ClusterView for ClusterState {
         self.idle().collect()
     }
 
+    fn serving_workers(&self) -> Vec<contract::Worker> {
+        let mut workers: Vec<contract::Worker> =
+            self.workers.values().filter(|w| w.phase != WorkerPhase::Starting).map(|w| w.info).collect();
+        workers.sort_by_key(|w| w.id);
+        workers
+    }
+
     fn stage(&self, id: u32) -> Option<StageState> {
         let def = self.pipeline.stages.get(id as usize)?;
         let entry = &self.stages[id as usize];

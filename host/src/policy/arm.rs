@@ -494,6 +494,9 @@ impl Arm {
         let now = view.now();
         let mut config = self.config.clone();
         config.now = now;
+        // The workers serving now, not those of the arm's start: a fresh instance must
+        // know the workers scaled up (or handed over) since.
+        config.workers = view.serving_workers();
         // The new state holds from here, so a fault in the fallback's own init closes
         // the arm instead of starting another fallback.
         self.state = state;

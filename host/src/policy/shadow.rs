@@ -83,6 +83,7 @@ impl Shadow {
         let now = view.now();
         let mut config = config.clone();
         config.now = now;
+        config.workers = view.serving_workers();
         let init = shadow.instance.as_mut().expect("just started").init(&config, now);
         shadow.account(1, 0);
         let Some(actions) = shadow.settle(init) else { return shadow };

@@ -52,6 +52,10 @@ pub trait ClusterView {
     fn worker(&self, id: u32) -> Option<WorkerState>;
     /// Workers that are idle now (for replays into a new instance).
     fn idle_workers(&self) -> Vec<u32>;
+    /// Every worker serving now (not starting), as a new instance's configuration
+    /// lists them: the ones it must know of, whatever was added or removed since the
+    /// arm started.
+    fn serving_workers(&self) -> Vec<super::contract::Worker>;
     /// A stage, if it exists.
     fn stage(&self, id: u32) -> Option<StageState>;
     /// A resident sequence of an iteration-level worker, if any.
@@ -549,6 +553,9 @@ mod tests {
         }
         fn idle_workers(&self) -> Vec<u32> {
             vec![0, 2, 3]
+        }
+        fn serving_workers(&self) -> Vec<crate::policy::contract::Worker> {
+            Vec::new()
         }
         fn stage(&self, id: u32) -> Option<StageState> {
             let kind = if id == 2 { StageKind::Iteration } else { StageKind::Batch };

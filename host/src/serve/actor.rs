@@ -262,7 +262,7 @@ pub struct Actor<C: Clock, X: Executor> {
     thread: Option<JoinHandle<()>>,
 }
 
-impl<C: Clock + Clone + Send + 'static, X: Executor + 'static> Actor<C, X> {
+impl<C: Clock + Send + 'static, X: Executor + 'static> Actor<C, X> {
     /// Start the actor thread; `build` makes the engine on that thread (so the engine
     /// and its policy instance never cross threads) and gets a handle for the
     /// executor to report back with. `label` names the engine's arm in metrics.
@@ -307,7 +307,7 @@ impl<C: Clock, X: Executor> Drop for Actor<C, X> {
 }
 
 /// The actor loop.
-fn run<C: Clock + Clone, X: Executor>(mut arms: Arms<C, X>, clock: C, receiver: Receiver<Message<C, X>>) {
+fn run<C: Clock, X: Executor>(mut arms: Arms<C, X>, clock: C, receiver: Receiver<Message<C, X>>) {
     let mut waiting: HashMap<u64, OnEnd> = HashMap::new();
     let mut capture: Option<Recorder> = None;
     loop {
@@ -380,7 +380,7 @@ fn run<C: Clock + Clone, X: Executor>(mut arms: Arms<C, X>, clock: C, receiver: 
     }
 }
 
-fn answer<C: Clock + Clone, X: Executor>(
+fn answer<C: Clock, X: Executor>(
     arms: &mut Arms<C, X>,
     waiting: &mut HashMap<u64, OnEnd>,
     capture: &mut Option<Recorder>,
@@ -396,7 +396,7 @@ fn answer<C: Clock + Clone, X: Executor>(
 }
 
 /// Every request still waiting ends once, as failed with the reason.
-fn shut_down<C: Clock + Clone, X: Executor>(
+fn shut_down<C: Clock, X: Executor>(
     arms: &mut Arms<C, X>,
     mut waiting: HashMap<u64, OnEnd>,
     capture: &mut Option<Recorder>,

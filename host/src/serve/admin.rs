@@ -1,13 +1,22 @@
 //! The admin API: HTTP/1.1 (hyper) on an address of its own, every call authenticated
 //! with a bearer token, JSON answers.
 //!
-//! - `GET /admin/policies`: the arm, the policy it runs with the SHA-256 of its
-//!   component, its state (`primary`, `fallback`, `closed`) and its swap counters;
-//! - `POST /admin/swap`: swap the policy in. The body is the `.wasm` itself (named by
-//!   the `name` query parameter, else `uploaded`), or JSON `{"path": FILE}` (a file on
-//!   the server) or `{"shipped": NAME}`. A policy the loader refuses gets 400 with the
-//!   loader's reason and the running policy is untouched; otherwise 200 with what the
-//!   swap did, the engine's pause included;
+//! - `GET /admin/policies`: every arm (two during an A/B run), the policy it runs with
+//!   the SHA-256 of its component, its state (`primary`, `fallback`, `closed`) and its
+//!   swap counters;
+//! - `POST /admin/swap[?arm=LABEL]`: swap the policy of an arm (default: the control
+//!   arm) in. The body is the `.wasm` itself (named by the `name` query parameter, else
+//!   `uploaded`), or JSON `{"path": FILE}` (a file on the server) or `{"shipped": NAME}`.
+//!   A policy the loader refuses gets 400 with the loader's reason and the running
+//!   policy is untouched; otherwise 200 with what the swap did, the engine's pause
+//!   included;
+//! - `POST /admin/ab`: start an A/B run ([`super::ab`]) with the policy in the body (as
+//!   for a swap) as the candidate; `share` (default 0.5), `by` (`request`, `stream`,
+//!   `key`) and `arm` (the candidate arm's name) come as JSON fields or query
+//!   parameters. `GET /admin/ab`: where the run stands and its report with confidence
+//!   intervals. `POST /admin/ab/promote` and `POST /admin/ab/rollback`: end the run with
+//!   the candidate or the control as the whole. 409 when there is no run to end or one
+//!   is already in progress;
 //! - `POST /admin/shadow` (body as for a swap): start the policy as a shadow of the
 //!   live one ([`crate::policy::Shadow`]): it gets the live events, its actions are
 //!   validated and counted, never executed; `GET /admin/shadow`: its report (accepted
@@ -34,7 +43,8 @@ use tokio::task::JoinHandle;
 
 use super::config::{AdminConfig, ADMIN_TOKEN_ENV};
 use super::executor::OnnxExecutor;
-use super::swap::{PolicySource, SwapError, Swapper};
+use super::ab::{Split, SplitBy};
+use super::swap::{AbEnd, PolicySource, SwapError, Swapper};
 use super::watch::Watcher;
 use crate::engine::MonotonicClock;
 
@@ -73,7 +83,7 @@ impl AdminApi {
             (&Method::GET, "/admin/policies") => {
                 let swapper = self.swapper.clone();
                 match tokio::task::spawn_blocking(move || swapper.policies()).await {
-                    Ok(Ok(report)) => (StatusCode::OK, json!({ "arms": [report] })),
+                    Ok(Ok(arms)) => (StatusCode::OK, json!({ "arms": arms })),
                     Ok(Err(stopped)) => error(StatusCode::SERVICE_UNAVAILABLE, &stopped.to_string()),
                     Err(join) => error(StatusCode::INTERNAL_SERVER_ERROR, &join.to_string()),
                 }
@@ -83,13 +93,8 @@ impl AdminApi {
                     Ok(source) => source,
                     Err(message) => return error(StatusCode::BAD_REQUEST, &message),
                 };
-                let swapper = self.swapper.clone();
-                match tokio::task::spawn_blocking(move || swapper.swap(&source)).await {
-                    Ok(Ok(summary)) => (StatusCode::OK, serde_json::to_value(summary).expect("a summary serialises")),
-                    Ok(Err(SwapError::Refused(reason))) => error(StatusCode::BAD_REQUEST, &reason),
-                    Ok(Err(SwapError::Stopped(stopped))) => error(StatusCode::SERVICE_UNAVAILABLE, &stopped.to_string()),
-                    Err(join) => error(StatusCode::INTERNAL_SERVER_ERROR, &join.to_string()),
-                }
+                let (swapper, arm) = (self.swapper.clone(), query_value(query, "arm").map(str::to_string));
+                answer_with(tokio::task::spawn_blocking(move || swapper.swap_arm(&source, arm.as_deref())).await)
             }
             (&Method::POST, "/admin/shadow") => {
                 let source = match swap_source(query, headers, &body) {
@@ -97,12 +102,8 @@ impl AdminApi {
                     Err(message) => return error(StatusCode::BAD_REQUEST, &message),
                 };
                 let swapper = self.swapper.clone();
-                match tokio::task::spawn_blocking(move || swapper.start_shadow(&source)).await {
-                    Ok(Ok(report)) => (StatusCode::OK, json!({ "shadow": report })),
-                    Ok(Err(SwapError::Refused(reason))) => error(StatusCode::BAD_REQUEST, &reason),
-                    Ok(Err(SwapError::Stopped(stopped))) => error(StatusCode::SERVICE_UNAVAILABLE, &stopped.to_string()),
-                    Err(join) => error(StatusCode::INTERNAL_SERVER_ERROR, &join.to_string()),
-                }
+                let started = tokio::task::spawn_blocking(move || swapper.start_shadow(&source).map(|report| json!({ "shadow": report })));
+                answer_with(started.await)
             }
             (&Method::GET | &Method::DELETE, "/admin/shadow") => {
                 let (swapper, stop) = (self.swapper.clone(), method == Method::DELETE);
@@ -114,10 +115,76 @@ impl AdminApi {
                     Err(join) => error(StatusCode::INTERNAL_SERVER_ERROR, &join.to_string()),
                 }
             }
-            (_, "/admin/policies" | "/admin/swap" | "/admin/shadow") => error(StatusCode::METHOD_NOT_ALLOWED, &format!("{method} is not allowed on {path}")),
-            _ => error(StatusCode::NOT_FOUND, &format!("no admin route {path} (GET /admin/policies, POST /admin/swap, GET|POST|DELETE /admin/shadow)")),
+            (&Method::POST, "/admin/ab") => {
+                let (source, label, split) = match ab_request(query, headers, &body) {
+                    Ok(request) => request,
+                    Err(message) => return error(StatusCode::BAD_REQUEST, &message),
+                };
+                let swapper = self.swapper.clone();
+                answer_with(tokio::task::spawn_blocking(move || swapper.start_ab(&source, label.as_deref(), split)).await)
+            }
+            (&Method::GET, "/admin/ab") => {
+                let swapper = self.swapper.clone();
+                answer_with(tokio::task::spawn_blocking(move || swapper.ab().map_err(SwapError::from)).await)
+            }
+            (&Method::POST, "/admin/ab/promote" | "/admin/ab/rollback") => {
+                let end = if path.ends_with("promote") { AbEnd::Promote } else { AbEnd::RollBack };
+                let swapper = self.swapper.clone();
+                answer_with(tokio::task::spawn_blocking(move || swapper.end_ab(end)).await)
+            }
+            (_, "/admin/policies" | "/admin/swap" | "/admin/shadow" | "/admin/ab" | "/admin/ab/promote" | "/admin/ab/rollback") => {
+                error(StatusCode::METHOD_NOT_ALLOWED, &format!("{method} is not allowed on {path}"))
+            }
+            _ => error(
+                StatusCode::NOT_FOUND,
+                &format!(
+                    "no admin route {path} (GET /admin/policies, POST /admin/swap, GET|POST|DELETE /admin/shadow, GET|POST /admin/ab, POST /admin/ab/promote, POST /admin/ab/rollback)"
+                ),
+            ),
         }
     }
+}
+
+/// The answer to a call that ran on a blocking thread: 200 with the value, 400 for a
+/// refused policy, 409 for a command that does not fit, 503 once the engine stopped.
+fn answer_with<T: serde::Serialize>(outcome: Result<Result<T, SwapError>, tokio::task::JoinError>) -> (StatusCode, Value) {
+    match outcome {
+        Ok(Ok(value)) => (StatusCode::OK, serde_json::to_value(value).expect("admin answers serialise")),
+        Ok(Err(SwapError::Refused(reason))) => error(StatusCode::BAD_REQUEST, &reason),
+        Ok(Err(SwapError::Conflict(reason))) => error(StatusCode::CONFLICT, &reason),
+        Ok(Err(SwapError::Stopped(stopped))) => error(StatusCode::SERVICE_UNAVAILABLE, &stopped.to_string()),
+        Err(join) => error(StatusCode::INTERNAL_SERVER_ERROR, &join.to_string()),
+    }
+}
+
+/// A query parameter's value.
+fn query_value<'a>(query: Option<&'a str>, key: &str) -> Option<&'a str> {
+    query.into_iter().flat_map(|q| q.split('&')).find_map(|pair| pair.strip_prefix(key)?.strip_prefix('='))
+}
+
+/// What `POST /admin/ab` asks for: the candidate (as for a swap), its arm's name and
+/// the split, from JSON fields or query parameters.
+fn ab_request(query: Option<&str>, headers: &http::HeaderMap, body: &Bytes) -> Result<(PolicySource, Option<String>, Split), String> {
+    let source = swap_source(query, headers, body)?;
+    let json: Option<Value> = matches!(source, PolicySource::Bytes { .. }).then_some(()).map_or_else(|| serde_json::from_slice(body).ok(), |_| None);
+    let field = |key: &str| -> Option<String> {
+        json.as_ref()
+            .and_then(|v| v.get(key))
+            .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_string))
+            .or_else(|| query_value(query, key).map(str::to_string))
+    };
+    let share = match field("share") {
+        Some(text) => text.parse::<f64>().map_err(|_| format!("share {text:?} is not a number"))?,
+        None => 0.5,
+    };
+    let by = field("by").map_or(Ok(SplitBy::Request), |b| b.parse::<SplitBy>())?;
+    let label = field("arm").filter(|a| !a.is_empty());
+    if let Some(label) = &label {
+        if !label.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+            return Err(format!("arm name {label:?}: use letters, digits, '-', '_' and '.'"));
+        }
+    }
+    Ok((source, label, Split::new(share, by)?))
 }
 
 /// What `POST /admin/swap` asks for: JSON `{"path"}` / `{"shipped"}`, or the bytes.
@@ -131,10 +198,7 @@ fn swap_source(query: Option<&str>, headers: &http::HeaderMap, body: &Bytes) -> 
         if body.is_empty() {
             return Err("the body is empty: send the policy's .wasm, or JSON {\"path\": FILE} or {\"shipped\": NAME}".into());
         }
-        let name = query
-            .into_iter()
-            .flat_map(|q| q.split('&'))
-            .find_map(|pair| pair.strip_prefix("name="))
+        let name = query_value(query, "name")
             .filter(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)))
             .unwrap_or("uploaded");
         return Ok(PolicySource::Bytes { name: name.to_string(), bytes: body.to_vec() });

@@ -254,10 +254,13 @@ impl Api {
                 }
             },
         };
-        let decoded = match kserve::decode_request(&request.body, json_length) {
+        let mut decoded = match kserve::decode_request(&request.body, json_length) {
             Ok(decoded) => decoded,
             Err(e) => return ApiResponse::error(StatusCode::BAD_REQUEST, &e.0),
         };
+        if decoded.schedule.split_key.is_none() {
+            decoded.schedule.split_key = request.headers.get(super::ab::KEY_HEADER).and_then(|v| v.to_str().ok()).map(str::to_string);
+        }
         if let Err(message) = check_inputs(&decoded, metadata) {
             return ApiResponse::error(StatusCode::BAD_REQUEST, &message);
         }

@@ -306,8 +306,9 @@ impl EngineBackend {
                 let _ = reply.send((end.outcome, parcel));
             })
         };
+        let key = request.schedule.split_key.as_deref().map(|k| super::ab::key_hash(k.as_bytes()));
         self.handle
-            .submit(self.submission(served, &request), admitted, ended)
+            .submit_keyed(self.submission(served, &request), key, admitted, ended)
             .map_err(|stopped| InferError::Unavailable(stopped.to_string()))?;
         let (outcome, parcel) = answer.await.map_err(|_| InferError::Unavailable("the scheduling engine stopped".into()))?;
         guard.disarm();

@@ -12,7 +12,8 @@
 //!
 //! The schedule-policy parameters of a request follow Triton's names: `priority`
 //! (an unsigned integer, 1 is the highest; 0 means the default) and `timeout` (the
-//! request's deadline, in microseconds from its arrival).
+//! request's deadline, in microseconds from its arrival); `split_key` (a string) is the
+//! key of an A/B run split by key.
 
 use std::fmt;
 
@@ -231,13 +232,16 @@ fn element_count(name: &str, shape: &[u64]) -> Result<u64, ProtocolError> {
 }
 
 /// Schedule-policy parameters of a request (Triton's names).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Schedule {
     /// `priority`: 1 is the highest; `None` when absent or 0 (the model's default).
     pub priority: Option<u32>,
     /// `timeout`: deadline in microseconds after arrival; `None` when absent or 0
     /// (the pipeline's SLO applies).
     pub timeout_us: Option<u64>,
+    /// `split_key`: the key an A/B run split by key hashes (e.g. a tenant); the
+    /// `x-yardmaster-key` header gives it too.
+    pub split_key: Option<String>,
 }
 
 /// A decoded inference request.
@@ -315,6 +319,11 @@ pub fn decode_request(body: &[u8], json_length: Option<usize>) -> Result<InferRe
             .transpose()?
             .filter(|p| *p > 0),
         timeout_us: optional_uint(&parameters, "timeout")?.filter(|t| *t > 0),
+        split_key: match parameters.get("split_key") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(key)) => Some(key.clone()),
+            Some(other) => return error(format!("\"split_key\" must be a string, got {other}")),
+        },
     };
     let Some(Value::Array(raw_inputs)) = object.remove("inputs") else {
         return error("request needs an \"inputs\" array");
@@ -626,7 +635,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(request.id.as_deref(), Some("r1"));
-        assert_eq!(request.schedule, Schedule { priority: Some(2), timeout_us: Some(150_000) });
+        assert_eq!(request.schedule, Schedule { priority: Some(2), timeout_us: Some(150_000), split_key: None });
         assert_eq!(request.parameters["tenant"], "a");
         assert_eq!(request.inputs[0].as_f32().unwrap(), vec![1.0, 2.0, 3.0, 4.5]);
         assert_eq!(request.inputs[1].data, TensorData::Strings(vec![b"hi".to_vec(), b"yo".to_vec()]));

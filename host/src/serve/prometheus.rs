@@ -251,7 +251,7 @@ pub fn render_engine<C: Clock, X: Executor>(engine: &Engine<C, X>, arm: &str) ->
 
 /// The exposition of every arm of a server (two during an A/B run), each series
 /// labelled with its arm.
-pub fn render_arms<C: Clock + Clone, X: Executor>(arms: &Arms<C, X>) -> String {
+pub fn render_arms<C: Clock, X: Executor>(arms: &Arms<C, X>) -> String {
     let mut out = Exposition::new();
     for slot in arms.slots() {
         render_one(&mut out, &slot.engine, &slot.label);

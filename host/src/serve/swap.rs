@@ -12,7 +12,9 @@
 //!
 //! Swaps are serialised: one at a time per server. A shadow policy
 //! ([`crate::policy::Shadow`]) is prepared the same way and started with
-//! [`Swapper::start_shadow`].
+//! [`Swapper::start_shadow`], and so is the candidate of an A/B run
+//! ([`Swapper::start_ab`], see [`super::ab`]). During a run each arm can be swapped on
+//! its own ([`Swapper::swap_arm`]).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -21,7 +23,8 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use super::actor::{ActorHandle, ActorStopped};
+use super::ab::{AbReport, AbStatus, Split};
+use super::actor::{AbCommand, ActorHandle, ActorStopped};
 use crate::engine::{Clock, Executor};
 use crate::policy::{ArmState, Candidate, LoadError, PolicyLoader, PolicyModule, Sandbox, ShadowReport};
 
@@ -49,9 +52,31 @@ pub enum SwapError {
     /// trapped); the running policy is untouched.
     #[error("{0}")]
     Refused(String),
+    /// The command does not fit the server's state (no such arm, an A/B run already
+    /// in progress or none to end); nothing changed.
+    #[error("{0}")]
+    Conflict(String),
     /// The engine has stopped.
     #[error(transparent)]
     Stopped(#[from] ActorStopped),
+}
+
+/// How an A/B run ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AbEnd {
+    /// The candidate arm becomes the whole.
+    Promote,
+    /// The control arm becomes the whole again.
+    RollBack,
+}
+
+/// An A/B run's state and report, as `GET /admin/ab` answers.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AbView {
+    /// Where the run stands.
+    pub status: AbStatus,
+    /// The current run's report, or the last run's (none before any run).
+    pub report: Option<AbReport>,
 }
 
 impl From<LoadError> for SwapError {
@@ -160,11 +185,17 @@ impl<C: Clock, X: Executor> Swapper<C, X> {
     /// policy that faults during the hand-over is swapped in and the arm's failure
     /// mode applies (the summary says so).
     pub fn swap(&self, source: &PolicySource) -> Result<SwapSummary, SwapError> {
+        self.swap_arm(source, None)
+    }
+
+    /// Swap the policy of the arm labelled `arm` (`None`: the control arm, the only
+    /// one outside an A/B run); otherwise as [`Swapper::swap`].
+    pub fn swap_arm(&self, source: &PolicySource, arm: Option<&str>) -> Result<SwapSummary, SwapError> {
         let _serial = self.one_at_a_time.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let started = Instant::now();
         let (module, candidate) = self.prepare(source)?;
         let prepare = started.elapsed();
-        let outcome = self.handle.swap(candidate)?;
+        let outcome = self.handle.swap_arm(arm.map(str::to_string), candidate)?.map_err(SwapError::Conflict)?;
         let report = outcome.report;
         // The retired instance is dropped here, off the engine's thread.
         drop(outcome.retired);
@@ -209,6 +240,43 @@ impl<C: Clock, X: Executor> Swapper<C, X> {
         Ok(report.expect("a shadow was just started"))
     }
 
+    /// Start an A/B run with the policy from `source` as the candidate arm `label`
+    /// (default: the policy's name, with `-b` when the control runs a policy of that
+    /// name), given `split`'s share of requests and workers.
+    pub fn start_ab(&self, source: &PolicySource, label: Option<&str>, split: Split) -> Result<AbStatus, SwapError> {
+        let _serial = self.one_at_a_time.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let (module, candidate) = self.prepare(source)?;
+        let label = match label {
+            Some(label) => label.to_string(),
+            None => {
+                let control = self.handle.inspect_arms(|arms| arms.labels().remove(0))?;
+                let name = module.name().to_string();
+                if name == control { format!("{name}-b") } else { name }
+            }
+        };
+        let status = self.handle.ab(AbCommand::Start { candidate, label, split })?.map_err(SwapError::Conflict)?;
+        tracing::info!(candidate = %module.name(), sha256 = %module.sha256_hex(), split = %split.describe(), "A/B run started");
+        Ok(status)
+    }
+
+    /// End the A/B run: promote the candidate or roll back to the control. The
+    /// losing arm drains what it holds, then hands its workers to the winner.
+    pub fn end_ab(&self, end: AbEnd) -> Result<AbStatus, SwapError> {
+        let _serial = self.one_at_a_time.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let labels = self.handle.inspect_arms(|arms| if arms.ab_running() { arms.labels() } else { Vec::new() })?;
+        let winner = match (end, labels.as_slice()) {
+            (AbEnd::Promote, [_, candidate]) => candidate.clone(),
+            (AbEnd::RollBack, [control, _]) => control.clone(),
+            _ => return Err(SwapError::Conflict("no A/B run is in progress (or it is already ending)".into())),
+        };
+        Ok(self.handle.ab(AbCommand::End(winner))?.map_err(SwapError::Conflict)?)
+    }
+
+    /// The A/B run's state and report.
+    pub fn ab(&self) -> Result<AbView, ActorStopped> {
+        self.handle.inspect_arms(|arms| AbView { status: arms.status(), report: arms.report() })
+    }
+
     /// Stop the shadow; its final report (none when no shadow ran).
     pub fn stop_shadow(&self) -> Result<Option<ShadowReport>, ActorStopped> {
         self.handle.shadow(None)
@@ -219,25 +287,30 @@ impl<C: Clock, X: Executor> Swapper<C, X> {
         self.handle.inspect(|engine| engine.shadow_report())
     }
 
-    /// The running policy.
-    pub fn policies(&self) -> Result<PolicyReport, ActorStopped> {
-        self.handle.inspect(|engine| {
-            let arm = engine.arm();
-            let stats = arm.stats();
-            let module = arm.module();
-            PolicyReport {
-                arm: arm.name().to_string(),
-                policy: module.map(|m| m.name().to_string()).unwrap_or_else(|| arm.instance_label()),
-                sha256: module.map(|m| m.sha256_hex()),
-                answering: arm.instance_label(),
-                state: state_name(arm.state()),
-                swaps: stats.swaps.count,
-                last_swap_pause_us: stats.swaps.last.as_secs_f64() * 1e6,
-                max_swap_pause_us: stats.swaps.max.as_secs_f64() * 1e6,
-                fallbacks: stats.fallbacks,
-                faults: stats.faults.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
-                held: arm.ledger().len(),
-            }
+    /// The policy of every arm (one outside an A/B run), control first.
+    pub fn policies(&self) -> Result<Vec<PolicyReport>, ActorStopped> {
+        self.handle.inspect_arms(|arms| {
+            arms.slots()
+                .iter()
+                .map(|slot| {
+                    let arm = slot.engine.arm();
+                    let stats = arm.stats();
+                    let module = arm.module();
+                    PolicyReport {
+                        arm: slot.label.clone(),
+                        policy: module.map(|m| m.name().to_string()).unwrap_or_else(|| arm.instance_label()),
+                        sha256: module.map(|m| m.sha256_hex()),
+                        answering: arm.instance_label(),
+                        state: state_name(arm.state()),
+                        swaps: stats.swaps.count,
+                        last_swap_pause_us: stats.swaps.last.as_secs_f64() * 1e6,
+                        max_swap_pause_us: stats.swaps.max.as_secs_f64() * 1e6,
+                        fallbacks: stats.fallbacks,
+                        faults: stats.faults.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+                        held: arm.ledger().len(),
+                    }
+                })
+                .collect()
         })
     }
 }

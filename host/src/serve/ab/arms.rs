@@ -88,7 +88,7 @@ pub struct Arms<C: Clock, X: Executor> {
     last_report: Option<AbReport>,
 }
 
-impl<C: Clock + Clone, X: Executor> Arms<C, X> {
+impl<C: Clock, X: Executor> Arms<C, X> {
     /// One engine scheduling everything, its metrics labelled `label`.
     pub fn new(clock: C, label: &str, engine: ArmEngine<C, X>) -> Self {
         Self {

@@ -17,7 +17,7 @@
 //! difference is *significant* when the test rejects equality at the 5 % level; with
 //! fewer than [`MIN_REQUESTS`] requests in an arm nothing is called significant.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::metrics::histogram::Histogram;
 use crate::metrics::Outcome;
@@ -115,7 +115,7 @@ impl Welford {
 }
 
 /// One arm's figures in a report.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ArmFigures {
     /// The arm (its metrics label).
     pub arm: String,
@@ -146,10 +146,10 @@ pub struct ArmFigures {
 }
 
 /// The candidate's value minus the control's, with its 95 % interval and verdict.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Difference {
     /// What is compared.
-    pub measure: &'static str,
+    pub measure: String,
     /// The control arm's value.
     pub control: f64,
     /// The candidate arm's value.
@@ -167,7 +167,7 @@ pub struct Difference {
 }
 
 /// An A/B report: both arms' figures and the differences.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AbReport {
     /// Seconds since the run began (or its length, once it ended).
     pub seconds: f64,
@@ -246,7 +246,7 @@ fn proportion(measure: &'static str, (a_hits, a_n): (u64, u64), (b_hits, b_n): (
     let se0 = (pooled * (1.0 - pooled) * (1.0 / na + 1.0 / nb)).sqrt();
     let z = if se0 > 0.0 { difference / se0 } else { 0.0 };
     Difference {
-        measure,
+        measure: measure.to_string(),
         control: pa,
         candidate: pb,
         difference,
@@ -265,7 +265,7 @@ fn means(measure: &'static str, a: &Welford, b: &Welford) -> Difference {
     let se = (a.variance() / na + b.variance() / nb).sqrt() * ms;
     let z = if se > 0.0 { difference / se } else { 0.0 };
     Difference {
-        measure,
+        measure: measure.to_string(),
         control: a.mean * ms,
         candidate: b.mean * ms,
         difference,
@@ -280,12 +280,12 @@ fn means(measure: &'static str, a: &Welford, b: &Welford) -> Difference {
 pub fn render(report: &AbReport) -> String {
     let mut out = format!("A/B over {:.1} s, split {}\n", report.seconds, report.split);
     out.push_str(&format!(
-        "{:<14} {:<14} {:>8} {:>8} {:>6} {:>8} {:>7} {:>10} {:>9} {:>9} {:>9}\n",
+        "{:<14} {:<24} {:>8} {:>8} {:>6} {:>8} {:>7} {:>10} {:>9} {:>9} {:>9}\n",
         "arm", "policy", "requests", "on time", "late", "dropped", "failed", "goodput/s", "mean ms", "p50 ms", "p99 ms"
     ));
     for a in [&report.control, &report.candidate] {
         out.push_str(&format!(
-            "{:<14} {:<14} {:>8} {:>8} {:>6} {:>8} {:>7} {:>10.2} {:>9.1} {:>9.1} {:>9.1}\n",
+            "{:<14} {:<24} {:>8} {:>8} {:>6} {:>8} {:>7} {:>10.2} {:>9.1} {:>9.1} {:>9.1}\n",
             a.arm, a.policy, a.requests, a.on_time, a.late, a.dropped, a.failed, a.goodput_per_s, a.mean_latency_ms,
             a.p50_latency_ms, a.p99_latency_ms
         ));
