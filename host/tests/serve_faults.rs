@@ -6,17 +6,14 @@
 //!
 //! - an ONNX Runtime call that fails on its input;
 //! - a worker that hangs (the executor's watchdog fails the job and restarts it);
-//! - a remote host that disappears mid-request;
-//! - a client that disconnects mid-request, over HTTP/1.1 and over HTTP/3;
-//! - a capture file on a full device.
+//! - a client that disconnects mid-request, over HTTP/1.1 and over HTTP/3.
 
 #[path = "../../dataplane/tests/common/mod.rs"]
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -26,19 +23,15 @@ use yardmaster::engine::EngineOptions;
 use yardmaster::serve::api::{Api, Backend};
 use yardmaster::serve::backend::EngineBackend;
 use yardmaster::serve::client::{Http1Client, Http3Client, Reply};
-use yardmaster::serve::config::ServeConfig;
 use yardmaster::serve::executor::{Placement, ServeActor, WorkerStatus};
 use yardmaster::serve::listeners::{ListenOptions, Listeners, TlsSource};
 use yardmaster::serve::payload::Payload;
-use yardmaster::serve::remote::pool::{RemoteConfig, RemotePool};
-use yardmaster::serve::remote::transport::Fingerprint;
-use yardmaster::serve::server::Server;
 use yardmaster::serve::stack::{PolicyChoice, ServedPipeline, ServingStack};
 use yardmaster::serve::stages::{StageProgram, TensorProgram};
 use yardmaster::serve::tls;
 use yardmaster::serve::watchdog::WatchdogConfig;
 use yardmaster::serve::workers::Workers;
-use yardmaster_dataplane::{Job, ModelKey, ModelSpec, Tensor, WorkerContext, WorkerEvent, WorkerPool};
+use yardmaster_dataplane::{Job, ModelKey, ModelSpec, Tensor, WorkerContext, WorkerPool};
 
 /// A request whose first element is this is held by [`Holding`] workers.
 const HOLD: f32 = 666.0;
