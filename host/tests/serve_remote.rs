@@ -253,6 +253,11 @@ async fn a_node_going_away_mid_job_ends_the_job_with_an_error() {
     }
     assert!(gone_at.elapsed() < one * 4, "the loss took {:?} to reach the job", gone_at.elapsed());
     assert!(matches!(next(&events), WorkerEvent::ReconfigureFailed { worker: 1, .. }));
+    // The worker itself is reported lost, with the cause.
+    match next(&events) {
+        WorkerEvent::StartFailed { worker: 1, error } => assert!(error.to_string().contains("maintenance"), "{error}"),
+        other => panic!("expected the worker to be reported lost, got {other:?}"),
+    }
     // Later calls say why.
     let error = remote.start(1, job(3, &[3, 64, 64], 1)).unwrap_err().to_string();
     assert!(error.contains("connection to the node lost"), "{error}");

@@ -11,11 +11,18 @@
 //!
 //! Status codes: 400 for a malformed request (with the reason), 404 for an unknown
 //! model or route, 405 for a wrong method, 413 for an oversized body, 503 when the
-//! scheduling policy dropped the request (the body says it was dropped and why) or
-//! the server is not ready, 500 when a worker failed on it.
+//! scheduling policy dropped the request (the body says it was dropped and why), the
+//! server is not ready, or it already holds its admission cap of inference requests
+//! ([`Api::with_max_in_flight`]: the body says so), 500 when a worker failed on it.
+//!
+//! The admission cap bounds what an overload can make the server hold: every
+//! inference request in flight, from its body read to its answer, counts once
+//! whichever transport it came by; one past the cap is answered 503 at once, before
+//! its body is decoded.
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -26,6 +33,9 @@ use super::kserve::{self, DataType, InferRequest, InferResponse};
 
 /// Largest request body accepted (bytes).
 pub const DEFAULT_MAX_BODY: usize = 64 << 20;
+
+/// Most inference requests admitted at once, by default.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 10_000;
 
 /// A tensor a model takes or gives, for metadata (`-1` marks a variable dimension).
 #[derive(Debug, Clone, PartialEq)]
@@ -136,13 +146,64 @@ pub struct Api {
     models: Vec<ModelMetadata>,
     metrics: Option<MetricsRenderer>,
     max_body: usize,
+    admission: Admission,
+}
+
+/// The admission cap: inference requests in flight, and those refused at the cap.
+#[derive(Debug)]
+struct Admission {
+    limit: usize,
+    in_flight: Arc<AtomicUsize>,
+    refused: AtomicU64,
+}
+
+/// One admitted request's place under the cap, given back when dropped (answered, or
+/// abandoned by its client).
+struct Admitted(Arc<AtomicUsize>);
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Admission {
+    fn enter(&self) -> Option<Admitted> {
+        let admitted = self
+            .in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < self.limit).then_some(n + 1))
+            .is_ok();
+        if admitted {
+            Some(Admitted(Arc::clone(&self.in_flight)))
+        } else {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            None
+        }
+    }
 }
 
 impl Api {
     /// An API answered by `backend` (whose models are read once, here).
     pub fn new(backend: Arc<dyn Backend>) -> Self {
         let models = backend.models();
-        Self { backend, models, metrics: None, max_body: DEFAULT_MAX_BODY }
+        let admission = Admission { limit: DEFAULT_MAX_IN_FLIGHT, in_flight: Arc::default(), refused: AtomicU64::new(0) };
+        Self { backend, models, metrics: None, max_body: DEFAULT_MAX_BODY, admission }
+    }
+
+    /// Admit at most `requests` inference requests at once; more get 503.
+    pub fn with_max_in_flight(mut self, requests: usize) -> Self {
+        self.admission.limit = requests.max(1);
+        self
+    }
+
+    /// Inference requests admitted and not yet answered.
+    pub fn in_flight(&self) -> usize {
+        self.admission.in_flight.load(Ordering::Acquire)
+    }
+
+    /// Inference requests refused at the admission cap so far.
+    pub fn refused_at_cap(&self) -> u64 {
+        self.admission.refused.load(Ordering::Relaxed)
     }
 
     /// Serve `GET /metrics` with `render`.
@@ -242,6 +303,15 @@ impl Api {
                 &format!("body of {} bytes exceeds the limit of {}", request.body.len(), self.max_body),
             );
         }
+        let Some(_admitted) = self.admission.enter() else {
+            return ApiResponse::error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &format!(
+                    "overloaded: the server already holds its limit of {} requests in flight (max_in_flight); retry later",
+                    self.admission.limit
+                ),
+            );
+        };
         let json_length = match request.headers.get(kserve::HEADER_CONTENT_LENGTH) {
             None => None,
             Some(value) => match value.to_str().ok().and_then(|v| v.trim().parse::<usize>().ok()) {
@@ -446,5 +516,65 @@ mod tests {
             assert!(message.contains(reason), "{method} {path}: {message:?} should mention {reason:?}");
         }
         assert_eq!(call(&api, Method::GET, "/metrics", "").status, StatusCode::NOT_FOUND);
+    }
+
+    /// Answers once the gate opens.
+    struct Gated(Arc<tokio::sync::Semaphore>);
+
+    impl Backend for Gated {
+        fn models(&self) -> Vec<ModelMetadata> {
+            Doubler.models()
+        }
+        fn ready(&self) -> bool {
+            true
+        }
+        fn infer(&self, model: &str, request: InferRequest) -> BoxFuture<'_, Result<InferResponse, InferError>> {
+            let model = model.to_string();
+            Box::pin(async move {
+                let _pass = self.0.acquire().await.map_err(|e| InferError::Failed(e.to_string()))?;
+                Doubler.infer(&model, request).await
+            })
+        }
+    }
+
+    #[test]
+    fn requests_past_the_admission_cap_get_503_and_places_are_given_back() {
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let api = Arc::new(Api::new(Arc::new(Gated(Arc::clone(&gate)))).with_max_in_flight(2));
+        let body = r#"{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[1]}]}"#;
+        let request = move || ApiRequest {
+            method: Method::POST,
+            path: "/v2/models/double/infer".into(),
+            headers: HeaderMap::new(),
+            body: Bytes::from_static(body.as_bytes()),
+        };
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let mut held: Vec<_> = (0..2)
+                .map(|_| {
+                    let api = Arc::clone(&api);
+                    tokio::spawn(async move { api.handle(request()).await })
+                })
+                .collect();
+            tokio::task::yield_now().await;
+            assert_eq!(api.in_flight(), 2);
+            let refused = api.handle(request()).await;
+            assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
+            let message = json_of(&refused)["error"].as_str().unwrap().to_string();
+            assert!(message.contains("limit of 2 requests in flight") && message.contains("max_in_flight"), "{message}");
+            assert_eq!(api.refused_at_cap(), 1);
+            // A client that goes away gives its place back.
+            let first = held.remove(0);
+            first.abort();
+            assert!(first.await.is_err(), "the first request was abandoned");
+            tokio::task::yield_now().await;
+            assert_eq!(api.in_flight(), 1);
+            gate.add_permits(10);
+            assert_eq!(api.handle(request()).await.status, StatusCode::OK);
+            while api.in_flight() > 0 {
+                tokio::task::yield_now().await;
+            }
+        });
+        assert_eq!(api.refused_at_cap(), 1);
     }
 }

@@ -11,6 +11,7 @@
 //! params = { }                # policy parameters, key = "value"
 //! device = "auto"             # auto (CUDA when present, else CPU), cpu, cuda or cuda:N
 //! max_body_bytes = 67108864   # larger request bodies get 413
+//! max_in_flight = 10000       # more inference requests at once get 503
 //! capture = "live.jsonl"      # optional: write a JSON-lines trace of what is served
 //! state_dir = "…"             # where a generated certificate is kept
 //!
@@ -23,6 +24,11 @@
 //! token = "…"                 # bearer token (or env YARDMASTER_ADMIN_TOKEN); none: no admin API
 //! watch_dir = "policies/"     # optional: swap in a .wasm that appears here
 //! watch_sha256 = ["…"]        # optional: only files with these SHA-256s
+//!
+//! [watchdog]                  # stalled jobs (see `super::watchdog`)
+//! enabled = true
+//! multiple = 10.0             # a job stalls past 10 × its profiled p99 …
+//! min_ms = 1000               # … and never before 1 s
 //!
 //! [[remote]]                  # optional: stages served by `yardmaster node` hosts
 //! stages = ["rec"]
@@ -41,6 +47,7 @@ use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 
 use super::listeners::{ListenOptions, TlsSource};
+use super::watchdog::WatchdogConfig;
 use crate::policy::contract::Param;
 
 /// The default listen address.
@@ -137,6 +144,11 @@ pub struct ServeConfig {
     pub device: String,
     /// Largest request body.
     pub max_body_bytes: usize,
+    /// Most inference requests admitted at once (over HTTP/1.1 and HTTP/3 together);
+    /// more are refused with 503.
+    pub max_in_flight: usize,
+    /// When a job counts as stalled.
+    pub watchdog: WatchdogConfig,
     /// Trace capture file.
     pub capture: Option<PathBuf>,
     /// Where generated TLS material is kept.
@@ -160,6 +172,8 @@ impl Default for ServeConfig {
             params: BTreeMap::new(),
             device: "auto".into(),
             max_body_bytes: super::api::DEFAULT_MAX_BODY,
+            max_in_flight: super::api::DEFAULT_MAX_IN_FLIGHT,
+            watchdog: WatchdogConfig::default(),
             capture: None,
             state_dir: None,
             tls: None,
@@ -226,6 +240,10 @@ impl ServeConfig {
         if self.max_body_bytes < 1024 {
             bail!("max_body_bytes must be at least 1024 (got {})", self.max_body_bytes);
         }
+        if self.max_in_flight == 0 {
+            bail!("max_in_flight must be at least 1: 0 would refuse every request");
+        }
+        self.watchdog.validate().map_err(|e| anyhow::anyhow!(e))?;
         Ok(())
     }
 
@@ -310,6 +328,27 @@ mod tests {
         assert!(format!("{error:#}").contains("not a SHA-256"), "{error:#}");
         let error = ServeConfig::parse("[admin]\ntokn = \"x\"\n", Path::new(".")).unwrap_err();
         assert!(format!("{error:#}").contains("tokn"), "{error:#}");
+    }
+
+    #[test]
+    fn the_watchdog_and_admission_cap_parse_and_are_checked() {
+        let config = ServeConfig::parse("max_in_flight = 64
+[watchdog]
+multiple = 4.0
+min_ms = 250
+", Path::new(".")).unwrap();
+        assert_eq!(config.max_in_flight, 64);
+        assert_eq!(config.watchdog, WatchdogConfig { enabled: true, multiple: 4.0, min_ms: 250 });
+        let error = ServeConfig::parse("max_in_flight = 0", Path::new(".")).unwrap_err();
+        assert!(format!("{error:#}").contains("max_in_flight"), "{error:#}");
+        let error = ServeConfig::parse("[watchdog]
+multiple = 0.5
+", Path::new(".")).unwrap_err();
+        assert!(format!("{error:#}").contains("multiple"), "{error:#}");
+        let error = ServeConfig::parse("[watchdog]
+min = 5
+", Path::new(".")).unwrap_err();
+        assert!(format!("{error:#}").contains("min"), "{error:#}");
     }
 
     #[test]

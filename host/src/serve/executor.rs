@@ -21,10 +21,17 @@
 //! - `Aborted`: nothing (the engine already took the job's requests back);
 //! - `Reconfigured`, `Retired`: logged, and the worker board updated.
 //!
+//! A [`super::watchdog`] thread times every running job against its profile: a job
+//! that runs far past it is claimed, its requests fail with `worker N stalled: …`, and
+//! the worker is restarted under the same id (its job aborted, a fresh worker
+//! provisioned in its place; the engine keeps counting it, and jobs sent to it wait for
+//! the fresh one to load). The old worker's late events (its job's end, its retirement)
+//! are ignored.
+//!
 //! Every job the executor starts produces exactly one [`JobResult`] unless it is
 //! aborted: the job table is the single place a result can be claimed from, by the
-//! pump (finished, start failed), by the start path (hand-over refused), or by an abort
-//! (which claims it and sends nothing).
+//! pump (finished, start failed), by the start path (hand-over refused), by the
+//! watchdog (stalled), or by an abort (which claims it and sends nothing).
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -37,8 +44,9 @@ use yardmaster_dataplane::{Job, Request, Tensor, WorkerEvent};
 use super::actor::{Actor, ActorHandle};
 use super::payload::{PayloadStore, Prepared};
 use super::stages::StageProgram;
+use super::watchdog::{self, WatchdogConfig};
 use super::workers::Workers;
-use crate::engine::{BatchJob, Executor, ItemResult, JobResult, MonotonicClock, Pipeline};
+use crate::engine::{BatchJob, Executor, ItemResult, JobResult, MonotonicClock, Pipeline, Profile};
 use crate::policy::contract::EvictMode;
 
 /// The serving actor.
@@ -162,9 +170,15 @@ struct Share {
 struct JobRecord {
     worker: u32,
     stage: u32,
+    /// The worker's variant (to restart it with the same model).
+    variant: u32,
     shares: Vec<Share>,
     /// Requests whose inputs could not be made, with why.
     refused: Vec<(u64, String)>,
+    /// When the job was handed over, or when its worker was last seen loading.
+    started: Instant,
+    /// The profiled p99 of the job's batch on the worker's variant.
+    tail: Duration,
 }
 
 impl JobRecord {
@@ -186,15 +200,24 @@ struct JobTable {
     running: HashMap<u32, u64>,
 }
 
-/// What the actor thread and the event pumps share.
+/// The worker groups, shared by the executor (on the actor thread) and the watchdog.
+type Groups = Vec<Mutex<Box<dyn Workers>>>;
+
+/// What the actor thread, the event pumps and the watchdog share.
 struct Shared {
     programs: Vec<Arc<dyn StageProgram>>,
     /// Each stage's successor, when it has exactly one (its inputs are prepared ahead).
     next_stage: Vec<Option<u32>>,
+    /// Stage → group.
+    stage_group: Vec<usize>,
     store: PayloadStore,
     board: WorkerBoard,
     jobs: Mutex<JobTable>,
     handle: ServeHandle,
+    watchdog: Mutex<WatchdogConfig>,
+    /// Workers restarted by the watchdog whose old instance has not reported its
+    /// retirement yet: that `Retired` is the old one's and leaves the board alone.
+    replaced: Mutex<HashMap<u32, u32>>,
 }
 
 impl Shared {
@@ -277,11 +300,11 @@ impl Shared {
 
 /// The engine's executor over ONNX Runtime workers.
 pub struct OnnxExecutor {
-    groups: Vec<Box<dyn Workers>>,
-    /// Stage → group.
-    stage_group: Vec<usize>,
-    /// Worker → stage.
-    worker_stage: HashMap<u32, u32>,
+    groups: Arc<Groups>,
+    /// Worker → (stage, variant).
+    worker_stage: HashMap<u32, (u32, u32)>,
+    /// `profiles[stage][variant]`, for the watchdog.
+    profiles: Vec<Vec<Profile>>,
     shared: Arc<Shared>,
     next_job: u64,
 }
@@ -308,13 +331,25 @@ impl OnnxExecutor {
         placements: Vec<Placement>,
     ) -> Self {
         let next_stage = pipeline.stages.iter().map(|s| if let [next] = s.successors[..] { Some(next) } else { None }).collect();
-        let shared = Arc::new(Shared { programs, next_stage, store, board, jobs: Mutex::default(), handle });
         let mut stage_group = vec![0; pipeline.stages.len()];
-        let mut groups = Vec::with_capacity(placements.len());
-        for (index, placement) in placements.into_iter().enumerate() {
+        for (index, placement) in placements.iter().enumerate() {
             for &stage in &placement.stages {
                 stage_group[stage as usize] = index;
             }
+        }
+        let shared = Arc::new(Shared {
+            programs,
+            next_stage,
+            stage_group,
+            store,
+            board,
+            jobs: Mutex::default(),
+            handle,
+            watchdog: Mutex::new(WatchdogConfig::default()),
+            replaced: Mutex::default(),
+        });
+        let mut groups = Vec::with_capacity(placements.len());
+        for (index, placement) in placements.into_iter().enumerate() {
             let pump_shared = Arc::clone(&shared);
             let events = placement.events;
             let spawned = std::thread::Builder::new()
@@ -323,9 +358,29 @@ impl OnnxExecutor {
             if let Err(error) = spawned {
                 tracing::error!("starting the event pump of worker group {index}: {error}; its workers' results will not arrive");
             }
-            groups.push(placement.workers);
+            groups.push(Mutex::new(placement.workers));
         }
-        let mut executor = Self { groups, stage_group, worker_stage: HashMap::new(), shared, next_job: 1 };
+        let groups = Arc::new(groups);
+        // The watchdog holds weak references: it ends once the executor is dropped.
+        let (watched, watched_groups) = (Arc::downgrade(&shared), Arc::downgrade(&groups));
+        let config_of = watched.clone();
+        let spawned = watchdog::spawn(
+            "yardmaster-watchdog",
+            move || config_of.upgrade().map(|shared| *lock(&shared.watchdog)),
+            move |now| match (watched.upgrade(), watched_groups.upgrade()) {
+                (Some(shared), Some(groups)) => {
+                    check_stalls(&shared, &groups, now);
+                    true
+                }
+                _ => false,
+            },
+        );
+        if let Err(error) = spawned {
+            tracing::error!("starting the watchdog: {error}; stalled jobs will not be noticed");
+        }
+        let profiles =
+            pipeline.stages.iter().map(|s| s.variants.iter().map(|v| v.profile.clone()).collect()).collect();
+        let mut executor = Self { groups, worker_stage: HashMap::new(), profiles, shared, next_job: 1 };
         // The engine numbers its initial workers stage by stage, as here.
         let mut worker = 0;
         for (stage, def) in pipeline.stages.iter().enumerate() {
@@ -342,9 +397,82 @@ impl OnnxExecutor {
         &self.shared.board
     }
 
-    fn group_of(&mut self, worker: u32) -> Option<&mut Box<dyn Workers>> {
-        let stage = *self.worker_stage.get(&worker)?;
-        self.groups.get_mut(self.stage_group[stage as usize])
+    /// The watchdog's settings in force.
+    pub fn watchdog(&self) -> WatchdogConfig {
+        *lock(&self.shared.watchdog)
+    }
+
+    /// Change the watchdog's settings (they apply from its next check; callable from
+    /// any thread, e.g. through the actor's `inspect`).
+    pub fn set_watchdog(&self, config: WatchdogConfig) {
+        *lock(&self.shared.watchdog) = config;
+    }
+
+    fn group_of(&self, worker: u32) -> Option<MutexGuard<'_, Box<dyn Workers>>> {
+        let (stage, _) = *self.worker_stage.get(&worker)?;
+        self.groups.get(self.shared.stage_group[stage as usize]).map(lock)
+    }
+
+    /// The profiled p99 of a batch of `batch` on `worker`'s variant.
+    fn profiled_tail(&self, worker: u32, batch: usize) -> Duration {
+        let tail = self
+            .worker_stage
+            .get(&worker)
+            .and_then(|&(stage, variant)| self.profiles.get(stage as usize)?.get(variant as usize))
+            .map_or(0, |profile| profile.tail(batch as u32));
+        Duration::from_nanos(tail)
+    }
+}
+
+/// The watchdog's check: fail and restart every job that has run past its limit.
+fn check_stalls(shared: &Shared, groups: &Groups, now: Instant) {
+    let config = *lock(&shared.watchdog);
+    let mut overdue = Vec::new();
+    {
+        let mut jobs = lock(&shared.jobs);
+        let JobTable { records, running } = &mut *jobs;
+        for job in running.values() {
+            let Some(record) = records.get_mut(job) else { continue };
+            if shared.board.status(record.worker) == Some(WorkerStatus::Loading) {
+                // Waiting for the model to load: not timed yet.
+                record.started = now;
+                continue;
+            }
+            let ran = now.saturating_duration_since(record.started);
+            if let Some(limit) = config.limit(record.tail) {
+                if ran > limit {
+                    overdue.push((*job, ran, limit));
+                }
+            }
+        }
+    }
+    for (job, ran, limit) in overdue {
+        // Claimed here, a late result of the job is ignored.
+        let Some(record) = shared.claim(job) else { continue };
+        let (worker, stage, variant) = (record.worker, record.stage, record.variant);
+        let requests = record.shares.len() + record.refused.len();
+        let message = config.stalled_message(worker, requests, ran, limit, record.tail);
+        tracing::error!(worker, stage, job, "{message}");
+        restart(shared, groups, worker, stage, variant);
+        let mut result = record.failed(&message);
+        result.duration = ran.as_nanos() as u64;
+        shared.report(result);
+    }
+}
+
+/// Replace a stalled worker by a fresh one under the same id.
+fn restart(shared: &Shared, groups: &Groups, worker: u32, stage: u32, variant: u32) {
+    let Some(group) = groups.get(shared.stage_group[stage as usize]) else { return };
+    let mut group = lock(group);
+    group.abort(worker);
+    *lock(&shared.replaced).entry(worker).or_default() += 1;
+    shared.board.set(worker, stage, WorkerStatus::Loading);
+    if let Err(error) = group.provision(worker, stage, variant) {
+        let failure = format!("worker {worker} stalled and could not be restarted: {error}");
+        tracing::error!(worker, stage, "{failure}");
+        lock(&shared.replaced).remove(&worker);
+        shared.board.set(worker, stage, WorkerStatus::Failed(failure.clone()));
+        let _ = shared.handle.worker_lost(worker, failure);
     }
 }
 
@@ -371,7 +499,17 @@ pub fn check_placements(placements: &[Placement], stages: u32) -> Result<(), Str
 impl Executor for OnnxExecutor {
     fn start(&mut self, job: BatchJob) {
         let shared = Arc::clone(&self.shared);
-        let mut record = JobRecord { worker: job.worker, stage: job.stage, shares: Vec::new(), refused: Vec::new() };
+        let variant = self.worker_stage.get(&job.worker).map_or(0, |&(_, variant)| variant);
+        let tail = self.profiled_tail(job.worker, job.items.len());
+        let mut record = JobRecord {
+            worker: job.worker,
+            stage: job.stage,
+            variant,
+            shares: Vec::new(),
+            refused: Vec::new(),
+            started: Instant::now(),
+            tail,
+        };
         if let Some(WorkerStatus::Failed(error)) = shared.board.status(job.worker) {
             record.refused = job.items.iter().map(|i| (i.id, start_failure(job.worker, &error))).collect();
             shared.report(record.failed(""));
@@ -399,11 +537,12 @@ impl Executor for OnnxExecutor {
         self.next_job += 1;
         {
             let mut jobs = lock(&shared.jobs);
+            record.started = Instant::now();
             jobs.records.insert(id, record);
             jobs.running.insert(job.worker, id);
         }
         let handed = match self.group_of(job.worker) {
-            Some(group) => group.start(job.worker, Job { id, requests }).map_err(|e| e.to_string()),
+            Some(mut group) => group.start(job.worker, Job { id, requests }).map_err(|e| e.to_string()),
             None => Err(format!("worker {} is unknown to the executor", job.worker)),
         };
         if let Err(error) = handed {
@@ -425,30 +564,33 @@ impl Executor for OnnxExecutor {
         // Claimed here, the job's result (if it still comes) is ignored: the engine has
         // taken its requests back.
         self.shared.claim_running(worker);
-        if let Some(group) = self.group_of(worker) {
+        if let Some(mut group) = self.group_of(worker) {
             group.abort(worker);
         }
     }
 
     fn provision(&mut self, worker: u32, stage: u32, variant: u32) {
-        self.worker_stage.insert(worker, stage);
+        self.worker_stage.insert(worker, (stage, variant));
         self.shared.board.set(worker, stage, WorkerStatus::Loading);
-        let Some(group) = self.groups.get_mut(self.stage_group[stage as usize]) else { return };
-        if let Err(error) = group.provision(worker, stage, variant) {
+        let Some(group) = self.groups.get(self.shared.stage_group[stage as usize]) else { return };
+        if let Err(error) = lock(group).provision(worker, stage, variant) {
             tracing::error!(worker, stage, variant, "worker could not be provisioned: {error}; jobs sent to it fail with this error");
             self.shared.board.set(worker, stage, WorkerStatus::Failed(error.to_string()));
         }
     }
 
     fn retire(&mut self, worker: u32) {
-        if let Some(group) = self.group_of(worker) {
+        // The next `Retired` of this id is this retirement's (or the replaced
+        // instance's, which is gone as well).
+        lock(&self.shared.replaced).remove(&worker);
+        if let Some(mut group) = self.group_of(worker) {
             group.retire(worker);
         }
         self.worker_stage.remove(&worker);
     }
 
     fn set_threads(&mut self, worker: u32, threads: u32) {
-        if let Some(group) = self.group_of(worker) {
+        if let Some(mut group) = self.group_of(worker) {
             if let Err(error) = group.set_threads(worker, threads) {
                 tracing::warn!(worker, threads, "changing a worker's threads failed: {error}");
             }
@@ -456,9 +598,15 @@ impl Executor for OnnxExecutor {
     }
 
     fn set_variant(&mut self, worker: u32, variant: u32) {
-        if let Some(group) = self.group_of(worker) {
-            if let Err(error) = group.set_variant(worker, variant) {
+        let changed = match self.group_of(worker) {
+            Some(mut group) => group.set_variant(worker, variant).map_err(|error| {
                 tracing::warn!(worker, variant, "changing a worker's variant failed: {error}; it keeps its model");
+            }),
+            None => Err(()),
+        };
+        if changed.is_ok() {
+            if let Some(entry) = self.worker_stage.get_mut(&worker) {
+                entry.1 = variant;
             }
         }
     }
@@ -513,8 +661,22 @@ fn pump(shared: &Shared, events: Receiver<WorkerEvent>) {
                 tracing::warn!(worker, "worker reconfiguration failed: {error}; it keeps its previous session");
             }
             WorkerEvent::Retired { worker } => {
-                tracing::info!(worker, "worker retired");
-                shared.board.remove(worker);
+                let mut replaced = lock(&shared.replaced);
+                match replaced.get_mut(&worker) {
+                    Some(count) if *count > 0 => {
+                        // The stalled instance the watchdog replaced, gone at last.
+                        *count -= 1;
+                        if *count == 0 {
+                            replaced.remove(&worker);
+                        }
+                        tracing::info!(worker, "the replaced instance of a restarted worker retired");
+                    }
+                    _ => {
+                        drop(replaced);
+                        tracing::info!(worker, "worker retired");
+                        shared.board.remove(worker);
+                    }
+                }
             }
         }
     }

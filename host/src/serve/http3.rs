@@ -1,5 +1,7 @@
 //! The HTTP/3 front end (quinn + h3) over TLS 1.3: every request goes to
-//! [`Api::handle`], exactly as over HTTP/1.1.
+//! [`Api::handle`], exactly as over HTTP/1.1. A request whose client closes the
+//! connection before its answer is dropped, which cancels it in the engine (as a
+//! closed HTTP/1.1 connection does).
 
 use std::sync::Arc;
 
@@ -49,16 +51,22 @@ pub async fn serve(endpoint: quinn::Endpoint, api: Arc<Api>, mut shutdown: watch
 }
 
 async fn serve_connection(connection: quinn::Connection, api: Arc<Api>) -> Result<()> {
+    let quic = connection.clone();
     let mut h3 = h3::server::Connection::<_, Bytes>::new(h3_quinn::Connection::new(connection))
         .await
         .map_err(|e| anyhow!("HTTP/3 setup: {e}"))?;
     loop {
         match h3.accept().await {
             Ok(Some(resolver)) => {
-                let api = api.clone();
+                let (api, quic) = (api.clone(), quic.clone());
                 tokio::spawn(async move {
                     let Ok((request, mut stream)) = resolver.resolve_request().await else { return };
-                    let response = read_and_answer(&api, request, &mut stream).await;
+                    let response = tokio::select! {
+                        response = read_and_answer(&api, request, &mut stream) => response,
+                        // The client went away: dropping the unfinished answer cancels
+                        // the request in the engine.
+                        _ = quic.closed() => return,
+                    };
                     let mut head = http::Response::new(());
                     *head.status_mut() = response.status;
                     *head.headers_mut() = response.headers;

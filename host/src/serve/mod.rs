@@ -3,7 +3,8 @@
 //! ([`http3`], TLS from [`tls`]). [`actor`] runs the engine on a thread of its own and
 //! is how everything else reaches it. [`stack`] builds the serving stack: the engine
 //! actor with the ONNX Runtime [`executor`] (stage [`stages`] programs around the
-//! models, request data in the [`payload`] store, workers behind [`workers`]) and the
+//! models, request data in the [`payload`] store, workers behind [`workers`], stalled
+//! jobs caught by the [`watchdog`]) and the
 //! KServe [`backend`] the client API answers with. [`config`] is the server's
 //! configuration file, [`listeners`] brings the transports up, [`capture`] writes
 //! live traffic as a simulator trace, [`prometheus`] renders `/metrics`, and
@@ -36,4 +37,5 @@ pub mod swap;
 pub mod tiny_model;
 pub mod tls;
 pub mod watch;
+pub mod watchdog;
 pub mod workers;

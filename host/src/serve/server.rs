@@ -64,6 +64,8 @@ impl Server {
         let options = EngineOptions { params: config.policy_params(), ..Default::default() };
         let (actor, backend) = ServingStack::start(served, policy, options, context, placements).map_err(|e| anyhow!(e))?;
         let handle = actor.handle();
+        let watchdog = config.watchdog;
+        handle.inspect(move |engine| engine.executor().borrow().set_watchdog(watchdog)).map_err(|e| anyhow!(e))?;
         if let Some(path) = &config.capture {
             let file = std::fs::File::create(path).with_context(|| format!("creating the capture file {}", path.display()))?;
             let recorder = Recorder::start(Box::new(file), &path.display().to_string())
@@ -73,7 +75,9 @@ impl Server {
         let metrics_handle = handle.clone();
         let renderer: MetricsRenderer =
             Arc::new(move || metrics_handle.inspect_arms(prometheus::render_arms).unwrap_or_else(|e| format!("# {e}\n")));
-        let api = Arc::new(Api::new(Arc::new(backend)).with_metrics(renderer).with_max_body(config.max_body_bytes));
+        let api = Arc::new(
+            Api::new(Arc::new(backend)).with_metrics(renderer).with_max_body(config.max_body_bytes).with_max_in_flight(config.max_in_flight),
+        );
         let listeners = Listeners::start(&config.listen_options(), api).await?;
         let admin = Admin::start(&config.admin, Arc::new(Swapper::new(handle.clone(), sandbox))).await?;
         Ok(Server { listeners, handle, policy: policy_name, models, device, actor, admin })

@@ -14,9 +14,11 @@
 //! reconfigurations) from the commands it sends and the events it receives. When the
 //! connection is lost — the node died, the network went away for the idle timeout, the
 //! node shut down or either side closed it for a protocol error — every job in flight
-//! ends as `Finished` with an error naming the cause, every starting worker as
-//! `StartFailed`, every pending reconfiguration as `ReconfigureFailed` and every
-//! retirement as `Retired`; no request is stranded. Later calls return that error.
+//! ends as `Finished` with an error naming the cause, every pending reconfiguration as
+//! `ReconfigureFailed`, every retirement as `Retired`, and every other worker —
+//! starting, idle or busy — as `StartFailed` with the cause (the executor's sign that a
+//! worker is lost: it tells the engine, which stops counting it); no request is
+//! stranded and no worker is left looking alive. Later calls return that error.
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -143,24 +145,26 @@ impl Shared {
         self.lost = Some(reason);
         let mut workers: Vec<_> = self.workers.drain().collect();
         workers.sort_by_key(|(worker, _)| *worker);
-        for (worker, state) in workers {
-            for job in state.jobs {
+        // Jobs first: their requests are what clients wait on.
+        for (worker, state) in &workers {
+            for &job in &state.jobs {
                 let _ = self.events.send(WorkerEvent::Finished {
-                    worker,
+                    worker: *worker,
                     job,
                     duration: Duration::ZERO,
                     result: Err(error.clone()),
                 });
             }
-            if state.starting {
-                let _ = self.events.send(WorkerEvent::StartFailed { worker, error: error.clone() });
-            }
+        }
+        for (worker, state) in workers {
             for _ in 0..state.reconfigs {
                 let _ = self.events.send(WorkerEvent::ReconfigureFailed { worker, error: error.clone() });
             }
             if state.retiring {
                 let _ = self.events.send(WorkerEvent::Retired { worker });
             } else {
+                // Idle and busy workers are lost as much as starting ones.
+                let _ = self.events.send(WorkerEvent::StartFailed { worker, error: error.clone() });
                 self.gone.insert(worker);
             }
         }

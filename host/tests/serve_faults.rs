@@ -1,0 +1,471 @@
+//! Fault injection against the real server: the serving stack (engine actor, the
+//! shipped `edf` policy, ONNX Runtime workers running the `tiny` model) behind the
+//! real client API on HTTP/1.1 and HTTP/3, and the real `yardmaster node` binary for a
+//! split across hosts. Each fault must end the requests it touches with a clear error
+//! (or a cancellation), lose none, and leave the server serving:
+//!
+//! - an ONNX Runtime call that fails on its input;
+//! - a worker that hangs (the executor's watchdog fails the job and restarts it);
+//! - a client that disconnects mid-request, over HTTP/1.1 and over HTTP/3.
+
+#[path = "../../dataplane/tests/common/mod.rs"]
+mod common;
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method, StatusCode};
+use yardmaster::engine::EngineOptions;
+use yardmaster::serve::api::{Api, Backend};
+use yardmaster::serve::backend::EngineBackend;
+use yardmaster::serve::client::{Http1Client, Http3Client, Reply};
+use yardmaster::serve::executor::{Placement, ServeActor, WorkerStatus};
+use yardmaster::serve::listeners::{ListenOptions, Listeners, TlsSource};
+use yardmaster::serve::payload::Payload;
+use yardmaster::serve::stack::{PolicyChoice, ServedPipeline, ServingStack};
+use yardmaster::serve::stages::{StageProgram, TensorProgram};
+use yardmaster::serve::tls;
+use yardmaster::serve::watchdog::WatchdogConfig;
+use yardmaster::serve::workers::Workers;
+use yardmaster_dataplane::{Job, ModelKey, ModelSpec, Tensor, WorkerContext, WorkerPool};
+
+/// A request whose first element is this is held by [`Holding`] workers.
+const HOLD: f32 = 666.0;
+/// A request whose first element is this is given a misshapen model input.
+const MISSHAPEN: f32 = -13.5;
+
+fn context() -> WorkerContext {
+    WorkerContext { runtime: common::runtime(), cache: common::cache() }
+}
+
+/// A folder of this test's own, removed when dropped.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("yardmaster-faults-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The serving stack behind the real client API on both transports.
+struct Running {
+    actor: Option<ServeActor>,
+    backend: Arc<EngineBackend>,
+    api: Arc<Api>,
+    listeners: Option<Listeners>,
+    address: SocketAddr,
+    certificate: PathBuf,
+}
+
+impl Running {
+    async fn start(dir: &Scratch, served: ServedPipeline, placements: Vec<Placement>, watchdog: WatchdogConfig) -> Running {
+        let policy = PolicyChoice::shipped("edf").unwrap();
+        let (actor, backend) = ServingStack::start(served, policy, EngineOptions::default(), context(), placements).unwrap();
+        actor.handle().inspect(move |engine| engine.executor().borrow().set_watchdog(watchdog)).unwrap();
+        let backend = Arc::new(backend);
+        let api = Arc::new(Api::new(Arc::clone(&backend) as Arc<dyn Backend>));
+        let options = ListenOptions {
+            address: "127.0.0.1:0".parse().unwrap(),
+            http1: true,
+            http3: true,
+            tls: TlsSource::SelfSigned(dir.0.join("tls")),
+        };
+        let listeners = Listeners::start(&options, Arc::clone(&api)).await.unwrap();
+        let address = listeners.http1.unwrap();
+        let certificate = listeners.certificate.clone().unwrap();
+        Running { actor: Some(actor), backend, api, listeners: Some(listeners), address, certificate }
+    }
+
+    fn actor(&self) -> &ServeActor {
+        self.actor.as_ref().unwrap()
+    }
+
+    /// (arrivals, ended, completed, failed, in flight) as the engine counts them.
+    fn counts(&self) -> (u64, u64, u64, u64, usize) {
+        self.actor()
+            .handle()
+            .inspect(|engine| {
+                let overall = engine.accounting().summary(engine.state().now).overall;
+                (overall.arrivals, overall.ended, overall.completed, overall.outcomes.failed, engine.in_flight())
+            })
+            .unwrap()
+    }
+
+    fn drop_reasons(&self) -> std::collections::BTreeMap<String, u64> {
+        self.actor()
+            .handle()
+            .inspect(|engine| engine.accounting().summary(engine.state().now).drop_reasons.into_iter().collect())
+            .unwrap()
+    }
+
+    /// Wait until nothing is held: the engine, the payload store and the API are empty.
+    async fn settled(&self, within: Duration) {
+        let until = Instant::now() + within;
+        loop {
+            let (arrivals, ended, _, _, in_flight) = self.counts();
+            if in_flight == 0 && arrivals == ended && self.backend.store().is_empty() && self.api.in_flight() == 0 {
+                return;
+            }
+            assert!(
+                Instant::now() < until,
+                "still held after {within:?}: {arrivals} arrived, {ended} ended, {in_flight} in the engine, {} parked, {} in the API",
+                self.backend.store().len(),
+                self.api.in_flight()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    async fn http3(&self) -> Http3Client {
+        let trusted = tls::read_certificates(&self.certificate).unwrap();
+        Http3Client::connect(self.address, "localhost", &trusted).await.unwrap()
+    }
+
+    async fn stop(mut self) {
+        self.listeners.take().unwrap().stop().await;
+        let actor = self.actor.take().unwrap();
+        tokio::task::spawn_blocking(move || actor.shutdown("test over")).await.unwrap();
+    }
+}
+
+fn body(x: [f32; 4]) -> Bytes {
+    Bytes::from(format!(r#"{{"inputs":[{{"name":"x","shape":[4],"datatype":"FP32","data":[{},{},{},{}]}}]}}"#, x[0], x[1], x[2], x[3]))
+}
+
+fn json_headers() -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    headers
+}
+
+const INFER: &str = "/v2/models/tiny/infer";
+
+async fn infer_h1(address: SocketAddr, x: [f32; 4]) -> Reply {
+    let mut client = Http1Client::connect(address).await.unwrap();
+    let headers = json_headers();
+    let reply = client.request(Method::POST, INFER, &headers, body(x));
+    tokio::time::timeout(Duration::from_secs(20), reply).await.expect("an answer: no request may hang").unwrap()
+}
+
+fn error_of(reply: &Reply) -> String {
+    let value: serde_json::Value = serde_json::from_slice(&reply.body).unwrap_or_else(|_| panic!("a JSON body: {reply:?}"));
+    value["error"].as_str().unwrap_or_else(|| panic!("an error message: {value}")).to_string()
+}
+
+fn outputs_of(reply: &Reply) -> Vec<f32> {
+    assert_eq!(reply.status, StatusCode::OK, "{}", String::from_utf8_lossy(&reply.body));
+    let value: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
+    value["outputs"][0]["data"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect()
+}
+
+/// `n` ordinary requests, all at once over HTTP/1.1: each gets `x + 1` back.
+async fn served_normally(address: SocketAddr, n: usize) {
+    let tasks: Vec<_> = (0..n)
+        .map(|i| tokio::spawn(async move { (i, infer_h1(address, [i as f32, 1.0, 2.0, 3.0]).await) }))
+        .collect();
+    for task in tasks {
+        let (i, reply) = task.await.unwrap();
+        assert_eq!(outputs_of(&reply), vec![i as f32 + 1.0, 2.0, 3.0, 4.0], "request {i}");
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// An ONNX Runtime call that fails.
+
+/// Protobuf field writers, just enough for [`broadcast_model`].
+fn varint(out: &mut Vec<u8>, mut value: u64) {
+    while value >= 0x80 {
+        out.push(value as u8 | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
+}
+
+fn int_field(out: &mut Vec<u8>, field: u64, value: u64) {
+    varint(out, field << 3);
+    varint(out, value);
+}
+
+fn bytes_field(out: &mut Vec<u8>, field: u64, bytes: &[u8]) {
+    varint(out, field << 3 | 2);
+    varint(out, bytes.len() as u64);
+    out.extend_from_slice(bytes);
+}
+
+/// `y = x + [1, 1, 1, 1]` with `x` declared `[batch, width]`, both symbolic: the
+/// model loads, the data plane passes any width, and ONNX Runtime itself refuses a
+/// run whose width cannot broadcast against 4. (Field numbers as in
+/// host/src/serve/tiny_model.rs.)
+fn broadcast_model() -> Vec<u8> {
+    let value_info = |name: &str| {
+        let mut shape = Vec::new();
+        for dim in ["batch", "width"] {
+            let mut d = Vec::new();
+            bytes_field(&mut d, 2, dim.as_bytes());
+            bytes_field(&mut shape, 1, &d);
+        }
+        let mut tensor = Vec::new();
+        int_field(&mut tensor, 1, 1); // FLOAT
+        bytes_field(&mut tensor, 2, &shape);
+        let mut type_proto = Vec::new();
+        bytes_field(&mut type_proto, 1, &tensor);
+        let mut info = Vec::new();
+        bytes_field(&mut info, 1, name.as_bytes());
+        bytes_field(&mut info, 2, &type_proto);
+        info
+    };
+    let mut ones = Vec::new();
+    int_field(&mut ones, 1, 4); // dims [4]
+    int_field(&mut ones, 2, 1); // FLOAT
+    bytes_field(&mut ones, 4, &[1f32; 4].iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>());
+    bytes_field(&mut ones, 8, b"ones");
+    let mut node = Vec::new();
+    for (field, text) in [(1, "x"), (1, "ones"), (2, "y"), (3, "add"), (4, "Add")] {
+        bytes_field(&mut node, field, text.as_bytes());
+    }
+    let mut graph = Vec::new();
+    bytes_field(&mut graph, 1, &node);
+    bytes_field(&mut graph, 2, b"broadcast");
+    bytes_field(&mut graph, 5, &ones);
+    bytes_field(&mut graph, 11, &value_info("x"));
+    bytes_field(&mut graph, 12, &value_info("y"));
+    let mut opset = Vec::new();
+    bytes_field(&mut opset, 1, b"");
+    int_field(&mut opset, 2, 13);
+    let mut model = Vec::new();
+    int_field(&mut model, 1, 8);
+    bytes_field(&mut model, 2, b"yardmaster-faults");
+    bytes_field(&mut model, 7, &graph);
+    bytes_field(&mut model, 8, &opset);
+    model
+}
+
+/// The tiny model's program, except that a request whose first element is
+/// [`MISSHAPEN`] gets a model input of 5 elements where the model adds 4: ONNX
+/// Runtime refuses the run.
+struct Misshapen(TensorProgram);
+
+impl StageProgram for Misshapen {
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+    fn inputs(&self, payload: &Payload) -> Result<Vec<Vec<Tensor>>, String> {
+        match payload {
+            Payload::Tensors(tensors) if tensors[0].data[0] == MISSHAPEN => Ok(vec![vec![Tensor::new(vec![5], vec![MISSHAPEN; 5]).unwrap()]]),
+            _ => self.0.inputs(payload),
+        }
+    }
+    fn apply(&self, payload: &mut Payload, outputs: Vec<Vec<Tensor>>) -> Result<(), String> {
+        self.0.apply(payload, outputs)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_onnx_runtime_call_ends_its_request_with_the_reason_and_serving_goes_on() {
+    let dir = Scratch::new("ort-fails");
+    let mut served = ServedPipeline::tiny(&dir.0).unwrap();
+    let model = dir.0.join("broadcast.onnx");
+    std::fs::write(&model, broadcast_model()).unwrap();
+    served.catalog.stages[0][0] = ModelSpec::new(ModelKey::new("tiny", "broadcast"), &model);
+    served.programs[0] = Arc::new(Misshapen(TensorProgram { name: "tiny".into() }));
+    let server = Running::start(&dir, served, Vec::new(), WatchdogConfig::default()).await;
+    served_normally(server.address, 4).await;
+
+    let reply = infer_h1(server.address, [MISSHAPEN, 0.0, 0.0, 0.0]).await;
+    assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR, "{reply:?}");
+    let error = error_of(&reply);
+    eprintln!("the failed run answered: {error}");
+    // The engine's failure, the worker, and ONNX Runtime's own words about the input.
+    assert!(error.starts_with("failed: worker 0"), "{error}");
+    assert!(error.contains("Add") && error.contains("broadcast"), "ONNX Runtime says why: {error}");
+
+    // The worker serves on, alone and among failures.
+    served_normally(server.address, 16).await;
+    let mixed: Vec<_> = (0..12)
+        .map(|i| {
+            let x = if i % 4 == 0 { MISSHAPEN } else { i as f32 };
+            let address = server.address;
+            tokio::spawn(async move { (x, infer_h1(address, [x, 0.0, 0.0, 0.0]).await) })
+        })
+        .collect();
+    for task in mixed {
+        let (x, reply) = task.await.unwrap();
+        if x == MISSHAPEN {
+            assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR, "{reply:?}");
+        } else {
+            // Batched with a misshapen request, a request fails with it (one run);
+            // otherwise it is served.
+            match reply.status {
+                StatusCode::OK => assert_eq!(outputs_of(&reply)[0], x + 1.0),
+                StatusCode::INTERNAL_SERVER_ERROR => {
+                    let error = error_of(&reply);
+                    assert!(error.starts_with("failed: worker 0"), "{error}")
+                }
+                other => panic!("{other}: {reply:?}"),
+            }
+        }
+    }
+    server.settled(Duration::from_secs(5)).await;
+    let (arrivals, ended, completed, failed, _) = server.counts();
+    assert_eq!(arrivals, 4 + 1 + 16 + 12);
+    assert_eq!(ended, arrivals, "every request ended exactly once");
+    assert!(failed >= 4 && completed >= 20, "{completed} completed, {failed} failed");
+    assert_eq!(server.backend.board().status(0), Some(WorkerStatus::Ready));
+    server.stop().await;
+}
+
+// ---------------------------------------------------------------------------------
+// A worker that hangs.
+
+/// Real workers, except that a job carrying a request whose first element is
+/// [`HOLD`] is never handed to them: the worker looks busy for ever, as one stuck in
+/// a run would. Everything else goes to the real pool.
+struct Holding {
+    pool: WorkerPool,
+    held: Arc<Mutex<Vec<u64>>>,
+    provisions: Arc<Mutex<Vec<u32>>>,
+}
+
+impl Holding {
+    fn placement(dir: &Scratch) -> (Placement, Arc<Mutex<Vec<u64>>>, Arc<Mutex<Vec<u32>>>) {
+        let catalog = ServedPipeline::tiny(&dir.0).unwrap().catalog;
+        let (pool, events) = WorkerPool::new(context(), catalog, 1);
+        let (held, provisions) = (Arc::default(), Arc::default());
+        let workers = Holding { pool, held: Arc::clone(&held), provisions: Arc::clone(&provisions) };
+        (Placement { stages: vec![0], workers: Box::new(workers), events }, held, provisions)
+    }
+}
+
+impl Workers for Holding {
+    fn provision(&mut self, worker: u32, stage: u32, variant: u32) -> yardmaster_dataplane::Result<()> {
+        self.provisions.lock().unwrap().push(worker);
+        Workers::provision(&mut self.pool, worker, stage, variant)
+    }
+    fn start(&mut self, worker: u32, job: Job) -> yardmaster_dataplane::Result<()> {
+        if job.requests.iter().any(|r| r.inputs[0].data[0] == HOLD) {
+            self.held.lock().unwrap().push(job.id);
+            return Ok(());
+        }
+        Workers::start(&mut self.pool, worker, job)
+    }
+    fn abort(&mut self, worker: u32) -> Option<u64> {
+        Workers::abort(&mut self.pool, worker)
+    }
+    fn retire(&mut self, worker: u32) {
+        Workers::retire(&mut self.pool, worker)
+    }
+    fn set_threads(&mut self, worker: u32, threads: u32) -> yardmaster_dataplane::Result<()> {
+        Workers::set_threads(&mut self.pool, worker, threads)
+    }
+    fn set_variant(&mut self, worker: u32, variant: u32) -> yardmaster_dataplane::Result<()> {
+        Workers::set_variant(&mut self.pool, worker, variant)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watchdog_fails_a_hung_job_and_restarts_its_worker() {
+    let dir = Scratch::new("hang");
+    let (placement, held, provisions) = Holding::placement(&dir);
+    let watchdog = WatchdogConfig { min_ms: 400, ..WatchdogConfig::default() };
+    let server = Running::start(&dir, ServedPipeline::tiny(&dir.0).unwrap(), vec![placement], watchdog).await;
+    served_normally(server.address, 4).await;
+
+    let begin = Instant::now();
+    let reply = infer_h1(server.address, [HOLD, 0.0, 0.0, 0.0]).await;
+    let took = begin.elapsed();
+    assert_eq!(held.lock().unwrap().len(), 1, "the job reached the worker and hung there");
+    assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR, "{reply:?}");
+    let error = error_of(&reply);
+    eprintln!("after {took:?} the hung request answered: {error}");
+    assert!(error.starts_with("failed: worker 0 stalled: a job of 1 request ran"), "{error}");
+    assert!(error.contains("limit of 400 ms") && error.contains("restarted"), "{error}");
+    assert!(took >= Duration::from_millis(400) && took < Duration::from_secs(3), "failed after {took:?} with a 400 ms limit");
+    assert_eq!(*provisions.lock().unwrap(), vec![0, 0], "the worker was provisioned afresh under its id");
+
+    // The restarted worker (real ONNX Runtime) serves what follows.
+    served_normally(server.address, 16).await;
+    server.settled(Duration::from_secs(5)).await;
+    let (arrivals, ended, completed, failed, _) = server.counts();
+    assert_eq!((arrivals, ended, completed, failed), (21, 21, 20, 1));
+    assert_eq!(server.backend.board().status(0), Some(WorkerStatus::Ready), "the replaced instance's retirement left the board alone");
+    server.stop().await;
+}
+
+// ---------------------------------------------------------------------------------
+// A client that disconnects mid-request.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_disconnects_mid_request_ends_it_once_and_serving_goes_on() {
+    let dir = Scratch::new("disconnect");
+    let (placement, held, _) = Holding::placement(&dir);
+    // A cancelled request's job runs on (other requests may share it): the held job
+    // keeps its worker until the watchdog ends it. Its late failure must not count
+    // again for the request the client cancelled.
+    let watchdog = WatchdogConfig { min_ms: 500, ..WatchdogConfig::default() };
+    let server = Running::start(&dir, ServedPipeline::tiny(&dir.0).unwrap(), vec![placement], watchdog).await;
+    served_normally(server.address, 2).await;
+
+    // HTTP/1.1: the request is sent, then the connection closed without reading.
+    let mut stream = std::net::TcpStream::connect(server.address).unwrap();
+    let payload = body([HOLD, 1.0, 1.0, 1.0]);
+    write!(
+        stream,
+        "POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        payload.len()
+    )
+    .unwrap();
+    stream.write_all(&payload).unwrap();
+    wait_for(|| held.lock().unwrap().len() == 1, "the HTTP/1.1 request reached the worker").await;
+    drop(stream);
+    server.settled(Duration::from_secs(5)).await;
+    assert_eq!(server.drop_reasons().get("cancelled by the client"), Some(&1), "{:?}", server.drop_reasons());
+
+    // HTTP/3: the request is sent, then the whole connection dropped.
+    let mut client = server.http3().await;
+    let request = tokio::spawn(async move { client.request(Method::POST, INFER, &json_headers(), body([HOLD, 2.0, 2.0, 2.0])).await });
+    let reached = wait_until(|| held.lock().unwrap().len() == 2).await;
+    assert!(reached, "the HTTP/3 request reached the worker: {:?}, {:?}", server.counts(), server.drop_reasons());
+    request.abort();
+    assert!(request.await.is_err(), "the client gave up");
+    server.settled(Duration::from_secs(5)).await;
+    assert_eq!(server.drop_reasons().get("cancelled by the client"), Some(&2), "{:?}", server.drop_reasons());
+
+    // Both transports serve on (the restarted worker).
+    served_normally(server.address, 4).await;
+    let mut client = server.http3().await;
+    let reply = client.request(Method::POST, INFER, &json_headers(), body([5.0, 0.0, 0.0, 0.0])).await.unwrap();
+    assert_eq!(outputs_of(&reply), vec![6.0, 1.0, 1.0, 1.0]);
+    server.settled(Duration::from_secs(5)).await;
+    let (arrivals, ended, completed, failed, _) = server.counts();
+    assert_eq!((arrivals, ended, completed, failed), (9, 9, 7, 0), "each request ended exactly once");
+    server.stop().await;
+}
+
+async fn wait_for(condition: impl Fn() -> bool, what: &str) {
+    assert!(wait_until(condition).await, "timed out waiting: {what}");
+}
+
+/// Whether `condition` came true within 10 s.
+async fn wait_until(condition: impl Fn() -> bool) -> bool {
+    let until = Instant::now() + Duration::from_secs(10);
+    while !condition() {
+        if Instant::now() >= until {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    true
+}
