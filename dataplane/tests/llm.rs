@@ -140,9 +140,14 @@ fn evicted_and_aborted_sequences_resume_to_the_same_text() {
     assert_eq!(worker.resident(), [(7, 79)]);
     let frame = worker.run(&[request(25, true, 3)], &|| false).unwrap();
     assert_eq!((frame.results[0].tokens.as_slice(), frame.results[0].prefilled), (&reference[25..28], 0));
+    assert_eq!(frame.results[0].trimmed, 79 - 74);
+    // A prefill asked for while a cache is held: the cache is dropped, and reported.
+    let frame = worker.run(&[request(28, false, 1)], &|| false).unwrap();
+    assert!(frame.results[0].stale && !frame.results[0].recomputed);
+    assert_eq!(frame.results[0].tokens, reference[28..29]);
 
     // The last frame drops the cache.
-    worker.run(&[FrameRequest { last: true, ..request(28, true, 2) }], &|| false).unwrap();
+    worker.run(&[FrameRequest { last: true, ..request(29, true, 1) }], &|| false).unwrap();
     assert!(worker.resident().is_empty());
 }
 

@@ -124,7 +124,7 @@ impl DecoderConfig {
     /// Refuse dimensions the graph cannot be built with.
     pub fn check(&self) -> Result<()> {
         let dims = [self.vocab, self.hidden, self.heads, self.layers, self.ffn, self.max_positions];
-        if dims.contains(&0) || self.hidden % self.heads != 0 {
+        if dims.contains(&0) || !self.hidden.is_multiple_of(self.heads) {
             return Err(DataplaneError::Invalid(format!("decoder configuration {}: every size must be positive and heads must divide hidden", self.describe())));
         }
         Ok(())

@@ -296,7 +296,7 @@ impl DecoderSession {
     #[allow(clippy::too_many_arguments)]
     fn step(
         &mut self,
-        past: &mut Vec<DynValue>,
+        past: &mut [DynValue],
         ids: Vec<i64>,
         positions: Vec<i64>,
         bias: Vec<f32>,

@@ -56,6 +56,12 @@ pub struct FrameResult {
     pub prefilled: usize,
     /// A cache was to be reused but none was held, so the text was prefilled.
     pub recomputed: bool,
+    /// Positions cut from a reused cache that was longer than the text (after a frame
+    /// whose tokens the caller dropped, e.g. an aborted one).
+    pub trimmed: usize,
+    /// A cache was held for a sequence the caller asked to prefill (it was dropped):
+    /// the caller's eviction never reached this worker.
+    pub stale: bool,
 }
 
 /// A frame's results and step timings.
@@ -86,6 +92,12 @@ impl DecoderWorker {
         &mut self.session
     }
 
+    /// Swap the session for another of the same decoder (e.g. with other threads); the
+    /// caches stay.
+    pub fn replace_session(&mut self, session: DecoderSession) {
+        self.session = session;
+    }
+
     /// Run one frame. On an error (an abort included) the caches of the frame's
     /// sequences are gone, and they are prefilled when they run again.
     pub fn run(&mut self, requests: &[FrameRequest], stop: &dyn Fn() -> bool) -> Result<WorkerFrame> {
@@ -95,15 +107,17 @@ impl DecoderWorker {
         for request in requests {
             let held = self.resident.remove(&request.id).or_else(|| self.swapped.remove(&request.id));
             let wanted = request.text.len().saturating_sub(1);
-            let (cache, feed, recomputed) = match held {
+            let stale = !request.reuse && held.is_some();
+            let (cache, feed, recomputed, trimmed) = match held {
                 Some(mut cache) if request.reuse && wanted > 0 && cache.len() >= wanted => {
+                    let trimmed = cache.len() - wanted;
                     cache.truncate(wanted);
-                    (cache, request.text[wanted..].to_vec(), false)
+                    (cache, request.text[wanted..].to_vec(), false, trimmed)
                 }
-                held => (SequenceCache::empty(&config), request.text.clone(), request.reuse && held.is_none()),
+                held => (SequenceCache::empty(&config), request.text.clone(), request.reuse && held.is_none(), 0),
             };
             let prefilled = if cache.is_empty() { feed.len() } else { 0 };
-            results.push(FrameResult { id: request.id, tokens: Vec::new(), prefilled, recomputed });
+            results.push(FrameResult { id: request.id, tokens: Vec::new(), prefilled, recomputed, trimmed, stale });
             sequences.push(FrameSequence { cache, feed, steps: request.steps });
         }
         let FrameRun { outputs, steps } = self.session.run_frame(sequences, stop)?;
