@@ -194,8 +194,9 @@ fn calm_policies_schedule_real_decode_steps() {
         assert!(run.completed > cases.len() / 2, "{policy}: {run:?}");
         runs.push((policy, run));
     }
-    // The KV budget holds a few of the requests at a time: the policies evict, by
-    // swap (CALM, where a swap is cheaper than a recompute) and by recompute (EDF, SJF).
-    assert!(runs.iter().any(|(_, r)| r.swaps > 0), "no policy swapped: {runs:?}");
-    assert!(runs.iter().any(|(_, r)| r.recompute_evictions > 0), "no policy evicted by recompute: {runs:?}");
+    // The KV budget holds a few of the requests at a time: the policies evict (on this
+    // machine CALM swaps once, EDF and SJF recompute 6 and 2 times; the decisions follow
+    // measured step times, so only "someone evicted" is asserted; both modes are
+    // checked deterministically in dataplane/tests/llm.rs).
+    assert!(runs.iter().map(|(_, r)| r.swaps + r.recompute_evictions).sum::<u64>() > 0, "no policy evicted: {runs:?}");
 }
