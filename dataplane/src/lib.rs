@@ -16,6 +16,7 @@ pub mod bench;
 pub mod cache;
 pub mod device;
 pub mod error;
+pub mod llm;
 pub mod ocr;
 pub mod pool;
 pub mod profile;

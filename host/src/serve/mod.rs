@@ -26,6 +26,7 @@ pub mod http1;
 pub mod http3;
 pub mod kserve;
 pub mod listeners;
+pub mod llm;
 pub mod load;
 pub mod payload;
 pub mod prometheus;
