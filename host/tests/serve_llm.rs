@@ -103,7 +103,7 @@ fn serve(policy: &str, cases: &[Case], references: &[Vec<i64>]) -> Run {
                         if worker.phase != WorkerPhase::Idle {
                             continue;
                         }
-                        let Some(held) = engine.executor().holdings(id) else { continue };
+                        let Some(held) = engine.executor().borrow().holdings(id) else { continue };
                         let counted: Vec<(u64, usize)> =
                             worker.resident.iter().map(|(&s, &bytes)| (s, (bytes / kv_per_token) as usize - 1)).collect();
                         if held.resident != counted || held.resident_bytes > worker.info.memory_bytes {
@@ -140,8 +140,8 @@ fn serve(policy: &str, cases: &[Case], references: &[Vec<i64>]) -> Run {
         .handle()
         .inspect(|engine| {
             let resident: usize = engine.state().workers.values().map(|w| w.resident.len()).sum();
-            let holdings: Vec<_> = engine.state().workers.keys().filter_map(|&w| engine.executor().holdings(w)).collect();
-            (engine.stats().clone(), engine.executor().stats(), resident, holdings)
+            let holdings: Vec<_> = engine.state().workers.keys().filter_map(|&w| engine.executor().borrow().holdings(w)).collect();
+            (engine.stats().clone(), engine.executor().borrow().stats(), resident, holdings)
         })
         .unwrap();
     actor.shutdown("test over");

@@ -22,7 +22,7 @@ pub use executor::{DecoderModel, Holdings, LlmActor, LlmExecutor, LlmHandle, Llm
 pub use service::{Completion, LlmService, Transcript, Transcripts};
 
 use super::stack::PolicyChoice;
-use crate::engine::{Engine, EngineOptions, MonotonicClock, Pipeline};
+use crate::engine::{Engine, EngineOptions, MonotonicClock, Pipeline, SharedExecutor};
 use crate::policy::contract::{Param, StageKind};
 use crate::policy::Arm;
 
@@ -118,10 +118,11 @@ impl LlmStack {
         let clock = MonotonicClock::default();
         let actor = {
             let (transcripts, directory) = (transcripts.clone(), directory.clone());
-            LlmActor::spawn("yardmaster-llm-engine", clock.clone(), move |handle| {
+            let label = policy.name.clone();
+            LlmActor::spawn("yardmaster-llm-engine", clock.clone(), &label, move |handle| {
                 let executor = LlmExecutor::new(handle, &pipeline, Arc::clone(&runtime), model, transcripts, directory);
                 let PolicyChoice { name, sandbox, module, failure } = policy;
-                Engine::new(clock, executor, pipeline, options, |config, view| Arm::start_wasm(&name, config, &sandbox, module, failure, None, view))
+                Engine::new(clock, SharedExecutor::new(executor), pipeline, options, |config, view| Arm::start_wasm(&name, config, &sandbox, module, failure, None, view))
             })
             .map_err(|e| format!("starting the engine thread: {e}"))?
         };
