@@ -319,6 +319,18 @@ pub struct NullExecutor {
     provisioned: Vec<u32>,
 }
 
+impl NullExecutor {
+    /// The jobs started since the last call.
+    pub fn take_started(&mut self) -> Vec<BatchJob> {
+        std::mem::take(&mut self.started)
+    }
+
+    /// The workers provisioned and not retired.
+    pub fn provisioned(&self) -> &[u32] {
+        &self.provisioned
+    }
+}
+
 impl Executor for NullExecutor {
     fn start(&mut self, job: BatchJob) {
         self.started.push(job);

@@ -86,6 +86,8 @@ pub struct Arms<C: Clock, X: Executor> {
     run: Option<Run>,
     submitted: u64,
     last_report: Option<AbReport>,
+    /// Requests a finished arm had ended but not yet handed out when it was removed.
+    carried: Vec<Ended>,
 }
 
 impl<C: Clock, X: Executor> Arms<C, X> {
@@ -97,6 +99,7 @@ impl<C: Clock, X: Executor> Arms<C, X> {
             run: None,
             submitted: 0,
             last_report: None,
+            carried: Vec::new(),
         }
     }
 
@@ -195,7 +198,16 @@ impl<C: Clock, X: Executor> Arms<C, X> {
     /// Requests that ended since the last call, counted in their arm's tally while a
     /// run is in progress. Also finishes an ending run once the losing arm is quiet.
     pub fn take_ended(&mut self) -> Vec<Ended> {
-        let mut ended = Vec::new();
+        let mut ended = std::mem::take(&mut self.carried);
+        self.collect_ended(&mut ended);
+        self.settle();
+        ended.append(&mut self.carried);
+        ended
+    }
+
+    /// Move what every engine ended into `ended`, counting it in its arm's tally while
+    /// a run is in progress.
+    fn collect_ended(&mut self, ended: &mut Vec<Ended>) {
         let counting = self.run.is_some();
         for slot in &mut self.slots {
             for end in slot.engine.take_ended() {
@@ -205,8 +217,6 @@ impl<C: Clock, X: Executor> Arms<C, X> {
                 ended.push(end);
             }
         }
-        self.settle();
-        ended
     }
 
     /// Every request still in flight in any arm.
@@ -302,6 +312,11 @@ impl<C: Clock, X: Executor> Arms<C, X> {
         if !quiet {
             return;
         }
+        // What the arms ended and nobody has been told yet goes out with the next
+        // `take_ended` (and counts in the final report).
+        let mut ended = std::mem::take(&mut self.carried);
+        self.collect_ended(&mut ended);
+        self.carried = ended;
         self.last_report = self.report();
         let run = self.run.take().expect("checked");
         let stages = self.slots[loser].engine.state().stages.len();
@@ -312,6 +327,7 @@ impl<C: Clock, X: Executor> Arms<C, X> {
         let mut removed = self.slots.remove(loser);
         // The loser's policy learns its workers went; nothing it says matters now.
         removed.engine.flush();
+        self.carried.extend(removed.engine.take_ended());
         let survivor = &mut self.slots[0].engine;
         for (stage, freed) in freed.into_iter().enumerate() {
             let now = survivor.state().stages[stage].replicas;
@@ -359,5 +375,68 @@ impl<C: Clock, X: Executor> Arms<C, X> {
                 .collect(),
             winner: self.run.as_ref().and_then(|r| r.winner).map(|w| self.slots[w].label.clone()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{EngineOptions, ItemResult, ManualClock};
+    use crate::fuzzing::NullExecutor;
+    use crate::metrics::Outcome;
+    use crate::policy::{Limits, Mode, PolicyLoader, Sandbox};
+
+    fn candidate(policy: &str) -> Candidate {
+        let sandbox = Sandbox::new(Mode::Simulate, Limits::default()).unwrap();
+        let bytes = yardmaster_policy_artifacts::shipped(policy).unwrap().bytes;
+        let module = PolicyLoader::new(sandbox.clone(), None).load(policy, bytes).unwrap();
+        Candidate::wasm(&sandbox, module, 1, None).unwrap()
+    }
+
+    fn arms() -> (Arms<ManualClock, NullExecutor>, SharedExecutor<NullExecutor>) {
+        let pipeline = crate::sim::presets::pipeline("vision-chain").unwrap();
+        let clock = ManualClock::default();
+        let executor = SharedExecutor::new(NullExecutor::default());
+        let first = candidate("fifo");
+        let engine = Engine::new(clock.clone(), executor.clone(), pipeline, EngineOptions::default(), |config, view| {
+            Arm::start_candidate("fifo", config, first, crate::policy::FailureMode::FailOpen, view)
+        });
+        (Arms::new(clock, "fifo", engine), executor)
+    }
+
+    /// Finish every job started so far.
+    fn finish(arms: &mut Arms<ManualClock, NullExecutor>, executor: &SharedExecutor<NullExecutor>) {
+        let jobs = executor.borrow_mut().take_started();
+        for job in jobs {
+            let items = job.items.iter().map(|i| ItemResult { id: i.id, error: None, tokens: 0, finished: false, fan_out: Vec::new() }).collect();
+            arms.job_finished(JobResult { worker: job.worker, duration: 1, items });
+        }
+    }
+
+    #[test]
+    fn what_the_loser_ended_just_before_it_is_removed_still_goes_out() {
+        let (mut arms, executor) = arms();
+        let split = Split::new(0.5, super::super::SplitBy::Request).unwrap();
+        arms.start(candidate("edf"), "edf", split).unwrap();
+        let provisioned = executor.borrow().provisioned().to_vec();
+        for worker in provisioned {
+            arms.worker_ready(worker);
+        }
+        let ids: Vec<u64> = (0..20).map(|_| arms.submit(Submission::default(), None).1).collect();
+        // Run every request through the three stages without ever taking the ends.
+        for _ in 0..3 {
+            arms.advance_and_flush(0);
+            finish(&mut arms, &executor);
+        }
+        assert_eq!(arms.in_flight(), 0, "every request completed");
+        // Ending the run removes the quiet loser at once; its ends must survive that.
+        let status = arms.end("edf").unwrap();
+        assert_eq!(status.state, "none");
+        let mut ended: Vec<u64> = arms.take_ended().iter().filter(|e| e.outcome == Outcome::Completed).map(|e| e.id).collect();
+        ended.sort();
+        assert_eq!(ended, ids, "each request ends once, the removed arm's too");
+        assert!(arms.take_ended().is_empty());
+        let report = arms.report().expect("the run's report stays");
+        assert_eq!(report.control.requests + report.candidate.requests, 20);
     }
 }
