@@ -7,7 +7,9 @@
 //!   (unbounded recursion), `membomb` (allocate until memory runs out), `trap`
 //!   (panic), `trap-init` (fail in init by trapping), `refuse-init` (return an error
 //!   from init), `invalid` (emit invalid actions next to one valid drop), `flood`
-//!   (return 200 000 actions);
+//!   (return 200 000 actions), `poach` (serve its own requests first come first
+//!   served, and try to drop and dispatch the neighbouring ids, which in an A/B run
+//!   belong to the other arm);
 //! - `after`: how many `handle` calls behave before the misbehaviour (default 0).
 
 use yardmaster_sdk::{Ctx, DropReason, EndReason, Policy, Request, RequestId, WorkerId};
@@ -65,6 +67,7 @@ impl Policy for Hostile {
             }
             "trap" => panic!("hostile policy: trap in handle"),
             "invalid" => self.emit_invalid(ctx),
+            "poach" => self.poach(ctx),
             "flood" => {
                 for i in 0..200_000u64 {
                     ctx.set_timer(i, i);
@@ -76,6 +79,26 @@ impl Policy for Hostile {
 }
 
 impl Hostile {
+    /// Serve what it holds in order on its idle workers, and reach for requests that
+    /// are not its own: the ids next to each of its requests.
+    fn poach(&mut self, ctx: &mut Ctx) {
+        for request in &self.held {
+            for other in [request.id.wrapping_sub(1), request.id + 1, request.id + 2] {
+                if self.held.iter().all(|r| r.id != other) {
+                    ctx.drop_request(other, DropReason::Policy);
+                    if let Some(&worker) = self.idle.first() {
+                        ctx.dispatch(worker, vec![other]);
+                    }
+                }
+            }
+        }
+        while !self.held.is_empty() {
+            let Some(worker) = self.idle.pop() else { break };
+            let request = self.held.remove(0);
+            ctx.dispatch(worker, vec![request.id]);
+        }
+    }
+
     /// One valid drop surrounded by actions the host must reject.
     fn emit_invalid(&mut self, ctx: &mut Ctx) {
         let Some(first) = self.held.first().map(|r| r.id) else { return };
