@@ -27,8 +27,8 @@
 //!
 //! [watchdog]                  # stalled jobs (see `super::watchdog`)
 //! enabled = true
-//! multiple = 10.0             # a job stalls past 10 × its profiled p99 …
-//! min_ms = 1000               # … and never before 1 s
+//! multiple = 20.0             # a job stalls past 20 × its profiled p99 …
+//! min_ms = 30000              # … and never before 30 s
 //!
 //! [[remote]]                  # optional: stages served by `yardmaster node` hosts
 //! stages = ["rec"]

@@ -118,14 +118,33 @@ impl Server {
     }
 
     /// One line: requests by outcome so far.
+    /// (Summed over the arms of an A/B run, with one line per arm after it.)
     pub fn summary(&self) -> String {
         self.handle
-            .inspect(|engine| {
-                let stats = engine.accounting().summary(engine.state().now).overall;
-                format!(
-                    "served {} requests: {} on time, {} late, {} dropped, {} failed",
-                    stats.arrivals, stats.outcomes.on_time, stats.outcomes.late, stats.outcomes.dropped, stats.outcomes.failed
-                )
+            .inspect_arms(|arms| {
+                let lines: Vec<(String, [u64; 5])> = arms
+                    .slots()
+                    .iter()
+                    .map(|slot| {
+                        let stats = slot.engine.accounting().summary(slot.engine.state().now).overall;
+                        let o = &stats.outcomes;
+                        (slot.label.clone(), [stats.arrivals, o.on_time, o.late, o.dropped, o.failed])
+                    })
+                    .collect();
+                let line = |n: &[u64; 5]| format!("{} requests: {} on time, {} late, {} dropped, {} failed", n[0], n[1], n[2], n[3], n[4]);
+                let mut total = [0u64; 5];
+                for (_, n) in &lines {
+                    for (t, v) in total.iter_mut().zip(n) {
+                        *t += v;
+                    }
+                }
+                let mut text = format!("served {}", line(&total));
+                if lines.len() > 1 {
+                    for (arm, n) in &lines {
+                        text.push_str(&format!("\n  arm {arm}: {}", line(n)));
+                    }
+                }
+                text
             })
             .unwrap_or_else(|e| e.to_string())
     }

@@ -18,8 +18,8 @@
 //! ```toml
 //! [watchdog]
 //! enabled = true     # false: jobs may run for ever
-//! multiple = 10.0    # a job stalls past this many times its profiled p99 …
-//! min_ms = 1000      # … and never before this many milliseconds
+//! multiple = 20.0    # a job stalls past this many times its profiled p99 …
+//! min_ms = 30000     # … and never before this many milliseconds
 //! ```
 
 use std::time::{Duration, Instant};
@@ -41,7 +41,7 @@ pub struct WatchdogConfig {
 
 impl Default for WatchdogConfig {
     fn default() -> Self {
-        WatchdogConfig { enabled: true, multiple: 10.0, min_ms: 1000 }
+        WatchdogConfig { enabled: true, multiple: 20.0, min_ms: 30_000 }
     }
 }
 
@@ -115,7 +115,7 @@ mod tests {
 
     #[test]
     fn the_limit_is_a_multiple_of_the_profile_with_a_floor() {
-        let config = WatchdogConfig::default();
+        let config = WatchdogConfig { enabled: true, multiple: 10.0, min_ms: 1000 };
         assert_eq!(config.limit(Duration::from_micros(90)), Some(Duration::from_secs(1)), "tiny profiles get the floor");
         assert_eq!(config.limit(Duration::from_millis(300)), Some(Duration::from_secs(3)));
         assert_eq!(WatchdogConfig { enabled: false, ..config }.limit(Duration::from_secs(1)), None);
@@ -134,7 +134,7 @@ mod tests {
 
     #[test]
     fn the_message_names_the_worker_and_the_limit() {
-        let config = WatchdogConfig::default();
+        let config = WatchdogConfig { enabled: true, multiple: 10.0, min_ms: 1000 };
         let text = config.stalled_message(3, 2, Duration::from_millis(1250), Duration::from_secs(1), Duration::from_micros(90));
         assert!(text.starts_with("worker 3 stalled: a job of 2 requests ran 1250 ms"), "{text}");
         assert!(text.contains("limit of 1000 ms") && text.contains("restarted"), "{text}");
