@@ -20,6 +20,7 @@ pub mod llm;
 pub mod ocr;
 pub mod pool;
 pub mod profile;
+pub mod proto;
 pub mod runtime;
 pub mod session;
 pub mod tensor;

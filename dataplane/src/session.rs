@@ -246,8 +246,10 @@ fn builder(runtime: &Runtime, threads: usize, level: GraphOptimizationLevel) -> 
     register_device(builder, runtime.device())
 }
 
+/// Add the execution provider of `device` to a session being built (nothing for the
+/// CPU, and nothing in a build without the `cuda` feature).
 #[cfg(feature = "cuda")]
-fn register_device(builder: SessionBuilder, device: Device) -> Result<SessionBuilder> {
+pub(crate) fn register_device(builder: SessionBuilder, device: Device) -> Result<SessionBuilder> {
     match device {
         Device::Cpu => Ok(builder),
         Device::Cuda(ordinal) => builder
@@ -256,8 +258,9 @@ fn register_device(builder: SessionBuilder, device: Device) -> Result<SessionBui
     }
 }
 
+/// Add the execution provider of `device` (the CPU's: nothing to add).
 #[cfg(not(feature = "cuda"))]
-fn register_device(builder: SessionBuilder, _device: Device) -> Result<SessionBuilder> {
+pub(crate) fn register_device(builder: SessionBuilder, _device: Device) -> Result<SessionBuilder> {
     Ok(builder)
 }
 

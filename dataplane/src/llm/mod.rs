@@ -11,7 +11,6 @@
 
 pub mod cache;
 pub mod model;
-mod proto;
 pub mod session;
 pub mod worker;
 

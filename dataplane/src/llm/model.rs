@@ -37,7 +37,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::proto::Message;
+use crate::proto::Message;
 use crate::error::{DataplaneError, Result};
 
 /// File name of the tiny decoder in the assets folder.
@@ -321,7 +321,7 @@ pub fn model_bytes(config: &DecoderConfig) -> Result<Vec<u8>> {
     }
     let opset = Message::default().string(1, "").int(2, 17);
     let metadata = Message::default().string(1, METADATA_KEY).string(2, &config.describe());
-    Ok(Message::default().int(1, 8).string(2, "yardmaster").message(7, &graph).message(8, &opset).message(14, &metadata).0)
+    Ok(Message::default().int(1, 8).string(2, "yardmaster").message(7, &graph).message(8, &opset).message(14, &metadata).into_bytes())
 }
 
 /// The model file for `config` in `dir` (named `file`), written there if it is

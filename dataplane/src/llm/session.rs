@@ -24,9 +24,9 @@ use ort::value::{DynValue, Tensor};
 
 use super::cache::SequenceCache;
 use super::model::{past_name, present_name, DecoderConfig, MASKED, METADATA_KEY};
-use crate::device::Device;
 use crate::error::{DataplaneError, Result};
 use crate::runtime::Runtime;
+use crate::session::register_device;
 
 /// One sequence of a frame.
 #[derive(Debug, Clone, PartialEq)]
@@ -392,21 +392,6 @@ fn argmax(values: &[f32]) -> i64 {
         }
     }
     best as i64
-}
-
-#[cfg(feature = "cuda")]
-fn register_device(builder: ort::session::builder::SessionBuilder, device: Device) -> Result<ort::session::builder::SessionBuilder> {
-    match device {
-        Device::Cpu => Ok(builder),
-        Device::Cuda(ordinal) => builder
-            .with_execution_providers([ort::ep::CUDA::default().with_device_id(ordinal as i32).build().error_on_failure()])
-            .map_err(DataplaneError::ort),
-    }
-}
-
-#[cfg(not(feature = "cuda"))]
-fn register_device(builder: ort::session::builder::SessionBuilder, _device: Device) -> Result<ort::session::builder::SessionBuilder> {
-    Ok(builder)
 }
 
 #[cfg(test)]

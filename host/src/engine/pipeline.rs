@@ -196,6 +196,13 @@ pub struct PipelineError {
 }
 
 impl Pipeline {
+    /// The initial workers as the engine numbers them: `(worker, stage)`, stage by
+    /// stage from worker 0 (executors that start these workers themselves follow it).
+    pub fn initial_workers(&self) -> Vec<(u32, u32)> {
+        let stages = self.stages.iter().enumerate().flat_map(|(stage, def)| std::iter::repeat_n(stage as u32, def.replicas as usize));
+        stages.enumerate().map(|(worker, stage)| (worker as u32, stage)).collect()
+    }
+
     /// Check the graph: names unique, edges valid and symmetric, acyclic, bounds sane.
     pub fn validate(&self, source_name: &str) -> Result<(), PipelineError> {
         let fail = |message: String| Err(PipelineError { source_name: source_name.into(), message });

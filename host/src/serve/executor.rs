@@ -381,13 +381,8 @@ impl OnnxExecutor {
         let profiles =
             pipeline.stages.iter().map(|s| s.variants.iter().map(|v| v.profile.clone()).collect()).collect();
         let mut executor = Self { groups, worker_stage: HashMap::new(), profiles, shared, next_job: 1 };
-        // The engine numbers its initial workers stage by stage, as here.
-        let mut worker = 0;
-        for (stage, def) in pipeline.stages.iter().enumerate() {
-            for _ in 0..def.replicas {
-                executor.provision(worker, stage as u32, 0);
-                worker += 1;
-            }
+        for (worker, stage) in pipeline.initial_workers() {
+            executor.provision(worker, stage, 0);
         }
         executor
     }

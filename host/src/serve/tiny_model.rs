@@ -1,8 +1,8 @@
 //! The trivial model of the overhead benchmark, `y = x + 1` on a `[batch, 4]` float
 //! tensor, written as ONNX protobuf bytes from Rust (no `onnx` Python package needed).
 //!
-//! The encoder covers only what this graph uses — varints, length-delimited fields and
-//! packed floats — with the field numbers of `onnx.proto`:
+//! The protobuf encoding is the data plane's ([`yardmaster_dataplane::proto`]); the
+//! field numbers are those of `onnx.proto`:
 //! `ModelProto { ir_version = 1, producer_name = 2, graph = 7, opset_import = 8 }`,
 //! `OperatorSetIdProto { domain = 1, version = 2 }`,
 //! `GraphProto { node = 1, name = 2, initializer = 5, input = 11, output = 12 }`,
@@ -13,6 +13,8 @@
 //! `Dimension { dim_value = 1, dim_param = 2 }`.
 
 use std::path::{Path, PathBuf};
+
+use yardmaster_dataplane::proto::Message;
 
 /// Elements per request.
 pub const WIDTH: usize = 4;
@@ -26,62 +28,16 @@ pub const ADDEND: f32 = 1.0;
 pub const FILE: &str = "tiny-add.onnx";
 
 /// ONNX `TensorProto.DataType.FLOAT`.
-const FLOAT: u64 = 1;
-const VARINT: u64 = 0;
-const LENGTH_DELIMITED: u64 = 2;
-
-/// A protobuf message being written.
-#[derive(Default)]
-struct Message(Vec<u8>);
-
-impl Message {
-    fn varint(&mut self, mut value: u64) {
-        while value >= 0x80 {
-            self.0.push((value as u8) | 0x80);
-            value >>= 7;
-        }
-        self.0.push(value as u8);
-    }
-
-    fn key(&mut self, field: u64, wire: u64) {
-        self.varint(field << 3 | wire);
-    }
-
-    fn int(mut self, field: u64, value: u64) -> Self {
-        self.key(field, VARINT);
-        self.varint(value);
-        self
-    }
-
-    fn bytes(mut self, field: u64, bytes: &[u8]) -> Self {
-        self.key(field, LENGTH_DELIMITED);
-        self.varint(bytes.len() as u64);
-        self.0.extend_from_slice(bytes);
-        self
-    }
-
-    fn string(self, field: u64, text: &str) -> Self {
-        self.bytes(field, text.as_bytes())
-    }
-
-    fn message(self, field: u64, message: Message) -> Self {
-        self.bytes(field, &message.0)
-    }
-
-    fn packed_floats(self, field: u64, values: &[f32]) -> Self {
-        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        self.bytes(field, &bytes)
-    }
-}
+const FLOAT: i64 = 1;
 
 /// A float tensor's type: the batch dimension symbolic, then `WIDTH`.
 fn value_info(name: &str) -> Message {
     let batch = Message::default().string(2, "batch");
-    let width = Message::default().int(1, WIDTH as u64);
-    let shape = Message::default().message(1, batch).message(1, width);
-    let tensor_type = Message::default().int(1, FLOAT).message(2, shape);
-    let type_proto = Message::default().message(1, tensor_type);
-    Message::default().string(1, name).message(2, type_proto)
+    let width = Message::default().int(1, WIDTH as i64);
+    let shape = Message::default().message(1, &batch).message(1, &width);
+    let tensor_type = Message::default().int(1, FLOAT).message(2, &shape);
+    let type_proto = Message::default().message(1, &tensor_type);
+    Message::default().string(1, name).message(2, &type_proto)
 }
 
 /// The model's bytes.
@@ -89,13 +45,13 @@ pub fn bytes() -> Vec<u8> {
     let addend = Message::default().int(1, 1).int(2, FLOAT).packed_floats(4, &[ADDEND]).string(8, "one");
     let node = Message::default().string(1, INPUT).string(1, "one").string(2, OUTPUT).string(3, "add").string(4, "Add");
     let graph = Message::default()
-        .message(1, node)
+        .message(1, &node)
         .string(2, "tiny")
-        .message(5, addend)
-        .message(11, value_info(INPUT))
-        .message(12, value_info(OUTPUT));
+        .message(5, &addend)
+        .message(11, &value_info(INPUT))
+        .message(12, &value_info(OUTPUT));
     let opset = Message::default().string(1, "").int(2, 13);
-    Message::default().int(1, 8).string(2, "yardmaster").message(7, graph).message(8, opset).0
+    Message::default().int(1, 8).string(2, "yardmaster").message(7, &graph).message(8, &opset).into_bytes()
 }
 
 /// The model's file in `dir`, written there if it is not already (or differs).
@@ -117,12 +73,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn varints_and_fields_are_encoded_as_protobuf_does() {
-        let mut m = Message::default();
-        m.varint(300);
-        assert_eq!(m.0, [0xAC, 0x02]);
-        assert_eq!(Message::default().int(1, 8).0, [0x08, 0x08]);
-        assert_eq!(Message::default().string(2, "ab").0, [0x12, 0x02, b'a', b'b']);
+    fn the_model_is_written_once_and_read_back_whole() {
         let model = bytes();
         assert_eq!(&model[..2], &[0x08, 0x08], "starts with ir_version = 8");
         let dir = std::env::temp_dir().join(format!("yardmaster-tiny-{}", std::process::id()));

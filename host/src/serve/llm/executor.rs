@@ -217,12 +217,8 @@ impl LlmExecutor {
         let shared = Arc::new(Shared { handle, runtime, model, transcripts, stats: Mutex::default() });
         let stage_threads = pipeline.stages.iter().map(|s| s.threads).collect();
         let mut executor = Self { shared, workers: HashMap::new(), directory, stage_threads, next_generation: 1 };
-        let mut worker = 0;
-        for (stage, def) in pipeline.stages.iter().enumerate() {
-            for _ in 0..def.replicas {
-                executor.provision(worker, stage as u32, 0);
-                worker += 1;
-            }
+        for (worker, stage) in pipeline.initial_workers() {
+            executor.provision(worker, stage, 0);
         }
         executor
     }

@@ -1,6 +1,8 @@
-//! The few pieces of protobuf wire format the decoder's ONNX writer needs: varints,
-//! length-delimited fields (strings, bytes, sub-messages) and 32-bit floats. Field
-//! numbers are those of `onnx.proto`; [`super::model`] names them where it uses them.
+//! The few pieces of protobuf wire format the project's ONNX writers need (the tiny
+//! decoder of [`crate::llm`], the serving benchmark's trivial model): varints,
+//! length-delimited fields (strings, bytes, packed floats, sub-messages) and 32-bit
+//! floats. Field numbers are those of `onnx.proto`; each writer names them where it
+//! uses them.
 
 /// Wire type of varint fields.
 const VARINT: u64 = 0;
@@ -11,7 +13,7 @@ const FIXED32: u64 = 5;
 
 /// A protobuf message being written, built field by field.
 #[derive(Debug, Default, Clone)]
-pub(crate) struct Message(pub(crate) Vec<u8>);
+pub struct Message(Vec<u8>);
 
 impl Message {
     fn varint(&mut self, mut value: u64) {
@@ -27,21 +29,21 @@ impl Message {
     }
 
     /// A varint field (negative values as ten-byte two's complement, as `int64` is).
-    pub(crate) fn int(mut self, field: u64, value: i64) -> Self {
+    pub fn int(mut self, field: u64, value: i64) -> Self {
         self.key(field, VARINT);
         self.varint(value as u64);
         self
     }
 
     /// A `float` field.
-    pub(crate) fn float(mut self, field: u64, value: f32) -> Self {
+    pub fn float(mut self, field: u64, value: f32) -> Self {
         self.key(field, FIXED32);
         self.0.extend_from_slice(&value.to_le_bytes());
         self
     }
 
     /// A `bytes` field.
-    pub(crate) fn bytes(mut self, field: u64, bytes: &[u8]) -> Self {
+    pub fn bytes(mut self, field: u64, bytes: &[u8]) -> Self {
         self.key(field, LENGTH_DELIMITED);
         self.varint(bytes.len() as u64);
         self.0.extend_from_slice(bytes);
@@ -49,13 +51,29 @@ impl Message {
     }
 
     /// A `string` field.
-    pub(crate) fn string(self, field: u64, text: &str) -> Self {
+    pub fn string(self, field: u64, text: &str) -> Self {
         self.bytes(field, text.as_bytes())
     }
 
     /// A sub-message field.
-    pub(crate) fn message(self, field: u64, message: &Message) -> Self {
+    pub fn message(self, field: u64, message: &Message) -> Self {
         self.bytes(field, &message.0)
+    }
+
+    /// A packed `repeated float` field.
+    pub fn packed_floats(self, field: u64, values: &[f32]) -> Self {
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.bytes(field, &bytes)
+    }
+
+    /// The encoded bytes.
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.0
+    }
+
+    /// The encoded bytes so far.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
     }
 }
 
