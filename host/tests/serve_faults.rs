@@ -162,9 +162,13 @@ fn json_headers() -> HeaderMap {
 const INFER: &str = "/v2/models/tiny/infer";
 
 async fn infer_h1(address: SocketAddr, x: [f32; 4]) -> Reply {
+    infer_h1_body(address, body(x)).await
+}
+
+async fn infer_h1_body(address: SocketAddr, body: Bytes) -> Reply {
     let mut client = Http1Client::connect(address).await.unwrap();
     let headers = json_headers();
-    let reply = client.request(Method::POST, INFER, &headers, body(x));
+    let reply = client.request(Method::POST, INFER, &headers, body);
     tokio::time::timeout(Duration::from_secs(20), reply).await.expect("an answer: no request may hang").unwrap()
 }
 
@@ -512,6 +516,22 @@ impl NodeProcess {
         let status = Command::new("kill").args([&format!("-{signal}"), &self.child.id().to_string()]).status().unwrap();
         assert!(status.success(), "kill -{signal} of the node");
     }
+
+    /// Stop the node (SIGSTOP) and wait until every one of its threads is stopped:
+    /// the signal is delivered to each thread as it next runs, and a thread still
+    /// running could answer a request.
+    async fn stop(&self) {
+        self.signal("STOP");
+        let tasks = PathBuf::from(format!("/proc/{}/task", self.child.id()));
+        let stopped = || {
+            std::fs::read_dir(&tasks).unwrap().flatten().all(|task| {
+                let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+                // The state follows the command name, which is in parentheses.
+                stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('T') || rest.starts_with('t'))
+            })
+        };
+        wait_for(stopped, "every thread of the node is stopped").await;
+    }
 }
 
 impl Drop for NodeProcess {
@@ -544,18 +564,25 @@ async fn a_node_that_dies_mid_request_fails_its_requests_once_and_later_ones_at_
     assert_eq!(get_h1(server.address, "/v2/health/ready").await.status, StatusCode::OK);
 
     // The node stops answering (SIGSTOP): what is sent now surely stays in flight.
-    node.signal("STOP");
+    // These requests carry a 30 s deadline (Triton's `timeout`, µs), so only the
+    // node's loss can end them: not the policy's drop at the tiny pipeline's 1 s SLO.
+    node.stop().await;
     let stopped_at = Instant::now();
     let address = server.address;
     let requests: Vec<_> = (0..6)
         .map(|i| {
             tokio::spawn(async move {
-                let reply = infer_h1(address, [10.0 + i as f32, 0.0, 0.0, 0.0]).await;
+                let body = format!(
+                    r#"{{"parameters":{{"timeout":30000000}},"inputs":[{{"name":"x","shape":[4],"datatype":"FP32","data":[{},0,0,0]}}]}}"#,
+                    10 + i
+                );
+                let reply = infer_h1_body(address, Bytes::from(body)).await;
                 (reply, Instant::now())
             })
         })
         .collect();
-    wait_for(|| server.counts().4 == 6, "the six requests are in the engine").await;
+    let arrived = wait_until(|| server.counts().4 == 6).await;
+    assert!(arrived, "the six requests are in the engine: {:?}, {:?}", server.counts(), server.drop_reasons());
     let on_the_node = server
         .actor()
         .handle()
