@@ -6,26 +6,34 @@
 //!
 //! - an ONNX Runtime call that fails on its input;
 //! - a worker that hangs (the executor's watchdog fails the job and restarts it);
-//! - a client that disconnects mid-request, over HTTP/1.1 and over HTTP/3.
+//! - a client that disconnects mid-request, over HTTP/1.1 and over HTTP/3;
+//! - a remote host (a `yardmaster node` process serving the only stage) that stops
+//!   answering with requests on it, then is killed: they fail once with the loss,
+//!   and later requests fail at once instead of waiting for their deadlines;
+//! - a full disk under the trace capture (`capture = "/dev/full"` on the real
+//!   `yardmaster serve` binary): the capture stops with one log line, serving goes on.
 
 #[path = "../../dataplane/tests/common/mod.rs"]
 mod common;
 
-use std::io::Write;
+use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
-use yardmaster::engine::EngineOptions;
+use yardmaster::engine::{EngineOptions, WorkerPhase};
 use yardmaster::serve::api::{Api, Backend};
 use yardmaster::serve::backend::EngineBackend;
 use yardmaster::serve::client::{Http1Client, Http3Client, Reply};
 use yardmaster::serve::executor::{Placement, ServeActor, WorkerStatus};
 use yardmaster::serve::listeners::{ListenOptions, Listeners, TlsSource};
 use yardmaster::serve::payload::Payload;
+use yardmaster::serve::remote::pool::{RemoteConfig, RemotePool};
+use yardmaster::serve::remote::transport::Fingerprint;
 use yardmaster::serve::stack::{PolicyChoice, ServedPipeline, ServingStack};
 use yardmaster::serve::stages::{StageProgram, TensorProgram};
 use yardmaster::serve::tls;
@@ -154,9 +162,13 @@ fn json_headers() -> HeaderMap {
 const INFER: &str = "/v2/models/tiny/infer";
 
 async fn infer_h1(address: SocketAddr, x: [f32; 4]) -> Reply {
+    infer_h1_body(address, body(x)).await
+}
+
+async fn infer_h1_body(address: SocketAddr, body: Bytes) -> Reply {
     let mut client = Http1Client::connect(address).await.unwrap();
     let headers = json_headers();
-    let reply = client.request(Method::POST, INFER, &headers, body(x));
+    let reply = client.request(Method::POST, INFER, &headers, body);
     tokio::time::timeout(Duration::from_secs(20), reply).await.expect("an answer: no request may hang").unwrap()
 }
 
@@ -468,4 +480,215 @@ async fn wait_until(condition: impl Fn() -> bool) -> bool {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     true
+}
+
+// ---------------------------------------------------------------------------------
+// A remote host that disappears mid-request.
+
+/// Silence after which either side of the node link counts the other as gone.
+const NODE_IDLE: Duration = Duration::from_secs(2);
+
+/// A `yardmaster node` process, killed on drop.
+struct NodeProcess {
+    child: Child,
+    address: SocketAddr,
+    pin: Fingerprint,
+}
+
+impl NodeProcess {
+    fn start(dir: &Scratch) -> NodeProcess {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_yardmaster"))
+            .args(["node", "--listen", "127.0.0.1:0", "--idle-timeout", &NODE_IDLE.as_secs().to_string(), "--tls-dir"])
+            .arg(dir.0.join("node-tls"))
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut line = || lines.next().expect("the node prints its address and certificate").unwrap();
+        let listening = line();
+        let address = listening.strip_prefix("yardmaster node listening on ").unwrap_or_else(|| panic!("{listening}")).parse().unwrap();
+        let certificate = line();
+        let pin = Fingerprint::from_argument(certificate.strip_prefix("certificate ").unwrap().split_whitespace().next().unwrap()).unwrap();
+        NodeProcess { child, address, pin }
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill").args([&format!("-{signal}"), &self.child.id().to_string()]).status().unwrap();
+        assert!(status.success(), "kill -{signal} of the node");
+    }
+
+    /// Stop the node (SIGSTOP) and wait until every one of its threads is stopped:
+    /// the signal is delivered to each thread as it next runs, and a thread still
+    /// running could answer a request.
+    async fn stop(&self) {
+        self.signal("STOP");
+        let tasks = PathBuf::from(format!("/proc/{}/task", self.child.id()));
+        let stopped = || {
+            std::fs::read_dir(&tasks).unwrap().flatten().all(|task| {
+                let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+                // The state follows the command name, which is in parentheses.
+                stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('T') || rest.starts_with('t'))
+            })
+        };
+        wait_for(stopped, "every thread of the node is stopped").await;
+    }
+}
+
+impl Drop for NodeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn get_h1(address: SocketAddr, path: &str) -> Reply {
+    let mut client = Http1Client::connect(address).await.unwrap();
+    client.request(Method::GET, path, &HeaderMap::new(), Bytes::new()).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_dies_mid_request_fails_its_requests_once_and_later_ones_at_once() {
+    let dir = Scratch::new("node-loss");
+    let node = NodeProcess::start(&dir);
+    // The only stage's worker lives on the node (the model file is the one the
+    // controller wrote: same machine, same path).
+    let served = ServedPipeline::tiny(&dir.0).unwrap();
+    let mut config = RemoteConfig::new(node.address, node.pin, served.catalog.clone());
+    config.idle_timeout = NODE_IDLE;
+    let (pool, events) = RemotePool::connect(config).await.unwrap();
+    let placement = Placement { stages: vec![0], workers: Box::new(pool), events };
+    // The watchdog is kept out of the way: the requests must end by the node's loss.
+    let watchdog = WatchdogConfig { min_ms: 60_000, ..WatchdogConfig::default() };
+    let server = Running::start(&dir, served, vec![placement], watchdog).await;
+    served_normally(server.address, 4).await;
+    assert_eq!(get_h1(server.address, "/v2/health/ready").await.status, StatusCode::OK);
+
+    // The node stops answering (SIGSTOP): what is sent now surely stays in flight.
+    // These requests carry a 30 s deadline (Triton's `timeout`, µs), so only the
+    // node's loss can end them: not the policy's drop at the tiny pipeline's 1 s SLO.
+    node.stop().await;
+    let stopped_at = Instant::now();
+    let address = server.address;
+    let requests: Vec<_> = (0..6)
+        .map(|i| {
+            tokio::spawn(async move {
+                let body = format!(
+                    r#"{{"parameters":{{"timeout":30000000}},"inputs":[{{"name":"x","shape":[4],"datatype":"FP32","data":[{},0,0,0]}}]}}"#,
+                    10 + i
+                );
+                let reply = infer_h1_body(address, Bytes::from(body)).await;
+                (reply, Instant::now())
+            })
+        })
+        .collect();
+    let arrived = wait_until(|| server.counts().4 == 6).await;
+    assert!(arrived, "the six requests are in the engine: {:?}, {:?}", server.counts(), server.drop_reasons());
+    let on_the_node = server
+        .actor()
+        .handle()
+        .inspect(|engine| engine.state().workers.values().any(|w| matches!(w.phase, WorkerPhase::Busy { .. })))
+        .unwrap();
+    assert!(on_the_node, "a job is out on the node's worker");
+    // Then it dies without a word (SIGKILL): only the link's idle timeout can tell.
+    node.signal("KILL");
+    let mut last = stopped_at;
+    for task in requests {
+        let (reply, at) = task.await.unwrap();
+        assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR, "{reply:?}");
+        let error = error_of(&reply);
+        assert!(error.contains("connection to the node lost") && error.contains("idle timeout"), "{error}");
+        last = last.max(at);
+    }
+    let noticed = last - stopped_at;
+    eprintln!("the node's loss ended the six requests {noticed:?} after it stopped answering");
+    assert!(noticed >= NODE_IDLE / 2 && noticed < NODE_IDLE * 4, "ended after {noticed:?} with a {NODE_IDLE:?} idle timeout");
+
+    // Later requests get a fast, clear answer, over both transports.
+    for i in 0..3 {
+        let begin = Instant::now();
+        let reply = infer_h1(server.address, [20.0 + i as f32, 0.0, 0.0, 0.0]).await;
+        let took = begin.elapsed();
+        assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR, "{reply:?}");
+        let error = error_of(&reply);
+        assert!(error.starts_with("failed: stage tiny has no worker left: "), "{error}");
+        assert!(error.contains("connection to the node lost"), "{error}");
+        assert!(took < Duration::from_millis(500), "answered after {took:?}; the deadline is a second away");
+        if i == 0 {
+            eprintln!("a request after the loss answered in {took:?}: {error}");
+        }
+    }
+    let mut client = server.http3().await;
+    let reply = client.request(Method::POST, INFER, &json_headers(), body([30.0, 0.0, 0.0, 0.0])).await.unwrap();
+    assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(error_of(&reply).contains("no worker left"), "{reply:?}");
+    // The server says it cannot serve, and holds nothing.
+    assert_eq!(get_h1(server.address, "/v2/health/ready").await.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_ne!(server.backend.board().status(0), Some(WorkerStatus::Ready), "the lost worker is not counted ready");
+    server.settled(Duration::from_secs(5)).await;
+    let (arrivals, ended, completed, failed, _) = server.counts();
+    assert_eq!((arrivals, ended, completed, failed), (14, 14, 4, 10), "each request ended exactly once");
+    server.stop().await;
+}
+
+// ---------------------------------------------------------------------------------
+// A full disk while capturing a trace.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_stops_the_capture_with_one_log_line_and_serving_goes_on() {
+    let dir = Scratch::new("full-disk");
+    let config = dir.0.join("serve.toml");
+    // /dev/full takes the file's creation and fails every write with ENOSPC.
+    std::fs::write(&config, "listen = \"127.0.0.1:0\"\npipeline = \"tiny\"\nstate_dir = \"state\"\ncapture = \"/dev/full\"\n").unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_yardmaster"))
+        .args(["serve", "--config"])
+        .arg(&config)
+        .env("YARDMASTER_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    struct Kill(Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut process = Kill(child);
+    let log = Arc::new(Mutex::new(Vec::<String>::new()));
+    let collected = Arc::clone(&log);
+    std::thread::spawn(move || {
+        for line in stderr.lines().map_while(Result::ok) {
+            collected.lock().unwrap().push(line);
+        }
+    });
+    let address: SocketAddr = loop {
+        let line = stdout.next().expect("serve printed its address before exiting").unwrap();
+        if let Some(rest) = line.strip_prefix("listening on ") {
+            break rest.split_whitespace().next().unwrap().parse().unwrap();
+        }
+    };
+    std::thread::spawn(move || for _ in stdout {});
+
+    served_normally(address, 8).await;
+    let stopped = |log: &[String]| log.iter().filter(|l| l.contains("trace capture /dev/full stopped")).cloned().collect::<Vec<_>>();
+    wait_for(|| !stopped(&log.lock().unwrap()).is_empty(), "the capture reports that it stopped").await;
+    // Serving goes on, the capture stays stopped and says so once.
+    served_normally(address, 16).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let lines = stopped(&log.lock().unwrap());
+    eprintln!("{}", lines.join("\n"));
+    assert_eq!(lines.len(), 1, "one log line: {:?}", log.lock().unwrap());
+    assert!(lines[0].contains("No space left on device") && lines[0].contains("serving goes on"), "{}", lines[0]);
+    assert!(process.0.try_wait().unwrap().is_none(), "the server runs on");
+    // Every request was counted on time: none was lost to the capture.
+    let metrics = String::from_utf8(get_h1(address, "/metrics").await.body.to_vec()).unwrap();
+    let on_time = metrics
+        .lines()
+        .find(|l| l.starts_with("yardmaster_requests_ended_total{arm=\"edf\",stream=\"all\",outcome=\"on_time\"}"))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("an on-time counter: {metrics}"));
+    assert_eq!(on_time, 24.0, "{metrics}");
 }

@@ -24,6 +24,8 @@ use yardmaster::sim::workload::Arrival;
 const SLO: Duration = Duration::from_secs(1);
 /// The admission cap the server runs with.
 const MAX_IN_FLIGHT: usize = 64;
+/// Resident memory (server and load generator) past which an overload run stops.
+const RSS_LIMIT_MIB: f64 = 4096.0;
 
 fn body() -> Bytes {
     Bytes::from_static(br#"{"inputs":[{"name":"x","shape":[4],"datatype":"FP32","data":[1,2,3,4]}]}"#)
@@ -108,8 +110,32 @@ async fn overload(name: &str, factor: f64, seconds: f64) -> (f64, LoadReport, f6
     let capacity = capacity(&server, 16, 2.0).await;
     let rss_before = rss_mib();
     let offered = capacity * factor;
-    let report = load::run(&plan(&server), arrivals(offered, seconds), |_, _| {}).await.unwrap();
+    // Memory and progress every 30 s of a long run (the soak), to tell growth from a
+    // plateau; past RSS_LIMIT_MIB the run stops before it takes the machine down.
+    let begin = Instant::now();
+    let last = std::sync::Mutex::new(Instant::now());
+    let progress = |sent: u64, answered: u64| {
+        let rss = rss_mib();
+        assert!(
+            rss < RSS_LIMIT_MIB,
+            "{name}: RSS {rss:.0} MiB after {:.0} s with {sent} sent and {answered} answered: the load generator's \
+             backlog of requests waiting for an HTTP/3 stream grows without bound",
+            begin.elapsed().as_secs_f64()
+        );
+        let mut last = last.lock().unwrap();
+        if seconds >= 60.0 && last.elapsed() >= Duration::from_secs(30) {
+            *last = Instant::now();
+            let held = server.handle.inspect(|e| e.in_flight()).unwrap_or(0);
+            println!(
+                "{name} at {:.0} s: sent {sent}, answered {answered}, {held} in the engine, RSS {:.1} MiB",
+                begin.elapsed().as_secs_f64(),
+                rss
+            );
+        }
+    };
+    let report = load::run(&plan(&server), arrivals(offered, seconds), progress).await.unwrap();
     let rss_growth = rss_mib() - rss_before;
+    println!("{name}: RSS {rss_before:.1} MiB before the overload, {:.1} MiB after", rss_before + rss_growth);
     let (left, served) = server
         .handle
         .inspect(|e| {

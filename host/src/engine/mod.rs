@@ -179,6 +179,9 @@ pub struct Engine<C: Clock, X: Executor> {
     accounting: Accounting,
     ended: Vec<Ended>,
     stats: EngineStats,
+    /// Per stage: why it has no worker left since its last one was lost (None while
+    /// it has one, or has never lost one). Arrivals at such a stage fail at once.
+    unserved: Vec<Option<String>>,
 }
 
 impl<C: Clock, X: Executor> Engine<C, X> {
@@ -287,7 +290,9 @@ impl<C: Clock, X: Executor> Engine<C, X> {
             accounting,
             ended: Vec::new(),
             stats: EngineStats::default(),
+            unserved: Vec::new(),
         };
+        engine.unserved = vec![None; engine.state.stages.len()];
         for (worker, stage, variant) in provision {
             engine.executor.provision(worker, stage, variant);
         }
@@ -446,10 +451,17 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         self.end_origin(id, Outcome::Dropped { reason: "cancelled by the client".into() }, now, EndReason::Cancelled);
     }
 
-    /// Put a piece in its stage's queue and tell the policy.
+    /// Put a piece in its stage's queue and tell the policy — unless the stage lost
+    /// its last worker (see [`Engine::worker_lost`]): then the piece's request fails
+    /// at once with the cause, and the policy never sees it.
     fn enqueue(&mut self, request: Request, generated: u32) {
         let stage = request.stage as usize;
         let now = self.state.now;
+        if let Some(error) = self.unserved[stage].clone() {
+            self.state.pieces.remove(&request.id);
+            self.end_origin_except(request.origin, Outcome::Failed { error }, now, EndReason::Failed, Some(request.id));
+            return;
+        }
         let resume = self.state.pieces.get(&request.id).map_or(Resume::Fresh, |p| p.resume);
         self.state.stages[stage].window.arrivals += 1;
         self.state.queued_order[stage].push_back((request.id, now));
@@ -479,7 +491,8 @@ impl<C: Clock, X: Executor> Engine<C, X> {
     /// it had seen added), and the stage counts one replica fewer, so a later
     /// scale-up replaces it. When the stage is left with no worker that will serve
     /// (none starting, idle or busy), the requests queued there fail now with `reason`
-    /// instead of waiting for their deadlines.
+    /// instead of waiting for their deadlines, and so do later arrivals at the stage
+    /// until a worker is provisioned there again (a policy's or the host's scale-up).
     pub fn worker_lost(&mut self, worker: u32, reason: &str) {
         self.now();
         let Some(entry) = self.state.workers.get_mut(&worker) else { return };
@@ -508,6 +521,8 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         };
         if !self.state.workers.values().any(serves) {
             let name = self.state.pipeline.stages[stage].name.clone();
+            let error = format!("stage {name} has no worker left: {reason}");
+            self.unserved[stage] = Some(error.clone());
             let waiting: Vec<u64> = self
                 .state
                 .pieces
@@ -516,7 +531,7 @@ impl<C: Clock, X: Executor> Engine<C, X> {
                 .map(|(id, _)| *id)
                 .collect();
             for id in waiting {
-                self.fail_piece(id, format!("stage {name} has no worker left: {reason}"));
+                self.fail_piece(id, error.clone());
             }
         }
     }
@@ -1095,6 +1110,8 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         // sequences) keep counting as replicas.
         let mut kept = 0;
         if replicas > current {
+            // A worker is starting: arrivals queue for it again.
+            self.unserved[stage as usize] = None;
             for _ in current..replicas {
                 let id = self.ids.worker();
                 let def = &self.state.pipeline.stages[stage as usize];

@@ -564,3 +564,55 @@ fn requests_waiting_at_a_stage_left_without_workers_fail_with_the_reason() {
     assert_eq!(ended, ids, "every request ended exactly once");
     assert_eq!(engine.in_flight(), 0);
 }
+
+#[test]
+fn arrivals_at_a_stage_that_lost_its_last_worker_fail_at_once_until_it_scales_up_again() {
+    let (mut engine, clock) = engine_with::<policy_fifo::Fifo>(chain(2, 1));
+    let second = *engine.state().workers.values().find(|w| w.info.stage == 1).map(|w| &w.info.id).unwrap();
+    engine.worker_lost(second, "connection to the node lost: idle timeout");
+    engine.flush();
+
+    // A fresh request still passes stage 0, then fails on reaching stage 1 — at once,
+    // not at its deadline — and the policy is never handed it there.
+    let id = engine.submit(Submission { stream: 0, ..Default::default() });
+    engine.flush();
+    let job = engine.executor().started.last().cloned().expect("stage 0 still serves");
+    assert_eq!(job.stage, 0);
+    clock.set(5 * MS);
+    finish_all(&mut engine, &BTreeMap::new());
+    engine.flush();
+    let ended = engine.take_ended();
+    assert_eq!(ended.len(), 1, "{ended:?}");
+    assert_eq!(ended[0].id, id);
+    assert_eq!(ended[0].at, 5 * MS, "ended when it reached the stage");
+    match &ended[0].outcome {
+        Outcome::Failed { error } => {
+            assert_eq!(error, "stage s1 has no worker left: connection to the node lost: idle timeout")
+        }
+        other => panic!("expected a failure, got {other:?}"),
+    }
+    assert!(engine.arm().ledger().get(id).is_none(), "the policy holds nothing of it");
+    assert_eq!(engine.in_flight(), 0);
+    assert_eq!(engine.stats().jobs, 1, "nothing was dispatched at stage 1");
+
+    // The stage is scaled up again: arrivals queue for the starting worker and are
+    // served once it is ready.
+    engine.resize(1, 1);
+    let fresh = *engine.executor().provisioned.last().expect("a worker provisioned");
+    let id = engine.submit(Submission { stream: 0, ..Default::default() });
+    engine.flush();
+    clock.set(10 * MS);
+    finish_all(&mut engine, &BTreeMap::new());
+    engine.flush();
+    assert!(engine.take_ended().is_empty(), "it waits at stage 1 for the starting worker");
+    assert!(engine.holds_request(id));
+    engine.worker_ready(fresh);
+    engine.flush();
+    let job = engine.executor().started.last().cloned().expect("a job on the fresh worker");
+    assert_eq!((job.worker, job.stage), (fresh, 1));
+    clock.set(15 * MS);
+    finish_all(&mut engine, &BTreeMap::new());
+    let ended = engine.take_ended();
+    assert_eq!(ended.len(), 1);
+    assert_eq!((ended[0].id, &ended[0].outcome), (id, &Outcome::Completed));
+}

@@ -5,7 +5,10 @@
 //!
 //! The recorder lives on the engine's actor thread and is fed by it. Writing never
 //! stands in the way of serving: when a write fails (a full disk, a closed pipe) the
-//! recorder says so once in the log, stops capturing, and requests go on as before.
+//! recorder says so once in the log — with how many records reached the sink whole —
+//! stops capturing, and requests go on as before. Records are buffered and pushed to
+//! the sink at every turn of the actor loop ([`Recorder::flush`]), so a failure shows
+//! at the latest one turn after the record that met it.
 
 use std::io::Write;
 
@@ -20,6 +23,8 @@ pub struct Recorder {
     writer: Option<TraceWriter<CaptureSink>>,
     name: String,
     records: u64,
+    flushed: u64,
+    stopped: Option<String>,
 }
 
 impl Recorder {
@@ -30,7 +35,7 @@ impl Recorder {
             .map_or(0, |d| d.as_millis() as u64);
         let header = TraceHeader::new(format!("yardmaster serve ({name})"), started_at_unix_ms);
         let writer = TraceWriter::new(sink, &header)?;
-        Ok(Recorder { writer: Some(writer), name: name.to_string(), records: 0 })
+        Ok(Recorder { writer: Some(writer), name: name.to_string(), records: 0, flushed: 0, stopped: None })
     }
 
     /// Whether it still writes (false after a write error).
@@ -38,9 +43,20 @@ impl Recorder {
         self.writer.is_some()
     }
 
-    /// Records written so far.
+    /// Records written so far (some may still be buffered).
     pub fn records(&self) -> u64 {
         self.records
+    }
+
+    /// Records known to be whole in the sink: those written before its last
+    /// successful flush.
+    pub fn flushed(&self) -> u64 {
+        self.flushed
+    }
+
+    /// Why it stopped, once a write failed.
+    pub fn stopped(&self) -> Option<&str> {
+        self.stopped.as_deref()
     }
 
     /// Request `id` was just submitted to `engine`.
@@ -89,8 +105,9 @@ impl Recorder {
     /// Push what is buffered to the sink.
     pub fn flush(&mut self) {
         if let Some(writer) = &mut self.writer {
-            if let Err(error) = writer.flush() {
-                self.fail(&error);
+            match writer.flush() {
+                Ok(()) => self.flushed = self.records,
+                Err(error) => self.fail(&error),
             }
         }
     }
@@ -104,11 +121,16 @@ impl Recorder {
     }
 
     fn fail(&mut self, error: &std::io::Error) {
+        let reason = format!("{error}");
         tracing::error!(
-            "trace capture {} stopped after {} records: {error}; serving goes on without it",
+            "trace capture {} stopped: {reason}; {} records reached it whole, {} more did not; serving goes on without it",
             self.name,
-            self.records
+            self.flushed,
+            self.records - self.flushed
         );
+        self.stopped = Some(reason);
+        // Dropped, the buffered writer tries once more to write what it holds and
+        // ignores the outcome; nothing is written after that.
         self.writer = None;
     }
 }
@@ -141,12 +163,18 @@ mod tests {
     fn a_failing_sink_stops_the_capture_and_nothing_else() {
         let mut recorder = Recorder::start(Box::new(Full { room: 100_000 }), "t").unwrap();
         let end = Ended { id: 1, outcome: Outcome::Dropped { reason: "late".repeat(40_000) }, at: 5, sent_at: 0, deadline: 0 };
+        recorder.ended(&Ended { id: 0, outcome: Outcome::Completed, at: 1, sent_at: 0, deadline: 0 });
+        recorder.flush();
+        assert_eq!((recorder.records(), recorder.flushed()), (1, 1));
         recorder.ended(&end);
         recorder.flush();
         assert!(!recorder.active(), "a write past the room stops the recorder");
+        assert_eq!(recorder.stopped(), Some("no space left on device"));
+        assert_eq!((recorder.records(), recorder.flushed()), (1, 1), "the record that met the full sink is not counted");
         recorder.ended(&end);
         recorder.flush();
         assert!(!recorder.active());
+        assert_eq!(recorder.records(), 1, "nothing is written once stopped");
     }
 
     #[test]
