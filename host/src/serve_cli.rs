@@ -141,6 +141,10 @@ pub struct LoadArgs {
     /// HTTP/1.1 connections to spread requests over.
     #[arg(long, default_value_t = 32)]
     pub connections: usize,
+    /// Most requests out at once; arrivals past it are shed (counted, not sent), as
+    /// clients that give up.
+    #[arg(long, default_value_t = yardmaster::serve::load::DEFAULT_MAX_OUTSTANDING)]
+    pub max_outstanding: usize,
     /// Workload: a preset (poisson, wikipedia, twitter, azure-functions) at --rate, or
     /// `rates:FILE` or `trace:FILE` (a JSON-lines trace, e.g. one captured by `serve`).
     #[arg(long, default_value = "poisson")]
@@ -209,6 +213,7 @@ async fn run_load(args: &LoadArgs) -> Result<()> {
         json_length,
         slo: Duration::from_secs_f64(args.slo_ms / 1e3),
         transport,
+        max_outstanding: args.max_outstanding,
     };
     let total = arrivals.len() as u64;
     eprintln!(
@@ -370,6 +375,7 @@ async fn demonstrate(server: &Server, address: SocketAddr) -> Result<()> {
             json_length: Some(json_length),
             slo: Duration::from_secs(3),
             transport,
+            max_outstanding: load::DEFAULT_MAX_OUTSTANDING,
         };
         let report = load::run(&plan, arrivals, |_, _| {}).await?;
         print!("{}", report.render());

@@ -62,6 +62,7 @@ fn plan(server: &Server) -> LoadPlan {
         json_length: None,
         slo: SLO,
         transport: Transport::Http3 { server_name: "localhost".into(), trusted },
+        max_outstanding: yardmaster::serve::load::DEFAULT_MAX_OUTSTANDING,
     }
 }
 

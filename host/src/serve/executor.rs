@@ -569,8 +569,11 @@ impl Executor for OnnxExecutor {
         self.shared.board.set(worker, stage, WorkerStatus::Loading);
         let Some(group) = self.groups.get(self.shared.stage_group[stage as usize]) else { return };
         if let Err(error) = lock(group).provision(worker, stage, variant) {
-            tracing::error!(worker, stage, variant, "worker could not be provisioned: {error}; jobs sent to it fail with this error");
+            tracing::error!(worker, stage, variant, "worker could not be provisioned: {error}; it is reported lost");
             self.shared.board.set(worker, stage, WorkerStatus::Failed(error.to_string()));
+            // The engine counts it as starting until told: a stage whose only workers
+            // cannot be provisioned (a lost node) then refuses arrivals at once.
+            let _ = self.shared.handle.worker_lost(worker, format!("worker {worker} could not be provisioned: {error}"));
         }
     }
 

@@ -3,6 +3,11 @@
 //! server's answers, over HTTP/1.1 (a pool of keep-alive connections) or HTTP/3 (one
 //! connection, a stream per request), and the outcome of each is recorded: goodput,
 //! drop rate and latency percentiles at the end, progress while it runs.
+//!
+//! At most [`LoadPlan::max_outstanding`] requests are out at once: an arrival past it
+//! is *shed* (counted, never sent), as a real client gives up rather than queue without
+//! end. Without the cap an overloaded server would make the generator's own backlog
+//! grow with the offered load (one task and one body per unanswered arrival).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -50,13 +55,20 @@ pub struct LoadPlan {
     pub slo: Duration,
     /// Transport.
     pub transport: Transport,
+    /// Most requests out at once; arrivals past it are shed.
+    pub max_outstanding: usize,
 }
+
+/// Default of [`LoadPlan::max_outstanding`].
+pub const DEFAULT_MAX_OUTSTANDING: usize = 10_000;
 
 /// The outcome counts and latencies of a run.
 #[derive(Debug, Default, Clone)]
 pub struct LoadReport {
     /// Requests sent.
     pub sent: u64,
+    /// Arrivals not sent because `max_outstanding` requests were already out.
+    pub shed: u64,
     /// Answered 200 within the SLO.
     pub on_time: u64,
     /// Answered 200 after the SLO.
@@ -79,9 +91,9 @@ impl LoadReport {
         self.on_time as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
 
-    /// (dropped + late) / sent.
+    /// (dropped + late + shed) / offered, where offered = sent + shed.
     pub fn drop_rate(&self) -> f64 {
-        (self.dropped + self.late) as f64 / (self.sent.max(1)) as f64
+        (self.dropped + self.late + self.shed) as f64 / ((self.sent + self.shed).max(1)) as f64
     }
 
     /// A few lines for the terminal.
@@ -104,6 +116,9 @@ impl LoadReport {
             ms(self.latency.quantile(0.99)),
             ms(self.latency.max()),
         );
+        if self.shed > 0 {
+            text.push_str(&format!("shed {} arrivals (the generator's cap on requests out at once)\n", self.shed));
+        }
         if let Some(error) = &self.first_error {
             text.push_str(&format!("first error: {error}\n"));
         }
@@ -144,7 +159,14 @@ pub async fn run(plan: &LoadPlan, arrivals: Vec<Arrival>, progress: impl Fn(u64,
     for arrival in &arrivals {
         let at = started + Duration::from_nanos(arrival.at);
         tokio::time::sleep_until(at.into()).await;
-        report.lock().unwrap().sent += 1;
+        {
+            let mut report = report.lock().unwrap();
+            if report.sent.saturating_sub(answered.load(Ordering::Relaxed)) >= plan.max_outstanding.max(1) as u64 {
+                report.shed += 1;
+                continue;
+            }
+            report.sent += 1;
+        }
         let connections = connections.clone();
         let (task_report, task_answered, path, headers, body, slo) =
             (report.clone(), answered.clone(), path.clone(), headers.clone(), plan.body.clone(), plan.slo);
