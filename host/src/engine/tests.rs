@@ -768,15 +768,16 @@ fn dispatches_decided_in_the_pre_replay_stand_only_if_they_still_hold_at_the_swa
 
     let started_before = engine.executor().started.len();
     let outcome = engine.swap(candidate);
-    // Worker 0's batch is refused (busy, its requests gone: not run twice), worker
-    // 1's stands (idle, its requests held), worker 2's is refused (busy) and its
-    // requests, still held, are handed back with the two new ones.
+    // Worker 0's batch goes (its requests left meanwhile: forgiven, not run twice),
+    // worker 1's stands (idle, its requests held), worker 2's is refused (busy) and
+    // its requests, still held, are handed back with the two new ones.
     assert_eq!(outcome.report.handover, crate::policy::Handover::Delta { events: 6, arrived: 6, left: 4 });
     let started: Vec<&BatchJob> = engine.executor().started[started_before..].iter().collect();
     assert_eq!(started.len(), 1, "only the dispatch to worker 1 stood");
     assert_eq!((started[0].worker, started[0].items.iter().map(|i| i.id).collect::<Vec<_>>()), (1, submitted[12..16].to_vec()));
-    let rejected = &engine.arm().stats().rejected;
-    assert_eq!(rejected.get("worker-busy"), Some(&2), "{rejected:?}");
+    let stats = engine.arm().stats();
+    assert_eq!((stats.rejected.get("worker-busy"), stats.rejected_total()), (Some(&1), 1), "{stats:?}");
+    assert_eq!(stats.forgiven, 4, "{stats:?}");
 
     run_to_the_end(&mut engine, &clock, &mut seen);
     assert_each_once(&mut engine, &submitted, &seen);

@@ -588,6 +588,14 @@ impl Arm {
                 other => other,
             })
             .collect();
+        // What left the arm since the snapshot, the candidate may still hold: its uses
+        // of those requests are forgiven, from the pre-replay's actions on.
+        self.stale.clear();
+        for id in &changes.left {
+            *self.stale.entry(*id).or_default() += 1;
+        }
+        self.idle_again.clear();
+        self.forgive_stale(&mut actions, view);
         let verdict = validate(actions.clone(), &self.ledger, view);
         // Requests the candidate gave away in a refused action, but the arm still
         // holds, are handed to it again; workers it dispatched to are not idle.
@@ -617,15 +625,6 @@ impl Arm {
                 _ => None,
             })
             .collect();
-        // What left the arm since the snapshot, the candidate may still hold (unless
-        // it gave it away itself in the pre-replay).
-        let gave_away: HashSet<u64> = actions.iter().flat_map(consumed_by).collect();
-        self.stale.clear();
-        for id in &changes.left {
-            if !gave_away.contains(id) {
-                *self.stale.entry(*id).or_default() += 1;
-            }
-        }
 
         let serving = view.serving_workers();
         let known: HashSet<u32> = pre.workers.iter().map(|w| w.id).collect();
@@ -636,7 +635,10 @@ impl Arm {
         let arrived = given_back.len() + changes.arrived.len();
         delta.extend(given_back.iter().filter_map(|id| self.ledger.get(*id).cloned()).map(Event::Arrival));
         delta.extend(changes.arrived.into_iter().map(Event::Arrival));
-        delta.extend(view.idle_workers().into_iter().filter(|w| !taken.contains(w)).map(Event::WorkerIdle));
+        let idle: Vec<u32> = view.idle_workers().into_iter().filter(|w| !taken.contains(w)).collect();
+        // A worker whose pre-replay dispatch was forgiven whole is in this list if idle.
+        self.idle_again.clear();
+        delta.extend(idle.into_iter().map(Event::WorkerIdle));
         if let Some(snapshot) = &self.last_snapshot {
             delta.push(Event::Tick(snapshot.clone()));
         }
