@@ -3,9 +3,10 @@
 //! requests flow lose or repeat none, a policy that traps at once falls back and the
 //! server keeps serving, bad files are refused with the loader's reason, calls without
 //! the token get 401. The `#[ignore]`d benchmarks measure the swap pause with 10,000
-//! held requests and the memory, threads and file descriptors over 1,000 swap cycles
-//! (run them with `cargo test --release -p yardmaster --test serve_swap -- --ignored
-//! --nocapture`).
+//! held requests (and the snapshot and preparation off the engine's thread) and the
+//! memory, threads and file descriptors over 1,000 swap cycles (run them with
+//! `cargo test --release -p yardmaster --test serve_swap -- --ignored --nocapture
+//! --test-threads 1`).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -133,6 +134,9 @@ async fn swaps_while_requests_flow_answer_every_request_exactly_once() {
     for summary in &summaries {
         assert_eq!(summary["state"], "primary", "{summary}");
         assert!(summary["pause_us"].as_f64().unwrap() > 0.0, "{summary}");
+        // Each new policy was replayed a snapshot beforehand and told the rest at the swap.
+        assert_eq!(summary["handover"], "delta", "{summary}");
+        assert!(summary["pre_replay_us"].as_f64().unwrap() > 0.0, "{summary}");
     }
     let arm = policies(admin).await;
     assert_eq!((arm["policy"].as_str(), arm["swaps"].as_u64()), (Some("edf"), Some(swaps as u64)), "{arm}");
@@ -161,6 +165,9 @@ async fn a_swap_to_a_policy_that_traps_at_once_falls_back_and_keeps_serving() {
     assert_eq!(summary["policy"], "hostile");
     assert_eq!(summary["state"], "fallback", "{summary}");
     assert!(summary["fault"].as_str().unwrap().contains("trap"), "{summary}");
+    // It trapped in its pre-replay already: a fresh instance went in by the plain
+    // hand-over, where the failure mode applied.
+    assert_eq!((summary["handover"].as_str(), summary["pre_replay_us"].as_f64()), (Some("full"), Some(0.0)), "{summary}");
     let arm = policies(admin).await;
     assert_eq!((arm["policy"].as_str(), arm["state"].as_str()), (Some("hostile"), Some("fallback")), "{arm}");
     assert_eq!(arm["fallbacks"], 1);
@@ -375,23 +382,32 @@ async fn bench_swap_pause_with_10000_held_requests() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let body = Bytes::from(std::fs::read(fixtures::HOSTILE).unwrap());
-    let (mut pauses, mut prepares) = (Vec::new(), Vec::new());
-    for _ in 0..50 {
+    let swaps = 200;
+    let (mut pauses, mut prepares, mut snapshots, mut replays) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..swaps {
         let reply = admin_call(admin, Some(TOKEN), Method::POST, "/admin/swap?name=hostile", body.clone()).await;
         let summary = json(&reply);
         assert_eq!((summary["state"].as_str(), summary["replayed"].as_u64()), (Some("primary"), Some(10_000)), "{summary}");
+        assert_eq!(summary["handover"], "delta", "{summary}");
         pauses.push(summary["pause_us"].as_f64().unwrap());
         prepares.push(summary["prepare_us"].as_f64().unwrap());
+        snapshots.push(summary["snapshot_us"].as_f64().unwrap());
+        replays.push(summary["pre_replay_us"].as_f64().unwrap());
     }
-    pauses.sort_by(f64::total_cmp);
-    prepares.sort_by(f64::total_cmp);
-    eprintln!(
-        "swap pause with 10,000 held requests over 50 swaps: p50 {:.0} µs, p99 {:.0} µs, max {:.0} µs; off-thread preparation p50 {:.0} µs",
-        percentile(&pauses, 0.5),
-        percentile(&pauses, 0.99),
-        pauses[pauses.len() - 1],
-        percentile(&prepares, 0.5)
-    );
+    let line = |name: &str, values: &mut Vec<f64>| {
+        values.sort_by(f64::total_cmp);
+        format!(
+            "{name}: p50 {:.0} µs, p99 {:.0} µs, max {:.0} µs",
+            percentile(values, 0.5),
+            percentile(values, 0.99),
+            values[values.len() - 1]
+        )
+    };
+    eprintln!("with 10,000 held requests, over {swaps} swaps:");
+    eprintln!("  {}", line("swap pause (engine held at the quiet point)", &mut pauses));
+    eprintln!("  {}", line("snapshot (engine held to copy the ledger)", &mut snapshots));
+    eprintln!("  {}", line("pre-replay (init + 10,000 arrivals, off the engine)", &mut replays));
+    eprintln!("  {}", line("whole preparation (off the engine)", &mut prepares));
     server.stop().await;
 }
 

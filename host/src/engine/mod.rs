@@ -32,7 +32,7 @@ pub use state::{ClusterState, Origin, Piece, PieceState, WorkerEntry, WorkerPhas
 
 use crate::metrics::{Accounting, BatchRecord, Outcome, RequestEnd};
 use crate::policy::contract::{self, Action, Config, EndReason, Event, Param, Request, StageKind};
-use crate::policy::{Arm, ArmOutput, Candidate, PolicyInstance, Shadow, ShadowReport, SwapReport};
+use crate::policy::{Arm, ArmOutput, Candidate, HandoverSnapshot, PolicyInstance, Shadow, ShadowReport, SwapReport};
 
 /// Engine settings.
 #[derive(Debug, Clone)]
@@ -866,35 +866,56 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         if self.pending.is_empty() {
             return false;
         }
-        self.now();
-        let mut events = std::mem::take(&mut self.pending);
-        self.stats.flushes += 1;
-        self.stats.events += events.len() as u64;
-        let output = self.arm.handle(&events, &self.state);
-        if let Some(shadow) = &mut self.shadow {
-            // Before the live answer is applied: both answer against the same cluster.
-            shadow.observe(&events, &self.state);
+        loop {
+            self.now();
+            let mut events = std::mem::take(&mut self.pending);
+            self.stats.flushes += 1;
+            self.stats.events += events.len() as u64;
+            let output = self.arm.handle(&events, &self.state);
+            if let Some(shadow) = &mut self.shadow {
+                // Before the live answer is applied: both answer against the same cluster.
+                shadow.observe(&events, &self.state);
+            }
+            // Reuse the buffer for the events the answer causes.
+            events.clear();
+            self.pending = events;
+            // After a prepared swap, a policy whose dispatch named only requests that
+            // had left must hear at once that the worker is idle after all.
+            let settle = !output.idle_again.is_empty();
+            self.apply(output);
+            if !settle || self.pending.is_empty() {
+                return true;
+            }
         }
-        // Reuse the buffer for the events the answer causes.
-        events.clear();
-        self.pending = events;
-        self.apply(output);
-        true
     }
 
     /// Swap the policy at a quiet point: the events gathered so far go to the old
     /// policy first ([`Engine::flush`]), then the arm hands over to `candidate`
-    /// ([`Arm::swap`]) and the hand-over's actions are applied. The wall time of the
-    /// hand-over is measured and counted in the arm's stats.
+    /// ([`Arm::swap`]: a full replay, or — for a candidate prepared from
+    /// [`Engine::handover_snapshot`] — what changed since the snapshot) and the
+    /// hand-over's actions are applied. The wall time of the hand-over is measured
+    /// and counted in the arm's stats.
     pub fn swap(&mut self, candidate: Candidate) -> SwapOutcome {
         self.flush();
         let started = std::time::Instant::now();
         self.now();
         let (output, report, retired) = self.arm.swap(candidate, &self.state);
+        let settle = !output.idle_again.is_empty();
         self.apply(output);
+        if settle {
+            self.flush();
+        }
         let pause = started.elapsed();
         self.arm.record_swap_pause(pause);
         SwapOutcome { report, pause, retired }
+    }
+
+    /// What a swap candidate is prepared from off the engine's thread (see
+    /// [`Candidate::pre_replay`]): the arm's configuration as of now and a copy of the
+    /// requests it holds. Events not yet delivered to the policy are not in it; they
+    /// reach the candidate at the swap.
+    pub fn handover_snapshot(&self) -> HandoverSnapshot {
+        self.arm.handover_snapshot(&self.state)
     }
 
     /// Start `candidate` as a shadow of the arm (replacing a shadow already running,
@@ -932,6 +953,11 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         }
         for action in output.actions {
             self.apply_action(action);
+        }
+        for worker in output.idle_again {
+            if self.state.workers.get(&worker).is_some_and(|w| w.phase == WorkerPhase::Idle) {
+                self.pending.push(Event::WorkerIdle(worker));
+            }
         }
     }
 

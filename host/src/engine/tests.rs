@@ -616,3 +616,221 @@ fn arrivals_at_a_stage_that_lost_its_last_worker_fail_at_once_until_it_scales_up
     assert_eq!(ended.len(), 1);
     assert_eq!((ended[0].id, &ended[0].outcome), (id, &Outcome::Completed));
 }
+
+/// Finish `jobs` successfully, recording what ran as (stage, request) pairs.
+fn finish_recorded(engine: &mut Engine<ManualClock, TestExecutor>, jobs: Vec<BatchJob>, seen: &mut Vec<(u32, u64)>) {
+    for job in jobs {
+        seen.extend(job.items.iter().map(|i| (job.stage, i.id)));
+        engine.job_finished(success(&job, &[]));
+    }
+}
+
+/// Run until nothing is in flight: finish every job (recording it), flush, move the
+/// clock on.
+fn run_to_the_end(engine: &mut Engine<ManualClock, TestExecutor>, clock: &ManualClock, seen: &mut Vec<(u32, u64)>) {
+    for step in 1..=200u64 {
+        if engine.in_flight() == 0 {
+            return;
+        }
+        clock.set(clock.now() + 10 * MS);
+        let jobs = std::mem::take(&mut engine.executor_mut().started);
+        finish_recorded(engine, jobs, seen);
+        engine.flush();
+        assert!(step < 200, "requests still in flight: {}", engine.in_flight());
+    }
+}
+
+/// Every request ended exactly once, and no request ran twice at one stage.
+fn assert_each_once(engine: &mut Engine<ManualClock, TestExecutor>, submitted: &[u64], seen: &[(u32, u64)]) {
+    let ended: Vec<u64> = engine.take_ended().iter().map(|e| e.id).collect();
+    let mut sorted = ended.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(sorted.len(), ended.len(), "a request ended twice");
+    let mut expected = submitted.to_vec();
+    expected.sort();
+    assert_eq!(sorted, expected, "every request ended");
+    let mut runs = seen.to_vec();
+    runs.sort();
+    let before = runs.len();
+    runs.dedup();
+    assert_eq!(runs.len(), before, "a request ran twice at one stage: {seen:?}");
+}
+
+#[test]
+fn a_prepared_swap_tells_the_new_policy_what_changed_and_each_request_ends_once() {
+    // Two stages of one worker each: a request keeps its id from one stage to the
+    // next, so requests of the snapshot come back (at stage 1) after they left.
+    let (mut engine, clock) = engine_with::<policy_fifo::Fifo>(chain(2, 1));
+    let mut submitted: Vec<u64> = (0..30).map(|_| engine.submit(Submission::default())).collect();
+    engine.flush();
+    let mut seen = Vec::new();
+    assert_eq!(engine.arm().ledger().len(), 26, "fifo runs the first four");
+
+    let snapshot = engine.handover_snapshot();
+    assert_eq!(snapshot.held(), 26);
+    let mut candidate = crate::policy::Candidate::native(Box::new(NativePolicy::<policy_fifo::Fifo>::new("fifo-2", 3, 100_000)));
+    candidate.pre_replay(snapshot).expect("fifo takes the replay");
+    assert!(candidate.is_prepared());
+
+    // Meanwhile the old policy goes on: the first batch moves to stage 1, the second
+    // batch (of the snapshot) runs and moves to stage 1 too, a third starts; new
+    // requests come, one held request is cancelled.
+    let first_stage_zero: Vec<u64> = submitted[4..8].to_vec();
+    clock.set(10 * MS);
+    let jobs = std::mem::take(&mut engine.executor_mut().started);
+    finish_recorded(&mut engine, jobs, &mut seen);
+    engine.flush();
+    let jobs = std::mem::take(&mut engine.executor_mut().started);
+    let (stage0, stage1): (Vec<BatchJob>, Vec<BatchJob>) = jobs.into_iter().partition(|j| j.stage == 0);
+    assert_eq!(stage0[0].items.iter().map(|i| i.id).collect::<Vec<_>>(), first_stage_zero);
+    finish_recorded(&mut engine, stage0, &mut seen);
+    engine.executor_mut().started = stage1;
+    engine.flush();
+    submitted.extend((0..5).map(|_| engine.submit(Submission::default())));
+    let cancelled = submitted[20];
+    engine.cancel(cancelled);
+    // Requests 4..8 wait at stage 1 now, under their old ids.
+    assert!(first_stage_zero.iter().all(|id| engine.arm().ledger().get(*id).is_some_and(|r| r.stage == 1)));
+
+    let outcome = engine.swap(candidate);
+    let crate::policy::Handover::Delta { arrived, left, .. } = outcome.report.handover else {
+        panic!("a prepared candidate is told the difference: {:?}", outcome.report)
+    };
+    // Left: 4..8 (moved on), 8..12 (running), the cancelled one. Arrived: 4..8 at
+    // stage 1 and the five new ones.
+    assert_eq!((left, arrived), (9, 9), "{:?}", outcome.report);
+    assert_eq!(outcome.report.state, crate::policy::ArmState::Primary);
+
+    run_to_the_end(&mut engine, &clock, &mut seen);
+    submitted.retain(|id| *id != cancelled);
+    let ended_cancelled = engine.take_ended();
+    let mut all_ended: Vec<u64> = ended_cancelled.iter().map(|e| e.id).collect();
+    assert!(all_ended.contains(&cancelled), "the cancelled request ended (as dropped)");
+    all_ended.retain(|id| *id != cancelled);
+    all_ended.sort();
+    let mut expected = submitted.clone();
+    expected.sort();
+    assert_eq!(all_ended, expected, "every request ended exactly once");
+    let mut runs = seen.clone();
+    runs.sort();
+    let before = runs.len();
+    runs.dedup();
+    assert_eq!(runs.len(), before, "no request ran twice at one stage");
+    let stats = engine.arm().stats();
+    // The new fifo still queued the nine that left at stage 0: each was taken out of
+    // its dispatches once, and no dispatch was refused for them.
+    assert_eq!(stats.forgiven, 9, "{stats:?}");
+    assert_eq!(stats.rejected_total(), 0, "{stats:?}");
+}
+
+/// Dispatches its first batches, in its first answer, to every worker of its
+/// configuration in turn (without waiting to hear they are idle); then like fifo.
+#[derive(Default)]
+struct EagerStart {
+    queue: std::collections::VecDeque<u64>,
+    started: bool,
+}
+
+impl Policy for EagerStart {
+    fn init(_ctx: &mut Ctx) -> Result<Self, String> {
+        Ok(Self::default())
+    }
+    fn on_arrival(&mut self, _ctx: &mut Ctx, request: sdk::Request) {
+        self.queue.push_back(request.id);
+    }
+    fn on_request_ended(&mut self, _ctx: &mut Ctx, request: u64, _reason: sdk::EndReason) {
+        self.queue.retain(|id| *id != request);
+    }
+    fn on_events_done(&mut self, ctx: &mut Ctx) {
+        let workers: Vec<u32> = if std::mem::replace(&mut self.started, true) {
+            ctx.idle_workers(0).collect()
+        } else {
+            let mut all: Vec<u32> = ctx.config().workers.iter().map(|w| w.id).collect();
+            all.sort();
+            all
+        };
+        for worker in workers {
+            let batch: Vec<u64> = (0..4).map_while(|_| self.queue.pop_front()).collect();
+            if batch.is_empty() {
+                break;
+            }
+            ctx.dispatch(worker, batch);
+        }
+    }
+}
+
+/// Dispatches only to workers with even ids, in arrival order.
+#[derive(Default)]
+struct EvenWorkers {
+    queue: std::collections::VecDeque<u64>,
+}
+
+impl Policy for EvenWorkers {
+    fn init(_ctx: &mut Ctx) -> Result<Self, String> {
+        Ok(Self::default())
+    }
+    fn on_arrival(&mut self, _ctx: &mut Ctx, request: sdk::Request) {
+        self.queue.push_back(request.id);
+    }
+    fn on_events_done(&mut self, ctx: &mut Ctx) {
+        let idle: Vec<u32> = ctx.idle_workers(0).filter(|w| w % 2 == 0).collect();
+        for worker in idle {
+            let batch: Vec<u64> = (0..4).map_while(|_| self.queue.pop_front()).collect();
+            if batch.is_empty() {
+                break;
+            }
+            ctx.dispatch(worker, batch);
+        }
+    }
+}
+
+#[test]
+fn dispatches_decided_in_the_pre_replay_stand_only_if_they_still_hold_at_the_swap() {
+    let (mut engine, clock) = engine_with::<EvenWorkers>(chain(1, 3));
+    let workers: Vec<u32> = {
+        let mut w: Vec<u32> = engine.state().workers.keys().copied().collect();
+        w.sort();
+        w
+    };
+    assert_eq!(workers, [0, 1, 2]);
+    let mut submitted: Vec<u64> = (0..20).map(|_| engine.submit(Submission::default())).collect();
+    engine.flush();
+    let mut seen = Vec::new();
+    assert_eq!(engine.executor().started.len(), 2, "workers 0 and 2 run; 1 stays idle");
+    assert_eq!(engine.arm().ledger().len(), 12);
+
+    // The candidate's first answer, in the pre-replay, dispatches the next twelve:
+    // four each to workers 0, 1 and 2.
+    let snapshot = engine.handover_snapshot();
+    let mut candidate = crate::policy::Candidate::native(Box::new(NativePolicy::<EagerStart>::new("eager", 3, 100_000)));
+    candidate.pre_replay(snapshot).unwrap();
+
+    // Meanwhile worker 0 finishes and the old policy gives it the very batch the
+    // candidate meant for it; worker 2 is still busy; two requests arrive.
+    clock.set(10 * MS);
+    let jobs = std::mem::take(&mut engine.executor_mut().started);
+    let (zero, rest): (Vec<BatchJob>, Vec<BatchJob>) = jobs.into_iter().partition(|j| j.worker == 0);
+    engine.executor_mut().started = rest;
+    finish_recorded(&mut engine, zero, &mut seen);
+    engine.flush();
+    let again: Vec<u64> = engine.executor().started.iter().find(|j| j.worker == 0).unwrap().items.iter().map(|i| i.id).collect();
+    assert_eq!(again, submitted[8..12]);
+    submitted.extend((0..2).map(|_| engine.submit(Submission::default())));
+
+    let started_before = engine.executor().started.len();
+    let outcome = engine.swap(candidate);
+    // Worker 0's batch goes (its requests left meanwhile: forgiven, not run twice),
+    // worker 1's stands (idle, its requests held), worker 2's is refused (busy) and
+    // its requests, still held, are handed back with the two new ones.
+    assert_eq!(outcome.report.handover, crate::policy::Handover::Delta { events: 6, arrived: 6, left: 4 });
+    let started: Vec<&BatchJob> = engine.executor().started[started_before..].iter().collect();
+    assert_eq!(started.len(), 1, "only the dispatch to worker 1 stood");
+    assert_eq!((started[0].worker, started[0].items.iter().map(|i| i.id).collect::<Vec<_>>()), (1, submitted[12..16].to_vec()));
+    let stats = engine.arm().stats();
+    assert_eq!((stats.rejected.get("worker-busy"), stats.rejected_total()), (Some(&1), 1), "{stats:?}");
+    assert_eq!(stats.forgiven, 4, "{stats:?}");
+
+    run_to_the_end(&mut engine, &clock, &mut seen);
+    assert_each_once(&mut engine, &submitted, &seen);
+}

@@ -14,22 +14,38 @@
 //!   again, the fallback serves while the arm backs off (1 s, doubling to 60 s) before
 //!   the next fresh instance.
 //!
-//! [`Arm::swap`] hands the arm over to another policy on a running engine: the new
-//! instance ([`Candidate`], instantiated by the caller, off the engine's thread) is
-//! initialised and replayed the held requests, the idle workers and the latest
-//! snapshot by the same hand-over the failure modes use, and the old instance is
-//! returned for the caller to drop wherever it likes.
+//! [`Arm::swap`] hands the arm over to another policy on a running engine, and the
+//! old instance is returned for the caller to drop wherever it likes. The new
+//! instance ([`Candidate`]) is instantiated by the caller, off the engine's thread,
+//! and comes in one of two ways:
+//! - plain: it is initialised and replayed the held requests, the idle workers and
+//!   the latest snapshot by the same hand-over the failure modes use;
+//! - prepared ([`Candidate::pre_replay`]): the caller took a [`HandoverSnapshot`] of
+//!   the arm (its configuration and held requests, [`Arm::handover_snapshot`]) and
+//!   initialised and replayed the candidate from it on its own thread. At the swap
+//!   the candidate is only told what changed since: the requests that arrived, the
+//!   workers added and removed, the idle workers and the latest snapshot. The
+//!   actions it took during the pre-replay are validated against the arm's ledger
+//!   and the cluster as they are now; the requests of the ones refused are handed
+//!   to it again. Requests that left the arm meanwhile (dispatched, dropped or
+//!   deferred by the old policy, or ended) are not announced — an id may come back
+//!   later, at the next stage of a chain or when a deferral comes due, and a policy
+//!   that forgets ended ids lazily would then skip it — so the candidate may still
+//!   hold them: its uses of them are taken out of its answers, once each
+//!   ([`ArmStats::forgiven`]), instead of failing the actions they are in.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use super::contract::{Action, Config, Event, Snapshot};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+
+use super::contract::{Action, Config, Event, Request, Snapshot, Worker};
 use super::instance::{PolicyFault, PolicyInstance, ProfileSource, WasmPolicy};
 use super::loader::PolicyModule;
 use super::native::NativePolicy;
 use super::sandbox::{CallKind, Sandbox};
-use super::validate::{validate, ClusterView, Ledger, Rejection};
+use super::validate::{validate, ClusterView, Ledger, LedgerChanges, LedgerSnapshot, Rejection};
 
 /// What an arm does when its policy faults.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,6 +103,9 @@ pub struct ArmStats {
     pub reloads: u64,
     /// Requests replayed into new instances.
     pub replayed: u64,
+    /// Uses of requests that had left the arm while a prepared candidate was being
+    /// replayed, taken out of its answers (see the module docs).
+    pub forgiven: u64,
     /// Total wall time in policy calls.
     pub call_time: Duration,
     /// Longest call.
@@ -156,13 +175,72 @@ pub struct ArmOutput {
     pub refused: Vec<u64>,
     /// Why requests are refused.
     pub refusal: Option<String>,
+    /// Workers a dispatch named whose every request was forgiven (see the module
+    /// docs): the policy believes them busy, but they are idle. The host tells the
+    /// policy so (`worker-idle`) at once, once this answer is applied.
+    pub idle_again: Vec<u32>,
+}
+
+impl ArmOutput {
+    /// Append what a later call of the same hand-over produced.
+    fn merge(&mut self, next: ArmOutput) {
+        self.actions.extend(next.actions);
+        self.rejected.extend(next.rejected);
+        self.fault = self.fault.take().or(next.fault);
+        self.refused.extend(next.refused);
+        self.refusal = self.refusal.take().or(next.refusal);
+        self.idle_again.extend(next.idle_again);
+    }
 }
 
 /// A policy ready to take over an arm: instantiated (which is the expensive part,
-/// and can happen on any thread) but not yet initialised.
+/// and can happen on any thread), and either not yet initialised or initialised and
+/// replayed from a [`HandoverSnapshot`] ([`Candidate::pre_replay`]).
 pub struct Candidate {
     instance: Box<dyn PolicyInstance>,
     source: Option<Reloadable>,
+    prepared: Option<PreReplay>,
+}
+
+/// What the arm needs to know at the swap about a candidate's pre-replay.
+struct PreReplay {
+    /// The arm the snapshot was taken of.
+    arm: String,
+    /// The ledger at the snapshot.
+    ledger: LedgerSnapshot,
+    /// The workers of the configuration the candidate was initialised with.
+    workers: Vec<Worker>,
+    /// Its answers to `init` and to the replay, not yet validated.
+    actions: Vec<Action>,
+}
+
+/// What a candidate is prepared from, off the engine's thread: an arm's configuration
+/// (with the clock and the serving workers of the moment) and the requests it holds,
+/// in arrival order. Taken with [`Arm::handover_snapshot`], used by
+/// [`Candidate::pre_replay`].
+pub struct HandoverSnapshot {
+    arm: String,
+    config: Config,
+    held: Vec<Request>,
+    ledger: LedgerSnapshot,
+}
+
+impl HandoverSnapshot {
+    /// Requests held at the snapshot.
+    pub fn held(&self) -> usize {
+        self.held.len()
+    }
+
+    /// The arm it was taken of.
+    pub fn arm(&self) -> &str {
+        &self.arm
+    }
+}
+
+impl std::fmt::Debug for HandoverSnapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HandoverSnapshot").field("arm", &self.arm).field("held", &self.held.len()).finish_non_exhaustive()
+    }
 }
 
 impl Candidate {
@@ -177,13 +255,40 @@ impl Candidate {
     ) -> Result<Self, PolicyFault> {
         let instance = WasmPolicy::instantiate(sandbox, module.clone(), seed, profiles.clone())?;
         let source = Reloadable { sandbox: sandbox.clone(), module, profiles };
-        Ok(Self { instance: Box::new(instance), source: Some(source) })
+        Ok(Self { instance: Box::new(instance), source: Some(source), prepared: None })
     }
 
     /// An already built instance (native policies, tests). Under `reload` the arm
     /// cannot start a fresh copy of it and serves with the fallback instead.
     pub fn native(instance: Box<dyn PolicyInstance>) -> Self {
-        Self { instance, source: None }
+        Self { instance, source: None, prepared: None }
+    }
+
+    /// Initialise the candidate with the snapshot's configuration and replay the
+    /// snapshot's held requests into it, on the caller's thread, so that the swap
+    /// only has to tell it what changed since (see the module docs). Its actions are
+    /// kept for the swap, which validates them against the arm as it is then. A
+    /// fault here is the caller's to handle: the instance is spent (the arm never saw
+    /// it). Returns how long the calls took. A candidate is prepared at most once.
+    pub fn pre_replay(&mut self, snapshot: HandoverSnapshot) -> Result<Duration, PolicyFault> {
+        if self.prepared.is_some() {
+            return Err(PolicyFault::InitRefused("the candidate was already initialised".into()));
+        }
+        let started = Instant::now();
+        let HandoverSnapshot { arm, config, held, ledger } = snapshot;
+        let now = config.now;
+        let mut actions = self.instance.init(&config, now)?;
+        if !held.is_empty() {
+            let arrivals: Vec<Event> = held.into_iter().map(Event::Arrival).collect();
+            actions.extend(self.instance.handle(&arrivals, now, CallKind::Init)?);
+        }
+        self.prepared = Some(PreReplay { arm, ledger, workers: config.workers, actions });
+        Ok(started.elapsed())
+    }
+
+    /// Whether the candidate was prepared with [`Candidate::pre_replay`].
+    pub fn is_prepared(&self) -> bool {
+        self.prepared.is_some()
     }
 
     /// The label of the candidate's instance.
@@ -203,6 +308,24 @@ impl std::fmt::Debug for Candidate {
     }
 }
 
+/// How a swap handed the held requests over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handover {
+    /// Everything held was replayed at the swap.
+    Full,
+    /// The candidate had been replayed a snapshot; at the swap it was told what
+    /// changed since.
+    Delta {
+        /// Events delivered at the swap.
+        events: usize,
+        /// Requests that arrived after the snapshot (or were handed back after a
+        /// refused pre-replay action) and were delivered at the swap.
+        arrived: usize,
+        /// Requests of the snapshot that had left the arm by the swap.
+        left: usize,
+    },
+}
+
 /// What a swap did.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SwapReport {
@@ -210,8 +333,11 @@ pub struct SwapReport {
     pub from: String,
     /// Label of the instance swapped in.
     pub to: String,
-    /// Requests the arm held at the swap, replayed into the new instance.
+    /// Requests the arm held at the swap: all replayed into the new instance at the
+    /// swap, or (prepared) before it and brought up to date at it.
     pub replayed: usize,
+    /// How they were handed over.
+    pub handover: Handover,
     /// The arm's state after the swap: `Primary`, unless the new policy faulted at
     /// once and the failure mode applied.
     pub state: ArmState,
@@ -220,6 +346,7 @@ pub struct SwapReport {
 }
 
 /// Where a fresh primary instance comes from (for `reload`).
+#[derive(Clone)]
 struct Reloadable {
     sandbox: Sandbox,
     module: Arc<PolicyModule>,
@@ -242,6 +369,11 @@ pub struct Arm {
     reload_attempts: u32,
     retry_at: Option<u64>,
     healthy_since: u64,
+    /// Requests the answering instance may still hold though they left the arm
+    /// before a prepared hand-over, with how many uses of each to forgive.
+    stale: HashMap<u64, u32>,
+    /// Workers of dispatches emptied by forgiving, for the answer being accepted.
+    idle_again: Vec<u32>,
 }
 
 impl Arm {
@@ -315,6 +447,8 @@ impl Arm {
             reload_attempts: 0,
             retry_at: None,
             healthy_since: 0,
+            stale: HashMap::default(),
+            idle_again: Vec::new(),
         }
     }
 
@@ -365,6 +499,18 @@ impl Arm {
         (self.config.seed, self.reloadable.as_ref().and_then(|r| r.profiles.clone()))
     }
 
+    /// What a candidate is prepared from off the engine's thread
+    /// ([`Candidate::pre_replay`]): the arm's configuration with the clock and the
+    /// workers serving now, and a copy of the held requests in arrival order. Costs
+    /// one sequential copy of the ledger.
+    pub fn handover_snapshot(&self, view: &dyn ClusterView) -> HandoverSnapshot {
+        let mut config = self.config.clone();
+        config.now = view.now();
+        config.workers = view.serving_workers();
+        let (ledger, held) = self.ledger.snapshot();
+        HandoverSnapshot { arm: self.name.clone(), config, held, ledger }
+    }
+
     /// Hand the arm over to `candidate`: initialise it, replay every held request,
     /// the idle workers and the latest snapshot into it (the same hand-over the
     /// failure modes use, so no request is lost or handled twice), and make it the
@@ -372,6 +518,12 @@ impl Arm {
     /// policy faults during the hand-over, the failure mode applies as for any fault.
     /// Returns the hand-over's actions, what happened, and the retired instance (for
     /// the caller to drop off the hot path).
+    ///
+    /// A candidate prepared from a snapshot of this arm ([`Candidate::pre_replay`])
+    /// is only told what changed since (see the module docs). One prepared from a
+    /// snapshot of another arm is not used: a fresh instance of its component takes
+    /// over by the plain hand-over (a native one cannot be made afresh, which counts
+    /// as a fault of the new policy).
     pub fn swap(
         &mut self,
         candidate: Candidate,
@@ -381,13 +533,131 @@ impl Arm {
         let from = retired.as_ref().map(|i| i.label()).unwrap_or_else(|| "closed".into());
         let to = candidate.label();
         let replayed = self.ledger.len();
-        self.reloadable = candidate.source;
+        let Candidate { instance, source, prepared } = candidate;
+        self.reloadable = source;
         self.reload_attempts = 0;
         self.retry_at = None;
         self.closed_reason = None;
-        let output = self.hand_over(candidate.instance, ArmState::Primary, Vec::new(), view);
-        let report = SwapReport { from, to, replayed, state: self.state, fault: output.fault.clone() };
+        let (output, handover) = match prepared {
+            None => (self.hand_over(instance, ArmState::Primary, Vec::new(), view), Handover::Full),
+            Some(pre) => match self.ledger.changes_since(&pre.ledger).filter(|_| pre.arm == self.name) {
+                Some(changes) => self.hand_over_prepared(instance, pre, changes, view),
+                None => {
+                    tracing::warn!(arm = %self.name, snapshot = %pre.arm, "the candidate was prepared from another arm: a fresh instance takes over");
+                    let output = match self.fresh_primary() {
+                        Ok(fresh) => self.hand_over(fresh, ArmState::Primary, Vec::new(), view),
+                        Err(fault) => {
+                            self.state = ArmState::Primary;
+                            self.fault(fault, Vec::new(), view)
+                        }
+                    };
+                    (output, Handover::Full)
+                }
+            },
+        };
+        let report = SwapReport { from, to, replayed, handover, state: self.state, fault: output.fault.clone() };
         (output, report, retired)
+    }
+
+    /// Make a candidate prepared from a snapshot of this arm answer: validate what it
+    /// did in the pre-replay against the arm as it is now, and tell it what changed
+    /// since the snapshot, in one call.
+    fn hand_over_prepared(
+        &mut self,
+        instance: Box<dyn PolicyInstance>,
+        pre: PreReplay,
+        changes: LedgerChanges,
+        view: &dyn ClusterView,
+    ) -> (ArmOutput, Handover) {
+        let now = view.now();
+        self.state = ArmState::Primary;
+        self.instance = Some(instance);
+        self.healthy_since = now;
+        self.stats.replayed += (pre.ledger.len() + changes.arrived.len()) as u64;
+
+        // The pre-replay's actions were decided against the snapshot: they stand only
+        // if they hold against the arm now. A timer due meanwhile fires at once.
+        let mut actions: Vec<Action> = pre
+            .actions
+            .into_iter()
+            .map(|action| match action {
+                Action::SetTimer(mut timer) if timer.at < now => {
+                    timer.at = now;
+                    Action::SetTimer(timer)
+                }
+                other => other,
+            })
+            .collect();
+        // What left the arm since the snapshot, the candidate may still hold: its uses
+        // of those requests are forgiven, from the pre-replay's actions on.
+        self.stale.clear();
+        for id in &changes.left {
+            *self.stale.entry(*id).or_default() += 1;
+        }
+        self.idle_again.clear();
+        self.forgive_stale(&mut actions, view);
+        let verdict = validate(actions.clone(), &self.ledger, view);
+        // Requests the candidate gave away in a refused action, but the arm still
+        // holds, are handed to it again; workers it dispatched to are not idle.
+        let consumed_by = |action: &Action| -> Vec<u64> {
+            match action {
+                Action::Dispatch(d) => d.requests.clone(),
+                Action::Drop(d) => vec![d.request],
+                Action::Defer(d) => vec![d.request],
+                _ => Vec::new(),
+            }
+        };
+        let used: HashSet<u64> = verdict.accepted.iter().flat_map(consumed_by).collect();
+        let mut given_back: Vec<u64> = verdict
+            .rejected
+            .iter()
+            .flat_map(|(action, _)| consumed_by(action))
+            .filter(|id| !used.contains(id) && self.ledger.get(*id).is_some())
+            .collect::<HashSet<u64>>()
+            .into_iter()
+            .collect();
+        given_back.sort_by_key(|id| self.ledger.position(*id));
+        let taken: HashSet<u32> = verdict
+            .accepted
+            .iter()
+            .filter_map(|action| match action {
+                Action::Dispatch(d) => Some(d.worker),
+                _ => None,
+            })
+            .collect();
+
+        let serving = view.serving_workers();
+        let known: HashSet<u32> = pre.workers.iter().map(|w| w.id).collect();
+        let serving_ids: HashSet<u32> = serving.iter().map(|w| w.id).collect();
+        let mut delta: Vec<Event> = Vec::new();
+        delta.extend(pre.workers.iter().filter(|w| !serving_ids.contains(&w.id)).map(|w| Event::WorkerRemoved(w.id)));
+        delta.extend(serving.into_iter().filter(|w| !known.contains(&w.id)).map(Event::WorkerAdded));
+        let arrived = given_back.len() + changes.arrived.len();
+        delta.extend(given_back.iter().filter_map(|id| self.ledger.get(*id).cloned()).map(Event::Arrival));
+        delta.extend(changes.arrived.into_iter().map(Event::Arrival));
+        let idle: Vec<u32> = view.idle_workers().into_iter().filter(|w| !taken.contains(w)).collect();
+        // A worker whose pre-replay dispatch was forgiven whole is in this list if idle.
+        self.idle_again.clear();
+        delta.extend(idle.into_iter().map(Event::WorkerIdle));
+        if let Some(snapshot) = &self.last_snapshot {
+            delta.push(Event::Tick(snapshot.clone()));
+        }
+        let handover = Handover::Delta { events: delta.len(), arrived, left: changes.left.len() };
+        if !delta.is_empty() {
+            self.stats.calls += 1;
+            self.stats.events += delta.len() as u64;
+            let instance = self.instance.as_mut().expect("just installed");
+            let result = instance.handle(&delta, now, CallKind::Init);
+            self.account_cost();
+            match result {
+                Ok(more) => actions.extend(more),
+                // The pre-replay's actions go with the faulty instance: the failure
+                // mode's hand-over replays everything the arm holds.
+                Err(fault) => return (self.fault(fault, Vec::new(), view), handover),
+            }
+        }
+        // One validation for both answers: the later actions see the earlier ones.
+        (self.accept(actions, view), handover)
     }
 
     /// Count a swap that held the engine for `pause` (measured by the engine, which
@@ -500,6 +770,8 @@ impl Arm {
         // The new state holds from here, so a fault in the fallback's own init closes
         // the arm instead of starting another fallback.
         self.state = state;
+        // A fresh instance is replayed exactly what the arm holds.
+        self.stale.clear();
         let init = instance.init(&config, now);
         self.stats.calls += 1;
         self.instance = Some(instance);
@@ -536,11 +808,7 @@ impl Arm {
             Ok(actions) => self.accept(actions, view),
             Err(fault) => self.fault(fault, replay, view),
         };
-        output.actions.extend(next.actions);
-        output.rejected.extend(next.rejected);
-        output.fault = output.fault.or(next.fault);
-        output.refused.extend(next.refused);
-        output.refusal = output.refusal.or(next.refusal);
+        output.merge(next);
         output
     }
 
@@ -592,7 +860,10 @@ impl Arm {
         ArmOutput { fault: Some(fault), ..output }
     }
 
-    fn accept(&mut self, actions: Vec<Action>, view: &dyn ClusterView) -> ArmOutput {
+    fn accept(&mut self, mut actions: Vec<Action>, view: &dyn ClusterView) -> ArmOutput {
+        if !self.stale.is_empty() {
+            self.forgive_stale(&mut actions, view);
+        }
         let verdict = validate(actions, &self.ledger, view);
         for action in &verdict.accepted {
             self.ledger.apply(action);
@@ -602,7 +873,71 @@ impl Arm {
             *self.stats.rejected.entry(reason.kind()).or_default() += 1;
             tracing::debug!(arm = %self.name, action = action.kind(), %reason, "rejected a policy action");
         }
-        ArmOutput { actions: verdict.accepted, rejected: verdict.rejected, ..ArmOutput::default() }
+        let idle_again = std::mem::take(&mut self.idle_again);
+        ArmOutput { actions: verdict.accepted, rejected: verdict.rejected, idle_again, ..ArmOutput::default() }
+    }
+
+    /// Take out of `actions` the uses of requests that left the arm before a prepared
+    /// hand-over and that the policy could not know of (see the module docs): a
+    /// dispatch keeps its other requests (and goes when none is left), a drop or a
+    /// defer goes. Only a use that would be refused is taken out — one of a request
+    /// the arm does not hold (at that worker's stage), or a second use in one answer —
+    /// and each stale request is forgiven as many times as it left.
+    fn forgive_stale(&mut self, actions: &mut Vec<Action>, view: &dyn ClusterView) {
+        let ledger = &self.ledger;
+        let stale = &mut self.stale;
+        let idle_again = &mut self.idle_again;
+        let mut seen: HashSet<u64> = HashSet::default();
+        let mut forgiven = 0u64;
+        let mut forgive = |id: u64, valid: bool, stale: &mut HashMap<u64, u32>| -> bool {
+            if valid {
+                return false;
+            }
+            match stale.get_mut(&id) {
+                Some(count) => {
+                    *count -= 1;
+                    if *count == 0 {
+                        stale.remove(&id);
+                    }
+                    forgiven += 1;
+                    true
+                }
+                None => false,
+            }
+        };
+        actions.retain_mut(|action| match action {
+            Action::Dispatch(d) => {
+                if d.requests.is_empty() {
+                    return true;
+                }
+                let stage = view.worker(d.worker).map(|w| w.stage);
+                let worker = d.worker;
+                d.requests.retain(|&id| {
+                    let first = seen.insert(id);
+                    let held_here = match ledger.get(id) {
+                        Some(request) => Some(request.stage) == stage,
+                        None => view.sequence(id).is_some_and(|s| s.worker == worker),
+                    };
+                    !forgive(id, first && held_here, stale)
+                });
+                if d.requests.is_empty() {
+                    idle_again.push(worker);
+                    return false;
+                }
+                true
+            }
+            Action::Drop(d) => {
+                let first = seen.insert(d.request);
+                let held = ledger.get(d.request).is_some() || view.sequence(d.request).is_some();
+                !forgive(d.request, first && held, stale)
+            }
+            Action::Defer(d) => {
+                let first = seen.insert(d.request);
+                !forgive(d.request, first && ledger.get(d.request).is_some(), stale)
+            }
+            _ => true,
+        });
+        self.stats.forgiven += forgiven;
     }
 
     fn account_cost(&mut self) {

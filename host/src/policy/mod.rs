@@ -21,10 +21,10 @@ pub mod sandbox;
 pub mod shadow;
 pub mod validate;
 
-pub use arm::{Arm, ArmOutput, ArmState, ArmStats, Candidate, FailureMode, SwapPauses, SwapReport};
+pub use arm::{Arm, ArmOutput, ArmState, ArmStats, Candidate, FailureMode, Handover, HandoverSnapshot, SwapPauses, SwapReport};
 pub use instance::{CallCost, PolicyFault, PolicyInstance, ProfileSource, WasmPolicy};
 pub use loader::{LoadError, PolicyLoader, PolicyModule};
 pub use native::NativePolicy;
 pub use sandbox::{CallKind, Limits, Mode, Sandbox};
 pub use shadow::{Shadow, ShadowReport};
-pub use validate::{ClusterView, Ledger, Rejection, SequenceState, StageState, WorkerState};
+pub use validate::{ClusterView, Ledger, LedgerChanges, LedgerSnapshot, Rejection, SequenceState, StageState, WorkerState};

@@ -2,6 +2,8 @@
 //! applied. An invalid action is rejected whole — a dispatch with one bad request id
 //! runs none of its requests — and counted; the valid ones in the same answer stand.
 
+use std::collections::VecDeque;
+
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use super::contract::{Action, Dispatch, Request, Scale, SetRoutes, StageKind, VariantTarget};
@@ -212,51 +214,226 @@ impl Rejection {
 
 /// The requests a policy holds: delivered as arrivals and not yet dispatched,
 /// dropped, deferred or ended. This is what a new instance is replayed.
-#[derive(Debug, Default, Clone)]
+///
+/// The held requests are kept in arrival order, so a replay reads them sequentially:
+/// a queue of slots in the order the requests arrived, with holes where requests left
+/// (holes at the front are popped at once; the queue is compacted when holes
+/// outnumber the requests), and an index from request id to slot. Every arrival gets
+/// a sequence number, so what changed since a [`LedgerSnapshot`] — which requests
+/// left, which arrived — is told by a walk over the sequence numbers, without looking
+/// anything up.
+#[derive(Debug)]
 pub struct Ledger {
-    entries: HashMap<u64, (u64, Request)>,
+    /// Slot of every held request, as an absolute position (`front` + index).
+    index: HashMap<u64, usize>,
+    /// Sequence number of each slot; [`HOLE`] is set once its request has left.
+    seqs: VecDeque<u64>,
+    /// The requests, in arrival order; `None` where one has left.
+    slots: VecDeque<Option<Request>>,
+    /// Absolute position of the first slot.
+    front: usize,
+    /// Slots whose request has left.
+    holes: usize,
+    /// Sequence number of the next arrival.
     next_seq: u64,
+    /// Tells ledgers apart, so a snapshot is only compared with its own ledger.
+    identity: u64,
+}
+
+/// Marks a slot whose request has left (sequence numbers stay below it).
+const HOLE: u64 = 1 << 63;
+
+/// Compaction waits for at least this many holes.
+const MIN_HOLES_TO_COMPACT: usize = 64;
+
+fn next_identity() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+impl Default for Ledger {
+    fn default() -> Self {
+        Self {
+            index: HashMap::default(),
+            seqs: VecDeque::new(),
+            slots: VecDeque::new(),
+            front: 0,
+            holes: 0,
+            next_seq: 0,
+            identity: next_identity(),
+        }
+    }
+}
+
+impl Clone for Ledger {
+    /// A copy with the same requests in the same order, as a ledger of its own: a
+    /// snapshot of the original does not apply to it.
+    fn clone(&self) -> Self {
+        Self {
+            index: self.index.clone(),
+            seqs: self.seqs.clone(),
+            slots: self.slots.clone(),
+            front: self.front,
+            holes: self.holes,
+            next_seq: self.next_seq,
+            identity: next_identity(),
+        }
+    }
+}
+
+/// What a [`Ledger`] held at one moment: enough to tell later, cheaply, what changed
+/// since ([`Ledger::changes_since`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LedgerSnapshot {
+    identity: u64,
+    next_seq: u64,
+    /// Sequence number and id of every held request, in arrival order.
+    held: Vec<(u64, u64)>,
+}
+
+impl LedgerSnapshot {
+    /// Requests held at the snapshot.
+    pub fn len(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Whether nothing was held.
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+}
+
+/// What changed in a ledger since a [`LedgerSnapshot`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LedgerChanges {
+    /// Requests held at the snapshot that are held no more (dispatched, dropped,
+    /// deferred or ended since), by id, in arrival order. An id may be held again
+    /// under a later arrival (the next stage of a chain, a deferral come due).
+    pub left: Vec<u64>,
+    /// Requests that arrived after the snapshot and are held now, in arrival order.
+    pub arrived: Vec<Request>,
 }
 
 impl Ledger {
-    /// Record an arrival.
+    /// Record an arrival (a request already held under the same id is replaced and
+    /// counts as arriving now).
     pub fn insert(&mut self, request: Request) {
+        self.remove(request.id);
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.entries.insert(request.id, (seq, request));
+        self.index.insert(request.id, self.front + self.slots.len());
+        self.seqs.push_back(seq);
+        self.slots.push_back(Some(request));
     }
 
     /// Forget a request; returns it if it was held.
     pub fn remove(&mut self, id: u64) -> Option<Request> {
-        self.entries.remove(&id).map(|(_, r)| r)
+        let at = self.index.remove(&id)? - self.front;
+        self.seqs[at] |= HOLE;
+        let request = self.slots[at].take();
+        self.holes += 1;
+        while self.seqs.front().is_some_and(|seq| seq & HOLE != 0) {
+            self.seqs.pop_front();
+            self.slots.pop_front();
+            self.front += 1;
+            self.holes -= 1;
+        }
+        if self.holes >= MIN_HOLES_TO_COMPACT && self.holes > self.index.len() {
+            self.compact();
+        }
+        request
+    }
+
+    /// Close the holes (every request keeps its place in arrival order).
+    fn compact(&mut self) {
+        let mut seqs = VecDeque::with_capacity(self.index.len());
+        let mut slots = VecDeque::with_capacity(self.index.len());
+        for (seq, slot) in self.seqs.drain(..).zip(self.slots.drain(..)) {
+            if let Some(request) = slot {
+                *self.index.get_mut(&request.id).expect("a held request is indexed") = self.front + slots.len();
+                seqs.push_back(seq);
+                slots.push_back(Some(request));
+            }
+        }
+        self.seqs = seqs;
+        self.slots = slots;
+        self.holes = 0;
     }
 
     /// A held request.
     pub fn get(&self, id: u64) -> Option<&Request> {
-        self.entries.get(&id).map(|(_, r)| r)
+        let at = *self.index.get(&id)?;
+        self.slots[at - self.front].as_ref()
+    }
+
+    /// Where a held request stands in arrival order (smaller: arrived earlier).
+    pub fn position(&self, id: u64) -> Option<usize> {
+        self.index.get(&id).copied()
     }
 
     /// Number of held requests.
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.index.len()
     }
 
     /// Whether nothing is held.
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.index.is_empty()
     }
 
     /// Held requests in the order they arrived.
     pub fn in_arrival_order(&self) -> Vec<Request> {
-        let mut held: Vec<_> = self.entries.values().collect();
-        held.sort_by_key(|(seq, _)| *seq);
-        held.into_iter().map(|(_, r)| r.clone()).collect()
+        let mut held = Vec::with_capacity(self.len());
+        held.extend(self.slots.iter().flatten().cloned());
+        held
+    }
+
+    /// The held requests in the order they arrived, and a snapshot to tell later
+    /// what changed since.
+    pub fn snapshot(&self) -> (LedgerSnapshot, Vec<Request>) {
+        let mut held = Vec::with_capacity(self.len());
+        let mut ids = Vec::with_capacity(self.len());
+        for (seq, slot) in self.seqs.iter().zip(&self.slots) {
+            if let Some(request) = slot {
+                ids.push((*seq, request.id));
+                held.push(request.clone());
+            }
+        }
+        (LedgerSnapshot { identity: self.identity, next_seq: self.next_seq, held: ids }, held)
+    }
+
+    /// What changed since `snapshot`; `None` when the snapshot is of another ledger.
+    /// Costs a walk over the sequence numbers of what is held (no lookups) and a
+    /// copy of what arrived since.
+    pub fn changes_since(&self, snapshot: &LedgerSnapshot) -> Option<LedgerChanges> {
+        if snapshot.identity != self.identity {
+            return None;
+        }
+        let first_new = self.seqs.partition_point(|seq| seq & !HOLE < snapshot.next_seq);
+        // What is held now from before the snapshot was held at the snapshot (a
+        // request never comes back under the same sequence number): both lists are in
+        // sequence order, so one merge finds what left.
+        let mut still_held = self.seqs.range(..first_new).filter(|seq| *seq & HOLE == 0).copied().peekable();
+        let mut left = Vec::new();
+        for &(seq, id) in &snapshot.held {
+            if still_held.peek() == Some(&seq) {
+                still_held.next();
+            } else {
+                left.push(id);
+            }
+        }
+        debug_assert!(still_held.next().is_none(), "a request held from before the snapshot was not in it");
+        let arrived = self.slots.range(first_new..).flatten().cloned().collect();
+        Some(LedgerChanges { left, arrived })
     }
 
     /// Forget everything; returns what was held, in arrival order.
     pub fn drain(&mut self) -> Vec<Request> {
-        let held = self.in_arrival_order();
-        self.entries.clear();
+        let held = self.slots.drain(..).flatten().collect();
+        self.front += self.seqs.len();
+        self.seqs.clear();
+        self.index.clear();
+        self.holes = 0;
         held
     }
 
@@ -704,5 +881,105 @@ mod tests {
         assert_eq!(ids, [1, 4, 5]);
         assert_eq!(ledger.drain().len(), 3);
         assert!(ledger.is_empty());
+    }
+
+    fn request(id: u64) -> Request {
+        Request {
+            id,
+            origin: id,
+            stage: (id % 2) as u32,
+            stream: 0,
+            sent_at: 0,
+            arrived_at: 0,
+            deadline: 10_000,
+            priority: 0,
+            input_size: 0,
+            expected_tokens: 0,
+            requeues: 0,
+            tags: None,
+        }
+    }
+
+    #[test]
+    fn the_ledger_keeps_arrival_order_through_removals_reinsertions_and_compactions() {
+        // A reference: (arrival number, id) in arrival order, searched linearly.
+        let mut model: Vec<(u64, u64)> = Vec::new();
+        let mut ledger = Ledger::default();
+        let (mut state, mut arrivals) = (7u64, 0u64);
+        let mut next = || {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            state >> 33
+        };
+        for step in 0..20_000 {
+            let roll = next() % 100;
+            // Arrivals outnumber removals early on, then removals win: the ledger
+            // grows to thousands, then empties through many compactions.
+            let arrive = if step < 10_000 { roll < 60 } else { roll < 35 };
+            if arrive || model.is_empty() {
+                // Mostly fresh ids; sometimes an id held or seen before comes again.
+                let id = if roll % 7 == 0 && arrivals > 0 { next() % arrivals } else { 1_000_000 + arrivals };
+                model.retain(|(_, held)| *held != id);
+                model.push((arrivals, id));
+                ledger.insert(request(id));
+                arrivals += 1;
+            } else {
+                let at = (next() as usize) % model.len();
+                let (_, id) = model.remove(at);
+                assert_eq!(ledger.remove(id).map(|r| r.id), Some(id));
+                assert!(ledger.remove(id).is_none(), "removed once");
+            }
+            if step % 997 == 0 {
+                let ids: Vec<u64> = ledger.in_arrival_order().iter().map(|r| r.id).collect();
+                let expected: Vec<u64> = model.iter().map(|(_, id)| *id).collect();
+                assert_eq!(ids, expected, "step {step}");
+            }
+            assert_eq!(ledger.len(), model.len());
+        }
+        for (_, id) in &model {
+            assert_eq!(ledger.get(*id).map(|r| r.id), Some(*id));
+        }
+        let positions: Vec<usize> = model.iter().map(|(_, id)| ledger.position(*id).unwrap()).collect();
+        assert!(positions.windows(2).all(|w| w[0] < w[1]), "positions follow arrival order");
+        let drained: Vec<u64> = ledger.drain().iter().map(|r| r.id).collect();
+        assert_eq!(drained, model.iter().map(|(_, id)| *id).collect::<Vec<_>>());
+        assert!(ledger.is_empty() && ledger.get(model[0].1).is_none());
+    }
+
+    #[test]
+    fn changes_since_a_snapshot_name_what_left_and_what_arrived_in_order() {
+        let mut ledger = Ledger::default();
+        for id in 1..=200 {
+            ledger.insert(request(id));
+        }
+        ledger.remove(5);
+        let (snapshot, held) = ledger.snapshot();
+        assert_eq!(held.len(), 199);
+        assert_eq!(snapshot.len(), 199);
+        assert_eq!(held.iter().map(|r| r.id).collect::<Vec<_>>(), ledger.in_arrival_order().iter().map(|r| r.id).collect::<Vec<_>>());
+
+        // Nothing changed: nothing to tell.
+        assert_eq!(ledger.changes_since(&snapshot), Some(LedgerChanges::default()));
+
+        // Many leave (enough to compact), some arrive, one that left comes back (a
+        // chain's next stage), one arrives and leaves before anyone looks.
+        for id in (1..=150).filter(|id| id % 3 != 0) {
+            ledger.remove(id);
+        }
+        ledger.insert(request(1_000));
+        ledger.insert(request(7));
+        ledger.insert(request(1_001));
+        ledger.remove(1_001);
+        ledger.insert(request(1_002));
+        ledger.remove(9);
+        let changes = ledger.changes_since(&snapshot).expect("its own ledger");
+        let mut left: Vec<u64> = (1..=150).filter(|id| id % 3 != 0 && *id != 5).collect();
+        left.push(9);
+        left.sort();
+        assert_eq!(changes.left, left, "in arrival order");
+        assert_eq!(changes.arrived.iter().map(|r| r.id).collect::<Vec<_>>(), [1_000, 7, 1_002]);
+
+        // Another ledger, or a copy, cannot be compared with it.
+        assert_eq!(Ledger::default().changes_since(&snapshot), None);
+        assert_eq!(ledger.clone().changes_since(&snapshot), None);
     }
 }

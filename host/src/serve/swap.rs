@@ -3,12 +3,20 @@
 //!
 //! The expensive work happens on the caller's thread, never the engine's: reading the
 //! file, checking and compiling the component ([`PolicyLoader`], which keeps compiled
-//! code by SHA-256 so swapping back to a policy seen before skips compilation) and
-//! instantiating it ([`Candidate::wasm`]). Only then does the engine actor get a
+//! code by SHA-256 so swapping back to a policy seen before skips compilation),
+//! instantiating it ([`Candidate::wasm`]), and initialising it and replaying into it
+//! the requests the arm holds, from a snapshot the engine hands out in one short
+//! visit ([`crate::engine::Engine::handover_snapshot`], [`Candidate::pre_replay`]).
+//! Only then does the engine actor get a
 //! [`Message::Swap`](super::actor::Message::Swap): between two event batches the arm
-//! initialises the new instance and replays what it holds into it
+//! tells the prepared instance what changed since the snapshot and makes it answer
 //! ([`crate::policy::Arm::swap`]); that hand-over is the pause the engine sees, and it
 //! is measured there. The retired instance comes back and is dropped here.
+//!
+//! A candidate that faults in its pre-replay is not refused: a fresh instance of it
+//! goes in by the plain hand-over (initialised and replayed at the swap), where the
+//! arm's failure mode applies to its fault as to any other — so a policy that traps
+//! at once is swapped in and falls back, as the admin API has always answered.
 //!
 //! Swaps are serialised: one at a time per server. A shadow policy
 //! ([`crate::policy::Shadow`]) is prepared the same way and started with
@@ -19,14 +27,14 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
 use super::ab::{AbReport, AbStatus, Split};
 use super::actor::{AbCommand, ActorHandle, ActorStopped};
 use crate::engine::{Clock, Executor};
-use crate::policy::{ArmState, Candidate, LoadError, PolicyLoader, PolicyModule, Sandbox, ShadowReport};
+use crate::policy::{ArmState, Candidate, Handover, HandoverSnapshot, LoadError, PolicyLoader, PolicyModule, ProfileSource, Sandbox, ShadowReport};
 
 /// Where the new policy comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,11 +111,31 @@ pub struct SwapSummary {
     pub fault: Option<String>,
     /// Requests held at the swap and replayed into the new policy.
     pub replayed: usize,
+    /// `delta` (the new policy was replayed a snapshot beforehand and told at the
+    /// swap what changed since) or `full` (everything replayed at the swap).
+    pub handover: &'static str,
+    /// Events delivered at the swap of a `delta` hand-over (arrivals since the
+    /// snapshot, worker changes, idle workers, the latest tick).
+    pub delta_events: usize,
     /// Microseconds the engine was held by the hand-over.
     pub pause_us: f64,
     /// Microseconds spent preparing off the engine's thread (read, compile or cache
-    /// hit, instantiate).
+    /// hit, instantiate, snapshot, pre-replay).
     pub prepare_us: f64,
+    /// Microseconds the engine was held to copy the held requests for the snapshot.
+    pub snapshot_us: f64,
+    /// Microseconds of the new policy's `init` and the replay of the snapshot, on the
+    /// caller's thread (0 when it faulted there).
+    pub pre_replay_us: f64,
+}
+
+/// A candidate ready for the engine, and what preparing it cost.
+struct Prepared {
+    candidate: Candidate,
+    /// The engine's time taking the snapshot.
+    snapshot: Duration,
+    /// `init` and the replay of the snapshot (none when it faulted).
+    pre_replay: Option<Duration>,
 }
 
 /// The running policy, as `GET /admin/policies` lists it.
@@ -182,8 +210,8 @@ impl<C: Clock, X: Executor> Swapper<C, X> {
 
     /// Swap the policy in from `source` (blocking: call it off any async runtime's
     /// worker threads). A policy that is refused leaves the running one untouched; a
-    /// policy that faults during the hand-over is swapped in and the arm's failure
-    /// mode applies (the summary says so).
+    /// policy that faults during its preparation or the hand-over is swapped in and
+    /// the arm's failure mode applies (the summary says so).
     pub fn swap(&self, source: &PolicySource) -> Result<SwapSummary, SwapError> {
         self.swap_arm(source, None)
     }
@@ -193,12 +221,17 @@ impl<C: Clock, X: Executor> Swapper<C, X> {
     pub fn swap_arm(&self, source: &PolicySource, arm: Option<&str>) -> Result<SwapSummary, SwapError> {
         let _serial = self.one_at_a_time.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let started = Instant::now();
-        let (module, candidate) = self.prepare(source)?;
+        let module = self.load(source)?;
+        let prepared = self.prepare_swap(&module, arm)?;
         let prepare = started.elapsed();
-        let outcome = self.handle.swap_arm(arm.map(str::to_string), candidate)?.map_err(SwapError::Conflict)?;
+        let outcome = self.handle.swap_arm(arm.map(str::to_string), prepared.candidate)?.map_err(SwapError::Conflict)?;
         let report = outcome.report;
         // The retired instance is dropped here, off the engine's thread.
         drop(outcome.retired);
+        let (handover, delta_events) = match report.handover {
+            Handover::Full => ("full", 0),
+            Handover::Delta { events, .. } => ("delta", events),
+        };
         let summary = SwapSummary {
             policy: module.name().to_string(),
             sha256: module.sha256_hex(),
@@ -207,8 +240,12 @@ impl<C: Clock, X: Executor> Swapper<C, X> {
             state: state_name(report.state),
             fault: report.fault.map(|f| f.to_string()),
             replayed: report.replayed,
+            handover,
+            delta_events,
             pause_us: outcome.pause.as_secs_f64() * 1e6,
             prepare_us: prepare.as_secs_f64() * 1e6,
+            snapshot_us: prepared.snapshot.as_secs_f64() * 1e6,
+            pre_replay_us: prepared.pre_replay.map_or(0.0, |d| d.as_secs_f64() * 1e6),
         };
         match &summary.fault {
             None => tracing::info!(policy = %summary.policy, sha256 = %summary.sha256, pause_us = summary.pause_us, replayed = summary.replayed, "policy swapped in"),
@@ -221,9 +258,48 @@ impl<C: Clock, X: Executor> Swapper<C, X> {
     fn prepare(&self, source: &PolicySource) -> Result<(Arc<PolicyModule>, Candidate), SwapError> {
         let module = self.load(source)?;
         let (seed, profiles) = self.handle.inspect(|engine| engine.arm().candidate_inputs())?;
-        let candidate = Candidate::wasm(self.loader.sandbox(), module.clone(), seed, profiles)
-            .map_err(|fault| SwapError::Refused(format!("{} cannot be instantiated: it {fault}", module.name())))?;
+        let candidate = self.instantiate(&module, seed, profiles)?;
         Ok((module, candidate))
+    }
+
+    fn instantiate(&self, module: &Arc<PolicyModule>, seed: u64, profiles: Option<Arc<dyn ProfileSource>>) -> Result<Candidate, SwapError> {
+        Candidate::wasm(self.loader.sandbox(), module.clone(), seed, profiles)
+            .map_err(|fault| SwapError::Refused(format!("{} cannot be instantiated: it {fault}", module.name())))
+    }
+
+    /// Prepare `module` to take over the arm labelled `arm` (`None`: the control
+    /// arm), off the engine's thread: one visit to the engine copies what the arm
+    /// holds ([`crate::engine::Engine::handover_snapshot`]), then the candidate is
+    /// instantiated, initialised and replayed the copy here. A candidate that faults
+    /// in the pre-replay is replaced by a fresh, unprepared instance (see the module
+    /// docs).
+    fn prepare_swap(&self, module: &Arc<PolicyModule>, arm: Option<&str>) -> Result<Prepared, SwapError> {
+        let label = arm.map(str::to_string);
+        type Taken = ((u64, Option<Arc<dyn ProfileSource>>), HandoverSnapshot, Duration);
+        let taken = self.handle.inspect_arms(move |arms| -> Result<Taken, String> {
+            let started = Instant::now();
+            let slot = match &label {
+                None => arms.slots().first(),
+                Some(label) => arms.slots().iter().find(|slot| &slot.label == label),
+            };
+            let Some(slot) = slot else {
+                return Err(format!("no arm named {:?} (arms: {})", label.unwrap_or_default(), arms.labels().join(", ")));
+            };
+            let inputs = slot.engine.arm().candidate_inputs();
+            let snapshot = slot.engine.handover_snapshot();
+            Ok((inputs, snapshot, started.elapsed()))
+        })?;
+        let ((seed, profiles), snapshot, hold) = taken.map_err(SwapError::Conflict)?;
+        let mut candidate = self.instantiate(module, seed, profiles.clone())?;
+        let held = snapshot.held();
+        match candidate.pre_replay(snapshot) {
+            Ok(took) => Ok(Prepared { candidate, snapshot: hold, pre_replay: Some(took) }),
+            Err(fault) => {
+                tracing::warn!(policy = %module.name(), %fault, held, "the new policy faulted while being prepared: it goes in by the plain hand-over");
+                let candidate = self.instantiate(module, seed, profiles)?;
+                Ok(Prepared { candidate, snapshot: hold, pre_replay: None })
+            }
+        }
     }
 
     /// Start the policy from `source` as a shadow of the live one (replacing a shadow
