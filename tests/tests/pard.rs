@@ -204,3 +204,19 @@ fn dag_estimate_follows_the_slower_branch() {
     // Siblings are cancelled: every request ends once even when one branch drops.
     assert!(out[1].engine.drops_by_stage.iter().sum::<u64>() > 0);
 }
+
+/// A job with an initial rate starts on the replicas the planner wants for it (lv at
+/// R0: 5, 2, 2, 2, 3), so no run begins with a cold start under load; unprovisioned,
+/// it starts on the preset's replicas.
+#[test]
+fn jobs_start_provisioned_for_their_initial_rate() {
+    let (p, w) = (lv(), burst());
+    let mut j = job("PARD", "pard", &[], &p, &w);
+    let engine = yardmaster::engine::EngineOptions::default();
+    let replicas = |pipeline: &Pipeline| pipeline.stages.iter().map(|s| s.replicas).collect::<Vec<_>>();
+    assert_eq!(replicas(&j.starting_pipeline(&engine).expect("plan")), vec![5, 2, 2, 2, 3]);
+    j.params.push(("initial_rate".into(), "1600".into()));
+    assert_eq!(replicas(&j.starting_pipeline(&engine).expect("plan")), vec![11, 5, 4, 4, 7], "the last initial_rate wins");
+    j.provisioned = false;
+    assert_eq!(replicas(&j.starting_pipeline(&engine).expect("plan")), replicas(&p));
+}

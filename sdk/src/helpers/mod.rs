@@ -69,7 +69,7 @@ pub use minmax_heap::MinMaxHeap;
 pub use nexus_planner::{NexusPlan, ScalingPlanner};
 pub use models::{ModelCatalog, ModelInfo};
 pub use pid::Pid;
-pub use pipeline_policy::{BrokeredPipeline, PipelineRule};
+pub use pipeline_policy::{planned_replicas, BrokeredPipeline, PipelineRule};
 pub use ranked::{RankedLlm, Ranking};
 pub use quantile::{P2Quantile, WindowQuantile};
 pub use stage_graph::StageGraph;

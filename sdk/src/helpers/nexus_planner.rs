@@ -207,10 +207,7 @@ impl ScalingPlanner {
     /// the last `rate_window_s` seconds, within the configuration's replica bounds.
     /// If `initial_rate` is positive, replicas for it are requested at once.
     pub fn start(ctx: &mut Ctx, plan: NexusPlan, epoch: Duration, rate_window_s: usize, initial_rate: f64) -> Self {
-        let mut bounds = vec![(1, u32::MAX); plan.batch.len()];
-        for stage in &ctx.config().stages {
-            bounds[stage.id as usize] = (stage.min_replicas, stage.max_replicas);
-        }
+        let bounds = Self::bounds(ctx, plan.batch.len());
         let now = ctx.now();
         let mut planner = Self {
             epoch: epoch.max(1),
@@ -231,6 +228,17 @@ impl ScalingPlanner {
             planner.rescale(ctx, initial_rate);
         }
         planner
+    }
+
+    /// Each of the `stages` stages' (min, max) replicas from the configuration.
+    pub fn bounds(ctx: &Ctx, stages: usize) -> Vec<(u32, u32)> {
+        let mut bounds = vec![(1, u32::MAX); stages];
+        for stage in &ctx.config().stages {
+            if let Some(b) = bounds.get_mut(stage.id as usize) {
+                *b = (stage.min_replicas, stage.max_replicas);
+            }
+        }
+        bounds
     }
 
     /// The plan being applied.

@@ -86,6 +86,16 @@ fn plan(ctx: &Ctx, graph: &StageGraph) -> Result<NexusPlan, String> {
         .ok_or_else(|| "the SLO is too tight for the pipeline's profiles".to_string())
 }
 
+/// The replicas per stage the shared planner requests for an entry rate of `rate`
+/// req/s — what a policy with `initial_rate = rate` asks for at start — so that a
+/// harness can start the cluster already provisioned for it (the planner's
+/// parameters are read from the configuration, as the policy reads them).
+pub fn planned_replicas(ctx: &Ctx, rate: f64) -> Result<Vec<u32>, String> {
+    let graph = StageGraph::new(&ctx.config().stages);
+    let plan = plan(ctx, &graph)?;
+    Ok(plan.replicas(rate, &ScalingPlanner::bounds(ctx, plan.batch.len()), ctx.config().max_workers))
+}
+
 impl<R: PipelineRule> Policy for BrokeredPipeline<R> {
     fn init(ctx: &mut Ctx) -> Result<Self, String> {
         let graph = StageGraph::new(&ctx.config().stages);
@@ -140,5 +150,32 @@ impl<R: PipelineRule> Policy for BrokeredPipeline<R> {
 
     fn on_events_done(&mut self, ctx: &mut Ctx) {
         self.broker.settle(ctx, &mut self.rule);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{linear_variant, one_stage, MS};
+    use crate::{NullHost, Stream};
+
+    /// One stage of d(b) = 25 + 5b ms under a 100 ms SLO: the plan's batch is 5
+    /// (d = 50 ms, half the budget), 100 req/s per worker.
+    fn ctx(min: u32, max: u32) -> Ctx {
+        let mut config = one_stage(vec![linear_variant(0, "v", 5 * MS, 25 * MS, 32)], 32, 1);
+        config.stages[0].min_replicas = min;
+        config.stages[0].max_replicas = max;
+        config.max_workers = 10;
+        config.streams = vec![Stream { id: 0, name: "s".into(), entry: 0, slo: 100 * MS }];
+        Ctx::new(config, Box::new(NullHost::default()))
+    }
+
+    #[test]
+    fn planned_replicas_follow_the_rate_within_the_bounds() {
+        assert_eq!(planned_replicas(&ctx(1, 64), 250.0), Ok(vec![3]));
+        assert_eq!(planned_replicas(&ctx(1, 64), 100.0), Ok(vec![1]));
+        assert_eq!(planned_replicas(&ctx(2, 64), 10.0), Ok(vec![2]), "at least the minimum");
+        assert_eq!(planned_replicas(&ctx(1, 64), 5000.0), Ok(vec![10]), "at most max_workers");
+        assert_eq!(planned_replicas(&ctx(1, 4), 5000.0), Ok(vec![4]), "at most the stage's maximum");
     }
 }

@@ -20,13 +20,15 @@ pub mod tables;
 use anyhow::{anyhow, Result};
 
 use super::{shipped, simulation_loader, Reproduction, ReproduceOptions};
-use crate::engine::{EngineOptions, Pipeline};
+use crate::engine::{Engine, EngineOptions, Pipeline};
 use crate::policy::contract::Param;
+use crate::policy::native::config_to_sdk;
 use crate::policy::PolicyLoader;
 use crate::sim::executor::SimExecutorOptions;
 use crate::sim::workload::{Arrival, RateSchedule};
 use crate::sim::{per_core, presets, run, PolicySpec, RunOutcome, SimSpec, WorkloadSpec};
 use measure::{measure, overload_windows, PardMetrics};
+use yardmaster_sdk::helpers::planned_replicas;
 
 /// The reproduction's entry in [`super::REPRODUCTIONS`].
 pub const REPRODUCTION: Reproduction = Reproduction {
@@ -101,6 +103,10 @@ pub struct Job {
     pub duration: u64,
     /// Coefficient of variation of batch durations around the profile (0: exact).
     pub noise_cv: f64,
+    /// Start with the replicas the planner wants for the job's `initial_rate`
+    /// already warm (the paper's runs start on a provisioned cluster); when off, the
+    /// preset's replicas start warm and the planner's first request takes a cold start.
+    pub provisioned: bool,
 }
 
 impl Job {
@@ -114,21 +120,43 @@ impl Job {
             workload: workload.clone(),
             duration,
             noise_cv: SimExecutorOptions::default().noise_cv,
+            provisioned: true,
         }
+    }
+
+    /// The entry rate the job's policy scales for at start (`initial_rate`), if any.
+    pub fn initial_rate(&self) -> Option<f64> {
+        let value = self.params.iter().rev().find(|(key, _)| key == "initial_rate")?;
+        value.1.parse::<f64>().ok().filter(|r| *r > 0.0)
+    }
+
+    /// The pipeline the job starts on: with [`Job::provisioned`] and an initial rate,
+    /// each stage's starting replicas are what the shared planner requests for it.
+    pub fn starting_pipeline(&self, engine: &EngineOptions) -> Result<Pipeline> {
+        let mut pipeline = self.pipeline.clone();
+        let Some(rate) = self.initial_rate().filter(|_| self.provisioned) else { return Ok(pipeline) };
+        let config = Engine::<crate::engine::ManualClock, crate::sim::executor::SimExecutor>::policy_config(&pipeline, &self.name, engine);
+        let ctx = yardmaster_sdk::Ctx::new(config_to_sdk(&config), Box::new(yardmaster_sdk::NullHost::default()));
+        let replicas = planned_replicas(&ctx, rate).map_err(|e| anyhow!("{}: planning for {rate} req/s: {e}", self.name))?;
+        for (stage, n) in pipeline.stages.iter_mut().zip(replicas) {
+            stage.replicas = n;
+        }
+        Ok(pipeline)
     }
 }
 
 /// Run one job.
 pub fn run_job(job: &Job, seed: u64, loader: &PolicyLoader) -> Result<RunOutcome> {
+    let engine = EngineOptions {
+        params: job.params.iter().map(|(key, value)| Param { key: key.clone(), value: value.clone() }).collect(),
+        ..EngineOptions::default()
+    };
     let spec = SimSpec {
-        pipeline: job.pipeline.clone(),
+        pipeline: job.starting_pipeline(&engine)?,
         seed,
         duration: job.duration,
         executor: SimExecutorOptions { noise_cv: job.noise_cv, ..SimExecutorOptions::default() },
-        engine: EngineOptions {
-            params: job.params.iter().map(|(key, value)| Param { key: key.clone(), value: value.clone() }).collect(),
-            ..EngineOptions::default()
-        },
+        engine,
         decision_interval: 0,
         capture_dir: None,
     };
