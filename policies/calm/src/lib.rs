@@ -13,11 +13,18 @@
 //! stall), and tops up idle slots. Requests not admitted within `waiting_time`, and
 //! deadline requests past their deadline, are dropped.
 //!
+//! Calls of compound jobs (tagged with their job and stage, see
+//! [`yardmaster_sdk::helpers::compound`]) are paced to their stage's sub-deadline d_s,
+//! from the pattern graph of a finished job their job matches ([`compound`]); every
+//! call of a stage shares the stage's priority, the job's whole estimated goodput
+//! over the stage's remaining compute.
+//!
 //! Service classes come from the stream names (see
 //! [`yardmaster_sdk::ServiceClass`]): for a latency-sensitive stream the request's
 //! deadline is its first-token deadline and tokens are then due every `tbt_ms`.
 
 pub mod analyze;
+pub mod compound;
 pub mod params;
 pub mod plan;
 pub mod predict;
@@ -32,7 +39,9 @@ use std::collections::BTreeMap;
 use yardmaster_sdk::helpers::{idle_iteration_workers, BatchStageFifo, FramePlan, LlmBook, LlmRequest, Residence, ServiceClass};
 use yardmaster_sdk::{Ctx, DropReason, EndReason, EvictMode, FrameReport, Policy, Request, RequestId, Snapshot, WorkerId};
 
-use analyze::{analyze, RequestView, WorkerRates};
+use analyze::{analyze, remaining_compute, JobTerms, RequestView, WorkerRates};
+use compound::{JobKey, Jobs};
+use yardmaster_sdk::helpers::compound::{CallCost, CallLink};
 use params::{EvictChoice, Params};
 use plan::{plan_frame, Candidate, FrameSetting, Selection};
 use predict::{Bound, LengthPredictor, LengthQuery};
@@ -40,6 +49,10 @@ use tune::PTuner;
 
 /// Decode-step time assumed when the host has neither a profile nor a measurement.
 const FALLBACK_STEP_NS: f64 = 20e6;
+/// A compound job is forgotten this long after its deadline (its calls ended unseen).
+const JOB_GRACE_NS: u64 = 10_000_000_000;
+/// Pattern reuse counts decay ×0.9 every hour (spec §4.2).
+const PATTERN_DECAY_NS: u64 = 3_600_000_000_000;
 
 /// What CALM keeps per live request beyond the shared book.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -64,6 +77,10 @@ pub struct Calm {
     tuner: Option<PTuner>,
     /// Requests of batch (non-LLM) stages, served first come first served.
     batch_stages: BatchStageFifo,
+    /// Live compound jobs and the pattern store.
+    jobs: Jobs,
+    /// When the pattern store last decayed.
+    decayed_at: u64,
 }
 
 impl Calm {
@@ -80,6 +97,21 @@ impl Calm {
     /// The shared request table.
     pub fn book(&self) -> &LlmBook {
         &self.book
+    }
+
+    /// Live compound jobs and the pattern graphs learned so far.
+    pub fn jobs(&self) -> &Jobs {
+        &self.jobs
+    }
+
+    /// Drop the calls of `failed`'s job still waiting here (its job can earn nothing
+    /// once one call failed); the calls, for the caller to drop.
+    fn failed_siblings(&mut self, failed: RequestId) -> Vec<RequestId> {
+        let siblings = self.jobs.failed(failed);
+        siblings
+            .into_iter()
+            .filter(|id| self.book.get(*id).is_some_and(|r| !matches!(r.residence, Residence::Resident(_))))
+            .collect()
     }
 
     /// The cut-off p in force.
@@ -166,7 +198,16 @@ impl Calm {
         let Some(info) = ctx.worker(worker).map(|w| w.info) else { return };
         let batch = ctx.batch_limit(info.stage) as usize;
         let rates = self.rates(ctx, worker);
-        let drops = self.due_drops(now, Some(worker));
+        let mut drops = self.due_drops(now, Some(worker));
+        for i in 0..drops.len() {
+            for sibling in self.failed_siblings(drops[i].0) {
+                if !drops.iter().any(|(id, _)| *id == sibling) {
+                    drops.push((sibling, drops[i].1));
+                }
+            }
+        }
+        let cost = CallCost { prefill_s: self.params.prefill_ns_per_token / 1e9, step_s: rates.step_s };
+        let mut views: Vec<(RequestView, Option<JobKey>)> = Vec::new();
         let mut candidates = Vec::new();
         for r in self.book.candidates(worker, info.stage) {
             if drops.iter().any(|(id, _)| *id == r.id) {
@@ -183,17 +224,22 @@ impl Calm {
                 }
                 _ => 0.0,
             };
+            let job = self.jobs.job_of(r.id);
+            // A compound call is paced to its stage's sub-deadline d_s.
+            let deadline = job.and_then(|key| self.jobs.plan(key, now, cost)).map_or(r.deadline, |plan| plan.deadline);
             let view = RequestView {
                 class: r.class,
                 arrival_s: r.sent_at as f64 / 1e9,
-                deadline_s: r.deadline as f64 / 1e9,
+                deadline_s: deadline as f64 / 1e9,
                 prompt: r.prompt,
                 generated: r.generated,
                 bound: bound.tokens,
                 prefill: r.prefill_tokens(),
                 restore_s,
                 frames_unserved: track.frames_unserved,
+                job: None,
             };
+            views.push((view, job));
             let analysis = analyze(&view, now_s, rates, &self.params);
             let (stall_s, evict_mode) = self.eviction_cost(r);
             candidates.push(Candidate {
@@ -207,6 +253,24 @@ impl Calm {
                 stall_s,
                 evict_mode,
             });
+        }
+        // A4/A9 for compound calls: Ĝ_R and the stage's t_gen, summed over the job's
+        // calls among the candidates (the live calls of its current stage).
+        let mut terms: BTreeMap<JobKey, JobTerms> = BTreeMap::new();
+        for (view, job) in &views {
+            let Some(key) = job else { continue };
+            let entry = terms.entry(*key).or_insert_with(|| {
+                let future = self.jobs.plan(*key, now, cost).map_or(0, |p| p.share.future_tokens);
+                let known = self.jobs.finished_tokens(*key) + future;
+                JobTerms { value: self.params.omega_in * known as f64, stage_t_gen: 0.0 }
+            });
+            entry.value += self.params.omega_in * view.prompt as f64 + self.params.omega_out * view.bound as f64;
+            entry.stage_t_gen += remaining_compute(view, rates, &self.params);
+        }
+        for ((view, job), candidate) in views.iter().zip(candidates.iter_mut()) {
+            if let Some(terms) = job.and_then(|key| terms.get(&key)) {
+                candidate.analysis = analyze(&RequestView { job: Some(*terms), ..*view }, now_s, rates, &self.params);
+            }
         }
         let residents = candidates.iter().filter(|c| c.resident).count().max(1);
         let setting = FrameSetting {
@@ -239,6 +303,7 @@ impl Calm {
         };
         for (id, _) in &plan.drop {
             self.tracking.remove(id);
+            self.jobs.failed(*id);
         }
         self.book.apply(ctx, worker, plan);
         self.last_plan.insert(worker, selection);
@@ -255,6 +320,8 @@ impl Policy for Calm {
             frame_steps: params.frame_steps,
             last_plan: BTreeMap::new(),
             batch_stages: BatchStageFifo::default(),
+            jobs: Jobs::new(params.pattern_capacity),
+            decayed_at: 0,
             tuner: params.p_tune.then(|| PTuner::new(params.p, params.tune_epoch_frames, params.tune_epsilon, 0.3)),
             params,
         })
@@ -270,6 +337,11 @@ impl Policy for Calm {
         }
         let now = ctx.now();
         let class = self.book.class_of(request.stream);
+        if class == ServiceClass::Compound {
+            if let Some(link) = CallLink::from_tags(request.tags.as_deref()) {
+                self.jobs.arrive(request.id, request.stream, &link, request.sent_at, request.deadline, request.input_size);
+            }
+        }
         if class == ServiceClass::BestEffort {
             if let Some(r) = self.book.get_mut(request.id) {
                 r.deadline = r.sent_at.saturating_add(self.params.be_deadline_ns);
@@ -283,6 +355,11 @@ impl Policy for Calm {
             if (request.deadline.saturating_sub(now) as f64) < minimum {
                 self.book.remove(request.id);
                 ctx.drop_request(request.id, DropReason::DeadlineUnreachable);
+                for sibling in self.failed_siblings(request.id) {
+                    self.book.remove(sibling);
+                    self.tracking.remove(&sibling);
+                    ctx.drop_request(sibling, DropReason::DeadlineUnreachable);
+                }
                 return;
             }
         }
@@ -311,23 +388,46 @@ impl Policy for Calm {
         for finished in self.book.frame(&frame) {
             self.predictor.observe(finished.class, finished.prompt, finished.output);
             self.tracking.remove(&finished.id);
+            self.jobs.finished(finished.id, finished.output);
         }
     }
 
-    fn on_request_ended(&mut self, _ctx: &mut Ctx, request: RequestId, _reason: EndReason) {
+    fn on_request_ended(&mut self, ctx: &mut Ctx, request: RequestId, _reason: EndReason) {
         self.book.remove(request);
         self.tracking.remove(&request);
         self.batch_stages.remove(request);
+        for sibling in self.failed_siblings(request) {
+            self.book.remove(sibling);
+            self.tracking.remove(&sibling);
+            ctx.drop_request(sibling, DropReason::DeadlineUnreachable);
+        }
     }
 
     fn on_tick(&mut self, ctx: &mut Ctx, _snapshot: Snapshot) {
         // The timeout sweep for requests no worker planned lately.
-        let drops = self.due_drops(ctx.now(), None);
+        let now = ctx.now();
+        let mut drops = self.due_drops(now, None);
+        for i in 0..drops.len() {
+            for sibling in self.failed_siblings(drops[i].0) {
+                if !drops.iter().any(|(id, _)| *id == sibling) {
+                    drops.push((sibling, drops[i].1));
+                }
+            }
+        }
         for (id, reason) in drops {
             self.book.remove(id);
             self.tracking.remove(&id);
+            self.jobs.failed(id);
             ctx.drop_request(id, reason);
         }
+        // Pattern-store upkeep: forget jobs long past their deadline, decay reuse hourly.
+        let decay = if now.saturating_sub(self.decayed_at) >= PATTERN_DECAY_NS {
+            self.decayed_at = now;
+            0.9
+        } else {
+            1.0
+        };
+        self.jobs.sweep(now, JOB_GRACE_NS, decay);
     }
 
     fn on_events_done(&mut self, ctx: &mut Ctx) {
