@@ -55,6 +55,8 @@ pub struct JobTerms {
     pub value: f64,
     /// t_gen of the stage: Σ t_gen over the job's live calls of the current stage.
     pub stage_t_gen: f64,
+    /// d_R: the job's end-to-end deadline, seconds.
+    pub job_deadline_s: f64,
 }
 
 /// ANALYZE's outputs.
@@ -120,7 +122,15 @@ pub fn analyze(r: &RequestView, now_s: f64, rates: WorkerRates, params: &Params)
                 }
             };
             let bw = t_gen / t_rem.max(params.epsilon_s);
-            feasible = t_rem > 0.0 && bw <= 1.0;
+            feasible = match r.job {
+                // A compound call paces to d_s but can still earn while the job can
+                // finish: only d_R makes it hopeless (a missed d_s is re-amortised).
+                Some(job) => {
+                    let left = job.job_deadline_s - now_s;
+                    left > 0.0 && t_gen <= left
+                }
+                None => t_rem > 0.0 && bw <= 1.0,
+            };
             quota = (frame as f64 * bw.min(1.0)).ceil() as u32;
         }
     }
@@ -231,7 +241,7 @@ mod tests {
         let params = defaults();
         let call = |prompt, bound| RequestView {
             class: ServiceClass::Compound,
-            job: Some(JobTerms { value: 5000.0, stage_t_gen: 3.0 }),
+            job: Some(JobTerms { value: 5000.0, stage_t_gen: 3.0, job_deadline_s: 12.0 }),
             ..ds(prompt, 0, bound, 4.0)
         };
         let (a, b) = (analyze(&call(100, 100), 0.0, RATES, &params), analyze(&call(900, 200), 0.0, RATES, &params));
@@ -241,6 +251,12 @@ mod tests {
         // Each call's bandwidth is its own t_gen over the stage's time left.
         assert!((a.bandwidth - a.t_gen / 4.0).abs() < 1e-12 && b.bandwidth > a.bandwidth);
         assert!(b.quota > a.quota);
+        // Past its sub-deadline pace (bw > 1) a call is still worth serving while the
+        // job's deadline can be met; past d_R it is not.
+        let behind = analyze(&call(900, 600), 0.0, RATES, &params);
+        assert!(behind.bandwidth > 1.0 && behind.feasible && behind.priority > 0.0);
+        let hopeless = analyze(&call(900, 600), 11.0, RATES, &params);
+        assert!(!hopeless.feasible);
     }
 
     #[test]

@@ -81,6 +81,9 @@ pub struct Calm {
     jobs: Jobs,
     /// When the pattern store last decayed.
     decayed_at: u64,
+    /// Power-of-K (`power_k` > 0): the replicas a request may bind to (its K sampled
+    /// copies), then the one it bound to.
+    replicas: BTreeMap<RequestId, Vec<WorkerId>>,
 }
 
 impl Calm {
@@ -112,6 +115,31 @@ impl Calm {
             .into_iter()
             .filter(|id| self.book.get(*id).is_some_and(|r| !matches!(r.residence, Residence::Resident(_))))
             .collect()
+    }
+
+    /// The replicas `id` may still run on under power-of-K (`None`: any).
+    pub fn replicas(&self, id: RequestId) -> Option<&[WorkerId]> {
+        self.replicas.get(&id).map(Vec::as_slice)
+    }
+
+    /// Power-of-K (spec §3.8): sample K of the stage's M replicas for a new request
+    /// (none when K = 0 or K ≥ M: every replica holds a copy).
+    fn sample_replicas(&mut self, ctx: &Ctx, request: &Request) {
+        let k = self.params.power_k as usize;
+        let mut workers: Vec<WorkerId> = ctx.workers().filter(|w| w.info.stage == request.stage).map(|w| w.info.id).collect();
+        if k == 0 || k >= workers.len() {
+            return;
+        }
+        let mut state = ctx.host().random();
+        for i in 0..k {
+            let (next, word) = yardmaster_sdk::splitmix64(state);
+            state = next;
+            let j = i + (word % (workers.len() - i) as u64) as usize;
+            workers.swap(i, j);
+        }
+        workers.truncate(k);
+        workers.sort_unstable();
+        self.replicas.insert(request.id, workers);
     }
 
     /// The cut-off p in force.
@@ -207,10 +235,14 @@ impl Calm {
             }
         }
         let cost = CallCost { prefill_s: self.params.prefill_ns_per_token / 1e9, step_s: rates.step_s };
-        let mut views: Vec<(RequestView, Option<JobKey>)> = Vec::new();
+        let mut views: Vec<(RequestView, Option<JobKey>, f64)> = Vec::new();
         let mut candidates = Vec::new();
         for r in self.book.candidates(worker, info.stage) {
             if drops.iter().any(|(id, _)| *id == r.id) {
+                continue;
+            }
+            // Power-of-K: only the replicas holding a copy (or the bound one) plan it.
+            if self.replicas.get(&r.id).is_some_and(|ws| !ws.contains(&worker)) {
                 continue;
             }
             let Some(track) = self.tracking.get_mut(&r.id) else { continue };
@@ -239,7 +271,7 @@ impl Calm {
                 frames_unserved: track.frames_unserved,
                 job: None,
             };
-            views.push((view, job));
+            views.push((view, job, r.deadline as f64 / 1e9));
             let analysis = analyze(&view, now_s, rates, &self.params);
             let (stall_s, evict_mode) = self.eviction_cost(r);
             candidates.push(Candidate {
@@ -257,17 +289,17 @@ impl Calm {
         // A4/A9 for compound calls: Ĝ_R and the stage's t_gen, summed over the job's
         // calls among the candidates (the live calls of its current stage).
         let mut terms: BTreeMap<JobKey, JobTerms> = BTreeMap::new();
-        for (view, job) in &views {
+        for (view, job, job_deadline_s) in &views {
             let Some(key) = job else { continue };
             let entry = terms.entry(*key).or_insert_with(|| {
                 let future = self.jobs.plan(*key, now, cost).map_or(0, |p| p.share.future_tokens);
                 let known = self.jobs.finished_tokens(*key) + future;
-                JobTerms { value: self.params.omega_in * known as f64, stage_t_gen: 0.0 }
+                JobTerms { value: self.params.omega_in * known as f64, stage_t_gen: 0.0, job_deadline_s: *job_deadline_s }
             });
             entry.value += self.params.omega_in * view.prompt as f64 + self.params.omega_out * view.bound as f64;
             entry.stage_t_gen += remaining_compute(view, rates, &self.params);
         }
-        for ((view, job), candidate) in views.iter().zip(candidates.iter_mut()) {
+        for ((view, job, _), candidate) in views.iter().zip(candidates.iter_mut()) {
             if let Some(terms) = job.and_then(|key| terms.get(&key)) {
                 candidate.analysis = analyze(&RequestView { job: Some(*terms), ..*view }, now_s, rates, &self.params);
             }
@@ -305,6 +337,12 @@ impl Calm {
             self.tracking.remove(id);
             self.jobs.failed(*id);
         }
+        if self.params.power_k > 0 {
+            // The first replica that selects a request binds it; the other copies go.
+            for id in &plan.run {
+                self.replicas.insert(*id, vec![worker]);
+            }
+        }
         self.book.apply(ctx, worker, plan);
         self.last_plan.insert(worker, selection);
     }
@@ -322,6 +360,7 @@ impl Policy for Calm {
             batch_stages: BatchStageFifo::default(),
             jobs: Jobs::new(params.pattern_capacity),
             decayed_at: 0,
+            replicas: BTreeMap::new(),
             tuner: params.p_tune.then(|| PTuner::new(params.p, params.tune_epoch_frames, params.tune_epsilon, 0.3)),
             params,
         })
@@ -371,6 +410,7 @@ impl Policy for Calm {
             tuner.offer(input + self.params.omega_out * bound.tokens as f64);
         }
         self.tracking.insert(request.id, Tracking { bound: Some(bound), multiplier, frames_unserved: 0, aged_at: now });
+        self.sample_replicas(ctx, &request);
     }
 
     fn on_frame(&mut self, ctx: &mut Ctx, frame: FrameReport) {
@@ -428,6 +468,8 @@ impl Policy for Calm {
             1.0
         };
         self.jobs.sweep(now, JOB_GRACE_NS, decay);
+        let book = &self.book;
+        self.replicas.retain(|id, _| book.get(*id).is_some());
     }
 
     fn on_events_done(&mut self, ctx: &mut Ctx) {
