@@ -46,6 +46,8 @@ struct Job {
     plan: Option<StagePlan>,
     /// d_{s−1}: sub-deadlines never go back.
     previous_deadline: u64,
+    /// Some call of the job was dispatched: the job is admitted.
+    admitted: bool,
 }
 
 impl Job {
@@ -99,6 +101,7 @@ impl Jobs {
             last: false,
             plan: None,
             previous_deadline: sent_at,
+            admitted: false,
         });
         job.arrival = job.arrival.min(sent_at);
         let index = link.stage as usize - 1;
@@ -132,6 +135,18 @@ impl Jobs {
             plan.deadline = reamortise(now, job.deadline, &plan.share);
         }
         Some(*plan)
+    }
+
+    /// Mark the job of `id` admitted (one of its calls was dispatched).
+    pub fn admit(&mut self, id: RequestId) {
+        if let Some(job) = self.calls.get(&id).and_then(|key| self.jobs.get_mut(key)) {
+            job.admitted = true;
+        }
+    }
+
+    /// Whether the job of `id` was admitted (so its later calls are too).
+    pub fn admitted(&self, id: RequestId) -> bool {
+        self.calls.get(&id).and_then(|key| self.jobs.get(key)).is_some_and(|j| j.admitted)
     }
 
     /// Tokens of the job's finished calls.
@@ -201,8 +216,11 @@ mod tests {
         let first = jobs.plan((0, 1), 0, COST).unwrap();
         assert_eq!(first.share.similarity, None, "nothing to match yet");
         assert_eq!(first.deadline, 8 * S, "φ = 1/5 without history");
+        assert!(!jobs.admitted(1));
+        jobs.admit(1);
         jobs.finished(1, 100);
         jobs.arrive(2, 0, &link(1, 2, true), 3 * S, 40 * S, 60);
+        assert!(jobs.admitted(2), "a job admitted once is admitted for its later calls");
         assert_eq!(jobs.plan((0, 1), 3 * S, COST).unwrap().deadline, 40 * S, "the last stage is due at d_R");
         jobs.finished(2, 300);
         assert!(jobs.is_empty());

@@ -207,7 +207,10 @@ impl Calm {
             if !eligible {
                 continue;
             }
-            if !r.admitted && now.saturating_sub(r.sent_at) >= self.params.waiting_time_ns {
+            // A compound job is admitted once (its first dispatched call); its later
+            // calls are not shed by the admission timeout, only by d_R.
+            let admitted = r.admitted || self.jobs.admitted(r.id);
+            if !admitted && now.saturating_sub(r.sent_at) >= self.params.waiting_time_ns {
                 drops.push((r.id, DropReason::Overload));
             } else if self.params.drop_expired
                 && matches!(r.class, ServiceClass::Deadline | ServiceClass::Compound)
@@ -336,6 +339,9 @@ impl Calm {
         for (id, _) in &plan.drop {
             self.tracking.remove(id);
             self.jobs.failed(*id);
+        }
+        for id in &plan.run {
+            self.jobs.admit(*id);
         }
         if self.params.power_k > 0 {
             // The first replica that selects a request binds it; the other copies go.
