@@ -404,6 +404,14 @@ impl<C: Clock, X: Executor> Engine<C, X> {
 
     /// A client request arrives; returns its id.
     pub fn submit(&mut self, submission: Submission) -> u64 {
+        self.submit_tagged(submission, None)
+    }
+
+    /// A client request with labels arrives (e.g. the job and stage of one call of a
+    /// compound LLM job, `yardmaster_sdk::helpers::compound`); the policy sees the
+    /// tags on the request and the LLM accounting links calls to their jobs by them.
+    /// Returns its id.
+    pub fn submit_tagged(&mut self, submission: Submission, tags: Option<Vec<contract::Tag>>) -> u64 {
         let now = self.now();
         let id = self.ids.request();
         let stream = &self.state.pipeline.streams[submission.stream as usize];
@@ -425,7 +433,10 @@ impl<C: Clock, X: Executor> Engine<C, X> {
             },
         );
         self.accounting.arrival(now, submission.stream);
-        self.accounting.llm_mut().submitted(id, submission.stream, sent_at, deadline, submission.input_size);
+        let link = tags.as_deref().and_then(|t| {
+            yardmaster_sdk::helpers::compound::CallLink::from_pairs(t.iter().map(|t| (t.key.as_str(), t.value.as_str())))
+        });
+        self.accounting.llm_mut().submitted(id, submission.stream, sent_at, deadline, submission.input_size, link);
         let request = Request {
             id,
             origin: id,
@@ -438,7 +449,7 @@ impl<C: Clock, X: Executor> Engine<C, X> {
             input_size: submission.input_size,
             expected_tokens: submission.expected_tokens,
             requeues: 0,
-            tags: None,
+            tags,
         };
         self.schedule(deadline.saturating_add(self.options.expiry_grace), Wakeup::Expire(id));
         self.enqueue(request, 0);

@@ -10,12 +10,22 @@
 //!
 //! Dropped requests earn 0, except LS tokens already delivered on time. The emit
 //! time of a frame's k-th token (of n steps, duration D, started at s) is
-//! s + (k+1)·D/n. A CP job is one end-to-end request here (its calls are its pieces).
+//! s + (k+1)·D/n.
+//!
+//! A compound (CP) job is either one end-to-end request whose calls are its pieces
+//! (then the DS rule applies to it), or, when its calls are submitted one by one
+//! with the tags of [`CallLink`], the set of calls sharing a job id: it counts once,
+//! when every call of its final stage (tagged `last`) has completed, and earns the
+//! prompt and output tokens of all its calls iff every call completed by the job's
+//! deadline. A job with a call that did not complete (dropped, failed, late) earns 0
+//! and counts once, when its last live call ends. A job still open when the run ends
+//! counts as a request that did not meet its SLO.
 
 use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap as HashMap;
 use serde::{Deserialize, Serialize};
+use yardmaster_sdk::helpers::compound::CallLink;
 use yardmaster_sdk::helpers::ServiceClass;
 
 use super::account::{Outcome, RequestEnd};
@@ -29,6 +39,22 @@ struct Tracked {
     input: u32,
     on_time_tokens: u64,
     late_tokens: u64,
+    /// The compound job (stream, job id) of a tagged call, and whether the call is
+    /// of the job's final stage.
+    job: Option<((u32, u64), bool)>,
+}
+
+/// A compound job whose calls arrive one stage at a time.
+#[derive(Debug, Clone, Copy, Default)]
+struct Job {
+    /// Calls submitted and not yet ended.
+    live: u32,
+    /// Calls of the final stage that completed.
+    last_done: u32,
+    /// Some call did not complete by the deadline.
+    failed: bool,
+    /// Σ (L_in + L_out) over its calls that completed in time.
+    tokens: u64,
 }
 
 /// Goodput of one class over a run.
@@ -76,6 +102,7 @@ pub struct LlmGoodput {
     classes: Vec<ServiceClass>,
     tbt_ns: u64,
     live: HashMap<u64, Tracked>,
+    jobs: BTreeMap<(u32, u64), Job>,
     totals: BTreeMap<ServiceClass, ClassGoodput>,
 }
 
@@ -102,10 +129,14 @@ impl LlmGoodput {
         !self.classes.is_empty()
     }
 
-    /// A request was submitted.
-    pub fn submitted(&mut self, id: u64, stream: u32, sent_at: u64, deadline: u64, input: u32) {
+    /// A request was submitted; `link` ties a compound call to its job.
+    pub fn submitted(&mut self, id: u64, stream: u32, sent_at: u64, deadline: u64, input: u32, link: Option<CallLink>) {
         let Some(&class) = self.classes.get(stream as usize) else { return };
-        self.live.insert(id, Tracked { class, sent_at, deadline, input, on_time_tokens: 0, late_tokens: 0 });
+        let job = link.filter(|_| class == ServiceClass::Compound).map(|l| ((stream, l.job), l.last));
+        if let Some((key, _)) = job {
+            self.jobs.entry(key).or_default().live += 1;
+        }
+        self.live.insert(id, Tracked { class, sent_at, deadline, input, on_time_tokens: 0, late_tokens: 0, job });
     }
 
     /// A frame (of `steps` decode steps, `duration` ns, started at `started`) emitted
@@ -133,6 +164,10 @@ impl LlmGoodput {
     pub fn ended(&mut self, end: &RequestEnd) {
         let Some(t) = self.live.remove(&end.id) else { return };
         let completed = matches!(end.outcome, Outcome::Completed);
+        if let Some((key, last)) = t.job {
+            self.call_ended(key, last, completed && end.ended_at <= t.deadline, t.input as u64 + end.tokens as u64);
+            return;
+        }
         let (goodput, met) = match t.class {
             ServiceClass::Latency => (t.on_time_tokens, completed && t.late_tokens == 0 && t.on_time_tokens > 0),
             _ => {
@@ -140,7 +175,28 @@ impl LlmGoodput {
                 (if met { t.input as u64 + end.tokens as u64 } else { 0 }, met)
             }
         };
-        let totals = self.totals.entry(t.class).or_default();
+        self.count(t.class, met, goodput);
+    }
+
+    /// A call of a compound job ended, in time or not, with `tokens` (in + out).
+    fn call_ended(&mut self, key: (u32, u64), last: bool, in_time: bool, tokens: u64) {
+        let Some(job) = self.jobs.get_mut(&key) else { return };
+        job.live = job.live.saturating_sub(1);
+        if in_time {
+            job.tokens += tokens;
+            job.last_done += last as u32;
+        } else {
+            job.failed = true;
+        }
+        if job.live == 0 && (job.failed || job.last_done > 0) {
+            let job = self.jobs.remove(&key).expect("present");
+            let met = !job.failed;
+            self.count(ServiceClass::Compound, met, if met { job.tokens } else { 0 });
+        }
+    }
+
+    fn count(&mut self, class: ServiceClass, met: bool, goodput: u64) {
+        let totals = self.totals.entry(class).or_default();
         totals.requests += 1;
         totals.met += met as u64;
         totals.tokens += goodput;
@@ -149,11 +205,16 @@ impl LlmGoodput {
     /// The summary over `elapsed_s` seconds.
     pub fn summary(&self, elapsed_s: f64) -> LlmGoodputSummary {
         let per_s = |x: u64| if elapsed_s > 0.0 { x as f64 / elapsed_s } else { 0.0 };
+        let mut totals = self.totals.clone();
+        if !self.jobs.is_empty() {
+            // Jobs still open did not meet their SLO (yet).
+            totals.entry(ServiceClass::Compound).or_default().requests += self.jobs.len() as u64;
+        }
         LlmGoodputSummary {
             elapsed_s,
-            classes: self.totals.iter().map(|(c, g)| (class_name(*c).to_string(), g.clone())).collect(),
-            token_goodput: per_s(self.totals.values().map(|g| g.tokens).sum()),
-            request_goodput: per_s(self.totals.values().map(|g| g.met).sum()),
+            classes: totals.iter().map(|(c, g)| (class_name(*c).to_string(), g.clone())).collect(),
+            token_goodput: per_s(totals.values().map(|g| g.tokens).sum()),
+            request_goodput: per_s(totals.values().map(|g| g.met).sum()),
         }
     }
 }
@@ -178,7 +239,7 @@ mod tests {
     fn ls_counts_the_tokens_emitted_on_their_timeline() {
         let mut g = goodput();
         // TTFT 2 s: token j due at 2 s + j·100 ms.
-        g.submitted(1, 0, 0, 2000 * MS, 50);
+        g.submitted(1, 0, 0, 2000 * MS, 50, None);
         // A frame of 10 steps from 1.9 s to 2.9 s: token k emitted at 2.0 + 0.1k ≤ due.
         g.tokens_emitted(1, 1900 * MS, 1000 * MS, 10, 0, 10);
         // Next frame, 10 steps at 2.9 s .. 4.9 s: token 10+k at 3.1 + 0.2k vs due 3.0 + 0.1k: late.
@@ -193,10 +254,10 @@ mod tests {
     #[test]
     fn ds_earns_input_and_output_only_by_its_deadline_and_drops_earn_nothing() {
         let mut g = goodput();
-        g.submitted(1, 1, 0, 20_000 * MS, 100);
-        g.submitted(2, 1, 0, 20_000 * MS, 100);
-        g.submitted(3, 2, 0, 60_000 * MS, 100);
-        g.submitted(4, 0, 0, 2000 * MS, 100);
+        g.submitted(1, 1, 0, 20_000 * MS, 100, None);
+        g.submitted(2, 1, 0, 20_000 * MS, 100, None);
+        g.submitted(3, 2, 0, 60_000 * MS, 100, None);
+        g.submitted(4, 0, 0, 2000 * MS, 100, None);
         g.ended(&end(1, 19_000 * MS, 30, Outcome::Completed));
         g.ended(&end(2, 21_000 * MS, 30, Outcome::Completed));
         g.ended(&end(3, 1000 * MS, 0, Outcome::Dropped { reason: "x".into() }));
@@ -208,5 +269,44 @@ mod tests {
         assert_eq!(s.classes["be"], ClassGoodput { requests: 1, met: 0, tokens: 0 });
         assert_eq!(s.classes["ls"], ClassGoodput { requests: 1, met: 0, tokens: 3 });
         assert_eq!(s.request_goodput, 1.0);
+    }
+
+    fn call(job: u64, stage: u32, last: bool) -> Option<CallLink> {
+        Some(CallLink { job, stage, last, app: String::new() })
+    }
+
+    #[test]
+    fn a_compound_job_earns_all_its_calls_once_only_if_its_last_call_is_in_time() {
+        let mut g = LlmGoodput::default();
+        g.activate(&["cp", "ds"], 100 * MS);
+        let d = 40_000 * MS;
+        // Job 1: two stages, the second with two parallel calls, all by the deadline.
+        g.submitted(1, 0, 0, d, 100, call(1, 1, false));
+        g.ended(&end(1, 5_000 * MS, 50, Outcome::Completed));
+        assert!(g.summary(1.0).classes.get("cp").is_none_or(|c| c.requests == 1), "open, not yet counted as ended");
+        g.submitted(2, 0, 5_000 * MS, d, 200, call(1, 2, true));
+        g.submitted(3, 0, 5_000 * MS, d, 300, call(1, 2, true));
+        g.ended(&end(2, 9_000 * MS, 20, Outcome::Completed));
+        g.ended(&end(3, 39_000 * MS, 30, Outcome::Completed));
+        // Job 2: its last call completes after the deadline: nothing.
+        g.submitted(4, 0, 0, d, 100, call(2, 1, false));
+        g.ended(&end(4, 1_000 * MS, 10, Outcome::Completed));
+        g.submitted(5, 0, 1_000 * MS, d, 100, call(2, 2, true));
+        g.ended(&end(5, 41_000 * MS, 10, Outcome::Completed));
+        // Job 3: its first call is dropped; the job ends there with nothing.
+        g.submitted(6, 0, 0, d, 100, call(3, 1, false));
+        g.ended(&end(6, 1_000 * MS, 0, Outcome::Dropped { reason: "x".into() }));
+        // Job 4: still open at the end of the run.
+        g.submitted(7, 0, 0, d, 100, call(4, 1, false));
+        // A DS request on the other stream is not a job.
+        g.submitted(8, 1, 0, d, 7, call(5, 1, true));
+        g.ended(&end(8, 1_000 * MS, 3, Outcome::Completed));
+        let s = g.summary(1.0);
+        assert_eq!(s.classes["cp"], ClassGoodput { requests: 4, met: 1, tokens: 100 + 50 + 200 + 20 + 300 + 30 });
+        assert_eq!(s.classes["ds"], ClassGoodput { requests: 1, met: 1, tokens: 10 });
+        // Untagged CP requests keep the end-to-end rule (a job whose calls are pieces).
+        g.submitted(9, 0, 0, d, 100, None);
+        g.ended(&end(9, 1_000 * MS, 5, Outcome::Completed));
+        assert_eq!(g.summary(1.0).classes["cp"].tokens, 700 + 105);
     }
 }

@@ -8,11 +8,13 @@
 //! - [`trace`]: our JSON-lines trace format (written by the server, replayed here);
 //! - [`executor`]: jobs take their profiled latency, LLM frames, fan-out, warm/cold starts;
 //! - [`presets`]: built-in pipelines;
+//! - [`compound`]: compound LLM jobs submitted stage by stage as their calls complete;
 //! - [`run`]: one run; [`compare`] runs several policies on the same workload and seed
 //!   ([`per_core`] runs independent jobs in parallel);
 //! - [`reproduce`]: the reference policies' papers re-run against their baselines.
 
 pub mod bench;
+pub mod compound;
 pub mod executor;
 pub mod presets;
 pub mod reproduce;

@@ -17,6 +17,7 @@ pub const PIPELINES: &[(&str, &str)] = &[
     ("flex-cluster", include_str!("../../presets/flex-cluster.toml")),
     ("quart-bert8", include_str!("../../presets/quart-bert8.toml")),
     ("llm-classes", include_str!("../../presets/llm-classes.toml")),
+    ("llm-compound", include_str!("../../presets/llm-compound.toml")),
     ("ocr", crate::serve::stack::OCR_PRESET),
     ("tiny", crate::serve::stack::TINY_PRESET),
 ];

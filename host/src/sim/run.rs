@@ -12,6 +12,7 @@ use std::time::{Duration, Instant as WallInstant};
 
 use anyhow::{Context, Result};
 
+use super::compound::{CompoundDriver, CompoundJob};
 use super::executor::{ExecEvent, SimExecutor, SimExecutorOptions};
 use super::rng::SimRng;
 use super::trace::{
@@ -87,6 +88,20 @@ pub fn run(
     workload: impl Iterator<Item = Arrival>,
     progress: &mut dyn FnMut(f64),
 ) -> Result<RunOutcome> {
+    run_with_jobs(spec, policy, loader, workload, Vec::new(), progress)
+}
+
+/// [`run`] with compound LLM `jobs` besides the single requests of `workload`: each
+/// job arriving within the run's duration is submitted stage by stage as its calls
+/// complete ([`CompoundDriver`]).
+pub fn run_with_jobs(
+    spec: &SimSpec,
+    policy: &PolicySpec,
+    loader: &PolicyLoader,
+    workload: impl Iterator<Item = Arrival>,
+    jobs: Vec<CompoundJob>,
+    progress: &mut dyn FnMut(f64),
+) -> Result<RunOutcome> {
     let started = WallInstant::now();
     let module = loader.load(&policy.name, &policy.bytes).with_context(|| format!("loading policy {}", policy.name))?;
     let clock = ManualClock::default();
@@ -104,8 +119,9 @@ pub fn run(
         None => None,
     };
     let mut arrivals = workload.take_while(|a| a.at < spec.duration).peekable();
-    let drain_limit = spec.duration
-        + spec.pipeline.streams.iter().map(|s| s.slo_ns).max().unwrap_or(0)
+    let mut driver = CompoundDriver::new(jobs.into_iter().filter(|j| j.at < spec.duration).collect());
+    let drain_limit = (spec.duration + spec.pipeline.streams.iter().map(|s| s.slo_ns).max().unwrap_or(0))
+        .max(driver.last_deadline())
         + spec.engine.expiry_grace
         + 1_000_000_000;
     let mut events = 0u64;
@@ -113,7 +129,7 @@ pub fn run(
     let mut next_progress = 0u64;
     let progress_step = (spec.duration / 100).max(1);
     loop {
-        let next_arrival = arrivals.peek().map(|a| a.at);
+        let next_arrival = [arrivals.peek().map(|a| a.at), driver.next_time()].into_iter().flatten().min();
         let next_exec = engine.executor().next_time();
         let next_wake = engine.next_wakeup().filter(|_| next_arrival.is_some() || engine.in_flight() > 0);
         // Events the last answer caused (a preempted batch's requests handed back, its
@@ -156,6 +172,7 @@ pub fn run(
                 }))?;
             }
         }
+        events += driver.start_due(now, &mut |s, tags| engine.submit_tagged(s, Some(tags))) as u64;
         while let Some(event) = engine.executor_mut().pop_due(now) {
             events += 1;
             match event {
@@ -182,6 +199,9 @@ pub fn run(
         }
         engine.flush();
         let ended = engine.take_ended();
+        // Compound jobs whose stage completed submit their next one now (delivered to
+        // the policy at this instant, as events the last answer caused).
+        driver.ended(&ended, now, &mut |s, tags| engine.submit_tagged(s, Some(tags)));
         if let Some(capture) = capture.as_mut() {
             for end in ended {
                 capture.write(TraceRecord::Completion(end.into()))?;

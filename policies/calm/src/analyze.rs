@@ -42,6 +42,21 @@ pub struct RequestView {
     pub restore_s: f64,
     /// Frames it was a candidate and was not served.
     pub frames_unserved: u32,
+    /// For a call of a compound job: the job's terms (its `deadline_s` is then the
+    /// stage's sub-deadline d_s).
+    pub job: Option<JobTerms>,
+}
+
+/// What a compound call shares with its job (spec §3.2 A4, A9).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct JobTerms {
+    /// Ĝ_R: tokens of the job's finished calls, its live calls' L_in + L̂, and the
+    /// matched pattern's stages after the current one.
+    pub value: f64,
+    /// t_gen of the stage: Σ t_gen over the job's live calls of the current stage.
+    pub stage_t_gen: f64,
+    /// d_R: the job's end-to-end deadline, seconds.
+    pub job_deadline_s: f64,
 }
 
 /// ANALYZE's outputs.
@@ -63,13 +78,19 @@ pub struct Analysis {
     pub priority: f64,
 }
 
+/// t_gen (A2–A3): the upper bound on `r`'s remaining compute, seconds.
+pub fn remaining_compute(r: &RequestView, rates: WorkerRates, params: &Params) -> f64 {
+    let len_rem = r.bound.saturating_sub(r.generated).max(1);
+    r.prefill as f64 * params.prefill_ns_per_token / 1e9 + len_rem as f64 * rates.step_s + r.restore_s
+}
+
 /// Analyse `r` at `now_s` on a worker with `rates`.
 pub fn analyze(r: &RequestView, now_s: f64, rates: WorkerRates, params: &Params) -> Analysis {
     let v = rates.step_s;
     let frame = rates.frame_steps;
     let len_rem = r.bound.saturating_sub(r.generated).max(1);
     let prefill_s = r.prefill as f64 * params.prefill_ns_per_token / 1e9;
-    let t_gen = prefill_s + len_rem as f64 * v + r.restore_s;
+    let t_gen = remaining_compute(r, rates, params);
     let (value, t_rem, feasible, quota);
     match r.class {
         ServiceClass::Latency => {
@@ -93,18 +114,31 @@ pub fn analyze(r: &RequestView, now_s: f64, rates: WorkerRates, params: &Params)
         }
         ServiceClass::Deadline | ServiceClass::BestEffort | ServiceClass::Compound => {
             t_rem = r.deadline_s - now_s;
-            value = match params.objective {
-                Objective::Token => params.omega_in * r.prompt as f64 + params.omega_out * (r.generated + len_rem) as f64,
-                Objective::Request => 1.0,
+            value = match (params.objective, r.job) {
+                (Objective::Request, _) => 1.0,
+                (Objective::Token, Some(job)) => job.value,
+                (Objective::Token, None) => {
+                    params.omega_in * r.prompt as f64 + params.omega_out * (r.generated + len_rem) as f64
+                }
             };
             let bw = t_gen / t_rem.max(params.epsilon_s);
-            feasible = t_rem > 0.0 && bw <= 1.0;
+            feasible = match r.job {
+                // A compound call paces to d_s but can still earn while the job can
+                // finish: only d_R makes it hopeless (a missed d_s is re-amortised).
+                Some(job) => {
+                    let left = job.job_deadline_s - now_s;
+                    left > 0.0 && t_gen <= left
+                }
+                None => t_rem > 0.0 && bw <= 1.0,
+            };
             quota = (frame as f64 * bw.min(1.0)).ceil() as u32;
         }
     }
     let bandwidth = t_gen / t_rem.max(params.epsilon_s);
     let aged = if feasible { value } else { 0.0 } + params.delta_age * r.frames_unserved as f64;
-    let priority = aged / (t_gen + params.epsilon_s);
+    // A9: every call of a compound stage shares the stage's P (Ĝ_R over the stage's t_gen).
+    let charged = r.job.map_or(t_gen, |job| job.stage_t_gen.max(t_gen));
+    let priority = aged / (charged + params.epsilon_s);
     Analysis { value, t_gen, t_rem, bandwidth, feasible, quota, priority }
 }
 
@@ -158,6 +192,7 @@ mod tests {
             prefill: 0,
             restore_s: 0.0,
             frames_unserved: 0,
+            job: None,
         }
     }
 
@@ -199,6 +234,29 @@ mod tests {
             let q2 = analyze(r, 0.5, WorkerRates { frame_steps: 100, ..RATES }, &params).quota as f64;
             assert!((q2 - 2.0 * q1).abs() <= 2.0, "{q1} {q2}");
         }
+    }
+
+    #[test]
+    fn compound_calls_share_their_stages_priority_and_pace_to_the_sub_deadline() {
+        let params = defaults();
+        let call = |prompt, bound| RequestView {
+            class: ServiceClass::Compound,
+            job: Some(JobTerms { value: 5000.0, stage_t_gen: 3.0, job_deadline_s: 12.0 }),
+            ..ds(prompt, 0, bound, 4.0)
+        };
+        let (a, b) = (analyze(&call(100, 100), 0.0, RATES, &params), analyze(&call(900, 200), 0.0, RATES, &params));
+        assert_eq!(a.priority, b.priority, "one P per stage");
+        assert!((a.priority - 5000.0 / 3.001).abs() < 1e-9);
+        assert_eq!(a.value, 5000.0);
+        // Each call's bandwidth is its own t_gen over the stage's time left.
+        assert!((a.bandwidth - a.t_gen / 4.0).abs() < 1e-12 && b.bandwidth > a.bandwidth);
+        assert!(b.quota > a.quota);
+        // Past its sub-deadline pace (bw > 1) a call is still worth serving while the
+        // job's deadline can be met; past d_R it is not.
+        let behind = analyze(&call(900, 600), 0.0, RATES, &params);
+        assert!(behind.bandwidth > 1.0 && behind.feasible && behind.priority > 0.0);
+        let hopeless = analyze(&call(900, 600), 11.0, RATES, &params);
+        assert!(!hopeless.feasible);
     }
 
     #[test]

@@ -13,11 +13,18 @@
 //! stall), and tops up idle slots. Requests not admitted within `waiting_time`, and
 //! deadline requests past their deadline, are dropped.
 //!
+//! Calls of compound jobs (tagged with their job and stage, see
+//! [`yardmaster_sdk::helpers::compound`]) are paced to their stage's sub-deadline d_s,
+//! from the pattern graph of a finished job their job matches ([`compound`]); every
+//! call of a stage shares the stage's priority, the job's whole estimated goodput
+//! over the stage's remaining compute.
+//!
 //! Service classes come from the stream names (see
 //! [`yardmaster_sdk::ServiceClass`]): for a latency-sensitive stream the request's
 //! deadline is its first-token deadline and tokens are then due every `tbt_ms`.
 
 pub mod analyze;
+pub mod compound;
 pub mod params;
 pub mod plan;
 pub mod predict;
@@ -32,7 +39,9 @@ use std::collections::BTreeMap;
 use yardmaster_sdk::helpers::{idle_iteration_workers, BatchStageFifo, FramePlan, LlmBook, LlmRequest, Residence, ServiceClass};
 use yardmaster_sdk::{Ctx, DropReason, EndReason, EvictMode, FrameReport, Policy, Request, RequestId, Snapshot, WorkerId};
 
-use analyze::{analyze, RequestView, WorkerRates};
+use analyze::{analyze, remaining_compute, JobTerms, RequestView, WorkerRates};
+use compound::{JobKey, Jobs};
+use yardmaster_sdk::helpers::compound::{CallCost, CallLink};
 use params::{EvictChoice, Params};
 use plan::{plan_frame, Candidate, FrameSetting, Selection};
 use predict::{Bound, LengthPredictor, LengthQuery};
@@ -40,6 +49,10 @@ use tune::PTuner;
 
 /// Decode-step time assumed when the host has neither a profile nor a measurement.
 const FALLBACK_STEP_NS: f64 = 20e6;
+/// A compound job is forgotten this long after its deadline (its calls ended unseen).
+const JOB_GRACE_NS: u64 = 10_000_000_000;
+/// Pattern reuse counts decay ×0.9 every hour (spec §4.2).
+const PATTERN_DECAY_NS: u64 = 3_600_000_000_000;
 
 /// What CALM keeps per live request beyond the shared book.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -64,6 +77,13 @@ pub struct Calm {
     tuner: Option<PTuner>,
     /// Requests of batch (non-LLM) stages, served first come first served.
     batch_stages: BatchStageFifo,
+    /// Live compound jobs and the pattern store.
+    jobs: Jobs,
+    /// When the pattern store last decayed.
+    decayed_at: u64,
+    /// Power-of-K (`power_k` > 0): the replicas a request may bind to (its K sampled
+    /// copies), then the one it bound to.
+    replicas: BTreeMap<RequestId, Vec<WorkerId>>,
 }
 
 impl Calm {
@@ -80,6 +100,46 @@ impl Calm {
     /// The shared request table.
     pub fn book(&self) -> &LlmBook {
         &self.book
+    }
+
+    /// Live compound jobs and the pattern graphs learned so far.
+    pub fn jobs(&self) -> &Jobs {
+        &self.jobs
+    }
+
+    /// Drop the calls of `failed`'s job still waiting here (its job can earn nothing
+    /// once one call failed); the calls, for the caller to drop.
+    fn failed_siblings(&mut self, failed: RequestId) -> Vec<RequestId> {
+        let siblings = self.jobs.failed(failed);
+        siblings
+            .into_iter()
+            .filter(|id| self.book.get(*id).is_some_and(|r| !matches!(r.residence, Residence::Resident(_))))
+            .collect()
+    }
+
+    /// The replicas `id` may still run on under power-of-K (`None`: any).
+    pub fn replicas(&self, id: RequestId) -> Option<&[WorkerId]> {
+        self.replicas.get(&id).map(Vec::as_slice)
+    }
+
+    /// Power-of-K (spec §3.8): sample K of the stage's M replicas for a new request
+    /// (none when K = 0 or K ≥ M: every replica holds a copy).
+    fn sample_replicas(&mut self, ctx: &Ctx, request: &Request) {
+        let k = self.params.power_k as usize;
+        let mut workers: Vec<WorkerId> = ctx.workers().filter(|w| w.info.stage == request.stage).map(|w| w.info.id).collect();
+        if k == 0 || k >= workers.len() {
+            return;
+        }
+        let mut state = ctx.host().random();
+        for i in 0..k {
+            let (next, word) = yardmaster_sdk::splitmix64(state);
+            state = next;
+            let j = i + (word % (workers.len() - i) as u64) as usize;
+            workers.swap(i, j);
+        }
+        workers.truncate(k);
+        workers.sort_unstable();
+        self.replicas.insert(request.id, workers);
     }
 
     /// The cut-off p in force.
@@ -147,7 +207,10 @@ impl Calm {
             if !eligible {
                 continue;
             }
-            if !r.admitted && now.saturating_sub(r.sent_at) >= self.params.waiting_time_ns {
+            // A compound job is admitted once (its first dispatched call); its later
+            // calls are not shed by the admission timeout, only by d_R.
+            let admitted = r.admitted || self.jobs.admitted(r.id);
+            if !admitted && now.saturating_sub(r.sent_at) >= self.params.waiting_time_ns {
                 drops.push((r.id, DropReason::Overload));
             } else if self.params.drop_expired
                 && matches!(r.class, ServiceClass::Deadline | ServiceClass::Compound)
@@ -166,10 +229,23 @@ impl Calm {
         let Some(info) = ctx.worker(worker).map(|w| w.info) else { return };
         let batch = ctx.batch_limit(info.stage) as usize;
         let rates = self.rates(ctx, worker);
-        let drops = self.due_drops(now, Some(worker));
+        let mut drops = self.due_drops(now, Some(worker));
+        for i in 0..drops.len() {
+            for sibling in self.failed_siblings(drops[i].0) {
+                if !drops.iter().any(|(id, _)| *id == sibling) {
+                    drops.push((sibling, drops[i].1));
+                }
+            }
+        }
+        let cost = CallCost { prefill_s: self.params.prefill_ns_per_token / 1e9, step_s: rates.step_s };
+        let mut views: Vec<(RequestView, Option<JobKey>, f64)> = Vec::new();
         let mut candidates = Vec::new();
         for r in self.book.candidates(worker, info.stage) {
             if drops.iter().any(|(id, _)| *id == r.id) {
+                continue;
+            }
+            // Power-of-K: only the replicas holding a copy (or the bound one) plan it.
+            if self.replicas.get(&r.id).is_some_and(|ws| !ws.contains(&worker)) {
                 continue;
             }
             let Some(track) = self.tracking.get_mut(&r.id) else { continue };
@@ -183,17 +259,22 @@ impl Calm {
                 }
                 _ => 0.0,
             };
+            let job = self.jobs.job_of(r.id);
+            // A compound call is paced to its stage's sub-deadline d_s.
+            let deadline = job.and_then(|key| self.jobs.plan(key, now, cost)).map_or(r.deadline, |plan| plan.deadline);
             let view = RequestView {
                 class: r.class,
                 arrival_s: r.sent_at as f64 / 1e9,
-                deadline_s: r.deadline as f64 / 1e9,
+                deadline_s: deadline as f64 / 1e9,
                 prompt: r.prompt,
                 generated: r.generated,
                 bound: bound.tokens,
                 prefill: r.prefill_tokens(),
                 restore_s,
                 frames_unserved: track.frames_unserved,
+                job: None,
             };
+            views.push((view, job, r.deadline as f64 / 1e9));
             let analysis = analyze(&view, now_s, rates, &self.params);
             let (stall_s, evict_mode) = self.eviction_cost(r);
             candidates.push(Candidate {
@@ -207,6 +288,24 @@ impl Calm {
                 stall_s,
                 evict_mode,
             });
+        }
+        // A4/A9 for compound calls: Ĝ_R and the stage's t_gen, summed over the job's
+        // calls among the candidates (the live calls of its current stage).
+        let mut terms: BTreeMap<JobKey, JobTerms> = BTreeMap::new();
+        for (view, job, job_deadline_s) in &views {
+            let Some(key) = job else { continue };
+            let entry = terms.entry(*key).or_insert_with(|| {
+                let future = self.jobs.plan(*key, now, cost).map_or(0, |p| p.share.future_tokens);
+                let known = self.jobs.finished_tokens(*key) + future;
+                JobTerms { value: self.params.omega_in * known as f64, stage_t_gen: 0.0, job_deadline_s: *job_deadline_s }
+            });
+            entry.value += self.params.omega_in * view.prompt as f64 + self.params.omega_out * view.bound as f64;
+            entry.stage_t_gen += remaining_compute(view, rates, &self.params);
+        }
+        for ((view, job, _), candidate) in views.iter().zip(candidates.iter_mut()) {
+            if let Some(terms) = job.and_then(|key| terms.get(&key)) {
+                candidate.analysis = analyze(&RequestView { job: Some(*terms), ..*view }, now_s, rates, &self.params);
+            }
         }
         let residents = candidates.iter().filter(|c| c.resident).count().max(1);
         let setting = FrameSetting {
@@ -239,6 +338,16 @@ impl Calm {
         };
         for (id, _) in &plan.drop {
             self.tracking.remove(id);
+            self.jobs.failed(*id);
+        }
+        for id in &plan.run {
+            self.jobs.admit(*id);
+        }
+        if self.params.power_k > 0 {
+            // The first replica that selects a request binds it; the other copies go.
+            for id in &plan.run {
+                self.replicas.insert(*id, vec![worker]);
+            }
         }
         self.book.apply(ctx, worker, plan);
         self.last_plan.insert(worker, selection);
@@ -255,6 +364,9 @@ impl Policy for Calm {
             frame_steps: params.frame_steps,
             last_plan: BTreeMap::new(),
             batch_stages: BatchStageFifo::default(),
+            jobs: Jobs::new(params.pattern_capacity),
+            decayed_at: 0,
+            replicas: BTreeMap::new(),
             tuner: params.p_tune.then(|| PTuner::new(params.p, params.tune_epoch_frames, params.tune_epsilon, 0.3)),
             params,
         })
@@ -270,6 +382,11 @@ impl Policy for Calm {
         }
         let now = ctx.now();
         let class = self.book.class_of(request.stream);
+        if class == ServiceClass::Compound {
+            if let Some(link) = CallLink::from_tags(request.tags.as_deref()) {
+                self.jobs.arrive(request.id, request.stream, &link, request.sent_at, request.deadline, request.input_size);
+            }
+        }
         if class == ServiceClass::BestEffort {
             if let Some(r) = self.book.get_mut(request.id) {
                 r.deadline = r.sent_at.saturating_add(self.params.be_deadline_ns);
@@ -283,6 +400,11 @@ impl Policy for Calm {
             if (request.deadline.saturating_sub(now) as f64) < minimum {
                 self.book.remove(request.id);
                 ctx.drop_request(request.id, DropReason::DeadlineUnreachable);
+                for sibling in self.failed_siblings(request.id) {
+                    self.book.remove(sibling);
+                    self.tracking.remove(&sibling);
+                    ctx.drop_request(sibling, DropReason::DeadlineUnreachable);
+                }
                 return;
             }
         }
@@ -294,6 +416,7 @@ impl Policy for Calm {
             tuner.offer(input + self.params.omega_out * bound.tokens as f64);
         }
         self.tracking.insert(request.id, Tracking { bound: Some(bound), multiplier, frames_unserved: 0, aged_at: now });
+        self.sample_replicas(ctx, &request);
     }
 
     fn on_frame(&mut self, ctx: &mut Ctx, frame: FrameReport) {
@@ -311,23 +434,48 @@ impl Policy for Calm {
         for finished in self.book.frame(&frame) {
             self.predictor.observe(finished.class, finished.prompt, finished.output);
             self.tracking.remove(&finished.id);
+            self.jobs.finished(finished.id, finished.output);
         }
     }
 
-    fn on_request_ended(&mut self, _ctx: &mut Ctx, request: RequestId, _reason: EndReason) {
+    fn on_request_ended(&mut self, ctx: &mut Ctx, request: RequestId, _reason: EndReason) {
         self.book.remove(request);
         self.tracking.remove(&request);
         self.batch_stages.remove(request);
+        for sibling in self.failed_siblings(request) {
+            self.book.remove(sibling);
+            self.tracking.remove(&sibling);
+            ctx.drop_request(sibling, DropReason::DeadlineUnreachable);
+        }
     }
 
     fn on_tick(&mut self, ctx: &mut Ctx, _snapshot: Snapshot) {
         // The timeout sweep for requests no worker planned lately.
-        let drops = self.due_drops(ctx.now(), None);
+        let now = ctx.now();
+        let mut drops = self.due_drops(now, None);
+        for i in 0..drops.len() {
+            for sibling in self.failed_siblings(drops[i].0) {
+                if !drops.iter().any(|(id, _)| *id == sibling) {
+                    drops.push((sibling, drops[i].1));
+                }
+            }
+        }
         for (id, reason) in drops {
             self.book.remove(id);
             self.tracking.remove(&id);
+            self.jobs.failed(id);
             ctx.drop_request(id, reason);
         }
+        // Pattern-store upkeep: forget jobs long past their deadline, decay reuse hourly.
+        let decay = if now.saturating_sub(self.decayed_at) >= PATTERN_DECAY_NS {
+            self.decayed_at = now;
+            0.9
+        } else {
+            1.0
+        };
+        self.jobs.sweep(now, JOB_GRACE_NS, decay);
+        let book = &self.book;
+        self.replicas.retain(|id, _| book.get(*id).is_some());
     }
 
     fn on_events_done(&mut self, ctx: &mut Ctx) {

@@ -101,6 +101,10 @@ pub struct Params {
     pub kv_bytes_per_token: f64,
     /// Eviction mode (`evict_mode`, `auto` | `swap` | `recompute`).
     pub evict: EvictChoice,
+    /// Pattern graphs kept per application (`pattern_capacity`, 500).
+    pub pattern_capacity: usize,
+    /// Power-of-K: replicas sampled per request (`power_k`, 0 = every replica, K = M).
+    pub power_k: u32,
 }
 
 impl Params {
@@ -164,6 +168,8 @@ impl Params {
             swap_ns_per_byte: ctx.param_or("swap_ns_per_byte", 0.05)?,
             kv_bytes_per_token: ctx.param_or("kv_bytes_per_token", 819_200.0)?,
             evict,
+            pattern_capacity: ctx.param_or("pattern_capacity", 500usize)?.max(1),
+            power_k: ctx.param_or("power_k", 0u32)?,
         };
         if !(params.p > 0.0 && params.p <= 1.0) {
             return Err(format!("parameter `p` must be in (0, 1], got {}", params.p));

@@ -338,3 +338,47 @@ fn adversarial_edf_instance_calm_completes_the_valuable_request_edf_does_not() {
     assert!(a_done(&finished).is_none_or(|t| t > 650 * MS), "EDF must miss A");
     assert_eq!(on_time_b(&finished), 5, "EDF earns exactly the N small requests");
 }
+
+/// Every dispatch in `actions`, as (worker, requests).
+fn dispatches(actions: &[Action]) -> Vec<(u32, Vec<u64>)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Dispatch(d) => Some((d.worker, d.requests.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn power_of_k_binds_each_request_to_exactly_one_of_its_sampled_replicas() {
+    // Property 14 (first half): three replicas, K = 1 and K = 2.
+    for k in ["1", "2"] {
+        let mut config = testing::config(4, 1_000_000, &[("kv_bytes_per_token", "1000"), ("frame_steps", "10"), ("power_k", k)]);
+        for id in 1..3 {
+            let mut worker = config.workers[0].clone();
+            worker.id = id;
+            config.workers.push(worker);
+        }
+        let (mut driver, _) =
+            yardmaster_sdk::Driver::<crate::Calm>::new(config, Box::new(yardmaster_sdk::NullHost::new(0, 7))).expect("init");
+        driver.handle(0, (1..=12).map(|id| Event::Arrival(request(id, DS, 0, 100, 0))).collect());
+        let mut bound: std::collections::BTreeMap<u64, u32> = Default::default();
+        for worker in 0..3u32 {
+            let sampled: Vec<u64> = (1..=12).filter(|id| driver.policy().replicas(*id).is_some_and(|ws| ws.contains(&worker))).collect();
+            for (w, run) in dispatches(&driver.handle(0, vec![Event::WorkerIdle(worker)])) {
+                assert_eq!(w, worker);
+                for id in run {
+                    assert!(sampled.contains(&id), "K={k}: request {id} ran on replica {worker} it was not sampled for");
+                    assert!(bound.insert(id, worker).is_none(), "K={k}: request {id} bound twice");
+                    assert_eq!(driver.policy().replicas(id), Some(&[worker][..]), "bound, the other copies gone");
+                }
+            }
+        }
+        for id in 1..=12u64 {
+            let copies = driver.policy().replicas(id).map_or(0, <[u32]>::len);
+            assert!(copies >= 1 && copies <= k.parse().unwrap(), "K={k}: {id} has {copies} copies");
+        }
+        assert!(!bound.is_empty());
+    }
+}

@@ -34,6 +34,7 @@
 //! natively and for WebAssembly.
 
 pub mod batch_broker;
+pub mod compound;
 pub mod ewma;
 pub mod fifo_policy;
 pub mod milp;
