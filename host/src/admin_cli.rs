@@ -170,8 +170,7 @@ async fn call_ab(args: &AbArgs) -> Result<ExitCode> {
             if let Some(arm) = arm {
                 query.push_str(&format!("&arm={arm}"));
             }
-            let joiner = if path.contains('?') { '&' } else { '?' };
-            (method, format!("{path}{joiner}{query}"), body)
+            (method, with_query(&path, &query), body)
         }
         AbCommand::Status | AbCommand::Report { .. } => (Method::GET, "/admin/ab".to_string(), Bytes::new()),
         AbCommand::Promote => (Method::POST, "/admin/ab/promote".to_string(), Bytes::new()),
@@ -218,7 +217,7 @@ async fn call(args: &AdminArgs) -> Result<ExitCode> {
         AdminCommand::Swap { policy, arm } => {
             let (method, path, body) = swap_request(policy, "/admin/swap", &mut headers)?;
             match arm {
-                Some(arm) => (method, format!("{path}{}arm={arm}", if path.contains('?') { '&' } else { '?' }), body),
+                Some(arm) => (method, with_query(&path, &format!("arm={arm}")), body),
                 None => (method, path, body),
             }
         }
@@ -240,6 +239,12 @@ async fn call(args: &AdminArgs) -> Result<ExitCode> {
             ExitCode::SUCCESS
         }
     })
+}
+
+/// `path` with `query` appended (after the query `path` may already carry).
+fn with_query(path: &str, query: &str) -> String {
+    let joiner = if path.contains('?') { '&' } else { '?' };
+    format!("{path}{joiner}{query}")
 }
 
 /// A file is sent as bytes (named after its stem); anything else is a shipped name.

@@ -767,20 +767,7 @@ mod tests {
     fn ledger() -> Ledger {
         let mut ledger = Ledger::default();
         for (id, stage) in [(1, 0), (2, 0), (3, 0), (4, 0), (5, 0), (6, 1)] {
-            ledger.insert(Request {
-                id,
-                origin: id,
-                stage,
-                stream: 0,
-                sent_at: 0,
-                arrived_at: 0,
-                deadline: 10_000,
-                priority: 0,
-                input_size: 0,
-                expected_tokens: 0,
-                requeues: 0,
-                tags: None,
-            });
+            ledger.insert(Request { stage, ..request(id) });
         }
         ledger
     }
