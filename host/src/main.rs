@@ -129,6 +129,11 @@ struct SimArgs {
     /// Coefficient of variation of job latency around its profile.
     #[arg(long, default_value_t = 0.05)]
     noise: f64,
+    /// Speed of one worker relative to its stage's profile, `WORKER=SPEED` (repeatable;
+    /// workers are numbered stage by stage from 0): `--worker-speed 1=2` makes worker
+    /// 1 twice as fast, to simulate a heterogeneous cluster.
+    #[arg(long = "worker-speed", value_parser = yardmaster::sim::executor::parse_worker_speed)]
+    worker_speeds: Vec<(u32, f64)>,
     /// Policy parameter `key=value` (repeatable).
     #[arg(long = "param", value_parser = parse_param)]
     params: Vec<Param>,
@@ -392,7 +397,11 @@ fn try_sim_compare(policies: &[String], args: &SimArgs) -> anyhow::Result<()> {
         pipeline,
         seed: args.seed,
         duration: (args.duration * 1e9) as u64,
-        executor: sim::executor::SimExecutorOptions { noise_cv: args.noise, ..Default::default() },
+        executor: sim::executor::SimExecutorOptions {
+            noise_cv: args.noise,
+            worker_speed: args.worker_speeds.iter().copied().collect(),
+            ..Default::default()
+        },
         engine: yardmaster::engine::EngineOptions { params: args.params.clone(), ..Default::default() },
         decision_interval: args.decision_interval_us * 1_000,
         capture_dir: args.capture.clone(),

@@ -77,6 +77,8 @@ pub struct RunOutcome {
     pub unfinished: usize,
     /// LLM goodput by service class (empty for pipelines without LLM stages).
     pub llm: crate::metrics::LlmGoodputSummary,
+    /// Tokens each worker generated in completed frames (iteration stages only).
+    pub tokens_by_worker: std::collections::BTreeMap<u32, u64>,
 }
 
 /// Run `policy` on `spec` with the arrivals of `workload`; `progress` is called with the
@@ -228,6 +230,7 @@ pub fn run_with_jobs(
         simulated,
         unfinished: engine.in_flight(),
         llm,
+        tokens_by_worker: engine.executor().tokens_by_worker.clone(),
     })
 }
 

@@ -13,6 +13,7 @@
 //! of 20 s per stage ([`compound_workload`]); goodput then follows the spec's third
 //! definition (a job earns all its calls' tokens iff its last call is in time).
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -146,19 +147,7 @@ fn run_mix(
 ) -> Result<Setting> {
     let calls: usize = jobs.iter().map(|j| j.stages.iter().map(Vec::len).sum::<usize>()).sum();
     let offered_rps = (arrivals.len() + calls) as f64 / (duration as f64 / 1e9);
-    let params = vec![
-        Param { key: "tbt_ms".into(), value: (TBT_MS * slo_scale).to_string() },
-        Param { key: "frame_steps".into(), value: FRAME_STEPS.to_string() },
-    ];
-    let spec = SimSpec {
-        pipeline,
-        seed,
-        duration,
-        executor: SimExecutorOptions::default(),
-        engine: EngineOptions { frame_steps: FRAME_STEPS, expiry_grace: 60_000_000_000, params, ..EngineOptions::default() },
-        decision_interval: 0,
-        capture_dir: None,
-    };
+    let spec = sim_spec(pipeline, slo_scale, duration, seed, SimExecutorOptions::default());
     let loader = simulation_loader()?;
     let policies: Vec<PolicySpec> = POLICIES.iter().map(|(p, n)| shipped(p, n)).collect::<Result<_>>()?;
     eprintln!("  calm: speed-up {speedup}×, SLO ×{slo_scale}: {} requests, {} compound jobs …", arrivals.len(), jobs.len());
@@ -177,6 +166,41 @@ fn run_mix(
     let window_s = duration as f64 / 1e9;
     let runs = outcomes.into_iter().map(|o| (o.report.policy.clone(), o.llm.over(window_s))).collect();
     Ok(Setting { speedup, slo_scale, offered_rps, runs })
+}
+
+/// The simulation every CALM run shares: the frame length, the TBT scaled with the
+/// SLOs, and a minute's grace for requests still held when the arrivals stop.
+fn sim_spec(pipeline: Pipeline, slo_scale: f64, duration: u64, seed: u64, executor: SimExecutorOptions) -> SimSpec {
+    let params = vec![
+        Param { key: "tbt_ms".into(), value: (TBT_MS * slo_scale).to_string() },
+        Param { key: "frame_steps".into(), value: FRAME_STEPS.to_string() },
+    ];
+    SimSpec {
+        pipeline,
+        seed,
+        duration,
+        executor,
+        engine: EngineOptions { frame_steps: FRAME_STEPS, expiry_grace: 60_000_000_000, params, ..EngineOptions::default() },
+        decision_interval: 0,
+        capture_dir: None,
+    }
+}
+
+/// Spec property 14 measured: `calm` (power-of-K, K = M) on two replicas of the
+/// `llm-classes` stage, worker 1 `fast` times as fast as worker 0, on the trace at
+/// `speedup`. Returns the tokens each replica generated, by worker id.
+pub fn run_two_replicas(fast: f64, speedup: f64, duration: u64, seed: u64) -> Result<BTreeMap<u32, u64>> {
+    let mut pipeline = pipeline(1.0)?;
+    pipeline.stages[0].replicas = 2;
+    pipeline.stages[0].max_replicas = 2;
+    pipeline.max_workers = pipeline.max_workers.max(2);
+    let executor = SimExecutorOptions { worker_speed: BTreeMap::from([(1, fast)]), ..SimExecutorOptions::default() };
+    let spec = sim_spec(pipeline, 1.0, duration, seed, executor);
+    let loader = simulation_loader()?;
+    let policy = shipped("calm", "calm")?;
+    eprintln!("  calm: two replicas, worker 1 at {fast}× speed, speed-up {speedup}× …");
+    let outcome = run(&spec, &policy, &loader, arrivals(speedup, duration)?.into_iter(), &mut |_| {})?;
+    Ok(outcome.tokens_by_worker)
 }
 
 /// CALM's token goodput over the best baseline's.
@@ -304,6 +328,17 @@ pub fn reproduce(opts: &ReproduceOptions) -> Result<String> {
     let cp_path = opts.out.join("calm-compound.csv");
     std::fs::write(&cp_path, cp_csv).with_context(|| format!("writing {}", cp_path.display()))?;
     writeln!(text, "compound: `calm/×` = CALM ÷ best baseline; `X CP` = jobs whose last call met the job deadline / jobs")?;
+    // Power-of-K over replicas of different speeds (property 14).
+    writeln!(text, "\npower-of-K on two replicas (K = M = 2), load 8×: tokens generated per replica")?;
+    for fast in [1.0, 2.0] {
+        let tokens = run_two_replicas(fast, 8.0, duration, opts.seed)?;
+        let (slow, quick) = (tokens.get(&0).copied().unwrap_or(0), tokens.get(&1).copied().unwrap_or(0));
+        writeln!(
+            text,
+            "  worker 1 at {fast}× the speed of worker 0: worker 0 {slow}, worker 1 {quick} ({:.2}×)",
+            quick as f64 / slow.max(1) as f64
+        )?;
+    }
     writeln!(text, "wrote {}", cp_path.display())?;
     writeln!(text, "wrote {} and plots of the heaviest load under {}", csv_path.display(), opts.out.join("plots").display())?;
     Ok(text)
@@ -353,5 +388,20 @@ mod tests {
         assert!(calm.classes["cp"].met > 0, "CALM completed no compound job in time");
         let advantage = calm_advantage(&setting);
         assert!(advantage > 1.0, "CALM ÷ best baseline = {advantage}");
+    }
+
+    /// Spec §9 property 14, second half: with power-of-K over two replicas, the one
+    /// twice as fast serves more tokens; with equal speeds neither serves far more.
+    #[test]
+    fn a_twice_as_fast_replica_serves_more_tokens() {
+        let duration = 30_000_000_000;
+        let equal = run_two_replicas(1.0, 8.0, duration, 1).expect("runs");
+        let skewed = run_two_replicas(2.0, 8.0, duration, 1).expect("runs");
+        eprintln!("tokens by worker: equal speeds {equal:?}, worker 1 twice as fast {skewed:?}");
+        let share = |t: &BTreeMap<u32, u64>| t.get(&1).copied().unwrap_or(0) as f64 / t.values().sum::<u64>().max(1) as f64;
+        assert!(equal.len() == 2 && skewed.len() == 2, "both replicas served: {equal:?} {skewed:?}");
+        assert!((share(&equal) - 0.5).abs() < 0.15, "equal replicas split the tokens: {equal:?}");
+        assert!(share(&skewed) > 0.55, "the fast replica serves more tokens: {skewed:?}");
+        assert!(share(&skewed) > share(&equal) + 0.05, "speed moved the split: {equal:?} → {skewed:?}");
     }
 }

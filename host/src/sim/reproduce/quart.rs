@@ -150,6 +150,7 @@ pub fn spec(seed: u64, duration_s: f64, cached: bool) -> Result<SimSpec> {
         noise_cv: SERVICE_CV,
         host_cache_bytes: if cached { HOST_CACHE_BYTES } else { 0 },
         cache_high_water: 0.85,
+        ..SimExecutorOptions::default()
     };
     Ok(SimSpec {
         pipeline,
