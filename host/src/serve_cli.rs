@@ -24,6 +24,7 @@ use serde_json::{json, Value};
 use yardmaster::serve::client::Http1Client;
 use yardmaster::serve::config::ServeConfig;
 use yardmaster::serve::load::{self, LoadPlan, Transport};
+use yardmaster::serve::llm::{is_llm_pipeline, LlmServer};
 use yardmaster::serve::server::Server;
 use yardmaster::serve::tls;
 
@@ -56,7 +57,8 @@ pub struct ServeArgs {
     /// Listen address (overrides the file's `listen`); port 0 picks a free port.
     #[arg(long)]
     pub listen: Option<SocketAddr>,
-    /// Pipeline to serve: `ocr` or `tiny` (overrides the file's `pipeline`).
+    /// Pipeline to serve: `ocr`, `tiny`, or `llm-tiny` (the tiny decoder, scheduled by
+    /// `calm` unless --policy says otherwise) (overrides the file's `pipeline`).
     #[arg(long)]
     pub pipeline: Option<String>,
     /// Policy: a shipped name or a `.wasm` file (overrides the file's `policy`).
@@ -98,9 +100,42 @@ pub fn serve_config(args: &ServeArgs) -> Result<ServeConfig> {
     Ok(config)
 }
 
+/// Either server `serve` can run: a batch pipeline or an LLM pipeline.
+enum Running {
+    Pipeline(Server),
+    Llm(LlmServer),
+}
+
+impl Running {
+    fn banner(&self) -> String {
+        match self {
+            Running::Pipeline(server) => server.banner(),
+            Running::Llm(server) => server.banner(),
+        }
+    }
+
+    fn summary(&self) -> String {
+        match self {
+            Running::Pipeline(server) => server.summary(),
+            Running::Llm(server) => server.summary(),
+        }
+    }
+
+    async fn stop(self) {
+        match self {
+            Running::Pipeline(server) => server.stop().await,
+            Running::Llm(server) => server.stop().await,
+        }
+    }
+}
+
 async fn run_serve(args: &ServeArgs) -> Result<()> {
     let config = serve_config(args)?;
-    let server = Server::start(&config, Vec::new()).await?;
+    let server = if is_llm_pipeline(&config.pipeline) {
+        Running::Llm(LlmServer::start(&config).await?)
+    } else {
+        Running::Pipeline(Server::start(&config, Vec::new()).await?)
+    };
     print!("{}", server.banner());
     if let Some(path) = &config.capture {
         println!("capturing a trace into {}", path.display());

@@ -24,7 +24,8 @@ use super::executor::{ServeHandle, WorkerBoard};
 use super::kserve::{DataType, InferRequest, InferResponse, Tensor, TensorData};
 use super::payload::{OcrDocument, Parcel, Payload, PayloadStore, Prepared};
 use super::stages::StageProgram;
-use crate::engine::{Clock, MonotonicClock, Submission};
+use super::actor::ActorHandle;
+use crate::engine::{Clock, Executor, MonotonicClock, Submission};
 use crate::metrics::Outcome;
 
 /// Largest image side accepted, pixels.
@@ -283,14 +284,10 @@ impl EngineBackend {
         let (reply, answer) = oneshot::channel::<Answer>();
         let guard = CancelOnDrop::new(self.handle.clone());
         let admitted = {
-            let (store, state, handle) = (self.store.clone(), Arc::clone(&guard.state), self.handle.clone());
+            let (store, on_admitted) = (self.store.clone(), guard.on_admitted());
             Box::new(move |id: u64| {
                 store.park(id, parcel);
-                let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
-                state.id = Some(id);
-                if state.abandoned {
-                    let _ = handle.cancel(id);
-                }
+                on_admitted(id);
             })
         };
         let ended = {
@@ -354,25 +351,39 @@ struct CancelState {
 }
 
 /// Cancels the request in the engine if dropped before [`CancelOnDrop::disarm`]: the
-/// client stopped waiting. Before the request has its id, the `admitted` callback
-/// sees `abandoned` and cancels it itself.
-struct CancelOnDrop {
-    handle: ServeHandle,
+/// client stopped waiting. Before the request has its id, the callback from
+/// [`CancelOnDrop::on_admitted`] sees `abandoned` and cancels it itself.
+pub(crate) struct CancelOnDrop<C: Clock, X: Executor> {
+    handle: ActorHandle<C, X>,
     state: Arc<Mutex<CancelState>>,
     armed: bool,
 }
 
-impl CancelOnDrop {
-    fn new(handle: ServeHandle) -> Self {
+impl<C: Clock + 'static, X: Executor + 'static> CancelOnDrop<C, X> {
+    /// A guard for one request submitted through `handle`.
+    pub(crate) fn new(handle: ActorHandle<C, X>) -> Self {
         Self { handle, state: Arc::default(), armed: true }
     }
 
-    fn disarm(mut self) {
+    /// What the engine's `admitted` callback must call with the request's id.
+    pub(crate) fn on_admitted(&self) -> impl FnOnce(u64) + Send + 'static {
+        let (state, handle) = (Arc::clone(&self.state), self.handle.clone());
+        move |id| {
+            let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
+            state.id = Some(id);
+            if state.abandoned {
+                let _ = handle.cancel(id);
+            }
+        }
+    }
+
+    /// The request ended: nothing to cancel.
+    pub(crate) fn disarm(mut self) {
         self.armed = false;
     }
 }
 
-impl Drop for CancelOnDrop {
+impl<C: Clock, X: Executor> Drop for CancelOnDrop<C, X> {
     fn drop(&mut self) {
         if !self.armed {
             return;

@@ -23,7 +23,8 @@ use super::remote::pool::{RemoteConfig, RemotePool};
 use super::remote::transport::Fingerprint;
 use super::stack::{PolicyChoice, ServedPipeline, ServingStack};
 use super::swap::Swapper;
-use crate::engine::EngineOptions;
+use super::ab::Arms;
+use crate::engine::{Clock, EngineOptions, Executor};
 use crate::policy::{FailureMode, Limits, Mode, PolicyLoader, Sandbox};
 
 /// A running server.
@@ -95,22 +96,7 @@ impl Server {
 
     /// The lines an operator sees at start: what is served, where, and how to stop.
     pub fn banner(&self) -> String {
-        let address = self.address();
-        let mut transports = Vec::new();
-        if self.listeners.http1.is_some() {
-            transports.push("HTTP/1.1 over TCP".to_string());
-        }
-        if let Some(cert) = &self.listeners.certificate {
-            let how = if self.listeners.certificate_generated { "generated self-signed" } else { "certificate" };
-            transports.push(format!("HTTP/3 over UDP ({how}: {})", cert.display()));
-        }
-        let mut text = format!(
-            "serving {} with policy {} on {}\nlistening on {address} ({})\nmetrics at http://{address}/metrics\n",
-            self.models.join(", "),
-            self.policy,
-            self.device,
-            transports.join("; ")
-        );
+        let mut text = banner(&self.listeners, &self.models, &self.policy, &self.device);
         if let Some(admin) = self.admin.address {
             text.push_str(&format!("admin API at http://{admin}/admin/\n"));
         }
@@ -120,33 +106,7 @@ impl Server {
     /// One line: requests by outcome so far.
     /// (Summed over the arms of an A/B run, with one line per arm after it.)
     pub fn summary(&self) -> String {
-        self.handle
-            .inspect_arms(|arms| {
-                let lines: Vec<(String, [u64; 5])> = arms
-                    .slots()
-                    .iter()
-                    .map(|slot| {
-                        let stats = slot.engine.accounting().summary(slot.engine.state().now).overall;
-                        let o = &stats.outcomes;
-                        (slot.label.clone(), [stats.arrivals, o.on_time, o.late, o.dropped, o.failed])
-                    })
-                    .collect();
-                let line = |n: &[u64; 5]| format!("{} requests: {} on time, {} late, {} dropped, {} failed", n[0], n[1], n[2], n[3], n[4]);
-                let mut total = [0u64; 5];
-                for (_, n) in &lines {
-                    for (t, v) in total.iter_mut().zip(n) {
-                        *t += v;
-                    }
-                }
-                let mut text = format!("served {}", line(&total));
-                if lines.len() > 1 {
-                    for (arm, n) in &lines {
-                        text.push_str(&format!("\n  arm {arm}: {}", line(n)));
-                    }
-                }
-                text
-            })
-            .unwrap_or_else(|e| e.to_string())
+        self.handle.inspect_arms(summary).unwrap_or_else(|e| e.to_string())
     }
 
     /// Stop accepting, end the capture, fail what is in flight once, stop the engine.
@@ -157,6 +117,53 @@ impl Server {
         let actor = self.actor;
         let _ = tokio::task::spawn_blocking(move || actor.shutdown("the server is shutting down")).await;
     }
+}
+
+/// The lines an operator sees at start: the models, the policy and the device, where
+/// the transports listen, and where the metrics are.
+pub fn banner(listeners: &Listeners, models: &[String], policy: &str, device: &str) -> String {
+    let address = listeners.http1.or(listeners.http3).expect("a validated configuration keeps one transport on");
+    let mut transports = Vec::new();
+    if listeners.http1.is_some() {
+        transports.push("HTTP/1.1 over TCP".to_string());
+    }
+    if let Some(cert) = &listeners.certificate {
+        let how = if listeners.certificate_generated { "generated self-signed" } else { "certificate" };
+        transports.push(format!("HTTP/3 over UDP ({how}: {})", cert.display()));
+    }
+    format!(
+        "serving {} with policy {policy} on {device}\nlistening on {address} ({})\nmetrics at http://{address}/metrics\n",
+        models.join(", "),
+        transports.join("; ")
+    )
+}
+
+/// One line: requests by outcome so far, summed over the arms, with one line per arm
+/// after it during an A/B run.
+pub fn summary<C: Clock, X: Executor>(arms: &Arms<C, X>) -> String {
+    let lines: Vec<(String, [u64; 5])> = arms
+        .slots()
+        .iter()
+        .map(|slot| {
+            let stats = slot.engine.accounting().summary(slot.engine.state().now).overall;
+            let o = &stats.outcomes;
+            (slot.label.clone(), [stats.arrivals, o.on_time, o.late, o.dropped, o.failed])
+        })
+        .collect();
+    let line = |n: &[u64; 5]| format!("{} requests: {} on time, {} late, {} dropped, {} failed", n[0], n[1], n[2], n[3], n[4]);
+    let mut total = [0u64; 5];
+    for (_, n) in &lines {
+        for (t, v) in total.iter_mut().zip(n) {
+            *t += v;
+        }
+    }
+    let mut text = format!("served {}", line(&total));
+    if lines.len() > 1 {
+        for (arm, n) in &lines {
+            text.push_str(&format!("\n  arm {arm}: {}", line(n)));
+        }
+    }
+    text
 }
 
 /// Connect to the node of a `[[remote]]` section and place its stages there. The

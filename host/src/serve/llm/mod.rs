@@ -5,12 +5,16 @@
 //! evictions.
 //!
 //! [`executor`] is the engine's [`crate::engine::Executor`] over decoder worker threads;
-//! [`service`] submits token-id requests and returns what they generated.
+//! [`service`] submits token-id requests and returns what they generated;
+//! [`backend`] answers KServe requests of token ids with it, and [`server`] serves
+//! those over HTTP/1.1 and HTTP/3 (`yardmaster serve --pipeline llm-tiny`).
 //! [`LlmStack::start`] puts the engine actor, a policy and both together, on a
 //! [`ServedLlm`] pipeline: the preset `host/presets/llm-tiny.toml` with the tiny
 //! decoder, by default ([`ServedLlm::tiny`]).
 
+pub mod backend;
 pub mod executor;
+pub mod server;
 pub mod service;
 
 use std::sync::Arc;
@@ -19,6 +23,8 @@ use yardmaster_dataplane::llm::{tiny_decoder, DecoderConfig};
 use yardmaster_dataplane::Runtime;
 
 pub use executor::{DecoderModel, Holdings, LlmActor, LlmExecutor, LlmHandle, LlmStats, WorkerDirectory, DEFAULT_MAX_TOKENS};
+pub use backend::LlmBackend;
+pub use server::{is_llm_pipeline, LlmServer};
 pub use service::{Completion, LlmService, Transcript, Transcripts};
 
 use super::stack::PolicyChoice;

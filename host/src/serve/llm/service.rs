@@ -91,6 +91,19 @@ impl LlmService {
     /// Submit `prompt` on `stream` for `max_tokens` tokens (0: the executor's default);
     /// `on_end` runs exactly once, on the actor thread, when the request ends.
     pub fn submit(&self, stream: u32, prompt: Vec<i64>, max_tokens: u32, on_end: impl FnOnce(Completion) + Send + 'static) -> Result<(), String> {
+        self.submit_admitted(stream, prompt, max_tokens, |_| {}, on_end)
+    }
+
+    /// [`Self::submit`], with `on_admitted` told the engine's id when the request is
+    /// admitted (so a caller that goes away can cancel it).
+    pub fn submit_admitted(
+        &self,
+        stream: u32,
+        prompt: Vec<i64>,
+        max_tokens: u32,
+        on_admitted: impl FnOnce(u64) + Send + 'static,
+        on_end: impl FnOnce(Completion) + Send + 'static,
+    ) -> Result<(), String> {
         if prompt.is_empty() {
             return Err("the prompt has no tokens".into());
         }
@@ -105,6 +118,7 @@ impl LlmService {
         let directory = self.directory.clone();
         let admitted = Box::new(move |id| {
             admit.lock().insert(id, Transcript { prompt, generated: Vec::new() });
+            on_admitted(id);
         });
         let ended = Box::new(move |ended: crate::engine::Ended| {
             let transcript = finish.lock().remove(&ended.id).unwrap_or_default();

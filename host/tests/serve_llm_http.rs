@@ -1,0 +1,132 @@
+//! The LLM pipeline served over the network: `LlmServer` (what `yardmaster serve
+//! --pipeline llm-tiny` runs) with real HTTP/1.1 and HTTP/3 clients. Each stream is a
+//! KServe model of token ids; CALM schedules the tiny decoder's real decode steps. A
+//! completed request must return exactly the tokens its prompt generates alone, bad
+//! requests get a 4xx with the reason, and the metrics count what was served.
+
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method, StatusCode};
+use serde_json::{json, Value};
+use yardmaster::serve::client::{Http1Client, Http3Client, Reply};
+use yardmaster::serve::config::ServeConfig;
+use yardmaster::serve::llm::LlmServer;
+use yardmaster::serve::tls;
+use yardmaster_dataplane::llm::{tiny_decoder, DecoderSession};
+use yardmaster_dataplane::Runtime;
+
+fn headers() -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    headers
+}
+
+fn body(prompt: &[i64], max_tokens: Option<u64>) -> Bytes {
+    let mut request = json!({"inputs": [{"name": "input_ids", "shape": [prompt.len()], "datatype": "INT64", "data": prompt}]});
+    if let Some(n) = max_tokens {
+        request["parameters"] = json!({"max_tokens": n});
+    }
+    Bytes::from(request.to_string())
+}
+
+fn output_ids(reply: &Reply) -> Vec<i64> {
+    assert_eq!(reply.status, StatusCode::OK, "{}", String::from_utf8_lossy(&reply.body));
+    let value: Value = serde_json::from_slice(&reply.body).unwrap();
+    let output = &value["outputs"][0];
+    assert_eq!((output["name"].as_str(), output["datatype"].as_str()), (Some("output_ids"), Some("INT64")));
+    output["data"].as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).collect()
+}
+
+fn reason(reply: &Reply, status: StatusCode) -> String {
+    assert_eq!(reply.status, status, "{}", String::from_utf8_lossy(&reply.body));
+    let value: Value = serde_json::from_slice(&reply.body).unwrap();
+    value["error"].as_str().unwrap().to_string()
+}
+
+fn prompt(len: usize, seed: u64) -> Vec<i64> {
+    (0..len as u64).map(|i| ((i * 2_654_435_761 + seed * 7_919 + 3) % 512) as i64).collect()
+}
+
+async fn post(address: SocketAddr, path: &str, body: Bytes) -> Reply {
+    let mut client = Http1Client::connect(address).await.unwrap();
+    client.request(Method::POST, path, &headers(), body).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_ids_in_generated_ids_out_over_http1_and_http3() {
+    let state = std::env::temp_dir().join(format!("yardmaster-llm-http-{}", std::process::id()));
+    let config = ServeConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        pipeline: "llm-tiny".into(),
+        state_dir: Some(state.clone()),
+        ..ServeConfig::default()
+    };
+    let server = LlmServer::start(&config).await.unwrap();
+    assert_eq!(server.policy, "calm", "the default policy of an LLM pipeline");
+    assert_eq!(server.models, ["ls", "ds"]);
+    let address = server.address();
+    let banner = server.banner();
+    assert!(banner.contains("serving ls, ds with policy calm"), "{banner}");
+
+    // What each prompt generates alone (greedy decoding is deterministic).
+    let cases: Vec<(&str, Vec<i64>, u64)> =
+        (0..8).map(|i| (if i % 2 == 0 { "ls" } else { "ds" }, prompt(8 + 23 * i, i as u64), 4 + 5 * i as u64)).collect();
+    let (path, decoder) = tiny_decoder().unwrap();
+    let mut session = DecoderSession::load(&Runtime::global().unwrap(), &path, decoder, 1).unwrap();
+    let expected: Vec<Vec<i64>> = cases.iter().map(|(_, p, n)| session.generate(p, *n as usize, *n as usize).unwrap()).collect();
+
+    // Concurrent requests over HTTP/1.1, so CALM batches them.
+    let tasks: Vec<_> = cases
+        .iter()
+        .map(|(model, p, n)| {
+            let (path, body) = (format!("/v2/models/{model}/infer"), body(p, Some(*n)));
+            tokio::spawn(async move { post(address, &path, body).await })
+        })
+        .collect();
+    for (task, want) in tasks.into_iter().zip(&expected) {
+        assert_eq!(&output_ids(&task.await.unwrap()), want);
+    }
+
+    // The same over HTTP/3.
+    let trusted = tls::read_certificates(server.listeners.certificate.as_ref().unwrap()).unwrap();
+    let mut three = Http3Client::connect(address, "localhost", &trusted).await.unwrap();
+    let reply = three.request(Method::POST, "/v2/models/ds/infer", &headers(), body(&cases[1].1, Some(cases[1].2))).await.unwrap();
+    assert_eq!(output_ids(&reply), expected[1]);
+
+    // Without max_tokens, the executor's default length.
+    let reply = post(address, "/v2/models/ls/infer", body(&[1, 2, 3], None)).await;
+    assert_eq!(output_ids(&reply).len(), yardmaster::serve::llm::DEFAULT_MAX_TOKENS as usize);
+
+    // Refusals, each with its reason.
+    let out_of_vocabulary = post(address, "/v2/models/ls/infer", body(&[1, 9_999], Some(3))).await;
+    assert!(reason(&out_of_vocabulary, StatusCode::BAD_REQUEST).contains("outside the vocabulary"));
+    let zero = post(address, "/v2/models/ls/infer", body(&[1, 2], Some(0))).await;
+    assert!(reason(&zero, StatusCode::BAD_REQUEST).contains("max_tokens"));
+    let empty = post(address, "/v2/models/ls/infer", body(&[], Some(3))).await;
+    assert!(reason(&empty, StatusCode::BAD_REQUEST).contains("no tokens"));
+    let floats = json!({"inputs": [{"name": "input_ids", "shape": [1], "datatype": "FP32", "data": [1.0]}]});
+    let floats = post(address, "/v2/models/ls/infer", Bytes::from(floats.to_string())).await;
+    assert!(reason(&floats, StatusCode::BAD_REQUEST).contains("INT64"));
+    let unknown = post(address, "/v2/models/chat/infer", body(&[1], Some(1))).await;
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND, "{}", String::from_utf8_lossy(&unknown.body));
+
+    // Model metadata and metrics.
+    let mut client = Http1Client::connect(address).await.unwrap();
+    let metadata = client.request(Method::GET, "/v2/models/ls", &HeaderMap::new(), Bytes::new()).await.unwrap();
+    let metadata: Value = serde_json::from_slice(&metadata.body).unwrap();
+    assert_eq!(metadata["inputs"][0]["name"], "input_ids");
+    let metrics = client.request(Method::GET, "/metrics", &HeaderMap::new(), Bytes::new()).await.unwrap();
+    let metrics = String::from_utf8(metrics.body.to_vec()).unwrap();
+    let completed: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("yardmaster_requests_ended_total{arm=\"calm\",stream=\"all\"") && (l.contains("outcome=\"on_time\"") || l.contains("outcome=\"late\"")))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum();
+    assert_eq!(completed, 10.0, "ten requests completed:\n{metrics}");
+
+    let summary = server.summary();
+    assert!(summary.starts_with("served 10 requests: 10 on time") || summary.starts_with("served 10 requests: "), "{summary}");
+    server.stop().await;
+    let _ = std::fs::remove_dir_all(&state);
+}
