@@ -197,7 +197,7 @@ pub fn served_pipeline(name: &str, context: &WorkerContext) -> Result<ServedPipe
     match name {
         "ocr" => ServedPipeline::ocr(context),
         "tiny" => ServedPipeline::tiny_in_assets(),
-        other => Err(format!("pipeline {other:?} cannot be served: the server knows `ocr` (PP-OCR) and `tiny`")),
+        other => Err(format!("pipeline {other:?} cannot be served here: this server knows `ocr` (PP-OCR) and `tiny` (`llm-tiny` is served by `LlmServer`, which `yardmaster serve --pipeline llm-tiny` starts)")),
     }
     .map_err(|e| anyhow!(e))
 }
