@@ -630,6 +630,17 @@ impl<C: Clock, X: Executor> Engine<C, X> {
             }
         }
         if kind == StageKind::Iteration {
+            // A resumed sequence stays resident while its frame runs; one whose request
+            // ended meanwhile (expired, cancelled) is gone: free its cache, here and on
+            // the worker, so neither the KV count nor the frame report keeps it.
+            let worker = self.state.workers.get_mut(&result.worker).expect("worker exists");
+            let ended: Vec<u64> = worker.resident.keys().copied().filter(|id| !self.state.pieces.contains_key(id)).collect();
+            for &id in &ended {
+                worker.resident.remove(&id);
+            }
+            for id in ended {
+                self.executor.evict(result.worker, id, contract::EvictMode::Recompute);
+            }
             let worker = &self.state.workers[&result.worker];
             // Every resident sequence, the paused ones too.
             let reported: Vec<u64> = sequences.iter().map(|s| s.id).collect();
@@ -968,6 +979,17 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         for worker in output.idle_again {
             if self.state.workers.get(&worker).is_some_and(|w| w.phase == WorkerPhase::Idle) {
                 self.pending.push(Event::WorkerIdle(worker));
+            }
+        }
+        // A refused dispatch left its worker idle while the policy believes it busy:
+        // tell it again with its next events (not at once, so a policy that keeps
+        // sending the same refused dispatch cannot spin the engine).
+        for (action, _) in &output.rejected {
+            if let Action::Dispatch(d) = action {
+                let idle = self.state.workers.get(&d.worker).is_some_and(|w| w.phase == WorkerPhase::Idle);
+                if idle && !self.pending.contains(&Event::WorkerIdle(d.worker)) {
+                    self.pending.push(Event::WorkerIdle(d.worker));
+                }
             }
         }
     }

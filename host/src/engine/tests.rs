@@ -16,6 +16,7 @@ struct TestExecutor {
     aborted: Vec<u32>,
     provisioned: Vec<u32>,
     retired: Vec<u32>,
+    evicted: Vec<(u32, u64)>,
 }
 
 impl Executor for TestExecutor {
@@ -34,7 +35,9 @@ impl Executor for TestExecutor {
     }
     fn set_threads(&mut self, _worker: u32, _threads: u32) {}
     fn set_variant(&mut self, _worker: u32, _variant: u32) {}
-    fn evict(&mut self, _worker: u32, _sequence: u64, _mode: contract::EvictMode) {}
+    fn evict(&mut self, worker: u32, sequence: u64, _mode: contract::EvictMode) {
+        self.evicted.push((worker, sequence));
+    }
 }
 
 const MS: u64 = 1_000_000;
@@ -833,4 +836,112 @@ fn dispatches_decided_in_the_pre_replay_stand_only_if_they_still_hold_at_the_swa
 
     run_to_the_end(&mut engine, &clock, &mut seen);
     assert_each_once(&mut engine, &submitted, &seen);
+}
+
+const ONE_LLM_WORKER: &str = r#"
+    name = "llm"
+    slo_ms = 60000
+    [[stage]]
+    name = "generate"
+    kind = "iteration"
+    max_batch = 4
+    replicas = 1
+    worker_memory_mib = 1024
+    [[stage.variant]]
+    name = "m"
+    alpha_ms = 1.0
+    beta_ms = 10.0
+"#;
+
+/// Runs each arrival on an idle worker and resumes a worker's paused sequences
+/// whenever it is idle (as the SDK's LLM helpers do).
+#[derive(Default)]
+struct ResumeResident;
+
+impl Policy for ResumeResident {
+    fn init(_ctx: &mut Ctx) -> Result<Self, String> {
+        Ok(Self)
+    }
+    fn on_arrival(&mut self, ctx: &mut Ctx, request: sdk::Request) {
+        let idle = ctx.idle_workers(0).next();
+        if let Some(worker) = idle {
+            ctx.dispatch(worker, vec![request.id]);
+        }
+    }
+    fn on_events_done(&mut self, ctx: &mut Ctx) {
+        let idle = ctx.idle_workers(0).next();
+        if idle == Some(0) {
+            yardmaster_sdk::helpers::llm::resume_resident(ctx, 0);
+        }
+    }
+}
+
+/// Finish every started frame with `tokens` tokens per sequence, none finished.
+fn finish_frames(engine: &mut Engine<ManualClock, TestExecutor>, tokens: u32) {
+    let jobs = std::mem::take(&mut engine.executor_mut().started);
+    for job in jobs {
+        let items = job.items.iter().map(|i| ItemResult { id: i.id, error: None, tokens, finished: false, fan_out: vec![] }).collect();
+        engine.job_finished(JobResult { worker: job.worker, duration: MS, items });
+    }
+    engine.flush();
+}
+
+#[test]
+fn a_sequence_whose_request_ends_while_its_frame_runs_leaves_with_the_frame() {
+    let (mut engine, _clock) = engine_with::<ResumeResident>(Pipeline::from_toml(ONE_LLM_WORKER, "llm").unwrap());
+    engine.submit(Submission { input_size: 100, expected_tokens: 100, ..Default::default() });
+    engine.flush();
+    let id = engine.executor().started[0].items[0].id;
+    // A first frame leaves it paused; the policy resumes it at once.
+    finish_frames(&mut engine, 8);
+    assert_eq!(engine.executor().started.len(), 1, "the paused sequence was resumed");
+    assert!(engine.state().workers[&0].resident.contains_key(&id));
+    // The client goes away while the frame runs.
+    engine.cancel(id);
+    engine.flush();
+    finish_frames(&mut engine, 8);
+    let worker = &engine.state().workers[&0];
+    assert!(worker.resident.is_empty(), "the ended sequence no longer holds KV: {:?}", worker.resident);
+    assert_eq!(engine.executor().evicted, [(0, id)], "the worker frees its cache");
+    assert!(engine.executor().started.is_empty(), "the policy was not told of a phantom resident sequence to resume");
+    assert_eq!(engine.arm().stats().rejected_total(), 0);
+}
+
+/// Dispatches a request it does not hold the first time, then what it holds when
+/// told a worker is idle.
+#[derive(Default)]
+struct WrongFirst {
+    held: Vec<u64>,
+    erred: bool,
+}
+
+impl Policy for WrongFirst {
+    fn init(_ctx: &mut Ctx) -> Result<Self, String> {
+        Ok(Self::default())
+    }
+    fn on_arrival(&mut self, _ctx: &mut Ctx, request: sdk::Request) {
+        self.held.push(request.id);
+    }
+    fn on_events_done(&mut self, ctx: &mut Ctx) {
+        let idle = ctx.idle_workers(0).next();
+        let Some(worker) = idle else { return };
+        if !self.erred {
+            self.erred = true;
+            ctx.dispatch(worker, vec![9_999]);
+        } else if !self.held.is_empty() {
+            ctx.dispatch(worker, std::mem::take(&mut self.held));
+        }
+    }
+}
+
+#[test]
+fn a_refused_dispatch_hands_its_worker_back_to_the_policy() {
+    let (mut engine, _clock) = engine_with::<WrongFirst>(chain(1, 1));
+    engine.submit(Submission::default());
+    engine.flush();
+    assert_eq!(engine.arm().stats().rejected_total(), 1, "the dispatch of an unknown request is refused");
+    // With its next events the policy hears that the worker is idle, and uses it.
+    engine.flush();
+    assert_eq!(engine.executor().started.len(), 1, "the worker was handed back");
+    assert_eq!(engine.arm().stats().rejected_total(), 1);
 }
