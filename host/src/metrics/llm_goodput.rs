@@ -79,7 +79,15 @@ pub struct LlmGoodputSummary {
     pub token_goodput: f64,
     /// Request goodput: requests that met their SLO per second.
     pub request_goodput: f64,
+    /// Goodput tokens by when they were earned (the end of the request, or of the
+    /// compound job), in windows of [`TIMELINE_WINDOW_NS`] from time 0: whether a
+    /// policy keeps its goodput up as an overload goes on.
+    #[serde(default)]
+    pub timeline: Vec<u64>,
 }
+
+/// Width of a window of [`LlmGoodputSummary::timeline`] (10 s).
+pub const TIMELINE_WINDOW_NS: u64 = 10_000_000_000;
 
 impl LlmGoodputSummary {
     /// The same totals as rates over `elapsed_s` seconds instead (to compare runs over
@@ -91,6 +99,7 @@ impl LlmGoodputSummary {
             classes: self.classes.clone(),
             token_goodput: per_s(self.classes.values().map(|g| g.tokens).sum()),
             request_goodput: per_s(self.classes.values().map(|g| g.met).sum()),
+            timeline: self.timeline.clone(),
         }
     }
 }
@@ -104,6 +113,7 @@ pub struct LlmGoodput {
     live: HashMap<u64, Tracked>,
     jobs: BTreeMap<(u32, u64), Job>,
     totals: BTreeMap<ServiceClass, ClassGoodput>,
+    timeline: Vec<u64>,
 }
 
 /// The short name of a class in reports.
@@ -165,7 +175,7 @@ impl LlmGoodput {
         let Some(t) = self.live.remove(&end.id) else { return };
         let completed = matches!(end.outcome, Outcome::Completed);
         if let Some((key, last)) = t.job {
-            self.call_ended(key, last, completed && end.ended_at <= t.deadline, t.input as u64 + end.tokens as u64);
+            self.call_ended(key, last, completed && end.ended_at <= t.deadline, t.input as u64 + end.tokens as u64, end.ended_at);
             return;
         }
         let (goodput, met) = match t.class {
@@ -175,11 +185,11 @@ impl LlmGoodput {
                 (if met { t.input as u64 + end.tokens as u64 } else { 0 }, met)
             }
         };
-        self.count(t.class, met, goodput);
+        self.count(t.class, met, goodput, end.ended_at);
     }
 
     /// A call of a compound job ended, in time or not, with `tokens` (in + out).
-    fn call_ended(&mut self, key: (u32, u64), last: bool, in_time: bool, tokens: u64) {
+    fn call_ended(&mut self, key: (u32, u64), last: bool, in_time: bool, tokens: u64, at: u64) {
         let Some(job) = self.jobs.get_mut(&key) else { return };
         job.live = job.live.saturating_sub(1);
         if in_time {
@@ -191,15 +201,20 @@ impl LlmGoodput {
         if job.live == 0 && (job.failed || job.last_done > 0) {
             let job = self.jobs.remove(&key).expect("present");
             let met = !job.failed;
-            self.count(ServiceClass::Compound, met, if met { job.tokens } else { 0 });
+            self.count(ServiceClass::Compound, met, if met { job.tokens } else { 0 }, at);
         }
     }
 
-    fn count(&mut self, class: ServiceClass, met: bool, goodput: u64) {
+    fn count(&mut self, class: ServiceClass, met: bool, goodput: u64, at: u64) {
         let totals = self.totals.entry(class).or_default();
         totals.requests += 1;
         totals.met += met as u64;
         totals.tokens += goodput;
+        let window = (at / TIMELINE_WINDOW_NS) as usize;
+        if self.timeline.len() <= window {
+            self.timeline.resize(window + 1, 0);
+        }
+        self.timeline[window] += goodput;
     }
 
     /// The summary over `elapsed_s` seconds.
@@ -215,6 +230,7 @@ impl LlmGoodput {
             classes: totals.iter().map(|(c, g)| (class_name(*c).to_string(), g.clone())).collect(),
             token_goodput: per_s(totals.values().map(|g| g.tokens).sum()),
             request_goodput: per_s(totals.values().map(|g| g.met).sum()),
+            timeline: self.timeline.clone(),
         }
     }
 }
@@ -266,6 +282,8 @@ mod tests {
         g.ended(&end(4, 2000 * MS, 3, Outcome::Dropped { reason: "x".into() }));
         let s = g.summary(1.0);
         assert_eq!(s.classes["ds"], ClassGoodput { requests: 2, met: 1, tokens: 130 });
+        // Request 1's 130 tokens were earned at 19 s (second window), request 4's 3 at 2 s.
+        assert_eq!(s.timeline, [3, 130, 0]);
         assert_eq!(s.classes["be"], ClassGoodput { requests: 1, met: 0, tokens: 0 });
         assert_eq!(s.classes["ls"], ClassGoodput { requests: 1, met: 0, tokens: 3 });
         assert_eq!(s.request_goodput, 1.0);

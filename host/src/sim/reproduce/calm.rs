@@ -26,7 +26,7 @@ use crate::policy::contract::Param;
 use crate::sim::executor::SimExecutorOptions;
 use crate::sim::per_core;
 use crate::sim::compound::{Call, CompoundJob};
-use crate::sim::run::{run, run_with_jobs, PolicySpec, SimSpec};
+use crate::sim::run::{run, run_with_jobs, PolicySpec, RunOutcome, SimSpec};
 use crate::sim::workload::{read_azure_llm_trace, Arrival, AzureOptions};
 
 /// The trace, relative to the crate (the shared data directory).
@@ -186,6 +186,45 @@ fn sim_spec(pipeline: Pipeline, slo_scale: f64, duration: u64, seed: u64, execut
     }
 }
 
+/// The default mix at a steady rate: the trace's requests from [`TRACE_OFFSET_S`] on
+/// (their prompt and output lengths, in order, cycling if needed) arriving as a
+/// Poisson process of `rate` per second, LS and DS alternating. A constant load, for
+/// goodput over time (spec property 13) and loads relative to capacity.
+pub fn steady_arrivals(rate: f64, duration: u64, seed: u64) -> Result<Vec<Arrival>> {
+    let mut lengths = read_azure_llm_trace(Path::new(TRACE), &AzureOptions::default()).map_err(|e| anyhow!(e))?;
+    lengths.retain(|a| a.at >= (TRACE_OFFSET_S * 1e9) as u64);
+    anyhow::ensure!(!lengths.is_empty() && rate > 0.0, "no requests to replay at {rate}/s");
+    let mut rng = crate::sim::rng::SimRng::new(seed);
+    let (mut at, mut out) = (0.0f64, Vec::new());
+    loop {
+        at += rng.exponential(1e9 / rate);
+        if at >= duration as f64 {
+            return Ok(out);
+        }
+        let template = lengths[out.len() % lengths.len()];
+        let stream = (out.len() % 2) as u32;
+        out.push(Arrival { at: at as u64, stream, expected_tokens: template.expected_tokens.max(1), ..template });
+    }
+}
+
+/// One shipped policy (`artifact`) alone on `arrivals`, on `pipeline` with
+/// `executor`, with `params` besides the shared ones.
+pub fn run_alone(
+    artifact: &str,
+    pipeline: Pipeline,
+    executor: SimExecutorOptions,
+    params: &[(&str, &str)],
+    arrivals: Vec<Arrival>,
+    duration: u64,
+    seed: u64,
+) -> Result<RunOutcome> {
+    let mut spec = sim_spec(pipeline, 1.0, duration, seed, executor);
+    spec.engine.params.extend(params.iter().map(|(k, v)| Param { key: (*k).into(), value: (*v).into() }));
+    let loader = simulation_loader()?;
+    let policy = shipped(artifact, artifact)?;
+    run(&spec, &policy, &loader, arrivals.into_iter(), &mut |_| {})
+}
+
 /// Spec property 14 measured: `calm` (power-of-K, K = M) on two replicas of the
 /// `llm-classes` stage, worker 1 `fast` times as fast as worker 0, on the trace at
 /// `speedup`. Returns the tokens each replica generated, by worker id.
@@ -195,12 +234,8 @@ pub fn run_two_replicas(fast: f64, speedup: f64, duration: u64, seed: u64) -> Re
     pipeline.stages[0].max_replicas = 2;
     pipeline.max_workers = pipeline.max_workers.max(2);
     let executor = SimExecutorOptions { worker_speed: BTreeMap::from([(1, fast)]), ..SimExecutorOptions::default() };
-    let spec = sim_spec(pipeline, 1.0, duration, seed, executor);
-    let loader = simulation_loader()?;
-    let policy = shipped("calm", "calm")?;
     eprintln!("  calm: two replicas, worker 1 at {fast}× speed, speed-up {speedup}× …");
-    let outcome = run(&spec, &policy, &loader, arrivals(speedup, duration)?.into_iter(), &mut |_| {})?;
-    Ok(outcome.tokens_by_worker)
+    Ok(run_alone("calm", pipeline, executor, &[], arrivals(speedup, duration)?, duration, seed)?.tokens_by_worker)
 }
 
 /// CALM's token goodput over the best baseline's.
@@ -403,5 +438,52 @@ mod tests {
         assert!((share(&equal) - 0.5).abs() < 0.15, "equal replicas split the tokens: {equal:?}");
         assert!(share(&skewed) > 0.55, "the fast replica serves more tokens: {skewed:?}");
         assert!(share(&skewed) > share(&equal) + 0.05, "speed moved the split: {equal:?} → {skewed:?}");
+    }
+
+    /// Token goodput of `artifact` on the steady default mix at `rate` for 120 s, and
+    /// its goodput earned in the first and the second minute.
+    fn steady(artifact: &str, params: &[(&str, &str)], rate: f64) -> (f64, u64, u64) {
+        let duration = 120_000_000_000;
+        let arrivals = steady_arrivals(rate, duration, 1).expect("trace");
+        let outcome = run_alone(artifact, pipeline(1.0).unwrap(), SimExecutorOptions::default(), params, arrivals, duration, 1)
+            .expect("runs");
+        let minute = |from: usize| outcome.llm.timeline.iter().skip(from).take(6).sum::<u64>();
+        (outcome.llm.over(120.0).token_goodput, minute(0), minute(6))
+    }
+
+    /// The steady mix's capacity on one replica is about 15 requests/s: at 15 every
+    /// policy keeps its goodput, at 18 FCFS's collapses.
+    const CAPACITY_RPS: f64 = 15.0;
+
+    /// Spec §9 property 12: at about 1.2× capacity, CALM with noisy upper bounds
+    /// (m ~ LogNormal(ln 1.5, 0.35)) keeps at least 85 % of its goodput with oracle lengths.
+    #[test]
+    fn noisy_upper_bounds_keep_most_of_the_oracle_goodput() {
+        let (oracle, ..) = steady("calm", &[("predictor", "oracle")], 1.2 * CAPACITY_RPS);
+        let (noisy, ..) = steady("calm", &[("predictor", "noisy-ub")], 1.2 * CAPACITY_RPS);
+        assert!(noisy >= 0.85 * oracle, "noisy-ub {noisy:.0} vs oracle {oracle:.0} tokens/s");
+    }
+
+    /// Spec §9 property 13: from 1.0× to 1.5× capacity CALM's goodput is above FCFS's,
+    /// EDF's and SJF's, and under a steady overload it holds from one minute to the
+    /// next while FCFS's collapses; at 0.5× capacity it serves at least 95 % of what
+    /// FCFS does (FCFS standing in for Sarathi, which is not a baseline here).
+    #[test]
+    fn calm_leads_under_overload_keeps_its_goodput_and_costs_nothing_at_half_load() {
+        for load in [1.0, 1.45] {
+            let (calm, first, second) = steady("calm", &[], load * CAPACITY_RPS);
+            for baseline in ["calm-fcfs", "calm-edf", "calm-sjf"] {
+                let (other, ..) = steady(baseline, &[], load * CAPACITY_RPS);
+                assert!(calm > other, "{load}× capacity: calm {calm:.0} vs {baseline} {other:.0} tokens/s");
+            }
+            if load > 1.0 {
+                assert!(second as f64 >= 0.85 * first as f64, "calm's goodput fell from {first} to {second}");
+                let (_, fcfs_first, fcfs_second) = steady("calm-fcfs", &[], load * CAPACITY_RPS);
+                assert!((fcfs_second as f64) < 0.5 * fcfs_first as f64, "fcfs held from {fcfs_first} to {fcfs_second}");
+            }
+        }
+        let (calm, ..) = steady("calm", &[], 0.5 * CAPACITY_RPS);
+        let (fcfs, ..) = steady("calm-fcfs", &[], 0.5 * CAPACITY_RPS);
+        assert!(calm >= 0.95 * fcfs, "half load: calm {calm:.0} vs fcfs {fcfs:.0}");
     }
 }
