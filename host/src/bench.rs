@@ -206,3 +206,133 @@ fn median(values: &mut [f64]) -> f64 {
     values.sort_by(|a, b| a.total_cmp(b));
     values[values.len() / 2]
 }
+
+/// One row of the CALM frame-plan benchmark: the time of one `FRAME_PLAN` over
+/// `requests` waiting requests (CALM spec property 15: at most 20 ms natively for
+/// 4,096, the component at most 3× that).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FramePlanRow {
+    /// Requests waiting when the worker becomes idle.
+    pub requests: usize,
+    /// Requests the plan dispatched.
+    pub dispatched: usize,
+    /// Median milliseconds of the planning call as a component.
+    pub wasm_ms: f64,
+    /// Median milliseconds of the planning call native.
+    pub native_ms: f64,
+}
+
+impl FramePlanRow {
+    /// Component time over native time.
+    pub fn ratio(&self) -> f64 {
+        self.wasm_ms / self.native_ms
+    }
+}
+
+/// Largest frame of the frame-plan benchmark (the spec's simulated `max_num_seqs`).
+const FRAME_BATCH: u32 = 64;
+
+/// One iteration-level worker (B = 64, 80 GiB of KV cache) serving `ls` and `ds`.
+fn frame_config() -> Config {
+    let profile = [1u32, 16, 64].iter().map(|&b| LatencyPoint { batch: b, mean: 12 * MS + b as u64 * MS / 4, tail: 15 * MS + b as u64 * MS / 3 }).collect();
+    let mut config = bench_config();
+    config.arm = "bench-frame".into();
+    config.stages[0] = Stage {
+        name: "generate".into(),
+        kind: StageKind::Iteration,
+        variants: vec![Variant { id: 0, name: "llm".into(), accuracy: 1.0, profile, memory_bytes: 0, fan_out: 1.0 }],
+        max_batch: FRAME_BATCH,
+        max_replicas: 1,
+        ..config.stages[0].clone()
+    };
+    config.workers = vec![Worker { id: 0, stage: 0, variant: 0, device: DeviceKind::Gpu, threads: 1, memory_bytes: 80 << 30 }];
+    config.streams = vec![
+        Stream { id: 0, name: "ls".into(), entry: 0, slo: 2_000 * MS },
+        Stream { id: 1, name: "ds".into(), entry: 0, slo: 20_000 * MS },
+    ];
+    config.max_workers = 1;
+    config
+}
+
+/// `requests` arrivals: LS and DS alternating, prompts of 16–4,015 tokens and outputs
+/// of 8–519, deterministic.
+fn frame_arrivals(requests: usize) -> Vec<Event> {
+    let mut rng = 0xca1_u64;
+    (1..=requests as u64)
+        .map(|id| {
+            let (state, value) = yardmaster_sdk::splitmix64(rng);
+            rng = state;
+            Event::Arrival(Request {
+                id,
+                origin: id,
+                stage: 0,
+                stream: (id % 2) as u32,
+                sent_at: 0,
+                arrived_at: 0,
+                deadline: if id % 2 == 0 { 2_000 * MS } else { 20_000 * MS },
+                priority: 0,
+                input_size: 16 + (value % 4_000) as u32,
+                expected_tokens: 8 + ((value >> 32) % 512) as u32,
+                requeues: 0,
+                tags: None,
+            })
+        })
+        .collect()
+}
+
+/// The planning call: `requests` arrive while the worker is busy (not timed), then
+/// the worker reports idle and the policy plans one frame over all of them (timed).
+/// Returns the planning call's wall time and its answer.
+fn plan_once(instance: &mut dyn PolicyInstance, arrivals: &[Event]) -> (Duration, Vec<Action>) {
+    instance.init(&frame_config(), 0).expect("init");
+    instance.handle(arrivals, MS, CallKind::Events).expect("arrivals");
+    let started = WallInstant::now();
+    let actions = instance.handle(&[Event::WorkerIdle(0)], 2 * MS, CallKind::Events).expect("frame plan");
+    (started.elapsed(), actions)
+}
+
+/// Benchmark one CALM frame plan over each of `requests` waiting requests, native and
+/// as the shipped component; both must answer alike.
+pub fn bench_calm_frame(requests: &[usize], repetitions: usize) -> anyhow::Result<Vec<FramePlanRow>> {
+    // A planning call over thousands of requests is far longer than a serving deadline.
+    let limits = Limits { event_deadline: Duration::from_secs(30), event_fuel: u64::MAX / 4, ..Limits::default() };
+    let sandbox = Sandbox::new(Mode::Simulate, limits)?;
+    let loader = PolicyLoader::new(sandbox.clone(), None);
+    let artifact = yardmaster_policy_artifacts::shipped("calm").expect("calm is shipped");
+    let module = loader.load("calm", artifact.bytes)?;
+    let max_actions = sandbox.limits().max_actions;
+    let mut rows = Vec::new();
+    for &count in requests {
+        let arrivals = frame_arrivals(count);
+        let (mut wasm_times, mut native_times) = (Vec::new(), Vec::new());
+        let mut dispatched = 0;
+        for _ in 0..repetitions.max(1) {
+            let mut wasm = WasmPolicy::instantiate(&sandbox, module.clone(), 1, None).map_err(|f| anyhow::anyhow!("instantiate: {f}"))?;
+            let (wasm_time, wasm_actions) = plan_once(&mut wasm, &arrivals);
+            let mut native = NativePolicy::<policy_calm::Calm>::new("calm", 1, max_actions);
+            let (native_time, native_actions) = plan_once(&mut native, &arrivals);
+            anyhow::ensure!(wasm_actions == native_actions, "the component and the native build planned differently ({count} requests)");
+            dispatched = native_actions.iter().map(|a| if let Action::Dispatch(d) = a { d.requests.len() } else { 0 }).sum();
+            wasm_times.push(wasm_time.as_secs_f64() * 1e3);
+            native_times.push(native_time.as_secs_f64() * 1e3);
+        }
+        rows.push(FramePlanRow { requests: count, dispatched, wasm_ms: median(&mut wasm_times), native_ms: median(&mut native_times) });
+    }
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The harness itself (timings are reported by `yardmaster policy bench-frame`,
+    /// not asserted): the plan fills one frame of at most B sequences from the
+    /// waiting requests, and the component plans exactly as the native build.
+    #[test]
+    fn a_frame_plan_dispatches_one_frame_alike_native_and_as_a_component() {
+        let rows = bench_calm_frame(&[200], 1).expect("bench runs");
+        assert_eq!(rows[0].requests, 200);
+        assert!((1..=FRAME_BATCH as usize).contains(&rows[0].dispatched), "{rows:?}");
+        assert!(rows[0].native_ms > 0.0 && rows[0].wasm_ms > 0.0);
+    }
+}

@@ -183,6 +183,17 @@ enum PolicyCommand {
         #[arg(long, default_value_t = 5)]
         repetitions: usize,
     },
+    /// Time of one CALM frame plan over N waiting requests, as a component against the
+    /// same code native (CALM spec property 15: at most 20 ms natively for 4,096
+    /// requests, the component at most 3× that; build with --release).
+    BenchFrame {
+        /// Waiting requests, comma-separated.
+        #[arg(long, value_delimiter = ',', default_values_t = [256usize, 1024, 4096])]
+        requests: Vec<usize>,
+        /// Repetitions (the median is reported).
+        #[arg(long, default_value_t = 5)]
+        repetitions: usize,
+    },
 }
 
 #[derive(clap::Args, Clone)]
@@ -261,6 +272,7 @@ fn main() -> ExitCode {
         }
         Some(Command::Policy(PolicyCommand::Export { dir })) => export(&dir),
         Some(Command::Policy(PolicyCommand::Bench { batches, events, repetitions })) => bench(&batches, events, repetitions),
+        Some(Command::Policy(PolicyCommand::BenchFrame { requests, repetitions })) => bench_frame(&requests, repetitions),
         Some(Command::Profile(args)) => dataplane_cli::profile(&args),
         Some(Command::Dataplane(command)) => dataplane_cli::run(command),
         Some(Command::Serve(args)) => serve_cli::serve(&args),
@@ -350,6 +362,26 @@ fn export(dir: &PathBuf) -> ExitCode {
         println!("wrote {}", file.display());
     }
     ExitCode::SUCCESS
+}
+
+fn bench_frame(requests: &[usize], repetitions: usize) -> ExitCode {
+    if cfg!(debug_assertions) {
+        eprintln!("note: this is a debug build; run `cargo run --release -p yardmaster -- policy bench-frame` for meaningful numbers");
+    }
+    println!("one CALM frame plan (B = 64): component vs native, median of {repetitions}");
+    println!("{:>9} {:>11} {:>10} {:>10} {:>7}", "requests", "dispatched", "wasm ms", "native ms", "ratio");
+    match yardmaster::bench::bench_calm_frame(requests, repetitions.max(1)) {
+        Ok(rows) => {
+            for row in rows {
+                println!("{:>9} {:>11} {:>10.2} {:>10.2} {:>7.2}", row.requests, row.dispatched, row.wasm_ms, row.native_ms, row.ratio());
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 fn bench(batches: &[usize], events: usize, repetitions: usize) -> ExitCode {
