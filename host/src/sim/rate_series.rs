@@ -13,10 +13,10 @@
 //! The coefficient of variation a preset hits is that of the **per-second rates of the
 //! whole trace**, a compressed day of [`DAY_RUNS`] run lengths; the run replays the
 //! region of the day around its peak (the busy region a paper boxes). A trace's CV
-//! is mostly its daily swing: the CV of the region replayed is lower (≈ 0.1 Wikipedia,
-//! 0.3–0.6 Twitter and Azure), so a run is steady periods with bursts that need
-//! dropping, not a swing from night to day that a reactive planner (10 s starts, 5 s
-//! epochs) could never follow within two minutes.
+//! is mostly its daily swing: the CV of the region replayed is lower (for 120 s runs
+//! ≈ 0.08 Wikipedia, 0.1–0.3 Twitter, 0.3–0.6 Azure), so a run is steady periods with
+//! bursts that need dropping, not a swing from night to day that a reactive planner
+//! (10 s starts, 5 s epochs) could never follow within two minutes.
 //!
 //! Every day is `x(t) = base(t) · day(t)^q · (1 + k · bursts(t))`:
 //! - `base(t)`: a slow log-normal AR(1) wander (mean 1, small spread, correlated over
