@@ -289,3 +289,20 @@ fn reproduce(options: &ReproduceOptions) -> Result<String> {
     }
     Ok(text)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::rate_series;
+
+    #[test]
+    fn traces_are_the_per_second_replays() {
+        for (short, preset) in TRACES {
+            assert!(rate_series::is_preset(preset), "{short}: {preset} is not a per-second rate replay");
+            let workload = Workload::Spec(WorkloadSpec::Preset { name: preset.into(), rate: 100.0 });
+            assert!(workload.arrivals(2_000_000_000, 1).unwrap().count() > 0, "{short}: no arrivals");
+        }
+        let shorts: Vec<&str> = TRACES.iter().map(|(short, _)| *short).collect();
+        assert_eq!(shorts, ["wiki", "tweet", "azure"]);
+    }
+}
