@@ -5,6 +5,8 @@
 //! - [`rng`]: the seeded random source;
 //! - [`workload`]: arrival processes (Poisson, bursty with a target CV, diurnal,
 //!   presets, per-second rate files, the Azure LLM trace);
+//! - [`rate_series`]: per-second rate series shaped like the Wikipedia, Twitter and
+//!   Azure Functions traces, replayed Poisson within each second;
 //! - [`trace`]: our JSON-lines trace format (written by the server, replayed here);
 //! - [`executor`]: jobs take their profiled latency, LLM frames, fan-out, warm/cold starts;
 //! - [`presets`]: built-in pipelines;
@@ -17,6 +19,7 @@ pub mod bench;
 pub mod compound;
 pub mod executor;
 pub mod presets;
+pub mod rate_series;
 pub mod reproduce;
 pub mod rng;
 pub mod run;

@@ -7,7 +7,8 @@
 //!
 //! - [`SyntheticSpec`] → [`Generator`]: Poisson, bursty (a target coefficient of
 //!   variation of the inter-arrival times) and an optional diurnal rate shape.
-//! - [`preset`]: synthetic shapes like the traces papers use (see [`PRESETS`]).
+//! - [`preset`]: synthetic shapes like the traces papers use (see [`PRESETS`]), and
+//!   the per-second rate replays of [`super::rate_series`] (its `PRESETS`).
 //! - [`RateSchedule`]: per-second rates from a file, Poisson within each second.
 //! - [`azure_llm_trace`]: the Azure LLM inference trace 2023 (CSV).
 //! - [`merge`]: several sources, each tagged with its stream, as one ordered stream.
@@ -58,6 +59,7 @@ use std::io::{BufRead, BufReader};
 use std::iter::FusedIterator;
 use std::path::Path;
 
+use super::rate_series;
 use super::rng::SimRng;
 
 const NS_PER_SEC: f64 = 1e9;
@@ -541,7 +543,13 @@ pub fn preset_spec(name: &str, rate: f64, duration: u64) -> Result<SyntheticSpec
     let shape = PRESET_SHAPES
         .iter()
         .find(|p| p.name == name)
-        .ok_or_else(|| format!("unknown workload preset {name:?}; the presets are: {}", PRESETS.join(", ")))?;
+        .ok_or_else(|| {
+            format!(
+                "unknown workload preset {name:?}; the presets are: {}, {}",
+                PRESETS.join(", "),
+                rate_series::PRESETS.join(", ")
+            )
+        })?;
     if duration == 0 {
         return Err(format!("workload preset {name:?} needs a positive duration"));
     }
@@ -549,9 +557,12 @@ pub fn preset_spec(name: &str, rate: f64, duration: u64) -> Result<SyntheticSpec
     Ok(if shape.amplitude > 0.0 { spec.with_diurnal(shape.amplitude, duration) } else { spec })
 }
 
-/// Arrivals of preset `name` (one of [`PRESETS`]) at mean `rate` req/s for `duration`
-/// ns, seeded by `seed`.
+/// Arrivals of preset `name` (one of [`PRESETS`], or of [`rate_series::PRESETS`]) at
+/// mean `rate` req/s for `duration` ns, seeded by `seed`.
 pub fn preset(name: &str, rate: f64, duration: u64, seed: u64) -> Result<Generator, String> {
+    if rate_series::is_preset(name) {
+        return rate_series::preset(name, rate, duration, seed);
+    }
     preset_spec(name, rate, duration)?.build(seed)
 }
 
@@ -620,6 +631,18 @@ impl RateSchedule {
         }
     }
 
+    /// A schedule of these per-second rates (from second 0); each must be finite
+    /// and ≥ 0, and there must be at least one.
+    pub fn from_rates(rates: Vec<f64>) -> Result<Self, String> {
+        if rates.is_empty() {
+            return Err("a rate schedule needs at least one second".to_string());
+        }
+        if let Some((second, rate)) = rates.iter().enumerate().find(|(_, r)| !(r.is_finite() && **r >= 0.0)) {
+            return Err(format!("second {second}: rate {rate} must be a finite number ≥ 0"));
+        }
+        Ok(Self { rates })
+    }
+
     /// Read and parse a rate file.
     pub fn from_path(path: &Path) -> Result<Self, String> {
         let text = std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
@@ -638,8 +661,15 @@ impl RateSchedule {
 
     /// Poisson arrivals following the schedule, seeded by `seed`.
     pub fn arrivals(&self, seed: u64) -> Generator {
+        self.arrivals_until(seed, self.duration())
+    }
+
+    /// Poisson arrivals following the schedule before `end` ns (or its end, if
+    /// sooner), seeded by `seed`: the same arrivals as [`RateSchedule::arrivals`]
+    /// up to `end`.
+    pub fn arrivals_until(&self, seed: u64, end: u64) -> Generator {
         let rates = self.rates.clone();
-        Generator::new(seed, self.duration(), |_| Box::new(PiecewisePoisson { rates, second: 0, t: 0.0 }))
+        Generator::new(seed, end.min(self.duration()), |_| Box::new(PiecewisePoisson { rates, second: 0, t: 0.0 }))
     }
 }
 
@@ -1220,6 +1250,21 @@ mod tests {
         }
         assert_eq!(arrivals, schedule.arrivals(4).collect::<Vec<_>>());
         assert_ne!(arrivals, schedule.arrivals(5).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn rate_schedule_from_rates_checks_and_cuts_at_the_end() {
+        let schedule = RateSchedule::from_rates(vec![1000.0, 0.0, 3000.0]).unwrap();
+        assert_eq!(schedule.duration(), 3 * SEC);
+        let all: Vec<Arrival> = schedule.arrivals(2).collect();
+        let cut: Vec<Arrival> = schedule.arrivals_until(2, 2 * SEC + SEC / 2).collect();
+        let expected: Vec<Arrival> = all.iter().copied().filter(|a| a.at < 2 * SEC + SEC / 2).collect();
+        assert_eq!(cut, expected);
+        assert!(cut.len() < all.len() && cut.iter().any(|a| a.at >= 2 * SEC));
+        assert_eq!(schedule.arrivals_until(2, 10 * SEC).count(), all.len(), "no arrivals past the schedule");
+        assert!(RateSchedule::from_rates(vec![]).unwrap_err().contains("at least one"));
+        assert!(RateSchedule::from_rates(vec![1.0, f64::NAN]).unwrap_err().contains("second 1"));
+        assert!(RateSchedule::from_rates(vec![-1.0]).unwrap_err().contains("second 0"));
     }
 
     #[test]

@@ -43,8 +43,11 @@ pub const REPRODUCTION: Reproduction = Reproduction {
 pub const APPS: [(&str, &str, f64); 4] =
     [("tm", "pard-tm", 2400.0), ("lv", "pard-lv", 1600.0), ("ga", "pard-ga", 1450.0), ("da", "pard-da", 1600.0)];
 
-/// The trace shapes: short name, workload preset.
-pub const TRACES: [(&str, &str); 3] = [("wiki", "wikipedia"), ("tweet", "twitter"), ("azure", "azure-functions")];
+/// The trace shapes: short name, workload preset. The paper replays its traces as
+/// per-second request rates (Poisson inside each second), so these are the
+/// per-second presets of [`crate::sim::rate_series`], whose bursts span seconds.
+pub const TRACES: [(&str, &str); 3] =
+    [("wiki", "wikipedia-per-second"), ("tweet", "twitter-per-second"), ("azure", "azure-functions-per-second")];
 
 /// PARD and its baselines: report name, shipped policy.
 pub const POLICIES: [(&str, &str); 4] = [("PARD", "pard"), ("Nexus", "pard-nexus"), ("Clipper++", "pard-clipper"), ("Naive", "pard-naive")];
@@ -248,7 +251,8 @@ pub fn run_all(options: &ReproduceOptions) -> Result<Results> {
     let (_, preset, rate) = APPS[lv];
     let rate = rate * rate_scale;
     let pipeline = pipeline(preset)?;
-    let workload = Workload::Spec(WorkloadSpec::Preset { name: "twitter".into(), rate });
+    let tweet = TRACES.iter().find(|(trace, _)| *trace == "tweet").expect("tweet is a trace").1;
+    let workload = Workload::Spec(WorkloadSpec::Preset { name: tweet.into(), rate });
     let mut jobs = vec![Job::new("PARD", "pard", &[], &pipeline, &workload, duration)];
     for (name, params) in ABLATIONS {
         jobs.push(Job::new(name, "pard", params, &pipeline, &workload, duration));
@@ -284,4 +288,21 @@ fn reproduce(options: &ReproduceOptions) -> Result<String> {
         text.push_str(&format!("  {}\n", file.display()));
     }
     Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::rate_series;
+
+    #[test]
+    fn traces_are_the_per_second_replays() {
+        for (short, preset) in TRACES {
+            assert!(rate_series::is_preset(preset), "{short}: {preset} is not a per-second rate replay");
+            let workload = Workload::Spec(WorkloadSpec::Preset { name: preset.into(), rate: 100.0 });
+            assert!(workload.arrivals(2_000_000_000, 1).unwrap().count() > 0, "{short}: no arrivals");
+        }
+        let shorts: Vec<&str> = TRACES.iter().map(|(short, _)| *short).collect();
+        assert_eq!(shorts, ["wiki", "tweet", "azure"]);
+    }
 }
