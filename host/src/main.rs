@@ -109,8 +109,10 @@ struct SimArgs {
     /// or a Loki application `.json` (profiles read from its directory).
     #[arg(long, default_value = "vision-chain")]
     pipeline: String,
-    /// Workload: a preset (poisson, wikipedia, twitter, azure-functions) at --rate,
-    /// `rates:FILE` (per-second rates), `azure-llm:FILE` or `trace:FILE` (JSON lines).
+    /// Workload: a preset (poisson, wikipedia, twitter, azure-functions, or the
+    /// per-second rate replays wikipedia-per-second, twitter-per-second,
+    /// azure-functions-per-second) at --rate, `rates:FILE` (per-second rates),
+    /// `azure-llm:FILE` or `trace:FILE` (JSON lines).
     #[arg(long, default_value = "twitter")]
     workload: String,
     /// Mean arrival rate of a preset workload, requests per second (the default

@@ -96,7 +96,11 @@ impl Arm {
 
 /// A loader for simulation: fuel-metered sandbox, the default compiled-code cache.
 pub fn simulation_loader() -> Result<PolicyLoader> {
-    let sandbox = Sandbox::new(Mode::Simulate, Limits::default())?;
+    // Overloaded runs hold thousands of requests, and a policy that ranks them all in
+    // one call needs more than the serving budget; the fuel limit here only stops a
+    // runaway policy, so every call gets the tick's budget.
+    let limits = Limits { event_fuel: Limits::default().tick_fuel, ..Limits::default() };
+    let sandbox = Sandbox::new(Mode::Simulate, limits)?;
     Ok(PolicyLoader::new(sandbox, PolicyLoader::default_cache_dir()))
 }
 
