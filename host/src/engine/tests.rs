@@ -382,6 +382,14 @@ fn random_policies_never_lose_or_duplicate_a_request() {
     }
 }
 
+/// Run `request` alone on an idle worker of stage 0, if there is one.
+fn dispatch_alone_if_idle(ctx: &mut Ctx, request: u64) {
+    let idle = ctx.idle_workers(0).next();
+    if let Some(worker) = idle {
+        ctx.dispatch(worker, vec![request]);
+    }
+}
+
 /// Dispatches each arrival alone to an idle worker, never resumes paused sequences,
 /// and asks to scale stage 0 down to one replica at every tick.
 #[derive(Default)]
@@ -392,10 +400,7 @@ impl Policy for PauseAndShrink {
         Ok(Self)
     }
     fn on_arrival(&mut self, ctx: &mut Ctx, request: sdk::Request) {
-        let idle = ctx.idle_workers(0).next();
-        if let Some(worker) = idle {
-            ctx.dispatch(worker, vec![request.id]);
-        }
+        dispatch_alone_if_idle(ctx, request.id);
     }
     fn on_tick(&mut self, ctx: &mut Ctx, _snapshot: sdk::Snapshot) {
         ctx.scale(0, 1, None);
@@ -404,33 +409,14 @@ impl Policy for PauseAndShrink {
 
 #[test]
 fn workers_holding_paused_sequences_are_not_removed_and_still_count() {
-    let text = r#"
-        name = "llm"
-        slo_ms = 60000
-        [[stage]]
-        name = "generate"
-        kind = "iteration"
-        max_batch = 4
-        replicas = 2
-        worker_memory_mib = 40960
-        [[stage.variant]]
-        name = "m"
-        alpha_ms = 1.0
-        beta_ms = 10.0
-    "#;
-    let (mut engine, clock) = engine_with::<PauseAndShrink>(Pipeline::from_toml(text, "llm").unwrap());
+    let (mut engine, clock) = engine_with::<PauseAndShrink>(llm_pipeline(2));
     for _ in 0..2 {
         engine.submit(Submission { input_size: 100, expected_tokens: 100, ..Default::default() });
     }
     engine.flush();
     assert_eq!(engine.executor().started.len(), 2, "one sequence per worker");
     // One frame each: both sequences stay resident, paused (the policy never resumes them).
-    let jobs = std::mem::take(&mut engine.executor_mut().started);
-    for job in jobs {
-        let items = job.items.iter().map(|i| ItemResult { id: i.id, error: None, tokens: 8, finished: false, fan_out: vec![] }).collect();
-        engine.job_finished(JobResult { worker: job.worker, duration: MS, items });
-    }
-    engine.flush();
+    finish_frames(&mut engine, 8);
     assert!(engine.state().workers.values().all(|w| w.resident.len() == 1));
     // The tick asks for one replica: neither worker can go, so both still count.
     clock.set(1_000 * MS);
@@ -838,20 +824,14 @@ fn dispatches_decided_in_the_pre_replay_stand_only_if_they_still_hold_at_the_swa
     assert_each_once(&mut engine, &submitted, &seen);
 }
 
-const ONE_LLM_WORKER: &str = r#"
-    name = "llm"
-    slo_ms = 60000
-    [[stage]]
-    name = "generate"
-    kind = "iteration"
-    max_batch = 4
-    replicas = 1
-    worker_memory_mib = 1024
-    [[stage.variant]]
-    name = "m"
-    alpha_ms = 1.0
-    beta_ms = 10.0
-"#;
+/// One iteration-level (LLM) stage of `replicas` workers with 40 GiB of KV each.
+fn llm_pipeline(replicas: u32) -> Pipeline {
+    let text = format!(
+        "name = \"llm\"\nslo_ms = 60000\n[[stage]]\nname = \"generate\"\nkind = \"iteration\"\nmax_batch = 4\nreplicas = {replicas}\n\
+         worker_memory_mib = 40960\n[[stage.variant]]\nname = \"m\"\nalpha_ms = 1.0\nbeta_ms = 10.0\n"
+    );
+    Pipeline::from_toml(&text, "llm").unwrap()
+}
 
 /// Runs each arrival on an idle worker and resumes a worker's paused sequences
 /// whenever it is idle (as the SDK's LLM helpers do).
@@ -863,10 +843,7 @@ impl Policy for ResumeResident {
         Ok(Self)
     }
     fn on_arrival(&mut self, ctx: &mut Ctx, request: sdk::Request) {
-        let idle = ctx.idle_workers(0).next();
-        if let Some(worker) = idle {
-            ctx.dispatch(worker, vec![request.id]);
-        }
+        dispatch_alone_if_idle(ctx, request.id);
     }
     fn on_events_done(&mut self, ctx: &mut Ctx) {
         let idle = ctx.idle_workers(0).next();
@@ -888,7 +865,7 @@ fn finish_frames(engine: &mut Engine<ManualClock, TestExecutor>, tokens: u32) {
 
 #[test]
 fn a_sequence_whose_request_ends_while_its_frame_runs_leaves_with_the_frame() {
-    let (mut engine, _clock) = engine_with::<ResumeResident>(Pipeline::from_toml(ONE_LLM_WORKER, "llm").unwrap());
+    let (mut engine, _clock) = engine_with::<ResumeResident>(llm_pipeline(1));
     engine.submit(Submission { input_size: 100, expected_tokens: 100, ..Default::default() });
     engine.flush();
     let id = engine.executor().started[0].items[0].id;
