@@ -23,7 +23,7 @@
 
 use std::collections::BTreeMap;
 
-use rustc_hash::FxHashMap as HashMap;
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use serde::{Deserialize, Serialize};
 use yardmaster_sdk::helpers::compound::CallLink;
 use yardmaster_sdk::helpers::ServiceClass;
@@ -114,6 +114,9 @@ pub struct LlmGoodput {
     jobs: BTreeMap<(u32, u64), Job>,
     totals: BTreeMap<ServiceClass, ClassGoodput>,
     timeline: Vec<u64>,
+    /// Jobs already counted: a call of one submitted later (a driver that goes on
+    /// after a late call) is not a new job.
+    closed: HashSet<(u32, u64)>,
 }
 
 /// The short name of a class in reports.
@@ -143,7 +146,7 @@ impl LlmGoodput {
     pub fn submitted(&mut self, id: u64, stream: u32, sent_at: u64, deadline: u64, input: u32, link: Option<CallLink>) {
         let Some(&class) = self.classes.get(stream as usize) else { return };
         let job = link.filter(|_| class == ServiceClass::Compound).map(|l| ((stream, l.job), l.last));
-        if let Some((key, _)) = job {
+        if let Some((key, _)) = job.filter(|(key, _)| !self.closed.contains(key)) {
             self.jobs.entry(key).or_default().live += 1;
         }
         self.live.insert(id, Tracked { class, sent_at, deadline, input, on_time_tokens: 0, late_tokens: 0, job });
@@ -200,6 +203,7 @@ impl LlmGoodput {
         }
         if job.live == 0 && (job.failed || job.last_done > 0) {
             let job = self.jobs.remove(&key).expect("present");
+            self.closed.insert(key);
             let met = !job.failed;
             self.count(ServiceClass::Compound, met, if met { job.tokens } else { 0 }, at);
         }
@@ -322,6 +326,10 @@ mod tests {
         let s = g.summary(1.0);
         assert_eq!(s.classes["cp"], ClassGoodput { requests: 4, met: 1, tokens: 100 + 50 + 200 + 20 + 300 + 30 });
         assert_eq!(s.classes["ds"], ClassGoodput { requests: 1, met: 1, tokens: 10 });
+        // A call of job 2 submitted after the job was counted is not a new job.
+        g.submitted(10, 0, 41_000 * MS, d, 100, call(2, 3, true));
+        g.ended(&end(10, 42_000 * MS, 10, Outcome::Completed));
+        assert_eq!(g.summary(1.0).classes["cp"].requests, 4);
         // Untagged CP requests keep the end-to-end rule (a job whose calls are pieces).
         g.submitted(9, 0, 0, d, 100, None);
         g.ended(&end(9, 1_000 * MS, 5, Outcome::Completed));

@@ -2,7 +2,8 @@
 //! (or graph) of LLM calls under one end-to-end deadline, revealed at run time. The
 //! [`CompoundDriver`] submits a job's first stage at the job's arrival and each
 //! later stage once every call of the previous one has completed, like an agent
-//! that waits for its calls' answers; a call that does not complete ends the job.
+//! that waits for its calls' answers; a call that does not complete, or completes
+//! after the job's deadline, ends the job (it can no longer earn anything).
 //! Every call is an engine request on the job's stream with the job's deadline and
 //! the tags of [`CallLink`] (job, stage, `last` on the final stage, app), so
 //! policies and the LLM accounting see the linkage.
@@ -111,7 +112,8 @@ impl CompoundDriver {
             if progress.dead {
                 continue;
             }
-            if !matches!(end.outcome, Outcome::Completed) {
+            let job_deadline = self.jobs[index].at + self.jobs[index].deadline;
+            if !matches!(end.outcome, Outcome::Completed) || end.at > job_deadline {
                 progress.dead = true;
                 continue;
             }
@@ -214,5 +216,21 @@ mod tests {
         assert_eq!(log.borrow().len(), 3);
         assert_eq!(driver.completed(), 1);
         assert_eq!(driver.last_deadline(), 105);
+    }
+
+    #[test]
+    fn a_call_that_completes_after_the_job_deadline_ends_the_job() {
+        let job = CompoundJob { at: 0, stream: 2, app: "a".into(), deadline: 100, stages: vec![vec![call(1, 1)], vec![call(2, 2)]] };
+        let mut driver = CompoundDriver::new(vec![job]);
+        let mut submitted = 0u64;
+        let mut submit = |_: Submission, _: Vec<Tag>| {
+            submitted += 1;
+            submitted
+        };
+        driver.start_due(0, &mut submit);
+        driver.ended(&[Ended { at: 101, ..ended(1, Outcome::Completed) }], 101, &mut submit);
+        drop(submit);
+        assert_eq!(submitted, 1, "the second stage is not submitted");
+        assert_eq!(driver.completed(), 0);
     }
 }
