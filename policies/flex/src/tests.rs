@@ -750,4 +750,68 @@ mod adapter {
             }
         }
     }
+
+    fn costed(workers: u32, fixed_us: &str, per_worker_ns: &str) -> Driver<crate::Flex> {
+        let mut config = config(&[("m", 100 * US, 10_000 * US)], 128, workers, 0);
+        config.params = vec![
+            Param { key: "sched_cost_us".into(), value: fixed_us.into() },
+            Param { key: "sched_cost_per_worker_ns".into(), value: per_worker_ns.into() },
+        ];
+        driver(config)
+    }
+
+    fn timers(actions: &[Action]) -> Vec<Instant> {
+        actions.iter().filter_map(|a| if let Action::SetTimer(t) = a { Some(t.at) } else { None }).collect()
+    }
+
+    fn dispatched(actions: &[Action]) -> Vec<Vec<RequestId>> {
+        actions.iter().filter_map(|a| if let Action::Dispatch(x) = a { Some(x.requests.clone()) } else { None }).collect()
+    }
+
+    #[test]
+    fn with_the_cost_model_decisions_wait_for_the_groups_serial_scheduler() {
+        // 2 workers: an event with a scheduling pass costs 10 µs + 2 × 1 ms; one with
+        // nothing to schedule 10 µs (the two freed workers at start, nothing queued).
+        let mut d = costed(2, "10", "1000000");
+        let answer = d.handle(MS, vec![Event::Arrival(request(1, 0, MS, 100 * MS))]);
+        assert_eq!(timers(&answer), vec![3_010 * US], "handled when its 2.01 ms are over: {answer:?}");
+        assert!(dispatched(&answer).is_empty());
+        // A second arrival while the scheduler is busy waits behind the first.
+        let answer = d.handle(2 * MS, vec![Event::Arrival(request(2, 0, 2 * MS, 100 * MS))]);
+        assert!(answer.is_empty(), "{answer:?}");
+        let answer = d.handle(3_010 * US, vec![Event::Timer(0)]);
+        assert_eq!(dispatched(&answer), vec![vec![1]]);
+        assert_eq!(timers(&answer), vec![5_020 * US], "the second arrival's turn");
+        let answer = d.handle(5_020 * US, vec![Event::Timer(0)]);
+        assert_eq!(dispatched(&answer), vec![vec![2]]);
+        assert_eq!(d.policy().scheduler_load()[0], (20 * US + 2 * 2_010 * US, 4));
+    }
+
+    #[test]
+    fn with_the_cost_model_a_request_dead_by_its_turn_costs_the_fixed_part_and_is_dropped() {
+        // 1 worker: a pass costs 1 ms + 4 ms, anything else 1 ms (the freed worker at 0).
+        let mut d = costed(1, "1000", "4000000");
+        let answer = d.handle(0, vec![Event::Arrival(request(1, 0, 0, 100 * MS))]);
+        assert_eq!(timers(&answer), vec![6 * MS]);
+        // Request 2 can finish alone (10.1 ms) only if started by 1 ms; its turn comes
+        // at 6 ms, so it is dropped then, at the fixed cost.
+        d.handle(0, vec![Event::Arrival(request(2, 0, 0, 11_100 * US))]);
+        let answer = d.handle(6 * MS, vec![Event::Timer(0)]);
+        assert_eq!(dispatched(&answer), vec![vec![1]]);
+        assert!(answer.iter().any(|a| matches!(a, Action::Drop(x) if x.request == 2)), "{answer:?}");
+        assert!(timers(&answer).is_empty(), "{answer:?}");
+        assert_eq!(d.policy().scheduler_load()[0], (MS + 5 * MS + MS, 3));
+    }
+
+    #[test]
+    fn group_limit_accepts_inf_and_the_cost_model_refuses_coalescing() {
+        let mut config = config(&[("a", 220 * US, 3_740 * US)], 128, 30, 250 * MS);
+        config.params = vec![Param { key: "group_limit".into(), value: "inf".into() }];
+        assert_eq!(driver(config.clone()).policy().groups().len(), 1, "Ḡ = ∞: one group of 30");
+        config.params = vec![
+            Param { key: "sched_cost_us".into(), value: "1".into() },
+            Param { key: "coalesce".into(), value: "true".into() },
+        ];
+        assert!(Driver::<crate::Flex>::new(config, Box::new(NullHost::new(0, 1))).is_err());
+    }
 }
