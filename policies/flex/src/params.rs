@@ -7,6 +7,7 @@
 //! | `preempt_delay` | 0 | estimated preemption delay δ_pre as a fraction of the running batch's latency; the policy uses the larger of this and the delay it measures (preempt → the worker's next `worker-idle`) |
 //! | `batch_mode` | `largest` | `largest` (largest feasible deadline window) or `prefix` (literal Algorithm 2) |
 //! | `select` | `largest` | `largest` (FLEX) or `earliest` (the EDF-inside-FLEX ablation) |
+//! | `busy_order` | `latest_start` | order of busy workers offered a preempting batch: `latest_start` (most recently started batch first), `id` (spec §9 choice 4), `latest_end` (batch ending last first) |
 //! | `coalesce` | false | queue every arrival of a decision point before dispatching once |
 //! | `tick_sweep` | true | drop unreachable queued requests on every tick |
 //! | `herd` | true | plan serving groups with HERD (only when the workers outnumber `group_limit`) |
@@ -19,7 +20,7 @@
 
 use yardmaster_sdk::Ctx;
 
-use crate::group::{BatchMode, Selection, Settings};
+use crate::group::{BatchMode, BusyOrder, Selection, Settings};
 use crate::herd::Solver;
 use crate::sched::CostModel;
 
@@ -71,6 +72,12 @@ impl FlexParams {
             "earliest" => Selection::Earliest,
             other => return Err(format!("parameter `select`: {other:?} is neither largest nor earliest")),
         };
+        let busy_order = match ctx.param_or("busy_order", String::from("latest_start"))?.as_str() {
+            "id" => BusyOrder::Id,
+            "latest_start" => BusyOrder::LatestStart,
+            "latest_end" => BusyOrder::LatestEnd,
+            other => return Err(format!("parameter `busy_order`: {other:?} is not id, latest_start or latest_end")),
+        };
         let solver = match ctx.param_or("herd_solver", String::from("heuristic"))?.as_str() {
             "heuristic" => Solver::Heuristic,
             "exact" => Solver::Exact,
@@ -101,7 +108,7 @@ impl FlexParams {
             return Err("parameter `herd_period_s` must be positive".into());
         }
         Ok(Self {
-            settings: Settings { lambda, max_batch, preempt_delay_fraction: preempt_delay, batch_mode, selection },
+            settings: Settings { lambda, max_batch, preempt_delay_fraction: preempt_delay, batch_mode, selection, busy_order },
             coalesce,
             tick_sweep: ctx.param_or("tick_sweep", true)?,
             herd: ctx.param_or("herd", true)?,
