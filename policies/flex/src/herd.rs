@@ -203,6 +203,10 @@ fn improves(new: (f64, usize), old: (f64, usize)) -> bool {
 }
 
 /// The spec's small-scale heuristic (§3.4 steps 1–5).
+/// Most candidate plans the heuristic's hill-climb scores (small instances never reach
+/// it; with hundreds of groups it bounds the planner's time).
+const HILL_CLIMB_EVALUATIONS: u64 = 20_000;
+
 fn heuristic(input: &PlanInput) -> Plan {
     let base = model_streams(input);
     let sets = sets_in_use(input, &base);
@@ -270,18 +274,27 @@ fn heuristic(input: &PlanInput) -> Plan {
             drafts[j].items.push(i);
         }
     }
-    // Step 5: hill-climb.
+    // Step 5: hill-climb, within a budget of candidate evaluations (a step over
+    // hundreds of groups has millions of candidates; it takes the best found so far).
     let mut current = score(&items, &drafts);
+    let evaluations = std::cell::Cell::new(0u64);
     for _ in 0..1000 {
+        if evaluations.get() >= HILL_CLIMB_EVALUATIONS {
+            break;
+        }
         let mut best: Option<(Vec<Draft>, (f64, usize))> = None;
         let consider = |candidate: Vec<Draft>, best: &mut Option<(Vec<Draft>, (f64, usize))>| {
+            evaluations.set(evaluations.get() + 1);
             let s = score(&items, &candidate);
             if improves(s, best.as_ref().map_or(current, |b| b.1)) {
                 *best = Some((candidate, s));
             }
         };
-        for from in 0..drafts.len() {
+        'pairs: for from in 0..drafts.len() {
             for to in 0..drafts.len() {
+                if evaluations.get() >= HILL_CLIMB_EVALUATIONS {
+                    break 'pairs;
+                }
                 if from == to || drafts[from].affinity != drafts[to].affinity {
                     continue;
                 }

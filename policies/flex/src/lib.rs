@@ -351,8 +351,8 @@ impl Flex {
     fn pump(&mut self, ctx: &mut Ctx, g: usize) {
         let Some(model) = self.params.sched_cost else { return };
         let now = ctx.now();
+        let workers = self.groups[g].worker_ids().count();
         loop {
-            let workers = self.groups[g].worker_ids().count();
             let (groups, tracked, catalog) = (&self.groups, &self.tracked, &self.catalog);
             let classify = |event: &SchedEvent, start: Instant| match *event {
                 SchedEvent::Arrival(id) => match tracked.get(&id) {
