@@ -203,9 +203,14 @@ fn improves(new: (f64, usize), old: (f64, usize)) -> bool {
 }
 
 /// The spec's small-scale heuristic (§3.4 steps 1–5).
-/// Most candidate plans the heuristic's hill-climb scores (small instances never reach
-/// it; with hundreds of groups it bounds the planner's time).
-const HILL_CLIMB_EVALUATIONS: u64 = 20_000;
+/// Budget of the heuristic's hill-climb: candidate plans scored times groups (each
+/// candidate copies and scores every group). Small instances never reach it.
+const HILL_CLIMB_WORK: u64 = 400_000;
+
+/// Plans with more groups skip the hill-climb: a single step visits every pair of
+/// groups (160 000 pairs for 400), more than a policy call's fuel allows; LPT over
+/// near-equal groups is what they get.
+const HILL_CLIMB_MAX_GROUPS: usize = 64;
 
 fn heuristic(input: &PlanInput) -> Plan {
     let base = model_streams(input);
@@ -278,6 +283,9 @@ fn heuristic(input: &PlanInput) -> Plan {
     // hundreds of groups has millions of candidates; it takes the best found so far).
     let mut current = score(&items, &drafts);
     let evaluations = std::cell::Cell::new(0u64);
+    #[allow(non_snake_case)]
+    let HILL_CLIMB_EVALUATIONS =
+        if drafts.len() > HILL_CLIMB_MAX_GROUPS { 0 } else { HILL_CLIMB_WORK / drafts.len().max(1) as u64 };
     for _ in 0..1000 {
         if evaluations.get() >= HILL_CLIMB_EVALUATIONS {
             break;
