@@ -283,11 +283,10 @@ fn heuristic(input: &PlanInput) -> Plan {
     // hundreds of groups has millions of candidates; it takes the best found so far).
     let mut current = score(&items, &drafts);
     let evaluations = std::cell::Cell::new(0u64);
-    #[allow(non_snake_case)]
-    let HILL_CLIMB_EVALUATIONS =
+    let max_evaluations =
         if drafts.len() > HILL_CLIMB_MAX_GROUPS { 0 } else { HILL_CLIMB_WORK / drafts.len().max(1) as u64 };
     for _ in 0..1000 {
-        if evaluations.get() >= HILL_CLIMB_EVALUATIONS {
+        if evaluations.get() >= max_evaluations {
             break;
         }
         let mut best: Option<(Vec<Draft>, (f64, usize))> = None;
@@ -300,7 +299,7 @@ fn heuristic(input: &PlanInput) -> Plan {
         };
         'pairs: for from in 0..drafts.len() {
             for to in 0..drafts.len() {
-                if evaluations.get() >= HILL_CLIMB_EVALUATIONS {
+                if evaluations.get() >= max_evaluations {
                     break 'pairs;
                 }
                 if from == to || drafts[from].affinity != drafts[to].affinity {
