@@ -203,6 +203,15 @@ fn improves(new: (f64, usize), old: (f64, usize)) -> bool {
 }
 
 /// The spec's small-scale heuristic (§3.4 steps 1–5).
+/// Budget of the heuristic's hill-climb: candidate plans scored times groups (each
+/// candidate copies and scores every group). Small instances never reach it.
+const HILL_CLIMB_WORK: u64 = 400_000;
+
+/// Plans with more groups skip the hill-climb: a single step visits every pair of
+/// groups (160 000 pairs for 400), more than a policy call's fuel allows; LPT over
+/// near-equal groups is what they get.
+const HILL_CLIMB_MAX_GROUPS: usize = 64;
+
 fn heuristic(input: &PlanInput) -> Plan {
     let base = model_streams(input);
     let sets = sets_in_use(input, &base);
@@ -270,18 +279,29 @@ fn heuristic(input: &PlanInput) -> Plan {
             drafts[j].items.push(i);
         }
     }
-    // Step 5: hill-climb.
+    // Step 5: hill-climb, within a budget of candidate evaluations (a step over
+    // hundreds of groups has millions of candidates; it takes the best found so far).
     let mut current = score(&items, &drafts);
+    let evaluations = std::cell::Cell::new(0u64);
+    let max_evaluations =
+        if drafts.len() > HILL_CLIMB_MAX_GROUPS { 0 } else { HILL_CLIMB_WORK / drafts.len().max(1) as u64 };
     for _ in 0..1000 {
+        if evaluations.get() >= max_evaluations {
+            break;
+        }
         let mut best: Option<(Vec<Draft>, (f64, usize))> = None;
         let consider = |candidate: Vec<Draft>, best: &mut Option<(Vec<Draft>, (f64, usize))>| {
+            evaluations.set(evaluations.get() + 1);
             let s = score(&items, &candidate);
             if improves(s, best.as_ref().map_or(current, |b| b.1)) {
                 *best = Some((candidate, s));
             }
         };
-        for from in 0..drafts.len() {
+        'pairs: for from in 0..drafts.len() {
             for to in 0..drafts.len() {
+                if evaluations.get() >= max_evaluations {
+                    break 'pairs;
+                }
                 if from == to || drafts[from].affinity != drafts[to].affinity {
                     continue;
                 }

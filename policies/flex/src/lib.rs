@@ -20,10 +20,18 @@
 //! the worker's next `worker-idle` is measured and, as a fraction of the aborted
 //! batch's latency, used as the preemption delay δ_pre (with `preempt_delay` as a
 //! floor). Parameters: [`params`].
+//!
+//! With the scheduler cost model on (`sched_cost_us`, `sched_cost_per_worker_ns`;
+//! [`sched`]), each group's scheduler is serial and every arrival or freed worker is an
+//! event that waits for it and costs simulated CPU time; the group acts on the event
+//! (through a `set-timer`) when its handling ends. A completion's bookkeeping (the
+//! worker is free, its requests done) is immediate; choosing the worker's next batch is
+//! the costed event.
 
 pub mod group;
 pub mod herd;
 pub mod params;
+pub mod sched;
 #[cfg(test)]
 mod tests;
 
@@ -38,6 +46,16 @@ use yardmaster_sdk::{
 use group::{Decision, FlexGroup, Forgotten, Key};
 use herd::{Plan, PlanInput, StreamLoad};
 use params::FlexParams;
+use sched::{Handling, SerialScheduler, Step};
+
+/// An event for a group's serial scheduler (scheduler cost model only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SchedEvent {
+    /// A fresh request to queue and dispatch.
+    Arrival(RequestId),
+    /// A worker the group knows is free: give it the largest feasible batch.
+    Freed(WorkerId),
+}
 
 /// Where a request physically is, as far as the host is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,6 +121,10 @@ pub struct Flex {
     /// dispatched.
     physical_preemptions: u64,
     virtual_preemptions: u64,
+    /// Each group's serial scheduler (scheduler cost model only; same index as `groups`).
+    schedulers: Vec<SerialScheduler<SchedEvent>>,
+    /// Groups whose timer fired in this call.
+    timers: BTreeSet<usize>,
 }
 
 impl Flex {
@@ -119,6 +141,12 @@ impl Flex {
     /// Preemptions sent to the host.
     pub fn physical_preemptions(&self) -> u64 {
         self.physical_preemptions
+    }
+
+    /// Per group: nanoseconds its serial scheduler spent on events, and events handled
+    /// (empty without the scheduler cost model).
+    pub fn scheduler_load(&self) -> Vec<(u64, u64)> {
+        self.schedulers.iter().map(SerialScheduler::load).collect()
     }
 
     fn group_of_stream(&self, stream: u32) -> usize {
@@ -202,6 +230,22 @@ impl Flex {
         let fraction = self.delay_fraction();
         for group in &mut self.groups {
             group.set_preempt_delay_fraction(fraction);
+        }
+        if self.params.sched_cost.is_some() {
+            // Events not yet handled move to the group that now owns their stream or
+            // worker; the new schedulers start free.
+            let pending: Vec<SchedEvent> = self.schedulers.iter_mut().flat_map(SerialScheduler::take_all).collect();
+            self.schedulers = (0..self.groups.len()).map(|_| SerialScheduler::default()).collect();
+            for event in pending {
+                let group = match event {
+                    SchedEvent::Arrival(id) => self.tracked.get(&id).map(|t| self.group_of_stream(t.stream)),
+                    SchedEvent::Freed(worker) => self.group_of_worker(worker),
+                };
+                if let Some(g) = group {
+                    self.schedulers[g].push(event);
+                    self.timers.insert(g);
+                }
+            }
         }
         ctx.host().emit("flex.groups", self.groups.len() as f64);
     }
@@ -301,6 +345,55 @@ impl Flex {
     fn group_of_worker(&self, worker: WorkerId) -> Option<usize> {
         self.worker_group.get(&worker).copied()
     }
+
+    /// Run group `g`'s serial scheduler up to `now`: handle every event whose handling
+    /// has ended or that is light, start the next one, and ask for a timer when it ends.
+    fn pump(&mut self, ctx: &mut Ctx, g: usize) {
+        let Some(model) = self.params.sched_cost else { return };
+        let now = ctx.now();
+        let workers = self.groups[g].worker_ids().count();
+        loop {
+            let (groups, tracked, catalog) = (&self.groups, &self.tracked, &self.catalog);
+            let classify = |event: &SchedEvent, start: Instant| match *event {
+                SchedEvent::Arrival(id) => match tracked.get(&id) {
+                    Some(t) if t.phys == Phys::Held && group::feasible_alone(catalog, t.model, &t.key, start) => Handling::Pass,
+                    _ => Handling::Light,
+                },
+                SchedEvent::Freed(worker) => {
+                    let group = &groups[g];
+                    if group.has_worker(worker) && group.running(worker).is_none() && group.queued() > 0 {
+                        Handling::Pass
+                    } else {
+                        Handling::Light
+                    }
+                }
+            };
+            let step = self.schedulers[g].next(now, classify, |h| model.cost(workers, h == Handling::Pass));
+            let event = match step {
+                Step::Handle(event) => event,
+                Step::WaitUntil(at) => {
+                    if self.schedulers[g].arm(at) {
+                        ctx.set_timer(at, g as u64);
+                    }
+                    break;
+                }
+                Step::Idle => break,
+            };
+            let mut out = Vec::new();
+            match event {
+                SchedEvent::Arrival(id) => {
+                    let Some(t) = self.tracked.get(&id).copied().filter(|t| t.phys == Phys::Held) else { continue };
+                    if self.groups[g].is_queued(t.model, &t.key) {
+                        continue;
+                    }
+                    self.groups[g].arrive(&self.catalog, t.model, t.key, now, &mut out);
+                }
+                SchedEvent::Freed(worker) => self.groups[g].idle(&self.catalog, worker, now, &mut out),
+            }
+            self.apply(ctx, out);
+        }
+        self.flush_pending(ctx);
+    }
 }
 
 impl Policy for Flex {
@@ -337,7 +430,12 @@ impl Policy for Flex {
             planned_at: None,
             physical_preemptions: 0,
             virtual_preemptions: 0,
+            schedulers: Vec::new(),
+            timers: BTreeSet::new(),
         };
+        if flex.params.sched_cost.is_some() {
+            flex.schedulers = vec![SerialScheduler::default()];
+        }
         if flex.herd_applies(ctx) {
             flex.replan(ctx);
         }
@@ -409,6 +507,12 @@ impl Policy for Flex {
         ctx.host().emit("flex.preemptions", self.physical_preemptions as f64);
     }
 
+    fn on_timer(&mut self, _ctx: &mut Ctx, token: u64) {
+        if (token as usize) < self.schedulers.len() {
+            self.timers.insert(token as usize);
+        }
+    }
+
     fn on_worker_added(&mut self, _ctx: &mut Ctx, worker: Worker) {
         // The smallest group takes it (HERD re-plans at its next period).
         let group = (0..self.groups.len())
@@ -456,6 +560,9 @@ impl Policy for Flex {
     fn on_events_done(&mut self, ctx: &mut Ctx) {
         let now = ctx.now();
         let mut out = Vec::new();
+        let costed = self.params.sched_cost.is_some();
+        // Scheduler cost model: events for each group's serial scheduler.
+        let mut events: Vec<(usize, SchedEvent)> = Vec::new();
         // Finished batches: forget their requests (keeping an iteration worker's paused
         // sequences), then the worker takes its next batch.
         for (worker, ids) in std::mem::take(&mut self.finished) {
@@ -487,6 +594,9 @@ impl Policy for Flex {
                 self.groups[g].complete_without_restart(worker);
                 self.groups[g].occupy(&self.catalog, worker, model, keys, now);
                 out.push(Decision::Start { worker, model, requests, at: now });
+            } else if costed {
+                self.groups[g].complete_without_restart(worker);
+                events.push((g, SchedEvent::Freed(worker)));
             } else {
                 self.groups[g].complete(&self.catalog, worker, now, &mut out);
             }
@@ -507,7 +617,11 @@ impl Policy for Flex {
                 self.groups[g].requeue_run(worker);
             }
             if !self.pending.contains_key(&worker) {
-                self.groups[g].idle(&self.catalog, worker, now, &mut out);
+                if !costed {
+                    self.groups[g].idle(&self.catalog, worker, now, &mut out);
+                } else if !events.contains(&(g, SchedEvent::Freed(worker))) {
+                    events.push((g, SchedEvent::Freed(worker)));
+                }
             }
         }
         // Arrivals, one event at a time (or all queued, then one dispatch).
@@ -516,7 +630,9 @@ impl Policy for Flex {
         for id in fresh {
             let Some(t) = self.tracked.get(&id).copied() else { continue };
             let g = self.group_of_stream(t.stream);
-            if self.params.coalesce {
+            if costed {
+                events.push((g, SchedEvent::Arrival(id)));
+            } else if self.params.coalesce {
                 if crate::group::feasible_alone(&self.catalog, t.model, &t.key, now) {
                     self.groups[g].enqueue(t.model, t.key);
                     touched.insert(g);
@@ -531,6 +647,16 @@ impl Policy for Flex {
             self.groups[g].dispatch(&self.catalog, now, &mut out);
         }
         self.apply(ctx, out);
+        if costed {
+            let mut due = std::mem::take(&mut self.timers);
+            for (g, event) in events {
+                self.schedulers[g].push(event);
+                due.insert(g);
+            }
+            for g in due {
+                self.pump(ctx, g);
+            }
+        }
         self.flush_pending(ctx);
     }
 }

@@ -7,18 +7,22 @@
 //! | `preempt_delay` | 0 | estimated preemption delay δ_pre as a fraction of the running batch's latency; the policy uses the larger of this and the delay it measures (preempt → the worker's next `worker-idle`) |
 //! | `batch_mode` | `largest` | `largest` (largest feasible deadline window) or `prefix` (literal Algorithm 2) |
 //! | `select` | `largest` | `largest` (FLEX) or `earliest` (the EDF-inside-FLEX ablation) |
+//! | `busy_order` | `latest_start` | order of busy workers offered a preempting batch: `latest_start` (most recently started batch first), `id` (spec §9 choice 4), `latest_end` (batch ending last first) |
 //! | `coalesce` | false | queue every arrival of a decision point before dispatching once |
 //! | `tick_sweep` | true | drop unreachable queued requests on every tick |
 //! | `herd` | true | plan serving groups with HERD (only when the workers outnumber `group_limit`) |
-//! | `group_limit` | 12 | Ḡ: most GPUs per serving group |
+//! | `group_limit` | 12 | Ḡ: most GPUs per serving group; `inf`: one group of every worker |
 //! | `herd_period_s` | 1800 | re-planning period P in seconds |
 //! | `herd_solver` | `heuristic` | `heuristic` (§3.4 steps 1–5) or `exact` (exhaustive, small instances) |
 //! | `herd_nodes` | 200000 | budget of the exact solver in search nodes (a deterministic stand-in for a time budget) |
+//! | `sched_cost_us` | 0 | scheduler cost model ([`crate::sched`]): µs of serial scheduler time every event of a group costs |
+//! | `sched_cost_per_worker_ns` | 0 | ns more per worker of the group for an event that runs a scheduling pass; the model is on when either is above 0 |
 
 use yardmaster_sdk::Ctx;
 
-use crate::group::{BatchMode, Selection, Settings};
+use crate::group::{BatchMode, BusyOrder, Selection, Settings};
 use crate::herd::Solver;
+use crate::sched::CostModel;
 
 /// Every parameter of the policy.
 #[derive(Debug, Clone, PartialEq)]
@@ -39,6 +43,8 @@ pub struct FlexParams {
     pub solver: Solver,
     /// Search-node budget of the exact solver.
     pub herd_nodes: u64,
+    /// The scheduler cost model (`None`: decisions are free and immediate).
+    pub sched_cost: Option<CostModel>,
 }
 
 impl FlexParams {
@@ -66,28 +72,51 @@ impl FlexParams {
             "earliest" => Selection::Earliest,
             other => return Err(format!("parameter `select`: {other:?} is neither largest nor earliest")),
         };
+        let busy_order = match ctx.param_or("busy_order", String::from("latest_start"))?.as_str() {
+            "id" => BusyOrder::Id,
+            "latest_start" => BusyOrder::LatestStart,
+            "latest_end" => BusyOrder::LatestEnd,
+            other => return Err(format!("parameter `busy_order`: {other:?} is not id, latest_start or latest_end")),
+        };
         let solver = match ctx.param_or("herd_solver", String::from("heuristic"))?.as_str() {
             "heuristic" => Solver::Heuristic,
             "exact" => Solver::Exact,
             other => return Err(format!("parameter `herd_solver`: {other:?} is neither heuristic nor exact")),
         };
-        let group_limit: u32 = ctx.param_or("group_limit", 12)?;
-        if group_limit == 0 {
-            return Err("parameter `group_limit` must be at least 1".into());
+        let group_limit = match ctx.param_or("group_limit", String::from("12"))?.trim() {
+            "inf" | "infinity" => u32::MAX,
+            text => match text.parse::<u32>() {
+                Ok(0) | Err(_) => return Err(format!("parameter `group_limit` must be a positive integer or inf (got {text:?})")),
+                Ok(n) => n,
+            },
+        };
+        let fixed_us: f64 = ctx.param_or("sched_cost_us", 0.0)?;
+        let per_worker_ns: f64 = ctx.param_or("sched_cost_per_worker_ns", 0.0)?;
+        for (name, value) in [("sched_cost_us", fixed_us), ("sched_cost_per_worker_ns", per_worker_ns)] {
+            if !(0.0..1e9).contains(&value) {
+                return Err(format!("parameter `{name}` must be in [0, 1e9) (got {value})"));
+            }
+        }
+        let sched_cost = (fixed_us > 0.0 || per_worker_ns > 0.0)
+            .then_some(CostModel { fixed_ns: fixed_us * 1e3, per_worker_ns });
+        let coalesce = ctx.param_or("coalesce", false)?;
+        if coalesce && sched_cost.is_some() {
+            return Err("parameter `coalesce` cannot be combined with the scheduler cost model (every arrival is one event)".into());
         }
         let period_s: f64 = ctx.param_or("herd_period_s", 1800.0)?;
         if period_s.is_nan() || period_s <= 0.0 {
             return Err("parameter `herd_period_s` must be positive".into());
         }
         Ok(Self {
-            settings: Settings { lambda, max_batch, preempt_delay_fraction: preempt_delay, batch_mode, selection },
-            coalesce: ctx.param_or("coalesce", false)?,
+            settings: Settings { lambda, max_batch, preempt_delay_fraction: preempt_delay, batch_mode, selection, busy_order },
+            coalesce,
             tick_sweep: ctx.param_or("tick_sweep", true)?,
             herd: ctx.param_or("herd", true)?,
             group_limit,
             herd_period: (period_s * 1e9) as u64,
             solver,
             herd_nodes: ctx.param_or("herd_nodes", 200_000)?,
+            sched_cost,
         })
     }
 }

@@ -8,6 +8,11 @@
 //!   distributed mean rates and MAF-bursty arrivals (a two-state MMPP at 1.8× and 0.2×
 //!   the mean, sojourns of 1 s), SLO 250 ms, load swept from 3 k req/s up.
 //! - **Fig. 9**: the same cluster at 3 k req/s, SLO swept from 50 to 500 ms.
+//! - **Fig. 11b**: 400 emulated workers, the same 13 models, 1300 MAF-bursty streams
+//!   of equal mean rate, 250 to 1000 req/s per worker, SLO 250 ms, HERD with
+//!   Ḡ ∈ {1, 12, ∞} under the scheduler cost model ([`SCHED_COST`]): one serial
+//!   scheduler per serving group, every event costing CPU time that grows with the
+//!   group's size.
 //!
 //! Latencies are the profiles exactly (no noise), as in the paper's emulation. Tables
 //! go to standard output; CSV files and SVG/PNG charts to the output directory.
@@ -18,6 +23,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 
 use super::{simulation_loader, Arm, ReproduceOptions};
+use crate::engine::pipeline::{Pipeline, StreamDef};
 use crate::engine::EngineOptions;
 use crate::policy::PolicyLoader;
 use crate::sim::executor::SimExecutorOptions;
@@ -28,13 +34,32 @@ use crate::sim::{per_core, presets, run, RunOutcome, SimSpec};
 const MS: u64 = 1_000_000;
 const S: u64 = 1_000_000_000;
 
-/// FLEX and every baseline.
+/// FLEX (busy workers offered a preempting batch most recent start first), FLEX with
+/// the spec's literal worker-id order, and every baseline.
 const ARMS: &[Arm] = &[
     Arm { name: "flex", policy: "flex", params: &[] },
+    Arm { name: "flex-id", policy: "flex", params: &[("busy_order", "id")] },
     Arm { name: "flex-np", policy: "flex", params: &[("lambda", "inf")] },
     Arm { name: "flex-edf", policy: "flex", params: &[("select", "earliest"), ("lambda", "inf")] },
     Arm { name: "clockwork", policy: "flex-clockwork", params: &[] },
     Arm { name: "nexus", policy: "flex-nexus", params: &[] },
+];
+
+/// The scheduler cost model of Fig. 11b, as FLEX parameters: an event costs
+/// `c·(#models + #workers of its group)` with c = 94 ns, the spec's Clockwork cost
+/// (§6) calibrated so that one scheduler over 200 workers and 13 models (213 units,
+/// 20 µs per event) saturates at 50 k events/s, where the paper's Clockwork saturates
+/// (about 50 k req/s near N = 200). The 13 models give the fixed part (1.22 µs).
+pub const SCHED_COST: &[(&str, &str)] = &[("sched_cost_us", "1.22"), ("sched_cost_per_worker_ns", "94")];
+
+/// Fig. 11b's arms: FLEX under the scheduler cost model with Ḡ = 1, 12 and ∞, and
+/// Ḡ = ∞ with free decisions (what a single group would give if scheduling cost
+/// nothing; run at the lowest load only).
+const FIG11B_ARMS: &[Arm] = &[
+    Arm { name: "G=1", policy: "flex", params: &[("group_limit", "1"), SCHED_COST[0], SCHED_COST[1]] },
+    Arm { name: "G=12", policy: "flex", params: &[("group_limit", "12"), SCHED_COST[0], SCHED_COST[1]] },
+    Arm { name: "G=inf", policy: "flex", params: &[("group_limit", "inf"), SCHED_COST[0], SCHED_COST[1]] },
+    Arm { name: "G=inf-free", policy: "flex", params: &[("group_limit", "inf")] },
 ];
 
 /// One measured point.
@@ -67,9 +92,22 @@ fn run_arms(
     for stream in &mut pipeline.streams {
         stream.slo_ns = slo;
     }
-    eprintln!("  {label}: simulating {} arms …", ARMS.len());
+    run_arms_on(label, ARMS, &pipeline, duration, arrivals, seed, loader)
+}
+
+/// Run `arms` on `arrivals` with `pipeline`, one arm per core.
+fn run_arms_on(
+    label: &str,
+    arms: &'static [Arm],
+    pipeline: &Pipeline,
+    duration: u64,
+    arrivals: &[Arrival],
+    seed: u64,
+    loader: &PolicyLoader,
+) -> Result<Vec<(&'static str, RunOutcome)>> {
+    eprintln!("  {label}: simulating {} arms …", arms.len());
     let started = std::time::Instant::now();
-    let out = per_core(ARMS, |arm| {
+    let out = per_core(arms, |arm| {
         let policy = arm.policy_spec()?;
         let params = arm.engine_params();
         let spec = SimSpec {
@@ -83,6 +121,10 @@ fn run_arms(
         };
         let outcome = run::run(&spec, &policy, loader, arrivals.iter().cloned(), &mut |_| {})
             .with_context(|| format!("{label}: {}", arm.name))?;
+        // A policy that faulted ran the built-in fallback: its numbers are not the arm's.
+        if outcome.arm.fallbacks > 0 {
+            anyhow::bail!("{label}: {}: the policy faulted ({:?}) and fell back", arm.name, outcome.arm.faults);
+        }
         Ok((arm.name, outcome))
     })?;
     eprintln!("  {label}: done in {:.1} s", started.elapsed().as_secs_f64());
@@ -125,6 +167,12 @@ fn figure_11a_arrivals(duration: u64) -> Vec<Arrival> {
 fn bursty_arrivals(streams: u32, rate: f64, duration: u64, seed: u64) -> Vec<Arrival> {
     let mut rng = SimRng::new(seed);
     let weights: Vec<f64> = (0..streams).map(|_| rng.exponential(1.0)).collect();
+    mmpp_arrivals(&weights, rate, duration, &mut rng)
+}
+
+/// Two-state MMPP arrivals (1.8× and 0.2× the mean, exponential sojourns of mean 1 s)
+/// for streams whose mean rates are `weights` scaled to total `rate` req/s.
+fn mmpp_arrivals(weights: &[f64], rate: f64, duration: u64, rng: &mut SimRng) -> Vec<Arrival> {
     let total: f64 = weights.iter().sum();
     let mut arrivals = Vec::new();
     for (stream, weight) in weights.iter().enumerate() {
@@ -153,6 +201,34 @@ fn bursty_arrivals(streams: u32, rate: f64, duration: u64, seed: u64) -> Vec<Arr
     arrivals
 }
 
+/// Fig. 11b's cluster: the `flex-cluster` models on `workers` GPUs, with `per_model`
+/// streams per model (`rn18/0`, `rn34/0`, …, interleaved), SLO 250 ms.
+fn figure_11b_pipeline(workers: u32, per_model: u32) -> Result<Pipeline> {
+    let mut pipeline = presets::pipeline("flex-cluster").map_err(anyhow::Error::msg)?;
+    pipeline.name = "flex-fig11b".into();
+    pipeline.max_workers = workers;
+    let stage = &mut pipeline.stages[0];
+    stage.replicas = workers;
+    stage.max_replicas = workers;
+    stage.min_replicas = stage.min_replicas.min(workers);
+    let models: Vec<String> = stage.variants.iter().map(|v| v.name.clone()).collect();
+    pipeline.streams = (0..per_model)
+        .flat_map(|i| models.iter().map(move |m| StreamDef { name: format!("{m}/{i}"), entry: 0, slo_ns: 250 * MS }))
+        .collect();
+    Ok(pipeline)
+}
+
+/// Fig. 11b's workload on `workers` GPUs for `duration`: one stream per model per 4
+/// workers (100 per model on 400 workers, so that with Ḡ = 1 a GPU serves about 3
+/// streams), equal mean rates (so HERD's first plan, made before it has measured any
+/// rate, is the right one), MAF-bursty, `per_worker` req/s per worker in all.
+fn figure_11b(workers: u32, per_worker: f64, duration: u64, seed: u64) -> Result<(Pipeline, Vec<Arrival>)> {
+    let pipeline = figure_11b_pipeline(workers, (workers / 4).max(1))?;
+    let weights = vec![1.0; pipeline.streams.len()];
+    let arrivals = mmpp_arrivals(&weights, per_worker * workers as f64, duration, &mut SimRng::new(seed));
+    Ok((pipeline, arrivals))
+}
+
 fn find<'a>(points: &'a [Point], experiment: &str, x: f64, arm: &str) -> Option<&'a Point> {
     points.iter().find(|p| p.experiment == experiment && p.x == x && p.arm == arm)
 }
@@ -160,6 +236,15 @@ fn find<'a>(points: &'a [Point], experiment: &str, x: f64, arm: &str) -> Option<
 fn ratio(points: &[Point], experiment: &str, x: f64, a: &str, b: &str) -> f64 {
     let value = |arm| find(points, experiment, x, arm).map_or(f64::NAN, |p| p.on_time as f64);
     value(a) / value(b)
+}
+
+/// A ratio with two decimals, or a dash when an arm did not run.
+fn shown(ratio: f64) -> String {
+    if ratio.is_finite() {
+        format!("{ratio:.2}")
+    } else {
+        "—".into()
+    }
 }
 
 fn table(points: &[Point], experiment: &str, x_label: &str) -> String {
@@ -250,6 +335,43 @@ pub fn run(opts: &ReproduceOptions) -> Result<String> {
     let _ = writeln!(out, "  FLEX / Clockwork                 {:>5.2}    up to 1.3", ratio(&points, "fig9", tight, "flex", "clockwork"));
     let _ = writeln!(out, "  FLEX / Nexus                     {:>5.2}    up to 38", ratio(&points, "fig9", tight, "flex", "nexus"));
 
+    // Fig. 11b: Ḡ ∈ {1, 12, ∞} on 400 workers under the scheduler cost model, load swept.
+    let workers = 400;
+    let duration = if opts.quick { S / 2 } else { S };
+    let per_worker: &[f64] = if opts.quick { &[250.0] } else { &[250.0, 500.0, 1_000.0] };
+    let mut streams = 0;
+    for &load in per_worker {
+        let (pipeline, arrivals) = figure_11b(workers, load, duration, opts.seed ^ 11 ^ load as u64)?;
+        streams = pipeline.streams.len();
+        let label = format!("fig11b {workers} workers, {load} req/s each");
+        // Ḡ = ∞ with free decisions only at the lowest load: above it, one decision over
+        // 400 workers and their long queues takes more than a policy call's fuel (the
+        // very cost the model charges), and the arm would run the fallback.
+        let arms = if load == per_worker[0] { FIG11B_ARMS } else { &FIG11B_ARMS[..3] };
+        for (arm, outcome) in run_arms_on(&label, arms, &pipeline, duration, &arrivals, opts.seed, &loader)? {
+            points.push(point("fig11b", load * workers as f64, arm, &outcome));
+        }
+    }
+    let _ = writeln!(
+        out,
+        "\nFig. 11b — {workers} workers, 13 models, {streams} MAF-bursty streams of equal rate, SLO 250 ms, {:.1} s per point;\n\
+         scheduler cost per event 94 ns × (13 models + workers of the group); G=inf-free: Ḡ = ∞ with free decisions",
+        duration as f64 / S as f64
+    );
+    out.push_str(&table(&points, "fig11b", "req/s"));
+    let _ = writeln!(out, "\n  ratio (on-time requests)      Ḡ=12/Ḡ=∞   Ḡ=12/Ḡ=1   Ḡ=12/free Ḡ=∞");
+    for &load in per_worker {
+        let x = load * workers as f64;
+        let _ = writeln!(
+            out,
+            "  {x:>9} req/s                  {:>5}      {:>5}      {:>5}",
+            shown(ratio(&points, "fig11b", x, "G=12", "G=inf")),
+            shown(ratio(&points, "fig11b", x, "G=12", "G=1")),
+            shown(ratio(&points, "fig11b", x, "G=12", "G=inf-free"))
+        );
+    }
+    let _ = writeln!(out, "  paper (400 workers)                2.5        1.7        —");
+
     let csv = write_csv(&opts.out, &points)?;
     let _ = writeln!(out, "\nwrote {}", csv.display());
     match plot::write(&opts.out, &points) {
@@ -271,9 +393,16 @@ mod plot {
 
     use plotters::prelude::*;
 
-    use super::{Point, ARMS};
+    use super::{Point, ARMS, FIG11B_ARMS};
 
-    const COLOURS: [RGBColor; 5] = [RGBColor(31, 119, 180), RGBColor(255, 127, 14), RGBColor(44, 160, 44), RGBColor(214, 39, 40), RGBColor(148, 103, 189)];
+    const COLOURS: [RGBColor; 6] = [
+        RGBColor(31, 119, 180),
+        RGBColor(140, 86, 75),
+        RGBColor(255, 127, 14),
+        RGBColor(44, 160, 44),
+        RGBColor(214, 39, 40),
+        RGBColor(148, 103, 189),
+    ];
 
     /// Write `flex-EXPERIMENT.svg` (and `.png` when a system font is installed) for each
     /// experiment; errors name the file.
@@ -281,17 +410,26 @@ mod plot {
         // Registers the charts' font (a system one, or a metrics-only one for SVG).
         let png = matches!(crate::metrics::report::plot_font()?, crate::metrics::report::PlotFont::System(_));
         let mut files = Vec::new();
-        for (experiment, x_label, log_x) in [("fig11a", "SLO (ms)", false), ("fig7", "offered load (req/s)", true), ("fig9", "SLO (ms)", false)] {
+        // One line per policy (per Ḡ in Fig. 11b).
+        let per_arm: Vec<(&str, Vec<&str>)> = ARMS.iter().map(|a| (a.name, vec![a.name])).collect();
+        let fig11b: Vec<(&str, Vec<&str>)> = FIG11B_ARMS.iter().map(|a| (a.name, vec![a.name])).collect();
+        for (experiment, x_label, log_x, series) in [
+            ("fig11a", "SLO (ms)", false, &per_arm),
+            ("fig7", "offered load (req/s)", true, &per_arm),
+            ("fig9", "SLO (ms)", false, &per_arm),
+            ("fig11b", "offered load (req/s), 400 workers", false, &fig11b),
+        ] {
             let mine: Vec<&Point> = points.iter().filter(|p| p.experiment == experiment).collect();
             if mine.is_empty() {
                 continue;
             }
             let svg = dir.join(format!("flex-{experiment}.svg"));
-            draw(SVGBackend::new(&svg, SIZE), experiment, x_label, log_x, &mine).map_err(|e| format!("{}: {e}", svg.display()))?;
+            draw(SVGBackend::new(&svg, SIZE), experiment, x_label, log_x, &mine, series)
+                .map_err(|e| format!("{}: {e}", svg.display()))?;
             files.push(svg);
             if png {
                 let path = dir.join(format!("flex-{experiment}.png"));
-                draw(BitMapBackend::new(&path, SIZE), experiment, x_label, log_x, &mine)
+                draw(BitMapBackend::new(&path, SIZE), experiment, x_label, log_x, &mine, series)
                     .map_err(|e| format!("{}: {e}", path.display()))?;
                 files.push(path);
             }
@@ -301,7 +439,15 @@ mod plot {
 
     const SIZE: (u32, u32) = (800, 500);
 
-    fn draw<DB: DrawingBackend>(backend: DB, title: &str, x_label: &str, log_x: bool, points: &[&Point]) -> Result<(), String>
+    /// One chart; `series` are (label, the arms whose points form the line).
+    fn draw<DB: DrawingBackend>(
+        backend: DB,
+        title: &str,
+        x_label: &str,
+        log_x: bool,
+        points: &[&Point],
+        series: &[(&str, Vec<&str>)],
+    ) -> Result<(), String>
     where
         DB::ErrorType: 'static,
     {
@@ -325,10 +471,10 @@ mod plot {
             .y_desc("goodput (req/s)")
             .draw()
             .map_err(fail)?;
-        for (i, arm) in ARMS.iter().enumerate() {
+        for (i, (label, arms)) in series.iter().enumerate() {
             let mut series: Vec<(f64, f64)> = points
                 .iter()
-                .filter(|p| p.arm == arm.name)
+                .filter(|p| arms.contains(&p.arm))
                 .map(|p| (if log_x { p.x.log10() } else { p.x }, p.goodput))
                 .collect();
             series.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -336,7 +482,7 @@ mod plot {
             chart
                 .draw_series(LineSeries::new(series.clone(), colour.stroke_width(2)))
                 .map_err(fail)?
-                .label(arm.name)
+                .label(*label)
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(2)));
             chart.draw_series(series.into_iter().map(|(x, y)| Circle::new((x, y), 3, colour.filled()))).map_err(fail)?;
         }
@@ -358,6 +504,39 @@ mod tests {
         assert_eq!((rn18[0], rn18[1024], rn18[2048]), (5 * MS, 125 * MS, 245 * MS));
         assert_eq!(arrivals.iter().filter(|a| a.stream == 1).count(), 250);
         assert!(arrivals.windows(2).all(|w| w[0].at <= w[1].at));
+    }
+
+    /// Fig. 11b at a size a debug build runs quickly: 48 workers at 250 req/s each,
+    /// with the per-worker scheduler cost raised (6.7 µs) so that one group of 48 is as
+    /// overloaded as one of 400 is with 94 ns (its events cost 3.9× the time between
+    /// arrivals). Under the cost model Ḡ = 12 beats Ḡ = ∞ by at least 1.5× and is at
+    /// least as good as Ḡ = 1 (within 2 %: at this load Ḡ = 1 loses nothing either, see
+    /// docs/flex.md); with free decisions Ḡ = ∞ is as good as Ḡ = 12, so the cost model
+    /// is what makes it lose.
+    #[test]
+    fn figure_11b_group_limit_12_is_best_under_the_scheduler_cost_model() {
+        const COST: [(&str, &str); 2] = [("sched_cost_us", "1.22"), ("sched_cost_per_worker_ns", "6700")];
+        const SMALL: &[Arm] = &[
+            Arm { name: "G=1", policy: "flex", params: &[("group_limit", "1"), COST[0], COST[1]] },
+            Arm { name: "G=12", policy: "flex", params: &[("group_limit", "12"), COST[0], COST[1]] },
+            Arm { name: "G=inf", policy: "flex", params: &[("group_limit", "inf"), COST[0], COST[1]] },
+            Arm { name: "G=inf-free", policy: "flex", params: &[("group_limit", "inf")] },
+        ];
+        let loader = simulation_loader().unwrap();
+        let duration = S;
+        let (pipeline, arrivals) = figure_11b(48, 250.0, duration, 11).unwrap();
+        let outcomes = run_arms_on("test", SMALL, &pipeline, duration, &arrivals, 1, &loader).unwrap();
+        let on_time = |name: &str| outcomes.iter().find(|(n, _)| *n == name).unwrap().1.report.summary.overall.outcomes.on_time;
+        let line = format!("Ḡ=1 {}, Ḡ=12 {}, Ḡ=∞ {}, free Ḡ=∞ {}", on_time("G=1"), on_time("G=12"), on_time("G=inf"), on_time("G=inf-free"));
+        println!("48 workers: {line}");
+        let (g1, g12, inf, free) = (on_time("G=1") as f64, on_time("G=12") as f64, on_time("G=inf") as f64, on_time("G=inf-free") as f64);
+        assert!(g12 >= 1.5 * inf, "{line}");
+        assert!(g12 >= 0.98 * g1, "{line}");
+        assert!(free >= 0.98 * g12, "{line}");
+        for (name, outcome) in &outcomes {
+            let overall = &outcome.report.summary.overall;
+            assert_eq!(overall.arrivals, arrivals.len() as u64, "{name}: every request counted");
+        }
     }
 
     #[test]
