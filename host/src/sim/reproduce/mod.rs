@@ -48,7 +48,7 @@ pub struct Reproduction {
 /// Every reproduction, by name.
 pub const REPRODUCTIONS: &[Reproduction] = &[
     pard::REPRODUCTION,
-    Reproduction { name: "flex", about: "SHEPHERD: FLEX with preemption vs FLEX-NP, EDF, Clockwork, Nexus (Figs. 7, 9, 11a)", run: flex::run },
+    Reproduction { name: "flex", about: "SHEPHERD: FLEX with preemption vs FLEX-NP, EDF, Clockwork, Nexus (Figs. 7, 9, 11a, 11b)", run: flex::run },
     Reproduction { name: "loki", about: "Loki (HPDC'24): hardware then accuracy scaling on the traffic-analysis pipeline vs InferLine- and Proteus-like baselines", run: loki::reproduce },
     Reproduction { name: "quart", about: "QUART (ICDCS'24): key-stage scaling of an 8-stage pipeline under bursty load, CV 0.1-8", run: quart::reproduce },
     Reproduction { name: "calm", about: "CALM vs FCFS, EDF, SJF on the Azure LLM code trace", run: calm::reproduce },
