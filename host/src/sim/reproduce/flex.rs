@@ -395,15 +395,6 @@ mod plot {
 
     use super::{Point, ARMS, FIG11B_ARMS};
 
-    const COLOURS: [RGBColor; 6] = [
-        RGBColor(31, 119, 180),
-        RGBColor(140, 86, 75),
-        RGBColor(255, 127, 14),
-        RGBColor(44, 160, 44),
-        RGBColor(214, 39, 40),
-        RGBColor(148, 103, 189),
-    ];
-
     /// Write `flex-EXPERIMENT.svg` (and `.png` when a system font is installed) for each
     /// experiment; errors name the file.
     pub fn write(dir: &Path, points: &[Point]) -> Result<Vec<PathBuf>, String> {
@@ -478,7 +469,7 @@ mod plot {
                 .map(|p| (if log_x { p.x.log10() } else { p.x }, p.goodput))
                 .collect();
             series.sort_by(|a, b| a.0.total_cmp(&b.0));
-            let colour = COLOURS[i % COLOURS.len()];
+            let colour = crate::metrics::report::colour(i);
             chart
                 .draw_series(LineSeries::new(series.clone(), colour.stroke_width(2)))
                 .map_err(fail)?
