@@ -180,8 +180,10 @@ pub struct LoadArgs {
     /// clients that give up.
     #[arg(long, default_value_t = yardmaster::serve::load::DEFAULT_MAX_OUTSTANDING)]
     pub max_outstanding: usize,
-    /// Workload: a preset (poisson, wikipedia, twitter, azure-functions) at --rate, or
-    /// `rates:FILE` or `trace:FILE` (a JSON-lines trace, e.g. one captured by `serve`).
+    /// Workload: a preset (poisson, wikipedia, twitter, azure-functions, or a per-second
+    /// rate replay: wikipedia-per-second, twitter-per-second, azure-functions-per-second)
+    /// at --rate, or `rates:FILE` or `trace:FILE` (a JSON-lines trace, e.g. one captured
+    /// by `serve`).
     #[arg(long, default_value = "poisson")]
     pub workload: String,
     /// Mean request rate of a preset workload, requests per second.
