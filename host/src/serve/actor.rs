@@ -632,7 +632,7 @@ mod tests {
         let share = report.candidate.requests as f64 / 2000.0;
         assert!((share - 0.3).abs() < 0.04, "the candidate got {share} of the requests");
         assert_eq!(report.control.requests + report.candidate.requests, 2000);
-        let metrics = handle.inspect_arms(|arms| crate::serve::prometheus::render_arms(arms)).unwrap();
+        let metrics = handle.inspect_arms(crate::serve::prometheus::render_arms).unwrap();
         assert!(metrics.contains("arm=\"fifo\"") && metrics.contains("arm=\"edf\""), "every metric is labelled by arm");
 
         // Promote while requests are in flight: every one still ends exactly once.

@@ -345,7 +345,7 @@ impl<C: Clock, X: Executor> Swapper<C, X> {
             (AbEnd::RollBack, [control, _]) => control.clone(),
             _ => return Err(SwapError::Conflict("no A/B run is in progress (or it is already ending)".into())),
         };
-        Ok(self.handle.ab(AbCommand::End(winner))?.map_err(SwapError::Conflict)?)
+        self.handle.ab(AbCommand::End(winner))?.map_err(SwapError::Conflict)
     }
 
     /// The A/B run's state and report.

@@ -189,7 +189,6 @@ mod tests {
         assert_eq!(driver.start_due(5, &mut submit), 2);
         assert_eq!(driver.next_time(), None);
         // Sorted by arrival: the second job is job 1.
-        drop(submit);
         let firsts: Vec<(u64, u32, u32, u64)> = submitted.iter().map(|(id, s, l)| (*id, s.input_size, l.stage, s.deadline)).collect();
         assert_eq!(firsts, vec![(101, 9, 1, 101), (102, 1, 1, 105)]);
         assert_eq!(submitted[0].2.job, 1);
@@ -229,7 +228,6 @@ mod tests {
         };
         driver.start_due(0, &mut submit);
         driver.ended(&[Ended { at: 101, ..ended(1, Outcome::Completed) }], 101, &mut submit);
-        drop(submit);
         assert_eq!(submitted, 1, "the second stage is not submitted");
         assert_eq!(driver.completed(), 0);
     }
