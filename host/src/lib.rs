@@ -9,7 +9,7 @@
 //! - [`sim`]: the discrete-event simulator;
 //! - [`serve`]: the live server (KServe v2 over HTTP/1.1 and HTTP/3, the ONNX Runtime
 //!   executor, inter-node QUIC, metrics, trace capture, hot swap and the admin API);
-//! - [`bench`]: decision cost of a policy as a component against the same code native.
+//! - [`bench`](mod@bench): decision cost of a policy as a component against the same code native.
 
 #![warn(missing_docs)]
 

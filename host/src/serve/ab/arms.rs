@@ -5,7 +5,7 @@
 //! Each arm is an [`Engine`] of its own with its own policy, queues, workers and
 //! accounting, so every metric is kept per arm and neither policy can see or touch the
 //! other's requests or workers. Both engines drive the one executor
-//! ([`SharedExecutor`]) and draw request and worker ids from one [`IdSpace`], so an
+//! ([`SharedExecutor`]) and draw request and worker ids from one [`IdSpace`](crate::engine::IdSpace), so an
 //! executor's report (a finished job, a worker ready) goes to the engine that owns the
 //! worker, and a client's cancellation to the engine that holds the request.
 //!

@@ -32,13 +32,13 @@ use crate::sim::workload::{read_azure_llm_trace, Arrival, AzureOptions};
 /// The trace, relative to the crate (the shared data directory).
 const TRACE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/data/azure-llm-2023/code.csv");
 /// Where the replay starts in the trace (its first minutes are nearly idle), seconds.
-const TRACE_OFFSET_S: f64 = 180.0;
+pub const TRACE_OFFSET_S: f64 = 180.0;
 /// Decode steps per frame (≈ 0.4 s at a full batch of the preset's profile).
 const FRAME_STEPS: u32 = 16;
 /// LS time between tokens at SLO scale 1 (the thesis's evaluation value).
 const TBT_MS: f64 = 100.0;
 /// The policies compared, as (shipped name, report name).
-const POLICIES: [(&str, &str); 4] = [("calm", "calm"), ("calm-fcfs", "fcfs"), ("calm-edf", "edf"), ("calm-sjf", "sjf")];
+pub const POLICIES: [(&str, &str); 4] = [("calm", "calm"), ("calm-fcfs", "fcfs"), ("calm-edf", "edf"), ("calm-sjf", "sjf")];
 
 /// SLO scales, each with the load levels (trace speed-ups) run at it.
 type Sweep = Vec<(f64, Vec<f64>)>;

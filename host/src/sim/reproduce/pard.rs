@@ -8,7 +8,7 @@
 //! Nexus-style planner scaling for the measured entry rate (5 s epochs, 10 s starts,
 //! at most 64 GPUs), starting planned for the workload's mean rate.
 //!
-//! - [`measure`]: the per-run metrics (overload goodput, drop and invalid rates, drop
+//! - [`measure`](mod@measure): the per-run metrics (overload goodput, drop and invalid rates, drop
 //!   positions, worst sliding-window drop rate);
 //! - [`tables`]: the text tables and the claims checked;
 //! - [`plots`]: the figures.
