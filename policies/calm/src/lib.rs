@@ -2,7 +2,7 @@
 //! (Z. Wu, UIUC 2025; spec `calm.md`).
 //!
 //! Every frame boundary of an iteration-level worker, each request it could run is
-//! analysed ([`analyze`]): a conservative upper bound of its remaining output
+//! analysed ([`analyze`](mod@analyze)): a conservative upper bound of its remaining output
 //! ([`predict`], a conditional quantile learned online from finished requests and
 //! refined as tokens are generated) gives the compute it still needs, hence its
 //! minimum serving bandwidth, its quota for the frame and its priority P = goodput /
@@ -20,7 +20,7 @@
 //! over the stage's remaining compute.
 //!
 //! Service classes come from the stream names (see
-//! [`yardmaster_sdk::ServiceClass`]): for a latency-sensitive stream the request's
+//! [`yardmaster_sdk::helpers::ServiceClass`]): for a latency-sensitive stream the request's
 //! deadline is its first-token deadline and tokens are then due every `tbt_ms`.
 
 pub mod analyze;

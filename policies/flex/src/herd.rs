@@ -481,7 +481,7 @@ impl Search<'_> {
     }
 }
 
-/// Analytic single-GPU goodput of a stream (§3.4 step 1 [choice]): `b*/l(b*)` with
+/// Analytic single-GPU goodput of a stream (§3.4 step 1, a choice): `b*/l(b*)` with
 /// `b*` the largest batch with `2·l(b*) ≤ slo`, or `1/l(1)` when only a batch of one
 /// fits; `latency(b)` in nanoseconds; requests per second (0 when nothing fits).
 pub fn single_gpu_goodput(latency: impl Fn(u32) -> u64, max_batch: u32, slo: u64) -> f64 {

@@ -7,10 +7,10 @@
 //! PARD, its ablations and the baselines it is compared with (naive, Nexus,
 //! Clipper++) are each a rule, so they share batching, planning and scaling exactly.
 //!
-//! Planner parameters, read by every rule's policy (defaults in brackets):
-//! `max_batch` [32] largest batch considered; `scale_epoch_ms` [5000] scaling period;
-//! `rate_window_s` [5] seconds averaged for the entry rate; `plan_grid_ms` [1] grid of
-//! the SLO split; `initial_rate` [0] entry rate (req/s) to scale for at start (0:
+//! Planner parameters, read by every rule's policy (defaults in parentheses):
+//! `max_batch` (32) largest batch considered; `scale_epoch_ms` (5000) scaling period;
+//! `rate_window_s` (5) seconds averaged for the entry rate; `plan_grid_ms` (1) grid of
+//! the SLO split; `initial_rate` (0) entry rate (req/s) to scale for at start (0:
 //! keep the configured replicas until the first epoch).
 
 use crate::helpers::{BatchBroker, Discipline, NexusPlan, Queued, ScalingPlanner, StageGraph, WorkerQueue};
