@@ -183,14 +183,19 @@ pub fn measure(
     Ok(rows)
 }
 
+/// The shipped policy `name` compiled in a sandbox of `mode` with `limits`.
+fn shipped_component(name: &str, mode: Mode, limits: Limits) -> anyhow::Result<(Sandbox, std::sync::Arc<PolicyModule>)> {
+    let sandbox = Sandbox::new(mode, limits)?;
+    let artifact = yardmaster_policy_artifacts::shipped(name).ok_or_else(|| anyhow::anyhow!("{name} is not a shipped policy"))?;
+    let module = PolicyLoader::new(sandbox.clone(), None).load(name, artifact.bytes)?;
+    Ok((sandbox, module))
+}
+
 /// Benchmark the shipped `edf` policy.
 pub fn bench_edf(batches: &[usize], events_per_run: usize, repetitions: usize) -> anyhow::Result<Vec<BenchRow>> {
     // The deadline bounds runaway policies; a benchmark on a busy machine must not trip it.
     let limits = Limits { event_deadline: std::time::Duration::from_secs(1), ..Limits::default() };
-    let sandbox = Sandbox::new(Mode::Serve, limits)?;
-    let loader = PolicyLoader::new(sandbox.clone(), None);
-    let artifact = yardmaster_policy_artifacts::shipped("edf").expect("edf is shipped");
-    let module = loader.load("edf", artifact.bytes)?;
+    let (sandbox, module) = shipped_component("edf", Mode::Serve, limits)?;
     let max_actions = sandbox.limits().max_actions;
     measure(
         &module,
@@ -296,10 +301,7 @@ fn plan_once(instance: &mut dyn PolicyInstance, arrivals: &[Event]) -> (Duration
 pub fn bench_calm_frame(requests: &[usize], repetitions: usize) -> anyhow::Result<Vec<FramePlanRow>> {
     // A planning call over thousands of requests is far longer than a serving deadline.
     let limits = Limits { event_deadline: Duration::from_secs(30), event_fuel: u64::MAX / 4, ..Limits::default() };
-    let sandbox = Sandbox::new(Mode::Simulate, limits)?;
-    let loader = PolicyLoader::new(sandbox.clone(), None);
-    let artifact = yardmaster_policy_artifacts::shipped("calm").expect("calm is shipped");
-    let module = loader.load("calm", artifact.bytes)?;
+    let (sandbox, module) = shipped_component("calm", Mode::Simulate, limits)?;
     let max_actions = sandbox.limits().max_actions;
     let mut rows = Vec::new();
     for &count in requests {

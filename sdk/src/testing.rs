@@ -7,7 +7,7 @@
 //! that field on the returned struct.
 
 use crate::{
-    Config, DeviceKind, Duration, FrameReport, Instant, LatencyPoint, Request, RequestId, SequenceState, Stage,
+    Action, Config, DeviceKind, Duration, FrameReport, Instant, LatencyPoint, Request, RequestId, SequenceState, Stage,
     StageKind, Variant, VariantId, Worker, WorkerId,
 };
 
@@ -112,6 +112,17 @@ pub fn frame_report(
             .collect(),
         kv_capacity: 0,
     }
+}
+
+/// Every dispatch in `actions`, in order, as (worker, requests).
+pub fn dispatches(actions: &[Action]) -> Vec<(WorkerId, Vec<RequestId>)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Dispatch(d) => Some((d.worker, d.requests.clone())),
+            _ => None,
+        })
+        .collect()
 }
 
 #[cfg(test)]

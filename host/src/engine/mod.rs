@@ -635,10 +635,8 @@ impl<C: Clock, X: Executor> Engine<C, X> {
             // the worker, so neither the KV count nor the frame report keeps it.
             let worker = self.state.workers.get_mut(&result.worker).expect("worker exists");
             let ended: Vec<u64> = worker.resident.keys().copied().filter(|id| !self.state.pieces.contains_key(id)).collect();
-            for &id in &ended {
-                worker.resident.remove(&id);
-            }
             for id in ended {
+                worker.resident.remove(&id);
                 self.executor.evict(result.worker, id, contract::EvictMode::Recompute);
             }
             let worker = &self.state.workers[&result.worker];

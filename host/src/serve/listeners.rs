@@ -57,6 +57,11 @@ pub struct Listeners {
 }
 
 impl Listeners {
+    /// The address clients use (TCP and UDP share the port).
+    pub fn address(&self) -> SocketAddr {
+        self.http1.or(self.http3).expect("a validated configuration keeps one transport on")
+    }
+
     /// Bind and start serving `api`. Must run inside a tokio runtime.
     pub async fn start(options: &ListenOptions, api: Arc<Api>) -> Result<Listeners> {
         let (stop, shutdown) = watch::channel(false);

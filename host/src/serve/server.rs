@@ -86,7 +86,7 @@ impl Server {
 
     /// The address clients use (TCP and UDP share the port).
     pub fn address(&self) -> std::net::SocketAddr {
-        self.listeners.http1.or(self.listeners.http3).expect("a validated configuration keeps one transport on")
+        self.listeners.address()
     }
 
     /// Where the admin API listens, when it runs.
@@ -122,7 +122,7 @@ impl Server {
 /// The lines an operator sees at start: the models, the policy and the device, where
 /// the transports listen, and where the metrics are.
 pub fn banner(listeners: &Listeners, models: &[String], policy: &str, device: &str) -> String {
-    let address = listeners.http1.or(listeners.http3).expect("a validated configuration keeps one transport on");
+    let address = listeners.address();
     let mut transports = Vec::new();
     if listeners.http1.is_some() {
         transports.push("HTTP/1.1 over TCP".to_string());

@@ -53,13 +53,7 @@ pub fn request(id: u64, stream: u32, at: u64, prompt: u32, hint: u32) -> Request
 
 /// The requests dispatched in `actions` (the first dispatch).
 pub fn dispatched(actions: &[Action]) -> Vec<u64> {
-    actions
-        .iter()
-        .find_map(|a| match a {
-            Action::Dispatch(d) => Some(d.requests.clone()),
-            _ => None,
-        })
-        .unwrap_or_default()
+    yardmaster_sdk::testing::dispatches(actions).into_iter().next().map(|(_, requests)| requests).unwrap_or_default()
 }
 
 /// A frame report for worker 0: each `(id, generated, finished)` with its KV.

@@ -3,6 +3,7 @@
 //! admission timeout and no wasted expiry. (Δ-invariance is in `analyze`,
 //! refinement monotonicity in `predict` and `analyze`.)
 
+use yardmaster_sdk::testing::dispatches;
 use yardmaster_sdk::{Action, DropReason, EvictMode, Event, Snapshot};
 
 use crate::analyze::Analysis;
@@ -339,16 +340,6 @@ fn adversarial_edf_instance_calm_completes_the_valuable_request_edf_does_not() {
     assert_eq!(on_time_b(&finished), 5, "EDF earns exactly the N small requests");
 }
 
-/// Every dispatch in `actions`, as (worker, requests).
-fn dispatches(actions: &[Action]) -> Vec<(u32, Vec<u64>)> {
-    actions
-        .iter()
-        .filter_map(|a| match a {
-            Action::Dispatch(d) => Some((d.worker, d.requests.clone())),
-            _ => None,
-        })
-        .collect()
-}
 
 #[test]
 fn power_of_k_binds_each_request_to_exactly_one_of_its_sampled_replicas() {

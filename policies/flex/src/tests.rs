@@ -825,7 +825,7 @@ mod adapter {
     }
 
     fn dispatched(actions: &[Action]) -> Vec<Vec<RequestId>> {
-        actions.iter().filter_map(|a| if let Action::Dispatch(x) = a { Some(x.requests.clone()) } else { None }).collect()
+        yardmaster_sdk::testing::dispatches(actions).into_iter().map(|(_, requests)| requests).collect()
     }
 
     #[test]

@@ -90,7 +90,7 @@ impl LlmServer {
 
     /// The address clients use (TCP and UDP share the port).
     pub fn address(&self) -> std::net::SocketAddr {
-        self.listeners.http1.or(self.listeners.http3).expect("a validated configuration keeps one transport on")
+        self.listeners.address()
     }
 
     /// The lines an operator sees at start.

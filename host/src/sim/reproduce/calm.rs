@@ -55,6 +55,13 @@ pub struct Setting {
     pub runs: Vec<(String, LlmGoodputSummary)>,
 }
 
+impl Setting {
+    /// The goodput of the policy reported as `name`, if it ran.
+    pub fn run(&self, name: &str) -> Option<&LlmGoodputSummary> {
+        self.runs.iter().find(|(n, _)| n == name).map(|(_, g)| g)
+    }
+}
+
 /// Requests of the trace from [`TRACE_OFFSET_S`] on, replayed `speedup` times
 /// faster, with streams assigned 1:1 (LS, DS) by arrival order.
 fn arrivals(speedup: f64, duration: u64) -> Result<Vec<Arrival>> {
@@ -240,7 +247,7 @@ pub fn run_two_replicas(fast: f64, speedup: f64, duration: u64, seed: u64) -> Re
 
 /// CALM's token goodput over the best baseline's.
 pub fn calm_advantage(setting: &Setting) -> f64 {
-    let calm = setting.runs.iter().find(|(n, _)| n == "calm").map_or(0.0, |(_, g)| g.token_goodput);
+    let calm = setting.run("calm").map_or(0.0, |g| g.token_goodput);
     let best = setting.runs.iter().filter(|(n, _)| n != "calm").map(|(_, g)| g.token_goodput).fold(0.0, f64::max);
     if best > 0.0 { calm / best } else { f64::INFINITY }
 }
@@ -251,6 +258,11 @@ fn class_tokens(g: &LlmGoodputSummary, class: &str) -> f64 {
 
 fn class_met(g: &LlmGoodputSummary, class: &str) -> String {
     g.classes.get(class).map_or("-".into(), |c| format!("{}/{}", c.met, c.requests))
+}
+
+/// (met, requests) of a class, (0, 0) when none ended.
+fn class_counts(g: &LlmGoodputSummary, class: &str) -> (u64, u64) {
+    g.classes.get(class).map_or((0, 0), |c| (c.met, c.requests))
 }
 
 /// Run the reproduction.
@@ -281,7 +293,7 @@ pub fn reproduce(opts: &ReproduceOptions) -> Result<String> {
         "SLO×", "load×", "req/s", "calm", "fcfs", "edf", "sjf", "calm/×", "calm LS met", "calm DS met"
     )?;
     for s in &settings {
-        let g = |name: &str| s.runs.iter().find(|(n, _)| n == name).map(|(_, g)| g.clone()).unwrap_or_default();
+        let g = |name: &str| s.run(name).cloned().unwrap_or_default();
         writeln!(
             text,
             "{:>5.1} {:>6.1} {:>7.2}  {:>10.0} {:>10.0} {:>10.0} {:>10.0}  {:>7.2}  {:>13} {:>13}",
@@ -297,8 +309,7 @@ pub fn reproduce(opts: &ReproduceOptions) -> Result<String> {
             class_met(&g("calm"), "ds"),
         )?;
         for (name, g) in &s.runs {
-            let (lm, lr) = g.classes.get("ls").map_or((0, 0), |c| (c.met, c.requests));
-            let (dm, dr) = g.classes.get("ds").map_or((0, 0), |c| (c.met, c.requests));
+            let ((lm, lr), (dm, dr)) = (class_counts(g, "ls"), class_counts(g, "ds"));
             writeln!(
                 csv,
                 "{},{},{:.3},{},{:.3},{:.4},{:.3},{:.3},{lm},{lr},{dm},{dr}",
@@ -330,7 +341,7 @@ pub fn reproduce(opts: &ReproduceOptions) -> Result<String> {
         "load×", "calls/s", "calm", "fcfs", "edf", "sjf", "calm/×", "calm CP", "fcfs CP", "edf CP", "sjf CP"
     )?;
     for s in &compound {
-        let g = |name: &str| s.runs.iter().find(|(n, _)| n == name).map(|(_, g)| g.clone()).unwrap_or_default();
+        let g = |name: &str| s.run(name).cloned().unwrap_or_default();
         writeln!(
             text,
             "{:>6.1} {:>7.2}  {:>10.0} {:>10.0} {:>10.0} {:>10.0}  {:>7.2}  {:>9} {:>9} {:>9} {:>9}",
@@ -347,8 +358,7 @@ pub fn reproduce(opts: &ReproduceOptions) -> Result<String> {
             class_met(&g("sjf"), "cp"),
         )?;
         for (name, g) in &s.runs {
-            let met = |c: &str| g.classes.get(c).map_or((0, 0), |c| (c.met, c.requests));
-            let ((cm, cr), (dm, dr), (lm, lr)) = (met("cp"), met("ds"), met("ls"));
+            let ((cm, cr), (dm, dr), (lm, lr)) = (class_counts(g, "cp"), class_counts(g, "ds"), class_counts(g, "ls"));
             writeln!(
                 cp_csv,
                 "{},{:.3},{name},{:.3},{:.4},{:.3},{cm},{cr},{dm},{dr},{lm},{lr}",
@@ -419,7 +429,7 @@ mod tests {
         for (name, g) in &setting.runs {
             assert!(g.classes.get("cp").is_some_and(|c| c.requests > 0), "{name}: no compound job counted");
         }
-        let calm = setting.runs.iter().find(|(n, _)| n == "calm").map(|(_, g)| g.clone()).expect("calm ran");
+        let calm = setting.run("calm").cloned().expect("calm ran");
         assert!(calm.classes["cp"].met > 0, "CALM completed no compound job in time");
         let advantage = calm_advantage(&setting);
         assert!(advantage > 1.0, "CALM ÷ best baseline = {advantage}");
@@ -472,13 +482,17 @@ mod tests {
     fn calm_leads_under_overload_keeps_its_goodput_and_costs_nothing_at_half_load() {
         for load in [1.0, 1.45] {
             let (calm, first, second) = steady("calm", &[], load * CAPACITY_RPS);
+            let mut fcfs_minutes = (0, 0);
             for baseline in ["calm-fcfs", "calm-edf", "calm-sjf"] {
-                let (other, ..) = steady(baseline, &[], load * CAPACITY_RPS);
+                let (other, other_first, other_second) = steady(baseline, &[], load * CAPACITY_RPS);
                 assert!(calm > other, "{load}× capacity: calm {calm:.0} vs {baseline} {other:.0} tokens/s");
+                if baseline == "calm-fcfs" {
+                    fcfs_minutes = (other_first, other_second);
+                }
             }
             if load > 1.0 {
                 assert!(second as f64 >= 0.85 * first as f64, "calm's goodput fell from {first} to {second}");
-                let (_, fcfs_first, fcfs_second) = steady("calm-fcfs", &[], load * CAPACITY_RPS);
+                let (fcfs_first, fcfs_second) = fcfs_minutes;
                 assert!((fcfs_second as f64) < 0.5 * fcfs_first as f64, "fcfs held from {fcfs_first} to {fcfs_second}");
             }
         }
