@@ -8,7 +8,8 @@
 //! (`lib.rs`) turns decisions into actions, and the tests drive it directly with
 //! exact latencies.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
 use yardmaster_sdk::helpers::ModelCatalog;
 use yardmaster_sdk::{DropReason, Instant, RequestId, StageId, WorkerId};
@@ -28,8 +29,12 @@ pub enum BatchMode {
 /// Which candidate batch wins across models.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Selection {
-    /// FLEX: the largest batch (ties → earlier deadline, then model index).
+    /// FLEX as written: the largest batch (ties → earlier deadline, then model index).
     Largest,
+    /// The default: earliest deadline first while the group can still meet every
+    /// queued deadline that way, the largest batch once it cannot (an idle worker's
+    /// choice; a preempting batch is always the largest).
+    Adaptive,
     /// The EDF-inside-FLEX ablation: the batch with the earliest deadline.
     Earliest,
 }
@@ -66,6 +71,10 @@ pub struct Settings {
     pub selection: Selection,
     /// Order of busy workers in DISPATCH.
     pub busy_order: BusyOrder,
+    /// Skip a preemption of a batch of b unless the preempting batch would lose at
+    /// least λ·b of its requests by waiting for the group's other workers (false:
+    /// Algorithm 1 as written). With one worker it never skips.
+    pub defer_preemption: bool,
 }
 
 impl Default for Settings {
@@ -75,8 +84,22 @@ impl Default for Settings {
             max_batch: 128,
             preempt_delay_fraction: 0.0,
             batch_mode: BatchMode::Largest,
-            selection: Selection::Largest,
+            selection: Selection::Adaptive,
             busy_order: BusyOrder::LatestStart,
+            defer_preemption: true,
+        }
+    }
+}
+
+impl Settings {
+    /// FLEX as the paper writes it (spec §3): the largest batch always wins, every
+    /// preemption the λ rule allows is made, and DISPATCH offers busy workers by id.
+    pub fn paper() -> Self {
+        Self {
+            selection: Selection::Largest,
+            defer_preemption: false,
+            busy_order: BusyOrder::Id,
+            ..Self::default()
         }
     }
 }
@@ -338,10 +361,10 @@ impl FlexGroup {
     }
 
     /// DISPATCH (lines 17–30): idle workers first, by id, then busy ones in
-    /// `busy_order`; an idle
-    /// worker starts the largest feasible batch, a busy one is preempted when that
-    /// batch is at least λ times its running batch, and the loop restarts after each
-    /// preemption.
+    /// `busy_order`; an idle worker starts the largest feasible batch (or the adaptive
+    /// selection's), a busy one is preempted when that batch is at least λ times its
+    /// running batch (and, with `defer_preemption`, waiting would lose at least as
+    /// many), and the loop restarts after each preemption.
     pub fn dispatch(&mut self, catalog: &ModelCatalog, now: Instant, out: &mut Vec<Decision>) {
         loop {
             let mut busy: Vec<(WorkerId, &Running)> =
@@ -373,6 +396,12 @@ impl FlexGroup {
                     None => self.start(catalog, worker, candidate, now, out),
                     Some(size) => {
                         if (candidate.keys.len() as f64) < self.settings.lambda * size as f64 {
+                            continue;
+                        }
+                        if self.settings.defer_preemption
+                            && (self.lost_by_waiting(catalog, &candidate, worker, now) as f64)
+                                < self.settings.lambda * size as f64
+                        {
                             continue;
                         }
                         self.preempt(catalog, worker, candidate, now, out);
@@ -471,9 +500,152 @@ impl FlexGroup {
                 best = Some((model, window));
             }
         }
-        let (model, window) = best?;
+        let (mut model, mut window) = best?;
+        if self.settings.selection == Selection::Adaptive {
+            if let Some(urgent) = self.edf_when_feasible(catalog, worker, start) {
+                (model, window) = urgent;
+            }
+        }
         let keys = self.window_keys(catalog, model, worker, start, &window);
         Some(Candidate { model, keys })
+    }
+
+    /// How many of `candidate`'s requests would miss their deadlines if, instead of
+    /// preempting `worker` now, they waited for the group's other workers: each worker,
+    /// in the order they free, takes the largest feasible batch of what is left of the
+    /// candidate (other models' claims on those workers are ignored). The whole
+    /// candidate when there is no other worker.
+    fn lost_by_waiting(
+        &self,
+        catalog: &ModelCatalog,
+        candidate: &Candidate,
+        worker: WorkerId,
+        now: Instant,
+    ) -> usize {
+        let mut frees: Vec<Instant> = self
+            .workers
+            .iter()
+            .filter(|(&id, _)| id != worker)
+            .map(|(_, w)| w.run.as_ref().map_or(now, |r| r.end.max(now)))
+            .collect();
+        frees.sort_unstable();
+        let mut left: BTreeSet<Key> = candidate.keys.iter().copied().collect();
+        let alone = catalog.get(candidate.model).latency(1);
+        for free in frees {
+            let Some(window) = self.window(catalog, candidate.model, &left, &[], free) else {
+                continue;
+            };
+            let served: Vec<Key> = left
+                .iter()
+                .copied()
+                .filter(|k| free.saturating_add(alone) <= k.0)
+                .skip(window.from)
+                .take(window.size)
+                .collect();
+            for key in served {
+                left.remove(&key);
+            }
+            if left.is_empty() {
+                break;
+            }
+        }
+        left.len()
+    }
+
+    /// The adaptive selection's choice for an idle `worker`: when every queued request
+    /// can still meet its deadline if the group serves the queues earliest deadline
+    /// first (each batch as large as its most urgent request allows, on whichever
+    /// worker frees first), the batch of the most urgent request; `None` (the largest
+    /// batch wins) when that schedule would miss a deadline or the queues are too long
+    /// to check.
+    fn edf_when_feasible(
+        &self,
+        catalog: &ModelCatalog,
+        worker: WorkerId,
+        start: Instant,
+    ) -> Option<(usize, Window)> {
+        /// Batches the check simulates before it calls the group loaded.
+        const CHECK_LIMIT: usize = 256;
+        let w = self.workers.get(&worker)?;
+        if w.run.is_some() {
+            return None;
+        }
+        let stage = w.stage;
+        // Per model: its requests that can still finish alone, in deadline order.
+        let mut pending: Vec<(usize, Vec<Instant>)> = Vec::new();
+        for (&model, queue) in &self.queues {
+            let info = catalog.get(model);
+            if info.stage != stage {
+                continue;
+            }
+            let alone = info.latency(1);
+            let deadlines: Vec<Instant> = queue
+                .iter()
+                .filter(|k| start.saturating_add(alone) <= k.0)
+                .map(|k| k.0)
+                .collect();
+            if deadlines.len() > CHECK_LIMIT * 128 {
+                return None;
+            }
+            if !deadlines.is_empty() {
+                pending.push((model, deadlines));
+            }
+        }
+        if pending.is_empty() {
+            return None;
+        }
+        let mut free: BinaryHeap<Reverse<(Instant, WorkerId)>> = self
+            .workers
+            .iter()
+            .filter(|(_, other)| other.stage == stage)
+            .map(|(&id, other)| {
+                Reverse((
+                    if id == worker {
+                        start
+                    } else {
+                        other.run.as_ref().map_or(start, |r| r.end.max(start))
+                    },
+                    id,
+                ))
+            })
+            .collect();
+        let mut heads: BinaryHeap<Reverse<(Instant, usize, usize)>> = pending
+            .iter()
+            .enumerate()
+            .map(|(i, (model, d))| Reverse((d[0], *model, i)))
+            .collect();
+        let mut offsets = vec![0usize; pending.len()];
+        let mut first: Option<(usize, Window)> = None;
+        for _ in 0..CHECK_LIMIT {
+            let Some(Reverse((deadline, model, i))) = heads.pop() else {
+                return first;
+            };
+            let Reverse((at, id)) = free.pop()?;
+            let info = catalog.get(model);
+            let limit = self.settings.max_batch.min(info.max_batch).max(1);
+            let remaining = pending[i].1.len() - offsets[i];
+            let size = remaining
+                .min(info.largest_batch_within(deadline.saturating_sub(at), limit) as usize);
+            if size == 0 {
+                return None;
+            }
+            if first.is_none() {
+                first = Some((
+                    model,
+                    Window {
+                        from: 0,
+                        size,
+                        deadline,
+                    },
+                ));
+            }
+            offsets[i] += size;
+            free.push(Reverse((at + info.latency(size as u32), id)));
+            if offsets[i] < pending[i].1.len() {
+                heads.push(Reverse((pending[i].1[offsets[i]], model, i)));
+            }
+        }
+        None
     }
 
     /// The running requests of `worker` if it runs `model` (they may be re-batched).
@@ -486,9 +658,10 @@ impl FlexGroup {
 
     /// Whether candidate `a` beats `b` across models.
     fn better(&self, a: (usize, &Window), b: (usize, &Window)) -> bool {
-        use std::cmp::Reverse;
         match self.settings.selection {
-            Selection::Largest => (Reverse(a.1.size), a.1.deadline, a.0) < (Reverse(b.1.size), b.1.deadline, b.0),
+            Selection::Largest | Selection::Adaptive => {
+                (Reverse(a.1.size), a.1.deadline, a.0) < (Reverse(b.1.size), b.1.deadline, b.0)
+            }
             Selection::Earliest => (a.1.deadline, Reverse(a.1.size), a.0) < (b.1.deadline, Reverse(b.1.size), b.0),
         }
     }

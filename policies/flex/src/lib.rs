@@ -9,7 +9,12 @@
 //! arrival every worker is offered the largest feasible batch and a running batch is
 //! preempted when that batch is at least λ (3.03) times larger; preempted requests that
 //! can still finish go back to their queues, the others and every request that can no
-//! longer finish even alone are dropped. HERD ([`herd`]) splits the workers into groups
+//! longer finish even alone are dropped. Two refinements are on by default (each can
+//! be turned off for the paper's rules, see [`params`]): while the group could still
+//! meet every queued deadline serving earliest deadline first, an idle worker takes the
+//! most urgent batch instead of the largest (`select = adaptive`); and a preemption is
+//! skipped when the preempting batch would lose fewer than λ·b of its requests by
+//! waiting for the group's other workers (`defer_preemption`). HERD ([`herd`]) splits the workers into groups
 //! of at most Ḡ = 12 and maps streams to groups, at start-up and every period on ticks,
 //! from the arrival rates it measured.
 //!

@@ -6,7 +6,8 @@
 //! | `max_batch` | 128 | B_max (also capped by each stage's `max-batch`) |
 //! | `preempt_delay` | 0 | estimated preemption delay δ_pre as a fraction of the running batch's latency; the policy uses the larger of this and the delay it measures (preempt → the worker's next `worker-idle`) |
 //! | `batch_mode` | `largest` | `largest` (largest feasible deadline window) or `prefix` (literal Algorithm 2) |
-//! | `select` | `largest` | `largest` (FLEX) or `earliest` (the EDF-inside-FLEX ablation) |
+//! | `select` | `adaptive` | `adaptive` (an idle worker serves the most urgent batch while the group could meet every queued deadline in earliest-deadline order, the largest batch once it could not), `largest` (FLEX as the paper writes it: the largest batch always) or `earliest` (the EDF-inside-FLEX ablation) |
+//! | `defer_preemption` | true | skip a preemption unless the preempting batch would lose at least λ·b of its requests by waiting for the group's other workers; `false` is Algorithm 1 as written |
 //! | `busy_order` | `latest_start` | order of busy workers offered a preempting batch: `latest_start` (most recently started batch first), `id` (spec §9 choice 4), `latest_end` (batch ending last first) |
 //! | `coalesce` | false | queue every arrival of a decision point before dispatching once |
 //! | `tick_sweep` | true | drop unreachable queued requests on every tick |
@@ -67,10 +68,11 @@ impl FlexParams {
             "prefix" => BatchMode::Prefix,
             other => return Err(format!("parameter `batch_mode`: {other:?} is neither largest nor prefix")),
         };
-        let selection = match ctx.param_or("select", String::from("largest"))?.as_str() {
+        let selection = match ctx.param_or("select", String::from("adaptive"))?.as_str() {
+            "adaptive" => Selection::Adaptive,
             "largest" => Selection::Largest,
             "earliest" => Selection::Earliest,
-            other => return Err(format!("parameter `select`: {other:?} is neither largest nor earliest")),
+            other => return Err(format!("parameter `select`: {other:?} is not adaptive, largest or earliest")),
         };
         let busy_order = match ctx.param_or("busy_order", String::from("latest_start"))?.as_str() {
             "id" => BusyOrder::Id,
@@ -108,7 +110,15 @@ impl FlexParams {
             return Err("parameter `herd_period_s` must be positive".into());
         }
         Ok(Self {
-            settings: Settings { lambda, max_batch, preempt_delay_fraction: preempt_delay, batch_mode, selection, busy_order },
+            settings: Settings {
+                lambda,
+                max_batch,
+                preempt_delay_fraction: preempt_delay,
+                batch_mode,
+                selection,
+                busy_order,
+                defer_preemption: ctx.param_or("defer_preemption", true)?,
+            },
             coalesce,
             tick_sweep: ctx.param_or("tick_sweep", true)?,
             herd: ctx.param_or("herd", true)?,
