@@ -515,34 +515,14 @@ impl FlexGroup {
     /// in the order they free, takes the largest feasible batch of what is left of the
     /// candidate (other models' claims on those workers are ignored). The whole
     /// candidate when there is no other worker.
-    fn lost_by_waiting(
-        &self,
-        catalog: &ModelCatalog,
-        candidate: &Candidate,
-        worker: WorkerId,
-        now: Instant,
-    ) -> usize {
-        let mut frees: Vec<Instant> = self
-            .workers
-            .iter()
-            .filter(|(&id, _)| id != worker)
-            .map(|(_, w)| w.run.as_ref().map_or(now, |r| r.end.max(now)))
-            .collect();
+    fn lost_by_waiting(&self, catalog: &ModelCatalog, candidate: &Candidate, worker: WorkerId, now: Instant) -> usize {
+        let mut frees: Vec<Instant> =
+            self.workers.iter().filter(|(&id, _)| id != worker).map(|(_, w)| w.free_at(now)).collect();
         frees.sort_unstable();
         let mut left: BTreeSet<Key> = candidate.keys.iter().copied().collect();
-        let alone = catalog.get(candidate.model).latency(1);
         for free in frees {
-            let Some(window) = self.window(catalog, candidate.model, &left, &[], free) else {
-                continue;
-            };
-            let served: Vec<Key> = left
-                .iter()
-                .copied()
-                .filter(|k| free.saturating_add(alone) <= k.0)
-                .skip(window.from)
-                .take(window.size)
-                .collect();
-            for key in served {
+            let Some(window) = self.window(catalog, candidate.model, &left, &[], free) else { continue };
+            for key in window_members(catalog, candidate.model, left.iter().copied(), free, &window) {
                 left.remove(&key);
             }
             if left.is_empty() {
@@ -556,93 +536,54 @@ impl FlexGroup {
     /// can still meet its deadline if the group serves the queues earliest deadline
     /// first (each batch as large as its most urgent request allows, on whichever
     /// worker frees first), the batch of the most urgent request; `None` (the largest
-    /// batch wins) when that schedule would miss a deadline or the queues are too long
-    /// to check.
-    fn edf_when_feasible(
-        &self,
-        catalog: &ModelCatalog,
-        worker: WorkerId,
-        start: Instant,
-    ) -> Option<(usize, Window)> {
-        /// Batches the check simulates before it calls the group loaded.
+    /// batch wins) when that schedule would miss a deadline or needs more batches than
+    /// the check plays out.
+    fn edf_when_feasible(&self, catalog: &ModelCatalog, worker: WorkerId, start: Instant) -> Option<(usize, Window)> {
+        /// Batches the check plays out before it calls the group loaded.
         const CHECK_LIMIT: usize = 256;
         let w = self.workers.get(&worker)?;
         if w.run.is_some() {
             return None;
         }
         let stage = w.stage;
-        // Per model: its requests that can still finish alone, in deadline order.
-        let mut pending: Vec<(usize, Vec<Instant>)> = Vec::new();
+        // Per model of the stage: the deadlines of its requests that can still finish
+        // alone, in order, read lazily (the check stops after CHECK_LIMIT batches).
+        let mut pending = Vec::new();
+        let mut heads: BinaryHeap<Reverse<(Instant, usize, usize)>> = BinaryHeap::new();
         for (&model, queue) in &self.queues {
             let info = catalog.get(model);
             if info.stage != stage {
                 continue;
             }
             let alone = info.latency(1);
-            let deadlines: Vec<Instant> = queue
-                .iter()
-                .filter(|k| start.saturating_add(alone) <= k.0)
-                .map(|k| k.0)
-                .collect();
-            if deadlines.len() > CHECK_LIMIT * 128 {
-                return None;
+            let mut deadlines = queue.iter().map(|k| k.0).filter(move |&d| start.saturating_add(alone) <= d).peekable();
+            if let Some(&first) = deadlines.peek() {
+                heads.push(Reverse((first, model, pending.len())));
+                pending.push(deadlines);
             }
-            if !deadlines.is_empty() {
-                pending.push((model, deadlines));
-            }
-        }
-        if pending.is_empty() {
-            return None;
         }
         let mut free: BinaryHeap<Reverse<(Instant, WorkerId)>> = self
             .workers
             .iter()
             .filter(|(_, other)| other.stage == stage)
-            .map(|(&id, other)| {
-                Reverse((
-                    if id == worker {
-                        start
-                    } else {
-                        other.run.as_ref().map_or(start, |r| r.end.max(start))
-                    },
-                    id,
-                ))
-            })
+            .map(|(&id, other)| Reverse((if id == worker { start } else { other.free_at(start) }, id)))
             .collect();
-        let mut heads: BinaryHeap<Reverse<(Instant, usize, usize)>> = pending
-            .iter()
-            .enumerate()
-            .map(|(i, (model, d))| Reverse((d[0], *model, i)))
-            .collect();
-        let mut offsets = vec![0usize; pending.len()];
         let mut first: Option<(usize, Window)> = None;
         for _ in 0..CHECK_LIMIT {
-            let Some(Reverse((deadline, model, i))) = heads.pop() else {
-                return first;
-            };
+            let Some(Reverse((deadline, model, i))) = heads.pop() else { return first };
             let Reverse((at, id)) = free.pop()?;
             let info = catalog.get(model);
             let limit = self.settings.max_batch.min(info.max_batch).max(1);
-            let remaining = pending[i].1.len() - offsets[i];
-            let size = remaining
-                .min(info.largest_batch_within(deadline.saturating_sub(at), limit) as usize);
+            let fits = info.largest_batch_within(deadline.saturating_sub(at), limit) as usize;
+            let requests = &mut pending[i];
+            let size = requests.by_ref().take(fits).count();
             if size == 0 {
                 return None;
             }
-            if first.is_none() {
-                first = Some((
-                    model,
-                    Window {
-                        from: 0,
-                        size,
-                        deadline,
-                    },
-                ));
-            }
-            offsets[i] += size;
+            first.get_or_insert((model, Window { from: 0, size, deadline }));
             free.push(Reverse((at + info.latency(size as u32), id)));
-            if offsets[i] < pending[i].1.len() {
-                heads.push(Reverse((pending[i].1[offsets[i]], model, i)));
+            if let Some(&next) = requests.peek() {
+                heads.push(Reverse((next, model, i)));
             }
         }
         None
@@ -728,16 +669,34 @@ impl FlexGroup {
         Some(Window { from, size, deadline })
     }
 
-    /// The requests of a window found by [`Self::window`].
+    /// The requests of a window found by [`Self::window`] for `worker`.
     fn window_keys(&self, catalog: &ModelCatalog, model: usize, worker: WorkerId, start: Instant, window: &Window) -> Vec<Key> {
-        let alone = catalog.get(model).latency(1);
         let extra = self.extra(worker, model);
-        merge_sorted(self.queues[&model].iter().copied(), extra.iter().copied())
-            .filter(|k| start.saturating_add(alone) <= k.0)
-            .skip(window.from)
-            .take(window.size)
-            .collect()
+        let requests = merge_sorted(self.queues[&model].iter().copied(), extra.iter().copied());
+        window_members(catalog, model, requests, start, window)
     }
+}
+
+impl GroupWorker {
+    /// When the worker can start a new batch, seen at `now`: now if idle, else when its
+    /// batch ends.
+    fn free_at(&self, now: Instant) -> Instant {
+        self.run.as_ref().map_or(now, |r| r.end.max(now))
+    }
+}
+
+/// The requests `window` (found by [`FlexGroup::window`] at `start`) picks from
+/// `requests` (one model's, in deadline order): it counts only those that can still
+/// finish alone when started at `start`.
+fn window_members(
+    catalog: &ModelCatalog,
+    model: usize,
+    requests: impl Iterator<Item = Key>,
+    start: Instant,
+    window: &Window,
+) -> Vec<Key> {
+    let alone = catalog.get(model).latency(1);
+    requests.filter(|k| start.saturating_add(alone) <= k.0).skip(window.from).take(window.size).collect()
 }
 
 /// A candidate batch as a window of a model's feasible requests in deadline order.

@@ -499,22 +499,10 @@ fn figure_3_toy_one_gpu_misses_seven_six_gpus_serve_all() {
 fn preempts_with_another_worker_busy(defer_preemption: bool, deadline: Instant) -> bool {
     let config = config(&[("m", MS, 10 * MS)], 128, 2, 0);
     let catalog = ModelCatalog::from_config(&config);
-    let mut group = FlexGroup::new(
-        Settings {
-            defer_preemption,
-            ..Settings::default()
-        },
-        vec![0],
-    );
+    let mut group = FlexGroup::new(Settings { defer_preemption, ..Settings::default() }, vec![0]);
     for worker in 0..2 {
         group.add_worker(worker, 0);
-        group.occupy(
-            &catalog,
-            worker,
-            0,
-            vec![(50 * MS, 0, 100 + u64::from(worker))],
-            0,
-        );
+        group.occupy(&catalog, worker, 0, vec![(50 * MS, 0, 100 + u64::from(worker))], 0);
     }
     let mut out = Vec::new();
     for id in 0..4 {
@@ -537,19 +525,10 @@ fn a_preemption_waits_while_another_worker_frees_in_time() {
 /// One idle worker choosing between 128 RN18 requests due at `rn18_deadline` and one
 /// RS269 request due at 80 ms (it takes 78.57 ms alone).
 fn choice(selection: Selection, rn18_deadline: Instant) -> (usize, usize) {
-    let models = [
-        ("rn18", 220 * US, 3_740 * US),
-        ("rs269", 4_370 * US, 74_200 * US),
-    ];
+    let models = [("rn18", 220 * US, 3_740 * US), ("rs269", 4_370 * US, 74_200 * US)];
     let config = config(&models, 128, 1, 0);
     let catalog = ModelCatalog::from_config(&config);
-    let mut group = FlexGroup::new(
-        Settings {
-            selection,
-            ..Settings::default()
-        },
-        vec![0, 1],
-    );
+    let mut group = FlexGroup::new(Settings { selection, ..Settings::default() }, vec![0, 1]);
     for id in 0..128 {
         group.enqueue(0, (rn18_deadline, 0, id));
     }
@@ -558,9 +537,7 @@ fn choice(selection: Selection, rn18_deadline: Instant) -> (usize, usize) {
     let mut out = Vec::new();
     group.idle(&catalog, 0, 0, &mut out);
     match &out[..] {
-        [Decision::Start {
-            model, requests, ..
-        }] => (*model, requests.len()),
+        [Decision::Start { model, requests, .. }] => (*model, requests.len()),
         other => panic!("{other:?}"),
     }
 }
@@ -1068,62 +1045,22 @@ fn variants_on_the_cluster() {
     let literal = Settings::paper();
     let arms: Vec<(&str, Settings)> = vec![
         ("paper", literal.clone()),
-        (
-            "defer",
-            Settings {
-                defer_preemption: true,
-                ..literal.clone()
-            },
-        ),
-        (
-            "adaptive",
-            Settings {
-                selection: Selection::Adaptive,
-                ..literal.clone()
-            },
-        ),
+        ("defer", Settings { defer_preemption: true, ..literal.clone() }),
+        ("adaptive", Settings { selection: Selection::Adaptive, ..literal.clone() }),
         ("both", Settings::default()),
-        (
-            "np-paper",
-            Settings {
-                lambda: f64::INFINITY,
-                ..literal.clone()
-            },
-        ),
-        (
-            "np",
-            Settings {
-                lambda: f64::INFINITY,
-                ..Settings::default()
-            },
-        ),
-        (
-            "edf",
-            Settings {
-                lambda: f64::INFINITY,
-                selection: Selection::Earliest,
-                ..literal.clone()
-            },
-        ),
+        ("np-paper", Settings { lambda: f64::INFINITY, ..literal.clone() }),
+        ("np", Settings { lambda: f64::INFINITY, ..Settings::default() }),
+        ("edf", Settings { lambda: f64::INFINITY, selection: Selection::Earliest, ..literal.clone() }),
     ];
-    let rate: f64 = std::env::var("FLEX_RATE")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(2_900.0);
+    let rate: f64 = std::env::var("FLEX_RATE").ok().and_then(|r| r.parse().ok()).unwrap_or(2_900.0);
     for slo in [50 * MS, 100 * MS, 250 * MS, 500 * MS] {
         for seed in [1u64, 2] {
             let mut line = format!("rate {rate} SLO {:>3} ms seed {seed}:", slo / MS);
             for (name, settings) in &arms {
                 let des = cluster_run(settings.clone(), slo, rate, 5.0, seed);
                 assert!(des.fates.values().all(|f| *f != Fate::Late), "{name}");
-                let _ = std::fmt::Write::write_fmt(
-                    &mut line,
-                    format_args!(
-                        " {name} {} ({}p)",
-                        des.served(),
-                        des.group.stats().preemptions
-                    ),
-                );
+                let preemptions = des.group.stats().preemptions;
+                let _ = std::fmt::Write::write_fmt(&mut line, format_args!(" {name} {} ({preemptions}p)", des.served()));
             }
             println!("{line}");
         }

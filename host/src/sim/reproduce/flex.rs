@@ -290,30 +290,12 @@ const BASELINES: &[&str] = &["flex-np", "flex-edf", "clockwork", "nexus"];
 /// For every point of Figs. 11a, 7 and 9: FLEX's on-time requests over the best
 /// baseline's, and how many points FLEX leads or ties.
 fn against_best_baseline(points: &[Point]) -> String {
-    let mut out =
-        String::from("\nFLEX against the best baseline at each point (on-time requests)\n");
+    let mut out = String::from("\nFLEX against the best baseline at each point (on-time requests)\n");
     let (mut ahead, mut total) = (0, 0);
     for experiment in ["fig11a", "fig7", "fig9"] {
-        let mut xs: Vec<f64> = points
-            .iter()
-            .filter(|p| p.experiment == experiment)
-            .map(|p| p.x)
-            .collect();
-        xs.dedup();
-        for x in xs {
-            let at = |arm: &str| {
-                points
-                    .iter()
-                    .find(|p| p.experiment == experiment && p.x == x && p.arm == arm)
-            };
-            let Some(flex) = at("flex") else { continue };
-            let Some(best) = BASELINES
-                .iter()
-                .filter_map(|arm| at(arm))
-                .max_by_key(|p| p.on_time)
-            else {
-                continue;
-            };
+        for flex in points.iter().filter(|p| p.experiment == experiment && p.arm == "flex") {
+            let best = BASELINES.iter().filter_map(|arm| find(points, experiment, flex.x, arm)).max_by_key(|p| p.on_time);
+            let Some(best) = best else { continue };
             total += 1;
             if flex.on_time >= best.on_time {
                 ahead += 1;
@@ -321,8 +303,8 @@ fn against_best_baseline(points: &[Point]) -> String {
             let ratio = flex.on_time as f64 / best.on_time.max(1) as f64;
             let _ = writeln!(
                 out,
-                "  {experiment:<7} {x:>8}  FLEX {:>7}  best baseline {:<9} {:>7}  ratio {ratio:.4}",
-                flex.on_time, best.arm, best.on_time
+                "  {experiment:<7} {:>8}  FLEX {:>7}  best baseline {:<9} {:>7}  ratio {ratio:.4}",
+                flex.x, flex.on_time, best.arm, best.on_time
             );
         }
     }
