@@ -511,13 +511,18 @@ impl FlexGroup {
     }
 
     /// How many of `candidate`'s requests would miss their deadlines if, instead of
-    /// preempting `worker` now, they waited for the group's other workers: each worker,
-    /// in the order they free, takes the largest feasible batch of what is left of the
-    /// candidate (other models' claims on those workers are ignored). The whole
-    /// candidate when there is no other worker.
+    /// preempting `worker` now, they waited for the group's other workers that serve
+    /// its model's stage: each, in the order they free, takes the largest feasible batch
+    /// of what is left of the candidate (other models' claims on those workers are
+    /// ignored). The whole candidate when there is no such worker.
     fn lost_by_waiting(&self, catalog: &ModelCatalog, candidate: &Candidate, worker: WorkerId, now: Instant) -> usize {
-        let mut frees: Vec<Instant> =
-            self.workers.iter().filter(|(&id, _)| id != worker).map(|(_, w)| w.free_at(now)).collect();
+        let stage = catalog.get(candidate.model).stage;
+        let mut frees: Vec<Instant> = self
+            .workers
+            .iter()
+            .filter(|(&id, w)| id != worker && w.stage == stage)
+            .map(|(_, w)| w.free_at(now))
+            .collect();
         frees.sort_unstable();
         let mut left: BTreeSet<Key> = candidate.keys.iter().copied().collect();
         for free in frees {

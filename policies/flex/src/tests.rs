@@ -522,6 +522,26 @@ fn a_preemption_waits_while_another_worker_frees_in_time() {
     assert!(preempts_with_another_worker_busy(false, 20 * MS));
 }
 
+#[test]
+fn a_preemption_does_not_wait_for_a_worker_of_another_stage() {
+    // Stage 0 and stage 1 serve the same profile; worker 0 (stage 0) runs one request,
+    // worker 1 (stage 1) is idle and cannot run stage 0's model.
+    let mut config = config(&[("m", MS, 10 * MS)], 128, 2, 0);
+    let mut other = config.stages[0].clone();
+    other.id = 1;
+    config.stages.push(other);
+    let catalog = ModelCatalog::from_config(&config);
+    let mut group = FlexGroup::new(Settings::default(), vec![0, 1]);
+    group.add_worker(0, 0);
+    group.add_worker(1, 1);
+    group.occupy(&catalog, 0, 0, vec![(50 * MS, 0, 100)], 0);
+    let mut out = Vec::new();
+    for id in 0..4 {
+        group.arrive(&catalog, 0, (100 * MS, MS, id), MS, &mut out);
+    }
+    assert!(out.iter().any(|d| matches!(d, Decision::Preempt { worker: 0, .. })), "{out:?}");
+}
+
 /// One idle worker choosing between 128 RN18 requests due at `rn18_deadline` and one
 /// RS269 request due at 80 ms (it takes 78.57 ms alone).
 fn choice(selection: Selection, rn18_deadline: Instant) -> (usize, usize) {
