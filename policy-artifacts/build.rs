@@ -34,9 +34,7 @@ fn main() {
     let shipped = discover(&root.join("policies"));
     let fixtures = discover(&root.join("tests/policies"));
 
-    let target_dir = env::var_os("YARDMASTER_POLICY_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| default_target_dir(&out_dir));
+    let target_dir = env::var_os("YARDMASTER_POLICY_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| default_target_dir(&out_dir));
     build(&root, &target_dir, shipped.iter().chain(&fixtures));
 
     let built = target_dir.join(TARGET).join(PROFILE);
@@ -103,10 +101,7 @@ fn default_target_dir(out_dir: &Path) -> PathBuf {
 fn build<'a>(root: &Path, target_dir: &Path, crates: impl Iterator<Item = &'a Crate>) {
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut command = Command::new(cargo);
-    command
-        .current_dir(root)
-        .args(["build", "--target", TARGET, "--profile", PROFILE, "--target-dir"])
-        .arg(target_dir);
+    command.current_dir(root).args(["build", "--target", TARGET, "--profile", PROFILE, "--target-dir"]).arg(target_dir);
     for krate in crates {
         command.args(["-p", &krate.package]);
     }

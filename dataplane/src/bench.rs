@@ -115,7 +115,10 @@ pub fn served_vs_plain(runtime: &Arc<Runtime>, spec: &ModelSpec, options: &Bench
     let mut plain_run = || -> Result<f32> {
         let mut values = Vec::with_capacity(names.len());
         for (name, tensor) in names.iter().zip(&stacked.inputs) {
-            values.push((name.as_str(), TensorRef::from_array_view((tensor.shape.clone(), tensor.data.as_slice())).map_err(DataplaneError::ort)?));
+            values.push((
+                name.as_str(),
+                TensorRef::from_array_view((tensor.shape.clone(), tensor.data.as_slice())).map_err(DataplaneError::ort)?,
+            ));
         }
         let out = plain.run(values).map_err(DataplaneError::ort)?;
         let (_, data) = out[outputs[0].as_str()].try_extract_tensor::<f32>().map_err(DataplaneError::ort)?;

@@ -205,8 +205,20 @@ impl ProfileReport {
     /// A human-readable table.
     pub fn render_table(&self) -> String {
         let mut out = String::new();
-        let _ = writeln!(out, "model {} ({}), device {}, {} intra-op threads, inputs {:?}", self.spec.key, self.spec.path.display(), self.device, self.threads, self.shapes);
-        let _ = writeln!(out, "{:>6} {:>10} {:>10} {:>10} {:>10} {:>12} {:>8}", "batch", "mean ms", "p50 ms", "p90 ms", "p99 ms", "items/s", "runs");
+        let _ = writeln!(
+            out,
+            "model {} ({}), device {}, {} intra-op threads, inputs {:?}",
+            self.spec.key,
+            self.spec.path.display(),
+            self.device,
+            self.threads,
+            self.shapes
+        );
+        let _ = writeln!(
+            out,
+            "{:>6} {:>10} {:>10} {:>10} {:>10} {:>12} {:>8}",
+            "batch", "mean ms", "p50 ms", "p90 ms", "p99 ms", "items/s", "runs"
+        );
         for p in &self.points {
             let _ = writeln!(
                 out,
@@ -220,7 +232,11 @@ impl ProfileReport {
                 p.samples
             );
         }
-        let _ = writeln!(out, "replica start: cold {:.1} ms, warm {:.1} ms; cached model {} MiB", self.cold_start_ms, self.warm_start_ms, self.memory_mib);
+        let _ = writeln!(
+            out,
+            "replica start: cold {:.1} ms, warm {:.1} ms; cached model {} MiB",
+            self.cold_start_ms, self.warm_start_ms, self.memory_mib
+        );
         out
     }
 

@@ -206,7 +206,12 @@ impl ModelSession {
         Ok(per_request)
     }
 
-    fn run_with<T>(&mut self, inputs: &[Tensor], options: Option<&RunOptions>, mut take: impl FnMut(&[usize], &[f32]) -> Result<T>) -> Result<Vec<T>> {
+    fn run_with<T>(
+        &mut self,
+        inputs: &[Tensor],
+        options: Option<&RunOptions>,
+        mut take: impl FnMut(&[usize], &[f32]) -> Result<T>,
+    ) -> Result<Vec<T>> {
         if inputs.len() != self.inputs.len() {
             return Err(DataplaneError::Invalid(format!("{} inputs given, the model takes {}", inputs.len(), self.inputs.len())));
         }

@@ -200,7 +200,7 @@ impl Worker {
     pub fn retire(mut self) {
         self.retired.store(true, Ordering::SeqCst);
         self.commands = None; // closing the channel ends the loop
-        // The thread is left to finish on its own: a retire must not wait for a load.
+                              // The thread is left to finish on its own: a retire must not wait for a load.
         self.thread.take();
     }
 
@@ -230,7 +230,8 @@ impl WorkerLoop {
         let mut session = match ModelSession::start(&self.context.runtime, &self.context.cache, &spec, threads) {
             Ok(started) => {
                 if !self.retired.load(Ordering::SeqCst) {
-                    let _ = self.events.send(WorkerEvent::Ready { worker, model: spec.key.clone(), kind: started.kind, took: started.took });
+                    let _ =
+                        self.events.send(WorkerEvent::Ready { worker, model: spec.key.clone(), kind: started.kind, took: started.took });
                 }
                 started.session
             }
@@ -275,9 +276,8 @@ impl WorkerLoop {
                 worker: self.id,
                 job: job.id,
                 duration,
-                result: result.map(|outputs| {
-                    job.requests.iter().zip(outputs).map(|(r, outputs)| RequestOutput { id: r.id, outputs }).collect()
-                }),
+                result: result
+                    .map(|outputs| job.requests.iter().zip(outputs).map(|(r, outputs)| RequestOutput { id: r.id, outputs }).collect()),
             },
         };
         let _ = self.events.send(event);
@@ -287,7 +287,8 @@ impl WorkerLoop {
         match ModelSession::start(&self.context.runtime, &self.context.cache, spec, threads) {
             Ok(started) => {
                 *session = started.session;
-                let _ = self.events.send(WorkerEvent::Reconfigured { worker: self.id, model: spec.key.clone(), threads, took: started.took });
+                let _ =
+                    self.events.send(WorkerEvent::Reconfigured { worker: self.id, model: spec.key.clone(), threads, took: started.took });
             }
             Err(error) => {
                 let _ = self.events.send(WorkerEvent::ReconfigureFailed { worker: self.id, error });

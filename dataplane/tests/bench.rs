@@ -3,8 +3,8 @@
 
 mod common;
 
-use yardmaster_dataplane::bench::{self, BenchOptions};
 use yardmaster_dataplane::assets;
+use yardmaster_dataplane::bench::{self, BenchOptions};
 
 #[test]
 fn the_benchmark_measures_both_sides_and_both_starts() {

@@ -72,7 +72,9 @@ fn batching_rows_of_different_lengths_changes_no_token() {
     let batches: Vec<usize> = run.steps.iter().map(|t| t.batch).collect();
     assert_eq!(batches, [4, 3, 3, 3, 3, 3, 2, 2, 2, 1, 1, 1]);
     // Mixed frames: resumed rows (one token fed) beside a prefill.
-    let first = s.run_frame(vec![FrameSequence { cache: SequenceCache::empty(s.config()), feed: prompts[1].clone(), steps: 4 }], &|| false).unwrap();
+    let first = s
+        .run_frame(vec![FrameSequence { cache: SequenceCache::empty(s.config()), feed: prompts[1].clone(), steps: 4 }], &|| false)
+        .unwrap();
     let resumed = first.outputs.into_iter().next().unwrap();
     let mixed = vec![
         FrameSequence { cache: resumed.cache, feed: vec![*resumed.tokens.last().unwrap()], steps: 5 },
@@ -173,11 +175,8 @@ fn decode_step(s: &mut DecoderSession, batch: usize, context: usize, spread: boo
         })
         .collect();
     let warm = s.run_frame(rows, &|| false).unwrap();
-    let rows: Vec<FrameSequence> = warm
-        .outputs
-        .into_iter()
-        .map(|o| FrameSequence { feed: vec![o.tokens[0]], cache: o.cache, steps: 17 })
-        .collect();
+    let rows: Vec<FrameSequence> =
+        warm.outputs.into_iter().map(|o| FrameSequence { feed: vec![o.tokens[0]], cache: o.cache, steps: 17 }).collect();
     let run = s.run_frame(rows, &|| false).unwrap();
     // Skip the resume step (it places the caches); the median of the 16 pure decode
     // steps (robust to a busy machine).

@@ -78,10 +78,8 @@ fn requests_of_different_sizes_are_padded_into_one_batch() {
     let (tx, events) = mpsc::channel();
     let worker = Worker::provision(1, common::model(assets::REC_MODEL, "rec"), 1, context(), tx);
     ready(&events);
-    let requests = vec![
-        Request { id: 10, inputs: vec![input(&[3, 48, 160], 1)] },
-        Request { id: 11, inputs: vec![input(&[3, 48, 320], 2)] },
-    ];
+    let requests =
+        vec![Request { id: 10, inputs: vec![input(&[3, 48, 160], 1)] }, Request { id: 11, inputs: vec![input(&[3, 48, 320], 2)] }];
     worker.start(Job { id: 1, requests }).unwrap();
     match next(&events) {
         WorkerEvent::Finished { job, result, .. } => {
@@ -219,7 +217,10 @@ fn the_device_choice_falls_back_to_the_cpu_with_a_reason() {
 fn a_pool_maps_the_engines_operations_onto_workers() {
     use yardmaster_dataplane::{ModelCatalog, WorkerPool};
     let catalog = ModelCatalog {
-        stages: vec![vec![common::model(assets::CLS_MODEL, "cls")], vec![common::model(assets::REC_MODEL, "rec-a"), common::model(assets::REC_MODEL, "rec-b")]],
+        stages: vec![
+            vec![common::model(assets::CLS_MODEL, "cls")],
+            vec![common::model(assets::REC_MODEL, "rec-a"), common::model(assets::REC_MODEL, "rec-b")],
+        ],
     };
     let (mut pool, events) = WorkerPool::new(context(), catalog, 1);
     pool.provision(1, 1, 0).unwrap();

@@ -152,8 +152,8 @@ fn auth_headers(token: &Option<String>) -> Result<HeaderMap> {
 async fn admin_call(address: SocketAddr, method: Method, path: &str, headers: &HeaderMap, body: Bytes) -> Result<Value> {
     let mut client = Http1Client::connect(address).await.context("is the server running with an admin token?")?;
     let reply = client.request(method, path, headers, body).await?;
-    let value: Value = serde_json::from_slice(&reply.body)
-        .with_context(|| format!("{}: {}", reply.status, String::from_utf8_lossy(&reply.body)))?;
+    let value: Value =
+        serde_json::from_slice(&reply.body).with_context(|| format!("{}: {}", reply.status, String::from_utf8_lossy(&reply.body)))?;
     match reply.status {
         StatusCode::OK => Ok(value),
         StatusCode::UNAUTHORIZED => bail!("401 unauthorized: the token is not the server's (--token or {ADMIN_TOKEN_ENV})"),
@@ -295,10 +295,7 @@ fn print_swap(summary: &Value) -> ExitCode {
     match summary["fault"].as_str() {
         None => ExitCode::SUCCESS,
         Some(fault) => {
-            eprintln!(
-                "warning: the new policy {fault} during the hand-over; the arm is now {}",
-                summary["state"].as_str().unwrap_or("?")
-            );
+            eprintln!("warning: the new policy {fault} during the hand-over; the arm is now {}", summary["state"].as_str().unwrap_or("?"));
             ExitCode::FAILURE
         }
     }
@@ -307,7 +304,11 @@ fn print_swap(summary: &Value) -> ExitCode {
 fn print_shadow(report: &Value) {
     let counts = |v: &Value| -> String {
         let pairs: Vec<String> = v.as_object().into_iter().flatten().map(|(k, n)| format!("{k} {n}")).collect();
-        if pairs.is_empty() { "none".into() } else { pairs.join(", ") }
+        if pairs.is_empty() {
+            "none".into()
+        } else {
+            pairs.join(", ")
+        }
     };
     println!(
         "shadow {} (sha256 {}), {}: {} calls, {} events, {:.0} µs in calls (longest {:.0} µs), {} requests held",

@@ -11,10 +11,7 @@
 use std::time::{Duration, Instant as WallInstant};
 
 use crate::policy::contract::*;
-use crate::policy::{
-    CallKind, Limits, Mode, NativePolicy, PolicyInstance, PolicyLoader, PolicyModule, Sandbox,
-    WasmPolicy,
-};
+use crate::policy::{CallKind, Limits, Mode, NativePolicy, PolicyInstance, PolicyLoader, PolicyModule, Sandbox, WasmPolicy};
 
 const MS: u64 = 1_000_000;
 const WORKERS: u32 = 16;
@@ -58,9 +55,7 @@ pub fn bench_config() -> Config {
             min_replicas: 1,
             max_replicas: WORKERS,
         }],
-        workers: (0..WORKERS)
-            .map(|id| Worker { id, stage: 0, variant: 0, device: DeviceKind::Gpu, threads: 1, memory_bytes: 0 })
-            .collect(),
+        workers: (0..WORKERS).map(|id| Worker { id, stage: 0, variant: 0, device: DeviceKind::Gpu, threads: 1, memory_bytes: 0 }).collect(),
         streams: vec![Stream { id: 0, name: "s".into(), entry: 0, slo: 100 * MS }],
         params: vec![],
         tick_interval: 1_000 * MS,
@@ -167,14 +162,10 @@ pub fn measure(
         let mut wasm_times = Vec::new();
         let mut native_times = Vec::new();
         for _ in 0..repetitions {
-            let mut wasm = WasmPolicy::instantiate(sandbox, module.clone(), 1, None)
-                .map_err(|f| anyhow::anyhow!("instantiate: {f}"))?;
+            let mut wasm = WasmPolicy::instantiate(sandbox, module.clone(), 1, None).map_err(|f| anyhow::anyhow!("instantiate: {f}"))?;
             let (wasm_time, wasm_answers) = replay(&mut wasm, &stream);
             let (native_time, native_answers) = replay(native().as_mut(), &stream);
-            anyhow::ensure!(
-                wasm_answers == native_answers,
-                "the component and the native build answered differently (batch {batch})"
-            );
+            anyhow::ensure!(wasm_answers == native_answers, "the component and the native build answered differently (batch {batch})");
             wasm_times.push(wasm_time.as_nanos() as f64 / events);
             native_times.push(native_time.as_nanos() as f64 / events);
         }
@@ -239,7 +230,10 @@ const FRAME_BATCH: u32 = 64;
 
 /// One iteration-level worker (B = 64, 80 GiB of KV cache) serving `ls` and `ds`.
 fn frame_config() -> Config {
-    let profile = [1u32, 16, 64].iter().map(|&b| LatencyPoint { batch: b, mean: 12 * MS + b as u64 * MS / 4, tail: 15 * MS + b as u64 * MS / 3 }).collect();
+    let profile = [1u32, 16, 64]
+        .iter()
+        .map(|&b| LatencyPoint { batch: b, mean: 12 * MS + b as u64 * MS / 4, tail: 15 * MS + b as u64 * MS / 3 })
+        .collect();
     let mut config = bench_config();
     config.arm = "bench-frame".into();
     config.stages[0] = Stage {

@@ -143,7 +143,11 @@ pub fn run(command: DataplaneCommand) -> ExitCode {
             };
             let spec = ModelSpec::new(ModelKey::new(stem(&path), "default"), &path);
             let options = BenchOptions { batch, shapes, runs, rounds, threads };
-            println!("benchmark: {} on {}, {threads} intra-op threads, {rounds} rounds of {runs} batches per side", path.display(), runtime.device());
+            println!(
+                "benchmark: {} on {}, {threads} intra-op threads, {rounds} rounds of {runs} batches per side",
+                path.display(),
+                runtime.device()
+            );
             match bench::served_vs_plain(&runtime, &spec, &options) {
                 Ok(report) => {
                     print!("{}", report.render());

@@ -13,9 +13,7 @@ use std::io::Cursor;
 use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::engine::{
-    BatchJob, Engine, EngineOptions, Executor, ItemResult, JobResult, ManualClock, Pipeline, Submission,
-};
+use crate::engine::{BatchJob, Engine, EngineOptions, Executor, ItemResult, JobResult, ManualClock, Pipeline, Submission};
 use crate::policy::contract::{self, Action, Config, Event};
 use crate::policy::{Arm, CallCost, CallKind, Candidate, FailureMode, NativePolicy, PolicyFault, PolicyInstance};
 
@@ -27,11 +25,8 @@ use crate::policy::{Arm, CallCost, CallKind, Candidate, FailureMode, NativePolic
 pub fn kserve_request(data: &[u8]) {
     use crate::serve::kserve;
     let Some((&mode, rest)) = data.split_first() else { return };
-    let (json_length, body) = if mode % 2 == 1 || rest.len() < 2 {
-        (None, rest)
-    } else {
-        (Some(u16::from_le_bytes([rest[0], rest[1]]) as usize), &rest[2..])
-    };
+    let (json_length, body) =
+        if mode % 2 == 1 || rest.len() < 2 { (None, rest) } else { (Some(u16::from_le_bytes([rest[0], rest[1]]) as usize), &rest[2..]) };
     if let Ok(request) = kserve::decode_request(body, json_length) {
         for tensor in &request.inputs {
             // What the server does with a decoded tensor: its size and layout agree.
@@ -399,15 +394,13 @@ pub struct ActionRun {
 #[doc(hidden)]
 pub fn policy_actions(data: &[u8]) -> ActionRun {
     static PIPELINE: OnceLock<Pipeline> = OnceLock::new();
-    let pipeline =
-        PIPELINE.get_or_init(|| Pipeline::from_toml(ACTION_PIPELINE, "fuzz").expect("the fuzz pipeline is valid")).clone();
+    let pipeline = PIPELINE.get_or_init(|| Pipeline::from_toml(ACTION_PIPELINE, "fuzz").expect("the fuzz pipeline is valid")).clone();
     let script = Arc::new(Mutex::new(Script { data: data.to_vec(), pos: 0, held: Vec::new() }));
     let clock = ManualClock::default();
     let policy = ScriptedPolicy(script.clone());
-    let mut engine =
-        Engine::new(clock.clone(), NullExecutor::default(), pipeline, EngineOptions::default(), |config, view| {
-            Arm::start("fuzz", config, Box::new(policy), FailureMode::FailOpen, view)
-        });
+    let mut engine = Engine::new(clock.clone(), NullExecutor::default(), pipeline, EngineOptions::default(), |config, view| {
+        Arm::start("fuzz", config, Box::new(policy), FailureMode::FailOpen, view)
+    });
     let mut submitted = HashSet::new();
     let mut order = Vec::new();
     let mut ended = HashSet::new();

@@ -252,8 +252,7 @@ impl Default for CheckArgs {
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("YARDMASTER_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+            tracing_subscriber::EnvFilter::try_from_env("YARDMASTER_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -291,7 +290,11 @@ fn main_job() -> ExitCode {
     let checked = check_all_shipped();
     println!();
     let served = serve_cli::main_job();
-    if checked == ExitCode::SUCCESS && served == ExitCode::SUCCESS { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+    if checked == ExitCode::SUCCESS && served == ExitCode::SUCCESS {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }
 
 fn check_all_shipped() -> ExitCode {
@@ -303,7 +306,11 @@ fn check_all_shipped() -> ExitCode {
     print!("{}", fallback.render());
     ok &= fallback.passed();
     println!("{}", if ok { "all policies conform" } else { "some policies do NOT conform" });
-    if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }
 
 fn check(policies: &[String], args: &CheckArgs) -> ExitCode {
@@ -330,7 +337,11 @@ fn check(policies: &[String], args: &CheckArgs) -> ExitCode {
             }
         }
     }
-    if all_passed { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+    if all_passed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }
 
 /// A path to a `.wasm`, or the name of a shipped policy.
@@ -405,7 +416,6 @@ fn bench(batches: &[usize], events: usize, repetitions: usize) -> ExitCode {
         }
     }
 }
-
 
 fn sim_compare(policies: &[String], args: &SimArgs) -> ExitCode {
     match try_sim_compare(policies, args) {

@@ -23,8 +23,8 @@ use http::{HeaderMap, Method, StatusCode};
 use serde_json::{json, Value};
 use yardmaster::serve::client::Http1Client;
 use yardmaster::serve::config::ServeConfig;
-use yardmaster::serve::load::{self, LoadPlan, Transport};
 use yardmaster::serve::llm::{is_llm_pipeline, LlmServer};
+use yardmaster::serve::load::{self, LoadPlan, Transport};
 use yardmaster::serve::server::Server;
 use yardmaster::serve::tls;
 
@@ -302,7 +302,18 @@ fn body_from_metadata(metadata: &Value) -> Result<Value> {
         let datatype = input["datatype"].as_str().ok_or_else(|| anyhow!("input {name} has no datatype"))?;
         let declared: Vec<i64> = input["shape"].as_array().into_iter().flatten().filter_map(Value::as_i64).collect();
         let image = datatype == "UINT8" && declared.len() == 3 && declared[2] == 3;
-        let shape: Vec<i64> = declared.iter().map(|&d| if d >= 0 { d } else if image { 64 } else { 8 }).collect();
+        let shape: Vec<i64> = declared
+            .iter()
+            .map(|&d| {
+                if d >= 0 {
+                    d
+                } else if image {
+                    64
+                } else {
+                    8
+                }
+            })
+            .collect();
         let count: i64 = shape.iter().product();
         let data: Value = match datatype {
             "BYTES" => json!(vec!["x"; count as usize]),
@@ -444,12 +455,8 @@ pub fn serve_bench(args: &ServeBenchArgs) -> ExitCode {
 
 async fn run_serve_bench(args: &ServeBenchArgs) -> Result<()> {
     use yardmaster::serve::bench::{self, BenchOptions, BenchTarget, BenchTransport};
-    let config = ServeConfig {
-        listen: "127.0.0.1:0".parse()?,
-        pipeline: "tiny".into(),
-        policy: args.policy.clone(),
-        ..ServeConfig::default()
-    };
+    let config =
+        ServeConfig { listen: "127.0.0.1:0".parse()?, pipeline: "tiny".into(), policy: args.policy.clone(), ..ServeConfig::default() };
     let server = Server::start(&config, Vec::new()).await?;
     eprintln!("trivial model (y = x + 1 on 4 floats) on {}, policy {}", server.device, server.policy);
     let handle = server.handle.clone();
@@ -468,12 +475,8 @@ async fn run_serve_bench(args: &ServeBenchArgs) -> Result<()> {
                 .unwrap_or((0, 0))
         }),
     };
-    let options = BenchOptions {
-        sequential: args.sequential,
-        requests: args.requests,
-        concurrency: args.concurrency,
-        connections: args.concurrency,
-    };
+    let options =
+        BenchOptions { sequential: args.sequential, requests: args.requests, concurrency: args.concurrency, connections: args.concurrency };
     // The baseline: the same API and transports with the arithmetic inline.
     let baseline_api = Arc::new(yardmaster::serve::api::Api::new(Arc::new(bench::InlineTiny)));
     let baseline = yardmaster::serve::listeners::Listeners::start(
@@ -481,11 +484,8 @@ async fn run_serve_bench(args: &ServeBenchArgs) -> Result<()> {
         baseline_api,
     )
     .await?;
-    let baseline_target = BenchTarget {
-        address: baseline.http1.expect("HTTP/1.1 is on"),
-        trusted: target.trusted.clone(),
-        model_time: Arc::new(|| (0, 0)),
-    };
+    let baseline_target =
+        BenchTarget { address: baseline.http1.expect("HTTP/1.1 is on"), trusted: target.trusted.clone(), model_time: Arc::new(|| (0, 0)) };
     let mut result = Ok(());
     println!("         end-to-end latency of sequential requests; req/s of a closed loop");
     for transport in [BenchTransport::Http1, BenchTransport::Http3] {

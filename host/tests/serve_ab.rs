@@ -69,7 +69,8 @@ async fn infer(address: SocketAddr, connections: usize, count: usize, key: Optio
                 let mut client = Http1Client::connect(address).await.unwrap();
                 let mut statuses = Vec::new();
                 for _ in 0..count / connections {
-                    let reply = client.request(Method::POST, "/v2/models/tiny/infer", &headers, Bytes::from_static(TINY_BODY)).await.unwrap();
+                    let reply =
+                        client.request(Method::POST, "/v2/models/tiny/infer", &headers, Bytes::from_static(TINY_BODY)).await.unwrap();
                     if reply.status != StatusCode::OK {
                         eprintln!("{}: {}", reply.status, String::from_utf8_lossy(&reply.body));
                     }
@@ -117,8 +118,12 @@ async fn an_ab_run_splits_labels_swaps_and_promotes_on_the_real_server() {
     assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
     let reply = call(admin, Some("wrong"), Method::GET, "/admin/ab", "").await;
     assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
-    assert!(refused(admin, Method::POST, "/admin/ab", r#"{"shipped":"fifo","share":1.5}"#, StatusCode::BAD_REQUEST).await.contains("between 0 and 1"));
-    assert!(refused(admin, Method::POST, "/admin/ab", r#"{"shipped":"nope"}"#, StatusCode::BAD_REQUEST).await.contains("no shipped policy"));
+    assert!(refused(admin, Method::POST, "/admin/ab", r#"{"shipped":"fifo","share":1.5}"#, StatusCode::BAD_REQUEST)
+        .await
+        .contains("between 0 and 1"));
+    assert!(refused(admin, Method::POST, "/admin/ab", r#"{"shipped":"nope"}"#, StatusCode::BAD_REQUEST)
+        .await
+        .contains("no shipped policy"));
     assert!(refused(admin, Method::POST, "/admin/ab/promote", "", StatusCode::CONFLICT).await.contains("no A/B run"));
 
     let status = ok(admin, Method::POST, "/admin/ab", r#"{"shipped":"fifo","share":0.3}"#).await;
@@ -146,7 +151,9 @@ async fn an_ab_run_splits_labels_swaps_and_promotes_on_the_real_server() {
     // Each arm swaps on its own; an unknown arm is refused.
     let swapped = ok(admin, Method::POST, "/admin/swap?arm=fifo", r#"{"shipped":"edf"}"#).await;
     assert!(swapped["to"].as_str().unwrap().starts_with("edf"), "{swapped}");
-    assert!(refused(admin, Method::POST, "/admin/swap?arm=nope", r#"{"shipped":"edf"}"#, StatusCode::CONFLICT).await.contains("no arm named"));
+    assert!(refused(admin, Method::POST, "/admin/swap?arm=nope", r#"{"shipped":"edf"}"#, StatusCode::CONFLICT)
+        .await
+        .contains("no arm named"));
 
     // Promote while requests flow: none is lost, the candidate ends up with every worker.
     let flowing = tokio::spawn(infer(address, 4, 400, None));

@@ -15,11 +15,11 @@ use std::time::{Duration, Instant};
 use serde_json::Map;
 use yardmaster::engine::EngineOptions;
 use yardmaster::serve::api::{Backend, InferError};
+use yardmaster::serve::backend::EngineBackend;
 use yardmaster::serve::executor::{Placement, ServeActor, WorkerStatus};
 use yardmaster::serve::kserve::{DataType, InferRequest, Schedule, Tensor, TensorData};
 use yardmaster::serve::stack::{PolicyChoice, ServedPipeline, ServingStack};
 use yardmaster::serve::workers::Workers;
-use yardmaster::serve::backend::EngineBackend;
 use yardmaster_dataplane::ocr::RgbImage;
 use yardmaster_dataplane::{Job, ModelKey, ModelSpec, WorkerContext, WorkerEvent};
 
@@ -310,17 +310,18 @@ fn a_client_that_goes_away_cancels_its_request() {
     assert_eq!(jobs.lock().unwrap().len(), 1, "the request reached the worker");
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let (reasons, in_flight) = actor
-            .handle()
-            .inspect(|e| (e.accounting().summary(e.state().now).drop_reasons, e.in_flight()))
-            .unwrap();
+        let (reasons, in_flight) = actor.handle().inspect(|e| (e.accounting().summary(e.state().now).drop_reasons, e.in_flight())).unwrap();
         // The answer (which releases the data) follows the engine's end within the
         // actor's turn, so wait for both.
         if in_flight == 0 && backend.store().is_empty() {
             assert_eq!(reasons.get("cancelled by the client"), Some(&1), "{reasons:?}");
             break;
         }
-        assert!(Instant::now() < deadline, "the abandoned request is still held (in flight: {in_flight}, data parked: {})", backend.store().len());
+        assert!(
+            Instant::now() < deadline,
+            "the abandoned request is still held (in flight: {in_flight}, data parked: {})",
+            backend.store().len()
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     actor.shutdown("test over");

@@ -113,10 +113,7 @@ impl Running {
     }
 
     fn drop_reasons(&self) -> std::collections::BTreeMap<String, u64> {
-        self.actor()
-            .handle()
-            .inspect(|engine| engine.accounting().summary(engine.state().now).drop_reasons.into_iter().collect())
-            .unwrap()
+        self.actor().handle().inspect(|engine| engine.accounting().summary(engine.state().now).drop_reasons.into_iter().collect()).unwrap()
     }
 
     /// Wait until nothing is held: the engine, the payload store and the API are empty.
@@ -185,9 +182,7 @@ fn outputs_of(reply: &Reply) -> Vec<f32> {
 
 /// `n` ordinary requests, all at once over HTTP/1.1: each gets `x + 1` back.
 async fn served_normally(address: SocketAddr, n: usize) {
-    let tasks: Vec<_> = (0..n)
-        .map(|i| tokio::spawn(async move { (i, infer_h1(address, [i as f32, 1.0, 2.0, 3.0]).await) }))
-        .collect();
+    let tasks: Vec<_> = (0..n).map(|i| tokio::spawn(async move { (i, infer_h1(address, [i as f32, 1.0, 2.0, 3.0]).await) })).collect();
     for task in tasks {
         let (i, reply) = task.await.unwrap();
         assert_eq!(outputs_of(&reply), vec![i as f32 + 1.0, 2.0, 3.0, 4.0], "request {i}");
@@ -276,7 +271,9 @@ impl StageProgram for Misshapen {
     }
     fn inputs(&self, payload: &Payload) -> Result<Vec<Vec<Tensor>>, String> {
         match payload {
-            Payload::Tensors(tensors) if tensors[0].data[0] == MISSHAPEN => Ok(vec![vec![Tensor::new(vec![5], vec![MISSHAPEN; 5]).unwrap()]]),
+            Payload::Tensors(tensors) if tensors[0].data[0] == MISSHAPEN => {
+                Ok(vec![vec![Tensor::new(vec![5], vec![MISSHAPEN; 5]).unwrap()]])
+            }
             _ => self.0.inputs(payload),
         }
     }
@@ -433,12 +430,8 @@ async fn a_client_that_disconnects_mid_request_ends_it_once_and_serving_goes_on(
     // HTTP/1.1: the request is sent, then the connection closed without reading.
     let mut stream = std::net::TcpStream::connect(server.address).unwrap();
     let payload = body([HOLD, 1.0, 1.0, 1.0]);
-    write!(
-        stream,
-        "POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-        payload.len()
-    )
-    .unwrap();
+    write!(stream, "POST {INFER} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n", payload.len())
+        .unwrap();
     stream.write_all(&payload).unwrap();
     wait_for(|| held.lock().unwrap().len() == 1, "the HTTP/1.1 request reached the worker").await;
     drop(stream);

@@ -55,7 +55,10 @@ async fn infer(address: SocketAddr) -> Vec<(StatusCode, String)> {
                 let mut client = Http1Client::connect(address).await.unwrap();
                 let mut answers = Vec::new();
                 for _ in 0..REQUESTS / 4 {
-                    let reply = client.request(Method::POST, "/v2/models/tiny/infer", &HeaderMap::new(), Bytes::from_static(TINY_BODY)).await.unwrap();
+                    let reply = client
+                        .request(Method::POST, "/v2/models/tiny/infer", &HeaderMap::new(), Bytes::from_static(TINY_BODY))
+                        .await
+                        .unwrap();
                     answers.push((reply.status, String::from_utf8_lossy(&reply.body).into_owned()));
                 }
                 answers
@@ -116,7 +119,8 @@ async fn a_hostile_arm_is_contained_and_the_other_arm_serves_on() {
         assert_eq!(hostile["state"].as_str(), Some(expected), "{mode}: {arms}");
 
         let mut client = Http1Client::connect(address).await.unwrap();
-        let text = String::from_utf8(client.request(Method::GET, "/metrics", &HeaderMap::new(), Bytes::new()).await.unwrap().body.to_vec()).unwrap();
+        let text = String::from_utf8(client.request(Method::GET, "/metrics", &HeaderMap::new(), Bytes::new()).await.unwrap().body.to_vec())
+            .unwrap();
         if !falls_back {
             let rejected: f64 = text
                 .lines()

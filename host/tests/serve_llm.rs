@@ -125,7 +125,9 @@ fn serve(policy: &str, cases: &[Case], references: &[Vec<i64>]) -> Run {
 
     let deadline = Instant::now() + WAIT;
     for _ in cases {
-        finished.recv_timeout(deadline.saturating_duration_since(Instant::now())).unwrap_or_else(|_| panic!("{policy}: a request never ended"));
+        finished
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .unwrap_or_else(|_| panic!("{policy}: a request never ended"));
     }
     stop.store(true, Ordering::Relaxed);
     let (probes, mismatches) = probe.join().unwrap();
@@ -181,7 +183,14 @@ fn serve(policy: &str, cases: &[Case], references: &[Vec<i64>]) -> Run {
     assert!(llm_stats.tokens >= references.iter().map(|r| r.len() as u64).sum::<u64>() * completed as u64 / cases.len() as u64);
     println!("{policy}: {completed} completed, {dropped} dropped, {} evictions, {} probes; {llm_stats:?}", engine_stats.evictions, probes);
     assert_eq!(llm_stats.swaps + llm_stats.recompute_evictions, engine_stats.evictions, "{policy}: every eviction reached the worker");
-    Run { completed, dropped, evictions: engine_stats.evictions, swaps: llm_stats.swaps, recompute_evictions: llm_stats.recompute_evictions, probes }
+    Run {
+        completed,
+        dropped,
+        evictions: engine_stats.evictions,
+        swaps: llm_stats.swaps,
+        recompute_evictions: llm_stats.recompute_evictions,
+        probes,
+    }
 }
 
 #[test]

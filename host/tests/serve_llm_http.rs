@@ -120,7 +120,10 @@ async fn token_ids_in_generated_ids_out_over_http1_and_http3() {
     let metrics = String::from_utf8(metrics.body.to_vec()).unwrap();
     let completed: f64 = metrics
         .lines()
-        .filter(|l| l.starts_with("yardmaster_requests_ended_total{arm=\"calm\",stream=\"all\"") && (l.contains("outcome=\"on_time\"") || l.contains("outcome=\"late\"")))
+        .filter(|l| {
+            l.starts_with("yardmaster_requests_ended_total{arm=\"calm\",stream=\"all\"")
+                && (l.contains("outcome=\"on_time\"") || l.contains("outcome=\"late\""))
+        })
         .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
         .sum();
     assert_eq!(completed, 10.0, "ten requests completed:\n{metrics}");

@@ -23,8 +23,8 @@ use yardmaster::serve::remote::transport::{self, Fingerprint, CLOSE_PROTOCOL};
 use yardmaster::serve::tls::Identity;
 use yardmaster::serve::workers::Workers;
 use yardmaster_dataplane::{
-    assets, Job, ModelCache, ModelCatalog, ModelKey, ModelSpec, Request, RequestOutput, Runtime, Tensor, WorkerContext,
-    WorkerEvent, WorkerPool,
+    assets, Job, ModelCache, ModelCatalog, ModelKey, ModelSpec, Request, RequestOutput, Runtime, Tensor, WorkerContext, WorkerEvent,
+    WorkerPool,
 };
 
 const WAIT: Duration = Duration::from_secs(120);
@@ -44,11 +44,7 @@ fn model(file: &str, name: &str) -> ModelSpec {
 /// Stage 0: the direction classifier, 1: the recogniser, 2: the detector.
 fn catalog() -> ModelCatalog {
     ModelCatalog {
-        stages: vec![
-            vec![model(assets::CLS_MODEL, "cls")],
-            vec![model(assets::REC_MODEL, "rec")],
-            vec![model(assets::DET_MODEL, "det")],
-        ],
+        stages: vec![vec![model(assets::CLS_MODEL, "cls")], vec![model(assets::REC_MODEL, "rec")], vec![model(assets::DET_MODEL, "det")]],
     }
 }
 
@@ -347,7 +343,7 @@ async fn garbling_node() -> (SocketAddr, Fingerprint) {
         let (mut send, mut recv) = connection.accept_bi().await.unwrap();
         transport::read_frame(&mut recv).await.unwrap(); // the provision
         transport::read_frame(&mut recv).await.unwrap(); // the start
-        // A Finished frame that ends after its worker id.
+                                                         // A Finished frame that ends after its worker id.
         send.write_all(&[6, 0, 0, 0, framing::VERSION, framing::kind::FINISHED, 1, 0, 0, 0]).await.unwrap();
         connection.closed().await;
         drop(endpoint);
@@ -416,7 +412,8 @@ async fn the_node_binary_serves_jobs_and_its_death_ends_them() {
     let mut lines = std::io::BufReader::new(stdout).lines();
     let mut line = || lines.next().expect("the node prints its address and certificate").unwrap();
     let listening = line();
-    let address: SocketAddr = listening.strip_prefix("yardmaster node listening on ").unwrap_or_else(|| panic!("{listening}")).parse().unwrap();
+    let address: SocketAddr =
+        listening.strip_prefix("yardmaster node listening on ").unwrap_or_else(|| panic!("{listening}")).parse().unwrap();
     let certificate = line();
     let printed = certificate.strip_prefix("certificate ").unwrap().split_whitespace().next().unwrap();
     // Pinning by the certificate file gives the fingerprint the node printed.
@@ -563,7 +560,11 @@ async fn bench_forwarding_overhead_of_a_tensor_round_trip() {
         let stats = remote.stats();
         println!(
             "  QUIC: rtt {:?}, cwnd {} B, MTU {} B, {} packets lost of {} sent, {} congestion events",
-            stats.path.rtt, stats.path.cwnd, stats.path.current_mtu, stats.path.lost_packets, stats.path.sent_packets,
+            stats.path.rtt,
+            stats.path.cwnd,
+            stats.path.current_mtu,
+            stats.path.lost_packets,
+            stats.path.sent_packets,
             stats.path.congestion_events,
         );
     }

@@ -360,7 +360,16 @@ fn hold_requests(server: &Server, count: usize) -> mpsc::Receiver<()> {
     for _ in 0..count {
         let done = done.clone();
         let submission = Submission { deadline: 3_600_000_000_000 * 1000, ..Submission::default() };
-        server.handle.submit(submission, Box::new(|_| {}), Box::new(move |_| { let _ = done.send(()); })).unwrap();
+        server
+            .handle
+            .submit(
+                submission,
+                Box::new(|_| {}),
+                Box::new(move |_| {
+                    let _ = done.send(());
+                }),
+            )
+            .unwrap();
     }
     ended
 }

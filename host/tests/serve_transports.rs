@@ -80,7 +80,8 @@ async fn http1_and_http3_answer_identically() {
             assert_eq!(a.body, b.body, "{method} {path}: same answer on both transports");
         }
     }
-    let answer: Value = serde_json::from_slice(&one.request(Method::POST, "/v2/models/negate/infer", &none, infer).await.unwrap().body).unwrap();
+    let answer: Value =
+        serde_json::from_slice(&one.request(Method::POST, "/v2/models/negate/infer", &none, infer).await.unwrap().body).unwrap();
     assert_eq!(answer["outputs"][0]["data"], json!([-1.0, 2.0, -0.5]));
 
     // Many concurrent requests on one HTTP/3 connection.

@@ -4,9 +4,9 @@
 use std::collections::BTreeMap;
 
 use crate::{
-    Action, Config, Defer, Dispatch, DropReason, DropRequest, Duration, Evict, EvictMode, Host,
-    Instant, LatencyTable, Level, RequestId, Route, Scale, SequenceState, SetBatchLimit, SetRoutes, SetThreads,
-    SetTimer, SetVariant, StageId, VariantId, VariantTarget, Worker, WorkerId,
+    Action, Config, Defer, Dispatch, DropReason, DropRequest, Duration, Evict, EvictMode, Host, Instant, LatencyTable, Level, RequestId,
+    Route, Scale, SequenceState, SetBatchLimit, SetRoutes, SetThreads, SetTimer, SetVariant, StageId, VariantId, VariantTarget, Worker,
+    WorkerId,
 };
 
 /// A worker as the SDK tracks it: its description and whether it is free.
@@ -36,11 +36,7 @@ impl Ctx {
     /// A context for `config` with the given host.
     pub fn new(config: Config, host: Box<dyn Host + Send>) -> Self {
         let latency = LatencyTable::from_config(&config);
-        let workers = config
-            .workers
-            .iter()
-            .map(|w| (w.id, WorkerView { info: *w, idle: false }))
-            .collect();
+        let workers = config.workers.iter().map(|w| (w.id, WorkerView { info: *w, idle: false })).collect();
         let mut batch_limits = Vec::new();
         for stage in &config.stages {
             let index = stage.id as usize;
@@ -99,10 +95,7 @@ impl Ctx {
     pub fn param_or<T: std::str::FromStr>(&self, key: &str, default: T) -> Result<T, String> {
         match self.param(key) {
             None => Ok(default),
-            Some(raw) => raw
-                .trim()
-                .parse()
-                .map_err(|_| format!("parameter `{key}`: cannot parse {raw:?}")),
+            Some(raw) => raw.trim().parse().map_err(|_| format!("parameter `{key}`: cannot parse {raw:?}")),
         }
     }
 
@@ -113,10 +106,7 @@ impl Ctx {
 
     /// Mean latency of a batch on a worker's stage and variant (0 without a profile).
     pub fn batch_latency(&self, worker: WorkerId, batch: u32) -> Duration {
-        self.workers
-            .get(&worker)
-            .and_then(|w| self.latency.mean(w.info.stage, w.info.variant, batch))
-            .unwrap_or(0)
+        self.workers.get(&worker).and_then(|w| self.latency.mean(w.info.stage, w.info.variant, batch)).unwrap_or(0)
     }
 
     /// Every known worker.
@@ -180,12 +170,7 @@ impl Ctx {
     }
 
     /// Run a batch with an explicit variant.
-    pub fn dispatch_variant(
-        &mut self,
-        worker: WorkerId,
-        requests: Vec<RequestId>,
-        variant: Option<VariantId>,
-    ) {
+    pub fn dispatch_variant(&mut self, worker: WorkerId, requests: Vec<RequestId>, variant: Option<VariantId>) {
         self.set_idle(worker, false);
         self.actions.push(Action::Dispatch(Dispatch { worker, requests, variant }));
     }

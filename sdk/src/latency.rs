@@ -42,11 +42,7 @@ impl LatencyTable {
             .iter()
             .map(|stage| {
                 (0..table.profiles.get(stage.id as usize).map_or(0, Vec::len) as u32)
-                    .map(|variant| {
-                        (1..=stage.max_batch)
-                            .map_while(|b| table.lookup(stage.id, variant, b, |p| p.mean))
-                            .collect()
-                    })
+                    .map(|variant| (1..=stage.max_batch).map_while(|b| table.lookup(stage.id, variant, b, |p| p.mean)).collect())
                     .collect()
             })
             .collect();
@@ -74,13 +70,7 @@ impl LatencyTable {
     }
 
     /// The largest batch size whose mean latency is at most `budget` (0 if none fits).
-    pub fn largest_batch_within(
-        &self,
-        stage: StageId,
-        variant: VariantId,
-        budget: Duration,
-        limit: u32,
-    ) -> u32 {
+    pub fn largest_batch_within(&self, stage: StageId, variant: VariantId, budget: Duration, limit: u32) -> u32 {
         let mut best = 0;
         for batch in 1..=limit {
             match self.mean(stage, variant, batch) {
@@ -91,13 +81,7 @@ impl LatencyTable {
         best
     }
 
-    fn lookup(
-        &self,
-        stage: StageId,
-        variant: VariantId,
-        batch: u32,
-        value: impl Fn(&LatencyPoint) -> Duration,
-    ) -> Option<Duration> {
+    fn lookup(&self, stage: StageId, variant: VariantId, batch: u32, value: impl Fn(&LatencyPoint) -> Duration) -> Option<Duration> {
         let points = self.profiles.get(stage as usize)?.get(variant as usize)?;
         interpolate(points, batch, |p| p.batch, value)
     }
@@ -109,12 +93,7 @@ impl LatencyTable {
 ///
 /// This is the one interpolation rule of Yardmaster: the host's profiles and the
 /// simulator use it too.
-pub fn interpolate<P>(
-    points: &[P],
-    batch: u32,
-    batch_of: impl Fn(&P) -> u32,
-    value: impl Fn(&P) -> Duration,
-) -> Option<Duration> {
+pub fn interpolate<P>(points: &[P], batch: u32, batch_of: impl Fn(&P) -> u32, value: impl Fn(&P) -> Duration) -> Option<Duration> {
     let batch = batch.max(1);
     let first = points.first()?;
     if points.len() == 1 || batch <= batch_of(first) {

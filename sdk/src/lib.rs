@@ -43,12 +43,10 @@ pub use latency::{interpolate, LatencyTable};
 
 pub use bindings::yardmaster::policy::host::Level;
 pub use bindings::yardmaster::policy::types::{
-    Action, BatchOutcome, Config, Defer, DeviceKind, Dispatch, DropReason, DropRequest,
-    Duration, EndReason, Event, Evict, EvictMode, FrameReport, Instant, LatencyPoint, Param,
-    Request, RequestId, RequestResult, RequestStatus, Route, Scale, SequenceState, SetBatchLimit,
-    SetRoutes, SetThreads, SetTimer, SetVariant, Snapshot, Stage, StageId, StageKind,
-    StageStats, Stream, StreamId, Tag, Variant, VariantId, VariantTarget, Worker, WorkerId,
-    WorkerStats,
+    Action, BatchOutcome, Config, Defer, DeviceKind, Dispatch, DropReason, DropRequest, Duration, EndReason, Event, Evict, EvictMode,
+    FrameReport, Instant, LatencyPoint, Param, Request, RequestId, RequestResult, RequestStatus, Route, Scale, SequenceState,
+    SetBatchLimit, SetRoutes, SetThreads, SetTimer, SetVariant, Snapshot, Stage, StageId, StageKind, StageStats, Stream, StreamId, Tag,
+    Variant, VariantId, VariantTarget, Worker, WorkerId, WorkerStats,
 };
 
 /// A scheduling policy: the host calls one method per event, in the order the events
@@ -131,7 +129,7 @@ macro_rules! export_policy {
                 }
             }
 
-            $crate::bindings::export_scheduler!(Export with_types_in $crate::bindings);
+    $crate::bindings::export_scheduler!(Export with_types_in $crate::bindings);
         };
     };
 }

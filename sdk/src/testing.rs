@@ -7,8 +7,8 @@
 //! that field on the returned struct.
 
 use crate::{
-    Action, Config, DeviceKind, Duration, FrameReport, Instant, LatencyPoint, Request, RequestId, SequenceState, Stage,
-    StageKind, Variant, VariantId, Worker, WorkerId,
+    Action, Config, DeviceKind, Duration, FrameReport, Instant, LatencyPoint, Request, RequestId, SequenceState, Stage, StageKind, Variant,
+    VariantId, Worker, WorkerId,
 };
 
 /// Nanoseconds per millisecond.

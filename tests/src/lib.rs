@@ -5,9 +5,7 @@ use std::sync::Arc;
 
 use yardmaster::conformance::cluster::{Fate, ScriptedCluster, MS};
 use yardmaster::policy::contract::{Config, Event, Param, Request};
-use yardmaster::policy::{
-    Arm, ArmOutput, FailureMode, Limits, Mode, PolicyLoader, PolicyModule, Sandbox,
-};
+use yardmaster::policy::{Arm, ArmOutput, FailureMode, Limits, Mode, PolicyLoader, PolicyModule, Sandbox};
 
 /// A sandbox and loader for one mode, with no disk cache.
 pub fn loader(mode: Mode, limits: Limits) -> PolicyLoader {
@@ -62,16 +60,10 @@ pub struct Driver {
 
 impl Driver {
     /// Start `module` with `params` under `mode`.
-    pub fn start(
-        loader: &PolicyLoader,
-        module: Arc<PolicyModule>,
-        params: Vec<Param>,
-        failure: FailureMode,
-    ) -> Self {
+    pub fn start(loader: &PolicyLoader, module: Arc<PolicyModule>, params: Vec<Param>, failure: FailureMode) -> Self {
         let config = ScriptedCluster::config("test", params, 11);
         let cluster = ScriptedCluster::new(&config);
-        let (arm, output) =
-            Arm::start_wasm("test", config.clone(), loader.sandbox(), module, failure, None, &cluster);
+        let (arm, output) = Arm::start_wasm("test", config.clone(), loader.sandbox(), module, failure, None, &cluster);
         let mut driver = Self { cluster, arm, outputs: Vec::new(), config };
         driver.cluster.apply(&output);
         driver.outputs.push(output);
@@ -119,8 +111,7 @@ impl Driver {
 
     /// Requests that have not ended.
     pub fn unfinished(&self) -> Vec<(u64, Fate)> {
-        let mut open: Vec<_> =
-            self.cluster.fates().filter(|(_, f)| !f.is_final()).map(|(r, f)| (r.id, f)).collect();
+        let mut open: Vec<_> = self.cluster.fates().filter(|(_, f)| !f.is_final()).map(|(r, f)| (r.id, f)).collect();
         open.sort_by_key(|(id, _)| *id);
         open
     }

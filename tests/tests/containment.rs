@@ -162,10 +162,7 @@ fn an_init_error_is_reported_with_the_policys_reason() {
     let loader = loader(Mode::Serve, Limits::default());
     let module = fixture(&loader, fixtures::HOSTILE);
     let driver = Driver::start(&loader, module, params(&[("mode", "refuse-init")]), FailureMode::FailClosed);
-    assert_eq!(
-        driver.outputs[0].fault,
-        Some(PolicyFault::InitRefused("hostile policy refuses to start".into()))
-    );
+    assert_eq!(driver.outputs[0].fault, Some(PolicyFault::InitRefused("hostile policy refuses to start".into())));
     assert_eq!(driver.arm.state(), ArmState::Closed);
 }
 

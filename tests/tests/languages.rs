@@ -80,10 +80,8 @@ fn loader() -> &'static PolicyLoader {
 #[test]
 fn every_language_passes_the_conformance_harness_with_the_same_outcomes() {
     let options = CheckOptions { cache_dir: cache_dir(), ..CheckOptions::default() };
-    let reports: Vec<(&str, CheckReport)> = examples()
-        .iter()
-        .map(|e| (e.language, check_component(e.language, &e.bytes, &options).expect("loads")))
-        .collect();
+    let reports: Vec<(&str, CheckReport)> =
+        examples().iter().map(|e| (e.language, check_component(e.language, &e.bytes, &options).expect("loads"))).collect();
     for (language, report) in &reports {
         eprintln!("{}", report.render());
         assert!(report.passed(), "{language}:\n{}", report.render());
@@ -225,8 +223,7 @@ fn every_language_makes_the_same_decisions_in_the_simulator() {
         capture_dir: Some(capture.clone()),
     };
     let workload = WorkloadSpec::Preset { name: "poisson".into(), rate: 450.0 };
-    let policies: Vec<PolicySpec> =
-        examples().iter().map(|e| PolicySpec { name: e.language.into(), bytes: e.bytes.clone() }).collect();
+    let policies: Vec<PolicySpec> = examples().iter().map(|e| PolicySpec { name: e.language.into(), bytes: e.bytes.clone() }).collect();
     let runs = compare(&spec, &workload, &policies, loader(), |_, _| {}).expect("runs");
 
     // The trace records every batch a policy dispatched (worker, requests in order) and

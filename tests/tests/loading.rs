@@ -1,6 +1,6 @@
 //! Loading policy components: identity, caching, and refusals with clear reasons.
 
-use yardmaster::policy::{LoadError, Limits, Mode, PolicyLoader, Sandbox};
+use yardmaster::policy::{Limits, LoadError, Mode, PolicyLoader, Sandbox};
 use yardmaster_policy_artifacts::{fixtures, SHIPPED};
 use yardmaster_tests::loader;
 
@@ -55,9 +55,8 @@ fn compiled_code_is_cached_in_memory_and_on_disk() {
 #[test]
 fn a_policy_importing_outside_the_world_is_refused_with_the_import_named() {
     let loader = loader(Mode::Serve, Limits::default());
-    let error = loader
-        .load_file(std::path::Path::new(fixtures::FORBIDDEN_IMPORT))
-        .expect_err("a policy with a network import must be refused");
+    let error =
+        loader.load_file(std::path::Path::new(fixtures::FORBIDDEN_IMPORT)).expect_err("a policy with a network import must be refused");
     match &error {
         LoadError::ForbiddenImport { import, .. } => assert!(import.starts_with("fixture:sneaky/socket"), "{import}"),
         other => panic!("wrong refusal: {other}"),

@@ -10,7 +10,11 @@ use yardmaster_sdk::LatencyTable;
 
 fn model(slo_ms: f64) -> PipelineModel {
     let pipeline = traffic_pipeline(&data_dir(), CLUSTER, slo_ms).unwrap();
-    let config = yardmaster::policy::native::config_to_sdk(&Engine::<ManualClock, SimExecutor>::policy_config(&pipeline, "test", &EngineOptions::default()));
+    let config = yardmaster::policy::native::config_to_sdk(&Engine::<ManualClock, SimExecutor>::policy_config(
+        &pipeline,
+        "test",
+        &EngineOptions::default(),
+    ));
     PipelineModel::from_config(&config, &LatencyTable::from_config(&config), &[1, 2, 4, 8, 16, 32, 64]).unwrap()
 }
 
@@ -56,7 +60,16 @@ fn plan_job_slices_are_small() {
     let model = model(500.0);
     let factors = loki_core::model::offline_factors(&model, &[vec![0.94, 0.06]]);
     let limits = SolverLimits { work_slice: 2_000_000, max_nodes: 60, ..SolverLimits::default() };
-    let request = PlanRequest { model: &model, factors: &factors, demand: 300.0, cluster: CLUSTER, cap_ms: 250.0, limits, previous: None, fill_spare: true };
+    let request = PlanRequest {
+        model: &model,
+        factors: &factors,
+        demand: 300.0,
+        cluster: CLUSTER,
+        cap_ms: 250.0,
+        limits,
+        previous: None,
+        fill_spare: true,
+    };
     let Started::Pending(interim, mut job) = start(&request) else { panic!("past the hardware capacity") };
     let interim = interim.expect("the greedy plan serves while the MILP runs");
     let mut slices = 0;

@@ -18,7 +18,10 @@ fn simulate(policy: &str, rates: &[(f64, u64)], params: &[(&str, &str)]) -> RunO
         }
     }
     let schedule = RateSchedule::parse(&text).unwrap();
-    let engine = EngineOptions { params: params.iter().map(|(k, v)| Param { key: k.to_string(), value: v.to_string() }).collect(), ..EngineOptions::default() };
+    let engine = EngineOptions {
+        params: params.iter().map(|(k, v)| Param { key: k.to_string(), value: v.to_string() }).collect(),
+        ..EngineOptions::default()
+    };
     let spec = SimSpec {
         pipeline,
         seed: 1,
@@ -52,7 +55,13 @@ fn past_the_hardware_capacity_loki_trades_accuracy_for_throughput() {
     assert!(i.accuracy > 0.99, "InferLine keeps the most accurate variants");
     // Off-peak Loki used few workers; at the peak, the whole cluster.
     let workers = |out: &RunOutcome, from: u64, to: u64| {
-        let w: Vec<f64> = out.report.windows.iter().filter(|w| w.start >= from * 1_000_000_000 && w.start < to * 1_000_000_000).map(|w| w.active_workers).collect();
+        let w: Vec<f64> = out
+            .report
+            .windows
+            .iter()
+            .filter(|w| w.start >= from * 1_000_000_000 && w.start < to * 1_000_000_000)
+            .map(|w| w.active_workers)
+            .collect();
         w.iter().sum::<f64>() / w.len().max(1) as f64
     };
     assert!(workers(&loki, 5, 10) < 10.0, "off-peak: {}", workers(&loki, 5, 10));

@@ -119,7 +119,13 @@ fn baselines_order_as_in_the_paper() {
         job("Naive", "pard-naive", &[], &p, &w),
     ]);
     let s: Vec<_> = out.iter().map(|o| &o.report.summary.overall).collect();
-    let show = || s.iter().zip(["PARD", "Nexus", "Clipper++", "Naive"]).map(|(x, n)| format!("{n}: drop {:.4} invalid {:.4} goodput {:.1}", x.drop_rate, x.invalid_rate, x.goodput)).collect::<Vec<_>>().join("; ");
+    let show = || {
+        s.iter()
+            .zip(["PARD", "Nexus", "Clipper++", "Naive"])
+            .map(|(x, n)| format!("{n}: drop {:.4} invalid {:.4} goodput {:.1}", x.drop_rate, x.invalid_rate, x.goodput))
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
     assert!(s[0].invalid_rate < s[1].invalid_rate.min(s[2].invalid_rate), "{}", show());
     assert!(s[1].invalid_rate.max(s[2].invalid_rate) < s[3].invalid_rate, "{}", show());
     assert!(s[1..].iter().all(|x| s[0].drop_rate < x.drop_rate), "{}", show());
@@ -200,7 +206,12 @@ fn dag_estimate_follows_the_slower_branch() {
     };
     let out = run(&[base(&full, "full"), base(&halved, "halved")]);
     let drops_at_entry = |o: &RunOutcome| o.engine.drops_by_stage.first().copied().unwrap_or(0);
-    assert!(drops_at_entry(&out[1]) > drops_at_entry(&out[0]), "entry drops: full {} halved {}", drops_at_entry(&out[0]), drops_at_entry(&out[1]));
+    assert!(
+        drops_at_entry(&out[1]) > drops_at_entry(&out[0]),
+        "entry drops: full {} halved {}",
+        drops_at_entry(&out[0]),
+        drops_at_entry(&out[1])
+    );
     // Siblings are cancelled: every request ends once even when one branch drops.
     assert!(out[1].engine.drops_by_stage.iter().sum::<u64>() > 0);
 }

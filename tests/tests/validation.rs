@@ -16,14 +16,7 @@ fn invalid_actions_are_rejected_and_counted_and_the_valid_drop_applies() {
     let reasons: Vec<&str> = output.rejected.iter().map(|(_, r)| r.kind()).collect();
     assert_eq!(
         reasons,
-        vec![
-            "unknown-request",
-            "unknown-worker",
-            "batch-over-limit",
-            "replicas-out-of-range",
-            "bad-threads",
-            "request-reused",
-        ]
+        vec!["unknown-request", "unknown-worker", "batch-over-limit", "replicas-out-of-range", "bad-threads", "request-reused",]
     );
     assert_eq!(output.actions.len(), 1, "only the valid drop is applied");
     let stats = driver.arm.stats();

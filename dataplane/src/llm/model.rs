@@ -37,8 +37,8 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::proto::Message;
 use crate::error::{DataplaneError, Result};
+use crate::proto::Message;
 
 /// File name of the tiny decoder in the assets folder.
 pub const TINY_DECODER_FILE: &str = "tiny-decoder.onnx";
@@ -125,7 +125,10 @@ impl DecoderConfig {
     pub fn check(&self) -> Result<()> {
         let dims = [self.vocab, self.hidden, self.heads, self.layers, self.ffn, self.max_positions];
         if dims.contains(&0) || !self.hidden.is_multiple_of(self.heads) {
-            return Err(DataplaneError::Invalid(format!("decoder configuration {}: every size must be positive and heads must divide hidden", self.describe())));
+            return Err(DataplaneError::Invalid(format!(
+                "decoder configuration {}: every size must be positive and heads must divide hidden",
+                self.describe()
+            )));
         }
         Ok(())
     }

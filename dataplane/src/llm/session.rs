@@ -275,7 +275,10 @@ impl DecoderSession {
                 return Err(DataplaneError::Invalid(format!("frame sequence {i}: nothing to feed or no step to run")));
             }
             if let Some(bad) = s.feed.iter().find(|&&t| t < 0 || t as usize >= self.config.vocab) {
-                return Err(DataplaneError::Invalid(format!("frame sequence {i}: token {bad} is outside the vocabulary (0..{})", self.config.vocab)));
+                return Err(DataplaneError::Invalid(format!(
+                    "frame sequence {i}: token {bad} is outside the vocabulary (0..{})",
+                    self.config.vocab
+                )));
             }
             let context = s.cache.len() + s.feed.len() + s.steps - 1;
             if context > self.config.max_positions {
@@ -319,11 +322,13 @@ impl DecoderSession {
         let vocab = self.config.vocab;
         let logits = outputs.remove("logits").ok_or_else(|| DataplaneError::Ort("output \"logits\" missing".into()))?;
         let (_, data) = logits.try_extract_tensor::<f32>().map_err(DataplaneError::ort)?;
-        let chosen = last.iter().enumerate().map(|(row, &at)| argmax(&data[(row * seq + at) * vocab..(row * seq + at + 1) * vocab])).collect();
+        let chosen =
+            last.iter().enumerate().map(|(row, &at)| argmax(&data[(row * seq + at) * vocab..(row * seq + at + 1) * vocab])).collect();
         for layer in 0..self.config.layers {
             for (kind, name) in ["key", "value"].iter().enumerate() {
                 let present = present_name(name, layer);
-                past[layer * 2 + kind] = outputs.remove(&present).ok_or_else(|| DataplaneError::Ort(format!("output {present:?} missing")))?;
+                past[layer * 2 + kind] =
+                    outputs.remove(&present).ok_or_else(|| DataplaneError::Ort(format!("output {present:?} missing")))?;
             }
         }
         Ok(chosen)

@@ -116,8 +116,7 @@ pub fn postprocess(map: &Tensor, width: usize, height: usize, options: &DetOptio
     let (sx, sy) = (width as f32 / mw as f32, height as f32 / mh as f32);
     let mut boxes = Vec::new();
     for region in regions(&bitmap, mw, mh).into_iter().take(options.max_candidates) {
-        let points: Vec<Point> =
-            region.rows.iter().flat_map(|&(y, a, b)| [(a as f32, y as f32), (b as f32, y as f32)]).collect();
+        let points: Vec<Point> = region.rows.iter().flat_map(|&(y, a, b)| [(a as f32, y as f32), (b as f32, y as f32)]).collect();
         let rect = min_area_rect(&points);
         if rect.short_side() < options.min_size {
             continue;
@@ -131,9 +130,7 @@ pub fn postprocess(map: &Tensor, width: usize, height: usize, options: &DetOptio
         if grown.short_side() < options.min_size + 2.0 {
             continue;
         }
-        let corners = grown
-            .corners()
-            .map(|(x, y)| ((x * sx).round().clamp(0.0, width as f32), (y * sy).round().clamp(0.0, height as f32)));
+        let corners = grown.corners().map(|(x, y)| ((x * sx).round().clamp(0.0, width as f32), (y * sy).round().clamp(0.0, height as f32)));
         let side = |a: Point, b: Point| ((a.0 - b.0).powi(2) + (a.1 - b.1).powi(2)).sqrt();
         if side(corners[0], corners[1]) <= 3.0 || side(corners[0], corners[3]) <= 3.0 {
             continue;

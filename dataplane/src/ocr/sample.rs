@@ -13,8 +13,8 @@ pub const FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
 /// `lines` rendered in black on white, `px` pixels high, starting at (`left`, `top`),
 /// one line every `1.8 * px` pixels, in an image of `width` × `height`.
 pub fn render_text(lines: &[&str], px: f32, width: usize, height: usize, left: f32, top: f32) -> Result<RgbImage> {
-    let bytes = std::fs::read(FONT)
-        .map_err(|e| DataplaneError::Invalid(format!("{FONT}: {e} (scripts/setup.sh installs fonts-dejavu-core)")))?;
+    let bytes =
+        std::fs::read(FONT).map_err(|e| DataplaneError::Invalid(format!("{FONT}: {e} (scripts/setup.sh installs fonts-dejavu-core)")))?;
     let font = FontVec::try_from_vec(bytes).map_err(|e| DataplaneError::Invalid(format!("{FONT}: {e}")))?;
     let scaled = font.as_scaled(PxScale::from(px));
     let mut image = RgbImage::filled(width, height, [255, 255, 255]);

@@ -96,14 +96,7 @@ impl ScriptedCluster {
             memory_bytes: 256 << 20,
             fan_out: 1.0,
         };
-        let worker = |id: u32, stage: u32, device: DeviceKind| Worker {
-            id,
-            stage,
-            variant: 0,
-            device,
-            threads: 2,
-            memory_bytes: 4 << 30,
-        };
+        let worker = |id: u32, stage: u32, device: DeviceKind| Worker { id, stage, variant: 0, device, threads: 2, memory_bytes: 4 << 30 };
         Config {
             arm: arm.into(),
             stages: vec![
@@ -164,11 +157,8 @@ impl ScriptedCluster {
 
     /// A cluster running `config`; every worker starts idle.
     pub fn new(config: &Config) -> Self {
-        let workers: BTreeMap<u32, SimWorker> = config
-            .workers
-            .iter()
-            .map(|w| (w.id, SimWorker { info: *w, running: None, resident: BTreeMap::new() }))
-            .collect();
+        let workers: BTreeMap<u32, SimWorker> =
+            config.workers.iter().map(|w| (w.id, SimWorker { info: *w, running: None, resident: BTreeMap::new() })).collect();
         let mut replicas = vec![0; config.stages.len()];
         for w in &config.workers {
             replicas[w.stage as usize] += 1;
@@ -261,12 +251,8 @@ impl ScriptedCluster {
     pub fn advance_to(&mut self, t: u64) {
         self.now = self.now.max(t);
         let now = self.now;
-        let due: Vec<u32> = self
-            .workers
-            .values()
-            .filter(|w| w.running.as_ref().is_some_and(|r| r.until <= now))
-            .map(|w| w.info.id)
-            .collect();
+        let due: Vec<u32> =
+            self.workers.values().filter(|w| w.running.as_ref().is_some_and(|r| r.until <= now)).map(|w| w.info.id).collect();
         for id in due {
             self.finish_batch(id);
         }
@@ -295,12 +281,8 @@ impl ScriptedCluster {
             .stages
             .iter()
             .map(|s| {
-                let held: Vec<&Request> = self
-                    .requests
-                    .values()
-                    .filter(|(r, f)| *f == Fate::Held && r.stage == s.id)
-                    .map(|(r, _)| r)
-                    .collect();
+                let held: Vec<&Request> =
+                    self.requests.values().filter(|(r, f)| *f == Fate::Held && r.stage == s.id).map(|(r, _)| r).collect();
                 let oldest = held.iter().map(|r| r.arrived_at).min().unwrap_or(self.now);
                 StageStats {
                     stage: s.id,
@@ -432,14 +414,8 @@ impl ScriptedCluster {
             for _ in current..replicas {
                 let id = self.new_worker_id();
                 let template = self.config.workers.iter().find(|w| w.stage == stage).cloned();
-                let mut worker = template.unwrap_or(Worker {
-                    id,
-                    stage,
-                    variant,
-                    device: DeviceKind::Gpu,
-                    threads: 1,
-                    memory_bytes: 4 << 30,
-                });
+                let mut worker =
+                    template.unwrap_or(Worker { id, stage, variant, device: DeviceKind::Gpu, threads: 1, memory_bytes: 4 << 30 });
                 worker.id = id;
                 worker.variant = variant;
                 self.starting.push((self.now + STARTUP, worker));
@@ -591,10 +567,9 @@ impl ClusterView for ScriptedCluster {
 
     fn sequence(&self, id: u64) -> Option<SeqView> {
         self.workers.values().find_map(|w| {
-            w.resident.contains_key(&id).then(|| SeqView {
-                worker: w.info.id,
-                running: w.running.as_ref().is_some_and(|r| r.requests.contains(&id)),
-            })
+            w.resident
+                .contains_key(&id)
+                .then(|| SeqView { worker: w.info.id, running: w.running.as_ref().is_some_and(|r| r.requests.contains(&id)) })
         })
     }
 

@@ -22,10 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::policy::contract::{Action, Config, EndReason, Event, Param, Request};
-use crate::policy::{
-    Arm, ArmOutput, FailureMode, LoadError, Limits, Mode, NativePolicy, PolicyLoader, PolicyModule,
-    Sandbox,
-};
+use crate::policy::{Arm, ArmOutput, FailureMode, Limits, LoadError, Mode, NativePolicy, PolicyLoader, PolicyModule, Sandbox};
 use cluster::{Fate, ScriptedCluster, MS};
 
 /// How to run a check.
@@ -130,11 +127,21 @@ impl CheckReport {
         let _ = writeln!(
             out,
             "  requests    {} : {} on time, {} late, {} dropped, {} cancelled, {} refused, {} lost",
-            o.requests, o.on_time, o.late, o.dropped, o.cancelled, o.refused, self.lost.len()
+            o.requests,
+            o.on_time,
+            o.late,
+            o.dropped,
+            o.cancelled,
+            o.refused,
+            self.lost.len()
         );
         let _ = writeln!(out, "  events      {}   actions accepted {}", self.events, self.actions);
         if let Some(d) = self.deterministic {
-            let _ = writeln!(out, "  determinism {}", if d { "identical decisions in two simulated runs" } else { "DIFFERENT decisions in two simulated runs" });
+            let _ = writeln!(
+                out,
+                "  determinism {}",
+                if d { "identical decisions in two simulated runs" } else { "DIFFERENT decisions in two simulated runs" }
+            );
         }
         let _ = writeln!(out, "  decision cost per event:");
         let _ = writeln!(out, "    {:<15} {:>7} {:>8} {:>12} {:>12}", "call kind", "calls", "events", "ns/event", "fuel/event");
@@ -150,7 +157,12 @@ impl CheckReport {
                 if cost.fuel > 0 { format!("{}", cost.fuel / events) } else { "-".into() }
             );
         }
-        for (title, list) in [("faults", &self.faults), ("rejected actions", &self.rejected), ("lost requests", &self.lost), ("violations", &self.violations)] {
+        for (title, list) in [
+            ("faults", &self.faults),
+            ("rejected actions", &self.rejected),
+            ("lost requests", &self.lost),
+            ("violations", &self.violations),
+        ] {
             if !list.is_empty() {
                 let _ = writeln!(out, "  {title} ({}):", list.len());
                 for line in list.iter().take(10) {

@@ -433,9 +433,9 @@ impl<C: Clock, X: Executor> Engine<C, X> {
             },
         );
         self.accounting.arrival(now, submission.stream);
-        let link = tags.as_deref().and_then(|t| {
-            yardmaster_sdk::helpers::compound::CallLink::from_pairs(t.iter().map(|t| (t.key.as_str(), t.value.as_str())))
-        });
+        let link = tags
+            .as_deref()
+            .and_then(|t| yardmaster_sdk::helpers::compound::CallLink::from_pairs(t.iter().map(|t| (t.key.as_str(), t.value.as_str()))));
         self.accounting.llm_mut().submitted(id, submission.stream, sent_at, deadline, submission.input_size, link);
         let request = Request {
             id,
@@ -527,8 +527,7 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         self.accounting.workers_changed(now, serving);
         self.update_capacity();
         let serves = |w: &WorkerEntry| {
-            w.info.stage as usize == stage
-                && matches!(w.phase, WorkerPhase::Starting | WorkerPhase::Idle | WorkerPhase::Busy { .. })
+            w.info.stage as usize == stage && matches!(w.phase, WorkerPhase::Starting | WorkerPhase::Idle | WorkerPhase::Busy { .. })
         };
         if !self.state.workers.values().any(serves) {
             let name = self.state.pipeline.stages[stage].name.clone();
@@ -601,7 +600,14 @@ impl<C: Clock, X: Executor> Engine<C, X> {
                     let Some(piece) = self.state.pieces.get_mut(&item.id) else { continue };
                     let started = now.saturating_sub(result.duration);
                     let (origin, before) = (piece.request.origin, piece.generated);
-                    self.accounting.llm_mut().tokens_emitted(origin, started, result.duration, self.options.frame_steps, before, item.tokens);
+                    self.accounting.llm_mut().tokens_emitted(
+                        origin,
+                        started,
+                        result.duration,
+                        self.options.frame_steps,
+                        before,
+                        item.tokens,
+                    );
                     piece.generated += item.tokens;
                     piece.resume = Resume::Continue;
                     let generated = piece.generated;
@@ -695,10 +701,8 @@ impl<C: Clock, X: Executor> Engine<C, X> {
             _ => {}
         }
         let successors = successors.clone();
-        let counts: Vec<(u32, u32)> = successors
-            .iter()
-            .map(|s| (*s, fan_out.iter().find(|(t, _)| t == s).map_or(1, |(_, n)| *n)))
-            .collect();
+        let counts: Vec<(u32, u32)> =
+            successors.iter().map(|s| (*s, fan_out.iter().find(|(t, _)| t == s).map_or(1, |(_, n)| *n))).collect();
         let total: u32 = counts.iter().map(|(_, n)| n).sum();
         if total == 1 {
             // A chain: the same piece moves on.
@@ -810,13 +814,7 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         if !self.state.origins.contains_key(&origin_id) {
             return;
         }
-        let pieces: Vec<u64> = self
-            .state
-            .pieces
-            .iter()
-            .filter(|(_, p)| p.request.origin == origin_id)
-            .map(|(id, _)| *id)
-            .collect();
+        let pieces: Vec<u64> = self.state.pieces.iter().filter(|(_, p)| p.request.origin == origin_id).map(|(id, _)| *id).collect();
         for id in pieces {
             let Some(piece) = self.state.pieces.remove(&id) else { continue };
             match piece.state {
@@ -873,7 +871,12 @@ impl<C: Clock, X: Executor> Engine<C, X> {
                 Wakeup::Expire(origin) => {
                     if self.state.origins.contains_key(&origin) {
                         self.stats.expired += 1;
-                        self.end_origin(origin, Outcome::Dropped { reason: "expired: held past its deadline".into() }, now, EndReason::Expired);
+                        self.end_origin(
+                            origin,
+                            Outcome::Dropped { reason: "expired: held past its deadline".into() },
+                            now,
+                            EndReason::Expired,
+                        );
                     }
                 }
             }
@@ -1141,7 +1144,12 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         self.executor.abort(worker_id);
         self.stats.preemptions += 1;
         let origins = std::mem::take(&mut worker.job_origins);
-        self.accounting.batch_finished(BatchRecord { at: now, worker: worker_id, duration: now.saturating_sub(started), requests: &origins });
+        self.accounting.batch_finished(BatchRecord {
+            at: now,
+            worker: worker_id,
+            duration: now.saturating_sub(started),
+            requests: &origins,
+        });
         for id in items {
             let Some(piece) = self.state.pieces.get(&id) else { continue };
             let mut request = piece.request.clone();
@@ -1174,10 +1182,7 @@ impl<C: Clock, X: Executor> Engine<C, X> {
                 let def = &self.state.pipeline.stages[stage as usize];
                 let mut info = worker_info(id, stage, def);
                 info.variant = variant;
-                self.state.workers.insert(
-                    id,
-                    WorkerEntry::new(info, WorkerPhase::Starting),
-                );
+                self.state.workers.insert(id, WorkerEntry::new(info, WorkerPhase::Starting));
                 self.executor.provision(id, stage, variant);
             }
         } else {
@@ -1257,7 +1262,11 @@ impl<C: Clock, X: Executor> Engine<C, X> {
             }
         }
         // No stage reachable by any stream: the capacity is unknown, not zero.
-        if capacity.is_finite() { capacity } else { f64::NAN }
+        if capacity.is_finite() {
+            capacity
+        } else {
+            f64::NAN
+        }
     }
 
     fn update_capacity(&mut self) {
@@ -1299,14 +1308,7 @@ pub fn pieces_per_request(pipeline: &Pipeline) -> Vec<f64> {
 }
 
 fn worker_info(id: u32, stage: u32, def: &StageDef) -> contract::Worker {
-    contract::Worker {
-        id,
-        stage,
-        variant: 0,
-        device: def.device,
-        threads: def.threads,
-        memory_bytes: def.worker_memory_bytes,
-    }
+    contract::Worker { id, stage, variant: 0, device: def.device, threads: def.threads, memory_bytes: def.worker_memory_bytes }
 }
 
 fn drop_reason(reason: contract::DropReason) -> &'static str {

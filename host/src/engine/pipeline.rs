@@ -45,9 +45,7 @@ impl Profile {
         let batch = batch.max(1);
         match self {
             Profile::Linear { alpha_ns, beta_ns } => (alpha_ns * batch as f64 + beta_ns).max(0.0) as u64,
-            Profile::Points(points) => {
-                yardmaster_sdk::interpolate(points, batch, |p| p.batch, value).unwrap_or(0)
-            }
+            Profile::Points(points) => yardmaster_sdk::interpolate(points, batch, |p| p.batch, value).unwrap_or(0),
         }
     }
 
@@ -333,8 +331,8 @@ impl Pipeline {
 
     /// Read our own TOML format.
     pub fn from_toml(text: &str, source_name: &str) -> Result<Self, PipelineError> {
-        let file: toml_format::PipelineFile = toml::from_str(text)
-            .map_err(|e| PipelineError { source_name: source_name.into(), message: e.to_string() })?;
+        let file: toml_format::PipelineFile =
+            toml::from_str(text).map_err(|e| PipelineError { source_name: source_name.into(), message: e.to_string() })?;
         let pipeline = file.into_pipeline().map_err(|message| PipelineError { source_name: source_name.into(), message })?;
         pipeline.validate(source_name)?;
         Ok(pipeline)
@@ -459,11 +457,9 @@ mod toml_format {
 
     impl PipelineFile {
         pub fn into_pipeline(self) -> Result<Pipeline, String> {
-            let ids: HashMap<String, u32> =
-                self.stages.iter().enumerate().map(|(i, s)| (s.name.clone(), i as u32)).collect();
-            let lookup = |name: &str, what: &str| {
-                ids.get(name).copied().ok_or_else(|| format!("{what} names stage {name:?}, which is not defined"))
-            };
+            let ids: HashMap<String, u32> = self.stages.iter().enumerate().map(|(i, s)| (s.name.clone(), i as u32)).collect();
+            let lookup =
+                |name: &str, what: &str| ids.get(name).copied().ok_or_else(|| format!("{what} names stage {name:?}, which is not defined"));
             let mut stages = Vec::with_capacity(self.stages.len());
             for stage in &self.stages {
                 let successors = stage
@@ -479,8 +475,13 @@ mod toml_format {
                                 .iter()
                                 .map(|p| match p.as_slice() {
                                     [b, mean] => Ok(LatencyPoint { batch: *b as u32, mean: (mean * MS) as u64, tail: (mean * MS) as u64 }),
-                                    [b, mean, tail] => Ok(LatencyPoint { batch: *b as u32, mean: (mean * MS) as u64, tail: (tail * MS) as u64 }),
-                                    _ => Err(format!("variant {:?}: each profile_ms entry is [batch, mean_ms] or [batch, mean_ms, tail_ms]", v.name)),
+                                    [b, mean, tail] => {
+                                        Ok(LatencyPoint { batch: *b as u32, mean: (mean * MS) as u64, tail: (tail * MS) as u64 })
+                                    }
+                                    _ => Err(format!(
+                                        "variant {:?}: each profile_ms entry is [batch, mean_ms] or [batch, mean_ms, tail_ms]",
+                                        v.name
+                                    )),
                                 })
                                 .collect::<Result<_, _>>()?,
                         ),
@@ -533,8 +534,13 @@ mod toml_format {
             let default_slo = self.slo_ms;
             let mut streams = Vec::new();
             for s in &self.streams {
-                let slo = s.slo_ms.or(default_slo).ok_or_else(|| format!("stream {:?} has no slo_ms and the pipeline none either", s.name))?;
-                streams.push(StreamDef { name: s.name.clone(), entry: lookup(&s.entry, &format!("stream {:?}", s.name))?, slo_ns: (slo * MS) as u64 });
+                let slo =
+                    s.slo_ms.or(default_slo).ok_or_else(|| format!("stream {:?} has no slo_ms and the pipeline none either", s.name))?;
+                streams.push(StreamDef {
+                    name: s.name.clone(),
+                    entry: lookup(&s.entry, &format!("stream {:?}", s.name))?,
+                    slo_ns: (slo * MS) as u64,
+                });
             }
             if streams.is_empty() {
                 let slo = default_slo.ok_or("no [[stream]] and no pipeline slo_ms")?;
@@ -606,12 +612,14 @@ mod loki {
             let (model, accel, batch, p50, p90) = (col("Model")?, col("Accel")?, col("batchsize")?, col("50th_pct")?, col("90th_pct")?);
             for (n, line) in lines.enumerate() {
                 let f: Vec<&str> = line.split(',').collect();
-                let parse = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).ok_or_else(|| format!("runtimes line {}: bad field {i}", n + 2));
-                profiles
-                    .runtimes
-                    .entry((f[model].to_string(), f[accel].to_string()))
-                    .or_default()
-                    .push((parse(batch)? as u32, parse(p50)?, parse(p90)?));
+                let parse = |i: usize| {
+                    f.get(i).and_then(|v| v.parse::<f64>().ok()).ok_or_else(|| format!("runtimes line {}: bad field {i}", n + 2))
+                };
+                profiles.runtimes.entry((f[model].to_string(), f[accel].to_string())).or_default().push((
+                    parse(batch)? as u32,
+                    parse(p50)?,
+                    parse(p90)?,
+                ));
             }
             for points in profiles.runtimes.values_mut() {
                 points.sort_by_key(|p| p.0);
@@ -634,16 +642,16 @@ mod loki {
             if let Ok(serving) = read("profiled__runtimes_all.csv") {
                 for (n, line) in serving.lines().enumerate().skip(1) {
                     let f: Vec<&str> = line.split(',').collect();
-                    let parse = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).ok_or_else(|| format!("profiled__runtimes_all line {}: bad field {i}", n + 1));
+                    let parse = |i: usize| {
+                        f.get(i)
+                            .and_then(|v| v.parse::<f64>().ok())
+                            .ok_or_else(|| format!("profiled__runtimes_all line {}: bad field {i}", n + 1))
+                    };
                     if f.len() < 8 {
                         continue;
                     }
                     let model = f[1].split('_').next().unwrap_or(f[1]).to_string();
-                    profiles
-                        .serving_runtimes
-                        .entry(model)
-                        .or_default()
-                        .push((parse(3)? as u32, parse(5)? * 1e3, parse(6)? * 1e3));
+                    profiles.serving_runtimes.entry(model).or_default().push((parse(3)? as u32, parse(5)? * 1e3, parse(6)? * 1e3));
                 }
                 for points in profiles.serving_runtimes.values_mut() {
                     points.sort_by_key(|p| p.0);
@@ -659,7 +667,8 @@ mod loki {
                         continue;
                     }
                     let total = f[2].parse::<f64>().unwrap_or(1.0);
-                    let shares = header.iter().zip(&f).skip(3).filter_map(|(task, v)| Some((task.clone(), v.parse::<f64>().ok()?))).collect();
+                    let shares =
+                        header.iter().zip(&f).skip(3).filter_map(|(task, v)| Some((task.clone(), v.parse::<f64>().ok()?))).collect();
                     profiles.branching.insert(f[1].to_string(), (total, shares));
                 }
             }
@@ -667,10 +676,7 @@ mod loki {
         }
 
         fn profile(&self, model: &str) -> Result<Profile, String> {
-            let points = self
-                .runtimes
-                .get(&(model.to_string(), self.accelerator.clone()))
-                .or_else(|| self.serving_runtimes.get(model));
+            let points = self.runtimes.get(&(model.to_string(), self.accelerator.clone())).or_else(|| self.serving_runtimes.get(model));
             let Some(points) = points else {
                 return match &self.fallback {
                     Some(fallback) => {
@@ -888,7 +894,10 @@ mod tests {
 
     #[test]
     fn refuses_bad_graphs_with_reasons() {
-        let cyclic = TOML.replace("name = \"sink\"\n        [[stage.variant]]", "name = \"sink\"\n        successors = [\"detect\"]\n        [[stage.variant]]");
+        let cyclic = TOML.replace(
+            "name = \"sink\"\n        [[stage.variant]]",
+            "name = \"sink\"\n        successors = [\"detect\"]\n        [[stage.variant]]",
+        );
         let error = Pipeline::from_toml(&cyclic, "cyclic.toml").unwrap_err().to_string();
         assert!(error.contains("cycle") && error.contains("cyclic.toml"), "{error}");
         let dangling = TOML.replace("successors = [\"sink\"]", "successors = [\"nowhere\"]");
@@ -903,10 +912,7 @@ mod tests {
 
     #[test]
     fn profiles_interpolate_and_extrapolate() {
-        let p = Profile::Points(vec![
-            LatencyPoint { batch: 1, mean: 10, tail: 20 },
-            LatencyPoint { batch: 4, mean: 40, tail: 50 },
-        ]);
+        let p = Profile::Points(vec![LatencyPoint { batch: 1, mean: 10, tail: 20 }, LatencyPoint { batch: 4, mean: 40, tail: 50 }]);
         assert_eq!(p.mean(2), 20);
         assert_eq!(p.mean(8), 80);
         assert_eq!(p.tail(1), 20);

@@ -198,18 +198,10 @@ impl ClusterState {
                 }
                 order.pop_front();
             }
-            let queue_length = self
-                .pieces
-                .values()
-                .filter(|p| p.state == PieceState::Queued && p.request.stage == i as u32)
-                .count() as u32;
+            let queue_length = self.pieces.values().filter(|p| p.state == PieceState::Queued && p.request.stage == i as u32).count() as u32;
             let oldest = order.front().map_or(now, |&(_, at)| at);
             let w = std::mem::take(&mut stage.window);
-            let starting = self
-                .workers
-                .values()
-                .filter(|x| x.info.stage == i as u32 && x.phase == WorkerPhase::Starting)
-                .count() as u32;
+            let starting = self.workers.values().filter(|x| x.info.stage == i as u32 && x.phase == WorkerPhase::Starting).count() as u32;
             stages.push(contract::StageStats {
                 stage: i as u32,
                 queue_length,
@@ -227,7 +219,9 @@ impl ClusterState {
             .values_mut()
             .map(|w| {
                 let busy_now = match &w.phase {
-                    WorkerPhase::Busy { started, .. } | WorkerPhase::Draining { started, .. } => now.saturating_sub(*started).min(window_ns),
+                    WorkerPhase::Busy { started, .. } | WorkerPhase::Draining { started, .. } => {
+                        now.saturating_sub(*started).min(window_ns)
+                    }
                     _ => 0,
                 };
                 let busy = std::mem::take(&mut w.busy_in_window) + busy_now;
@@ -290,9 +284,7 @@ impl ClusterView for ClusterState {
         let piece = self.pieces.get(&id)?;
         match piece.state {
             PieceState::Paused(worker) => Some(SequenceState { worker, running: false }),
-            PieceState::Running(worker)
-                if self.pipeline.stages[piece.request.stage as usize].kind == StageKind::Iteration =>
-            {
+            PieceState::Running(worker) if self.pipeline.stages[piece.request.stage as usize].kind == StageKind::Iteration => {
                 Some(SequenceState { worker, running: true })
             }
             _ => None,

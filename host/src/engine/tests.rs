@@ -285,7 +285,8 @@ impl Policy for Chaos {
         let draws = (ctx.host().random() % 6) as usize;
         for _ in 0..draws {
             let r = ctx.host().random();
-            let pick = |held: &Vec<u64>| if held.is_empty() || r.is_multiple_of(7) { r % 1000 } else { held[(r as usize / 7) % held.len()] };
+            let pick =
+                |held: &Vec<u64>| if held.is_empty() || r.is_multiple_of(7) { r % 1000 } else { held[(r as usize / 7) % held.len()] };
             let worker = (r >> 20) as u32 % 5;
             match r % 9 {
                 0 | 1 => {
@@ -544,7 +545,11 @@ fn requests_waiting_at_a_stage_left_without_workers_fail_with_the_reason() {
     let result = JobResult {
         worker: job.worker,
         duration: MS,
-        items: job.items.iter().map(|i| ItemResult { id: i.id, error: Some("failed to load".into()), tokens: 0, finished: false, fan_out: vec![] }).collect(),
+        items: job
+            .items
+            .iter()
+            .map(|i| ItemResult { id: i.id, error: Some("failed to load".into()), tokens: 0, finished: false, fan_out: vec![] })
+            .collect(),
     };
     engine.job_finished(result);
     engine.flush();

@@ -490,17 +490,13 @@ impl OpenWindow {
     fn restart(&mut self, start: u64, end: u64) {
         let mut latency = std::mem::take(&mut self.latency);
         latency.clear();
-        *self = Self {
-            latency,
-            ..Self::new(start, end)
-        };
+        *self = Self { latency, ..Self::new(start, end) };
     }
 
     /// The window `[start, until)` with the given integrals.
     fn to_window(&self, integrals: &Integrals, until: u64) -> Window {
         let duration = until.saturating_sub(self.start);
-        let capacity = (integrals.capacity_known_ns > 0)
-            .then(|| integrals.capacity_ns / integrals.capacity_known_ns as f64);
+        let capacity = (integrals.capacity_known_ns > 0).then(|| integrals.capacity_ns / integrals.capacity_known_ns as f64);
         let offered_rate = per_second(self.offered as f64, duration);
         Window {
             start: self.start,
@@ -576,20 +572,13 @@ impl Series {
         self.optimal_closed += window.optimal * window.duration_s();
         self.closed.push(window);
         let k = (end - self.start) / self.window + 1;
-        self.open.restart(
-            end,
-            self.start.saturating_add(k.saturating_mul(self.window)),
-        );
+        self.open.restart(end, self.start.saturating_add(k.saturating_mul(self.window)));
     }
 
     /// The open window as it would be closed at `until` (≥ clock, ≤ its end).
     fn peek_open(&self, until: u64) -> Window {
         let mut integrals = self.open.integrals;
-        integrals.accrue(
-            until.saturating_sub(self.clock),
-            self.workers,
-            self.capacity,
-        );
+        integrals.accrue(until.saturating_sub(self.clock), self.workers, self.capacity);
         self.open.to_window(&integrals, until)
     }
 
@@ -652,10 +641,7 @@ impl RecentEnds {
     }
 
     fn get(&self, id: u64) -> Option<Settled> {
-        self.current
-            .get(&id)
-            .or_else(|| self.previous.get(&id))
-            .copied()
+        self.current.get(&id).or_else(|| self.previous.get(&id)).copied()
     }
 }
 
@@ -760,14 +746,7 @@ impl Accounting {
         }
         let class = end.class();
         let share = self.in_flight.remove(&end.id).unwrap_or(0.0);
-        self.recent.insert(
-            end.ended_at,
-            end.id,
-            Settled {
-                stream: end.stream,
-                class,
-            },
-        );
+        self.recent.insert(end.ended_at, end.id, Settled { stream: end.stream, class });
         let open = &mut self.series.open;
         open.outcomes.add(class);
         if class.is_completed() {
@@ -834,11 +813,7 @@ impl Accounting {
             gpu_seconds: gpu_ns / NS_PER_S,
             utilisation: ratio(self.accelerator_ns, gpu_ns),
             unsettled_s: self.in_flight.values().fold(0.0, |sum, ns| sum + ns) / NS_PER_S,
-            streams: self
-                .streams
-                .iter()
-                .map(|(&id, t)| (id, t.stats(elapsed, t.settled_ns)))
-                .collect(),
+            streams: self.streams.iter().map(|(&id, t)| (id, t.stats(elapsed, t.settled_ns))).collect(),
             overall,
             drop_reasons: self.drop_reasons.to_map(),
             failure_reasons: self.failure_reasons.to_map(),
@@ -902,23 +877,14 @@ mod tests {
 
     macro_rules! assert_close {
         ($a:expr, $b:expr) => {
-            assert!(
-                close($a, $b),
-                "{} = {} but expected {}",
-                stringify!($a),
-                $a,
-                $b
-            )
+            assert!(close($a, $b), "{} = {} but expected {}", stringify!($a), $a, $b)
         };
     }
 
     /// Within the histogram's relative error.
     fn assert_about(got: u64, want: u64) {
         let err = (got as f64 - want as f64).abs() / want as f64;
-        assert!(
-            err <= super::super::histogram::RELATIVE_ERROR,
-            "{got} vs {want}"
-        );
+        assert!(err <= super::super::histogram::RELATIVE_ERROR, "{got} vs {want}");
     }
 
     fn completed(id: u64, stream: u32, sent: u64, ended: u64, deadline: u64) -> RequestEnd {
@@ -936,12 +902,7 @@ mod tests {
     }
 
     fn dropped(id: u64, stream: u32, at: u64, reason: &str) -> RequestEnd {
-        RequestEnd {
-            outcome: Outcome::Dropped {
-                reason: reason.into(),
-            },
-            ..completed(id, stream, 0, at, u64::MAX)
-        }
+        RequestEnd { outcome: Outcome::Dropped { reason: reason.into() }, ..completed(id, stream, 0, at, u64::MAX) }
     }
 
     /// The hand-computed case: five requests, two batches, two one-second windows.
@@ -964,49 +925,18 @@ mod tests {
         a.arrival(100 * MS, 0);
         a.arrival(150 * MS, 0);
         a.arrival(200 * MS, 1);
-        a.batch_finished(BatchRecord {
-            at: 500 * MS,
-            worker: 0,
-            duration: 300 * MS,
-            requests: &[1, 2, 3],
-        });
-        a.request_ended(RequestEnd {
-            tokens: 10,
-            accuracy: 0.9,
-            queue_delay: 100 * MS,
-            ..completed(1, 0, 100 * MS, 500 * MS, 600 * MS)
-        });
-        a.request_ended(RequestEnd {
-            tokens: 20,
-            accuracy: 0.8,
-            queue_delay: 50 * MS,
-            ..completed(2, 0, 150 * MS, 500 * MS, 400 * MS)
-        });
-        a.request_ended(RequestEnd {
-            sent_at: 200 * MS,
-            deadline: S,
-            ..dropped(3, 1, 900 * MS, "queue full")
-        });
+        a.batch_finished(BatchRecord { at: 500 * MS, worker: 0, duration: 300 * MS, requests: &[1, 2, 3] });
+        a.request_ended(RequestEnd { tokens: 10, accuracy: 0.9, queue_delay: 100 * MS, ..completed(1, 0, 100 * MS, 500 * MS, 600 * MS) });
+        a.request_ended(RequestEnd { tokens: 20, accuracy: 0.8, queue_delay: 50 * MS, ..completed(2, 0, 150 * MS, 500 * MS, 400 * MS) });
+        a.request_ended(RequestEnd { sent_at: 200 * MS, deadline: S, ..dropped(3, 1, 900 * MS, "queue full") });
         a.workers_changed(S, 1);
         a.set_capacity(S, 1.5);
         a.arrival(1200 * MS, 1);
         a.arrival(1300 * MS, 1);
-        a.batch_finished(BatchRecord {
-            at: 1700 * MS,
-            worker: 1,
-            duration: 200 * MS,
-            requests: &[4],
-        });
+        a.batch_finished(BatchRecord { at: 1700 * MS, worker: 1, duration: 200 * MS, requests: &[4] });
+        a.request_ended(RequestEnd { tokens: 30, accuracy: 0.7, queue_delay: 200 * MS, ..completed(4, 1, 1200 * MS, 1700 * MS, 2 * S) });
         a.request_ended(RequestEnd {
-            tokens: 30,
-            accuracy: 0.7,
-            queue_delay: 200 * MS,
-            ..completed(4, 1, 1200 * MS, 1700 * MS, 2 * S)
-        });
-        a.request_ended(RequestEnd {
-            outcome: Outcome::Failed {
-                error: "worker lost".into(),
-            },
+            outcome: Outcome::Failed { error: "worker lost".into() },
             ..completed(5, 1, 1300 * MS, 1800 * MS, 2 * S)
         });
         a
@@ -1020,15 +950,7 @@ mod tests {
         assert_eq!((s.start, s.now), (0, 2 * S));
         assert_close!(s.elapsed_s, 2.0);
         assert_eq!((o.arrivals, o.ended, o.completed), (5, 5, 3));
-        assert_eq!(
-            o.outcomes,
-            Outcomes {
-                on_time: 2,
-                late: 1,
-                dropped: 1,
-                failed: 1
-            }
-        );
+        assert_eq!(o.outcomes, Outcomes { on_time: 2, late: 1, dropped: 1, failed: 1 });
         // Goodput: 2 on time over 2 s; throughput 3 completed over 2 s.
         assert_close!(o.goodput, 1.0);
         assert_close!(o.throughput, 1.5);
@@ -1060,14 +982,8 @@ mod tests {
         assert_close!(s.optimal_goodput, 2.25);
         assert_close!(s.goodput_of_optimal, 1.0 / 2.25);
         assert_close!(s.unsettled_s, 0.0);
-        assert_eq!(
-            s.drop_reasons,
-            BTreeMap::from([("queue full".to_owned(), 1)])
-        );
-        assert_eq!(
-            s.failure_reasons,
-            BTreeMap::from([("worker lost".to_owned(), 1)])
-        );
+        assert_eq!(s.drop_reasons, BTreeMap::from([("queue full".to_owned(), 1)]));
+        assert_eq!(s.failure_reasons, BTreeMap::from([("worker lost".to_owned(), 1)]));
         assert_eq!(a.in_flight(), 0, "every share was settled");
     }
 
@@ -1077,15 +993,7 @@ mod tests {
         assert_eq!(s.streams.keys().copied().collect::<Vec<_>>(), vec![0, 1]);
         let (s0, s1) = (&s.streams[&0], &s.streams[&1]);
         assert_eq!((s0.arrivals, s0.ended), (2, 2));
-        assert_eq!(
-            s0.outcomes,
-            Outcomes {
-                on_time: 1,
-                late: 1,
-                dropped: 0,
-                failed: 0
-            }
-        );
+        assert_eq!(s0.outcomes, Outcomes { on_time: 1, late: 1, dropped: 0, failed: 0 });
         assert_close!(s0.goodput, 0.5);
         assert_close!(s0.drop_rate, 0.5);
         assert_close!(s0.accelerator_s, 0.2);
@@ -1093,15 +1001,7 @@ mod tests {
         assert_close!(s0.accuracy, 0.85);
         assert_close!(s0.token_goodput, 5.0);
         assert_eq!((s1.arrivals, s1.ended), (3, 3));
-        assert_eq!(
-            s1.outcomes,
-            Outcomes {
-                on_time: 1,
-                late: 0,
-                dropped: 1,
-                failed: 1
-            }
-        );
+        assert_eq!(s1.outcomes, Outcomes { on_time: 1, late: 0, dropped: 1, failed: 1 });
         assert_close!(s1.drop_rate, 1.0 / 3.0);
         assert_close!(s1.slo_attainment, 1.0 / 3.0);
         assert_close!(s1.accelerator_s, 0.3);
@@ -1119,15 +1019,7 @@ mod tests {
         assert_eq!(w.len(), 2);
         assert_eq!(w[0], a.windows()[0]);
         assert_eq!((w[0].start, w[0].duration, w[0].offered), (0, S, 3));
-        assert_eq!(
-            w[0].outcomes,
-            Outcomes {
-                on_time: 1,
-                late: 1,
-                dropped: 1,
-                failed: 0
-            }
-        );
+        assert_eq!(w[0].outcomes, Outcomes { on_time: 1, late: 1, dropped: 1, failed: 0 });
         assert_about(w[0].p99_latency, 400 * MS);
         assert_close!(w[0].active_workers, 2.0);
         assert_eq!(w[0].capacity, Some(3.0));
@@ -1136,15 +1028,7 @@ mod tests {
         assert_close!(w[0].goodput(), 1.0);
         assert_close!(w[0].drop_rate(), 2.0 / 3.0);
         assert_eq!((w[1].start, w[1].duration, w[1].offered), (S, S, 2));
-        assert_eq!(
-            w[1].outcomes,
-            Outcomes {
-                on_time: 1,
-                late: 0,
-                dropped: 0,
-                failed: 1
-            }
-        );
+        assert_eq!(w[1].outcomes, Outcomes { on_time: 1, late: 0, dropped: 0, failed: 1 });
         assert_eq!(w[1].p99_latency, 500 * MS);
         assert_close!(w[1].active_workers, 1.0);
         assert_eq!(w[1].capacity, Some(1.5));
@@ -1166,12 +1050,7 @@ mod tests {
     #[test]
     fn a_request_twice_in_a_batch_gets_two_shares() {
         let mut a = Accounting::new(S);
-        a.batch_finished(BatchRecord {
-            at: 300 * MS,
-            worker: 0,
-            duration: 300 * MS,
-            requests: &[1, 1, 2],
-        });
+        a.batch_finished(BatchRecord { at: 300 * MS, worker: 0, duration: 300 * MS, requests: &[1, 1, 2] });
         a.request_ended(completed(1, 0, 0, 400 * MS, 100 * MS));
         let s = a.summary(S);
         assert_close!(s.overall.invalid_s, 0.2);
@@ -1186,9 +1065,7 @@ mod tests {
         a.arrival(3500 * MS, 0);
         let w = a.windows_until(3750 * MS);
         assert_eq!(
-            w.iter()
-                .map(|w| (w.start, w.duration, w.offered))
-                .collect::<Vec<_>>(),
+            w.iter().map(|w| (w.start, w.duration, w.offered)).collect::<Vec<_>>(),
             vec![(0, S, 1), (S, S, 0), (2 * S, S, 0), (3 * S, 750 * MS, 1)]
         );
         // No capacity known: the bound is the offered rate.
@@ -1238,24 +1115,10 @@ mod tests {
     #[test]
     fn batch_reported_after_its_request_ended_is_settled_to_it() {
         let mut a = Accounting::new(S);
-        a.batch_finished(BatchRecord {
-            at: 10 * MS,
-            worker: 0,
-            duration: 10 * MS,
-            requests: &[7],
-        });
+        a.batch_finished(BatchRecord { at: 10 * MS, worker: 0, duration: 10 * MS, requests: &[7] });
         a.request_ended(dropped(7, 2, 20 * MS, "cancelled"));
-        a.batch_finished(BatchRecord {
-            at: 30 * MS,
-            worker: 0,
-            duration: 30 * MS,
-            requests: &[7],
-        });
-        assert_eq!(
-            a.in_flight(),
-            0,
-            "no share is left waiting for an end that came before"
-        );
+        a.batch_finished(BatchRecord { at: 30 * MS, worker: 0, duration: 30 * MS, requests: &[7] });
+        assert_eq!(a.in_flight(), 0, "no share is left waiting for an end that came before");
         let s = a.summary(S);
         assert_close!(s.overall.accelerator_s, 0.04);
         assert_close!(s.overall.invalid_rate, 1.0);
@@ -1265,12 +1128,7 @@ mod tests {
     #[test]
     fn in_flight_time_counts_in_the_denominator_only() {
         let mut a = Accounting::new(S);
-        a.batch_finished(BatchRecord {
-            at: 100 * MS,
-            worker: 0,
-            duration: 100 * MS,
-            requests: &[1, 2],
-        });
+        a.batch_finished(BatchRecord { at: 100 * MS, worker: 0, duration: 100 * MS, requests: &[1, 2] });
         a.request_ended(dropped(1, 0, 200 * MS, "x"));
         let s = a.summary(S);
         assert_eq!(a.in_flight(), 1);
@@ -1278,12 +1136,7 @@ mod tests {
         assert_close!(s.overall.invalid_rate, 0.5);
         assert_close!(s.streams[&0].invalid_rate, 1.0);
         // A batch with no requests is still busy time.
-        a.batch_finished(BatchRecord {
-            at: 300 * MS,
-            worker: 0,
-            duration: 100 * MS,
-            requests: &[],
-        });
+        a.batch_finished(BatchRecord { at: 300 * MS, worker: 0, duration: 100 * MS, requests: &[] });
         assert_close!(a.summary(S).overall.accelerator_s, 0.2);
     }
 
@@ -1314,13 +1167,7 @@ mod tests {
         assert_close!(s.elapsed_s, 2.0);
         assert_close!(s.overall.goodput, 0.5);
         assert_close!(s.gpu_seconds, 2.0);
-        assert_eq!(
-            a.windows_until(12 * S)
-                .iter()
-                .map(|w| w.start)
-                .collect::<Vec<_>>(),
-            vec![10 * S, 11 * S]
-        );
+        assert_eq!(a.windows_until(12 * S).iter().map(|w| w.start).collect::<Vec<_>>(), vec![10 * S, 11 * S]);
         // `now` earlier than the latest time seen is taken as that time.
         assert_eq!(a.summary(0).now, 10 * S + 250 * MS);
     }
@@ -1368,18 +1215,9 @@ mod tests {
         let json = serde_json::to_string(&s).expect("serialises");
         let back: Summary = serde_json::from_str(&json).expect("parses");
         // serde_json parses floats to within one ulp; compare the rest exactly.
-        assert_eq!(
-            (back.overall.outcomes, back.overall.latency.p50),
-            (s.overall.outcomes, s.overall.latency.p50)
-        );
-        assert_eq!(
-            (&back.drop_reasons, &back.failure_reasons),
-            (&s.drop_reasons, &s.failure_reasons)
-        );
-        assert_eq!(
-            back.streams.keys().collect::<Vec<_>>(),
-            s.streams.keys().collect::<Vec<_>>()
-        );
+        assert_eq!((back.overall.outcomes, back.overall.latency.p50), (s.overall.outcomes, s.overall.latency.p50));
+        assert_eq!((&back.drop_reasons, &back.failure_reasons), (&s.drop_reasons, &s.failure_reasons));
+        assert_eq!(back.streams.keys().collect::<Vec<_>>(), s.streams.keys().collect::<Vec<_>>());
         assert_close!(back.overall.queue_delay.mean, s.overall.queue_delay.mean);
         assert_close!(back.optimal_goodput, s.optimal_goodput);
     }
@@ -1387,10 +1225,7 @@ mod tests {
     #[test]
     fn recent_ends_are_forgotten_after_two_horizons() {
         let mut recent = RecentEnds::new(0);
-        let settled = Settled {
-            stream: 0,
-            class: Class::OnTime,
-        };
+        let settled = Settled { stream: 0, class: Class::OnTime };
         recent.insert(0, 1, settled);
         recent.insert(SETTLE_HORIZON, 2, settled);
         assert!(recent.get(1).is_some() && recent.get(2).is_some());

@@ -73,13 +73,7 @@ impl Default for Histogram {
 impl Histogram {
     /// An empty histogram.
     pub fn new() -> Self {
-        Self {
-            counts: Vec::new(),
-            count: 0,
-            sum: 0,
-            min: u64::MAX,
-            max: 0,
-        }
+        Self { counts: Vec::new(), count: 0, sum: 0, min: u64::MAX, max: 0 }
     }
 
     /// Record one value.
@@ -179,10 +173,7 @@ impl Histogram {
         if self.count > 0 {
             self.counts.fill(0);
         }
-        *self = Self {
-            counts: std::mem::take(&mut self.counts),
-            ..Self::new()
-        };
+        *self = Self { counts: std::mem::take(&mut self.counts), ..Self::new() };
     }
 
     /// The cumulative distribution: for each non-empty bucket in increasing order, its
@@ -191,14 +182,10 @@ impl Histogram {
     pub fn cdf(&self) -> impl Iterator<Item = (u64, f64)> + '_ {
         let total = self.count as f64;
         let mut seen = 0;
-        self.counts
-            .iter()
-            .enumerate()
-            .filter(|(_, &n)| n > 0)
-            .map(move |(index, &n)| {
-                seen += n;
-                (self.representative(index), seen as f64 / total)
-            })
+        self.counts.iter().enumerate().filter(|(_, &n)| n > 0).map(move |(index, &n)| {
+            seen += n;
+            (self.representative(index), seen as f64 / total)
+        })
     }
 }
 
@@ -235,10 +222,7 @@ mod tests {
             for probe in [v, v + v / 3, v * 2 - 1] {
                 let mid = bucket_midpoint(bucket_of(probe)) as f64;
                 let err = (mid - probe as f64).abs() / probe as f64;
-                assert!(
-                    err <= RELATIVE_ERROR,
-                    "value {probe}: reported {mid}, error {err}"
-                );
+                assert!(err <= RELATIVE_ERROR, "value {probe}: reported {mid}, error {err}");
             }
             v = v * 3 / 2 + 1;
         }
@@ -258,10 +242,7 @@ mod tests {
         assert_eq!(h.max(), 100_000_000);
         for (q, want) in [(0.5, 50e6), (0.9, 90e6), (0.99, 99e6), (0.01, 1e6)] {
             let got = h.quantile(q) as f64;
-            assert!(
-                (got - want).abs() / want <= RELATIVE_ERROR,
-                "q {q}: {got} vs {want}"
-            );
+            assert!((got - want).abs() / want <= RELATIVE_ERROR, "q {q}: {got} vs {want}");
         }
         assert_eq!(h.quantile(0.0), 1_000_000);
         assert_eq!(h.quantile(1.0), 100_000_000);
@@ -303,10 +284,7 @@ mod tests {
         assert_eq!(empty.min(), 5);
         a.merge(&b);
         assert_eq!(a.count(), all.count());
-        assert_eq!(
-            (a.min(), a.max(), a.mean()),
-            (all.min(), all.max(), all.mean())
-        );
+        assert_eq!((a.min(), a.max(), a.mean()), (all.min(), all.max(), all.mean()));
         for q in [0.1, 0.5, 0.9] {
             assert_eq!(a.quantile(q), all.quantile(q));
         }

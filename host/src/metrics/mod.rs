@@ -30,10 +30,7 @@ pub mod histogram;
 pub mod llm_goodput;
 pub mod report;
 
-pub use account::{
-    Accounting, BatchRecord, Class, Outcome, Outcomes, Percentiles, RequestEnd, Stats, Summary,
-    Window, DEFAULT_WINDOW,
-};
+pub use account::{Accounting, BatchRecord, Class, Outcome, Outcomes, Percentiles, RequestEnd, Stats, Summary, Window, DEFAULT_WINDOW};
 pub use histogram::Histogram;
-pub use report::{render_table, write_csv, write_json, write_line_chart, write_plots, Plots, RunReport, Series};
 pub use llm_goodput::{ClassGoodput, LlmGoodput, LlmGoodputSummary};
+pub use report::{render_table, write_csv, write_json, write_line_chart, write_plots, Plots, RunReport, Series};

@@ -115,104 +115,20 @@ fn ms(ns: u64) -> f64 {
 
 /// Every metric of the summary table and `summary.csv`, in column order.
 const METRICS: &[Metric] = &[
-    Metric {
-        label: "requests",
-        key: "requests_ended",
-        unit: Unit::Count,
-        shown: Shown::Always,
-        value: |s| s.overall.ended as f64,
-    },
-    Metric {
-        label: "arrivals",
-        key: "arrivals",
-        unit: Unit::Count,
-        shown: Shown::CsvOnly,
-        value: |s| s.overall.arrivals as f64,
-    },
-    Metric {
-        label: "goodput/s",
-        key: "goodput_per_s",
-        unit: Unit::Number,
-        shown: Shown::Always,
-        value: |s| s.overall.goodput,
-    },
-    Metric {
-        label: "optimal/s",
-        key: "optimal_per_s",
-        unit: Unit::Number,
-        shown: Shown::Always,
-        value: |s| s.optimal_goodput,
-    },
-    Metric {
-        label: "of optimal",
-        key: "goodput_of_optimal",
-        unit: Unit::Percent,
-        shown: Shown::Always,
-        value: |s| s.goodput_of_optimal,
-    },
-    Metric {
-        label: "drop rate",
-        key: "drop_rate",
-        unit: Unit::Percent,
-        shown: Shown::Always,
-        value: |s| s.overall.drop_rate,
-    },
-    Metric {
-        label: "invalid",
-        key: "invalid_rate",
-        unit: Unit::Percent,
-        shown: Shown::Always,
-        value: |s| s.overall.invalid_rate,
-    },
-    Metric {
-        label: "SLO att.",
-        key: "slo_attainment",
-        unit: Unit::Percent,
-        shown: Shown::Always,
-        value: |s| s.overall.slo_attainment,
-    },
-    Metric {
-        label: "failed",
-        key: "failed",
-        unit: Unit::Count,
-        shown: Shown::WhenNonZero,
-        value: |s| s.overall.outcomes.failed as f64,
-    },
-    Metric {
-        label: "p50 ms",
-        key: "p50_ms",
-        unit: Unit::Number,
-        shown: Shown::Always,
-        value: |s| ms(s.overall.latency.p50),
-    },
-    Metric {
-        label: "p90 ms",
-        key: "p90_ms",
-        unit: Unit::Number,
-        shown: Shown::CsvOnly,
-        value: |s| ms(s.overall.latency.p90),
-    },
-    Metric {
-        label: "p95 ms",
-        key: "p95_ms",
-        unit: Unit::Number,
-        shown: Shown::CsvOnly,
-        value: |s| ms(s.overall.latency.p95),
-    },
-    Metric {
-        label: "p99 ms",
-        key: "p99_ms",
-        unit: Unit::Number,
-        shown: Shown::Always,
-        value: |s| ms(s.overall.latency.p99),
-    },
-    Metric {
-        label: "max ms",
-        key: "max_ms",
-        unit: Unit::Number,
-        shown: Shown::CsvOnly,
-        value: |s| ms(s.overall.latency.max),
-    },
+    Metric { label: "requests", key: "requests_ended", unit: Unit::Count, shown: Shown::Always, value: |s| s.overall.ended as f64 },
+    Metric { label: "arrivals", key: "arrivals", unit: Unit::Count, shown: Shown::CsvOnly, value: |s| s.overall.arrivals as f64 },
+    Metric { label: "goodput/s", key: "goodput_per_s", unit: Unit::Number, shown: Shown::Always, value: |s| s.overall.goodput },
+    Metric { label: "optimal/s", key: "optimal_per_s", unit: Unit::Number, shown: Shown::Always, value: |s| s.optimal_goodput },
+    Metric { label: "of optimal", key: "goodput_of_optimal", unit: Unit::Percent, shown: Shown::Always, value: |s| s.goodput_of_optimal },
+    Metric { label: "drop rate", key: "drop_rate", unit: Unit::Percent, shown: Shown::Always, value: |s| s.overall.drop_rate },
+    Metric { label: "invalid", key: "invalid_rate", unit: Unit::Percent, shown: Shown::Always, value: |s| s.overall.invalid_rate },
+    Metric { label: "SLO att.", key: "slo_attainment", unit: Unit::Percent, shown: Shown::Always, value: |s| s.overall.slo_attainment },
+    Metric { label: "failed", key: "failed", unit: Unit::Count, shown: Shown::WhenNonZero, value: |s| s.overall.outcomes.failed as f64 },
+    Metric { label: "p50 ms", key: "p50_ms", unit: Unit::Number, shown: Shown::Always, value: |s| ms(s.overall.latency.p50) },
+    Metric { label: "p90 ms", key: "p90_ms", unit: Unit::Number, shown: Shown::CsvOnly, value: |s| ms(s.overall.latency.p90) },
+    Metric { label: "p95 ms", key: "p95_ms", unit: Unit::Number, shown: Shown::CsvOnly, value: |s| ms(s.overall.latency.p95) },
+    Metric { label: "p99 ms", key: "p99_ms", unit: Unit::Number, shown: Shown::Always, value: |s| ms(s.overall.latency.p99) },
+    Metric { label: "max ms", key: "max_ms", unit: Unit::Number, shown: Shown::CsvOnly, value: |s| ms(s.overall.latency.max) },
     Metric {
         label: "queue ms",
         key: "queue_delay_mean_ms",
@@ -227,27 +143,9 @@ const METRICS: &[Metric] = &[
         shown: Shown::CsvOnly,
         value: |s| ms(s.overall.queue_delay.p99),
     },
-    Metric {
-        label: "util",
-        key: "utilisation",
-        unit: Unit::Percent,
-        shown: Shown::Always,
-        value: |s| s.utilisation,
-    },
-    Metric {
-        label: "GPU-s",
-        key: "gpu_seconds",
-        unit: Unit::Number,
-        shown: Shown::Always,
-        value: |s| s.gpu_seconds,
-    },
-    Metric {
-        label: "accuracy",
-        key: "accuracy",
-        unit: Unit::Fine,
-        shown: Shown::Always,
-        value: |s| s.overall.accuracy,
-    },
+    Metric { label: "util", key: "utilisation", unit: Unit::Percent, shown: Shown::Always, value: |s| s.utilisation },
+    Metric { label: "GPU-s", key: "gpu_seconds", unit: Unit::Number, shown: Shown::Always, value: |s| s.gpu_seconds },
+    Metric { label: "accuracy", key: "accuracy", unit: Unit::Fine, shown: Shown::Always, value: |s| s.overall.accuracy },
     Metric {
         label: "tok goodput/s",
         key: "token_goodput_per_s",
@@ -255,13 +153,7 @@ const METRICS: &[Metric] = &[
         shown: Shown::WhenNonZero,
         value: |s| s.overall.token_goodput,
     },
-    Metric {
-        label: "elapsed s",
-        key: "elapsed_s",
-        unit: Unit::Number,
-        shown: Shown::CsvOnly,
-        value: |s| s.elapsed_s,
-    },
+    Metric { label: "elapsed s", key: "elapsed_s", unit: Unit::Number, shown: Shown::CsvOnly, value: |s| s.elapsed_s },
 ];
 
 impl Metric {
@@ -280,16 +172,11 @@ impl Metric {
 /// when some run has any — failed requests and token goodput/s.
 pub fn render_table(runs: &[RunReport]) -> String {
     let metrics: Vec<&Metric> = METRICS.iter().filter(|m| m.in_table(runs)).collect();
-    let header: Vec<String> = std::iter::once("policy")
-        .chain(metrics.iter().map(|m| m.label))
-        .map(String::from)
-        .collect();
+    let header: Vec<String> = std::iter::once("policy").chain(metrics.iter().map(|m| m.label)).map(String::from).collect();
     let rows: Vec<Vec<String>> = runs
         .iter()
         .map(|run| {
-            let values = metrics
-                .iter()
-                .map(|m| m.unit.format((m.value)(&run.summary)));
+            let values = metrics.iter().map(|m| m.unit.format((m.value)(&run.summary)));
             std::iter::once(run.policy.clone()).chain(values).collect()
         })
         .collect();
@@ -310,11 +197,7 @@ fn align(header: &[String], rows: &[Vec<String>]) -> String {
         let mut text = String::new();
         for (i, (cell, &width)) in cells.iter().zip(&widths).enumerate() {
             let pad = " ".repeat(width - cell.chars().count());
-            let (left, right) = if i == 0 {
-                (cell.as_str(), pad.as_str())
-            } else {
-                (pad.as_str(), cell.as_str())
-            };
+            let (left, right) = if i == 0 { (cell.as_str(), pad.as_str()) } else { (pad.as_str(), cell.as_str()) };
             let _ = write!(text, "{}{left}{right}", if i == 0 { "" } else { "  " });
         }
         out.push_str(text.trim_end());
@@ -346,22 +229,9 @@ fn file_stems(runs: &[RunReport]) -> Vec<String> {
     let mut seen = HashSet::new();
     runs.iter()
         .map(|run| {
-            let safe: String = run
-                .policy
-                .chars()
-                .map(|c| {
-                    if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
-                        c
-                    } else {
-                        '_'
-                    }
-                })
-                .collect();
-            let base = if safe.trim_matches('.').is_empty() {
-                "run".to_owned()
-            } else {
-                safe
-            };
+            let safe: String =
+                run.policy.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') { c } else { '_' }).collect();
+            let base = if safe.trim_matches('.').is_empty() { "run".to_owned() } else { safe };
             let mut stem = base.clone();
             let mut n = 2;
             while !seen.insert(stem.clone()) {
@@ -403,21 +273,13 @@ fn csv_line(cells: impl IntoIterator<Item = String>) -> String {
 fn windows_csv(windows: &[Window]) -> String {
     let mut out = csv_line(WINDOW_COLUMNS.iter().map(|(name, _)| (*name).to_owned()));
     for w in windows {
-        out += &csv_line(
-            WINDOW_COLUMNS
-                .iter()
-                .map(|(_, value)| value(w).map(|v| v.to_string()).unwrap_or_default()),
-        );
+        out += &csv_line(WINDOW_COLUMNS.iter().map(|(_, value)| value(w).map(|v| v.to_string()).unwrap_or_default()));
     }
     out
 }
 
 fn summary_csv(runs: &[RunReport]) -> String {
-    let mut out = csv_line(
-        std::iter::once("policy")
-            .chain(METRICS.iter().map(|m| m.key))
-            .map(String::from),
-    );
+    let mut out = csv_line(std::iter::once("policy").chain(METRICS.iter().map(|m| m.key)).map(String::from));
     for run in runs {
         let values = METRICS.iter().map(|m| (m.value)(&run.summary).to_string());
         out += &csv_line(std::iter::once(csv_field(&run.policy).into_owned()).chain(values));
@@ -506,9 +368,7 @@ fn find_font(dirs: &[&Path]) -> Option<PathBuf> {
         collect_ttf(dir, &mut fonts);
     }
     fonts.sort();
-    let preferred = fonts
-        .iter()
-        .position(|p| p.file_name().is_some_and(|n| n == PREFERRED_FONT));
+    let preferred = fonts.iter().position(|p| p.file_name().is_some_and(|n| n == PREFERRED_FONT));
     let index = preferred.unwrap_or(0);
     (index < fonts.len()).then(|| fonts.swap_remove(index))
 }
@@ -520,10 +380,7 @@ fn collect_ttf(dir: &Path, out: &mut Vec<PathBuf>) {
     for path in entries.flatten().map(|e| e.path()) {
         if path.is_dir() {
             collect_ttf(&path, out);
-        } else if path
-            .extension()
-            .is_some_and(|e| e.eq_ignore_ascii_case("ttf"))
-        {
+        } else if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("ttf")) {
             out.push(path);
         }
     }
@@ -533,14 +390,12 @@ fn collect_ttf(dir: &Path, out: &mut Vec<PathBuf>) {
 /// lifetime, so the bytes are leaked once.
 fn register(bytes: Vec<u8>) -> Result<(), String> {
     let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
-    register_font(FAMILY, FontStyle::Normal, bytes)
-        .map_err(|_| "not a usable TrueType font".to_owned())
+    register_font(FAMILY, FontStyle::Normal, bytes).map_err(|_| "not a usable TrueType font".to_owned())
 }
 
 fn register_system_font() -> Result<PathBuf, String> {
     let dirs: Vec<&Path> = FONT_DIRS.iter().map(Path::new).collect();
-    let path =
-        find_font(&dirs).ok_or_else(|| format!("no .ttf font under {}", FONT_DIRS.join(" or ")))?;
+    let path = find_font(&dirs).ok_or_else(|| format!("no .ttf font under {}", FONT_DIRS.join(" or ")))?;
     let bytes = fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     register(bytes).map_err(|e| format!("{}: {e}", path.display()))?;
     Ok(path)
@@ -576,12 +431,7 @@ fn metrics_only_font() -> Vec<u8> {
     be16(&mut hhea, 34, 1); // number of h-metrics
     let hmtx = [550u16.to_be_bytes(), [0, 0]].concat();
     let maxp = [0x0000_5000u32.to_be_bytes().as_slice(), &1u16.to_be_bytes()].concat();
-    sfnt(&[
-        (*b"head", &head),
-        (*b"hhea", &hhea),
-        (*b"hmtx", &hmtx),
-        (*b"maxp", &maxp),
-    ])
+    sfnt(&[(*b"head", &head), (*b"hhea", &hhea), (*b"hmtx", &hmtx), (*b"maxp", &maxp)])
 }
 
 /// An sfnt container of `tables` (sorted by tag), each 4-byte aligned.
@@ -680,11 +530,7 @@ impl Chart {
         }
     }
 
-    fn draw<DB: DrawingBackend>(
-        self,
-        root: &DrawingArea<DB, Shift>,
-        runs: &[RunReport],
-    ) -> Result<(), String> {
+    fn draw<DB: DrawingBackend>(self, root: &DrawingArea<DB, Shift>, runs: &[RunReport]) -> Result<(), String> {
         match self {
             Chart::Goodput => {
                 let lines = goodput_lines(runs);
@@ -716,13 +562,7 @@ impl Chart {
                     y: "fraction of requests",
                     legend: SeriesLabelPosition::LowerRight,
                 };
-                draw_lines(
-                    root,
-                    axes,
-                    latency_range(&lines).log_scale(),
-                    0.0..1.0,
-                    &lines,
-                )
+                draw_lines(root, axes, latency_range(&lines).log_scale(), 0.0..1.0, &lines)
             }
         }
     }
@@ -742,19 +582,13 @@ fn window_time(run: &RunReport, w: &Window) -> f64 {
 }
 
 fn window_points(run: &RunReport, value: impl Fn(&Window) -> Option<f64>) -> Vec<(f64, f64)> {
-    run.windows
-        .iter()
-        .filter_map(|w| value(w).map(|v| (window_time(run, w), v)))
-        .collect()
+    run.windows.iter().filter_map(|w| value(w).map(|v| (window_time(run, w), v))).collect()
 }
 
 /// One goodput line per run, and the optimal bound dashed: a single black line when
 /// every run has the same bound, else one per run in its colour.
 fn goodput_lines(runs: &[RunReport]) -> Vec<Line> {
-    let bounds: Vec<Vec<(f64, f64)>> = runs
-        .iter()
-        .map(|r| window_points(r, |w| Some(w.optimal)))
-        .collect();
+    let bounds: Vec<Vec<(f64, f64)>> = runs.iter().map(|r| window_points(r, |w| Some(w.optimal))).collect();
     let mut lines: Vec<Line> = runs
         .iter()
         .enumerate()
@@ -767,25 +601,15 @@ fn goodput_lines(runs: &[RunReport]) -> Vec<Line> {
         .collect();
     if bounds.windows(2).all(|pair| pair[0] == pair[1]) {
         if let Some(points) = bounds.into_iter().next() {
-            lines.push(Line {
-                label: "optimal bound".into(),
-                colour: BLACK,
-                dashed: true,
-                points,
-            });
+            lines.push(Line { label: "optimal bound".into(), colour: BLACK, dashed: true, points });
         }
     } else {
-        lines.extend(
-            runs.iter()
-                .zip(bounds)
-                .enumerate()
-                .map(|(i, (run, points))| Line {
-                    label: format!("optimal bound ({})", run.policy),
-                    colour: colour(i),
-                    dashed: true,
-                    points,
-                }),
-        );
+        lines.extend(runs.iter().zip(bounds).enumerate().map(|(i, (run, points))| Line {
+            label: format!("optimal bound ({})", run.policy),
+            colour: colour(i),
+            dashed: true,
+            points,
+        }));
     }
     lines
 }
@@ -798,9 +622,7 @@ fn drop_rate_lines(runs: &[RunReport]) -> Vec<Line> {
             label: run.policy.clone(),
             colour: colour(i),
             dashed: false,
-            points: window_points(run, |w| {
-                (w.outcomes.ended() > 0).then(|| 100.0 * w.drop_rate())
-            }),
+            points: window_points(run, |w| (w.outcomes.ended() > 0).then(|| 100.0 * w.drop_rate())),
         })
         .collect()
 }
@@ -810,17 +632,11 @@ fn cdf_lines(runs: &[RunReport]) -> Vec<Line> {
     runs.iter()
         .enumerate()
         .map(|(i, run)| {
-            let mut points: Vec<(f64, f64)> =
-                run.latency.cdf().map(|(ns, f)| (ms(ns), f)).collect();
+            let mut points: Vec<(f64, f64)> = run.latency.cdf().map(|(ns, f)| (ms(ns), f)).collect();
             if let Some(&(x, _)) = points.first() {
                 points.insert(0, (x, 0.0));
             }
-            Line {
-                label: run.policy.clone(),
-                colour: colour(i),
-                dashed: false,
-                points,
-            }
+            Line { label: run.policy.clone(), colour: colour(i), dashed: false, points }
         })
         .collect()
 }
@@ -843,13 +659,7 @@ fn max_or_one(values: impl Iterator<Item = f64>) -> f64 {
 /// Powers of ten around every positive x of `lines`, with room for the legend right
 /// of the largest (0.1 … 1000 ms when there is none).
 fn latency_range(lines: &[Line]) -> Range<f64> {
-    let xs = || {
-        lines
-            .iter()
-            .flat_map(|l| &l.points)
-            .map(|p| p.0)
-            .filter(|&x| x > 0.0)
-    };
+    let xs = || lines.iter().flat_map(|l| &l.points).map(|p| p.0).filter(|&x| x > 0.0);
     let (Some(lo), Some(hi)) = (xs().reduce(f64::min), xs().reduce(f64::max)) else {
         return 0.1..1000.0;
     };
@@ -881,13 +691,7 @@ struct Axes<'a> {
 }
 
 /// A line chart with a title, axis descriptions, a grid and a legend.
-fn draw_lines<DB, X>(
-    root: &DrawingArea<DB, Shift>,
-    axes: Axes<'_>,
-    x: X,
-    y: Range<f64>,
-    lines: &[Line],
-) -> Result<(), String>
+fn draw_lines<DB, X>(root: &DrawingArea<DB, Shift>, axes: Axes<'_>, x: X, y: Range<f64>, lines: &[Line]) -> Result<(), String>
 where
     DB: DrawingBackend,
     X: AsRangedCoord<Value = f64>,
@@ -916,18 +720,9 @@ where
     for line in lines {
         let style = line.colour.stroke_width(2);
         let legend = if line.dashed {
-            chart
-                .draw_series(DashedLineSeries::new(
-                    line.points.iter().copied(),
-                    8,
-                    5,
-                    style,
-                ))
-                .map_err(err)?
+            chart.draw_series(DashedLineSeries::new(line.points.iter().copied(), 8, 5, style)).map_err(err)?
         } else {
-            chart
-                .draw_series(LineSeries::new(line.points.iter().copied(), style))
-                .map_err(err)?
+            chart.draw_series(LineSeries::new(line.points.iter().copied(), style)).map_err(err)?
         };
         let dashed = line.dashed;
         legend.label(line.label.as_str()).legend(move |(x, y)| {
@@ -958,26 +753,17 @@ pub fn write_plots(dir: &Path, runs: &[RunReport]) -> Result<Plots, String> {
     let mut files = Vec::new();
     for chart in Chart::ALL {
         let svg = dir.join(format!("{}.svg", chart.stem()));
-        chart
-            .render(SVGBackend::new(&svg, CHART_SIZE), runs)
-            .map_err(|e| format!("{}: {e}", svg.display()))?;
+        chart.render(SVGBackend::new(&svg, CHART_SIZE), runs).map_err(|e| format!("{}: {e}", svg.display()))?;
         files.push(svg);
         if matches!(font, PlotFont::System(_)) {
             let png = dir.join(format!("{}.png", chart.stem()));
-            chart
-                .render(BitMapBackend::new(&png, CHART_SIZE), runs)
-                .map_err(|e| format!("{}: {e}", png.display()))?;
+            chart.render(BitMapBackend::new(&png, CHART_SIZE), runs).map_err(|e| format!("{}: {e}", png.display()))?;
             files.push(png);
         }
     }
     let (font, note) = match font {
         PlotFont::System(path) => (Some(path.clone()), None),
-        PlotFont::MetricsOnly(why) => (
-            None,
-            Some(format!(
-                "PNG charts skipped: {why} (install fonts-dejavu-core)"
-            )),
-        ),
+        PlotFont::MetricsOnly(why) => (None, Some(format!("PNG charts skipped: {why} (install fonts-dejavu-core)"))),
     };
     Ok(Plots { files, font, note })
 }
@@ -992,13 +778,7 @@ pub type Series = (String, Vec<(f64, f64)>);
 ///
 /// # Errors
 /// A message naming the file that could not be created or drawn.
-pub fn write_line_chart(
-    dir: &Path,
-    stem: &str,
-    labels: [&str; 3],
-    series: &[Series],
-    y_max: Option<f64>,
-) -> Result<Vec<PathBuf>, String> {
+pub fn write_line_chart(dir: &Path, stem: &str, labels: [&str; 3], series: &[Series], y_max: Option<f64>) -> Result<Vec<PathBuf>, String> {
     fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let font = plot_font()?;
     let lines: Vec<Line> = series
@@ -1047,8 +827,7 @@ mod tests {
 
     /// A scratch directory for one test, emptied first.
     fn scratch(name: &str) -> PathBuf {
-        let dir =
-            std::env::temp_dir().join(format!("yardmaster-report-{}-{name}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("yardmaster-report-{}-{name}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         dir
     }
@@ -1057,14 +836,7 @@ mod tests {
     /// second later; every request takes about `latency_ms` and a batch of its own;
     /// every `drop_every`-th is dropped and every `late_every`-th is late; capacity
     /// 15 req/s.
-    fn simulated(
-        policy: &str,
-        seconds: u64,
-        latency_ms: u64,
-        drop_every: u64,
-        late_every: u64,
-        tokens: u32,
-    ) -> RunReport {
+    fn simulated(policy: &str, seconds: u64, latency_ms: u64, drop_every: u64, late_every: u64, tokens: u32) -> RunReport {
         let mut a = Accounting::new(S);
         a.workers_changed(0, 2);
         a.set_capacity(0, 15.0);
@@ -1073,31 +845,10 @@ mod tests {
             id += 1;
             a.arrival(t, 0);
             let ended_at = t + latency_ms * MS + id % 7 * MS;
-            a.batch_finished(BatchRecord {
-                at: ended_at,
-                worker: (id % 2) as u32,
-                duration: 30 * MS,
-                requests: &[id],
-            });
-            let outcome = if id % drop_every == 0 {
-                Outcome::Dropped {
-                    reason: "shed".into(),
-                }
-            } else {
-                Outcome::Completed
-            };
+            a.batch_finished(BatchRecord { at: ended_at, worker: (id % 2) as u32, duration: 30 * MS, requests: &[id] });
+            let outcome = if id % drop_every == 0 { Outcome::Dropped { reason: "shed".into() } } else { Outcome::Completed };
             let deadline = if id % late_every == 0 { t } else { ended_at };
-            a.request_ended(RequestEnd {
-                id,
-                stream: 0,
-                sent_at: t,
-                ended_at,
-                deadline,
-                outcome,
-                tokens,
-                accuracy: 0.9,
-                queue_delay: MS,
-            });
+            a.request_ended(RequestEnd { id, stream: 0, sent_at: t, ended_at, deadline, outcome, tokens, accuracy: 0.9, queue_delay: MS });
         }
         RunReport::from_accounting(policy, &a, (seconds + 1) * S)
     }
@@ -1106,12 +857,7 @@ mod tests {
     fn chosen_summary() -> Summary {
         let mut overall = Stats {
             ended: 5,
-            outcomes: Outcomes {
-                on_time: 2,
-                late: 1,
-                dropped: 1,
-                failed: 1,
-            },
+            outcomes: Outcomes { on_time: 2, late: 1, dropped: 1, failed: 1 },
             goodput: 1.0,
             drop_rate: 0.4,
             invalid_rate: 0.4,
@@ -1133,12 +879,7 @@ mod tests {
     }
 
     fn chosen_run(policy: &str) -> RunReport {
-        RunReport {
-            policy: policy.into(),
-            summary: chosen_summary(),
-            windows: Vec::new(),
-            latency: Histogram::new(),
-        }
+        RunReport { policy: policy.into(), summary: chosen_summary(), windows: Vec::new(), latency: Histogram::new() }
     }
 
     #[test]
@@ -1149,16 +890,9 @@ mod tests {
         let cells: Vec<&str> = lines[2].split_whitespace().collect();
         assert_eq!(
             cells,
-            [
-                "edf", "5", "1.00", "2.25", "44.4%", "40.0%", "40.0%", "40.0%", "1", "400.00",
-                "1500.00", "16.7%", "3.00", "0.800", "20.00"
-            ]
+            ["edf", "5", "1.00", "2.25", "44.4%", "40.0%", "40.0%", "40.0%", "1", "400.00", "1500.00", "16.7%", "3.00", "0.800", "20.00"]
         );
-        let header: Vec<&str> = lines[0]
-            .split("  ")
-            .map(str::trim)
-            .filter(|h| !h.is_empty())
-            .collect();
+        let header: Vec<&str> = lines[0].split("  ").map(str::trim).filter(|h| !h.is_empty()).collect();
         assert_eq!(
             header,
             [
@@ -1184,22 +918,13 @@ mod tests {
 
     #[test]
     fn table_is_aligned_and_hides_zero_optional_columns() {
-        let runs = [
-            simulated("fifo", 2, 40, 5, 1_000, 0),
-            simulated("a-much-longer-policy-name", 2, 40, 4, 3, 0),
-        ];
+        let runs = [simulated("fifo", 2, 40, 5, 1_000, 0), simulated("a-much-longer-policy-name", 2, 40, 4, 3, 0)];
         let table = render_table(&runs);
         let lines: Vec<&str> = table.lines().collect();
         assert_eq!(lines.len(), 4);
-        assert!(
-            lines.iter().all(|l| l.len() == lines[0].len()),
-            "right-aligned columns end together:\n{table}"
-        );
+        assert!(lines.iter().all(|l| l.len() == lines[0].len()), "right-aligned columns end together:\n{table}");
         assert!(lines[2].starts_with("fifo "));
-        assert!(
-            !table.contains("tok goodput/s") && !table.contains("failed"),
-            "{table}"
-        );
+        assert!(!table.contains("tok goodput/s") && !table.contains("failed"), "{table}");
         assert!(render_table(&[]).lines().count() == 2);
     }
 
@@ -1214,35 +939,21 @@ mod tests {
         assert_eq!(run.windows.len(), 3);
         // Bound 15 req/s in the two windows with arrivals, 0 in the last.
         assert!((run.summary.optimal_goodput - 10.0).abs() < 1e-9);
-        assert!(
-            (o.invalid_rate - o.drop_rate).abs() < 1e-9,
-            "one equal batch per request"
-        );
+        assert!((o.invalid_rate - o.drop_rate).abs() < 1e-9, "one equal batch per request");
     }
 
     #[test]
     fn csv_files_have_one_row_per_window_and_per_run() {
         let dir = scratch("csv");
-        let runs = [
-            simulated("fifo", 3, 40, 5, 7, 0),
-            simulated("edf, tuned", 3, 60, 9, 7, 3),
-        ];
+        let runs = [simulated("fifo", 3, 40, 5, 7, 0), simulated("edf, tuned", 3, 60, 9, 7, 3)];
         let written = write_csv(&dir, &runs).expect("writes");
-        let names: Vec<String> = written
-            .iter()
-            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
-            .collect();
-        assert_eq!(
-            names,
-            ["windows-fifo.csv", "windows-edf__tuned.csv", "summary.csv"]
-        );
+        let names: Vec<String> = written.iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect();
+        assert_eq!(names, ["windows-fifo.csv", "windows-edf__tuned.csv", "summary.csv"]);
         let windows = fs::read_to_string(&written[0]).unwrap();
         let rows: Vec<&str> = windows.lines().collect();
         assert_eq!(rows.len(), 1 + 4);
         assert!(rows[0].starts_with("start_s,duration_s,offered,on_time"));
-        assert!(rows
-            .iter()
-            .all(|r| r.split(',').count() == WINDOW_COLUMNS.len()));
+        assert!(rows.iter().all(|r| r.split(',').count() == WINDOW_COLUMNS.len()));
         assert!(rows[1].starts_with("0,1,20,"), "{}", rows[1]);
         let summary = fs::read_to_string(&written[2]).unwrap();
         let rows: Vec<&str> = summary.lines().collect();
@@ -1256,26 +967,16 @@ mod tests {
     #[test]
     fn json_holds_every_run() {
         let dir = scratch("json");
-        let runs = [
-            simulated("fifo", 2, 40, 5, 7, 100),
-            simulated("edf", 2, 30, 5, 7, 100),
-        ];
+        let runs = [simulated("fifo", 2, 40, 5, 7, 100), simulated("edf", 2, 30, 5, 7, 100)];
         let path = write_json(&dir, &runs).expect("writes");
-        let json: serde_json::Value =
-            serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
+        let json: serde_json::Value = serde_json::from_str(&fs::read_to_string(&path).unwrap()).unwrap();
         let runs_json = json["runs"].as_array().expect("runs");
         assert_eq!(runs_json.len(), 2);
         assert_eq!(runs_json[1]["policy"], "edf");
         assert_eq!(runs_json[0]["summary"]["overall"]["ended"], 40);
-        assert_eq!(
-            runs_json[0]["summary"]["overall"]["token_goodput"],
-            runs[0].summary.overall.token_goodput
-        );
+        assert_eq!(runs_json[0]["summary"]["overall"]["token_goodput"], runs[0].summary.overall.token_goodput);
         assert_eq!(runs_json[0]["windows"].as_array().unwrap().len(), 3);
-        assert_eq!(
-            runs_json[0]["windows"][0]["on_time"],
-            runs[0].windows[0].outcomes.on_time
-        );
+        assert_eq!(runs_json[0]["windows"][0]["on_time"], runs[0].windows[0].outcomes.on_time);
         let cdf = runs_json[0]["latency_cdf"].as_array().unwrap();
         assert_eq!(cdf.last().unwrap()[1], 1.0);
         fs::remove_dir_all(&dir).unwrap();
@@ -1283,34 +984,16 @@ mod tests {
 
     #[test]
     fn plots_are_written_as_svg_and_png() {
-        let dir =
-            std::env::var_os("YARDMASTER_PLOT_DIR").map_or_else(|| scratch("plots"), PathBuf::from);
-        let runs = [
-            simulated("fifo", 20, 40, 4, 9, 0),
-            simulated("edf", 20, 90, 11, 5, 0),
-            simulated("slo-aware", 20, 25, 25, 30, 0),
-        ];
+        let dir = std::env::var_os("YARDMASTER_PLOT_DIR").map_or_else(|| scratch("plots"), PathBuf::from);
+        let runs = [simulated("fifo", 20, 40, 4, 9, 0), simulated("edf", 20, 90, 11, 5, 0), simulated("slo-aware", 20, 25, 25, 30, 0)];
         let plots = write_plots(&dir, &runs).expect("draws");
-        let svgs: Vec<&PathBuf> = plots
-            .files
-            .iter()
-            .filter(|p| p.extension().unwrap() == "svg")
-            .collect();
+        let svgs: Vec<&PathBuf> = plots.files.iter().filter(|p| p.extension().unwrap() == "svg").collect();
         assert_eq!(svgs.len(), 3);
         let goodput = fs::read_to_string(dir.join("goodput.svg")).unwrap();
-        for text in [
-            "Goodput over time vs optimal bound",
-            "time (s)",
-            "goodput (req/s)",
-            "fifo",
-            "slo-aware",
-            "optimal bound",
-        ] {
+        for text in ["Goodput over time vs optimal bound", "time (s)", "goodput (req/s)", "fifo", "slo-aware", "optimal bound"] {
             assert!(goodput.contains(text), "goodput.svg lacks {text:?}");
         }
-        assert!(fs::read_to_string(dir.join("latency-cdf.svg"))
-            .unwrap()
-            .contains("latency (ms, log scale)"));
+        assert!(fs::read_to_string(dir.join("latency-cdf.svg")).unwrap().contains("latency (ms, log scale)"));
         match &plots.note {
             None => {
                 assert!(plots.font.is_some());
@@ -1335,13 +1018,9 @@ mod tests {
 
     #[test]
     fn metrics_only_font_lays_out_text() {
-        register_font(
-            "metrics-only-test",
-            FontStyle::Normal,
-            Box::leak(metrics_only_font().into_boxed_slice()),
-        )
-        .map_err(|_| "rejected")
-        .unwrap();
+        register_font("metrics-only-test", FontStyle::Normal, Box::leak(metrics_only_font().into_boxed_slice()))
+            .map_err(|_| "rejected")
+            .unwrap();
         let font = ("metrics-only-test", 20).into_font();
         let (short, _) = font.box_size("abcd").unwrap();
         let (long, height) = font.box_size("abcdefgh").unwrap();
@@ -1352,38 +1031,24 @@ mod tests {
     #[test]
     fn font_search_prefers_dejavu_sans() {
         let dir = scratch("fonts");
-        for file in [
-            "b/Other.ttf",
-            "a/x.TTF",
-            "c/d/DejaVuSans.ttf",
-            "a/readme.txt",
-        ] {
+        for file in ["b/Other.ttf", "a/x.TTF", "c/d/DejaVuSans.ttf", "a/readme.txt"] {
             let path = dir.join(file);
             fs::create_dir_all(path.parent().unwrap()).unwrap();
             fs::write(path, b"").unwrap();
         }
         assert_eq!(find_font(&[&dir]), Some(dir.join("c/d/DejaVuSans.ttf")));
         fs::remove_file(dir.join("c/d/DejaVuSans.ttf")).unwrap();
-        assert_eq!(
-            find_font(&[&dir, Path::new("/nonexistent")]),
-            Some(dir.join("a/x.TTF"))
-        );
+        assert_eq!(find_font(&[&dir, Path::new("/nonexistent")]), Some(dir.join("a/x.TTF")));
         assert_eq!(find_font(&[&dir.join("c")]), None);
         fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn shared_bound_is_one_black_dashed_line() {
-        let same = [
-            simulated("a", 2, 40, 5, 7, 0),
-            simulated("b", 2, 50, 5, 7, 0),
-        ];
+        let same = [simulated("a", 2, 40, 5, 7, 0), simulated("b", 2, 50, 5, 7, 0)];
         let lines = goodput_lines(&same);
         assert_eq!(lines.len(), 3);
-        assert_eq!(
-            (lines[2].label.as_str(), lines[2].colour, lines[2].dashed),
-            ("optimal bound", BLACK, true)
-        );
+        assert_eq!((lines[2].label.as_str(), lines[2].colour, lines[2].dashed), ("optimal bound", BLACK, true));
         let mut differ = same.clone();
         differ[1].windows[0].optimal = 1.0;
         let lines = goodput_lines(&differ);
@@ -1403,12 +1068,7 @@ mod tests {
 
     #[test]
     fn latency_axis_spans_powers_of_ten() {
-        let line = |xs: &[f64]| Line {
-            label: String::new(),
-            colour: BLACK,
-            dashed: false,
-            points: xs.iter().map(|&x| (x, 0.5)).collect(),
-        };
+        let line = |xs: &[f64]| Line { label: String::new(), colour: BLACK, dashed: false, points: xs.iter().map(|&x| (x, 0.5)).collect() };
         assert_eq!(latency_range(&[line(&[3.0, 250.0])]), 1.0..1000.0);
         assert_eq!(latency_range(&[line(&[10.0])]), 10.0..100.0);
         assert_eq!(latency_range(&[line(&[20.0, 96.0])]), 10.0..1000.0);
@@ -1417,14 +1077,8 @@ mod tests {
 
     #[test]
     fn tick_labels_are_short() {
-        let ticks: Vec<String> = [0.0, 2.0, 0.2, 29.999999, 100.0, 0.001234, 12345.6, -1.5]
-            .into_iter()
-            .map(tick)
-            .collect();
-        assert_eq!(
-            ticks,
-            ["0", "2", "0.2", "30", "100", "0.00123", "12346", "-1.5"]
-        );
+        let ticks: Vec<String> = [0.0, 2.0, 0.2, 29.999999, 100.0, 0.001234, 12345.6, -1.5].into_iter().map(tick).collect();
+        assert_eq!(ticks, ["0", "2", "0.2", "30", "100", "0.00123", "12346", "-1.5"]);
     }
 
     #[test]
@@ -1432,10 +1086,7 @@ mod tests {
         assert_eq!(csv_field("plain"), "plain");
         assert_eq!(csv_field("a,b"), "\"a,b\"");
         assert_eq!(csv_field("say \"hi\""), "\"say \"\"hi\"\"\"");
-        let runs: Vec<RunReport> = ["x/y", "x_y", "..", ""]
-            .iter()
-            .map(|p| chosen_run(p))
-            .collect();
+        let runs: Vec<RunReport> = ["x/y", "x_y", "..", ""].iter().map(|p| chosen_run(p)).collect();
         assert_eq!(file_stems(&runs), ["x_y", "x_y-2", "run", "run-2"]);
     }
 }

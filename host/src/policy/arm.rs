@@ -524,11 +524,7 @@ impl Arm {
     /// snapshot of another arm is not used: a fresh instance of its component takes
     /// over by the plain hand-over (a native one cannot be made afresh, which counts
     /// as a fault of the new policy).
-    pub fn swap(
-        &mut self,
-        candidate: Candidate,
-        view: &dyn ClusterView,
-    ) -> (ArmOutput, SwapReport, Option<Box<dyn PolicyInstance>>) {
+    pub fn swap(&mut self, candidate: Candidate, view: &dyn ClusterView) -> (ArmOutput, SwapReport, Option<Box<dyn PolicyInstance>>) {
         let retired = self.instance.take();
         let from = retired.as_ref().map(|i| i.label()).unwrap_or_else(|| "closed".into());
         let to = candidate.label();
@@ -703,11 +699,7 @@ impl Arm {
                 return output;
             }
         }
-        let kind = if events.iter().any(|e| matches!(e, Event::Tick(_))) {
-            CallKind::Tick
-        } else {
-            CallKind::Events
-        };
+        let kind = if events.iter().any(|e| matches!(e, Event::Tick(_))) { CallKind::Tick } else { CallKind::Events };
         self.stats.calls += 1;
         self.stats.events += events.len() as u64;
         let instance = self.instance.as_mut().expect("an open arm has an instance");
@@ -733,21 +725,13 @@ impl Arm {
         let Some(source) = self.reloadable.as_ref() else {
             return Err(PolicyFault::InitRefused("a native policy cannot be reloaded".into()));
         };
-        let instance = WasmPolicy::instantiate(
-            &source.sandbox,
-            source.module.clone(),
-            self.config.seed,
-            source.profiles.clone(),
-        )?;
+        let instance = WasmPolicy::instantiate(&source.sandbox, source.module.clone(), self.config.seed, source.profiles.clone())?;
         Ok(Box::new(instance))
     }
 
     fn fallback(&self) -> Box<dyn PolicyInstance> {
-        let max_actions = self
-            .reloadable
-            .as_ref()
-            .map(|r| r.sandbox.limits().max_actions)
-            .unwrap_or(super::sandbox::Limits::default().max_actions);
+        let max_actions =
+            self.reloadable.as_ref().map(|r| r.sandbox.limits().max_actions).unwrap_or(super::sandbox::Limits::default().max_actions);
         Box::new(NativePolicy::<policy_fifo::Fifo>::new("fifo", self.config.seed, max_actions))
     }
 
@@ -782,14 +766,11 @@ impl Arm {
         };
         self.healthy_since = now;
 
-        let mut replay: Vec<Event> =
-            self.ledger.in_arrival_order().into_iter().map(Event::Arrival).collect();
+        let mut replay: Vec<Event> = self.ledger.in_arrival_order().into_iter().map(Event::Arrival).collect();
         self.stats.replayed += replay.len() as u64;
         replay.extend(view.idle_workers().into_iter().map(Event::WorkerIdle));
         let had_tick = pending.iter().any(|e| matches!(e, Event::Tick(_)));
-        replay.extend(pending.into_iter().filter(|e| {
-            !matches!(e, Event::Arrival(_) | Event::WorkerIdle(_) | Event::RequestEnded(_))
-        }));
+        replay.extend(pending.into_iter().filter(|e| !matches!(e, Event::Arrival(_) | Event::WorkerIdle(_) | Event::RequestEnded(_))));
         if !had_tick {
             if let Some(snapshot) = &self.last_snapshot {
                 replay.push(Event::Tick(snapshot.clone()));

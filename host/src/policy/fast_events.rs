@@ -87,12 +87,7 @@ unsafe impl Lower for EventList {
         Ok(())
     }
 
-    fn linear_lower_to_memory<T>(
-        &self,
-        cx: &mut LowerContext<'_, T>,
-        ty: InterfaceType,
-        offset: usize,
-    ) -> wasmtime::Result<()> {
+    fn linear_lower_to_memory<T>(&self, cx: &mut LowerContext<'_, T>, ty: InterfaceType, offset: usize) -> wasmtime::Result<()> {
         let (ptr, len) = lower_events(cx, element(cx, ty), self.events())?;
         let memory = cx.as_slice_mut();
         memory[offset..offset + 4].copy_from_slice(&(ptr as u32).to_le_bytes());
@@ -117,9 +112,7 @@ fn lower_events<T>(cx: &mut LowerContext<'_, T>, elem: InterfaceType, events: &[
     while i < events.len() {
         // Runs of hot events are written through one view of memory.
         let memory = cx.as_slice_mut();
-        let region = memory
-            .get_mut(base..base + size)
-            .ok_or_else(|| wasmtime::Error::msg("event list out of the policy's memory"))?;
+        let region = memory.get_mut(base..base + size).ok_or_else(|| wasmtime::Error::msg("event list out of the policy's memory"))?;
         while let Some(event) = events.get(i) {
             let slot = &mut region[i * stride..(i + 1) * stride];
             match event {
@@ -155,9 +148,8 @@ fn write_batch_done<T>(cx: &mut LowerContext<'_, T>, at: usize, outcome: &BatchO
     let len = outcome.results.len();
     let list = cx.realloc(0, 0, RESULT_ALIGN, len * RESULT_SIZE)?;
     let memory = cx.as_slice_mut();
-    let results = memory
-        .get_mut(list..list + len * RESULT_SIZE)
-        .ok_or_else(|| wasmtime::Error::msg("results list out of the policy's memory"))?;
+    let results =
+        memory.get_mut(list..list + len * RESULT_SIZE).ok_or_else(|| wasmtime::Error::msg("results list out of the policy's memory"))?;
     for (slot, result) in results.chunks_exact_mut(RESULT_SIZE).zip(&outcome.results) {
         slot[0..8].copy_from_slice(&result.id.to_le_bytes());
         slot[8] = match result.status {

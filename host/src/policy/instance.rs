@@ -75,12 +75,7 @@ pub trait PolicyInstance: Send {
     /// Start the policy.
     fn init(&mut self, config: &Config, now: u64) -> Result<Vec<Action>, PolicyFault>;
     /// Deliver a batch of events at time `now`.
-    fn handle(
-        &mut self,
-        events: &[Event],
-        now: u64,
-        kind: CallKind,
-    ) -> Result<Vec<Action>, PolicyFault>;
+    fn handle(&mut self, events: &[Event], now: u64, kind: CallKind) -> Result<Vec<Action>, PolicyFault>;
     /// The cost of the last call.
     fn last_cost(&self) -> CallCost;
     /// Metrics the policy emitted since the last call to this method.
@@ -100,28 +95,15 @@ struct MemoryCap {
 }
 
 impl ResourceLimiter for MemoryCap {
-    fn memory_growing(
-        &mut self,
-        _current: usize,
-        desired: usize,
-        _maximum: Option<usize>,
-    ) -> wasmtime::Result<bool> {
+    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
         if desired > self.limit {
             self.exceeded = true;
-            return Err(wasmtime::Error::msg(format!(
-                "policy memory cap of {} bytes reached (wanted {desired})",
-                self.limit
-            )));
+            return Err(wasmtime::Error::msg(format!("policy memory cap of {} bytes reached (wanted {desired})", self.limit)));
         }
         Ok(true)
     }
 
-    fn table_growing(
-        &mut self,
-        _current: usize,
-        desired: usize,
-        _maximum: Option<usize>,
-    ) -> wasmtime::Result<bool> {
+    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
         Ok(desired <= 1_000_000)
     }
 }
@@ -325,12 +307,7 @@ fn arm_budget(sandbox: &Sandbox, store: &mut Store<HostState>, kind: CallKind) {
 }
 
 /// Turn a wasmtime error into a [`PolicyFault`].
-fn classify(
-    sandbox: &Sandbox,
-    store: &mut Store<HostState>,
-    kind: CallKind,
-    error: wasmtime::Error,
-) -> PolicyFault {
+fn classify(sandbox: &Sandbox, store: &mut Store<HostState>, kind: CallKind, error: wasmtime::Error) -> PolicyFault {
     let limits = sandbox.limits();
     let state = store.data_mut();
     if state.memory.exceeded {
@@ -363,19 +340,13 @@ impl PolicyInstance for WasmPolicy {
 
     fn init(&mut self, config: &Config, now: u64) -> Result<Vec<Action>, PolicyFault> {
         let max_actions = self.sandbox.limits().max_actions;
-        let result = self.call(now, CallKind::Init, |exports, store| {
-            exports.bindings.yardmaster_policy_policy().call_init(store, config)
-        })?;
+        let result =
+            self.call(now, CallKind::Init, |exports, store| exports.bindings.yardmaster_policy_policy().call_init(store, config))?;
         let actions = result.map_err(PolicyFault::InitRefused)?;
         check_action_count(actions, max_actions)
     }
 
-    fn handle(
-        &mut self,
-        events: &[Event],
-        now: u64,
-        kind: CallKind,
-    ) -> Result<Vec<Action>, PolicyFault> {
+    fn handle(&mut self, events: &[Event], now: u64, kind: CallKind) -> Result<Vec<Action>, PolicyFault> {
         let max_actions = self.sandbox.limits().max_actions;
         let actions = self.call(now, kind, |exports, store| {
             // SAFETY: the list view lives only for this call, while `events` is borrowed.
@@ -395,10 +366,7 @@ impl PolicyInstance for WasmPolicy {
 }
 
 /// Refuse an answer with more actions than the limit.
-pub(crate) fn check_action_count(
-    actions: Vec<Action>,
-    max_actions: usize,
-) -> Result<Vec<Action>, PolicyFault> {
+pub(crate) fn check_action_count(actions: Vec<Action>, max_actions: usize) -> Result<Vec<Action>, PolicyFault> {
     if actions.len() > max_actions {
         return Err(PolicyFault::TooManyActions(actions.len(), max_actions));
     }

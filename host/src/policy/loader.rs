@@ -168,8 +168,7 @@ impl PolicyLoader {
 
     /// Load a policy file (named after its file stem).
     pub fn load_file(&self, path: &Path) -> Result<Arc<PolicyModule>, LoadError> {
-        let bytes = std::fs::read(path)
-            .map_err(|source| LoadError::Read { path: path.to_path_buf(), source })?;
+        let bytes = std::fs::read(path).map_err(|source| LoadError::Read { path: path.to_path_buf(), source })?;
         let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
         self.load(&name, &bytes)
     }
@@ -194,29 +193,14 @@ impl PolicyLoader {
             .map_err(|e| LoadError::Invalid { name: name.into(), reason: e.to_string() })?;
         define_deterministic_seed(&mut linker, self.sandbox.engine(), &component)
             .map_err(|e| LoadError::Invalid { name: name.into(), reason: e.to_string() })?;
-        linker
-            .define_unknown_imports_as_traps(&component)
-            .map_err(|e| LoadError::Invalid { name: name.into(), reason: e.to_string() })?;
-        let instance_pre = linker
-            .instantiate_pre(&component)
-            .map_err(|e| LoadError::WrongWorld { name: name.into(), reason: e.to_string() })?;
-        let pre = SchedulerPre::new(instance_pre)
-            .map_err(|e| LoadError::WrongWorld { name: name.into(), reason: e.to_string() })?;
-        Ok(Arc::new(PolicyModule {
-            name: name.into(),
-            sha256,
-            size: bytes.len(),
-            from_cache,
-            pre,
-        }))
+        linker.define_unknown_imports_as_traps(&component).map_err(|e| LoadError::Invalid { name: name.into(), reason: e.to_string() })?;
+        let instance_pre =
+            linker.instantiate_pre(&component).map_err(|e| LoadError::WrongWorld { name: name.into(), reason: e.to_string() })?;
+        let pre = SchedulerPre::new(instance_pre).map_err(|e| LoadError::WrongWorld { name: name.into(), reason: e.to_string() })?;
+        Ok(Arc::new(PolicyModule { name: name.into(), sha256, size: bytes.len(), from_cache, pre }))
     }
 
-    fn compile(
-        &self,
-        name: &str,
-        sha256: &[u8; 32],
-        bytes: &[u8],
-    ) -> Result<(Component, bool), LoadError> {
+    fn compile(&self, name: &str, sha256: &[u8; 32], bytes: &[u8]) -> Result<(Component, bool), LoadError> {
         if let Some(component) = self.memory.lock().unwrap().get(sha256) {
             return Ok((component.clone(), true));
         }
@@ -224,12 +208,7 @@ impl PolicyLoader {
         let cached_file = self.disk.as_ref().map(|dir| {
             let mut hasher = std::collections::hash_map::DefaultHasher::new();
             engine.precompile_compatibility_hash().hash(&mut hasher);
-            dir.join(format!(
-                "{}-{}-{:016x}.cwasm",
-                hex::encode(sha256),
-                self.sandbox.mode().name(),
-                hasher.finish()
-            ))
+            dir.join(format!("{}-{}-{:016x}.cwasm", hex::encode(sha256), self.sandbox.mode().name(), hasher.finish()))
         });
         if let Some(bytes) = cached_file.as_ref().and_then(|f| std::fs::read(f).ok()) {
             // Read into memory rather than mapping the file, so a cache file replaced or
@@ -243,8 +222,7 @@ impl PolicyLoader {
                 return Ok((component, true));
             }
         }
-        let component = Component::new(engine, bytes)
-            .map_err(|e| LoadError::Invalid { name: name.into(), reason: format!("{e:#}") })?;
+        let component = Component::new(engine, bytes).map_err(|e| LoadError::Invalid { name: name.into(), reason: format!("{e:#}") })?;
         if let Some(file) = cached_file {
             if let Err(error) = write_cache_file(&file, &component) {
                 tracing::warn!(policy = name, file = %file.display(), %error, "cannot cache the compiled policy");
@@ -268,22 +246,14 @@ fn write_cache_file(file: &Path, component: &Component) -> anyhow::Result<()> {
 /// `wasi:random/insecure-seed` is what language runtimes use to seed hash tables
 /// (Rust's `HashMap` calls it on first use). It gets a value derived from the arm's
 /// seed — never entropy — so decisions stay reproducible.
-fn define_deterministic_seed(
-    linker: &mut Linker<HostState>,
-    engine: &wasmtime::Engine,
-    component: &Component,
-) -> wasmtime::Result<()> {
+fn define_deterministic_seed(linker: &mut Linker<HostState>, engine: &wasmtime::Engine, component: &Component) -> wasmtime::Result<()> {
     let ty = component.component_type();
-    let names: Vec<String> = ty
-        .imports(engine)
-        .map(|(name, _)| name.to_string())
-        .filter(|name| name.starts_with("wasi:random/insecure-seed@"))
-        .collect();
+    let names: Vec<String> =
+        ty.imports(engine).map(|(name, _)| name.to_string()).filter(|name| name.starts_with("wasi:random/insecure-seed@")).collect();
     for name in names {
-        linker.instance(&name)?.func_wrap(
-            "insecure-seed",
-            |store: wasmtime::StoreContextMut<'_, HostState>, (): ()| Ok((store.data().hash_seed(),)),
-        )?;
+        linker
+            .instance(&name)?
+            .func_wrap("insecure-seed", |store: wasmtime::StoreContextMut<'_, HostState>, (): ()| Ok((store.data().hash_seed(),)))?;
     }
     Ok(())
 }
@@ -295,19 +265,12 @@ fn wasmparser_is_core_module(bytes: &[u8]) -> bool {
 }
 
 /// Refuse any import that is neither part of the world nor an inert WASI interface.
-fn check_imports(
-    engine: &wasmtime::Engine,
-    name: &str,
-    component: &Component,
-) -> Result<(), LoadError> {
+fn check_imports(engine: &wasmtime::Engine, name: &str, component: &Component) -> Result<(), LoadError> {
     let ty = component.component_type();
     for (import, _) in ty.imports(engine) {
         let (interface, version) = import.split_once('@').unwrap_or((import, ""));
-        let allowed = if WORLD_IMPORTS.contains(&interface) {
-            version.starts_with("0.1.")
-        } else {
-            INERT_WASI_IMPORTS.contains(&interface)
-        };
+        let allowed =
+            if WORLD_IMPORTS.contains(&interface) { version.starts_with("0.1.") } else { INERT_WASI_IMPORTS.contains(&interface) };
         if !allowed {
             return Err(LoadError::ForbiddenImport { name: name.into(), import: import.into() });
         }

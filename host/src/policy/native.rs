@@ -95,17 +95,10 @@ impl<P: sdk::Policy + Send> PolicyInstance for NativePolicy<P> {
         check_action_count(actions.into_iter().map(action_from_sdk).collect(), self.max_actions)
     }
 
-    fn handle(
-        &mut self,
-        events: &[host::Event],
-        now: u64,
-        _kind: CallKind,
-    ) -> Result<Vec<host::Action>, PolicyFault> {
+    fn handle(&mut self, events: &[host::Event], now: u64, _kind: CallKind) -> Result<Vec<host::Action>, PolicyFault> {
         self.host.now.store(now, Ordering::Relaxed);
         let started = WallInstant::now();
-        let driver = self.driver.as_mut().ok_or_else(|| {
-            PolicyFault::Trap("handle called before init".into())
-        })?;
+        let driver = self.driver.as_mut().ok_or_else(|| PolicyFault::Trap("handle called before init".into()))?;
         let events: Vec<sdk::Event> = events.iter().map(event_to_sdk).collect();
         let actions = catch_unwind(AssertUnwindSafe(|| driver.handle(now, events)))
             .map_err(|panic| PolicyFault::Trap(panic_message(&self.name, panic)))?;
@@ -138,16 +131,8 @@ pub fn config_to_sdk(config: &host::Config) -> sdk::Config {
         arm: config.arm.clone(),
         stages: config.stages.iter().map(stage_to_sdk).collect(),
         workers: config.workers.iter().map(worker_to_sdk).collect(),
-        streams: config
-            .streams
-            .iter()
-            .map(|s| sdk::Stream { id: s.id, name: s.name.clone(), entry: s.entry, slo: s.slo })
-            .collect(),
-        params: config
-            .params
-            .iter()
-            .map(|p| sdk::Param { key: p.key.clone(), value: p.value.clone() })
-            .collect(),
+        streams: config.streams.iter().map(|s| sdk::Stream { id: s.id, name: s.name.clone(), entry: s.entry, slo: s.slo }).collect(),
+        params: config.params.iter().map(|p| sdk::Param { key: p.key.clone(), value: p.value.clone() }).collect(),
         tick_interval: config.tick_interval,
         max_workers: config.max_workers,
         seed: config.seed,
@@ -172,11 +157,7 @@ fn stage_to_sdk(stage: &host::Stage) -> sdk::Stage {
                 id: v.id,
                 name: v.name.clone(),
                 accuracy: v.accuracy,
-                profile: v
-                    .profile
-                    .iter()
-                    .map(|p| sdk::LatencyPoint { batch: p.batch, mean: p.mean, tail: p.tail })
-                    .collect(),
+                profile: v.profile.iter().map(|p| sdk::LatencyPoint { batch: p.batch, mean: p.mean, tail: p.tail }).collect(),
                 memory_bytes: v.memory_bytes,
                 fan_out: v.fan_out,
             })
@@ -247,12 +228,7 @@ pub fn event_to_sdk(event: &host::Event) -> sdk::Event {
             sequences: f
                 .sequences
                 .iter()
-                .map(|s| sdk::SequenceState {
-                    id: s.id,
-                    generated: s.generated,
-                    kv_bytes: s.kv_bytes,
-                    finished: s.finished,
-                })
+                .map(|s| sdk::SequenceState { id: s.id, generated: s.generated, kv_bytes: s.kv_bytes, finished: s.finished })
                 .collect(),
             kv_capacity: f.kv_capacity,
         }),
@@ -318,11 +294,7 @@ pub fn action_from_sdk(action: sdk::Action) -> host::Action {
                 sdk::DropReason::Policy => host::DropReason::Policy,
             },
         }),
-        sdk::Action::Dispatch(d) => host::Action::Dispatch(host::Dispatch {
-            worker: d.worker,
-            requests: d.requests,
-            variant: d.variant,
-        }),
+        sdk::Action::Dispatch(d) => host::Action::Dispatch(host::Dispatch { worker: d.worker, requests: d.requests, variant: d.variant }),
         sdk::Action::Preempt(w) => host::Action::Preempt(w),
         sdk::Action::Evict(e) => host::Action::Evict(host::Evict {
             sequence: e.sequence,
@@ -331,11 +303,7 @@ pub fn action_from_sdk(action: sdk::Action) -> host::Action {
                 sdk::EvictMode::Swap => host::EvictMode::Swap,
             },
         }),
-        sdk::Action::Scale(s) => host::Action::Scale(host::Scale {
-            stage: s.stage,
-            replicas: s.replicas,
-            variant: s.variant,
-        }),
+        sdk::Action::Scale(s) => host::Action::Scale(host::Scale { stage: s.stage, replicas: s.replicas, variant: s.variant }),
         sdk::Action::SetVariant(s) => host::Action::SetVariant(host::SetVariant {
             target: match s.target {
                 sdk::VariantTarget::Worker(w) => host::VariantTarget::Worker(w),
@@ -346,18 +314,10 @@ pub fn action_from_sdk(action: sdk::Action) -> host::Action {
         sdk::Action::SetRoutes(r) => host::Action::SetRoutes(host::SetRoutes {
             stage: r.stage,
             source: r.source,
-            targets: r
-                .targets
-                .into_iter()
-                .map(|t| host::Route { worker: t.worker, weight: t.weight })
-                .collect(),
+            targets: r.targets.into_iter().map(|t| host::Route { worker: t.worker, weight: t.weight }).collect(),
         }),
-        sdk::Action::SetBatchLimit(b) => {
-            host::Action::SetBatchLimit(host::SetBatchLimit { stage: b.stage, limit: b.limit })
-        }
-        sdk::Action::SetThreads(t) => {
-            host::Action::SetThreads(host::SetThreads { worker: t.worker, threads: t.threads })
-        }
+        sdk::Action::SetBatchLimit(b) => host::Action::SetBatchLimit(host::SetBatchLimit { stage: b.stage, limit: b.limit }),
+        sdk::Action::SetThreads(t) => host::Action::SetThreads(host::SetThreads { worker: t.worker, threads: t.threads }),
         sdk::Action::Defer(d) => host::Action::Defer(host::Defer { request: d.request, until: d.until }),
         sdk::Action::SetTimer(t) => host::Action::SetTimer(host::SetTimer { at: t.at, token: t.token }),
     }

@@ -65,13 +65,7 @@ impl Shadow {
     /// Start `candidate` as a shadow: `init` with `config`, then the replay of the
     /// requests the live arm holds (`held`, in arrival order), the idle workers and the
     /// latest snapshot, so it starts from what the live policy knows.
-    pub fn start(
-        candidate: Candidate,
-        config: &Config,
-        held: Vec<Request>,
-        snapshot: Option<Snapshot>,
-        view: &dyn ClusterView,
-    ) -> Self {
+    pub fn start(candidate: Candidate, config: &Config, held: Vec<Request>, snapshot: Option<Snapshot>, view: &dyn ClusterView) -> Self {
         let (instance, module) = candidate.into_parts();
         let report = ShadowReport {
             policy: module.as_ref().map_or_else(|| instance.label(), |m| m.name().to_string()),
@@ -79,7 +73,8 @@ impl Shadow {
             state: "running",
             ..ShadowReport::default()
         };
-        let mut shadow = Self { instance: Some(instance), ledger: Ledger::default(), report, call_time: Duration::ZERO, max_call: Duration::ZERO };
+        let mut shadow =
+            Self { instance: Some(instance), ledger: Ledger::default(), report, call_time: Duration::ZERO, max_call: Duration::ZERO };
         let now = view.now();
         let mut config = config.clone();
         config.now = now;

@@ -591,11 +591,7 @@ impl Checker<'_> {
             return Err(Rejection::EmptyBatch(d.worker));
         }
         if d.requests.len() > stage.batch_limit as usize {
-            return Err(Rejection::BatchOverLimit {
-                stage: worker.stage,
-                len: d.requests.len(),
-                limit: stage.batch_limit,
-            });
+            return Err(Rejection::BatchOverLimit { stage: worker.stage, len: d.requests.len(), limit: stage.batch_limit });
         }
         if let Some(variant) = d.variant {
             if variant >= stage.variants {
@@ -611,17 +607,12 @@ impl Checker<'_> {
             }
             match self.ledger.get(id) {
                 Some(request) if request.stage != worker.stage => {
-                    return Err(Rejection::WrongStage {
-                        request: id,
-                        queued: request.stage,
-                        worker_stage: worker.stage,
-                    })
+                    return Err(Rejection::WrongStage { request: id, queued: request.stage, worker_stage: worker.stage })
                 }
                 Some(_) => {}
                 None => {
                     // Iteration workers may also re-run their own resident sequences.
-                    let resident = stage.kind == StageKind::Iteration
-                        && view.sequence(id).is_some_and(|s| s.worker == d.worker);
+                    let resident = stage.kind == StageKind::Iteration && view.sequence(id).is_some_and(|s| s.worker == d.worker);
                     if !resident {
                         return Err(Rejection::UnknownRequest(id));
                     }
@@ -650,12 +641,7 @@ impl Checker<'_> {
             }
         }
         let delta = s.replicas as i64 - stage.replicas as i64;
-        let others: i64 = self
-            .replica_delta
-            .iter()
-            .filter(|(stage, _)| **stage != s.stage)
-            .map(|(_, d)| *d)
-            .sum();
+        let others: i64 = self.replica_delta.iter().filter(|(stage, _)| **stage != s.stage).map(|(_, d)| *d).sum();
         let wanted = view.total_replicas() as i64 + others + delta;
         if wanted > view.max_workers() as i64 {
             return Err(Rejection::OverCapacity { wanted: wanted.max(0) as u32, max: view.max_workers() });
@@ -706,10 +692,7 @@ impl Checker<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::contract::{
-        Defer, DropReason, DropRequest, Evict, EvictMode, Route, SetBatchLimit, SetThreads,
-        SetVariant,
-    };
+    use crate::policy::contract::{Defer, DropReason, DropRequest, Evict, EvictMode, Route, SetBatchLimit, SetThreads, SetVariant};
 
     /// Two batch stages (0: workers 0, 1; 1: worker 2) and an iteration stage (2:
     /// worker 3, with resident sequences 500 running and 501 paused).

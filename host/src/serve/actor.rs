@@ -28,8 +28,8 @@ use std::time::Duration;
 use super::ab::{AbStatus, ArmEngine, Arms, Split};
 use super::capture::Recorder;
 use crate::engine::{Clock, Ended, Executor, JobResult, Submission, SwapOutcome};
-use crate::policy::{Candidate, ShadowReport};
 use crate::metrics::Outcome;
+use crate::policy::{Candidate, ShadowReport};
 
 /// Called on the actor thread with the new request's id, before any decision.
 pub type Admitted = Box<dyn FnOnce(u64) + Send>;
@@ -218,10 +218,7 @@ impl<C: Clock, X: Executor> ActorHandle<C, X> {
     }
 
     /// Run `question` on every arm, on the actor thread, and return its answer.
-    pub fn inspect_arms<T: Send + 'static>(
-        &self,
-        question: impl FnOnce(&Arms<C, X>) -> T + Send + 'static,
-    ) -> Result<T, ActorStopped> {
+    pub fn inspect_arms<T: Send + 'static>(&self, question: impl FnOnce(&Arms<C, X>) -> T + Send + 'static) -> Result<T, ActorStopped> {
         let (reply, answer) = mpsc::sync_channel(1);
         self.send(Message::InspectArms(Box::new(move |arms| {
             let _ = reply.send(question(arms));
@@ -244,10 +241,7 @@ impl<C: Clock, X: Executor> ActorHandle<C, X> {
 
     /// Run `question` on the control arm's engine, on the actor thread, and return
     /// its answer.
-    pub fn inspect<T: Send + 'static>(
-        &self,
-        question: impl FnOnce(&ArmEngine<C, X>) -> T + Send + 'static,
-    ) -> Result<T, ActorStopped> {
+    pub fn inspect<T: Send + 'static>(&self, question: impl FnOnce(&ArmEngine<C, X>) -> T + Send + 'static) -> Result<T, ActorStopped> {
         let (reply, answer) = mpsc::sync_channel(1);
         self.send(Message::Inspect(Box::new(move |engine| {
             let _ = reply.send(question(engine));
@@ -315,9 +309,7 @@ fn run<C: Clock, X: Executor>(mut arms: Arms<C, X>, clock: C, receiver: Receiver
             Some(at) => match receiver.recv_timeout(Duration::from_nanos(at.saturating_sub(clock.now()))) {
                 Ok(message) => Some(message),
                 Err(RecvTimeoutError::Timeout) => None,
-                Err(RecvTimeoutError::Disconnected) => {
-                    return shut_down(&mut arms, waiting, &mut capture, "every handle was dropped")
-                }
+                Err(RecvTimeoutError::Disconnected) => return shut_down(&mut arms, waiting, &mut capture, "every handle was dropped"),
             },
             None => match receiver.recv() {
                 Ok(message) => Some(message),
@@ -359,9 +351,7 @@ fn run<C: Clock, X: Executor>(mut arms: Arms<C, X>, clock: C, receiver: Receiver
                 },
                 Message::Shadow { candidate: Some(candidate), done } => done(arms.main_mut().start_shadow(candidate)),
                 Message::Shadow { candidate: None, done } => done(arms.main_mut().stop_shadow()),
-                Message::Ab { command: AbCommand::Start { candidate, label, split }, done } => {
-                    done(arms.start(candidate, &label, split))
-                }
+                Message::Ab { command: AbCommand::Start { candidate, label, split }, done } => done(arms.start(candidate, &label, split)),
                 Message::Ab { command: AbCommand::End(winner), done } => done(arms.end(&winner)),
                 Message::Shutdown(reason) => {
                     stop = Some(reason);
@@ -380,11 +370,7 @@ fn run<C: Clock, X: Executor>(mut arms: Arms<C, X>, clock: C, receiver: Receiver
     }
 }
 
-fn answer<C: Clock, X: Executor>(
-    arms: &mut Arms<C, X>,
-    waiting: &mut HashMap<u64, OnEnd>,
-    capture: &mut Option<Recorder>,
-) {
+fn answer<C: Clock, X: Executor>(arms: &mut Arms<C, X>, waiting: &mut HashMap<u64, OnEnd>, capture: &mut Option<Recorder>) {
     for end in arms.take_ended() {
         if let Some(recorder) = capture {
             recorder.ended(&end);
@@ -396,12 +382,7 @@ fn answer<C: Clock, X: Executor>(
 }
 
 /// Every request still waiting ends once, as failed with the reason.
-fn shut_down<C: Clock, X: Executor>(
-    arms: &mut Arms<C, X>,
-    mut waiting: HashMap<u64, OnEnd>,
-    capture: &mut Option<Recorder>,
-    reason: &str,
-) {
+fn shut_down<C: Clock, X: Executor>(arms: &mut Arms<C, X>, mut waiting: HashMap<u64, OnEnd>, capture: &mut Option<Recorder>, reason: &str) {
     answer(arms, &mut waiting, capture);
     let at = arms.main().state().now;
     for (id, callback) in waiting {
@@ -420,11 +401,11 @@ fn shut_down<C: Clock, X: Executor>(
 mod tests {
     use std::sync::{Arc, Mutex};
 
+    use super::super::ab::Split;
     use super::*;
     use crate::engine::{BatchJob, Engine, EngineOptions, ItemResult, MonotonicClock, SharedExecutor};
     use crate::policy::contract::EvictMode;
     use crate::policy::{Arm, FailureMode, Limits, Mode, PolicyLoader, Sandbox};
-    use super::super::ab::Split;
 
     /// Runs each job on a thread of its own for the profiled time of the batch
     /// (the real worker is ONNX Runtime; this one only sleeps) and reports back.
@@ -552,8 +533,7 @@ mod tests {
         let count = |f: fn(&TraceRecord) -> bool| records.iter().filter(|r| f(r)).count();
         assert_eq!(count(|r| matches!(r, TraceRecord::Arrival(_))), 40);
         assert_eq!(count(|r| matches!(r, TraceRecord::Completion(_))), 40);
-        let batched: usize =
-            records.iter().map(|r| if let TraceRecord::Batch(b) = r { b.requests.len() } else { 0 }).sum();
+        let batched: usize = records.iter().map(|r| if let TraceRecord::Batch(b) = r { b.requests.len() } else { 0 }).sum();
         assert!(batched >= 40, "every request ran in a recorded batch at least once ({batched})");
     }
 
@@ -570,8 +550,12 @@ mod tests {
         actor.shutdown("maintenance");
         let ended: Vec<Ended> = results.try_iter().collect();
         assert_eq!(ended.len(), 50, "every request got exactly one answer");
-        assert!(ended.iter().all(|e| matches!(&e.outcome, Outcome::Completed)
-            || matches!(&e.outcome, Outcome::Failed { error } if error == "maintenance")));
+        assert!(
+            ended
+                .iter()
+                .all(|e| matches!(&e.outcome, Outcome::Completed)
+                    || matches!(&e.outcome, Outcome::Failed { error } if error == "maintenance"))
+        );
         assert!(handle.cancel(1).is_err(), "a stopped actor says so");
     }
 
@@ -616,10 +600,8 @@ mod tests {
     fn an_ab_run_splits_requests_and_workers_and_a_promotion_loses_nothing() {
         let actor = start("edf", Arc::new(Mutex::new(Vec::new())));
         let handle = actor.handle();
-        let status = handle
-            .ab(AbCommand::Start { candidate: candidate("fifo"), label: "fifo".into(), split: split(0.3) })
-            .unwrap()
-            .unwrap();
+        let status =
+            handle.ab(AbCommand::Start { candidate: candidate("fifo"), label: "fifo".into(), split: split(0.3) }).unwrap().unwrap();
         assert_eq!(status.state, "running");
         // vision-chain has 4, 2 and 3 workers: 30 % is 1, 1 and 1 of them.
         assert_eq!(status.arms.iter().map(|a| a.workers.clone()).collect::<Vec<_>>(), [vec![3, 1, 2], vec![1, 1, 1]]);

@@ -41,9 +41,9 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use super::ab::{Split, SplitBy};
 use super::config::{AdminConfig, ADMIN_TOKEN_ENV};
 use super::executor::OnnxExecutor;
-use super::ab::{Split, SplitBy};
 use super::swap::{AbEnd, PolicySource, SwapError, Swapper};
 use super::watch::Watcher;
 use crate::engine::MonotonicClock;
@@ -75,7 +75,14 @@ impl AdminApi {
     }
 
     /// Answer one call: a status and a JSON body.
-    pub async fn handle(&self, method: &Method, path: &str, query: Option<&str>, headers: &http::HeaderMap, body: Bytes) -> (StatusCode, Value) {
+    pub async fn handle(
+        &self,
+        method: &Method,
+        path: &str,
+        query: Option<&str>,
+        headers: &http::HeaderMap,
+        body: Bytes,
+    ) -> (StatusCode, Value) {
         if !self.authorized(headers.get(header::AUTHORIZATION)) {
             return error(StatusCode::UNAUTHORIZED, "the admin API needs `Authorization: Bearer TOKEN` with the configured token");
         }
@@ -166,7 +173,8 @@ fn query_value<'a>(query: Option<&'a str>, key: &str) -> Option<&'a str> {
 /// the split, from JSON fields or query parameters.
 fn ab_request(query: Option<&str>, headers: &http::HeaderMap, body: &Bytes) -> Result<(PolicySource, Option<String>, Split), String> {
     let source = swap_source(query, headers, body)?;
-    let json: Option<Value> = matches!(source, PolicySource::Bytes { .. }).then_some(()).map_or_else(|| serde_json::from_slice(body).ok(), |_| None);
+    let json: Option<Value> =
+        matches!(source, PolicySource::Bytes { .. }).then_some(()).map_or_else(|| serde_json::from_slice(body).ok(), |_| None);
     let field = |key: &str| -> Option<String> {
         json.as_ref()
             .and_then(|v| v.get(key))
@@ -189,10 +197,7 @@ fn ab_request(query: Option<&str>, headers: &http::HeaderMap, body: &Bytes) -> R
 
 /// What `POST /admin/swap` asks for: JSON `{"path"}` / `{"shipped"}`, or the bytes.
 fn swap_source(query: Option<&str>, headers: &http::HeaderMap, body: &Bytes) -> Result<PolicySource, String> {
-    let is_json = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/json"))
+    let is_json = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with("application/json"))
         || body.first() == Some(&b'{');
     if !is_json {
         if body.is_empty() {

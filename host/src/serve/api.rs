@@ -169,10 +169,7 @@ impl Drop for Admitted {
 
 impl Admission {
     fn enter(&self) -> Option<Admitted> {
-        let admitted = self
-            .in_flight
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < self.limit).then_some(n + 1))
-            .is_ok();
+        let admitted = self.in_flight.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < self.limit).then_some(n + 1)).is_ok();
         if admitted {
             Some(Admitted(Arc::clone(&self.in_flight)))
         } else {
@@ -231,20 +228,15 @@ impl Api {
             ["metrics"] if get => match &self.metrics {
                 Some(render) => {
                     let mut headers = HeaderMap::new();
-                    headers.insert(
-                        http::header::CONTENT_TYPE,
-                        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
-                    );
+                    headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
                     ApiResponse { status: StatusCode::OK, headers, body: Bytes::from(render()) }
                 }
                 None => ApiResponse::error(StatusCode::NOT_FOUND, "metrics are not enabled"),
             },
             ["v2", "health", "live"] if get => ApiResponse::empty(StatusCode::OK),
-            ["v2", "health", "ready"] if get => ApiResponse::empty(if self.backend.ready() {
-                StatusCode::OK
-            } else {
-                StatusCode::SERVICE_UNAVAILABLE
-            }),
+            ["v2", "health", "ready"] if get => {
+                ApiResponse::empty(if self.backend.ready() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE })
+            }
             ["v2"] if get => ApiResponse::json(
                 StatusCode::OK,
                 &json!({
@@ -279,15 +271,10 @@ impl Api {
         let get = request.method == Method::GET || request.method == Method::HEAD;
         match rest {
             [] if get => ApiResponse::json(StatusCode::OK, &metadata_json(metadata)),
-            ["ready"] if get => ApiResponse::empty(if self.backend.ready() {
-                StatusCode::OK
-            } else {
-                StatusCode::SERVICE_UNAVAILABLE
-            }),
-            ["config"] if get => ApiResponse::json(
-                StatusCode::OK,
-                &json!({ "name": metadata.name, "platform": metadata.platform, "max_batch_size": 0 }),
-            ),
+            ["ready"] if get => ApiResponse::empty(if self.backend.ready() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }),
+            ["config"] if get => {
+                ApiResponse::json(StatusCode::OK, &json!({ "name": metadata.name, "platform": metadata.platform, "max_batch_size": 0 }))
+            }
             ["infer"] if request.method == Method::POST => self.infer(request, metadata).await,
             [] | ["ready"] | ["config"] | ["infer"] => {
                 ApiResponse::error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this route")
@@ -317,10 +304,7 @@ impl Api {
             Some(value) => match value.to_str().ok().and_then(|v| v.trim().parse::<usize>().ok()) {
                 Some(n) => Some(n),
                 None => {
-                    return ApiResponse::error(
-                        StatusCode::BAD_REQUEST,
-                        "Inference-Header-Content-Length must be a non-negative integer",
-                    )
+                    return ApiResponse::error(StatusCode::BAD_REQUEST, "Inference-Header-Content-Length must be a non-negative integer")
                 }
             },
         };
@@ -367,12 +351,7 @@ fn check_inputs(request: &InferRequest, metadata: &ModelMetadata) -> Result<(), 
             return Err(format!("model {:?} has no input {:?} (inputs: {})", metadata.name, tensor.name, names.join(", ")));
         };
         if spec.datatype != tensor.datatype {
-            return Err(format!(
-                "input {:?} must be {}, got {}",
-                tensor.name,
-                spec.datatype.name(),
-                tensor.datatype.name()
-            ));
+            return Err(format!("input {:?} must be {}, got {}", tensor.name, spec.datatype.name(), tensor.datatype.name()));
         }
         let fits = spec.shape.len() == tensor.shape.len()
             && spec.shape.iter().zip(&tensor.shape).all(|(want, got)| *want < 0 || *want as u64 == *got);

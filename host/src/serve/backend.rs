@@ -19,12 +19,12 @@ use serde_json::Map;
 use tokio::sync::oneshot;
 use yardmaster_dataplane::ocr::RgbImage;
 
+use super::actor::ActorHandle;
 use super::api::{Backend, BoxFuture, InferError, ModelMetadata, TensorSpec};
 use super::executor::{ServeHandle, WorkerBoard};
 use super::kserve::{DataType, InferRequest, InferResponse, Tensor, TensorData};
 use super::payload::{OcrDocument, Parcel, Payload, PayloadStore, Prepared};
 use super::stages::StageProgram;
-use super::actor::ActorHandle;
 use crate::engine::{Clock, Executor, MonotonicClock, Submission};
 use crate::metrics::Outcome;
 
@@ -101,9 +101,7 @@ impl Codec {
         if let Some(unknown) = request.inputs.iter().find(|t| !names.contains(&t.name)) {
             return Err(format!("no input {:?} (inputs: {})", unknown.name, names.join(", ")));
         }
-        let input = |name: &str| {
-            request.inputs.iter().find(|t| t.name == name).ok_or_else(|| format!("input {name:?} is missing"))
-        };
+        let input = |name: &str| request.inputs.iter().find(|t| t.name == name).ok_or_else(|| format!("input {name:?} is missing"));
         match self {
             Codec::OcrImage => {
                 let tensor = input(ocr_names::IMAGE)?;
@@ -415,7 +413,15 @@ mod tests {
         let cases = [
             (Tensor::raw("image", DataType::U8, vec![2, 3, 4], vec![0; 24]).unwrap(), "shape [H, W, 3]"),
             (Tensor::f32("image", vec![1, 1, 3], &[0.0; 3]).unwrap(), "must be UINT8"),
-            (Tensor { name: "image".into(), datatype: DataType::Bytes, shape: vec![1], data: TensorData::Strings(vec![b"png".to_vec()]) }, "no PNG/JPEG decoder"),
+            (
+                Tensor {
+                    name: "image".into(),
+                    datatype: DataType::Bytes,
+                    shape: vec![1],
+                    data: TensorData::Strings(vec![b"png".to_vec()]),
+                },
+                "no PNG/JPEG decoder",
+            ),
             (Tensor::raw("picture", DataType::U8, vec![1, 1, 3], vec![0; 3]).unwrap(), "no input \"picture\""),
             (Tensor::raw("image", DataType::U8, vec![0, 5, 3], vec![]).unwrap(), "each side must be"),
         ];

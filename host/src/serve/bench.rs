@@ -140,7 +140,13 @@ impl Backend for InlineTiny {
             let x = request.inputs.first().and_then(Tensor::as_f32).ok_or_else(|| InferError::Invalid("x must be FP32".into()))?;
             let y: Vec<f32> = x.iter().map(|v| v + 1.0).collect();
             let output = Tensor::f32("y", vec![y.len() as u64], &y).map_err(|e| InferError::Invalid(e.0))?;
-            Ok(InferResponse { model_name: model, model_version: None, id: request.id, parameters: Default::default(), outputs: vec![output] })
+            Ok(InferResponse {
+                model_name: model,
+                model_version: None,
+                id: request.id,
+                parameters: Default::default(),
+                outputs: vec![output],
+            })
         })
     }
 }
@@ -198,12 +204,7 @@ pub async fn run(transport: BenchTransport, target: &BenchTarget, options: &Benc
     Ok(BenchReport { transport, latency, model_mean_ns, throughput, errors })
 }
 
-async fn closed_loop(
-    transport: BenchTransport,
-    target: &BenchTarget,
-    options: &BenchOptions,
-    headers: &HeaderMap,
-) -> Result<(f64, u64)> {
+async fn closed_loop(transport: BenchTransport, target: &BenchTarget, options: &BenchOptions, headers: &HeaderMap) -> Result<(f64, u64)> {
     let concurrency = options.concurrency.max(1);
     // HTTP/1.1 needs a connection per concurrent client; HTTP/3 multiplexes streams
     // over a few connections.
@@ -215,10 +216,8 @@ async fn closed_loop(
     for _ in 0..connections {
         clients.push(Client::connect(transport, target).await?);
     }
-    let h3: Vec<Http3Client> =
-        clients.iter().filter_map(|c| if let Client::Three(c) = c { Some(c.clone()) } else { None }).collect();
-    let mut h1: Vec<Option<Http1Client>> =
-        clients.into_iter().map(|c| if let Client::One(c) = c { Some(c) } else { None }).collect();
+    let h3: Vec<Http3Client> = clients.iter().filter_map(|c| if let Client::Three(c) = c { Some(c.clone()) } else { None }).collect();
+    let mut h1: Vec<Option<Http1Client>> = clients.into_iter().map(|c| if let Client::One(c) = c { Some(c) } else { None }).collect();
     let per_client = options.requests.div_ceil(concurrency);
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();

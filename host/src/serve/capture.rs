@@ -30,9 +30,7 @@ pub struct Recorder {
 impl Recorder {
     /// Start a trace on `sink` (its header written at once), named `name` in log lines.
     pub fn start(sink: CaptureSink, name: &str) -> std::io::Result<Recorder> {
-        let started_at_unix_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
+        let started_at_unix_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         let header = TraceHeader::new(format!("yardmaster serve ({name})"), started_at_unix_ms);
         let writer = TraceWriter::new(sink, &header)?;
         Ok(Recorder { writer: Some(writer), name: name.to_string(), records: 0, flushed: 0, stopped: None })

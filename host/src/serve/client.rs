@@ -73,10 +73,7 @@ impl Http3Client {
         let bind: SocketAddr = if address.is_ipv6() { "[::]:0".parse()? } else { "0.0.0.0:0".parse()? };
         let mut endpoint = quinn::Endpoint::client(bind)?;
         endpoint.set_default_client_config(quinn::ClientConfig::new(Arc::new(crypto)));
-        let connection = endpoint
-            .connect(address, server_name)?
-            .await
-            .with_context(|| format!("QUIC handshake with {address}"))?;
+        let connection = endpoint.connect(address, server_name)?.await.with_context(|| format!("QUIC handshake with {address}"))?;
         let (mut driver, sender) = h3::client::new(h3_quinn::Connection::new(connection)).await?;
         tokio::spawn(async move {
             let _ = std::future::poll_fn(|cx| driver.poll_close(cx)).await;

@@ -316,11 +316,9 @@ mod tests {
 
     #[test]
     fn the_admin_section_parses_and_checks_its_allow_list() {
-        let config = ServeConfig::parse(
-            "[admin]\nlisten = \"127.0.0.1:9001\"\ntoken = \"s3cret\"\nwatch_dir = \"drop\"\n",
-            Path::new("/srv/ym"),
-        )
-        .unwrap();
+        let config =
+            ServeConfig::parse("[admin]\nlisten = \"127.0.0.1:9001\"\ntoken = \"s3cret\"\nwatch_dir = \"drop\"\n", Path::new("/srv/ym"))
+                .unwrap();
         assert_eq!(config.admin.listen, "127.0.0.1:9001".parse().unwrap());
         assert_eq!(config.admin.effective_token().as_deref(), Some("s3cret"));
         assert_eq!(config.admin.watch_dir.as_deref(), Some(Path::new("/srv/ym/drop")));
@@ -332,22 +330,34 @@ mod tests {
 
     #[test]
     fn the_watchdog_and_admission_cap_parse_and_are_checked() {
-        let config = ServeConfig::parse("max_in_flight = 64
+        let config = ServeConfig::parse(
+            "max_in_flight = 64
 [watchdog]
 multiple = 4.0
 min_ms = 250
-", Path::new(".")).unwrap();
+",
+            Path::new("."),
+        )
+        .unwrap();
         assert_eq!(config.max_in_flight, 64);
         assert_eq!(config.watchdog, WatchdogConfig { enabled: true, multiple: 4.0, min_ms: 250 });
         let error = ServeConfig::parse("max_in_flight = 0", Path::new(".")).unwrap_err();
         assert!(format!("{error:#}").contains("max_in_flight"), "{error:#}");
-        let error = ServeConfig::parse("[watchdog]
+        let error = ServeConfig::parse(
+            "[watchdog]
 multiple = 0.5
-", Path::new(".")).unwrap_err();
+",
+            Path::new("."),
+        )
+        .unwrap_err();
         assert!(format!("{error:#}").contains("multiple"), "{error:#}");
-        let error = ServeConfig::parse("[watchdog]
+        let error = ServeConfig::parse(
+            "[watchdog]
 min = 5
-", Path::new(".")).unwrap_err();
+",
+            Path::new("."),
+        )
+        .unwrap_err();
         assert!(format!("{error:#}").contains("min"), "{error:#}");
     }
 

@@ -352,9 +352,7 @@ impl OnnxExecutor {
         for (index, placement) in placements.into_iter().enumerate() {
             let pump_shared = Arc::clone(&shared);
             let events = placement.events;
-            let spawned = std::thread::Builder::new()
-                .name(format!("yardmaster-pump-{index}"))
-                .spawn(move || pump(&pump_shared, events));
+            let spawned = std::thread::Builder::new().name(format!("yardmaster-pump-{index}")).spawn(move || pump(&pump_shared, events));
             if let Err(error) = spawned {
                 tracing::error!("starting the event pump of worker group {index}: {error}; its workers' results will not arrive");
             }
@@ -378,8 +376,7 @@ impl OnnxExecutor {
         if let Err(error) = spawned {
             tracing::error!("starting the watchdog: {error}; stalled jobs will not be noticed");
         }
-        let profiles =
-            pipeline.stages.iter().map(|s| s.variants.iter().map(|v| v.profile.clone()).collect()).collect();
+        let profiles = pipeline.stages.iter().map(|s| s.variants.iter().map(|v| v.profile.clone()).collect()).collect();
         let mut executor = Self { groups, worker_stage: HashMap::new(), profiles, shared, next_job: 1 };
         for (worker, stage) in pipeline.initial_workers() {
             executor.provision(worker, stage, 0);
@@ -642,9 +639,8 @@ fn pump(shared: &Shared, events: Receiver<WorkerEvent>) {
             WorkerEvent::Finished { worker, job, duration, result } => {
                 let Some(record) = shared.claim(job) else { continue };
                 let ids: Vec<u64> = record.shares.iter().map(|s| s.id).chain(record.refused.iter().map(|(id, _)| *id)).collect();
-                let outputs = result
-                    .map(|outputs| outputs.into_iter().map(|o| o.outputs).collect())
-                    .map_err(|e| format!("worker {worker}: {e}"));
+                let outputs =
+                    result.map(|outputs| outputs.into_iter().map(|o| o.outputs).collect()).map_err(|e| format!("worker {worker}: {e}"));
                 let duration = duration.as_nanos() as u64;
                 let result = guarded("finishing a job", || Ok(shared.finish(record, outputs, duration))).unwrap_or_else(|error| {
                     JobResult { worker, duration, items: ids.iter().map(|&id| item(id, Some(error.clone()))).collect() }

@@ -55,9 +55,7 @@ where
                 let answer = handle(request, peer);
                 async move { Ok::<_, Infallible>(answer.await) }
             });
-            let connection = hyper::server::conn::http1::Builder::new()
-                .keep_alive(true)
-                .serve_connection(TokioIo::new(stream), service);
+            let connection = hyper::server::conn::http1::Builder::new().keep_alive(true).serve_connection(TokioIo::new(stream), service);
             tokio::pin!(connection);
             tokio::select! {
                 result = connection.as_mut() => {

@@ -52,9 +52,8 @@ pub async fn serve(endpoint: quinn::Endpoint, api: Arc<Api>, mut shutdown: watch
 
 async fn serve_connection(connection: quinn::Connection, api: Arc<Api>) -> Result<()> {
     let quic = connection.clone();
-    let mut h3 = h3::server::Connection::<_, Bytes>::new(h3_quinn::Connection::new(connection))
-        .await
-        .map_err(|e| anyhow!("HTTP/3 setup: {e}"))?;
+    let mut h3 =
+        h3::server::Connection::<_, Bytes>::new(h3_quinn::Connection::new(connection)).await.map_err(|e| anyhow!("HTTP/3 setup: {e}"))?;
     loop {
         match h3.accept().await {
             Ok(Some(resolver)) => {
@@ -106,12 +105,9 @@ where
                 }
             }
             Ok(None) => break,
-            Err(error) => {
-                return ApiResponse::error_response(http::StatusCode::BAD_REQUEST, &format!("reading the request body: {error}"))
-            }
+            Err(error) => return ApiResponse::error_response(http::StatusCode::BAD_REQUEST, &format!("reading the request body: {error}")),
         }
     }
     let (parts, ()) = request.into_parts();
-    api.handle(ApiRequest { method: parts.method, path: parts.uri.path().to_string(), headers: parts.headers, body: body.freeze() })
-        .await
+    api.handle(ApiRequest { method: parts.method, path: parts.uri.path().to_string(), headers: parts.headers, body: body.freeze() }).await
 }

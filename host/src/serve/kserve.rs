@@ -224,9 +224,10 @@ impl Tensor {
 fn element_count(name: &str, shape: &[u64]) -> Result<u64, ProtocolError> {
     let mut count: u64 = 1;
     for &dim in shape {
-        count = count.checked_mul(dim).filter(|c| *c <= MAX_ELEMENTS).ok_or_else(|| {
-            ProtocolError(format!("input {name:?}: shape {shape:?} has more than {MAX_ELEMENTS} elements"))
-        })?;
+        count = count
+            .checked_mul(dim)
+            .filter(|c| *c <= MAX_ELEMENTS)
+            .ok_or_else(|| ProtocolError(format!("input {name:?}: shape {shape:?} has more than {MAX_ELEMENTS} elements")))?;
     }
     Ok(count)
 }
@@ -409,10 +410,7 @@ fn decode_input(index: usize, raw: Value, binary: &mut &[u8]) -> Result<Tensor, 
         (Some(size), None) => {
             let size = usize::try_from(size).map_err(|_| ProtocolError(format!("input {name:?}: binary_data_size too large")))?;
             if size > binary.len() {
-                return error(format!(
-                    "input {name:?}: binary_data_size {size} but only {} bytes of binary data remain",
-                    binary.len()
-                ));
+                return error(format!("input {name:?}: binary_data_size {size} but only {} bytes of binary data remain", binary.len()));
             }
             let (bytes, rest) = binary.split_at(size);
             *binary = rest;
@@ -556,11 +554,7 @@ fn json_values(tensor: &Tensor) -> Result<Vec<Value>, ProtocolError> {
 
 /// Encode a response. Outputs named in `binary` (or every output when `all_binary`)
 /// go into the binary extension; the rest are JSON.
-pub fn encode_response(
-    response: &InferResponse,
-    requested: &[RequestedOutput],
-    all_binary: bool,
-) -> Result<EncodedBody, ProtocolError> {
+pub fn encode_response(response: &InferResponse, requested: &[RequestedOutput], all_binary: bool) -> Result<EncodedBody, ProtocolError> {
     let mut object = Map::new();
     object.insert("model_name".into(), Value::String(response.model_name.clone()));
     if let Some(version) = &response.model_version {
@@ -728,7 +722,10 @@ mod tests {
             (r#"{"inputs":[{"name":"x","shape":[1],"datatype":"UINT8","data":[300]}]}"#, "not a valid UINT8"),
             (r#"{"inputs":[{"name":"x","shape":[1],"datatype":"FP32"}]}"#, "no \"data\""),
             (r#"{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[{"a":1}]}]}"#, "only arrays"),
-            (r#"{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[1]},{"name":"x","shape":[1],"datatype":"FP32","data":[1]}]}"#, "twice"),
+            (
+                r#"{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[1]},{"name":"x","shape":[1],"datatype":"FP32","data":[1]}]}"#,
+                "twice",
+            ),
             (r#"{"inputs":[{"name":"x","shape":[4294967296,4294967296],"datatype":"FP32","data":[1]}]}"#, "more than"),
             (r#"{"parameters":{"priority":-1},"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[1]}]}"#, "priority"),
             (r#"{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","parameters":{"binary_data_size":4}}]}"#, "only 0 bytes"),

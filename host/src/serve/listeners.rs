@@ -69,9 +69,7 @@ impl Listeners {
         let mut address = options.address;
         let mut http1_address = None;
         if options.http1 {
-            let listener = tokio::net::TcpListener::bind(address)
-                .await
-                .with_context(|| format!("binding HTTP/1.1 on TCP {address}"))?;
+            let listener = tokio::net::TcpListener::bind(address).await.with_context(|| format!("binding HTTP/1.1 on TCP {address}"))?;
             let bound = listener.local_addr()?;
             address.set_port(bound.port());
             http1_address = Some(bound);
@@ -83,8 +81,7 @@ impl Listeners {
                 TlsSource::Files { cert, key } => tls::Identity::load(cert, key)?,
                 TlsSource::SelfSigned(dir) => tls::Identity::load_or_generate(dir)?,
             };
-            let endpoint = http3::endpoint(&identity, address)
-                .with_context(|| format!("binding HTTP/3 on UDP {address}"))?;
+            let endpoint = http3::endpoint(&identity, address).with_context(|| format!("binding HTTP/3 on UDP {address}"))?;
             http3_address = Some(endpoint.local_addr()?);
             certificate = Some(identity.certificate_path.clone());
             certificate_generated = identity.generated;

@@ -120,7 +120,11 @@ fn number(value: f64) -> String {
     if value.is_nan() {
         "NaN".into()
     } else if value.is_infinite() {
-        if value > 0.0 { "+Inf".into() } else { "-Inf".into() }
+        if value > 0.0 {
+            "+Inf".into()
+        } else {
+            "-Inf".into()
+        }
     } else {
         format!("{value}")
     }
@@ -160,8 +164,20 @@ pub fn render_arm(out: &mut Exposition, metrics: &ArmMetrics<'_>) {
             &stats.queue_delay,
             stats.completed,
         );
-        out.sample("yardmaster_goodput_requests_per_second", "gauge", "Requests completed within their SLO per second since start.", &labels, stats.goodput);
-        out.sample("yardmaster_token_goodput_per_second", "gauge", "Tokens of on-time requests per second since start.", &labels, stats.token_goodput);
+        out.sample(
+            "yardmaster_goodput_requests_per_second",
+            "gauge",
+            "Requests completed within their SLO per second since start.",
+            &labels,
+            stats.goodput,
+        );
+        out.sample(
+            "yardmaster_token_goodput_per_second",
+            "gauge",
+            "Tokens of on-time requests per second since start.",
+            &labels,
+            stats.token_goodput,
+        );
         out.sample("yardmaster_slo_attainment_ratio", "gauge", "On-time requests over ended requests.", &labels, stats.slo_attainment);
         out.sample("yardmaster_accelerator_seconds_total", "counter", "Worker time spent on batches.", &labels, stats.accelerator_s);
         out.sample(
@@ -207,10 +223,22 @@ pub fn render_arm(out: &mut Exposition, metrics: &ArmMetrics<'_>) {
     );
     out.sample("yardmaster_policy_swap_pause_max_seconds", "gauge", "Longest swap pause so far.", &labels, swaps.max.as_secs_f64());
     for (kind, count) in &policy.faults {
-        out.sample("yardmaster_policy_faults_total", "counter", "Policy faults (traps, timeouts, memory), by kind.", &[("arm", arm), ("kind", kind)], *count as f64);
+        out.sample(
+            "yardmaster_policy_faults_total",
+            "counter",
+            "Policy faults (traps, timeouts, memory), by kind.",
+            &[("arm", arm), ("kind", kind)],
+            *count as f64,
+        );
     }
     for (kind, count) in &policy.accepted {
-        out.sample("yardmaster_policy_actions_accepted_total", "counter", "Policy actions applied, by kind.", &[("arm", arm), ("kind", kind)], *count as f64);
+        out.sample(
+            "yardmaster_policy_actions_accepted_total",
+            "counter",
+            "Policy actions applied, by kind.",
+            &[("arm", arm), ("kind", kind)],
+            *count as f64,
+        );
     }
     for (reason, count) in &policy.rejected {
         out.sample(
@@ -230,13 +258,7 @@ pub fn render_arm(out: &mut Exposition, metrics: &ArmMetrics<'_>) {
         .enumerate()
         .map(|(k, count)| (if k == last { f64::INFINITY } else { (1u64 << k) as f64 }, *count))
         .collect();
-    out.histogram(
-        "yardmaster_batch_size",
-        "Requests per batch started on a worker.",
-        &labels,
-        &buckets,
-        engine.batch_items as f64,
-    );
+    out.histogram("yardmaster_batch_size", "Requests per batch started on a worker.", &labels, &buckets, engine.batch_items as f64);
     out.sample("yardmaster_preemptions_total", "counter", "Running batches preempted.", &labels, engine.preemptions as f64);
     out.sample("yardmaster_expired_total", "counter", "Requests the host expired past their deadline.", &labels, engine.expired as f64);
 }

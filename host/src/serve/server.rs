@@ -12,6 +12,7 @@ use std::sync::Arc;
 use anyhow::{anyhow, Context, Result};
 use yardmaster_dataplane::{ModelCache, ModelCatalog, Runtime, RuntimeConfig, WorkerContext};
 
+use super::ab::Arms;
 use super::admin::Admin;
 use super::api::{Api, MetricsRenderer};
 use super::capture::Recorder;
@@ -23,7 +24,6 @@ use super::remote::pool::{RemoteConfig, RemotePool};
 use super::remote::transport::Fingerprint;
 use super::stack::{PolicyChoice, ServedPipeline, ServingStack};
 use super::swap::Swapper;
-use super::ab::Arms;
 use crate::engine::{Clock, EngineOptions, Executor};
 use crate::policy::{FailureMode, Limits, Mode, PolicyLoader, Sandbox};
 
@@ -69,15 +69,18 @@ impl Server {
         handle.inspect(move |engine| engine.executor().borrow().set_watchdog(watchdog)).map_err(|e| anyhow!(e))?;
         if let Some(path) = &config.capture {
             let file = std::fs::File::create(path).with_context(|| format!("creating the capture file {}", path.display()))?;
-            let recorder = Recorder::start(Box::new(file), &path.display().to_string())
-                .with_context(|| format!("writing {}", path.display()))?;
+            let recorder =
+                Recorder::start(Box::new(file), &path.display().to_string()).with_context(|| format!("writing {}", path.display()))?;
             handle.capture(Some(recorder)).map_err(|e| anyhow!(e))?;
         }
         let metrics_handle = handle.clone();
         let renderer: MetricsRenderer =
             Arc::new(move || metrics_handle.inspect_arms(prometheus::render_arms).unwrap_or_else(|e| format!("# {e}\n")));
         let api = Arc::new(
-            Api::new(Arc::new(backend)).with_metrics(renderer).with_max_body(config.max_body_bytes).with_max_in_flight(config.max_in_flight),
+            Api::new(Arc::new(backend))
+                .with_metrics(renderer)
+                .with_max_body(config.max_body_bytes)
+                .with_max_in_flight(config.max_in_flight),
         );
         let listeners = Listeners::start(&config.listen_options(), api).await?;
         let admin = Admin::start(&config.admin, Arc::new(Swapper::new(handle.clone(), sandbox))).await?;
@@ -173,10 +176,9 @@ pub async fn remote_placement(remote: &RemotePlacement, served: &ServedPipeline)
     let stage_names: Vec<&str> = served.pipeline.stages.iter().map(|s| s.name.as_str()).collect();
     let mut stages = Vec::new();
     for name in &remote.stages {
-        let index = stage_names
-            .iter()
-            .position(|s| s == name)
-            .ok_or_else(|| anyhow!("[[remote]] names stage {name:?}; pipeline {:?} has {}", served.pipeline.name, stage_names.join(", ")))?;
+        let index = stage_names.iter().position(|s| s == name).ok_or_else(|| {
+            anyhow!("[[remote]] names stage {name:?}; pipeline {:?} has {}", served.pipeline.name, stage_names.join(", "))
+        })?;
         stages.push(index as u32);
     }
     let catalog = ModelCatalog {

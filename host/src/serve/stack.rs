@@ -95,10 +95,8 @@ impl ServedPipeline {
         let catalog = ModelCatalog { stages: vec![vec![spec; pipeline.stages[0].variants.len()]] };
         let programs: Vec<Arc<dyn StageProgram>> = vec![Arc::new(TensorProgram { name: TINY_MODEL.into() })];
         let shape = vec![tiny_model::WIDTH];
-        let codec = Codec::Fp32 {
-            inputs: vec![(tiny_model::INPUT.into(), shape.clone())],
-            outputs: vec![(tiny_model::OUTPUT.into(), shape)],
-        };
+        let codec =
+            Codec::Fp32 { inputs: vec![(tiny_model::INPUT.into(), shape.clone())], outputs: vec![(tiny_model::OUTPUT.into(), shape)] };
         let models = vec![ServedModel { name: TINY_MODEL.into(), stream: 0, entry: pipeline.streams[0].entry, codec }];
         let served = Self { pipeline, catalog, programs, models };
         served.check()?;
@@ -127,13 +125,21 @@ impl ServedPipeline {
         }
         for (i, stage) in stages.iter().enumerate() {
             if stage.kind != StageKind::Batch {
-                return Err(format!("pipeline {name:?}: stage {:?} is an iteration (LLM) stage; ONNX workers run batch stages", stage.name));
+                return Err(format!(
+                    "pipeline {name:?}: stage {:?} is an iteration (LLM) stage; ONNX workers run batch stages",
+                    stage.name
+                ));
             }
             if stage.successors.len() > 1 || stage.predecessors.len() > 1 || stage.variants.iter().any(|v| !v.fan_out.is_empty()) {
                 return Err(format!("pipeline {name:?}: stage {:?} branches or fans out; the ONNX executor serves chains", stage.name));
             }
             if self.catalog.stages[i].len() < stage.variants.len() {
-                return Err(format!("pipeline {name:?}: stage {:?} has {} variants but {} models", stage.name, stage.variants.len(), self.catalog.stages[i].len()));
+                return Err(format!(
+                    "pipeline {name:?}: stage {:?} has {} variants but {} models",
+                    stage.name,
+                    stage.variants.len(),
+                    self.catalog.stages[i].len()
+                ));
             }
         }
         for model in &self.models {
@@ -141,7 +147,10 @@ impl ServedPipeline {
                 return Err(format!("model {:?} feeds stream {}, which pipeline {name:?} lacks", model.name, model.stream));
             };
             if stream.entry != model.entry {
-                return Err(format!("model {:?}: stream {:?} enters at stage {}, not {}", model.name, stream.name, stream.entry, model.entry));
+                return Err(format!(
+                    "model {:?}: stream {:?} enters at stage {}, not {}",
+                    model.name, stream.name, stream.entry, model.entry
+                ));
             }
         }
         Ok(())

@@ -50,10 +50,7 @@ fn first_outputs(program: &str, outputs: Vec<Vec<Tensor>>, expected: usize) -> R
     if outputs.len() != expected {
         return Err(format!("{program}: {} outputs for {expected} inputs", outputs.len()));
     }
-    outputs
-        .into_iter()
-        .map(|o| o.into_iter().next().ok_or_else(|| format!("{program}: the model returned no output")))
-        .collect()
+    outputs.into_iter().map(|o| o.into_iter().next().ok_or_else(|| format!("{program}: the model returned no output"))).collect()
 }
 
 /// Text detection: one element per request.

@@ -34,7 +34,9 @@ use serde::Serialize;
 use super::ab::{AbReport, AbStatus, Split};
 use super::actor::{AbCommand, ActorHandle, ActorStopped};
 use crate::engine::{Clock, Executor};
-use crate::policy::{ArmState, Candidate, Handover, HandoverSnapshot, LoadError, PolicyLoader, PolicyModule, ProfileSource, Sandbox, ShadowReport};
+use crate::policy::{
+    ArmState, Candidate, Handover, HandoverSnapshot, LoadError, PolicyLoader, PolicyModule, ProfileSource, Sandbox, ShadowReport,
+};
 
 /// Where the new policy comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -248,8 +250,12 @@ impl<C: Clock, X: Executor> Swapper<C, X> {
             pre_replay_us: prepared.pre_replay.map_or(0.0, |d| d.as_secs_f64() * 1e6),
         };
         match &summary.fault {
-            None => tracing::info!(policy = %summary.policy, sha256 = %summary.sha256, pause_us = summary.pause_us, replayed = summary.replayed, "policy swapped in"),
-            Some(fault) => tracing::warn!(policy = %summary.policy, %fault, state = summary.state, "the swapped-in policy faulted during the hand-over"),
+            None => {
+                tracing::info!(policy = %summary.policy, sha256 = %summary.sha256, pause_us = summary.pause_us, replayed = summary.replayed, "policy swapped in")
+            }
+            Some(fault) => {
+                tracing::warn!(policy = %summary.policy, %fault, state = summary.state, "the swapped-in policy faulted during the hand-over")
+            }
         }
         Ok(summary)
     }
@@ -327,7 +333,11 @@ impl<C: Clock, X: Executor> Swapper<C, X> {
             None => {
                 let control = self.handle.inspect_arms(|arms| arms.labels().remove(0))?;
                 let name = module.name().to_string();
-                if name == control { format!("{name}-b") } else { name }
+                if name == control {
+                    format!("{name}-b")
+                } else {
+                    name
+                }
             }
         };
         let status = self.handle.ab(AbCommand::Start { candidate, label, split })?.map_err(SwapError::Conflict)?;

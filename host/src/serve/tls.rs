@@ -85,9 +85,7 @@ pub fn client_config(trusted: &[CertificateDer<'static>], alpn: &[&[u8]]) -> Res
 /// The certificates in a PEM file.
 pub fn read_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>> {
     let pem = std::fs::read(path).with_context(|| format!("reading TLS certificate {}", path.display()))?;
-    let chain = CertificateDer::pem_slice_iter(&pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| anyhow!("{}: {e}", path.display()))?;
+    let chain = CertificateDer::pem_slice_iter(&pem).collect::<Result<Vec<_>, _>>().map_err(|e| anyhow!("{}: {e}", path.display()))?;
     if chain.is_empty() {
         return Err(anyhow!("{}: no PEM CERTIFICATE block", path.display()));
     }

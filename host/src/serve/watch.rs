@@ -37,7 +37,8 @@ impl Watcher {
     /// Watch `dir` (which must exist), swapping in through `swapper`; `allow` is the
     /// allow-list of SHA-256s in hex (empty: any file).
     pub fn start(dir: PathBuf, allow: Vec<String>, swapper: Arc<ServeSwapper>) -> Result<Watcher> {
-        let mut scan = Scan { dir, allow: allow.iter().map(|s| s.to_ascii_lowercase()).collect(), handled: HashMap::new(), seen: HashMap::new() };
+        let mut scan =
+            Scan { dir, allow: allow.iter().map(|s| s.to_ascii_lowercase()).collect(), handled: HashMap::new(), seen: HashMap::new() };
         let present = scan.list().with_context(|| format!("reading the watched directory {}", scan.dir.display()))?;
         scan.handled.extend(present);
         tracing::info!(dir = %scan.dir.display(), present = scan.handled.len(), allow_list = scan.allow.len(), "watching for policy files to swap in");
@@ -132,7 +133,9 @@ impl Scan {
             Ok(summary) if summary.fault.is_none() => {
                 tracing::info!(%file, %sha256, pause_us = summary.pause_us, replayed = summary.replayed, "watched directory: policy swapped in")
             }
-            Ok(summary) => tracing::warn!(%file, %sha256, state = summary.state, fault = ?summary.fault, "watched directory: swapped in, but the policy faulted at once"),
+            Ok(summary) => {
+                tracing::warn!(%file, %sha256, state = summary.state, fault = ?summary.fault, "watched directory: swapped in, but the policy faulted at once")
+            }
             Err(error) => tracing::warn!(%file, %sha256, %error, "watched directory: not swapped in"),
         }
     }

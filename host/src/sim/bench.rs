@@ -35,9 +35,7 @@ pub fn run(cluster_seconds: u64) -> Result<String> {
         };
         let workload = WorkloadSpec::Preset { name: "poisson".into(), rate };
         eprintln!("{label}: {pipeline}, {rate} req/s for {seconds} simulated s …");
-        let outcome = compare(&spec, &workload, std::slice::from_ref(&policy), &loader, |_, _| {})?
-            .pop()
-            .expect("one run");
+        let outcome = compare(&spec, &workload, std::slice::from_ref(&policy), &loader, |_, _| {})?.pop().expect("one run");
         let wall = outcome.wall.as_secs_f64();
         let workers = spec.pipeline.stages.iter().map(|s| s.replicas).sum::<u32>();
         writeln!(

@@ -133,12 +133,7 @@ impl CompoundDriver {
     fn submit_stage(&mut self, index: usize, now: u64, submit: &mut Submit<'_>) {
         let job = &self.jobs[index];
         let stage = self.progress[index].stage;
-        let link = CallLink {
-            job: index as u64 + 1,
-            stage: stage as u32 + 1,
-            last: stage + 1 == job.stages.len(),
-            app: job.app.clone(),
-        };
+        let link = CallLink { job: index as u64 + 1, stage: stage as u32 + 1, last: stage + 1 == job.stages.len(), app: job.app.clone() };
         let tags: Vec<Tag> = link.pairs().into_iter().map(|(key, value)| Tag { key, value }).collect();
         let calls = job.stages[stage].clone();
         let (stream, deadline) = (job.stream, job.at + job.deadline);
@@ -173,7 +168,13 @@ mod tests {
     #[test]
     fn stages_are_submitted_once_the_previous_one_completed_and_a_failure_ends_the_job() {
         let jobs = vec![
-            CompoundJob { at: 5, stream: 2, app: "a".into(), deadline: 100, stages: vec![vec![call(1, 1)], vec![call(2, 2), call(3, 3)], vec![call(4, 4)]] },
+            CompoundJob {
+                at: 5,
+                stream: 2,
+                app: "a".into(),
+                deadline: 100,
+                stages: vec![vec![call(1, 1)], vec![call(2, 2), call(3, 3)], vec![call(4, 4)]],
+            },
             CompoundJob { at: 1, stream: 2, app: "a".into(), deadline: 100, stages: vec![vec![call(9, 9)], vec![call(8, 8)]] },
         ];
         let mut driver = CompoundDriver::new(jobs);

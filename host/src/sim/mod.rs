@@ -65,7 +65,9 @@ impl WorkloadSpec {
             Some(("rates", path)) => WorkloadSpec::RateFile(path.into()),
             Some(("azure-llm", path)) => WorkloadSpec::AzureLlm { path: path.into(), speedup },
             Some(("trace", path)) => WorkloadSpec::Trace(path.into()),
-            Some((kind, _)) => return Err(anyhow!("unknown workload kind {kind:?} (rates:FILE, azure-llm:FILE, trace:FILE, or a preset name)")),
+            Some((kind, _)) => {
+                return Err(anyhow!("unknown workload kind {kind:?} (rates:FILE, azure-llm:FILE, trace:FILE, or a preset name)"))
+            }
             None => WorkloadSpec::Preset { name: text.into(), rate },
         })
     }

@@ -180,8 +180,7 @@ pub fn rates(name: &str, rate: f64, duration: u64, seed: u64) -> Result<Vec<f64>
 /// CV is the preset's target (for days of a few bursts or more; a shorter one gets
 /// the CV nearest the target it can reach).
 pub fn day_rates(name: &str, duration: u64, seed: u64) -> Result<Vec<f64>, String> {
-    let shape = shape(name)
-        .ok_or_else(|| format!("unknown per-second rate preset {name:?}; they are: {}", PRESETS.join(", ")))?;
+    let shape = shape(name).ok_or_else(|| format!("unknown per-second rate preset {name:?}; they are: {}", PRESETS.join(", ")))?;
     if duration == 0 {
         return Err(format!("workload preset {name:?} needs a positive duration"));
     }
@@ -192,9 +191,7 @@ pub fn day_rates(name: &str, duration: u64, seed: u64) -> Result<Vec<f64>, Strin
         Some(bursts) => burst_levels(&mut rng, seconds, bursts).iter().zip(&base).map(|(b, x)| x * (1.0 + bursts.k * b)).collect(),
         None => base,
     };
-    let cycle: Vec<f64> = (0..seconds)
-        .map(|s| 0.5 * (1.0 - (std::f64::consts::TAU * (s as f64 + 0.5) / seconds as f64).cos()))
-        .collect();
+    let cycle: Vec<f64> = (0..seconds).map(|s| 0.5 * (1.0 - (std::f64::consts::TAU * (s as f64 + 0.5) / seconds as f64).cos())).collect();
     let q = solve_q(&bursty, &cycle, shape.cv);
     let day: Vec<f64> = bursty.iter().zip(&cycle).map(|(x, c)| x * c.powf(q)).collect();
     let (mean, _) = mean_cv(&day);

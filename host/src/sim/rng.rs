@@ -150,8 +150,7 @@ impl SimRng {
     /// children (their seeds are hashed through SplitMix64). Takes `&mut self` so that
     /// a generator is forked from where its owner holds it exclusively.
     pub fn fork(&mut self, stream: u64) -> SimRng {
-        let mut state_hash =
-            self.s[0] ^ self.s[1].rotate_left(16) ^ self.s[2].rotate_left(32) ^ self.s[3].rotate_left(48);
+        let mut state_hash = self.s[0] ^ self.s[1].rotate_left(16) ^ self.s[2].rotate_left(32) ^ self.s[3].rotate_left(48);
         let mut stream_key = stream;
         let seed = splitmix64(&mut state_hash) ^ splitmix64(&mut stream_key).rotate_left(1);
         SimRng::new(seed)

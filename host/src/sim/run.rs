@@ -15,9 +15,7 @@ use anyhow::{Context, Result};
 use super::compound::{CompoundDriver, CompoundJob};
 use super::executor::{ExecEvent, SimExecutor, SimExecutorOptions};
 use super::rng::SimRng;
-use super::trace::{
-    ArrivalRecord, BatchRecord, TraceHeader, TraceRecord, TraceWriter,
-};
+use super::trace::{ArrivalRecord, BatchRecord, TraceHeader, TraceRecord, TraceWriter};
 use super::workload::Arrival;
 use crate::engine::{Engine, EngineOptions, EngineStats, ManualClock, Pipeline, Submission};
 use crate::metrics::RunReport;
@@ -122,8 +120,7 @@ pub fn run_with_jobs(
     };
     let mut arrivals = workload.take_while(|a| a.at < spec.duration).peekable();
     let mut driver = CompoundDriver::new(jobs.into_iter().filter(|j| j.at < spec.duration).collect());
-    let drain_limit = (spec.duration + spec.pipeline.streams.iter().map(|s| s.slo_ns).max().unwrap_or(0))
-        .max(driver.last_deadline())
+    let drain_limit = (spec.duration + spec.pipeline.streams.iter().map(|s| s.slo_ns).max().unwrap_or(0)).max(driver.last_deadline())
         + spec.engine.expiry_grace
         + 1_000_000_000;
     let mut events = 0u64;
@@ -246,8 +243,7 @@ impl Capture {
         let path = dir.join(format!("trace-{policy}.jsonl"));
         let file = std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
         let header = TraceHeader::new(format!("yardmaster sim ({policy})"), 0);
-        let writer = TraceWriter::new(std::io::BufWriter::new(file), &header)
-            .with_context(|| format!("writing {}", path.display()))?;
+        let writer = TraceWriter::new(std::io::BufWriter::new(file), &header).with_context(|| format!("writing {}", path.display()))?;
         Ok(Self { path, writer })
     }
 

@@ -23,9 +23,8 @@ pub fn open(spec: &WorkloadSpec, duration: u64, seed: u64) -> Result<Box<dyn Ite
         WorkloadSpec::Trace(path) => {
             let file = std::fs::File::open(path).with_context(|| format!("opening trace {}", path.display()))?;
             let reader = TraceReader::new(std::io::BufReader::new(file)).map_err(|e| anyhow!("{}: {e}", path.display()))?;
-            let arrivals: Vec<Arrival> = arrivals_from_trace(reader)
-                .collect::<Result<_, _>>()
-                .map_err(|e| anyhow!("{}: {e}", path.display()))?;
+            let arrivals: Vec<Arrival> =
+                arrivals_from_trace(reader).collect::<Result<_, _>>().map_err(|e| anyhow!("{}: {e}", path.display()))?;
             Box::new(arrivals.into_iter())
         }
     })

@@ -152,9 +152,7 @@ pub enum TraceErrorKind {
     #[error("malformed record: {0}")]
     Json(#[from] serde_json::Error),
     /// The first line is not a header.
-    #[error(
-        "missing header: a trace must start with {{\"kind\":\"header\",\"version\":{TRACE_VERSION},...}}, but {0}"
-    )]
+    #[error("missing header: a trace must start with {{\"kind\":\"header\",\"version\":{TRACE_VERSION},...}}, but {0}")]
     MissingHeader(String),
     /// The header names a version this build cannot read.
     #[error("unsupported trace version {0} (this build reads version {TRACE_VERSION})")]
@@ -366,21 +364,9 @@ mod tests {
         vec![
             arrival(5, 1, 0),
             arrival(7, 2, 0),
-            TraceRecord::Batch(BatchRecord {
-                at: 8,
-                worker: 3,
-                stage: 0,
-                variant: 1,
-                requests: vec![1, 2],
-                duration: 40,
-            }),
+            TraceRecord::Batch(BatchRecord { at: 8, worker: 3, stage: 0, variant: 1, requests: vec![1, 2], duration: 40 }),
             arrival(48, 1, 2),
-            TraceRecord::Completion(CompletionRecord {
-                at: 60,
-                id: 2,
-                outcome: Outcome::Dropped,
-                reason: Some("late".into()),
-            }),
+            TraceRecord::Completion(CompletionRecord { at: 60, id: 2, outcome: Outcome::Dropped, reason: Some("late".into()) }),
             TraceRecord::Completion(CompletionRecord { at: 90, id: 1, outcome: Outcome::Completed, reason: None }),
             arrival(95, 3, 0),
         ]
@@ -412,14 +398,8 @@ mod tests {
         let text = write_trace(&sample_records());
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines[0], r#"{"kind":"header","version":1,"source":"test","started_at_unix_ms":1700000000000}"#);
-        assert_eq!(
-            lines[1],
-            r#"{"kind":"arrival","at":5,"id":1,"stream":1,"stage":0,"deadline":105,"input_size":10,"expected_tokens":1}"#
-        );
-        assert_eq!(
-            lines[3],
-            r#"{"kind":"batch","at":8,"worker":3,"stage":0,"variant":1,"requests":[1,2],"duration":40}"#
-        );
+        assert_eq!(lines[1], r#"{"kind":"arrival","at":5,"id":1,"stream":1,"stage":0,"deadline":105,"input_size":10,"expected_tokens":1}"#);
+        assert_eq!(lines[3], r#"{"kind":"batch","at":8,"worker":3,"stage":0,"variant":1,"requests":[1,2],"duration":40}"#);
         assert_eq!(lines[5], r#"{"kind":"completion","at":60,"id":2,"outcome":"dropped","reason":"late"}"#);
         assert_eq!(lines[6], r#"{"kind":"completion","at":90,"id":1,"outcome":"completed"}"#);
         assert_eq!(lines.len(), 8);
@@ -458,10 +438,7 @@ mod tests {
         for (text, expected) in [
             ("", "trace line 1: missing header: a trace must start with"),
             ("\n\n", "the trace is empty"),
-            (
-                r#"{"kind":"arrival","at":1}"#,
-                "trace line 1: missing header: a trace must start with {\"kind\":\"header\"",
-            ),
+            (r#"{"kind":"arrival","at":1}"#, "trace line 1: missing header: a trace must start with {\"kind\":\"header\""),
             (r#"{"version":1}"#, "the first line has no \"kind\""),
             (r#"{"kind":"header","source":"x","started_at_unix_ms":0}"#, "the header has no numeric \"version\""),
             ("not json", "trace line 1: malformed record"),
@@ -500,8 +477,7 @@ mod tests {
         let results: Vec<Result<TraceRecord, TraceError>> = TraceReader::new(text.as_bytes()).unwrap().collect();
         assert_eq!(results.len(), 6);
         assert!(results[0].is_ok());
-        let errors: Vec<(usize, String)> =
-            results[1..].iter().map(|r| r.as_ref().unwrap_err()).map(|e| (e.line, e.to_string())).collect();
+        let errors: Vec<(usize, String)> = results[1..].iter().map(|r| r.as_ref().unwrap_err()).map(|e| (e.line, e.to_string())).collect();
         let expected = [
             (3, "malformed record"),
             (5, "missing field `id`"),
@@ -518,10 +494,7 @@ mod tests {
 
     #[test]
     fn wrong_types_are_malformed() {
-        let text = format!(
-            "{HEADER}\n{}\n",
-            r#"{"kind":"batch","at":-1,"worker":0,"stage":0,"variant":0,"requests":[],"duration":0}"#
-        );
+        let text = format!("{HEADER}\n{}\n", r#"{"kind":"batch","at":-1,"worker":0,"stage":0,"variant":0,"requests":[],"duration":0}"#);
         let error = error_of(&text);
         assert_eq!(error.line, 2);
         assert!(matches!(error.kind, TraceErrorKind::Json(_)), "{error}");
@@ -558,8 +531,7 @@ mod tests {
     #[test]
     fn arrivals_are_each_ids_first_arrival() {
         let text = write_trace(&sample_records());
-        let arrivals: Vec<Arrival> =
-            arrivals_from_trace(TraceReader::new(text.as_bytes()).unwrap()).collect::<Result<_, _>>().unwrap();
+        let arrivals: Vec<Arrival> = arrivals_from_trace(TraceReader::new(text.as_bytes()).unwrap()).collect::<Result<_, _>>().unwrap();
         assert_eq!(
             arrivals,
             [
@@ -589,11 +561,8 @@ mod tests {
     #[test]
     fn synthetic_workload_round_trips_through_a_trace() {
         use super::super::workload::{Sizes, SyntheticSpec};
-        let workload: Vec<Arrival> = SyntheticSpec::bursty(200.0, 1.5, 5_000_000_000)
-            .build(3)
-            .unwrap()
-            .with_sizes(Sizes::azure_code())
-            .collect();
+        let workload: Vec<Arrival> =
+            SyntheticSpec::bursty(200.0, 1.5, 5_000_000_000).build(3).unwrap().with_sizes(Sizes::azure_code()).collect();
         let records: Vec<TraceRecord> = workload
             .iter()
             .enumerate()
@@ -610,8 +579,7 @@ mod tests {
             })
             .collect();
         let text = write_trace(&records);
-        let replayed: Vec<Arrival> =
-            arrivals_from_trace(TraceReader::new(text.as_bytes()).unwrap()).collect::<Result<_, _>>().unwrap();
+        let replayed: Vec<Arrival> = arrivals_from_trace(TraceReader::new(text.as_bytes()).unwrap()).collect::<Result<_, _>>().unwrap();
         assert_eq!(replayed, workload);
     }
 

@@ -540,16 +540,9 @@ const PRESET_SHAPES: [PresetShape; 3] = [
 /// A run is treated as one compressed day: the diurnal period is `duration`, so the
 /// mean rate over the run is `rate` and its shape shows in runs of any length.
 pub fn preset_spec(name: &str, rate: f64, duration: u64) -> Result<SyntheticSpec, String> {
-    let shape = PRESET_SHAPES
-        .iter()
-        .find(|p| p.name == name)
-        .ok_or_else(|| {
-            format!(
-                "unknown workload preset {name:?}; the presets are: {}, {}",
-                PRESETS.join(", "),
-                rate_series::PRESETS.join(", ")
-            )
-        })?;
+    let shape = PRESET_SHAPES.iter().find(|p| p.name == name).ok_or_else(|| {
+        format!("unknown workload preset {name:?}; the presets are: {}, {}", PRESETS.join(", "), rate_series::PRESETS.join(", "))
+    })?;
     if duration == 0 {
         return Err(format!("workload preset {name:?} needs a positive duration"));
     }
@@ -727,16 +720,12 @@ impl AzureColumns {
     fn from_header(header: &str) -> Result<Self, String> {
         let names: Vec<&str> = header.trim_start_matches('\u{feff}').split(',').map(str::trim).collect();
         let find = |wanted: &str| {
-            names.iter().position(|n| n.eq_ignore_ascii_case(wanted)).ok_or_else(|| {
-                format!("line 1: the header lacks column {wanted} (expected TIMESTAMP,ContextTokens,GeneratedTokens)")
-            })
+            names
+                .iter()
+                .position(|n| n.eq_ignore_ascii_case(wanted))
+                .ok_or_else(|| format!("line 1: the header lacks column {wanted} (expected TIMESTAMP,ContextTokens,GeneratedTokens)"))
         };
-        Ok(Self {
-            timestamp: find("TIMESTAMP")?,
-            context: find("ContextTokens")?,
-            generated: find("GeneratedTokens")?,
-            count: names.len(),
-        })
+        Ok(Self { timestamp: find("TIMESTAMP")?, context: find("ContextTokens")?, generated: find("GeneratedTokens")?, count: names.len() })
     }
 }
 
@@ -751,9 +740,7 @@ pub fn azure_llm_trace(reader: impl BufRead, options: &AzureOptions) -> Result<V
     let mut lines = reader.lines().enumerate();
     let header = match lines.next() {
         Some((_, line)) => line.map_err(|e| format!("line 1: {e}"))?,
-        None => {
-            return Err("the Azure trace is empty (expected a TIMESTAMP,ContextTokens,GeneratedTokens header)".into())
-        }
+        None => return Err("the Azure trace is empty (expected a TIMESTAMP,ContextTokens,GeneratedTokens header)".into()),
     };
     let columns = AzureColumns::from_header(&header)?;
     let mut arrivals = Vec::new();
@@ -767,8 +754,7 @@ pub fn azure_llm_trace(reader: impl BufRead, options: &AzureOptions) -> Result<V
         if line.trim().is_empty() {
             continue;
         }
-        let (time, input_size, expected_tokens) =
-            parse_azure_row(&line, &columns).map_err(|e| format!("line {line_no}: {e}"))?;
+        let (time, input_size, expected_tokens) = parse_azure_row(&line, &columns).map_err(|e| format!("line {line_no}: {e}"))?;
         if time < previous {
             return Err(format!("line {line_no}: timestamp goes back in time"));
         }
@@ -793,9 +779,7 @@ fn parse_azure_row(line: &str, columns: &AzureColumns) -> Result<(u64, u32, u32)
         return Err(format!("expected {} fields, got {}: {line:?}", columns.count, fields.len()));
     }
     let time = parse_timestamp(fields[columns.timestamp])?;
-    let count = |i: usize, name: &str| {
-        fields[i].parse::<u32>().map_err(|_| format!("{name} {:?} is not a whole number", fields[i]))
-    };
+    let count = |i: usize, name: &str| fields[i].parse::<u32>().map_err(|_| format!("{name} {:?} is not a whole number", fields[i]));
     Ok((time, count(columns.context, "ContextTokens")?, count(columns.generated, "GeneratedTokens")?))
 }
 
@@ -808,8 +792,7 @@ pub fn parse_timestamp(text: &str) -> Result<u64, String> {
     let (clock, fraction) = time.split_once('.').map_or((time, None), |(clock, fraction)| (clock, Some(fraction)));
     let [hour, minute, second] = split_numbers(clock, ':').ok_or_else(bad)?;
     let nanos = fraction.map_or(Some(0), parse_fraction).ok_or_else(bad)?;
-    if !(1970..=9999).contains(&year) || !(1..=12).contains(&month) || !(1..=days_in_month(year, month)).contains(&day)
-    {
+    if !(1970..=9999).contains(&year) || !(1..=12).contains(&month) || !(1..=days_in_month(year, month)).contains(&day) {
         return Err(format!("timestamp {text:?} has an invalid date"));
     }
     if hour > 23 || minute > 59 || second > 59 {
@@ -878,8 +861,7 @@ pub struct Merge<I> {
 /// stream. Each source must be in non-decreasing time order.
 pub fn merge<I: Iterator<Item = Arrival>>(sources: impl IntoIterator<Item = (u32, I)>) -> Merge<I> {
     let sources: Vec<(u32, I)> = sources.into_iter().collect();
-    let mut merged =
-        Merge { heap: BinaryHeap::with_capacity(sources.len()), heads: vec![None; sources.len()], sources };
+    let mut merged = Merge { heap: BinaryHeap::with_capacity(sources.len()), heads: vec![None; sources.len()], sources };
     for index in 0..merged.sources.len() {
         merged.refill(index);
     }
@@ -998,10 +980,8 @@ mod tests {
 
     #[test]
     fn mmpp_cv_grows_with_the_burst_multiplier() {
-        let cvs: Vec<f64> = [1.0, 1.5, 2.0, 5.0, 20.0, 100.0]
-            .iter()
-            .map(|&m| MmppParams::with_multiplier(10.0, m).gap_moments().1)
-            .collect();
+        let cvs: Vec<f64> =
+            [1.0, 1.5, 2.0, 5.0, 20.0, 100.0].iter().map(|&m| MmppParams::with_multiplier(10.0, m).gap_moments().1).collect();
         assert!((cvs[0] - 1.0).abs() < 1e-9, "multiplier 1 is Poisson: {cvs:?}");
         assert!(cvs.windows(2).all(|w| w[0] < w[1]), "{cvs:?}");
     }
@@ -1123,14 +1103,12 @@ mod tests {
 
     #[test]
     fn sizes_have_requested_means() {
-        let sized: Vec<Arrival> =
-            SyntheticSpec::poisson(1000.0, 100 * SEC).build(9).unwrap().with_sizes(Sizes::azure_code()).collect();
+        let sized: Vec<Arrival> = SyntheticSpec::poisson(1000.0, 100 * SEC).build(9).unwrap().with_sizes(Sizes::azure_code()).collect();
         let mean = |f: fn(&Arrival) -> u32| sized.iter().map(|a| f(a) as f64).sum::<f64>() / sized.len() as f64;
         assert_close(mean(|a| a.input_size), 2048.0, 0.03, "input mean");
         assert_close(mean(|a| a.expected_tokens), 28.0, 0.1, "tokens mean");
         assert!(sized.iter().all(|a| a.input_size >= 1 && a.expected_tokens >= 1));
-        let fixed: Vec<Arrival> =
-            SyntheticSpec::poisson(100.0, SEC).build(1).unwrap().with_sizes(Sizes::fixed(64, 16)).collect();
+        let fixed: Vec<Arrival> = SyntheticSpec::poisson(100.0, SEC).build(1).unwrap().with_sizes(Sizes::fixed(64, 16)).collect();
         assert!(fixed.iter().all(|a| a.input_size == 64 && a.expected_tokens == 16));
     }
 
@@ -1375,16 +1353,11 @@ mod tests {
         let arrivals = read_azure_llm_trace(Path::new(AZURE_CODE_CSV), &AzureOptions::default()).unwrap();
         assert_eq!(arrivals.len(), 8819);
         assert_ordered(&arrivals);
-        let head: Vec<(u64, u32, u32)> =
-            arrivals[..4].iter().map(|a| (a.at, a.input_size, a.expected_tokens)).collect();
+        let head: Vec<(u64, u32, u32)> = arrivals[..4].iter().map(|a| (a.at, a.input_size, a.expected_tokens)).collect();
         assert_eq!(head, [(0, 4808, 10), (52_000_000, 3180, 8), (98_189_000, 110, 27), (140_684_000, 7433, 14)]);
         let last = arrivals.last().unwrap();
         assert_eq!((last.at, last.input_size, last.expected_tokens), (3_435_948_056_000, 549, 173));
-        let fast = read_azure_llm_trace(
-            Path::new(AZURE_CODE_CSV),
-            &AzureOptions { speed_up: 2.0, limit: Some(100), stream: 0 },
-        )
-        .unwrap();
+        let fast = read_azure_llm_trace(Path::new(AZURE_CODE_CSV), &AzureOptions { speed_up: 2.0, limit: Some(100), stream: 0 }).unwrap();
         assert_eq!(fast.len(), 100);
         assert!(fast.iter().zip(&arrivals).all(|(f, a)| f.at == a.at / 2));
     }

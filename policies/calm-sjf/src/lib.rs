@@ -21,10 +21,7 @@ impl Ranking for Sjf {
 
     fn init(ctx: &Ctx) -> Result<Self, String> {
         let window: usize = ctx.param_or("length_window", 2000)?;
-        Ok(Self {
-            estimator: LengthEstimator::new(window.max(1), ctx.param_or("length_prior", 512)?),
-            q_ub: ctx.param_or("q_ub", 0.90)?,
-        })
+        Ok(Self { estimator: LengthEstimator::new(window.max(1), ctx.param_or("length_prior", 512)?), q_ub: ctx.param_or("q_ub", 0.90)? })
     }
 
     fn key(&self, request: &LlmRequest, _now: Instant) -> f64 {

@@ -117,9 +117,7 @@ pub fn analyze(r: &RequestView, now_s: f64, rates: WorkerRates, params: &Params)
             value = match (params.objective, r.job) {
                 (Objective::Request, _) => 1.0,
                 (Objective::Token, Some(job)) => job.value,
-                (Objective::Token, None) => {
-                    params.omega_in * r.prompt as f64 + params.omega_out * (r.generated + len_rem) as f64
-                }
+                (Objective::Token, None) => params.omega_in * r.prompt as f64 + params.omega_out * (r.generated + len_rem) as f64,
             };
             let bw = t_gen / t_rem.max(params.epsilon_s);
             feasible = match r.job {
@@ -207,9 +205,7 @@ mod tests {
             (1.0, 0.03, 5, 50, 0.5, 0.1, 0.03),
             (0.0, 0.1, 0, 10, 3.0, 0.0, 0.01),
         ] {
-            let direct = (g..bound)
-                .filter(|&j| first + j as f64 * tbt >= now + prefill + (j - g + 1) as f64 * v - 1e-12)
-                .count() as u32;
+            let direct = (g..bound).filter(|&j| first + j as f64 * tbt >= now + prefill + (j - g + 1) as f64 * v - 1e-12).count() as u32;
             assert_eq!(achievable_tokens(first, tbt, g, bound, now, prefill, v), direct, "{first} {tbt} {g} {bound} {now}");
         }
     }

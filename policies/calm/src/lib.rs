@@ -28,11 +28,11 @@ pub mod compound;
 pub mod params;
 pub mod plan;
 pub mod predict;
-pub mod tune;
 #[cfg(test)]
 mod testing;
 #[cfg(test)]
 mod tests;
+pub mod tune;
 
 use std::collections::BTreeMap;
 
@@ -41,11 +41,11 @@ use yardmaster_sdk::{Ctx, DropReason, EndReason, EvictMode, FrameReport, Policy,
 
 use analyze::{analyze, remaining_compute, JobTerms, RequestView, WorkerRates};
 use compound::{JobKey, Jobs};
-use yardmaster_sdk::helpers::compound::{CallCost, CallLink};
 use params::{EvictChoice, Params};
 use plan::{plan_frame, Candidate, FrameSetting, Selection};
 use predict::{Bound, LengthPredictor, LengthQuery};
 use tune::PTuner;
+use yardmaster_sdk::helpers::compound::{CallCost, CallLink};
 
 /// Decode-step time assumed when the host has neither a profile nor a measurement.
 const FALLBACK_STEP_NS: f64 = 20e6;
@@ -111,10 +111,7 @@ impl Calm {
     /// once one call failed); the calls, for the caller to drop.
     fn failed_siblings(&mut self, failed: RequestId) -> Vec<RequestId> {
         let siblings = self.jobs.failed(failed);
-        siblings
-            .into_iter()
-            .filter(|id| self.book.get(*id).is_some_and(|r| !matches!(r.residence, Residence::Resident(_))))
-            .collect()
+        siblings.into_iter().filter(|id| self.book.get(*id).is_some_and(|r| !matches!(r.residence, Residence::Resident(_)))).collect()
     }
 
     /// The replicas `id` may still run on under power-of-K (`None`: any).
@@ -212,10 +209,7 @@ impl Calm {
             let admitted = r.admitted || self.jobs.admitted(r.id);
             if !admitted && now.saturating_sub(r.sent_at) >= self.params.waiting_time_ns {
                 drops.push((r.id, DropReason::Overload));
-            } else if self.params.drop_expired
-                && matches!(r.class, ServiceClass::Deadline | ServiceClass::Compound)
-                && now > r.deadline
-            {
+            } else if self.params.drop_expired && matches!(r.class, ServiceClass::Deadline | ServiceClass::Compound) && now > r.deadline {
                 drops.push((r.id, DropReason::DeadlineUnreachable));
             }
         }
@@ -254,9 +248,7 @@ impl Calm {
             track.bound = Some(bound);
             let resident = r.residence == Residence::Resident(worker);
             let restore_s = match r.residence {
-                Residence::Evicted(EvictMode::Swap) => {
-                    self.book.kv_bytes(r.context()) as f64 * self.params.swap_ns_per_byte / 1e9
-                }
+                Residence::Evicted(EvictMode::Swap) => self.book.kv_bytes(r.context()) as f64 * self.params.swap_ns_per_byte / 1e9,
                 _ => 0.0,
             };
             let job = self.jobs.job_of(r.id);
@@ -331,11 +323,7 @@ impl Calm {
                 }
             }
         }
-        let plan = FramePlan {
-            drop: drops,
-            evict: selection.evict.clone(),
-            run: selection.run.iter().map(|(id, _)| *id).collect(),
-        };
+        let plan = FramePlan { drop: drops, evict: selection.evict.clone(), run: selection.run.iter().map(|(id, _)| *id).collect() };
         for (id, _) in &plan.drop {
             self.tracking.remove(id);
             self.jobs.failed(*id);

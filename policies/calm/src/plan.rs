@@ -99,8 +99,7 @@ pub fn guard(incoming: &Candidate, victims: &[&Candidate], setting: &FrameSettin
     if victims.iter().any(|b| p_a <= b.analysis.priority || g_a <= (1.0 + setting.delta_pre) * b.analysis.value) {
         return false;
     }
-    let gain = goodput_per_frame(incoming, setting.frame_s)
-        - victims.iter().map(|b| goodput_per_frame(b, setting.frame_s)).sum::<f64>();
+    let gain = goodput_per_frame(incoming, setting.frame_s) - victims.iter().map(|b| goodput_per_frame(b, setting.frame_s)).sum::<f64>();
     let loss = victims.iter().map(|b| b.stall_s).sum::<f64>() * setting.token_rate;
     gain > loss
 }
@@ -110,10 +109,7 @@ pub fn guard(incoming: &Candidate, victims: &[&Candidate], setting: &FrameSettin
 pub fn plan_frame(candidates: &[Candidate], setting: &FrameSetting) -> Selection {
     let batch = setting.batch.max(1);
     // F4–F5: the funded set and the capacity cut-off.
-    let mut funded: Vec<&Candidate> = candidates
-        .iter()
-        .filter(|c| setting.packing == Packing::Slots || c.analysis.quota > 0)
-        .collect();
+    let mut funded: Vec<&Candidate> = candidates.iter().filter(|c| setting.packing == Packing::Slots || c.analysis.quota > 0).collect();
     funded.sort_by(|a, b| by_priority(a, b));
     let cutoff = if funded.len() >= batch { funded[batch - 1].analysis.priority } else { 0.0 };
     // F6: candidates within a factor p of the cut-off.
@@ -138,10 +134,8 @@ pub fn plan_frame(candidates: &[Candidate], setting: &FrameSetting) -> Selection
             kept.push(a);
             continue;
         }
-        let mut victims: Vec<&Candidate> = candidates
-            .iter()
-            .filter(|c| c.resident && !chosen(c.id, &members) && !evicted.contains(&c.id))
-            .collect();
+        let mut victims: Vec<&Candidate> =
+            candidates.iter().filter(|c| c.resident && !chosen(c.id, &members) && !evicted.contains(&c.id)).collect();
         victims.sort_by(|x, y| by_priority(y, x));
         let mut freed = 0u64;
         let mut taken = Vec::new();
@@ -165,10 +159,8 @@ pub fn plan_frame(candidates: &[Candidate], setting: &FrameSetting) -> Selection
 
     // F9: top-up with fillers that fit in what is left, residents first.
     if selection.run.len() < batch {
-        let mut rest: Vec<&Candidate> = candidates
-            .iter()
-            .filter(|c| !selection.run.iter().any(|(id, _)| *id == c.id) && !evicted.contains(&c.id))
-            .collect();
+        let mut rest: Vec<&Candidate> =
+            candidates.iter().filter(|c| !selection.run.iter().any(|(id, _)| *id == c.id) && !evicted.contains(&c.id)).collect();
         rest.sort_by(|a, b| b.resident.cmp(&a.resident).then(by_priority(a, b)));
         for c in rest {
             if selection.run.len() >= batch {

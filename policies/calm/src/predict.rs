@@ -80,9 +80,7 @@ impl LengthPredictor {
         }
         let tokens = match self.mode {
             Predictor::Oracle if query.hint > 0 => query.hint,
-            Predictor::NoisyUpperBound if query.hint > 0 => {
-                g + ((multiplier * query.hint.saturating_sub(g) as f64).ceil() as u32).max(1)
-            }
+            Predictor::NoisyUpperBound if query.hint > 0 => g + ((multiplier * query.hint.saturating_sub(g) as f64).ceil() as u32).max(1),
             Predictor::Mean => self.estimator.mean().map_or(0, |m| m.ceil() as u32).max(1),
             _ => self.estimator.upper_bound(query.class.code(), query.prompt, g, self.q_ub, 0),
         };

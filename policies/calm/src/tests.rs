@@ -4,7 +4,7 @@
 //! refinement monotonicity in `predict` and `analyze`.)
 
 use yardmaster_sdk::testing::dispatches;
-use yardmaster_sdk::{Action, DropReason, EvictMode, Event, Snapshot};
+use yardmaster_sdk::{Action, DropReason, Event, EvictMode, Snapshot};
 
 use crate::analyze::Analysis;
 use crate::params::Packing;
@@ -77,15 +77,9 @@ fn cutoff_with_p_one_and_slots_is_the_top_b() {
 #[test]
 fn length_matching_picks_one_mode_of_a_bimodal_batch() {
     let batch = 8;
-    let candidates: Vec<Candidate> =
-        (0..2 * batch as u64).map(|id| candidate(id, if id % 2 == 0 { 100 } else { 8000 }, 50.0)).collect();
+    let candidates: Vec<Candidate> = (0..2 * batch as u64).map(|id| candidate(id, if id % 2 == 0 { 100 } else { 8000 }, 50.0)).collect();
     let selection = plan_frame(&candidates, &setting(batch, 0.95, Packing::Paced));
-    let keys: Vec<u32> = selection
-        .run
-        .iter()
-        .filter(|(_, r)| *r == Role::Funded)
-        .map(|(id, _)| candidates[*id as usize].key)
-        .collect();
+    let keys: Vec<u32> = selection.run.iter().filter(|(_, r)| *r == Role::Funded).map(|(id, _)| candidates[*id as usize].key).collect();
     assert_eq!(keys.len(), batch);
     assert!(keys.iter().all(|&k| k == keys[0]), "one mode only: {keys:?}");
     // The P-only top-B (ties by arrival) mixes both modes: spread 7900; ours is 0.
@@ -240,11 +234,8 @@ fn starvation_freedom_aging_admits_a_low_priority_request_within_the_bound() {
     // (P ≈ 1010 / 10 s ≈ 101) among a stream of short rivals (P ≈ 20 / 0.1 s ≈ 200)
     // that keep the worker saturated: aging admits it within
     // ⌈B·P_max·(t_gen,BE + ε)/δ_age⌉ + 1 frames.
-    let mut driver = testing::driver(
-        1,
-        1_000_000,
-        &[("packing", "slots"), ("waiting_time_ms", "1e9"), ("p_tune", "false"), ("predictor", "oracle")],
-    );
+    let mut driver =
+        testing::driver(1, 1_000_000, &[("packing", "slots"), ("waiting_time_ms", "1e9"), ("p_tune", "false"), ("predictor", "oracle")]);
     let frame_ns = 100 * MS;
     driver.handle(0, vec![Event::Arrival(request(1_000, testing::BE, 0, 10, 1000))]);
     let (v, eps, delta_age): (f64, f64, f64) = (0.01, 0.001, 10.0);
@@ -285,8 +276,7 @@ fn run_by_hand<P: yardmaster_sdk::Policy>(
     let mut finished = Vec::new();
     for round in 0..frames {
         let now = round * frame_ns;
-        let mut events: Vec<Event> =
-            arrivals.iter().filter(|(at, _)| *at == now).map(|(_, r)| Event::Arrival(r.clone())).collect();
+        let mut events: Vec<Event> = arrivals.iter().filter(|(at, _)| *at == now).map(|(_, r)| Event::Arrival(r.clone())).collect();
         if !last.is_empty() {
             let mut done = Vec::new();
             for id in &last {
@@ -320,9 +310,8 @@ fn adversarial_edf_instance_calm_completes_the_valuable_request_edf_does_not() {
     }
     let params = [("p_tune", "false"), ("predictor", "oracle"), ("drop_expired", "false")];
     let a_done = |finished: &[(u64, u64)]| finished.iter().find(|(id, _)| *id == 100).map(|(_, t)| *t);
-    let on_time_b = |finished: &[(u64, u64)]| {
-        finished.iter().filter(|(id, t)| *id != 100 && *t <= arrivals[*id as usize].1.deadline).count()
-    };
+    let on_time_b =
+        |finished: &[(u64, u64)]| finished.iter().filter(|(id, t)| *id != 100 && *t <= arrivals[*id as usize].1.deadline).count();
 
     let mut calm = testing::driver(1, 1_000_000, &params);
     let finished = run_by_hand(&mut calm, &arrivals, 20);
@@ -330,16 +319,12 @@ fn adversarial_edf_instance_calm_completes_the_valuable_request_edf_does_not() {
     assert!(a <= 650 * MS, "CALM finished A at {a}, after its deadline");
 
     let config = testing::config(1, 1_000_000, &[("kv_bytes_per_token", "1000"), ("frame_steps", "10")]);
-    let (mut edf, _) = yardmaster_sdk::Driver::<policy_calm_edf::CalmEdf>::new(
-        config,
-        Box::new(yardmaster_sdk::NullHost::new(0, 1)),
-    )
-    .expect("init");
+    let (mut edf, _) =
+        yardmaster_sdk::Driver::<policy_calm_edf::CalmEdf>::new(config, Box::new(yardmaster_sdk::NullHost::new(0, 1))).expect("init");
     let finished = run_by_hand(&mut edf, &arrivals, 20);
     assert!(a_done(&finished).is_none_or(|t| t > 650 * MS), "EDF must miss A");
     assert_eq!(on_time_b(&finished), 5, "EDF earns exactly the N small requests");
 }
-
 
 #[test]
 fn power_of_k_binds_each_request_to_exactly_one_of_its_sampled_replicas() {

@@ -38,8 +38,7 @@ impl Edf {
         let now = ctx.now();
         let limit = ctx.batch_limit(stage) as usize;
         // Iteration workers keep running their resident sequences first.
-        let mut batch: Vec<RequestId> =
-            ctx.resident(worker).iter().take(limit).map(|s| s.id).collect();
+        let mut batch: Vec<RequestId> = ctx.resident(worker).iter().take(limit).map(|s| s.id).collect();
         let mut binding_deadline = Instant::MAX;
         while batch.len() < limit {
             let Some(&Reverse((deadline, id))) = self.queues[stage as usize].peek() else { break };
@@ -76,12 +75,7 @@ impl Policy for Edf {
             if fastest_single.len() <= index {
                 fastest_single.resize(index + 1, 0);
             }
-            fastest_single[index] = stage
-                .variants
-                .iter()
-                .filter_map(|v| ctx.latency().mean(stage.id, v.id, 1))
-                .min()
-                .unwrap_or(0);
+            fastest_single[index] = stage.variants.iter().filter_map(|v| ctx.latency().mean(stage.id, v.id, 1)).min().unwrap_or(0);
         }
         Ok(Self { fastest_single, ..Self::default() })
     }

@@ -53,8 +53,7 @@ impl Policy for Fifo {
                 let next = ctx.idle_workers(stage).next();
                 let Some(worker) = next else { break };
                 // Iteration workers keep running their resident sequences first.
-                let mut batch: Vec<RequestId> =
-                    ctx.resident(worker).iter().take(limit).map(|s| s.id).collect();
+                let mut batch: Vec<RequestId> = ctx.resident(worker).iter().take(limit).map(|s| s.id).collect();
                 let queue = &mut self.queues[stage as usize];
                 while batch.len() < limit {
                     let Some(id) = queue.pop_front() else { break };

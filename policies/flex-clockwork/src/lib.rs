@@ -55,11 +55,7 @@ impl Clockwork {
             }
             let Some(&head) = queue.first() else { continue };
             let limit = self.max_batch.min(info.max_batch).min(queue.len() as u32);
-            let size = self
-                .allowed(limit)
-                .filter(|&b| now + info.latency(b) <= head.0)
-                .last()
-                .unwrap_or(1);
+            let size = self.allowed(limit).filter(|&b| now + info.latency(b) <= head.0).last().unwrap_or(1);
             let latest_start = head.0 - info.latency(size);
             if best.is_none_or(|(s, m, _)| (latest_start, model) < (s, m)) {
                 best = Some((latest_start, model, size));
@@ -83,13 +79,7 @@ impl Policy for Clockwork {
             return Err("parameter `max_batch` must be at least 1".into());
         }
         let queues = (0..catalog.len()).map(|m| (m, BTreeSet::new())).collect();
-        Ok(Self {
-            catalog,
-            max_batch,
-            power_of_two: ctx.param_or("power_of_two_batches", true)?,
-            queues,
-            where_queued: HashMap::new(),
-        })
+        Ok(Self { catalog, max_batch, power_of_two: ctx.param_or("power_of_two_batches", true)?, queues, where_queued: HashMap::new() })
     }
 
     fn on_arrival(&mut self, ctx: &mut Ctx, request: Request) {

@@ -100,15 +100,13 @@ impl Nexus {
 
     /// Squishy bin packing of every stage for the peak rates.
     fn plan(&mut self, ctx: &Ctx) {
-        let peaks: HashMap<Session, f64> =
-            self.second.1.iter().map(|(s, (now, peak))| (*s, (*now).max(*peak) as f64)).collect();
+        let peaks: HashMap<Session, f64> = self.second.1.iter().map(|(s, (now, peak))| (*s, (*now).max(*peak) as f64)).collect();
         self.gpus.clear();
         self.targets.clear();
         let slo: HashMap<u32, u64> = ctx.config().streams.iter().map(|s| (s.id, s.slo)).collect();
         for stage in ctx.config().stages.iter().map(|s| s.id).collect::<Vec<_>>() {
             let workers: Vec<WorkerId> = ctx.workers().filter(|w| w.info.stage == stage).map(|w| w.info.id).collect();
-            let mut sessions: Vec<(u32, f64)> =
-                peaks.iter().filter(|(s, r)| s.0 == stage && **r > 0.0).map(|(s, r)| (s.1, *r)).collect();
+            let mut sessions: Vec<(u32, f64)> = peaks.iter().filter(|(s, r)| s.0 == stage && **r > 0.0).map(|(s, r)| (s.1, *r)).collect();
             sessions.sort_by_key(|s| s.0);
             let fits = |scale: f64| self.pack(stage, &sessions, scale, &slo).len() <= workers.len();
             let mut scale = 1.0;

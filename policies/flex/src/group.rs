@@ -95,12 +95,7 @@ impl Settings {
     /// FLEX as the paper writes it (spec §3): the largest batch always wins, every
     /// preemption the λ rule allows is made, and DISPATCH offers busy workers by id.
     pub fn paper() -> Self {
-        Self {
-            selection: Selection::Largest,
-            defer_preemption: false,
-            busy_order: BusyOrder::Id,
-            ..Self::default()
-        }
+        Self { selection: Selection::Largest, defer_preemption: false, busy_order: BusyOrder::Id, ..Self::default() }
     }
 }
 
@@ -367,20 +362,14 @@ impl FlexGroup {
     /// many), and the loop restarts after each preemption.
     pub fn dispatch(&mut self, catalog: &ModelCatalog, now: Instant, out: &mut Vec<Decision>) {
         loop {
-            let mut busy: Vec<(WorkerId, &Running)> =
-                self.workers.iter().filter_map(|(&id, w)| w.run.as_ref().map(|r| (id, r))).collect();
+            let mut busy: Vec<(WorkerId, &Running)> = self.workers.iter().filter_map(|(&id, w)| w.run.as_ref().map(|r| (id, r))).collect();
             match self.settings.busy_order {
                 BusyOrder::Id => {}
                 BusyOrder::LatestStart => busy.sort_by_key(|(id, r)| (std::cmp::Reverse(r.start), *id)),
                 BusyOrder::LatestEnd => busy.sort_by_key(|(id, r)| (std::cmp::Reverse(r.end), *id)),
             }
-            let order: Vec<WorkerId> = self
-                .workers
-                .iter()
-                .filter(|(_, w)| w.run.is_none())
-                .map(|(&id, _)| id)
-                .chain(busy.into_iter().map(|(id, _)| id))
-                .collect();
+            let order: Vec<WorkerId> =
+                self.workers.iter().filter(|(_, w)| w.run.is_none()).map(|(&id, _)| id).chain(busy.into_iter().map(|(id, _)| id)).collect();
             let mut restarted = false;
             for worker in order {
                 if let Some(run) = self.workers[&worker].run.as_ref() {
@@ -399,8 +388,7 @@ impl FlexGroup {
                             continue;
                         }
                         if self.settings.defer_preemption
-                            && (self.lost_by_waiting(catalog, &candidate, worker, now) as f64)
-                                < self.settings.lambda * size as f64
+                            && (self.lost_by_waiting(catalog, &candidate, worker, now) as f64) < self.settings.lambda * size as f64
                         {
                             continue;
                         }
@@ -517,12 +505,8 @@ impl FlexGroup {
     /// ignored). The whole candidate when there is no such worker.
     fn lost_by_waiting(&self, catalog: &ModelCatalog, candidate: &Candidate, worker: WorkerId, now: Instant) -> usize {
         let stage = catalog.get(candidate.model).stage;
-        let mut frees: Vec<Instant> = self
-            .workers
-            .iter()
-            .filter(|(&id, w)| id != worker && w.stage == stage)
-            .map(|(_, w)| w.free_at(now))
-            .collect();
+        let mut frees: Vec<Instant> =
+            self.workers.iter().filter(|(&id, w)| id != worker && w.stage == stage).map(|(_, w)| w.free_at(now)).collect();
         frees.sort_unstable();
         let mut left: BTreeSet<Key> = candidate.keys.iter().copied().collect();
         for free in frees {
@@ -605,9 +589,7 @@ impl FlexGroup {
     /// Whether candidate `a` beats `b` across models.
     fn better(&self, a: (usize, &Window), b: (usize, &Window)) -> bool {
         match self.settings.selection {
-            Selection::Largest | Selection::Adaptive => {
-                (Reverse(a.1.size), a.1.deadline, a.0) < (Reverse(b.1.size), b.1.deadline, b.0)
-            }
+            Selection::Largest | Selection::Adaptive => (Reverse(a.1.size), a.1.deadline, a.0) < (Reverse(b.1.size), b.1.deadline, b.0),
             Selection::Earliest => (a.1.deadline, Reverse(a.1.size), a.0) < (b.1.deadline, Reverse(b.1.size), b.0),
         }
     }
@@ -693,13 +675,7 @@ impl GroupWorker {
 /// The requests `window` (found by [`FlexGroup::window`] at `start`) picks from
 /// `requests` (one model's, in deadline order): it counts only those that can still
 /// finish alone when started at `start`.
-fn window_members(
-    catalog: &ModelCatalog,
-    model: usize,
-    requests: impl Iterator<Item = Key>,
-    start: Instant,
-    window: &Window,
-) -> Vec<Key> {
+fn window_members(catalog: &ModelCatalog, model: usize, requests: impl Iterator<Item = Key>, start: Instant, window: &Window) -> Vec<Key> {
     let alone = catalog.get(model).latency(1);
     requests.filter(|k| start.saturating_add(alone) <= k.0).skip(window.from).take(window.size).collect()
 }

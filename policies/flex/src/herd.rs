@@ -76,12 +76,7 @@ impl Plan {
         for (stream, &group) in self.stream_group.iter().enumerate() {
             load[group] += input.streams[stream].need;
         }
-        self.groups
-            .iter()
-            .zip(&load)
-            .filter(|(_, &l)| l > 0.0)
-            .map(|(g, l)| g.size as f64 / l)
-            .fold(f64::INFINITY, f64::min)
+        self.groups.iter().zip(&load).filter(|(_, &l)| l > 0.0).map(|(g, l)| g.size as f64 / l).fold(f64::INFINITY, f64::min)
     }
 
     /// Every way the plan breaks the ILP's constraints (empty when valid).
@@ -109,9 +104,7 @@ impl Plan {
         for (s, &j) in self.stream_group.iter().enumerate() {
             match self.groups.get(j) {
                 None => out.push(format!("stream {s} maps to missing group {j}")),
-                Some(g) if !g.models.contains(&input.streams[s].model) => {
-                    out.push(format!("stream {s}'s group {j} lacks its model"))
-                }
+                Some(g) if !g.models.contains(&input.streams[s].model) => out.push(format!("stream {s}'s group {j} lacks its model")),
                 _ => {}
             }
         }
@@ -189,11 +182,7 @@ fn load(items: &[Item], draft: &Draft) -> f64 {
 /// `min_j size_j / load_j` of drafts, then how many groups reach that minimum (fewer
 /// is better), for the hill-climb's comparisons.
 fn score(items: &[Item], drafts: &[Draft]) -> (f64, usize) {
-    let ratios: Vec<f64> = drafts
-        .iter()
-        .filter(|d| load(items, d) > 0.0)
-        .map(|d| d.size as f64 / load(items, d))
-        .collect();
+    let ratios: Vec<f64> = drafts.iter().filter(|d| load(items, d) > 0.0).map(|d| d.size as f64 / load(items, d)).collect();
     let min = ratios.iter().copied().fold(f64::INFINITY, f64::min);
     (min, ratios.iter().filter(|&&r| r <= min * (1.0 + 1e-12)).count())
 }
@@ -218,8 +207,7 @@ fn heuristic(input: &PlanInput) -> Plan {
     if sets.is_empty() || input.gpus == 0 {
         return Plan { groups: Vec::new(), stream_group: vec![0; input.streams.len()] };
     }
-    let set_load: Vec<f64> =
-        sets.iter().map(|&c| base.iter().filter(|i| input.affinity[i.model] == c).map(|i| i.need).sum()).collect();
+    let set_load: Vec<f64> = sets.iter().map(|&c| base.iter().filter(|i| input.affinity[i.model] == c).map(|i| i.need).sum()).collect();
     let gpus_per_set = share(input.gpus, &set_load);
     // Step 3: shard model-streams hotter than a full group's share.
     let mut items: Vec<Item> = Vec::new();
@@ -283,8 +271,7 @@ fn heuristic(input: &PlanInput) -> Plan {
     // hundreds of groups has millions of candidates; it takes the best found so far).
     let mut current = score(&items, &drafts);
     let evaluations = std::cell::Cell::new(0u64);
-    let max_evaluations =
-        if drafts.len() > HILL_CLIMB_MAX_GROUPS { 0 } else { HILL_CLIMB_WORK / drafts.len().max(1) as u64 };
+    let max_evaluations = if drafts.len() > HILL_CLIMB_MAX_GROUPS { 0 } else { HILL_CLIMB_WORK / drafts.len().max(1) as u64 };
     for _ in 0..1000 {
         if evaluations.get() >= max_evaluations {
             break;
@@ -358,8 +345,7 @@ fn heuristic(input: &PlanInput) -> Plan {
 fn finish(input: &PlanInput, items: &[Item], drafts: Vec<Draft>) -> Plan {
     let kept: Vec<Draft> = drafts.into_iter().filter(|d| d.size > 0).collect();
     let mut stream_group = vec![0usize; input.streams.len()];
-    let mut groups: Vec<GroupPlan> =
-        kept.iter().map(|d| GroupPlan { size: d.size, models: Vec::new(), affinity: d.affinity }).collect();
+    let mut groups: Vec<GroupPlan> = kept.iter().map(|d| GroupPlan { size: d.size, models: Vec::new(), affinity: d.affinity }).collect();
     for (j, d) in kept.iter().enumerate() {
         for &i in &d.items {
             for &s in &items[i].streams {

@@ -44,8 +44,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use yardmaster_sdk::helpers::{Ewma, ModelCatalog};
 use yardmaster_sdk::{
-    BatchOutcome, Ctx, DropReason, EndReason, Instant, Policy, Request, RequestId, Snapshot, StageId, StageKind,
-    Worker, WorkerId,
+    BatchOutcome, Ctx, DropReason, EndReason, Instant, Policy, Request, RequestId, Snapshot, StageId, StageKind, Worker, WorkerId,
 };
 
 use group::{Decision, FlexGroup, Forgotten, Key};
@@ -328,9 +327,7 @@ impl Flex {
             .iter()
             .filter(|(w, _)| ctx.worker(**w).is_some_and(|v| v.idle))
             .filter(|(w, p)| {
-                p.requests.iter().all(|id| {
-                    self.tracked.get(id).is_some_and(|t| t.phys == Phys::Held || t.phys == Phys::Resident(**w))
-                })
+                p.requests.iter().all(|id| self.tracked.get(id).is_some_and(|t| t.phys == Phys::Held || t.phys == Phys::Resident(**w)))
             })
             .map(|(w, _)| *w)
             .collect();
@@ -520,9 +517,7 @@ impl Policy for Flex {
 
     fn on_worker_added(&mut self, _ctx: &mut Ctx, worker: Worker) {
         // The smallest group takes it (HERD re-plans at its next period).
-        let group = (0..self.groups.len())
-            .min_by_key(|&g| (self.groups[g].worker_ids().count(), g))
-            .expect("a group");
+        let group = (0..self.groups.len()).min_by_key(|&g| (self.groups[g].worker_ids().count(), g)).expect("a group");
         self.groups[group].add_worker(worker.id, worker.stage);
         self.worker_group.insert(worker.id, group);
     }

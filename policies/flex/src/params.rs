@@ -99,8 +99,7 @@ impl FlexParams {
                 return Err(format!("parameter `{name}` must be in [0, 1e9) (got {value})"));
             }
         }
-        let sched_cost = (fixed_us > 0.0 || per_worker_ns > 0.0)
-            .then_some(CostModel { fixed_ns: fixed_us * 1e3, per_worker_ns });
+        let sched_cost = (fixed_us > 0.0 || per_worker_ns > 0.0).then_some(CostModel { fixed_ns: fixed_us * 1e3, per_worker_ns });
         let coalesce = ctx.param_or("coalesce", false)?;
         if coalesce && sched_cost.is_some() {
             return Err("parameter `coalesce` cannot be combined with the scheduler cost model (every arrival is one event)".into());

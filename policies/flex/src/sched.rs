@@ -114,12 +114,7 @@ impl<E> SerialScheduler<E> {
     /// is released at once (its start may lie a little ahead of `now` when the backlog
     /// is long: its effect, a drop, cannot depend on the wait); a pass is released when
     /// its handling ends.
-    pub fn next(
-        &mut self,
-        now: Instant,
-        mut classify: impl FnMut(&E, Instant) -> Handling,
-        cost: impl Fn(Handling) -> Instant,
-    ) -> Step<E> {
+    pub fn next(&mut self, now: Instant, mut classify: impl FnMut(&E, Instant) -> Handling, cost: impl Fn(Handling) -> Instant) -> Step<E> {
         if let Some((_, done)) = &self.current {
             if *done > now {
                 return Step::WaitUntil(*done);

@@ -26,11 +26,7 @@ fn config(models: &[(&str, u64, u64)], max_batch: u32, workers: u32, slo: u64) -
     for worker in &mut config.workers {
         worker.memory_bytes = 16 << 30;
     }
-    config.streams = models
-        .iter()
-        .enumerate()
-        .map(|(i, &(name, ..))| Stream { id: i as u32, name: name.into(), entry: 0, slo })
-        .collect();
+    config.streams = models.iter().enumerate().map(|(i, &(name, ..))| Stream { id: i as u32, name: name.into(), entry: 0, slo }).collect();
     config
 }
 
@@ -771,9 +767,8 @@ fn flex_is_within_the_competitive_bound_of_the_offline_optimum() {
     for _ in 0..400 {
         let model_count = 1 + next(2) as usize;
         let gpus = 1 + next(2) as u32;
-        let models: Vec<(String, u64, u64)> = (0..model_count)
-            .map(|m| (format!("m{m}"), (100 + next(2_000)) * US, (1_000 + next(20_000)) * US))
-            .collect();
+        let models: Vec<(String, u64, u64)> =
+            (0..model_count).map(|m| (format!("m{m}"), (100 + next(2_000)) * US, (1_000 + next(20_000)) * US)).collect();
         let named: Vec<(&str, u64, u64)> = models.iter().map(|(n, a, b)| (n.as_str(), *a, *b)).collect();
         let config = config(&named, 128, gpus, 0);
         let mut des = Des::new(&config, Settings::default());
@@ -868,13 +863,8 @@ mod adapter {
         let mut d = driver(config);
         let groups = d.policy().groups().len();
         assert!(groups >= 3, "{groups} groups");
-        let membership: BTreeMap<WorkerId, usize> = d
-            .policy()
-            .groups()
-            .iter()
-            .enumerate()
-            .flat_map(|(g, group)| group.worker_ids().map(move |w| (w, g)))
-            .collect();
+        let membership: BTreeMap<WorkerId, usize> =
+            d.policy().groups().iter().enumerate().flat_map(|(g, group)| group.worker_ids().map(move |w| (w, g))).collect();
         assert_eq!(membership.len(), 30);
         for group in d.policy().groups() {
             assert!(group.worker_ids().count() <= 12);
@@ -958,10 +948,8 @@ mod adapter {
         let mut config = config(&[("a", 220 * US, 3_740 * US)], 128, 30, 250 * MS);
         config.params = vec![Param { key: "group_limit".into(), value: "inf".into() }];
         assert_eq!(driver(config.clone()).policy().groups().len(), 1, "Ḡ = ∞: one group of 30");
-        config.params = vec![
-            Param { key: "sched_cost_us".into(), value: "1".into() },
-            Param { key: "coalesce".into(), value: "true".into() },
-        ];
+        config.params =
+            vec![Param { key: "sched_cost_us".into(), value: "1".into() }, Param { key: "coalesce".into(), value: "true".into() }];
         assert!(Driver::<crate::Flex>::new(config, Box::new(NullHost::new(0, 1))).is_err());
     }
 }
@@ -986,8 +974,7 @@ fn cluster_run(settings: Settings, slo: u64, rate: f64, seconds: f64, seed: u64)
         ("googlenet", 0.25, 8.41),
         ("inception3", 0.96, 11.77),
     ];
-    let models: Vec<(&str, u64, u64)> =
-        PROFILES.iter().map(|&(n, a, b)| (n, (a * MS as f64) as u64, (b * MS as f64) as u64)).collect();
+    let models: Vec<(&str, u64, u64)> = PROFILES.iter().map(|&(n, a, b)| (n, (a * MS as f64) as u64, (b * MS as f64) as u64)).collect();
     let config = config(&models, 128, 12, slo);
     let mut des = Des::new(&config, settings);
     let mut state = seed;

@@ -159,7 +159,12 @@ pub fn most_accurate_first(model: &PipelineModel, workers: &[BalancerWorker], de
         routing.backup.push(
             list.iter()
                 .filter(|&&w| remaining[w] > 1e-9)
-                .map(|&w| Backup { worker: workers[w].id, accuracy: workers[w].accuracy, budget_ns: workers[w].budget_ns, spare: remaining[w] * tick_s })
+                .map(|&w| Backup {
+                    worker: workers[w].id,
+                    accuracy: workers[w].accuracy,
+                    budget_ns: workers[w].budget_ns,
+                    spare: remaining[w] * tick_s,
+                })
                 .collect(),
         );
     }
@@ -173,7 +178,8 @@ pub fn planned_load_routing(model: &PipelineModel, workers: &[BalancerWorker]) -
     for t in 0..model.tasks.len() {
         let list = order(workers, t);
         let planned: f64 = list.iter().map(|&w| workers[w].planned_load).sum();
-        let table = if planned > 0.0 { proportional(&list, workers, |w| w.planned_load) } else { proportional(&list, workers, |w| w.capacity) };
+        let table =
+            if planned > 0.0 { proportional(&list, workers, |w| w.planned_load) } else { proportional(&list, workers, |w| w.capacity) };
         if t == 0 {
             routing.front = table.clone();
         }

@@ -146,7 +146,14 @@ pub fn form_batch(
 /// than the planned one, with `spare ≥ need` and a budget that makes up the
 /// overshoot (`β(u) ≤ Y − x`); ties are broken by `unit` ∈ [0, 1). Takes `need` off
 /// the chosen worker's spare capacity.
-pub fn choose_reroute(backups: &mut [Backup], planned: WorkerId, planned_budget_ns: u64, overshoot_ns: u64, need: f64, unit: f64) -> Option<WorkerId> {
+pub fn choose_reroute(
+    backups: &mut [Backup],
+    planned: WorkerId,
+    planned_budget_ns: u64,
+    overshoot_ns: u64,
+    need: f64,
+    unit: f64,
+) -> Option<WorkerId> {
     let limit = planned_budget_ns.checked_sub(overshoot_ns)?;
     let eligible = |b: &Backup| b.worker != planned && b.spare >= need && b.budget_ns <= limit;
     let best = backups.iter().filter(|b| eligible(b)).map(|b| b.accuracy).fold(f64::NEG_INFINITY, f64::max);

@@ -63,13 +63,13 @@ pub fn budget_ns(model: &PipelineModel, plan: Option<&Plan>, rule: BudgetRule, t
                 }
                 worst
             };
-            let path = model
-                .branches
-                .iter()
-                .filter(|b| b.contains(&task))
-                .map(|b| b.iter().map(|&t| slowest(t)).sum::<f64>())
-                .fold(0.0, f64::max);
-            if path > 0.0 { tau * model.slo_ms / path } else { 2.0 * tau }
+            let path =
+                model.branches.iter().filter(|b| b.contains(&task)).map(|b| b.iter().map(|&t| slowest(t)).sum::<f64>()).fold(0.0, f64::max);
+            if path > 0.0 {
+                tau * model.slo_ms / path
+            } else {
+                2.0 * tau
+            }
         }
     };
     (ms * 1e6) as u64
@@ -86,7 +86,16 @@ mod tests {
         // Property 6 (budget part), for both rules, across the regimes.
         let (model, factors) = toy::chain_model();
         for demand in [50.0, 400.0, 700.0, 1200.0, 2000.0] {
-            let request = PlanRequest { model: &model, factors: &factors, demand, cluster: 10, cap_ms: 100.0, limits: SolverLimits::default(), previous: None, fill_spare: true };
+            let request = PlanRequest {
+                model: &model,
+                factors: &factors,
+                demand,
+                cluster: 10,
+                cap_ms: 100.0,
+                limits: SolverLimits::default(),
+                previous: None,
+                fill_spare: true,
+            };
             let plan = resource_manager(&request).0;
             for rule in [BudgetRule::Multiple(2.0), BudgetRule::SloShare] {
                 for a in plan.hosts.iter().filter(|h| h.task == 0) {
@@ -95,7 +104,8 @@ mod tests {
                         if path_latency > 100.0 + 1e-9 {
                             continue; // not a path the plan may use
                         }
-                        let total = budget_ns(&model, Some(&plan), rule, 0, a.variant, a.batch) + budget_ns(&model, Some(&plan), rule, 1, b.variant, b.batch);
+                        let total = budget_ns(&model, Some(&plan), rule, 0, a.variant, a.batch)
+                            + budget_ns(&model, Some(&plan), rule, 1, b.variant, b.batch);
                         assert!(total <= 200_000_000 + 2, "D = {demand} {rule:?}: {total} ns");
                         let own = budget_ns(&model, Some(&plan), rule, 1, b.variant, b.batch);
                         assert!(own as f64 >= 2e6 * latency_ms(&model, 1, b.variant, b.batch) - 2.0, "never below 2τ");

@@ -34,7 +34,11 @@ impl DemandEstimator {
             weights += w;
             w *= 1.0 - self.alpha;
         }
-        if weights > 0.0 { sum / weights } else { 0.0 }
+        if weights > 0.0 {
+            sum / weights
+        } else {
+            0.0
+        }
     }
 }
 

@@ -8,19 +8,19 @@
 //! The policy crates `policy-loki`, `policy-loki-inferline` and
 //! `policy-loki-proteus` each export one [`LokiPolicy`] flavour.
 
-pub mod model;
-pub mod plan;
-pub mod planner;
-pub mod single_path;
-pub mod step2;
 pub mod balancer;
 pub mod batching;
 pub mod budgets;
 pub mod demand;
+pub mod model;
+pub mod plan;
+pub mod planner;
 #[cfg(test)]
 mod properties;
 pub mod proteus;
 pub mod runtime;
 pub mod settings;
+pub mod single_path;
+pub mod step2;
 
 pub use runtime::{InferLineFlavour, LokiFlavour, LokiPolicy, ProteusFlavour};

@@ -81,9 +81,10 @@ impl PipelineModel {
         let stage_count = config.stages.iter().map(|s| s.id as usize + 1).max().unwrap_or(0);
         let mut pseudo = Vec::new();
         for stage in &config.stages {
-            let free = stage.variants.iter().all(|v| {
-                latency.mean(stage.id, v.id, stage.max_batch.max(1)).is_none_or(|ns| ns <= PSEUDO_LATENCY_NS)
-            });
+            let free = stage
+                .variants
+                .iter()
+                .all(|v| latency.mean(stage.id, v.id, stage.max_batch.max(1)).is_none_or(|ns| ns <= PSEUDO_LATENCY_NS));
             if free && stage.id != stream.entry {
                 pseudo.push(stage.id);
             }
@@ -296,8 +297,22 @@ pub(crate) mod toy {
         Config {
             arm: "toy".into(),
             stages: vec![
-                stage(0, "T1", vec![1], vec![], vec![variant(0, "D_hi", 1.0, linear(10.0, 5.0, &b), 4.0), variant(1, "D_lo", 0.7, linear(4.0, 2.0, &b), 2.0)], 16),
-                stage(1, "T2", vec![], vec![0], vec![variant(0, "C_hi", 1.0, linear(5.0, 2.0, &b), 0.0), variant(1, "C_lo", 0.9, linear(2.0, 1.0, &b), 0.0)], 16),
+                stage(
+                    0,
+                    "T1",
+                    vec![1],
+                    vec![],
+                    vec![variant(0, "D_hi", 1.0, linear(10.0, 5.0, &b), 4.0), variant(1, "D_lo", 0.7, linear(4.0, 2.0, &b), 2.0)],
+                    16,
+                ),
+                stage(
+                    1,
+                    "T2",
+                    vec![],
+                    vec![0],
+                    vec![variant(0, "C_hi", 1.0, linear(5.0, 2.0, &b), 0.0), variant(1, "C_lo", 0.9, linear(2.0, 1.0, &b), 0.0)],
+                    16,
+                ),
             ],
             workers: Vec::new(),
             streams: vec![Stream { id: 0, name: "toy".into(), entry: 0, slo: 200_000_000 }],
@@ -315,8 +330,22 @@ pub(crate) mod toy {
         Config {
             arm: "tree".into(),
             stages: vec![
-                stage(0, "detect", vec![1, 2], vec![], vec![variant(0, "det_lo", 0.8, linear(4.0, 2.0, &b), 2.0), variant(1, "det_hi", 1.0, linear(8.0, 4.0, &b), 4.0)], 16),
-                stage(1, "cars", vec![3], vec![0], vec![variant(0, "car_lo", 0.9, linear(2.0, 1.0, &b), 0.0), variant(1, "car_hi", 1.0, linear(4.0, 2.0, &b), 0.0)], 16),
+                stage(
+                    0,
+                    "detect",
+                    vec![1, 2],
+                    vec![],
+                    vec![variant(0, "det_lo", 0.8, linear(4.0, 2.0, &b), 2.0), variant(1, "det_hi", 1.0, linear(8.0, 4.0, &b), 4.0)],
+                    16,
+                ),
+                stage(
+                    1,
+                    "cars",
+                    vec![3],
+                    vec![0],
+                    vec![variant(0, "car_lo", 0.9, linear(2.0, 1.0, &b), 0.0), variant(1, "car_hi", 1.0, linear(4.0, 2.0, &b), 0.0)],
+                    16,
+                ),
                 stage(2, "faces", vec![3], vec![0], vec![variant(0, "face", 1.0, linear(3.0, 1.0, &b), 0.0)], 16),
                 stage(3, "sink", vec![], vec![1, 2], vec![variant(0, "sink", 1.0, linear(0.0, 0.0, &b), 0.0)], 64),
             ],

@@ -225,7 +225,8 @@ impl PlanJob {
             }
             Stage::Capacity { step, search } => {
                 let solution = search.run(&budget)?;
-                let best = (solution.has_point() && solution.objective > 0.0).then(|| (solution.objective, step.plan(model, &self.factors, &solution.values)));
+                let best = (solution.has_point() && solution.objective > 0.0)
+                    .then(|| (solution.objective, step.plan(model, &self.factors, &solution.values)));
                 self.record(&solution);
                 let Some((capacity, fallback)) = best else {
                     return Some(fastest(model, &self.factors, 0.0, self.cluster));
@@ -250,8 +251,12 @@ pub fn fill_spare(model: &PipelineModel, plan: &mut Plan, cluster: u32) {
             let b = model.batches.iter().position(|&x| x == h.batch).unwrap_or(0);
             h.load / (h.replicas as f64 * model.tasks[h.task].variants[h.variant].throughput(b, &model.batches))
         };
-        let open: Vec<usize> = (0..plan.hosts.len()).filter(|&h| plan.task_workers(plan.hosts[h].task) < model.tasks[plan.hosts[h].task].max_replicas).collect();
-        let Some(busiest) = open.into_iter().max_by(|&a, &b| utilisation(&plan.hosts[a]).total_cmp(&utilisation(&plan.hosts[b]))) else { break };
+        let open: Vec<usize> = (0..plan.hosts.len())
+            .filter(|&h| plan.task_workers(plan.hosts[h].task) < model.tasks[plan.hosts[h].task].max_replicas)
+            .collect();
+        let Some(busiest) = open.into_iter().max_by(|&a, &b| utilisation(&plan.hosts[a]).total_cmp(&utilisation(&plan.hosts[b]))) else {
+            break;
+        };
         plan.hosts[busiest].replicas += 1;
     }
 }

@@ -82,7 +82,9 @@ fn accuracy_falls_with_demand_downstream_first_and_feasibility_is_downward_close
         }
         for a in plan.hosts.iter().filter(|h| h.task == 0 && h.load > 1e-6) {
             for c in plan.hosts.iter().filter(|h| h.task == 1 && h.load > 1e-6) {
-                let latency = |h: &crate::plan::Hosting| model.tasks[h.task].variants[h.variant].latency_ms[model.batches.iter().position(|&x| x == h.batch).unwrap()];
+                let latency = |h: &crate::plan::Hosting| {
+                    model.tasks[h.task].variants[h.variant].latency_ms[model.batches.iter().position(|&x| x == h.batch).unwrap()]
+                };
                 let both = latency(a) + latency(c);
                 // Both carry load; in a chain some flow goes from each upstream to some
                 // downstream variant, so at least the combination through the slower

@@ -30,7 +30,9 @@ fn operating_points(model: &PipelineModel) -> Vec<Vec<Option<(usize, f64)>>> {
                 .map(|v| (0..model.batches.len()).rev().find(|&b| v.latency_ms[b] < half).map(|b| (b, v.throughput(b, &model.batches))))
                 .collect();
             if points.iter().all(Option::is_none) {
-                let fastest = (0..task.variants.len()).min_by(|&a, &b| task.variants[a].latency_ms[0].total_cmp(&task.variants[b].latency_ms[0])).expect("variants");
+                let fastest = (0..task.variants.len())
+                    .min_by(|&a, &b| task.variants[a].latency_ms[0].total_cmp(&task.variants[b].latency_ms[0]))
+                    .expect("variants");
                 points[fastest] = Some((0, task.variants[fastest].throughput(0, &model.batches)));
             }
             points
@@ -83,7 +85,8 @@ pub fn plan(model: &PipelineModel, demand: &[f64], cluster: u32, max_nodes: u64)
                 // fastest operating point, the rest on the root.
                 for (t, task_points) in points.iter().enumerate() {
                     let (k, (b, _)) = task_points.iter().enumerate().find_map(|(k, p)| p.map(|p| (k, p))).expect("a point per task");
-                    let extra = if t == 0 { cluster.saturating_sub(model.tasks.len() as u32).min(model.tasks[0].max_replicas - 1) } else { 0 };
+                    let extra =
+                        if t == 0 { cluster.saturating_sub(model.tasks.len() as u32).min(model.tasks[0].max_replicas - 1) } else { 0 };
                     hosts.push(Hosting { task: t, variant: k, batch: model.batches[b], replicas: 1 + extra, load: 0.0 });
                 }
             }

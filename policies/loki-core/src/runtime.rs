@@ -11,8 +11,8 @@ use std::marker::PhantomData;
 
 use yardmaster_sdk::helpers::CountWindow;
 use yardmaster_sdk::{
-    splitmix64, BatchOutcome, Ctx, DropReason, EndReason, Instant, Policy, Request, RequestId, Route, Snapshot,
-    StageId, VariantTarget, Worker, WorkerId,
+    splitmix64, BatchOutcome, Ctx, DropReason, EndReason, Instant, Policy, Request, RequestId, Route, Snapshot, StageId, VariantTarget,
+    Worker, WorkerId,
 };
 
 use crate::balancer::{most_accurate_first, planned_load_routing, sample, BalancerWorker, Routing};
@@ -199,7 +199,9 @@ impl Runtime {
         let variant_factors = model
             .tasks
             .iter()
-            .map(|t| t.variants.iter().map(|_| t.children.iter().map(|_| CountWindow::new(4 * settings.factor_history)).collect()).collect())
+            .map(|t| {
+                t.variants.iter().map(|_| t.children.iter().map(|_| CountWindow::new(4 * settings.factor_history)).collect()).collect()
+            })
             .collect();
         let child_counts = model.tasks.iter().map(|t| vec![0.0; t.children.len()]).collect();
         let mut runtime = Self {
@@ -248,7 +250,6 @@ impl Runtime {
         }
         assigned
     }
-
 
     /// The plan in force.
     pub fn plan(&self) -> Option<&Plan> {
@@ -306,7 +307,8 @@ impl Runtime {
                                 if window.len() >= MIN_FACTOR_SAMPLES {
                                     window.mean().unwrap_or(0.0)
                                 } else {
-                                    let share = if seen > 0.0 { self.child_counts[t][slot] / seen } else { 1.0 / task.children.len() as f64 };
+                                    let share =
+                                        if seen > 0.0 { self.child_counts[t][slot] / seen } else { 1.0 / task.children.len() as f64 };
                                     v.fan_out * share
                                 }
                             })
@@ -515,11 +517,7 @@ impl Runtime {
             let Some(t) = a.task else { continue };
             let v = &self.model.tasks[t].variants[a.variant];
             let b = self.model.batches.iter().position(|&x| x == a.batch).unwrap_or(0);
-            let planned_load = self
-                .plan
-                .as_ref()
-                .and_then(|p| p.hosting(t, a.variant))
-                .map_or(0.0, |h| h.load / h.replicas.max(1) as f64);
+            let planned_load = self.plan.as_ref().and_then(|p| p.hosting(t, a.variant)).map_or(0.0, |h| h.load / h.replicas.max(1) as f64);
             list.push(BalancerWorker {
                 id,
                 task: t,
@@ -535,7 +533,8 @@ impl Runtime {
             PlannerKind::Proteus => planned_load_routing(&self.model, &list),
             _ => most_accurate_first(&self.model, &list, self.demand.estimate(), tick_s, self.settings.ties),
         };
-        let to_routes = |table: &Vec<(WorkerId, f64)>| -> Vec<Route> { table.iter().map(|&(worker, weight)| Route { worker, weight }).collect() };
+        let to_routes =
+            |table: &Vec<(WorkerId, f64)>| -> Vec<Route> { table.iter().map(|&(worker, weight)| Route { worker, weight }).collect() };
         if !self.routing.front.is_empty() {
             ctx.set_routes(self.model.tasks[0].stage, None, to_routes(&self.routing.front));
         }
@@ -608,7 +607,8 @@ impl Runtime {
                 }
             }
         }
-        let queued = Queued { id: request.id, origin: request.origin, arrived_at: request.arrived_at, deadline: request.deadline, examined: false };
+        let queued =
+            Queued { id: request.id, origin: request.origin, arrived_at: request.arrived_at, deadline: request.deadline, examined: false };
         self.enqueue(task, queued);
     }
 
@@ -661,7 +661,8 @@ impl Runtime {
         }
         let estimate = self.demand.estimate();
         let due = self.last_plan.is_none_or(|at| now.saturating_sub(at) >= self.settings.rm_period_ns);
-        let jump = estimate > (1.0 + self.settings.replan_jump) * self.plan_demand || estimate < (1.0 - self.settings.replan_jump) * self.plan_demand;
+        let jump = estimate > (1.0 + self.settings.replan_jump) * self.plan_demand
+            || estimate < (1.0 - self.settings.replan_jump) * self.plan_demand;
         ctx.host().emit("loki.demand", estimate);
         if ctx.param("debug").is_some() {
             let queued: usize = self.queues.values().map(VecDeque::len).sum();
@@ -758,7 +759,12 @@ impl Runtime {
             let stage = assigned.stage;
             let latency = |b: u32| ctx.latency().mean(stage, variant, b).unwrap_or(0);
             let max_batch = assigned.batch.min(ctx.batch_limit(stage));
-            let spec = crate::batching::Worker { max_batch, budget_ns: assigned.budget_ns, leaf: self.model.tasks[task].children.is_empty(), latency: &latency };
+            let spec = crate::batching::Worker {
+                max_batch,
+                budget_ns: assigned.budget_ns,
+                leaf: self.model.tasks[task].children.is_empty(),
+                latency: &latency,
+            };
             let factors = self.factors();
             let my_factors = self.worker_factor(w, &factors);
             let mode = self.settings.drop_mode;

@@ -187,13 +187,19 @@ pub fn max_served_fraction(
         let unit: Vec<f64> = (0..tasks)
             .map(|t| {
                 let q = model.tasks[t].variants[choice[t]].throughput(vector[t], &model.batches);
-                if per_query[t] > 0.0 { q / per_query[t] } else { f64::INFINITY }
+                if per_query[t] > 0.0 {
+                    q / per_query[t]
+                } else {
+                    f64::INFINITY
+                }
             })
             .collect();
         let mut replicas = vec![1u32; tasks];
         for _ in tasks as u32..cluster {
             let open = (0..tasks).filter(|&t| replicas[t] < model.tasks[t].max_replicas);
-            let Some(bottleneck) = open.min_by(|&a, &b| (replicas[a] as f64 * unit[a]).total_cmp(&(replicas[b] as f64 * unit[b]))) else { break };
+            let Some(bottleneck) = open.min_by(|&a, &b| (replicas[a] as f64 * unit[a]).total_cmp(&(replicas[b] as f64 * unit[b]))) else {
+                break;
+            };
             replicas[bottleneck] += 1;
         }
         let capacity = (0..tasks).map(|t| replicas[t] as f64 * unit[t]).fold(f64::INFINITY, f64::min);
@@ -213,7 +219,9 @@ pub fn fastest(model: &PipelineModel, factors: &Factors, demand: f64, cluster: u
     let choice: Vec<usize> = model
         .tasks
         .iter()
-        .map(|t| (0..t.variants.len()).min_by(|&a, &b| t.variants[a].latency_ms[0].total_cmp(&t.variants[b].latency_ms[0])).expect("variants"))
+        .map(|t| {
+            (0..t.variants.len()).min_by(|&a, &b| t.variants[a].latency_ms[0].total_cmp(&t.variants[b].latency_ms[0])).expect("variants")
+        })
         .collect();
     let per_query = per_query_load(model, factors, &choice);
     let tasks = model.tasks.len();

@@ -90,7 +90,12 @@ impl Step2 {
         let flow_bound = match goal {
             Goal::Accuracy { .. } => 1.0,
             Goal::Capacity => {
-                s * root.variants.iter().flat_map(|v| (0..model.batches.len()).map(move |b| v.throughput(b, &model.batches))).filter(|q| q.is_finite()).fold(0.0, f64::max)
+                s * root
+                    .variants
+                    .iter()
+                    .flat_map(|v| (0..model.batches.len()).map(move |b| v.throughput(b, &model.batches)))
+                    .filter(|q| q.is_finite())
+                    .fold(0.0, f64::max)
             }
         };
         let demand_var = match goal {
@@ -371,7 +376,8 @@ mod tests {
     /// The exact oracle (spec §4): every batch choice per variant (or unused), every
     /// replica vector with `Σx ≤ S`, each with its LP over the path flows.
     fn oracle(model: &PipelineModel, step: &Step2, cluster: u32, cap_ms: f64) -> Option<f64> {
-        let variants: Vec<(usize, usize)> = (0..model.tasks.len()).flat_map(|t| (0..model.tasks[t].variants.len()).map(move |k| (t, k))).collect();
+        let variants: Vec<(usize, usize)> =
+            (0..model.tasks.len()).flat_map(|t| (0..model.tasks[t].variants.len()).map(move |k| (t, k))).collect();
         let options = model.batches.len() + 1;
         let mut best: Option<f64> = None;
         let mut choice = vec![0usize; variants.len()];
@@ -384,7 +390,13 @@ mod tests {
                     let hosts = hosted
                         .iter()
                         .zip(&x)
-                        .map(|(&i, &n)| Hosting { task: variants[i].0, variant: variants[i].1, batch: model.batches[choice[i] - 1], replicas: n, load: 0.0 })
+                        .map(|(&i, &n)| Hosting {
+                            task: variants[i].0,
+                            variant: variants[i].1,
+                            batch: model.batches[choice[i] - 1],
+                            replicas: n,
+                            load: 0.0,
+                        })
                         .collect();
                     let plan = Plan { hosts, accuracy: 0.0, demand: 0.0, regime: Regime::Accuracy };
                     if let Some(point) = step.point_of(model, cap_ms, &plan) {

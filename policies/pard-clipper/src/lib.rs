@@ -8,9 +8,7 @@
 //! SLO_k`, its own execution not counted), so requests that end up late still run to
 //! the end. Batching, dispatch and planning are the ones PARD uses.
 
-use yardmaster_sdk::helpers::{
-    BrokeredPipeline, Discipline, FifoQueue, FillContext, Filled, NexusPlan, PipelineRule, Queued, StageGraph,
-};
+use yardmaster_sdk::helpers::{BrokeredPipeline, Discipline, FifoQueue, FillContext, Filled, NexusPlan, PipelineRule, Queued, StageGraph};
 use yardmaster_sdk::{Ctx, DropReason, StageId};
 
 /// Clipper++'s proportional split and local drop rule.
@@ -55,9 +53,8 @@ impl PipelineRule for ClipperRule {
     type Queue = FifoQueue;
 
     fn init(ctx: &mut Ctx, graph: &StageGraph, plan: &NexusPlan) -> Result<Self, String> {
-        let durations: Vec<f64> = (0..graph.len())
-            .map(|k| ctx.latency().mean(k as StageId, 0, plan.batch[k]).unwrap_or(0) as f64)
-            .collect();
+        let durations: Vec<f64> =
+            (0..graph.len()).map(|k| ctx.latency().mean(k as StageId, 0, plan.batch[k]).unwrap_or(0) as f64).collect();
         Ok(Self::new(graph, &durations))
     }
 }

@@ -3,9 +3,7 @@
 //! worker, round-robin dispatch, the shared Nexus-style planner); nothing is ever
 //! dropped, so requests that finish after their deadline count as dropped (late).
 
-use yardmaster_sdk::helpers::{
-    BrokeredPipeline, Discipline, FifoQueue, FillContext, Filled, NexusPlan, PipelineRule, StageGraph,
-};
+use yardmaster_sdk::helpers::{BrokeredPipeline, Discipline, FifoQueue, FillContext, Filled, NexusPlan, PipelineRule, StageGraph};
 use yardmaster_sdk::Ctx;
 
 /// First come, first served; never drops.

@@ -9,9 +9,7 @@
 //! on their own — and admits the window. If no window passes, the whole queue is
 //! dropped. Batching, dispatch and planning are the ones PARD uses.
 
-use yardmaster_sdk::helpers::{
-    BrokeredPipeline, Discipline, FifoQueue, FillContext, Filled, NexusPlan, PipelineRule, StageGraph,
-};
+use yardmaster_sdk::helpers::{BrokeredPipeline, Discipline, FifoQueue, FillContext, Filled, NexusPlan, PipelineRule, StageGraph};
 use yardmaster_sdk::{Ctx, DropReason};
 
 /// The start of the earliest window of `need` consecutive passing requests (a

@@ -130,11 +130,7 @@ pub fn downstream_latency(estimate: Estimate, paths: &[Vec<StageId>], q: &[f64],
     match estimate {
         Estimate::Back => 0.0,
         Estimate::ServiceOnly => paths.iter().map(|p| sum(p, &|i| d[i])).fold(0.0, f64::max),
-        Estimate::Full => paths
-            .iter()
-            .zip(w)
-            .map(|(p, &wp)| sum(p, &|i| q[i] + d[i]) + wp)
-            .fold(0.0, f64::max),
+        Estimate::Full => paths.iter().zip(w).map(|(p, &wp)| sum(p, &|i| q[i] + d[i]) + wp).fold(0.0, f64::max),
     }
 }
 

@@ -93,10 +93,9 @@ mod scenarios {
     #[test]
     fn fig3a_hbf_admits_the_high_budget_half_and_fcfs_the_oldest() {
         let ctx = single_module(4);
-        for (priority, mode, expected) in [
-            (Priority::Adaptive, Mode::Hbf, vec![85, 80, 75, 70]),
-            (Priority::Fcfs, Mode::Lbf, vec![50, 55, 60, 65]),
-        ] {
+        for (priority, mode, expected) in
+            [(Priority::Adaptive, Mode::Hbf, vec![85, 80, 75, 70]), (Priority::Fcfs, Mode::Lbf, vec![50, 55, 60, 65])]
+        {
             let mut rule = rule(&ctx, priority, mode);
             let mut queue = PriorityQueue::default();
             for (i, deadline) in (50..=85).step_by(5).enumerate() {
@@ -117,10 +116,9 @@ mod scenarios {
     fn fig7_lbf_rescues_the_marginal_request_that_fcfs_drops() {
         let ctx = single_module(2);
         let (a, r5, r4) = (1, 5, 4);
-        for (priority, first, second, dropped) in [
-            (Priority::Adaptive, vec![r4, a], vec![r5], vec![]),
-            (Priority::Fcfs, vec![a, r5], vec![], vec![r4]),
-        ] {
+        for (priority, first, second, dropped) in
+            [(Priority::Adaptive, vec![r4, a], vec![r5], vec![]), (Priority::Fcfs, vec![a, r5], vec![], vec![r4])]
+        {
             let mut rule = rule(&ctx, priority, Mode::Lbf);
             let mut queue = PriorityQueue::default();
             queue.push(request(&rule, a, -10, 60));

@@ -133,7 +133,8 @@ impl PardParams {
             queue_window: positive("queue_window_ms", ctx.param_or("queue_window_ms", d.queue_window / MS)?)? * MS,
             sync_interval: positive("sync_ms", ctx.param_or("sync_ms", d.sync_interval / MS)?)? * MS,
             rate_smoothing_ticks: positive("rate_smoothing_s", ctx.param_or("rate_smoothing_s", d.rate_smoothing_ticks as u64)?)? as usize,
-            epsilon_horizon_ticks: positive("epsilon_horizon_s", ctx.param_or("epsilon_horizon_s", d.epsilon_horizon_ticks as u64)?)? as usize,
+            epsilon_horizon_ticks: positive("epsilon_horizon_s", ctx.param_or("epsilon_horizon_s", d.epsilon_horizon_ticks as u64)?)?
+                as usize,
             epsilon_max: ctx.param_or("epsilon_max", d.epsilon_max)?,
             pool_min: ctx.param_or("pool_min", d.pool_min)?,
             purge_expired: ctx.param_or("purge_expired", d.purge_expired)?,

@@ -4,8 +4,8 @@
 //! next tick.
 
 use yardmaster_sdk::helpers::{
-    Admitted, BatchBroker, Discipline, FillContext, Filled, NexusPlan, PipelineRule, PriorityQueue, Queued,
-    SlidingWindow, StageGraph, WorkerQueue,
+    Admitted, BatchBroker, Discipline, FillContext, Filled, NexusPlan, PipelineRule, PriorityQueue, Queued, SlidingWindow, StageGraph,
+    WorkerQueue,
 };
 use yardmaster_sdk::{Ctx, DropReason, Instant, Level, Snapshot, StageId};
 
@@ -182,11 +182,8 @@ impl PardRule {
         for (stage, m) in self.modules.iter_mut().enumerate() {
             m.queue_delays.expire(now);
             m.queue_delay = m.queue_delays.weighted_mean(now).unwrap_or_else(|| {
-                let oldest = broker
-                    .workers_of(stage as StageId)
-                    .iter()
-                    .filter_map(|&w| broker.slot(w).and_then(|s| s.queue.oldest_arrival()))
-                    .min();
+                let oldest =
+                    broker.workers_of(stage as StageId).iter().filter_map(|&w| broker.slot(w).and_then(|s| s.queue.oldest_arrival())).min();
                 oldest.map_or(0.0, |t| now.saturating_sub(t) as f64)
             });
             m.load.sync(period_s, self.params.epsilon_max);
@@ -221,7 +218,17 @@ impl PardRule {
             let state: Vec<String> = self
                 .modules
                 .iter()
-                .map(|m| format!("q={:.1} d={:.1} L={:.1} mu={:.2} eps={:.3} {:?}", m.queue_delay / 1e6, m.duration / 1e6, m.downstream / 1e6, m.mu, m.load.epsilon, m.mode))
+                .map(|m| {
+                    format!(
+                        "q={:.1} d={:.1} L={:.1} mu={:.2} eps={:.3} {:?}",
+                        m.queue_delay / 1e6,
+                        m.duration / 1e6,
+                        m.downstream / 1e6,
+                        m.mu,
+                        m.load.epsilon,
+                        m.mode
+                    )
+                })
                 .collect();
             ctx.log(Level::Info, &format!("sync {}: {}", self.syncs, state.join(" | ")));
         }

@@ -17,8 +17,7 @@ impl ScalingRule for FixedReplicas {
     fn init(ctx: &mut Ctx) -> Result<Self, String> {
         let replicas: u32 = ctx.param_or("replicas", 0)?;
         if replicas > 0 {
-            let stages: Vec<(u32, u32, u32)> =
-                ctx.config().stages.iter().map(|s| (s.id, s.min_replicas, s.max_replicas)).collect();
+            let stages: Vec<(u32, u32, u32)> = ctx.config().stages.iter().map(|s| (s.id, s.min_replicas, s.max_replicas)).collect();
             let per_stage_room = ctx.config().max_workers / (stages.len().max(1) as u32);
             for (stage, low, high) in stages {
                 ctx.scale(stage, replicas.min(per_stage_room).clamp(low, high.max(low)), None);

@@ -94,7 +94,10 @@ impl ScalingRule for ReactiveRule {
             self.next_down = now + self.down_interval;
             for (i, load) in self.loads.iter_mut().enumerate() {
                 let mean = if load.samples > 0 { load.busy_sum / load.samples as f64 } else { 1.0 };
-                *load = StageLoad { low_intervals: if mean < self.low_utilisation { load.low_intervals + 1 } else { 0 }, ..StageLoad::default() };
+                *load = StageLoad {
+                    low_intervals: if mean < self.low_utilisation { load.low_intervals + 1 } else { 0 },
+                    ..StageLoad::default()
+                };
                 if load.low_intervals >= self.down_intervals && targets[i] > self.bounds[i].0 {
                     targets[i] -= 1;
                     in_use -= 1;
@@ -106,7 +109,11 @@ impl ScalingRule for ReactiveRule {
             self.next_up = now + self.period;
             for i in 0..n {
                 let queue = fifo.take_mean_len(i as u32, now);
-                if queue > self.queue_per_replica * replicas[i] as f64 && targets[i] >= replicas[i] && targets[i] < self.bounds[i].1 && in_use < capacity {
+                if queue > self.queue_per_replica * replicas[i] as f64
+                    && targets[i] >= replicas[i]
+                    && targets[i] < self.bounds[i].1
+                    && in_use < capacity
+                {
                     targets[i] = replicas[i] + 1;
                     in_use += 1;
                 }

@@ -43,12 +43,7 @@ impl ScalingRule for UniformRule {
         for stage in &config.stages {
             entry[stage.id as usize] = stage.predecessors.is_empty();
         }
-        let slowest_s = config
-            .stages
-            .iter()
-            .filter_map(|s| ctx.latency().mean(s.id, 0, 1))
-            .max()
-            .map_or(0.01, |ns| ns as f64 / 1e9);
+        let slowest_s = config.stages.iter().filter_map(|s| ctx.latency().mean(s.id, 0, 1)).max().map_or(0.01, |ns| ns as f64 / 1e9);
         let room = (config.max_workers / n.max(1) as u32).max(1);
         let low = config.stages.iter().map(|s| s.min_replicas).max().unwrap_or(1);
         let high = config.stages.iter().map(|s| s.max_replicas).min().unwrap_or(1);

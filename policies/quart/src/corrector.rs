@@ -48,11 +48,7 @@ impl Corrector {
         // The SDK's integral is kept in output units: `ki·I` with `I ≤ I_max`.
         let limit = params.ki.abs() * params.i_max;
         let pid = Pid::new(params.kp, params.ki, params.kd).with_integral_limits(0.0, limit);
-        Self {
-            stages: vec![StageControl { pid, calm: 0 }; stages],
-            e_max: params.e_max,
-            period_s: params.control_period_s(),
-        }
+        Self { stages: vec![StageControl { pid, calm: 0 }; stages], e_max: params.e_max, period_s: params.control_period_s() }
     }
 
     /// The integral term of a stage's controller (for tests and metrics).
@@ -105,9 +101,7 @@ fn grant(wanted: &[u32], errors: &[f64], views: &[StageView], free: u32) -> Vec<
         return wanted.to_vec();
     }
     let mut order: Vec<usize> = (0..wanted.len()).filter(|&i| wanted[i] > 0).collect();
-    order.sort_by(|&a, &b| {
-        errors[b].total_cmp(&errors[a]).then(views[b].queue.total_cmp(&views[a].queue)).then(a.cmp(&b))
-    });
+    order.sort_by(|&a, &b| errors[b].total_cmp(&errors[a]).then(views[b].queue.total_cmp(&views[a].queue)).then(a.cmp(&b)));
     let mut granted = vec![0u32; wanted.len()];
     let mut left = free;
     while left > 0 {

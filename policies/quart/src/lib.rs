@@ -71,9 +71,7 @@ pub struct Quart {
 impl Quart {
     /// The stages on the key-stage list at `now`.
     pub fn key_stages(&self, now: Instant) -> Vec<usize> {
-        (0..self.plans.len())
-            .filter(|&i| self.last_key[i].is_some_and(|at| now.saturating_sub(at) <= self.params.key_ttl))
-            .collect()
+        (0..self.plans.len()).filter(|&i| self.last_key[i].is_some_and(|at| now.saturating_sub(at) <= self.params.key_ttl)).collect()
     }
 
     /// Cores per replica of every stage.
@@ -139,8 +137,7 @@ impl Quart {
         for (i, &c) in cores.iter().enumerate() {
             if c != self.cores[i] {
                 self.cores[i] = c;
-                let workers: Vec<WorkerId> =
-                    ctx.workers().filter(|w| w.info.stage as usize == i).map(|w| w.info.id).collect();
+                let workers: Vec<WorkerId> = ctx.workers().filter(|w| w.info.stage as usize == i).map(|w| w.info.id).collect();
                 for worker in workers {
                     ctx.set_threads(worker, c);
                 }
@@ -181,14 +178,8 @@ impl Quart {
             let mut settings = settings;
             settings.r_min = self.plans[i].bounds.0;
             settings.r_max = self.plans[i].bounds.1;
-            let input = SmoothInput {
-                view,
-                target: targets[i],
-                key: key[i],
-                cv: cvs[i],
-                neighbour_demand,
-                last_action: self.last_action[i],
-            };
+            let input =
+                SmoothInput { view, target: targets[i], key: key[i], cv: cvs[i], neighbour_demand, last_action: self.last_action[i] };
             if let Some(reclaim) = smooth_stage(&input, &settings, now) {
                 targets[i] = reclaim.replicas;
                 cores[i] = reclaim.cores;
@@ -243,8 +234,7 @@ impl Policy for Quart {
             let low = params.r_min.max(stage.min_replicas);
             plan.bounds = (low, params.r_max.min(stage.max_replicas).max(low));
             plan.predecessors = stage.predecessors.iter().map(|&p| p as usize).collect();
-            let mut neighbours: Vec<usize> =
-                stage.predecessors.iter().chain(&stage.successors).map(|&s| s as usize).collect();
+            let mut neighbours: Vec<usize> = stage.predecessors.iter().chain(&stage.successors).map(|&s| s as usize).collect();
             neighbours.sort_unstable();
             neighbours.dedup();
             plan.neighbours = neighbours;

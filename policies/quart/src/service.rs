@@ -31,7 +31,11 @@ impl ServiceModel {
     /// Service rate of one replica with `cores` cores, requests per second.
     pub fn rate(&self, cores: u32) -> f64 {
         let t = self.time(cores);
-        if t > 0.0 { 1.0 / t } else { f64::INFINITY }
+        if t > 0.0 {
+            1.0 / t
+        } else {
+            f64::INFINITY
+        }
     }
 }
 

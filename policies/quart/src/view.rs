@@ -50,7 +50,11 @@ impl StageView {
     /// Utilisation of the replicas serving or starting, capped at 1.
     pub fn utilisation(&self) -> f64 {
         let capacity = self.replicas() as f64 * self.mu();
-        if capacity > 0.0 { (self.lambda / capacity).min(1.0) } else { 1.0 }
+        if capacity > 0.0 {
+            (self.lambda / capacity).min(1.0)
+        } else {
+            1.0
+        }
     }
 
     /// The latency estimate the Corrector acts on (§3.3 lines 3–5): the M/M/c model

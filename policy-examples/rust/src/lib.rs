@@ -17,10 +17,7 @@
 use std::collections::{BTreeSet, HashMap};
 
 use yardmaster_sdk::helpers::SlidingWindow;
-use yardmaster_sdk::{
-    Ctx, DropReason, EndReason, Instant, Level, Policy, Request, RequestId, Snapshot, StageId, StageKind,
-    WorkerId,
-};
+use yardmaster_sdk::{Ctx, DropReason, EndReason, Instant, Level, Policy, Request, RequestId, Snapshot, StageId, StageKind, WorkerId};
 
 /// Nanoseconds in a millisecond.
 const MS: u64 = 1_000_000;
@@ -120,10 +117,7 @@ impl DeadlineScaler {
     /// `replicas` serving replicas running full batches.
     fn overloaded(&self, stage: &StageState, count: u64, replicas: u32) -> bool {
         let demand = count as u128 * stage.full_batch as u128 * 1000;
-        let capacity = self.params.overload_permille as u128
-            * replicas as u128
-            * stage.max_batch as u128
-            * self.params.window as u128;
+        let capacity = self.params.overload_permille as u128 * replicas as u128 * stage.max_batch as u128 * self.params.window as u128;
         demand > capacity
     }
 }
@@ -135,13 +129,8 @@ impl Policy for DeadlineScaler {
         let mut index = HashMap::new();
         for stage in &ctx.config().stages {
             let latency = ctx.latency();
-            let fastest_single =
-                stage.variants.iter().filter_map(|v| latency.mean(stage.id, v.id, 1)).min().unwrap_or(0);
-            let full_batch = stage
-                .variants
-                .first()
-                .and_then(|v| latency.mean(stage.id, v.id, stage.max_batch))
-                .unwrap_or(0);
+            let fastest_single = stage.variants.iter().filter_map(|v| latency.mean(stage.id, v.id, 1)).min().unwrap_or(0);
+            let full_batch = stage.variants.first().and_then(|v| latency.mean(stage.id, v.id, stage.max_batch)).unwrap_or(0);
             index.insert(stage.id, stages.len());
             stages.push(StageState {
                 id: stage.id,

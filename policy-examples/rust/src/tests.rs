@@ -1,10 +1,7 @@
 //! Native tests of the decision rules (the cross-language tests live in `tests/`).
 
 use super::*;
-use yardmaster_sdk::{
-    Action, Config, DeviceKind, Driver, Event, LatencyPoint, NullHost, Param, Scale, Stage, StageStats,
-    Variant, Worker,
-};
+use yardmaster_sdk::{Action, Config, DeviceKind, Driver, Event, LatencyPoint, NullHost, Param, Scale, Stage, StageStats, Variant, Worker};
 
 /// One batch stage, max batch 4, latency 10 ms + 2 ms per request, two workers,
 /// at most 3 replicas and 4 workers in the cluster.
@@ -29,9 +26,7 @@ fn config(params: &[(&str, &str)]) -> Config {
             min_replicas: 1,
             max_replicas: 3,
         }],
-        workers: (0..2)
-            .map(|id| Worker { id, stage: 0, variant: 0, device: DeviceKind::Gpu, threads: 1, memory_bytes: 0 })
-            .collect(),
+        workers: (0..2).map(|id| Worker { id, stage: 0, variant: 0, device: DeviceKind::Gpu, threads: 1, memory_bytes: 0 }).collect(),
         streams: vec![],
         params: params.iter().map(|(k, v)| Param { key: k.to_string(), value: v.to_string() }).collect(),
         tick_interval: 1000 * MS,
@@ -133,8 +128,7 @@ fn a_head_that_became_unreachable_is_dropped_when_a_worker_looks_at_it() {
 fn an_ended_request_is_forgotten() {
     let mut driver = start(&[]);
     driver.handle(0, vec![arrival(1, 0, 100), arrival(2, 0, 100)]);
-    let actions =
-        driver.handle(0, vec![Event::RequestEnded((1, EndReason::Cancelled)), Event::WorkerIdle(0)]);
+    let actions = driver.handle(0, vec![Event::RequestEnded((1, EndReason::Cancelled)), Event::WorkerIdle(0)]);
     assert_eq!(dispatched(&actions), vec![(0, vec![2])]);
 }
 

@@ -410,14 +410,8 @@ impl<Q: WorkerQueue> BatchBroker<Q> {
                 _ => now,
             };
             if slot.open.len() < limit && !slot.queue.is_empty() {
-                let fill = FillContext {
-                    worker,
-                    stage: slot.stage,
-                    room: limit - slot.open.len(),
-                    open: slot.open.len(),
-                    expected_start,
-                    now,
-                };
+                let fill =
+                    FillContext { worker, stage: slot.stage, room: limit - slot.open.len(), open: slot.open.len(), expected_start, now };
                 let mut out = Filled::default();
                 discipline.fill(ctx, &mut slot.queue, &fill, &mut out);
                 for (request, reason) in out.drop {

@@ -147,12 +147,7 @@ impl PatternGraph {
 
     /// Tokens (prompt + output) of the stages after `stage` (1-based).
     pub fn tokens_after(&self, stage: u32) -> u64 {
-        self.stages
-            .iter()
-            .skip(stage as usize)
-            .flatten()
-            .map(|n| n.prompt as u64 + n.output.unwrap_or(0) as u64)
-            .sum()
+        self.stages.iter().skip(stage as usize).flatten().map(|n| n.prompt as u64 + n.output.unwrap_or(0) as u64).sum()
     }
 }
 
@@ -236,10 +231,7 @@ impl PatternStore {
 
     /// S_max: the largest stage count among `app`'s graphs ([`DEFAULT_MAX_STAGES`] if none).
     pub fn max_stages(&self, app: &str) -> u32 {
-        self.apps
-            .get(app)
-            .and_then(|g| g.iter().map(|s| s.graph.stages.len() as u32).max())
-            .unwrap_or(DEFAULT_MAX_STAGES)
+        self.apps.get(app).and_then(|g| g.iter().map(|s| s.graph.stages.len() as u32).max()).unwrap_or(DEFAULT_MAX_STAGES)
     }
 
     /// The best match for a live job of `app` whose revealed stages are `partial`
@@ -258,7 +250,8 @@ impl PatternStore {
             return None;
         }
         // σ of each attribute over the application's history.
-        let outputs: Vec<f64> = graphs.iter().flat_map(|s| s.graph.stages.iter().flatten()).filter_map(|n| n.output.map(f64::from)).collect();
+        let outputs: Vec<f64> =
+            graphs.iter().flat_map(|s| s.graph.stages.iter().flatten()).filter_map(|n| n.output.map(f64::from)).collect();
         let prompts: Vec<f64> = graphs.iter().flat_map(|s| s.graph.stages.iter().flatten()).map(|n| n.prompt as f64).collect();
         let (sigma_out, sigma_in) = (std_dev(&outputs), std_dev(&prompts));
         let mut sorted: Vec<Vec<CallNode>> = partial.to_vec();

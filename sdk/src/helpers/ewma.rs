@@ -24,10 +24,7 @@ impl Ewma {
     /// # Panics
     /// Unless `0 < alpha <= 1`.
     pub fn new(alpha: f64) -> Self {
-        assert!(
-            alpha > 0.0 && alpha <= 1.0,
-            "EWMA alpha must satisfy 0 < alpha <= 1, got {alpha}"
-        );
+        assert!(alpha > 0.0 && alpha <= 1.0, "EWMA alpha must satisfy 0 < alpha <= 1, got {alpha}");
         Self { alpha, value: None }
     }
 
@@ -37,10 +34,7 @@ impl Ewma {
     /// # Panics
     /// Unless `samples` is positive and finite.
     pub fn with_half_life(samples: f64) -> Self {
-        assert!(
-            samples > 0.0 && samples.is_finite(),
-            "EWMA half-life must be positive and finite, got {samples}"
-        );
+        assert!(samples > 0.0 && samples.is_finite(), "EWMA half-life must be positive and finite, got {samples}");
         // 1 - exp(-ln 2 / h), computed without cancellation for large h.
         Self::new(-(-std::f64::consts::LN_2 / samples).exp_m1())
     }
@@ -92,15 +86,8 @@ impl TimeEwma {
     /// # Panics
     /// If `tau_ns` is zero.
     pub fn new(tau_ns: u64) -> Self {
-        assert!(
-            tau_ns > 0,
-            "TimeEwma time constant must be positive, got 0 ns"
-        );
-        Self {
-            tau_ns,
-            value: None,
-            last_ns: 0,
-        }
+        assert!(tau_ns > 0, "TimeEwma time constant must be positive, got 0 ns");
+        Self { tau_ns, value: None, last_ns: 0 }
     }
 
     /// The time constant in nanoseconds.
@@ -291,10 +278,7 @@ mod tests {
         }
         let sparse_value = sparse.update(2_000_000, 1.0);
         let dense_value = dense.value().unwrap();
-        assert!(
-            close(dense_value, sparse_value),
-            "{dense_value} vs {sparse_value}"
-        );
+        assert!(close(dense_value, sparse_value), "{dense_value} vs {sparse_value}");
         assert!(close(sparse_value, 1.0 - (-2.0f64).exp()));
     }
 

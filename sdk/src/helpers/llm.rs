@@ -13,9 +13,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use super::ewma::Ewma;
-use crate::{
-    Ctx, DropReason, EvictMode, FrameReport, Instant, Request, RequestId, StageId, StageKind, StreamId, VariantId, WorkerId,
-};
+use crate::{Ctx, DropReason, EvictMode, FrameReport, Instant, Request, RequestId, StageId, StageKind, StreamId, VariantId, WorkerId};
 
 /// What a request's SLO is about (CALM spec §2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -165,8 +163,7 @@ impl LlmBook {
         if let Some(known) = self.requests.get_mut(&request.id) {
             if let Residence::Resident(_) = known.residence {
                 // Handed back without an eviction of ours (refused dispatch or a preempt).
-                known.residence =
-                    if known.generated > 0 { Residence::Evicted(EvictMode::Recompute) } else { Residence::Waiting };
+                known.residence = if known.generated > 0 { Residence::Evicted(EvictMode::Recompute) } else { Residence::Waiting };
             }
             return false;
         }
@@ -338,10 +335,7 @@ pub fn resume_resident(ctx: &mut Ctx, worker: WorkerId) -> bool {
 /// Give every idle worker work: it continues its paused sequences first (see
 /// [`resume_resident`]); otherwise `next` picks a batch for it (the worker and its
 /// stage in, the variant and the requests out), if any. Workers in id order.
-pub fn dispatch_idle(
-    ctx: &mut Ctx,
-    mut next: impl FnMut(&mut Ctx, WorkerId, StageId) -> Option<(VariantId, Vec<RequestId>)>,
-) {
+pub fn dispatch_idle(ctx: &mut Ctx, mut next: impl FnMut(&mut Ctx, WorkerId, StageId) -> Option<(VariantId, Vec<RequestId>)>) {
     let idle: Vec<(WorkerId, StageId)> = ctx.workers().filter(|w| w.idle).map(|w| (w.info.id, w.info.stage)).collect();
     for (worker, stage) in idle {
         if resume_resident(ctx, worker) {

@@ -294,8 +294,7 @@ impl Search {
         let mut incumbent = None;
         if let Some(point) = warm_start {
             if problem.is_feasible(point, FEAS_TOL) {
-                let point: Vec<f64> =
-                    point.iter().enumerate().map(|(j, x)| if problem.integer[j] { x.round() } else { *x }).collect();
+                let point: Vec<f64> = point.iter().enumerate().map(|(j, x)| if problem.integer[j] { x.round() } else { *x }).collect();
                 incumbent = Some((point.clone(), problem.objective_value(&point)));
             }
         }
@@ -613,7 +612,11 @@ impl Tableau {
     }
 
     fn internal(&self, objective: f64) -> f64 {
-        if self.negate { -objective } else { objective }
+        if self.negate {
+            -objective
+        } else {
+            objective
+        }
     }
 
     fn objective(&self) -> f64 {
@@ -871,8 +874,7 @@ impl Tableau {
                 } else {
                     continue;
                 };
-                let better = limit < step - 1e-12
-                    || (limit <= step + 1e-12 && leaving.is_some() && a.abs() > leaving_size && !bland);
+                let better = limit < step - 1e-12 || (limit <= step + 1e-12 && leaving.is_some() && a.abs() > leaving_size && !bland);
                 if better {
                     step = limit;
                     leaving = Some((r, to_upper));

@@ -35,9 +35,7 @@ impl<T: Ord> MinMaxHeap<T> {
 
     /// Creates an empty heap with room for at least `capacity` elements.
     pub fn with_capacity(capacity: usize) -> Self {
-        Self {
-            data: Vec::with_capacity(capacity),
-        }
+        Self { data: Vec::with_capacity(capacity) }
     }
 
     /// Returns the number of elements in the heap.
@@ -208,13 +206,7 @@ impl<T: Ord> MinMaxHeap<T> {
         let len = self.data.len();
         let children = (2 * index + 1..=2 * index + 2).take_while(|&i| i < len);
         let grandchildren = (4 * index + 3..=4 * index + 6).take_while(|&i| i < len);
-        children.chain(grandchildren).reduce(|best, i| {
-            if self.precedes(i, best, min_level) {
-                i
-            } else {
-                best
-            }
-        })
+        children.chain(grandchildren).reduce(|best, i| if self.precedes(i, best, min_level) { i } else { best })
     }
 }
 
@@ -243,9 +235,7 @@ impl<T: Ord + fmt::Debug> fmt::Debug for MinMaxHeap<T> {
 impl<T: Ord> FromIterator<T> for MinMaxHeap<T> {
     /// Builds a heap from an iterator in O(n).
     fn from_iter<I: IntoIterator<Item = T>>(iter: I) -> Self {
-        let mut heap = Self {
-            data: iter.into_iter().collect(),
-        };
+        let mut heap = Self { data: iter.into_iter().collect() };
         heap.rebuild();
         heap
     }
@@ -299,17 +289,7 @@ mod tests {
 
     #[test]
     fn levels_alternate() {
-        let expected = [
-            (0, true),
-            (1, false),
-            (2, false),
-            (3, true),
-            (6, true),
-            (7, false),
-            (14, false),
-            (15, true),
-            (30, true),
-        ];
+        let expected = [(0, true), (1, false), (2, false), (3, true), (6, true), (7, false), (14, false), (15, true), (30, true)];
         for (index, min) in expected {
             assert_eq!(is_min_level(index), min, "index {index}");
         }
@@ -412,9 +392,7 @@ mod tests {
     fn from_iterator_heapifies_any_input() {
         let mut rng = XorShift::new(3);
         for len in 0..200 {
-            let items: Vec<i64> = (0..len)
-                .map(|_| rng.below(1 << 20) as i64 - (1 << 19))
-                .collect();
+            let items: Vec<i64> = (0..len).map(|_| rng.below(1 << 20) as i64 - (1 << 19)).collect();
             let heap: MinMaxHeap<i64> = items.iter().copied().collect();
             assert_heap_order(&heap);
             assert_eq!(heap.peek_min(), items.iter().min());
@@ -426,10 +404,7 @@ mod tests {
         assert_heap_order(&ascending);
         let descending: MinMaxHeap<u32> = (0..1000).rev().collect();
         assert_heap_order(&descending);
-        assert_eq!(
-            (descending.peek_min(), descending.peek_max()),
-            (Some(&0), Some(&999))
-        );
+        assert_eq!((descending.peek_min(), descending.peek_max()), (Some(&0), Some(&999)));
     }
 
     #[test]
@@ -478,10 +453,7 @@ mod tests {
             priority: u32,
             name: String,
         }
-        let job = |priority, name: &str| Job {
-            priority,
-            name: name.to_owned(),
-        };
+        let job = |priority, name: &str| Job { priority, name: name.to_owned() };
         let mut heap = MinMaxHeap::new();
         heap.push(job(2, "b"));
         heap.push(job(9, "z"));

@@ -37,43 +37,42 @@ pub mod batch_broker;
 pub mod compound;
 pub mod ewma;
 pub mod fifo_policy;
-pub mod milp;
 pub mod length;
 pub mod llm;
+pub mod milp;
 pub mod minmax_heap;
-pub mod nexus_planner;
 pub mod models;
+pub mod nexus_planner;
 pub mod pid;
 pub mod pipeline_policy;
-pub mod ranked;
 pub mod quantile;
-pub mod stage_graph;
 pub mod queueing;
+pub mod ranked;
 pub mod stage_fifo;
+pub mod stage_graph;
 pub mod window;
 
 #[cfg(test)]
 mod test_rng;
 
 pub use batch_broker::{
-    Admitted, BatchBroker, Discipline, FifoQueue, FillContext, Filled, PriorityQueue, Queued, RunningBatch,
-    WorkerQueue, WorkerSlot,
+    Admitted, BatchBroker, Discipline, FifoQueue, FillContext, Filled, PriorityQueue, Queued, RunningBatch, WorkerQueue, WorkerSlot,
 };
 pub use ewma::{Ewma, TimeEwma};
 pub use fifo_policy::{ScaledFifo, ScalingRule};
 pub use length::LengthEstimator;
 pub use llm::{
-    dispatch_idle, idle_iteration_workers, plan_by_rank, resume_resident, BatchStageFifo, Finished, FramePlan, LlmBook, LlmRequest, Preemption, Residence,
-    ServiceClass,
+    dispatch_idle, idle_iteration_workers, plan_by_rank, resume_resident, BatchStageFifo, Finished, FramePlan, LlmBook, LlmRequest,
+    Preemption, Residence, ServiceClass,
 };
 pub use minmax_heap::MinMaxHeap;
-pub use nexus_planner::{NexusPlan, ScalingPlanner};
 pub use models::{ModelCatalog, ModelInfo};
+pub use nexus_planner::{NexusPlan, ScalingPlanner};
 pub use pid::Pid;
 pub use pipeline_policy::{planned_replicas, BrokeredPipeline, PipelineRule};
-pub use ranked::{RankedLlm, Ranking};
 pub use quantile::{P2Quantile, WindowQuantile};
-pub use stage_graph::StageGraph;
 pub use queueing::{erlang_c, mmc_min_servers, mmc_sojourn};
+pub use ranked::{RankedLlm, Ranking};
 pub use stage_fifo::StageFifo;
+pub use stage_graph::StageGraph;
 pub use window::{CountWindow, LinearWeightedWindow, SlidingWindow};

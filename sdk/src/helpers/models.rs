@@ -80,9 +80,8 @@ impl ModelCatalog {
                 catalog.stage_default.resize(index + 1, None);
             }
             for variant in &stage.variants {
-                let mut latency: Vec<Duration> = (1..=stage.max_batch.max(1))
-                    .map(|b| table.mean(stage.id, variant.id, b).unwrap_or(0))
-                    .collect();
+                let mut latency: Vec<Duration> =
+                    (1..=stage.max_batch.max(1)).map(|b| table.mean(stage.id, variant.id, b).unwrap_or(0)).collect();
                 // Monotone, so budget searches can bisect.
                 for i in 1..latency.len() {
                     latency[i] = latency[i].max(latency[i - 1]);

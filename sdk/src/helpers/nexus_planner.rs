@@ -83,7 +83,13 @@ impl NexusPlan {
                             .iter()
                             .map(|&s| {
                                 let (_, tp) = best_batch(g as u64 * grid, max_batch(s), &|b| latency(s, b));
-                                if tp > 0.0 { pieces[s as usize] / tp } else if pieces[s as usize] > 0.0 { f64::INFINITY } else { 0.0 }
+                                if tp > 0.0 {
+                                    pieces[s as usize] / tp
+                                } else if pieces[s as usize] > 0.0 {
+                                    f64::INFINITY
+                                } else {
+                                    0.0
+                                }
                             })
                             .sum()
                     })

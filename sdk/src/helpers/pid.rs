@@ -59,10 +59,7 @@ impl Pid {
     /// Unless `min <= max`.
     #[must_use]
     pub fn with_output_limits(mut self, min: f64, max: f64) -> Self {
-        assert!(
-            min <= max,
-            "PID output limits must satisfy min <= max, got [{min}, {max}]"
-        );
+        assert!(min <= max, "PID output limits must satisfy min <= max, got [{min}, {max}]");
         self.output_min = min;
         self.output_max = max;
         self
@@ -74,10 +71,7 @@ impl Pid {
     /// Unless `min <= max`.
     #[must_use]
     pub fn with_integral_limits(mut self, min: f64, max: f64) -> Self {
-        assert!(
-            min <= max,
-            "PID integral limits must satisfy min <= max, got [{min}, {max}]"
-        );
+        assert!(min <= max, "PID integral limits must satisfy min <= max, got [{min}, {max}]");
         self.integral_min = min;
         self.integral_max = max;
         self.integral = self.integral.clamp(min, max);
@@ -171,11 +165,7 @@ mod tests {
     }
 
     fn plant(gain: f64) -> Plant {
-        Plant {
-            gain,
-            time_constant: 1.0,
-            output: 0.0,
-        }
+        Plant { gain, time_constant: 1.0, output: 0.0 }
     }
 
     #[test]
@@ -191,11 +181,7 @@ mod tests {
             }
             assert!((y - 10.0).abs() < 1e-3, "gains ({kp}, {ki}, {kd}): y = {y}");
             // At steady state the integral alone supplies the input K u = y.
-            assert!(
-                (pid.integral() - 5.0).abs() < 1e-2,
-                "integral {}",
-                pid.integral()
-            );
+            assert!((pid.integral() - 5.0).abs() < 1e-2, "integral {}", pid.integral());
         }
     }
 
@@ -212,11 +198,7 @@ mod tests {
             assert!((0.0..=1.0).contains(&u));
             y = plant.step(u, dt);
             // The integral never exceeds what saturates the output on its own.
-            assert!(
-                pid.integral() <= 1.0 + ki * 5.0 * dt,
-                "integral {}",
-                pid.integral()
-            );
+            assert!(pid.integral() <= 1.0 + ki * 5.0 * dt, "integral {}", pid.integral());
         }
         assert!((y - 1.0).abs() < 1e-3);
         // Without anti-windup the integral would be near ki * 4 * 200 s = 800
@@ -229,10 +211,7 @@ mod tests {
                 settled_after.get_or_insert(step);
             }
         }
-        assert!(
-            settled_after.is_some_and(|s| s < 800),
-            "settled after {settled_after:?}"
-        );
+        assert!(settled_after.is_some_and(|s| s < 800), "settled after {settled_after:?}");
         assert!((y - 0.5).abs() < 0.01, "y = {y}");
     }
 
@@ -326,22 +305,14 @@ mod tests {
         for _ in 0..50 {
             let (out_lo, out_hi) = (rng.range(-10.0, 0.0), rng.range(0.0, 10.0));
             let (int_lo, int_hi) = (rng.range(-5.0, 0.0), rng.range(0.0, 5.0));
-            let mut pid = Pid::new(
-                rng.range(0.0, 3.0),
-                rng.range(0.0, 3.0),
-                rng.range(0.0, 1.0),
-            )
-            .with_output_limits(out_lo, out_hi)
-            .with_integral_limits(int_lo, int_hi);
+            let mut pid = Pid::new(rng.range(0.0, 3.0), rng.range(0.0, 3.0), rng.range(0.0, 1.0))
+                .with_output_limits(out_lo, out_hi)
+                .with_integral_limits(int_lo, int_hi);
             for _ in 0..500 {
                 let before = pid.integral();
                 let frozen = rng.next().is_multiple_of(4);
                 pid.set_frozen(frozen);
-                let out = pid.update(
-                    rng.range(-20.0, 20.0),
-                    rng.range(-20.0, 20.0),
-                    rng.range(0.001, 0.5),
-                );
+                let out = pid.update(rng.range(-20.0, 20.0), rng.range(-20.0, 20.0), rng.range(0.001, 0.5));
                 assert!((out_lo..=out_hi).contains(&out), "output {out}");
                 assert!((int_lo..=int_hi).contains(&pid.integral()));
                 if frozen {

@@ -78,9 +78,7 @@ fn plan(ctx: &Ctx, graph: &StageGraph) -> Result<NexusPlan, String> {
     let slo = ctx.config().streams.iter().map(|s| s.slo).min().ok_or("the pipeline has no stream")?;
     let config = ctx.config();
     let stage_max = |s: StageId| config.stages.iter().find(|st| st.id == s).map_or(1, |st| st.max_batch.min(max_batch));
-    let fan_out = |s: StageId| {
-        config.stages.iter().find(|st| st.id == s).and_then(|st| st.variants.first()).map_or(1.0, |v| v.fan_out)
-    };
+    let fan_out = |s: StageId| config.stages.iter().find(|st| st.id == s).and_then(|st| st.variants.first()).map_or(1.0, |v| v.fan_out);
     let latency = |s: StageId, b: u32| ctx.latency().mean(s, 0, b).unwrap_or(0);
     NexusPlan::solve(graph, slo, grid_ms.max(1) * 1_000_000, latency, stage_max, fan_out)
         .ok_or_else(|| "the SLO is too tight for the pipeline's profiles".to_string())

@@ -15,10 +15,7 @@ use super::window::CountWindow;
 
 /// Panics with a clear message unless `q` is a probability in `[0, 1]`.
 fn assert_probability(q: f64) {
-    assert!(
-        (0.0..=1.0).contains(&q),
-        "quantile must be in [0, 1], got {q}"
-    );
+    assert!((0.0..=1.0).contains(&q), "quantile must be in [0, 1], got {q}");
 }
 
 /// Exact nearest-rank `q`-quantile of `values` (by sorting a copy), or `None`
@@ -110,10 +107,7 @@ impl P2Quantile {
             self.heights[MARKERS - 1] = x;
             MARKERS - 2
         } else {
-            self.heights[1..MARKERS - 1]
-                .iter()
-                .take_while(|&&h| h <= x)
-                .count()
+            self.heights[1..MARKERS - 1].iter().take_while(|&&h| h <= x).count()
         };
 
         for position in &mut self.positions[cell + 1..] {
@@ -140,11 +134,7 @@ impl P2Quantile {
             return;
         };
         let parabolic = self.parabolic(i, step);
-        self.heights[i] = if self.heights[i - 1] < parabolic && parabolic < self.heights[i + 1] {
-            parabolic
-        } else {
-            self.linear(i, step)
-        };
+        self.heights[i] = if self.heights[i - 1] < parabolic && parabolic < self.heights[i + 1] { parabolic } else { self.linear(i, step) };
         self.positions[i] += step;
     }
 
@@ -170,9 +160,7 @@ impl P2Quantile {
     pub fn estimate(&self) -> Option<f64> {
         match self.count {
             0 => None,
-            n if n <= MARKERS as u64 => {
-                exact_quantile(self.heights[..n as usize].iter().copied(), self.p)
-            }
+            n if n <= MARKERS as u64 => exact_quantile(self.heights[..n as usize].iter().copied(), self.p),
             // The extreme markers track the minimum and maximum exactly.
             _ if self.p == 0.0 => Some(self.heights[0]),
             _ if self.p == 1.0 => Some(self.heights[MARKERS - 1]),
@@ -194,9 +182,7 @@ impl WindowQuantile {
     /// # Panics
     /// If `capacity` is zero.
     pub fn new(capacity: usize) -> Self {
-        Self {
-            window: CountWindow::new(capacity),
-        }
+        Self { window: CountWindow::new(capacity) }
     }
 
     /// The most observations the window holds.
@@ -241,9 +227,7 @@ mod tests {
         let n = values.len() as f64;
         let mut candidates: Vec<f64> = values.to_vec();
         candidates.sort_by(f64::total_cmp);
-        candidates
-            .into_iter()
-            .find(|&v| values.iter().filter(|&&x| x <= v).count() as f64 >= (q * n).max(1.0))
+        candidates.into_iter().find(|&v| values.iter().filter(|&&x| x <= v).count() as f64 >= (q * n).max(1.0))
     }
 
     /// Fraction of `values` that are `<= x`.
@@ -258,11 +242,7 @@ mod tests {
             // Few distinct values, so ties are common.
             let values: Vec<f64> = (0..len).map(|_| (rng.next() % 10) as f64).collect();
             for q in [0.0, 0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0] {
-                assert_eq!(
-                    exact_quantile(values.iter().copied(), q),
-                    reference_quantile(&values, q),
-                    "len {len} q {q}"
-                );
+                assert_eq!(exact_quantile(values.iter().copied(), q), reference_quantile(&values, q), "len {len} q {q}");
             }
         }
         assert_eq!(exact_quantile([], 0.5), None);
@@ -306,8 +286,7 @@ mod tests {
         // Jain and Chlamtac (1985), table I: the median of these 20
         // observations, with the final marker heights.
         let observations = [
-            0.02, 0.15, 0.74, 3.39, 0.83, 22.37, 10.15, 15.43, 38.62, 15.92, 34.60, 10.28, 1.47,
-            0.40, 0.05, 11.39, 0.27, 0.42, 0.09, 11.37,
+            0.02, 0.15, 0.74, 3.39, 0.83, 22.37, 10.15, 15.43, 38.62, 15.92, 34.60, 10.28, 1.47, 0.40, 0.05, 11.39, 0.27, 0.42, 0.09, 11.37,
         ];
         let mut estimator = P2Quantile::new(0.5);
         for x in observations {
@@ -356,13 +335,7 @@ mod tests {
     #[test]
     fn p2_tracks_uniform_quantiles() {
         let mut rng = XorShift::new(3);
-        let cases = [
-            (0.25, 0.03),
-            (0.5, 0.03),
-            (0.75, 0.03),
-            (0.9, 0.03),
-            (0.99, 0.03),
-        ];
+        let cases = [(0.25, 0.03), (0.5, 0.03), (0.75, 0.03), (0.9, 0.03), (0.99, 0.03)];
         check_p2("uniform", || rng.unit_nonzero(), &cases);
     }
 
@@ -382,11 +355,7 @@ mod tests {
         let cases = [(0.1, 0.03), (0.5, 0.03), (0.9, 0.03), (0.99, 0.03)];
         check_p2("normal(10, 1)", || 10.0 + rng.normal(), &cases);
         let mut rng = XorShift::new(6);
-        check_p2(
-            "lognormal",
-            || rng.normal().exp(),
-            &[(0.5, 0.03), (0.9, 0.05), (0.95, 0.05)],
-        );
+        check_p2("lognormal", || rng.normal().exp(), &[(0.5, 0.03), (0.9, 0.05), (0.95, 0.05)]);
     }
 
     #[test]
@@ -415,18 +384,12 @@ mod tests {
         let mut ascending = P2Quantile::new(0.5);
         values.iter().for_each(|&x| ascending.observe(x));
         let estimate = ascending.estimate().unwrap();
-        assert!(
-            (estimate - 5_000.0).abs() < 150.0,
-            "ascending median {estimate}"
-        );
+        assert!((estimate - 5_000.0).abs() < 150.0, "ascending median {estimate}");
 
         let mut descending = P2Quantile::new(0.5);
         values.iter().rev().for_each(|&x| descending.observe(x));
         let estimate = descending.estimate().unwrap();
-        assert!(
-            (estimate - 5_000.0).abs() < 150.0,
-            "descending median {estimate}"
-        );
+        assert!((estimate - 5_000.0).abs() < 150.0, "descending median {estimate}");
     }
 
     #[test]
@@ -456,11 +419,7 @@ mod tests {
                 assert_eq!(window.len(), last.len());
                 if step % 7 == 0 {
                     for q in [0.0, 0.05, 0.5, 0.95, 1.0] {
-                        assert_eq!(
-                            window.quantile(q),
-                            reference_quantile(last, q),
-                            "cap {capacity} q {q}"
-                        );
+                        assert_eq!(window.quantile(q), reference_quantile(last, q), "cap {capacity} q {q}");
                     }
                 }
             }

@@ -148,7 +148,7 @@ impl StageFifo {
 #[cfg(test)]
 mod tests_support {
     use super::*;
-    use crate::{Config, NullHost, Stage, StageKind, Worker, DeviceKind};
+    use crate::{Config, DeviceKind, NullHost, Stage, StageKind, Worker};
 
     pub(super) fn request(id: RequestId, stage: StageId, at: Instant) -> Request {
         Request {
@@ -179,9 +179,8 @@ mod tests_support {
             min_replicas: 1,
             max_replicas: 8,
         };
-        let workers = (0..workers)
-            .map(|id| Worker { id, stage: 0, variant: 0, device: DeviceKind::Gpu, threads: 1, memory_bytes: 0 })
-            .collect();
+        let workers =
+            (0..workers).map(|id| Worker { id, stage: 0, variant: 0, device: DeviceKind::Gpu, threads: 1, memory_bytes: 0 }).collect();
         let config = Config {
             arm: "t".into(),
             stages: vec![stage],
@@ -199,8 +198,8 @@ mod tests_support {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use super::tests_support::{ctx, request};
+    use super::*;
     use crate::Action;
 
     fn dispatched(ctx: &mut Ctx) -> Vec<(WorkerId, Vec<RequestId>)> {

@@ -140,7 +140,11 @@ impl StageGraph {
         (0..self.len() as StageId)
             .map(|k| {
                 let longest = self.longest_path_through(k, &cost);
-                if longest > 0.0 { cost(k) / longest } else { 0.0 }
+                if longest > 0.0 {
+                    cost(k) / longest
+                } else {
+                    0.0
+                }
             })
             .collect()
     }
@@ -172,8 +176,7 @@ impl StageGraph {
 /// Kahn's algorithm, smallest ready id first (deterministic).
 fn topological_order(successors: &[Vec<StageId>], predecessors: &[Vec<StageId>]) -> Vec<StageId> {
     let mut indegree: Vec<usize> = predecessors.iter().map(Vec::len).collect();
-    let mut ready: std::collections::BTreeSet<StageId> =
-        (0..successors.len() as StageId).filter(|&s| indegree[s as usize] == 0).collect();
+    let mut ready: std::collections::BTreeSet<StageId> = (0..successors.len() as StageId).filter(|&s| indegree[s as usize] == 0).collect();
     let mut order = Vec::with_capacity(successors.len());
     while let Some(s) = ready.pop_first() {
         order.push(s);

@@ -64,12 +64,7 @@ struct SampleStore {
 impl SampleStore {
     fn new(span_ns: u64) -> Self {
         assert!(span_ns > 0, "window span must be positive, got 0 ns");
-        Self {
-            span_ns,
-            samples: VecDeque::new(),
-            latest_ns: None,
-            sum: CompensatedSum::default(),
-        }
+        Self { span_ns, samples: VecDeque::new(), latest_ns: None, sum: CompensatedSum::default() }
     }
 
     /// The later of `now_ns` and the latest time seen.
@@ -149,9 +144,7 @@ impl SlidingWindow {
     /// # Panics
     /// If `span_ns` is zero.
     pub fn new(span_ns: u64) -> Self {
-        Self {
-            store: SampleStore::new(span_ns),
-        }
+        Self { store: SampleStore::new(span_ns) }
     }
 
     /// The span of the window in nanoseconds.
@@ -225,14 +218,10 @@ impl SlidingWindow {
         let now = self.store.effective_now(now_ns);
         let span = self.store.span_ns as f64;
         let first = self.store.first_in_window(now_ns);
-        let (weighted_sum, total_weight) =
-            self.store
-                .samples
-                .range(first..)
-                .fold((0.0, 0.0), |(sum, total), &(t, value)| {
-                    let weight = (span - (now - t) as f64) / span;
-                    (sum + weight * value, total + weight)
-                });
+        let (weighted_sum, total_weight) = self.store.samples.range(first..).fold((0.0, 0.0), |(sum, total), &(t, value)| {
+            let weight = (span - (now - t) as f64) / span;
+            (sum + weight * value, total + weight)
+        });
         (total_weight > 0.0).then(|| weighted_sum / total_weight)
     }
 
@@ -265,10 +254,7 @@ impl CountWindow {
     /// If `capacity` is zero.
     pub fn new(capacity: usize) -> Self {
         assert!(capacity > 0, "window capacity must be positive, got 0");
-        Self {
-            capacity,
-            values: VecDeque::with_capacity(capacity),
-        }
+        Self { capacity, values: VecDeque::with_capacity(capacity) }
     }
 
     /// The most values the window holds.
@@ -353,12 +339,7 @@ mod tests {
 
         fn live(&self, now: u64) -> Vec<(u64, f64)> {
             let now = self.latest.max(now);
-            let mut live: Vec<(u64, f64)> = self
-                .samples
-                .iter()
-                .copied()
-                .filter(|&(t, _)| t <= now && now - t < self.span)
-                .collect();
+            let mut live: Vec<(u64, f64)> = self.samples.iter().copied().filter(|&(t, _)| t <= now && now - t < self.span).collect();
             live.sort_by_key(|&(t, _)| t);
             live
         }
@@ -369,22 +350,14 @@ mod tests {
         let mut rng = XorShift::new(42);
         for span in [1, 7, 100, 1_000] {
             let mut window = SlidingWindow::new(span);
-            let mut reference = Reference {
-                span,
-                latest: 0,
-                samples: Vec::new(),
-            };
+            let mut reference = Reference { span, latest: 0, samples: Vec::new() };
             let mut now = 0u64;
             for step in 0..4_000 {
                 match rng.below(10) {
                     0..=6 => {
                         now += rng.below(span / 4 + 2);
                         // Mostly in order, sometimes a little late.
-                        let t = now.saturating_sub(if rng.below(5) == 0 {
-                            rng.below(span + 10)
-                        } else {
-                            0
-                        });
+                        let t = now.saturating_sub(if rng.below(5) == 0 { rng.below(span + 10) } else { 0 });
                         let value = (rng.unit() - 0.3) * 100.0;
                         window.push(t, value);
                         reference.advance(t);
@@ -408,16 +381,9 @@ mod tests {
                 let values: Vec<f64> = live.iter().map(|&(_, v)| v).collect();
                 assert_eq!(window.len(), live.len(), "span {span} step {step}");
                 assert_eq!(window.is_empty(), live.is_empty());
-                assert_eq!(
-                    window.iter().map(|(t, _)| t).collect::<Vec<_>>(),
-                    live.iter().map(|&(t, _)| t).collect::<Vec<_>>()
-                );
+                assert_eq!(window.iter().map(|(t, _)| t).collect::<Vec<_>>(), live.iter().map(|&(t, _)| t).collect::<Vec<_>>());
                 let expected_sum: f64 = values.iter().sum();
-                assert!(
-                    close(window.sum(), expected_sum),
-                    "sum {} vs {expected_sum}",
-                    window.sum()
-                );
+                assert!(close(window.sum(), expected_sum), "sum {} vs {expected_sum}", window.sum());
                 match window.mean() {
                     Some(mean) => assert!(close(mean, expected_sum / values.len() as f64)),
                     None => assert!(values.is_empty()),
@@ -503,11 +469,7 @@ mod tests {
             window.push(t, rng.unit() * 1e6 + 0.1);
         }
         let exact: f64 = window.iter().map(|(_, v)| v).sum();
-        assert!(
-            (window.sum() - exact).abs() < 1e-6,
-            "{} vs {exact}",
-            window.sum()
-        );
+        assert!((window.sum() - exact).abs() < 1e-6, "{} vs {exact}", window.sum());
     }
 
     #[test]
@@ -571,11 +533,7 @@ mod tests {
             if den > 0.0 {
                 assert!(close(got.unwrap(), num / den), "{got:?} vs {}", num / den);
                 // A weighted mean lies between the extremes.
-                let (lo, hi) = window
-                    .iter()
-                    .fold((f64::MAX, f64::MIN), |(lo, hi), (_, v)| {
-                        (lo.min(v), hi.max(v))
-                    });
+                let (lo, hi) = window.iter().fold((f64::MAX, f64::MIN), |(lo, hi), (_, v)| (lo.min(v), hi.max(v)));
                 assert!((lo..=hi).contains(&got.unwrap()));
             } else {
                 assert_eq!(got, None);
@@ -599,8 +557,7 @@ mod tests {
                 assert_eq!(window.len(), last.len());
                 assert_eq!(window.is_full(), last.len() == capacity);
                 let mean = last.iter().sum::<f64>() / last.len() as f64;
-                let var =
-                    last.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / last.len() as f64;
+                let var = last.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / last.len() as f64;
                 assert!(close(window.mean().unwrap(), mean));
                 assert!(close(window.std_dev().unwrap(), var.sqrt()));
                 assert!(close(window.cv().unwrap(), var.sqrt() / mean));
@@ -613,10 +570,7 @@ mod tests {
         let mut window = CountWindow::new(3);
         assert_eq!(window.capacity(), 3);
         assert!(window.is_empty());
-        assert_eq!(
-            (window.mean(), window.std_dev(), window.cv()),
-            (None, None, None)
-        );
+        assert_eq!((window.mean(), window.std_dev(), window.cv()), (None, None, None));
         window.push(-1.0);
         window.push(1.0);
         assert_eq!(window.mean(), Some(0.0));

@@ -306,8 +306,7 @@ impl<C: Clock, X: Executor> Arms<C, X> {
         let loser = 1 - winner;
         let quiet = {
             let engine = &self.slots[loser].engine;
-            engine.in_flight() == 0
-                && engine.state().workers.values().all(|w| matches!(w.phase, WorkerPhase::Idle | WorkerPhase::Starting))
+            engine.in_flight() == 0 && engine.state().workers.values().all(|w| matches!(w.phase, WorkerPhase::Idle | WorkerPhase::Starting))
         };
         if !quiet {
             return;
@@ -408,7 +407,8 @@ mod tests {
     fn finish(arms: &mut Arms<ManualClock, NullExecutor>, executor: &SharedExecutor<NullExecutor>) {
         let jobs = executor.borrow_mut().take_started();
         for job in jobs {
-            let items = job.items.iter().map(|i| ItemResult { id: i.id, error: None, tokens: 0, finished: false, fan_out: Vec::new() }).collect();
+            let items =
+                job.items.iter().map(|i| ItemResult { id: i.id, error: None, tokens: 0, finished: false, fan_out: Vec::new() }).collect();
             arms.job_finished(JobResult { worker: job.worker, duration: 1, items });
         }
     }

@@ -286,11 +286,23 @@ pub fn render(report: &AbReport) -> String {
     for a in [&report.control, &report.candidate] {
         out.push_str(&format!(
             "{:<14} {:<24} {:>8} {:>8} {:>6} {:>8} {:>7} {:>10.2} {:>9.1} {:>9.1} {:>9.1}\n",
-            a.arm, a.policy, a.requests, a.on_time, a.late, a.dropped, a.failed, a.goodput_per_s, a.mean_latency_ms,
-            a.p50_latency_ms, a.p99_latency_ms
+            a.arm,
+            a.policy,
+            a.requests,
+            a.on_time,
+            a.late,
+            a.dropped,
+            a.failed,
+            a.goodput_per_s,
+            a.mean_latency_ms,
+            a.p50_latency_ms,
+            a.p99_latency_ms
         ));
     }
-    out.push_str(&format!("\n{:<18} {:>10} {:>10} {:>10} {:>24} {:>7}  {}\n", "measure", "control", "candidate", "diff", "95 % interval", "z", ""));
+    out.push_str(&format!(
+        "\n{:<18} {:>10} {:>10} {:>10} {:>24} {:>7}  {}\n",
+        "measure", "control", "candidate", "diff", "95 % interval", "z", ""
+    ));
     for d in &report.differences {
         out.push_str(&format!(
             "{:<18} {:>10.4} {:>10.4} {:>+10.4} {:>24} {:>7.2}  {}\n",

@@ -15,10 +15,10 @@ use serde_json::{Map, Value};
 use tokio::sync::oneshot;
 
 use super::service::{Completion, LlmService};
+use crate::metrics::Outcome;
 use crate::serve::api::{Backend, BoxFuture, InferError, ModelMetadata, TensorSpec};
 use crate::serve::backend::CancelOnDrop;
 use crate::serve::kserve::{DataType, InferRequest, InferResponse, Tensor, TensorData};
-use crate::metrics::Outcome;
 
 /// The input tensor holding the prompt's token ids.
 pub const INPUT_IDS: &str = "input_ids";

@@ -353,7 +353,11 @@ fn serve(shared: &Shared, worker: u32, threads: u32, generation: &Mutex<u64>, co
             }
             Command::Forget(sequence) => decoder.forget(sequence),
             Command::Holdings(reply) => {
-                let _ = reply.send(Holdings { resident: decoder.resident(), swapped: decoder.swapped(), resident_bytes: decoder.resident_bytes() });
+                let _ = reply.send(Holdings {
+                    resident: decoder.resident(),
+                    swapped: decoder.swapped(),
+                    resident_bytes: decoder.resident_bytes(),
+                });
             }
             Command::Threads(threads) => match DecoderSession::load(&shared.runtime, &model.path, model.config, threads as usize) {
                 Ok(session) => decoder.replace_session(session),
@@ -387,7 +391,10 @@ fn run(shared: &Shared, decoder: &mut DecoderWorker, job: BatchJob, mine: u64, g
             };
             text.generated.truncate(item.generated as usize);
             if (text.generated.len() as u32) < item.generated {
-                items.push(failed(item.id, &format!("request {}: {} tokens were reported but {} are held", item.id, item.generated, text.generated.len())));
+                items.push(failed(
+                    item.id,
+                    &format!("request {}: {} tokens were reported but {} are held", item.id, item.generated, text.generated.len()),
+                ));
                 continue;
             }
             // The length: what the client asked for, within the decoder's context (the
@@ -396,7 +403,14 @@ fn run(shared: &Shared, decoder: &mut DecoderWorker, job: BatchJob, mine: u64, g
             let room = (max_positions + 1).saturating_sub(text.prompt.len() as u32);
             let target = asked.min(room);
             if target == 0 || text.prompt.is_empty() {
-                items.push(failed(item.id, &format!("request {}: a prompt of {} tokens leaves no room in the decoder's {max_positions} positions", item.id, text.prompt.len())));
+                items.push(failed(
+                    item.id,
+                    &format!(
+                        "request {}: a prompt of {} tokens leaves no room in the decoder's {max_positions} positions",
+                        item.id,
+                        text.prompt.len()
+                    ),
+                ));
                 continue;
             }
             if item.generated >= target {

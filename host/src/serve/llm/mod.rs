@@ -22,8 +22,8 @@ use std::sync::Arc;
 use yardmaster_dataplane::llm::{tiny_decoder, DecoderConfig};
 use yardmaster_dataplane::Runtime;
 
-pub use executor::{DecoderModel, Holdings, LlmActor, LlmExecutor, LlmHandle, LlmStats, WorkerDirectory, DEFAULT_MAX_TOKENS};
 pub use backend::LlmBackend;
+pub use executor::{DecoderModel, Holdings, LlmActor, LlmExecutor, LlmHandle, LlmStats, WorkerDirectory, DEFAULT_MAX_TOKENS};
 pub use server::{is_llm_pipeline, LlmServer};
 pub use service::{Completion, LlmService, Transcript, Transcripts};
 
@@ -67,7 +67,10 @@ impl ServedLlm {
     pub fn new(mut pipeline: Pipeline, model: DecoderModel) -> Result<Self, String> {
         for stage in &mut pipeline.stages {
             if stage.kind != StageKind::Iteration {
-                return Err(format!("pipeline {:?}: stage {:?} is a batch stage; decoder workers run iteration stages", pipeline.name, stage.name));
+                return Err(format!(
+                    "pipeline {:?}: stage {:?} is a batch stage; decoder workers run iteration stages",
+                    pipeline.name, stage.name
+                ));
             }
             stage.llm.kv_bytes_per_token = model.config.kv_bytes_per_token();
             stage.llm.prefill_ns_per_token = TINY_PREFILL_NS_PER_TOKEN;
@@ -128,7 +131,9 @@ impl LlmStack {
             LlmActor::spawn("yardmaster-llm-engine", clock.clone(), &label, move |handle| {
                 let executor = LlmExecutor::new(handle, &pipeline, Arc::clone(&runtime), model, transcripts, directory);
                 let PolicyChoice { name, sandbox, module, failure } = policy;
-                Engine::new(clock, SharedExecutor::new(executor), pipeline, options, |config, view| Arm::start_wasm(&name, config, &sandbox, module, failure, None, view))
+                Engine::new(clock, SharedExecutor::new(executor), pipeline, options, |config, view| {
+                    Arm::start_wasm(&name, config, &sandbox, module, failure, None, view)
+                })
             })
             .map_err(|e| format!("starting the engine thread: {e}"))?
         };

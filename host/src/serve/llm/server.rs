@@ -82,7 +82,10 @@ impl LlmServer {
             Arc::new(move || metrics_handle.inspect_arms(prometheus::render_arms).unwrap_or_else(|e| format!("# {e}\n")));
         let backend = LlmBackend::new(service, &streams);
         let api = Arc::new(
-            Api::new(Arc::new(backend)).with_metrics(renderer).with_max_body(config.max_body_bytes).with_max_in_flight(config.max_in_flight),
+            Api::new(Arc::new(backend))
+                .with_metrics(renderer)
+                .with_max_body(config.max_body_bytes)
+                .with_max_in_flight(config.max_in_flight),
         );
         let listeners = Listeners::start(&config.listen_options(), api).await?;
         Ok(LlmServer { listeners, handle, policy: policy_label, models: streams, device, actor })

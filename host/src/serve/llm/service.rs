@@ -90,7 +90,13 @@ impl LlmService {
 
     /// Submit `prompt` on `stream` for `max_tokens` tokens (0: the executor's default);
     /// `on_end` runs exactly once, on the actor thread, when the request ends.
-    pub fn submit(&self, stream: u32, prompt: Vec<i64>, max_tokens: u32, on_end: impl FnOnce(Completion) + Send + 'static) -> Result<(), String> {
+    pub fn submit(
+        &self,
+        stream: u32,
+        prompt: Vec<i64>,
+        max_tokens: u32,
+        on_end: impl FnOnce(Completion) + Send + 'static,
+    ) -> Result<(), String> {
         self.submit_admitted(stream, prompt, max_tokens, |_| {}, on_end)
     }
 

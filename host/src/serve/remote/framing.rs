@@ -270,9 +270,7 @@ pub fn decode(frame: &[u8]) -> Result<Message, FrameError> {
     let kind = r.u8("kind")?;
     let message = match kind {
         kind::HELLO => Message::Hello { threads: r.u32("threads")?, catalog: r.catalog()? },
-        kind::PROVISION => {
-            Message::Provision { worker: r.u32("worker")?, stage: r.u32("stage")?, variant: r.u32("variant")? }
-        }
+        kind::PROVISION => Message::Provision { worker: r.u32("worker")?, stage: r.u32("stage")?, variant: r.u32("variant")? },
         kind::START => {
             let worker = r.u32("worker")?;
             let id = r.u64("job id")?;
@@ -325,9 +323,7 @@ pub fn decode(frame: &[u8]) -> Result<Message, FrameError> {
             threads: r.u32("threads")? as usize,
             took: r.duration("took")?,
         }),
-        kind::RECONFIGURE_FAILED => {
-            Message::Event(WorkerEvent::ReconfigureFailed { worker: r.u32("worker")?, error: r.error()? })
-        }
+        kind::RECONFIGURE_FAILED => Message::Event(WorkerEvent::ReconfigureFailed { worker: r.u32("worker")?, error: r.error()? }),
         kind::RETIRED => Message::Event(WorkerEvent::Retired { worker: r.u32("worker")? }),
         other => return Err(FrameError::UnknownKind(other)),
     };
@@ -837,11 +833,7 @@ impl<'a> Reader<'a> {
         for _ in 0..n {
             self.tensors += 1;
             if self.tensors > MAX_TENSORS {
-                return Err(FrameError::Limit {
-                    what: "tensors in the frame",
-                    value: self.tensors as u64,
-                    limit: MAX_TENSORS as u64,
-                });
+                return Err(FrameError::Limit { what: "tensors in the frame", value: self.tensors as u64, limit: MAX_TENSORS as u64 });
             }
             tensors.push(self.tensor()?);
         }
@@ -863,11 +855,7 @@ impl<'a> Reader<'a> {
         let available = self.buf.len() - self.pos;
         let bytes = elements.saturating_mul(4);
         if bytes > available as u64 {
-            return Err(FrameError::Truncated {
-                field: "tensor data",
-                needed: usize::try_from(bytes).unwrap_or(usize::MAX),
-                available,
-            });
+            return Err(FrameError::Truncated { field: "tensor data", needed: usize::try_from(bytes).unwrap_or(usize::MAX), available });
         }
         let raw = self.take(bytes as usize, "tensor data")?;
         Ok(Tensor { shape, data: get_f32s(raw) })
@@ -922,8 +910,8 @@ mod tests {
         let frame = encode(&Message::Abort { worker: 0x0102_0304 }).unwrap();
         assert_eq!(frame, [6, 0, 0, 0, VERSION, kind::ABORT, 4, 3, 2, 1]);
         let tensor = Tensor::new(vec![2], vec![1.0, -2.5]).unwrap();
-        let frame = encode(&Message::Start { worker: 1, job: Job { id: 2, requests: vec![Request { id: 3, inputs: vec![tensor] }] } })
-            .unwrap();
+        let frame =
+            encode(&Message::Start { worker: 1, job: Job { id: 2, requests: vec![Request { id: 3, inputs: vec![tensor] }] } }).unwrap();
         // prefix, version, kind, worker, job, 1 request, its id, 1 tensor, rank 1, dim 2, 2 floats.
         assert_eq!(frame.len(), 4 + 2 + 4 + 8 + 4 + 8 + 2 + 1 + 4 + 8);
         assert_eq!(&frame[frame.len() - 8..], [1.0f32.to_le_bytes(), (-2.5f32).to_le_bytes()].concat().as_slice());

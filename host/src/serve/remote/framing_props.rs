@@ -114,12 +114,9 @@ impl Gen {
                 },
             }),
             kind::ABORTED => Message::Event(WorkerEvent::Aborted { worker, job: self.next() }),
-            kind::RECONFIGURED => Message::Event(WorkerEvent::Reconfigured {
-                worker,
-                model: self.key(),
-                threads: self.u32() as usize,
-                took: self.duration(),
-            }),
+            kind::RECONFIGURED => {
+                Message::Event(WorkerEvent::Reconfigured { worker, model: self.key(), threads: self.u32() as usize, took: self.duration() })
+            }
             kind::RECONFIGURE_FAILED => Message::Event(WorkerEvent::ReconfigureFailed { worker, error: self.error() }),
             kind::RETIRED => Message::Event(WorkerEvent::Retired { worker }),
             other => panic!("no generator for kind {other:#x}"),

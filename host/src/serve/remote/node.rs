@@ -30,9 +30,7 @@ use std::time::Duration;
 use anyhow::{anyhow, Context, Result};
 use quinn::{Connection, RecvStream, SendStream};
 use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender};
-use yardmaster_dataplane::{
-    assets, DataplaneError, ModelCache, ModelCatalog, Runtime, WorkerContext, WorkerEvent, WorkerPool,
-};
+use yardmaster_dataplane::{assets, DataplaneError, ModelCache, ModelCatalog, Runtime, WorkerContext, WorkerEvent, WorkerPool};
 
 use super::framing::{self, Message};
 use super::transport::{self, Fingerprint, ReadError, CLOSE_PROTOCOL, CLOSE_SHUTDOWN};
@@ -161,14 +159,10 @@ impl Node {
         let leaf = config.identity.chain.first().ok_or_else(|| anyhow!("the node's certificate chain is empty"))?;
         let fingerprint = Fingerprint::of(leaf);
         let server = transport::server_config(&config.identity, config.idle_timeout)?;
-        let endpoint = transport::endpoint(config.listen, Some(server))
-            .with_context(|| format!("binding the node endpoint on {}", config.listen))?;
+        let endpoint =
+            transport::endpoint(config.listen, Some(server)).with_context(|| format!("binding the node endpoint on {}", config.listen))?;
         let device = config.context.runtime.device().to_string();
-        Ok(Node {
-            endpoint,
-            fingerprint,
-            shared: Arc::new(Shared { context: config.context, model_root: config.model_root, device }),
-        })
+        Ok(Node { endpoint, fingerprint, shared: Arc::new(Shared { context: config.context, model_root: config.model_root, device }) })
     }
 
     /// The address it is bound to.
@@ -260,15 +254,8 @@ async fn serve_connection(connection: Connection, shared: Arc<Shared>) -> Result
         })
         .map_err(|e| format!("spawning the event thread: {e}"))?;
     let (inbound_tx, inbound) = mpsc::unbounded_channel();
-    let mut session = Session {
-        connection,
-        pool,
-        streams: HashMap::new(),
-        routes: HashMap::new(),
-        provisioned: HashSet::new(),
-        next_key: 0,
-        inbound_tx,
-    };
+    let mut session =
+        Session { connection, pool, streams: HashMap::new(), routes: HashMap::new(), provisioned: HashSet::new(), next_key: 0, inbound_tx };
     session.add_stream(send, recv, true);
     let outcome = session.run(events, inbound).await;
     for worker in &session.provisioned {

@@ -148,12 +148,8 @@ impl Shared {
         // Jobs first: their requests are what clients wait on.
         for (worker, state) in &workers {
             for &job in &state.jobs {
-                let _ = self.events.send(WorkerEvent::Finished {
-                    worker: *worker,
-                    job,
-                    duration: Duration::ZERO,
-                    result: Err(error.clone()),
-                });
+                let _ =
+                    self.events.send(WorkerEvent::Finished { worker: *worker, job, duration: Duration::ZERO, result: Err(error.clone()) });
             }
         }
         for (worker, state) in workers {
@@ -190,8 +186,8 @@ impl RemotePool {
             .map_err(|_| anyhow!("node {address} did not answer within {:?}", config.idle_timeout))?
             .map_err(|e| anyhow!("QUIC handshake with node {address}: {e}"))?;
 
-        let hello = framing::encode(&Message::Hello { threads: config.threads, catalog: config.catalog.clone() })
-            .context("encoding the hello")?;
+        let hello =
+            framing::encode(&Message::Hello { threads: config.threads, catalog: config.catalog.clone() }).context("encoding the hello")?;
         let exchange = async {
             let (mut send, mut recv) = connection.open_bi().await?;
             transport::write_frame(&mut send, hello).await?;
@@ -219,13 +215,7 @@ impl RemotePool {
         };
 
         let (events, receiver) = std_mpsc::channel();
-        let shared = Arc::new(Mutex::new(Shared {
-            node: address,
-            workers: HashMap::new(),
-            events,
-            lost: None,
-            gone: HashSet::new(),
-        }));
+        let shared = Arc::new(Mutex::new(Shared { node: address, workers: HashMap::new(), events, lost: None, gone: HashSet::new() }));
         let runtime = Handle::current();
         let watched = connection.clone();
         let watcher_shared = shared.clone();

@@ -68,9 +68,7 @@ pub fn transport_config(idle_timeout: Duration) -> Result<quinn::TransportConfig
         .receive_window(CONNECTION_WINDOW.into())
         .send_window(CONNECTION_WINDOW as u64)
         .keep_alive_interval(Some(idle_timeout / 3))
-        .max_idle_timeout(Some(
-            idle_timeout.try_into().map_err(|e| anyhow!("idle timeout {idle_timeout:?}: {e}"))?,
-        ));
+        .max_idle_timeout(Some(idle_timeout.try_into().map_err(|e| anyhow!("idle timeout {idle_timeout:?}: {e}"))?));
     Ok(transport)
 }
 
@@ -87,8 +85,7 @@ pub fn endpoint(address: SocketAddr, server: Option<quinn::ServerConfig>) -> Res
         tracing::debug!("UDP send buffer of {address}: {error}");
     }
     let runtime = Arc::new(quinn::TokioRuntime);
-    quinn::Endpoint::new(quinn::EndpointConfig::default(), server, socket, runtime)
-        .with_context(|| format!("QUIC endpoint on {address}"))
+    quinn::Endpoint::new(quinn::EndpointConfig::default(), server, socket, runtime).with_context(|| format!("QUIC endpoint on {address}"))
 }
 
 /// The QUIC server configuration of a node.
@@ -138,9 +135,8 @@ impl Fingerprint {
     pub fn parse(text: &str) -> Result<Self> {
         let hex_digits: String = text.trim().trim_start_matches("sha256:").chars().filter(|c| *c != ':').collect();
         let bytes = hex::decode(&hex_digits).with_context(|| format!("certificate fingerprint {text:?} is not hex"))?;
-        let bytes: [u8; 32] = bytes
-            .try_into()
-            .map_err(|b: Vec<u8>| anyhow!("certificate fingerprint {text:?} has {} bytes; SHA-256 has 32", b.len()))?;
+        let bytes: [u8; 32] =
+            bytes.try_into().map_err(|b: Vec<u8>| anyhow!("certificate fingerprint {text:?} has {} bytes; SHA-256 has 32", b.len()))?;
         Ok(Fingerprint(bytes))
     }
 
@@ -196,10 +192,7 @@ impl ServerCertVerifier for PinnedVerifier {
         if presented == self.pin {
             Ok(ServerCertVerified::assertion())
         } else {
-            Err(rustls::Error::General(format!(
-                "the node's certificate is {presented}, not the pinned {}",
-                self.pin
-            )))
+            Err(rustls::Error::General(format!("the node's certificate is {presented}, not the pinned {}", self.pin)))
         }
     }
 

@@ -23,9 +23,9 @@ use super::{shipped, simulation_loader, ReproduceOptions};
 use crate::engine::{EngineOptions, Pipeline};
 use crate::metrics::{write_plots, LlmGoodputSummary};
 use crate::policy::contract::Param;
+use crate::sim::compound::{Call, CompoundJob};
 use crate::sim::executor::SimExecutorOptions;
 use crate::sim::per_core;
-use crate::sim::compound::{Call, CompoundJob};
 use crate::sim::run::{run, run_with_jobs, PolicySpec, RunOutcome, SimSpec};
 use crate::sim::workload::{read_azure_llm_trace, Arrival, AzureOptions};
 
@@ -249,7 +249,11 @@ pub fn run_two_replicas(fast: f64, speedup: f64, duration: u64, seed: u64) -> Re
 pub fn calm_advantage(setting: &Setting) -> f64 {
     let calm = setting.run("calm").map_or(0.0, |g| g.token_goodput);
     let best = setting.runs.iter().filter(|(n, _)| n != "calm").map(|(_, g)| g.token_goodput).fold(0.0, f64::max);
-    if best > 0.0 { calm / best } else { f64::INFINITY }
+    if best > 0.0 {
+        calm / best
+    } else {
+        f64::INFINITY
+    }
 }
 
 fn class_tokens(g: &LlmGoodputSummary, class: &str) -> f64 {
@@ -333,7 +337,9 @@ pub fn reproduce(opts: &ReproduceOptions) -> Result<String> {
     for &speedup in &loads {
         compound.push(run_compound_setting(speedup, 1.0, duration, opts.seed)?);
     }
-    let mut cp_csv = String::from("speedup,offered_rps,policy,token_goodput,request_goodput,cp_tokens_per_s,cp_met,cp_jobs,ds_met,ds_requests,ls_met,ls_requests\n");
+    let mut cp_csv = String::from(
+        "speedup,offered_rps,policy,token_goodput,request_goodput,cp_tokens_per_s,cp_met,cp_jobs,ds_met,ds_requests,ls_met,ls_requests\n",
+    );
     writeln!(text, "\ncompound jobs (2–4 chained calls, deadline 20 s × stages; LS : DS : CP = 1:1:1, `llm-compound`)")?;
     writeln!(
         text,
@@ -455,8 +461,8 @@ mod tests {
     fn steady(artifact: &str, params: &[(&str, &str)], rate: f64) -> (f64, u64, u64) {
         let duration = 120_000_000_000;
         let arrivals = steady_arrivals(rate, duration, 1).expect("trace");
-        let outcome = run_alone(artifact, pipeline(1.0).unwrap(), SimExecutorOptions::default(), params, arrivals, duration, 1)
-            .expect("runs");
+        let outcome =
+            run_alone(artifact, pipeline(1.0).unwrap(), SimExecutorOptions::default(), params, arrivals, duration, 1).expect("runs");
         let minute = |from: usize| outcome.llm.timeline.iter().skip(from).take(6).sum::<u64>();
         (outcome.llm.over(120.0).token_goodput, minute(0), minute(6))
     }

@@ -38,11 +38,7 @@ const S: u64 = 1_000_000_000;
 /// take the batch), FLEX as the paper writes it, and every baseline.
 const ARMS: &[Arm] = &[
     Arm { name: "flex", policy: "flex", params: &[] },
-    Arm {
-        name: "flex-paper",
-        policy: "flex",
-        params: &[("select", "largest"), ("defer_preemption", "false"), ("busy_order", "id")],
-    },
+    Arm { name: "flex-paper", policy: "flex", params: &[("select", "largest"), ("defer_preemption", "false"), ("busy_order", "id")] },
     Arm { name: "flex-np", policy: "flex", params: &[("lambda", "inf")] },
     Arm { name: "flex-edf", policy: "flex", params: &[("select", "earliest"), ("lambda", "inf")] },
     Arm { name: "clockwork", policy: "flex-clockwork", params: &[] },
@@ -123,8 +119,8 @@ fn run_arms_on(
             decision_interval: 0,
             capture_dir: None,
         };
-        let outcome = run::run(&spec, &policy, loader, arrivals.iter().cloned(), &mut |_| {})
-            .with_context(|| format!("{label}: {}", arm.name))?;
+        let outcome =
+            run::run(&spec, &policy, loader, arrivals.iter().cloned(), &mut |_| {}).with_context(|| format!("{label}: {}", arm.name))?;
         // A policy that faulted ran the built-in fallback: its numbers are not the arm's.
         if outcome.arm.fallbacks > 0 {
             anyhow::bail!("{label}: {}: the policy faulted ({:?}) and fell back", arm.name, outcome.arm.faults);
@@ -262,7 +258,15 @@ fn table(points: &[Point], experiment: &str, x_label: &str) -> String {
         let _ = writeln!(
             out,
             "{:>10}  {:<10} {:>9} {:>9} {:>11.1} {:>6.1}% {:>8} {:>8} {:>5}",
-            p.x, p.arm, p.arrivals, p.on_time, p.goodput, 100.0 * p.utilisation, p.preemptions, p.dropped, p.late
+            p.x,
+            p.arm,
+            p.arrivals,
+            p.on_time,
+            p.goodput,
+            100.0 * p.utilisation,
+            p.preemptions,
+            p.dropped,
+            p.late
         );
     }
     out
@@ -330,10 +334,26 @@ pub fn run(opts: &ReproduceOptions) -> Result<String> {
     let _ = writeln!(out, "Fig. 11a — one GPU, RN18 bursts of 1024 / 120 ms + RS269 1 req/ms, {} s", duration / S);
     out.push_str(&table(&points, "fig11a", "SLO ms"));
     let _ = writeln!(out, "\n  ratio (on-time requests)          ours    paper  reference DES (spec §8.12)");
-    let _ = writeln!(out, "  SLO 250: FLEX / FLEX-NP          {:>5.2}    ≈1.0   1.01 (48.7 k / 48.4 k)", ratio(&points, "fig11a", 250.0, "flex", "flex-np"));
-    let _ = writeln!(out, "  SLO 250: FLEX / Clockwork        {:>5.2}    3.7    ≥ 3 (starved)", ratio(&points, "fig11a", 250.0, "flex", "clockwork"));
-    let _ = writeln!(out, "  SLO  90: FLEX / FLEX-NP          {:>5.2}    6.2    2.5 (34.1 k / 13.6 k)", ratio(&points, "fig11a", 90.0, "flex", "flex-np"));
-    let _ = writeln!(out, "  SLO  90: FLEX / Clockwork        {:>5.2}    6.2    ≥ 3 (starved)", ratio(&points, "fig11a", 90.0, "flex", "clockwork"));
+    let _ = writeln!(
+        out,
+        "  SLO 250: FLEX / FLEX-NP          {:>5.2}    ≈1.0   1.01 (48.7 k / 48.4 k)",
+        ratio(&points, "fig11a", 250.0, "flex", "flex-np")
+    );
+    let _ = writeln!(
+        out,
+        "  SLO 250: FLEX / Clockwork        {:>5.2}    3.7    ≥ 3 (starved)",
+        ratio(&points, "fig11a", 250.0, "flex", "clockwork")
+    );
+    let _ = writeln!(
+        out,
+        "  SLO  90: FLEX / FLEX-NP          {:>5.2}    6.2    2.5 (34.1 k / 13.6 k)",
+        ratio(&points, "fig11a", 90.0, "flex", "flex-np")
+    );
+    let _ = writeln!(
+        out,
+        "  SLO  90: FLEX / Clockwork        {:>5.2}    6.2    ≥ 3 (starved)",
+        ratio(&points, "fig11a", 90.0, "flex", "clockwork")
+    );
 
     // Fig. 7: load sweep on 12 GPUs at 250 ms.
     let duration = if opts.quick { S } else { 5 * S };
@@ -450,8 +470,7 @@ mod plot {
                 continue;
             }
             let svg = dir.join(format!("flex-{experiment}.svg"));
-            draw(SVGBackend::new(&svg, SIZE), experiment, x_label, log_x, &mine, series)
-                .map_err(|e| format!("{}: {e}", svg.display()))?;
+            draw(SVGBackend::new(&svg, SIZE), experiment, x_label, log_x, &mine, series).map_err(|e| format!("{}: {e}", svg.display()))?;
             files.push(svg);
             if png {
                 let path = dir.join(format!("flex-{experiment}.png"));
@@ -498,11 +517,8 @@ mod plot {
             .draw()
             .map_err(fail)?;
         for (i, (label, arms)) in series.iter().enumerate() {
-            let mut series: Vec<(f64, f64)> = points
-                .iter()
-                .filter(|p| arms.contains(&p.arm))
-                .map(|p| (if log_x { p.x.log10() } else { p.x }, p.goodput))
-                .collect();
+            let mut series: Vec<(f64, f64)> =
+                points.iter().filter(|p| arms.contains(&p.arm)).map(|p| (if log_x { p.x.log10() } else { p.x }, p.goodput)).collect();
             series.sort_by(|a, b| a.0.total_cmp(&b.0));
             let colour = crate::metrics::report::colour(i);
             chart
@@ -553,7 +569,8 @@ mod tests {
         let (pipeline, arrivals) = figure_11b(48, 250.0, duration, 11).unwrap();
         let outcomes = run_arms_on("test", SMALL, &pipeline, duration, &arrivals, 1, &loader).unwrap();
         let on_time = |name: &str| outcomes.iter().find(|(n, _)| *n == name).unwrap().1.report.summary.overall.outcomes.on_time;
-        let line = format!("Ḡ=1 {}, Ḡ=12 {}, Ḡ=∞ {}, free Ḡ=∞ {}", on_time("G=1"), on_time("G=12"), on_time("G=inf"), on_time("G=inf-free"));
+        let line =
+            format!("Ḡ=1 {}, Ḡ=12 {}, Ḡ=∞ {}, free Ḡ=∞ {}", on_time("G=1"), on_time("G=12"), on_time("G=inf"), on_time("G=inf-free"));
         println!("48 workers: {line}");
         let (g1, g12, inf, free) = (on_time("G=1") as f64, on_time("G=12") as f64, on_time("G=inf") as f64, on_time("G=inf-free") as f64);
         assert!(g12 >= 1.5 * inf, "{line}");

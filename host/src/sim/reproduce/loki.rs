@@ -13,11 +13,11 @@ use std::path::Path;
 use anyhow::{anyhow, Context, Result};
 
 use super::{Arm, ReproduceOptions};
-use crate::policy::{Limits, Mode, PolicyLoader, Sandbox};
 use crate::engine::pipeline::LokiProfiles;
 use crate::engine::{EngineOptions, Pipeline};
 use crate::metrics::{self, RunReport};
 use crate::policy::contract::Param;
+use crate::policy::{Limits, Mode, PolicyLoader, Sandbox};
 use crate::sim::executor::SimExecutorOptions;
 use crate::sim::workload::RateSchedule;
 use crate::sim::{per_core, run, RunOutcome, SimSpec};
@@ -259,7 +259,8 @@ pub fn reproduce(opts: &ReproduceOptions) -> Result<String> {
     let reports: Vec<RunReport> = outcomes.iter().map(|o| o.report.clone()).collect();
 
     let mut text = String::new();
-    let _ = writeln!(text, "Loki reproduction: traffic analysis (YOLOv5 → EfficientNet / genderNet), {CLUSTER} GPUs, SLO {} ms", setup.slo_ms);
+    let _ =
+        writeln!(text, "Loki reproduction: traffic analysis (YOLOv5 → EfficientNet / genderNet), {CLUSTER} GPUs, SLO {} ms", setup.slo_ms);
     let _ = writeln!(text, "staircase ramp, {} s per step, the first {} s of each step left out\n", setup.phase_s, setup.settle_s);
     let _ = writeln!(text, "Per step: served (on-time QPS), SLO violations (% of queries), accuracy, GPU workers\n");
     let _ = writeln!(text, "{}", phase_table(&names[..MAIN.len()], &all[..MAIN.len()]));
@@ -293,7 +294,10 @@ pub fn reproduce(opts: &ReproduceOptions) -> Result<String> {
     );
     // Hardware-only capacity: InferLine's highest on-time throughput.
     let hardware = peak[1];
-    let _ = writeln!(text, "Mean SLO-violation ratio over the steps at or above the hardware-only capacity ({hardware:.0} QPS), and relative to Loki:");
+    let _ = writeln!(
+        text,
+        "Mean SLO-violation ratio over the steps at or above the hardware-only capacity ({hardware:.0} QPS), and relative to Loki:"
+    );
     let base = mean_violations(&all[0], hardware);
     for (i, name) in names.iter().enumerate() {
         let v = mean_violations(&all[i], hardware);
@@ -338,10 +342,27 @@ pub fn reproduce(opts: &ReproduceOptions) -> Result<String> {
             .map(|r| (r.policy.clone(), r.windows.iter().map(|w| ((w.start - r.summary.start) as f64 / 1e9, value(w))).collect()))
             .collect()
     };
-    let chart = |stem: &str, labels: [&str; 3], series: &[metrics::Series], y_max: Option<f64>| metrics::write_line_chart(&opts.out, stem, labels, series, y_max).map_err(|e| anyhow!(e));
-    files.extend(chart("loki-demand", ["Offered demand over time", "time (s)", "queries per second"], &per_window(|w| w.offered_rate()), None)?);
-    files.extend(chart("loki-accuracy", ["Accuracy of completed queries over time", "time (s)", "accuracy"], &per_window(|w| w.accuracy), Some(1.05))?);
-    files.extend(chart("loki-workers", ["Active GPU workers over time", "time (s)", "workers (sink included)"], &per_window(|w| w.active_workers), None)?);
+    let chart = |stem: &str, labels: [&str; 3], series: &[metrics::Series], y_max: Option<f64>| {
+        metrics::write_line_chart(&opts.out, stem, labels, series, y_max).map_err(|e| anyhow!(e))
+    };
+    files.extend(chart(
+        "loki-demand",
+        ["Offered demand over time", "time (s)", "queries per second"],
+        &per_window(|w| w.offered_rate()),
+        None,
+    )?);
+    files.extend(chart(
+        "loki-accuracy",
+        ["Accuracy of completed queries over time", "time (s)", "accuracy"],
+        &per_window(|w| w.accuracy),
+        Some(1.05),
+    )?);
+    files.extend(chart(
+        "loki-workers",
+        ["Active GPU workers over time", "time (s)", "workers (sink included)"],
+        &per_window(|w| w.active_workers),
+        None,
+    )?);
     files.extend(chart(
         "loki-violations",
         ["SLO violations over time", "time (s)", "violation ratio"],
@@ -352,10 +373,30 @@ pub fn reproduce(opts: &ReproduceOptions) -> Result<String> {
         range.map(|i| (names[i].to_string(), all[i].iter().map(|p| (p.demand, value(p))).collect())).collect()
     };
     let everyone = 0..names.len();
-    files.extend(chart("loki-steps-goodput", ["Served throughput per demand step", "demand (QPS)", "on-time QPS"], &by_demand(|p| p.goodput, everyone.clone()), None)?);
-    files.extend(chart("loki-steps-violations", ["SLO violations per demand step", "demand (QPS)", "violation ratio"], &by_demand(|p| p.violations, everyone.clone()), Some(1.05))?);
-    files.extend(chart("loki-steps-accuracy", ["Accuracy per demand step", "demand (QPS)", "accuracy"], &by_demand(|p| p.accuracy, 0..MAIN.len()), Some(1.05))?);
-    files.extend(chart("loki-steps-workers", ["GPU workers per demand step", "demand (QPS)", "workers"], &by_demand(|p| p.workers, 0..MAIN.len()), None)?);
+    files.extend(chart(
+        "loki-steps-goodput",
+        ["Served throughput per demand step", "demand (QPS)", "on-time QPS"],
+        &by_demand(|p| p.goodput, everyone.clone()),
+        None,
+    )?);
+    files.extend(chart(
+        "loki-steps-violations",
+        ["SLO violations per demand step", "demand (QPS)", "violation ratio"],
+        &by_demand(|p| p.violations, everyone.clone()),
+        Some(1.05),
+    )?);
+    files.extend(chart(
+        "loki-steps-accuracy",
+        ["Accuracy per demand step", "demand (QPS)", "accuracy"],
+        &by_demand(|p| p.accuracy, 0..MAIN.len()),
+        Some(1.05),
+    )?);
+    files.extend(chart(
+        "loki-steps-workers",
+        ["GPU workers per demand step", "demand (QPS)", "workers"],
+        &by_demand(|p| p.workers, 0..MAIN.len()),
+        None,
+    )?);
     let _ = writeln!(text, "\nwrote:");
     for f in files {
         let _ = writeln!(text, "  {}", f.display());

@@ -8,11 +8,11 @@
 //! here are what every reproduction needs: the shipped policies by name, a
 //! fuel-metered loader, and progress output.
 
-pub mod flex;
-pub mod pard;
-pub mod loki;
-pub mod quart;
 pub mod calm;
+pub mod flex;
+pub mod loki;
+pub mod pard;
+pub mod quart;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -48,9 +48,21 @@ pub struct Reproduction {
 /// Every reproduction, by name.
 pub const REPRODUCTIONS: &[Reproduction] = &[
     pard::REPRODUCTION,
-    Reproduction { name: "flex", about: "SHEPHERD: FLEX with preemption vs FLEX-NP, EDF, Clockwork, Nexus (Figs. 7, 9, 11a, 11b)", run: flex::run },
-    Reproduction { name: "loki", about: "Loki (HPDC'24): hardware then accuracy scaling on the traffic-analysis pipeline vs InferLine- and Proteus-like baselines", run: loki::reproduce },
-    Reproduction { name: "quart", about: "QUART (ICDCS'24): key-stage scaling of an 8-stage pipeline under bursty load, CV 0.1-8", run: quart::reproduce },
+    Reproduction {
+        name: "flex",
+        about: "SHEPHERD: FLEX with preemption vs FLEX-NP, EDF, Clockwork, Nexus (Figs. 7, 9, 11a, 11b)",
+        run: flex::run,
+    },
+    Reproduction {
+        name: "loki",
+        about: "Loki (HPDC'24): hardware then accuracy scaling on the traffic-analysis pipeline vs InferLine- and Proteus-like baselines",
+        run: loki::reproduce,
+    },
+    Reproduction {
+        name: "quart",
+        about: "QUART (ICDCS'24): key-stage scaling of an 8-stage pipeline under bursty load, CV 0.1-8",
+        run: quart::reproduce,
+    },
     Reproduction { name: "calm", about: "CALM vs FCFS, EDF, SJF on the Azure LLM code trace", run: calm::reproduce },
 ];
 

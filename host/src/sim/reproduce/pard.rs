@@ -19,7 +19,7 @@ pub mod tables;
 
 use anyhow::{anyhow, Result};
 
-use super::{shipped, simulation_loader, Reproduction, ReproduceOptions};
+use super::{shipped, simulation_loader, ReproduceOptions, Reproduction};
 use crate::engine::{Engine, EngineOptions, Pipeline};
 use crate::policy::contract::Param;
 use crate::policy::native::config_to_sdk;

@@ -152,15 +152,7 @@ pub fn spec(seed: u64, duration_s: f64, cached: bool) -> Result<SimSpec> {
         cache_high_water: 0.85,
         ..SimExecutorOptions::default()
     };
-    Ok(SimSpec {
-        pipeline,
-        seed,
-        duration: (duration_s * 1e9) as u64,
-        executor,
-        engine,
-        decision_interval: 0,
-        capture_dir: None,
-    })
+    Ok(SimSpec { pipeline, seed, duration: (duration_s * 1e9) as u64, executor, engine, decision_interval: 0, capture_dir: None })
 }
 
 /// Run every contender at one CV level; outcomes in the order of [`contenders`].
@@ -181,16 +173,30 @@ pub fn render_rows(rows: &[QuartRow]) -> String {
     let _ = writeln!(
         out,
         "{:>5} {:<15} {:>9} {:>9} {:>9} {} {:>9} {:>10} {:>8}",
-        "CV", "policy", "mean ms", "P75 ms", "P99 ms",
+        "CV",
+        "policy",
+        "mean ms",
+        "P75 ms",
+        "P99 ms",
         slo_heads.iter().map(|h| format!("{h:>8}")).collect::<Vec<_>>().join(" "),
-        "goodput", "replica-s", "incompl."
+        "goodput",
+        "replica-s",
+        "incompl."
     );
     for r in rows {
         let slo: Vec<String> = r.slo.iter().map(|s| format!("{:>7.1}%", 100.0 * s)).collect();
         let _ = writeln!(
             out,
             "{:>5} {:<15} {:>9.1} {:>9.1} {:>9.1} {} {:>9.1} {:>10.0} {:>8}",
-            r.cv, r.policy, r.mean_ms, r.p75_ms, r.p99_ms, slo.join(" "), r.goodput, r.replica_s, r.incomplete
+            r.cv,
+            r.policy,
+            r.mean_ms,
+            r.p75_ms,
+            r.p99_ms,
+            slo.join(" "),
+            r.goodput,
+            r.replica_s,
+            r.incomplete
         );
     }
     out
@@ -210,7 +216,15 @@ pub fn render_headline(rows: &[QuartRow]) -> String {
     let mut others: Vec<&str> = rows.iter().map(|r| r.policy.as_str()).filter(|p| *p != "quart").collect();
     others.sort_unstable();
     others.dedup();
-    let _ = writeln!(out, "{:<15} {:>22} {:>20} {:>22} {:>20}", "vs", "mean-latency cut (avg)", "goodput ratio (avg)", format!("latency cut (CV {top})"), format!("goodput ratio (CV {top})"));
+    let _ = writeln!(
+        out,
+        "{:<15} {:>22} {:>20} {:>22} {:>20}",
+        "vs",
+        "mean-latency cut (avg)",
+        "goodput ratio (avg)",
+        format!("latency cut (CV {top})"),
+        format!("goodput ratio (CV {top})")
+    );
     for other in others {
         let (mut cut, mut ratio, mut n) = (0.0, 0.0, 0.0);
         for &cv in &cvs {
@@ -256,7 +270,11 @@ pub fn gap_cv(times: &mut [u64]) -> f64 {
     }
     let mean = gaps.iter().sum::<f64>() / gaps.len() as f64;
     let variance = gaps.iter().map(|g| (g - mean).powi(2)).sum::<f64>() / gaps.len() as f64;
-    if mean > 0.0 { variance.sqrt() / mean } else { 0.0 }
+    if mean > 0.0 {
+        variance.sqrt() / mean
+    } else {
+        0.0
+    }
 }
 
 /// Per-stage arrival CV (paper Fig. 2a): the pipeline at a fixed 3 replicas per stage
@@ -345,7 +363,9 @@ pub fn sweep_svg(rows: &[QuartRow], title: &str, y_label: &str, value: fn(&Quart
         let points: Vec<String> = cvs
             .iter()
             .enumerate()
-            .filter_map(|(i, cv)| rows.iter().find(|r| r.cv == *cv && r.policy == *policy).map(|r| format!("{:.1},{:.1}", x(i), y(value(r)))))
+            .filter_map(|(i, cv)| {
+                rows.iter().find(|r| r.cv == *cv && r.policy == *policy).map(|r| format!("{:.1},{:.1}", x(i), y(value(r))))
+            })
             .collect();
         let _ = writeln!(svg, "<polyline fill=\"none\" stroke=\"{colour}\" stroke-width=\"2\" points=\"{}\"/>", points.join(" "));
         let ly = top + 10.0 + 20.0 * p as f64;
@@ -434,7 +454,8 @@ pub fn reproduce(opts: &ReproduceOptions) -> Result<String> {
         "QUART reproduction: quart-bert8 (8 stages x 20.6 ms, 48 GPUs), gamma arrivals at {rate:.1} req/s, {duration_s} s per run, seed {}",
         opts.seed
     );
-    let _ = writeln!(out, "SLO satisfaction: share of arrivals completed within k x Exec (137 ms); goodput: within 1.5 x Exec, per second\n");
+    let _ =
+        writeln!(out, "SLO satisfaction: share of arrivals completed within k x Exec (137 ms); goodput: within 1.5 x Exec, per second\n");
     out.push_str(&render_rows(&rows));
     out.push('\n');
     out.push_str(&render_headline(&rows));

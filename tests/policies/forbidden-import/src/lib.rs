@@ -10,16 +10,11 @@ wit_bindgen::generate!({
 struct Sneaky;
 
 impl exports::yardmaster::policy::policy::Guest for Sneaky {
-    fn init(
-        _config: yardmaster::policy::types::Config,
-    ) -> Result<Vec<yardmaster::policy::types::Action>, String> {
+    fn init(_config: yardmaster::policy::types::Config) -> Result<Vec<yardmaster::policy::types::Action>, String> {
         Ok(Vec::new())
     }
 
-    fn handle(
-        _now: u64,
-        _events: Vec<yardmaster::policy::types::Event>,
-    ) -> Vec<yardmaster::policy::types::Action> {
+    fn handle(_now: u64, _events: Vec<yardmaster::policy::types::Event>) -> Vec<yardmaster::policy::types::Action> {
         fixture::sneaky::socket::connect("198.51.100.7:80");
         Vec::new()
     }

@@ -138,12 +138,8 @@ mod tests {
 
     #[test]
     fn overload_windows_and_sliding_worst_drop_rate() {
-        let windows = vec![
-            window(10, Some(20.0), 10, 0),
-            window(30, Some(20.0), 10, 10),
-            window(30, None, 0, 30),
-            window(10, Some(20.0), 10, 0),
-        ];
+        let windows =
+            vec![window(10, Some(20.0), 10, 0), window(30, Some(20.0), 10, 10), window(30, None, 0, 30), window(10, Some(20.0), 10, 0)];
         assert_eq!(overload_windows(&windows), vec![false, true, false, false]);
         assert_eq!(worst_average_drop_rate(&windows, 1), 1.0);
         assert_eq!(worst_average_drop_rate(&windows, 2), 40.0 / 50.0);

@@ -52,7 +52,11 @@ fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, title: &str, y_desc: 
                 .x_labels(groups.len().max(1) * 2 + 1)
                 .x_label_formatter(&|x| {
                     let i = x.floor() as usize;
-                    if (x - x.floor() - 0.5).abs() < 0.26 { groups.get(i).cloned().unwrap_or_default() } else { String::new() }
+                    if (x - x.floor() - 0.5).abs() < 0.26 {
+                        groups.get(i).cloned().unwrap_or_default()
+                    } else {
+                        String::new()
+                    }
                 })
                 .y_desc(y_desc)
                 .label_style((FAMILY, 13))
@@ -164,9 +168,23 @@ pub fn write(dir: &Path, results: &Results) -> Result<Vec<PathBuf>, String> {
             .collect()
     };
     let drops = per_policy(&|m| m.drop_rate);
-    files.extend(render(dir, "fig8-drop-rate", png, "Fig. 8 — drop rate per workload", "drop rate (%)", Chart::Bars { groups: &groups, series: &drops })?);
+    files.extend(render(
+        dir,
+        "fig8-drop-rate",
+        png,
+        "Fig. 8 — drop rate per workload",
+        "drop rate (%)",
+        Chart::Bars { groups: &groups, series: &drops },
+    )?);
     let invalid = per_policy(&|m| m.invalid_rate);
-    files.extend(render(dir, "fig8-invalid-rate", png, "Fig. 8 — invalid rate per workload", "invalid rate (%)", Chart::Bars { groups: &groups, series: &invalid })?);
+    files.extend(render(
+        dir,
+        "fig8-invalid-rate",
+        png,
+        "Fig. 8 — invalid rate per workload",
+        "invalid rate (%)",
+        Chart::Bars { groups: &groups, series: &invalid },
+    )?);
 
     // Fig. 9: worst average drop rate vs window size, lv-tweet.
     if let Some(runs) = lv_tweet {
@@ -175,7 +193,14 @@ pub fn write(dir: &Path, results: &Results) -> Result<Vec<PathBuf>, String> {
             .iter()
             .map(|m| (m.name.clone(), SLIDING_WINDOWS_S.iter().zip(&m.worst_drop_rate).map(|(&s, &r)| (s as f64, 100.0 * r)).collect()))
             .collect();
-        files.extend(render(dir, "fig9-worst-drop-rate", png, "Fig. 9 — maximum average drop rate vs window (lv-tweet)", "max average drop rate (%)", Chart::Lines { series: &series, x_desc: "window (s)" })?);
+        files.extend(render(
+            dir,
+            "fig9-worst-drop-rate",
+            png,
+            "Fig. 9 — maximum average drop rate vs window (lv-tweet)",
+            "max average drop rate (%)",
+            Chart::Lines { series: &series, x_desc: "window (s)" },
+        )?);
     }
 
     // Fig. 11: ablations.
@@ -184,19 +209,43 @@ pub fn write(dir: &Path, results: &Results) -> Result<Vec<PathBuf>, String> {
         ("drop rate".to_string(), results.ablations.metrics.iter().map(|m| 100.0 * m.drop_rate).collect()),
         ("invalid rate".to_string(), results.ablations.metrics.iter().map(|m| 100.0 * m.invalid_rate).collect()),
     ];
-    files.extend(render(dir, "fig11a-ablations", png, "Fig. 11(a) — ablations on lv-tweet", "rate (%)", Chart::Bars { groups: &variants, series: &rates })?);
+    files.extend(render(
+        dir,
+        "fig11a-ablations",
+        png,
+        "Fig. 11(a) — ablations on lv-tweet",
+        "rate (%)",
+        Chart::Bars { groups: &variants, series: &rates },
+    )?);
     let modules = results.ablations.metrics.first().map_or(0, |m| m.drops_by_module.len());
     let shares: Vec<(String, Vec<f64>)> = (0..modules)
         .map(|k| (format!("module {}", k + 1), results.ablations.metrics.iter().map(|m| 100.0 * m.drop_shares()[k]).collect()))
         .collect();
-    files.extend(render(dir, "fig11b-drop-positions", png, "Fig. 11(b) — share of drops per module (lv-tweet)", "share of drops (%)", Chart::Stacked { groups: &variants, series: &shares })?);
+    files.extend(render(
+        dir,
+        "fig11b-drop-positions",
+        png,
+        "Fig. 11(b) — share of drops per module (lv-tweet)",
+        "share of drops (%)",
+        Chart::Stacked { groups: &variants, series: &shares },
+    )?);
 
     // Fig. 14(c): drop rate vs λ.
     let lambda = vec![
         ("drop rate".to_string(), results.lambdas.metrics.iter().zip(LAMBDAS).map(|(m, l)| (l, 100.0 * m.drop_rate)).collect::<Vec<_>>()),
         ("invalid rate".to_string(), results.lambdas.metrics.iter().zip(LAMBDAS).map(|(m, l)| (l, 100.0 * m.invalid_rate)).collect()),
-        ("drop rate, scaling".to_string(), results.lambdas_scaled.metrics.iter().zip(LAMBDAS).map(|(m, l)| (l, 100.0 * m.drop_rate)).collect()),
+        (
+            "drop rate, scaling".to_string(),
+            results.lambdas_scaled.metrics.iter().zip(LAMBDAS).map(|(m, l)| (l, 100.0 * m.drop_rate)).collect(),
+        ),
     ];
-    files.extend(render(dir, "fig14c-lambda", png, "Fig. 14(c) — drop rate vs λ (lv-tweet; fixed instances, and scaling)", "rate (%)", Chart::Lines { series: &lambda, x_desc: "λ" })?);
+    files.extend(render(
+        dir,
+        "fig14c-lambda",
+        png,
+        "Fig. 14(c) — drop rate vs λ (lv-tweet; fixed instances, and scaling)",
+        "rate (%)",
+        Chart::Lines { series: &lambda, x_desc: "λ" },
+    )?);
     Ok(files)
 }

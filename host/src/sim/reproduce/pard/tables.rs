@@ -96,7 +96,17 @@ pub fn render(results: &Results) -> String {
         super::TRACES.iter().map(|(short, preset)| format!("{short} = {preset}")).collect::<Vec<_>>().join(", ")
     );
     // Table 1: every workload.
-    let header = ["workload", "policy", "goodput(ov) %", "goodput req/s", "drop %", "invalid %", "drops 1st half %", "drops last module %", "expired"];
+    let header = [
+        "workload",
+        "policy",
+        "goodput(ov) %",
+        "goodput req/s",
+        "drop %",
+        "invalid %",
+        "drops 1st half %",
+        "drops last module %",
+        "expired",
+    ];
     let mut rows = Vec::new();
     for runs in &results.comparisons {
         for m in &runs.metrics {
@@ -155,10 +165,24 @@ pub fn render(results: &Results) -> String {
 
     // Table 3: ablations.
     let pard = by_name(&results.ablations, "PARD");
-    let header = ["variant", "drop %", "÷ PARD", "invalid %", "÷ PARD", "goodput(ov)", "modules 1–2 %", "last module %", "queue ms", "paper (lv-tweet)"];
+    let header = [
+        "variant",
+        "drop %",
+        "÷ PARD",
+        "invalid %",
+        "÷ PARD",
+        "goodput(ov)",
+        "modules 1–2 %",
+        "last module %",
+        "queue ms",
+        "paper (lv-tweet)",
+    ];
     let mut rows = Vec::new();
     for m in &results.ablations.metrics {
-        let paper = PAPER_ABLATIONS.iter().find(|(n, _)| *n == m.name).map_or("drop 0.12–3.6 % (all workloads); 87 % of drops in modules 1–2", |(_, p)| p);
+        let paper = PAPER_ABLATIONS
+            .iter()
+            .find(|(n, _)| *n == m.name)
+            .map_or("drop 0.12–3.6 % (all workloads); 87 % of drops in modules 1–2", |(_, p)| p);
         rows.push(vec![
             m.name.clone(),
             pct(m.drop_rate),
@@ -213,7 +237,8 @@ pub fn claims(results: &Results) -> Vec<(String, bool, String)> {
     let failing = |f: &dyn Fn(&WorkloadRuns) -> bool| -> Vec<String> {
         results.comparisons.iter().filter(|r| !f(r)).map(|r| r.workload.clone()).collect()
     };
-    let describe = |fails: Vec<String>| if fails.is_empty() { "every workload".to_string() } else { format!("fails on {}", fails.join(", ")) };
+    let describe =
+        |fails: Vec<String>| if fails.is_empty() { "every workload".to_string() } else { format!("fails on {}", fails.join(", ")) };
     let goodput = failing(&|r| {
         let p = by_name(r, "PARD").overload_goodput;
         (p > by_name(r, "Nexus").overload_goodput && p > by_name(r, "Clipper++").overload_goodput) || r.metrics[0].overload_seconds == 0
@@ -234,7 +259,12 @@ pub fn claims(results: &Results) -> Vec<(String, bool, String)> {
     out.push((
         "PARD drops earlier than PARD-back (share in modules 1–2)".into(),
         pard.share_before(2) > back.share_before(2),
-        format!("PARD {} % vs back {} %; back at the last module {} %", pct(pard.share_before(2)), pct(back.share_before(2)), pct(back.share_last())),
+        format!(
+            "PARD {} % vs back {} %; back at the last module {} %",
+            pct(pard.share_before(2)),
+            pct(back.share_before(2)),
+            pct(back.share_last())
+        ),
     ));
     let drops: Vec<f64> = results.lambdas.metrics.iter().map(|m| m.drop_rate).collect();
     let (best, gap) = lambda_sweep_gap(&LAMBDAS, &drops, 0.1);
@@ -269,11 +299,11 @@ pub fn lambda_sweep_gap(lambdas: &[f64], drops: &[f64], at: f64) -> (f64, f64) {
 /// Every run's metrics as CSV (`pard-runs.csv`).
 pub fn write_csv(dir: &Path, results: &Results) -> Result<PathBuf> {
     let mut text = String::from("group,workload,policy,offered,goodput,overload_goodput,overload_seconds,drop_rate,invalid_rate,expired,queue_delay_ms,drops_by_module\n");
-    let groups = results
-        .comparisons
-        .iter()
-        .map(|r| ("comparison", r))
-        .chain([("ablation", &results.ablations), ("lambda", &results.lambdas), ("lambda-scaling", &results.lambdas_scaled)]);
+    let groups = results.comparisons.iter().map(|r| ("comparison", r)).chain([
+        ("ablation", &results.ablations),
+        ("lambda", &results.lambdas),
+        ("lambda-scaling", &results.lambdas_scaled),
+    ]);
     for (group, runs) in groups {
         for m in &runs.metrics {
             let drops: Vec<String> = m.drops_by_module.iter().map(u64::to_string).collect();

@@ -15,7 +15,7 @@ fn gamma_arrivals_have_the_requested_rate_and_cv() {
 }
 
 use crate::engine::Profile;
-use crate::sim::trace::{TraceReader, TraceRecord, BatchRecord};
+use crate::sim::trace::{BatchRecord, TraceReader, TraceRecord};
 
 /// The batches of a run captured as a trace, in start order.
 fn batches(spec: &SimSpec, policy: &str, arrivals: GammaArrivals) -> (RunOutcome, Vec<BatchRecord>) {
@@ -91,11 +91,8 @@ fn quart_scales_stages_unevenly_where_uniform_scaling_cannot() {
             .map(|w| {
                 (0..8u32)
                     .map(|s| {
-                        let mut workers: Vec<u32> = batches
-                            .iter()
-                            .filter(|b| b.stage == s && b.at / window == w)
-                            .map(|b| b.worker)
-                            .collect();
+                        let mut workers: Vec<u32> =
+                            batches.iter().filter(|b| b.stage == s && b.at / window == w).map(|b| b.worker).collect();
                         workers.sort_unstable();
                         workers.dedup();
                         workers.len()
@@ -127,7 +124,8 @@ fn under_bursts_quart_beats_every_baseline_on_mean_latency_and_goodput() {
     let loader = simulation_loader().unwrap();
     let run_one = |policy: &str, cached: bool| {
         let spec = spec(11, duration, cached).unwrap();
-        let outcome = run::run(&spec, &shipped(policy, policy).unwrap(), &loader, GammaArrivals::new(rate, 4.0, duration, 11), &mut |_| {}).unwrap();
+        let outcome =
+            run::run(&spec, &shipped(policy, policy).unwrap(), &loader, GammaArrivals::new(rate, 4.0, duration, 11), &mut |_| {}).unwrap();
         row(4.0, &outcome, duration)
     };
     let quart = run_one("quart", true);
