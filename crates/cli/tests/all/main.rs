@@ -1,0 +1,20 @@
+//! End-to-end tests of the `yardmaster` command and server: real ONNX Runtime, real clients, the built binary.
+//!
+//! One test binary for the crate (each module was a test binary of its own): a test
+//! run links the crate's dependencies once.
+
+#[path = "../../../dataplane/tests/all/common/mod.rs"]
+mod common;
+mod fuzz_corpus;
+mod serve_ab;
+mod serve_end_to_end;
+mod serve_executor;
+mod serve_faults;
+mod serve_hostile;
+mod serve_llm;
+mod serve_llm_http;
+mod serve_overload;
+mod serve_policies;
+mod serve_remote;
+mod serve_swap;
+mod serve_transports;

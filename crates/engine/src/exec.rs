@@ -1,0 +1,265 @@
+//! What the engine needs from the world it runs in: a clock, and an executor that runs
+//! batches on workers and provisions them. The simulator implements both with a
+//! virtual clock and latency models; the server with the monotonic clock and ONNX
+//! Runtime sessions.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use yardmaster_policy::contract::EvictMode;
+
+/// A source of the current time in nanoseconds; clones read the same clock.
+pub trait Clock: Clone {
+    /// Now.
+    fn now(&self) -> u64;
+}
+
+/// A clock the driver moves by hand (the simulator's virtual time).
+#[derive(Debug, Clone, Default)]
+pub struct ManualClock(Arc<AtomicU64>);
+
+impl ManualClock {
+    /// Move the clock to `t` (never backwards).
+    pub fn set(&self, t: u64) {
+        self.0.fetch_max(t, Ordering::Relaxed);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// The monotonic clock, in nanoseconds since the clock was made.
+#[derive(Debug, Clone)]
+pub struct MonotonicClock(std::time::Instant);
+
+impl Default for MonotonicClock {
+    fn default() -> Self {
+        Self(std::time::Instant::now())
+    }
+}
+
+impl Clock for MonotonicClock {
+    fn now(&self) -> u64 {
+        self.0.elapsed().as_nanos() as u64
+    }
+}
+
+/// How a sequence of an iteration-level job resumes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resume {
+    /// Not started: prefill its prompt.
+    Fresh,
+    /// Resident on the worker: continue decoding.
+    Continue,
+    /// Evicted by recompute: prefill prompt and generated tokens again.
+    Recompute,
+    /// Evicted by swap: copy its KV cache back in.
+    SwapIn,
+}
+
+/// One request of a job.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobItem {
+    /// The request (piece) id.
+    pub id: u64,
+    /// Input size (prompt tokens for LLM stages).
+    pub input_size: u32,
+    /// Tokens generated so far (iteration stages).
+    pub generated: u32,
+    /// Output tokens the client expects (0 when unknown).
+    pub expected_tokens: u32,
+    /// How it resumes (iteration stages).
+    pub resume: Resume,
+}
+
+/// Work for one worker.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchJob {
+    /// The worker.
+    pub worker: u32,
+    /// Its stage.
+    pub stage: u32,
+    /// The variant to run.
+    pub variant: u32,
+    /// The requests.
+    pub items: Vec<JobItem>,
+    /// Decode steps of a frame (iteration stages); 0 for a batch stage.
+    pub frame_steps: u32,
+}
+
+/// How one request of a finished job did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ItemResult {
+    /// The request (piece) id.
+    pub id: u64,
+    /// The error, if the worker failed on it.
+    pub error: Option<String>,
+    /// Tokens generated in this job (iteration stages).
+    pub tokens: u32,
+    /// The sequence produced its last token (iteration stages).
+    pub finished: bool,
+    /// Pieces it yields per successor stage (fan-out), when the model decides; a
+    /// successor not listed receives exactly one.
+    pub fan_out: Vec<(u32, u32)>,
+}
+
+/// A finished job, as the executor reports it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobResult {
+    /// The worker.
+    pub worker: u32,
+    /// Measured execution time.
+    pub duration: u64,
+    /// Per-request results.
+    pub items: Vec<ItemResult>,
+}
+
+/// Runs the engine's decisions.
+pub trait Executor {
+    /// Start a job; its result comes back through `Engine::job_finished`.
+    fn start(&mut self, job: BatchJob);
+    /// Abort the job running on a worker (preemption); no result will come for it.
+    fn abort(&mut self, worker: u32);
+    /// Start a new worker; readiness comes back through `Engine::worker_ready`.
+    fn provision(&mut self, worker: u32, stage: u32, variant: u32);
+    /// Cancel a worker that is still starting, or remove an idle one.
+    fn retire(&mut self, worker: u32);
+    /// Change a worker's intra-op thread count.
+    fn set_threads(&mut self, worker: u32, threads: u32);
+    /// Change a worker's model variant.
+    fn set_variant(&mut self, worker: u32, variant: u32);
+    /// A sequence leaves a worker's memory (iteration stages).
+    fn evict(&mut self, worker: u32, sequence: u64, mode: EvictMode);
+}
+
+/// One executor driven by several engines on the same thread: the arms of an A/B run
+/// each schedule their own workers, all of which live in this one executor. Cloning
+/// gives another handle to the same executor. Worker and request ids must not collide
+/// between the engines ([`super::IdSpace`] sees to that).
+pub struct SharedExecutor<X>(std::rc::Rc<std::cell::RefCell<X>>);
+
+impl<X> SharedExecutor<X> {
+    /// Share `executor`.
+    pub fn new(executor: X) -> Self {
+        Self(std::rc::Rc::new(std::cell::RefCell::new(executor)))
+    }
+
+    /// The executor, for reading.
+    pub fn borrow(&self) -> std::cell::Ref<'_, X> {
+        self.0.borrow()
+    }
+
+    /// The executor, for changing.
+    pub fn borrow_mut(&self) -> std::cell::RefMut<'_, X> {
+        self.0.borrow_mut()
+    }
+}
+
+impl<X> Clone for SharedExecutor<X> {
+    fn clone(&self) -> Self {
+        Self(self.0.clone())
+    }
+}
+
+impl<X: std::fmt::Debug> std::fmt::Debug for SharedExecutor<X> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("SharedExecutor").field(&*self.0.borrow()).finish()
+    }
+}
+
+impl<X: Executor> Executor for SharedExecutor<X> {
+    fn start(&mut self, job: BatchJob) {
+        self.0.borrow_mut().start(job)
+    }
+    fn abort(&mut self, worker: u32) {
+        self.0.borrow_mut().abort(worker)
+    }
+    fn provision(&mut self, worker: u32, stage: u32, variant: u32) {
+        self.0.borrow_mut().provision(worker, stage, variant)
+    }
+    fn retire(&mut self, worker: u32) {
+        self.0.borrow_mut().retire(worker)
+    }
+    fn set_threads(&mut self, worker: u32, threads: u32) {
+        self.0.borrow_mut().set_threads(worker, threads)
+    }
+    fn set_variant(&mut self, worker: u32, variant: u32) {
+        self.0.borrow_mut().set_variant(worker, variant)
+    }
+    fn evict(&mut self, worker: u32, sequence: u64, mode: EvictMode) {
+        self.0.borrow_mut().evict(worker, sequence, mode)
+    }
+}
+
+/// Where an engine takes new request and worker ids from. Engines that share one
+/// (the arms of an A/B run, over one [`SharedExecutor`]) never hand out the same id
+/// twice; a lone engine has its own, counting requests from 1 and workers from 0.
+#[derive(Debug, Clone)]
+pub struct IdSpace(Arc<(AtomicU64, AtomicU64)>);
+
+impl Default for IdSpace {
+    fn default() -> Self {
+        Self(Arc::new((AtomicU64::new(1), AtomicU64::new(0))))
+    }
+}
+
+impl IdSpace {
+    /// A new request (or piece) id.
+    pub fn request(&self) -> u64 {
+        self.0 .0.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// A new worker id.
+    pub fn worker(&self) -> u32 {
+        self.0 .1.fetch_add(1, Ordering::Relaxed) as u32
+    }
+
+    /// Make sure worker ids from now on are at least `next`.
+    pub(super) fn reserve_workers(&self, next: u32) {
+        self.0 .1.fetch_max(next as u64, Ordering::Relaxed);
+    }
+}
+
+/// An executor that runs nothing: it records the jobs it is asked to start, for the
+/// driver to finish by hand ([`Engine::job_finished`](crate::Engine::job_finished)),
+/// and the workers it provisions. For drivers that script what workers do — the
+/// conformance harness, fuzzing, tests.
+#[derive(Debug, Default)]
+pub struct RecordingExecutor {
+    started: Vec<BatchJob>,
+    provisioned: Vec<u32>,
+}
+
+impl RecordingExecutor {
+    /// The jobs started since the last call, in the order they started.
+    pub fn take_started(&mut self) -> Vec<BatchJob> {
+        std::mem::take(&mut self.started)
+    }
+
+    /// The workers provisioned since the last call and not retired since, for the
+    /// driver to report ready ([`Engine::worker_ready`](crate::Engine::worker_ready)).
+    pub fn take_provisioned(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.provisioned)
+    }
+}
+
+impl Executor for RecordingExecutor {
+    fn start(&mut self, job: BatchJob) {
+        self.started.push(job);
+    }
+    fn abort(&mut self, worker: u32) {
+        self.started.retain(|j| j.worker != worker);
+    }
+    fn provision(&mut self, worker: u32, _stage: u32, _variant: u32) {
+        self.provisioned.push(worker);
+    }
+    fn retire(&mut self, worker: u32) {
+        self.provisioned.retain(|w| *w != worker);
+    }
+    fn set_threads(&mut self, _worker: u32, _threads: u32) {}
+    fn set_variant(&mut self, _worker: u32, _variant: u32) {}
+    fn evict(&mut self, _worker: u32, _sequence: u64, _mode: EvictMode) {}
+}

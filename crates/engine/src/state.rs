@@ -1,0 +1,305 @@
+//! The engine's tables: requests (pieces of end-to-end requests), their origins,
+//! workers and stages. [`ClusterState`] is also the view the policy runtime validates
+//! actions against.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use rustc_hash::FxHashMap;
+
+use super::pipeline::Pipeline;
+use yardmaster_policy::contract::{self, Request, StageKind};
+use yardmaster_policy::validate::{ClusterView, SequenceState, StageState, WorkerState};
+
+/// Where a piece is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PieceState {
+    /// Handed to the policy, waiting at its stage.
+    Queued,
+    /// In the job running on a worker.
+    Running(u32),
+    /// Resident but paused on an iteration worker.
+    Paused(u32),
+    /// Handed back to the host until a time.
+    Deferred,
+    /// Waiting at a fan-in stage for its siblings.
+    Merging,
+}
+
+/// A request at one stage: an end-to-end request, or a piece of one after a fan-out.
+#[derive(Debug, Clone)]
+pub struct Piece {
+    /// What the policy sees.
+    pub request: Request,
+    /// Where it is.
+    pub state: PieceState,
+    /// Tokens generated so far (iteration stages).
+    pub generated: u32,
+    /// How it resumes on an iteration worker.
+    pub resume: super::exec::Resume,
+}
+
+/// An end-to-end request and its live pieces.
+#[derive(Debug, Clone)]
+pub struct Origin {
+    /// Its stream.
+    pub stream: u32,
+    /// When the client sent it.
+    pub sent_at: u64,
+    /// Absolute deadline.
+    pub deadline: u64,
+    /// Pieces not yet ended.
+    pub live: u32,
+    /// Product of the accuracies of the variants that served each stage.
+    pub accuracy: f64,
+    /// Stages already counted in `accuracy` (bit per stage id < 64).
+    pub served: u64,
+    /// Tokens generated over all pieces.
+    pub tokens: u32,
+    /// Total time its pieces waited in queues.
+    pub queue_delay: u64,
+    /// Pieces of it waiting at fan-in stages, by stage.
+    pub merging: Vec<(u32, u64)>,
+}
+
+/// What a worker is doing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WorkerPhase {
+    /// Loading; serves from `ready_at` on (estimated).
+    Starting,
+    /// Free.
+    Idle,
+    /// Running a job.
+    Busy {
+        /// Pieces in the job.
+        items: Vec<u64>,
+        /// When it started.
+        started: u64,
+    },
+    /// Finishing its job, then removed.
+    Draining {
+        /// Pieces in the job.
+        items: Vec<u64>,
+        /// When it started.
+        started: u64,
+    },
+}
+
+/// A worker.
+#[derive(Debug, Clone)]
+pub struct WorkerEntry {
+    /// As the policy sees it.
+    pub info: contract::Worker,
+    /// What it does.
+    pub phase: WorkerPhase,
+    /// Resident sequences (iteration stages), with their KV bytes.
+    pub resident: BTreeMap<u64, u64>,
+    /// Busy time in the current tick window.
+    pub busy_in_window: u64,
+    /// Size of its last job.
+    pub last_batch: u32,
+    /// Origins of the pieces of the running job (for accelerator-time accounting).
+    pub job_origins: Vec<u64>,
+}
+
+impl WorkerEntry {
+    /// A worker in `phase` with nothing resident.
+    pub fn new(info: contract::Worker, phase: WorkerPhase) -> Self {
+        Self { info, phase, resident: BTreeMap::new(), busy_in_window: 0, last_batch: 0, job_origins: Vec::new() }
+    }
+}
+
+/// Per-stage counters of the current tick window.
+#[derive(Debug, Clone, Default)]
+pub struct StageWindow {
+    /// Arrivals.
+    pub arrivals: u64,
+    /// Pieces finished.
+    pub completions: u64,
+    /// Jobs started.
+    pub jobs: u64,
+    /// Pieces in those jobs.
+    pub job_items: u64,
+}
+
+/// Per-stage state.
+#[derive(Debug, Clone)]
+pub struct StageEntry {
+    /// Current batch limit.
+    pub batch_limit: u32,
+    /// Serving + starting workers.
+    pub replicas: u32,
+    /// Tick window counters.
+    pub window: StageWindow,
+    /// The policy's routing table for requests entering the stage (advisory).
+    pub routes: Vec<contract::Route>,
+}
+
+/// Everything the engine knows.
+pub struct ClusterState {
+    /// The pipeline.
+    pub pipeline: Pipeline,
+    /// Now.
+    pub now: u64,
+    /// Pieces by id.
+    pub pieces: FxHashMap<u64, Piece>,
+    /// Origins by id.
+    pub origins: FxHashMap<u64, Origin>,
+    /// Workers by id.
+    pub workers: BTreeMap<u32, WorkerEntry>,
+    /// Stages by id.
+    pub stages: Vec<StageEntry>,
+    /// Queued pieces per stage in arrival order (for snapshots; lazily cleaned).
+    pub queued_order: Vec<VecDeque<(u64, u64)>>,
+    /// Most intra-op threads per worker.
+    pub max_threads: u32,
+}
+
+impl ClusterState {
+    /// The state at start: the pipeline's initial replicas are not created here.
+    pub fn new(pipeline: Pipeline, max_threads: u32) -> Self {
+        let stages = pipeline
+            .stages
+            .iter()
+            .map(|s| StageEntry { batch_limit: s.max_batch, replicas: 0, window: StageWindow::default(), routes: Vec::new() })
+            .collect();
+        let queued_order = vec![VecDeque::new(); pipeline.stages.len()];
+        Self {
+            pipeline,
+            now: 0,
+            pieces: FxHashMap::default(),
+            origins: FxHashMap::default(),
+            workers: BTreeMap::new(),
+            stages,
+            queued_order,
+            max_threads,
+        }
+    }
+
+    /// Workers that can take work now.
+    pub fn idle(&self) -> impl Iterator<Item = u32> + '_ {
+        self.workers.values().filter(|w| w.phase == WorkerPhase::Idle).map(|w| w.info.id)
+    }
+
+    /// Serving workers (not starting).
+    pub fn serving(&self) -> usize {
+        self.workers.values().filter(|w| w.phase != WorkerPhase::Starting).count()
+    }
+
+    /// The telemetry snapshot; resets the tick window.
+    pub fn snapshot(&mut self, window_ns: u64) -> contract::Snapshot {
+        let now = self.now;
+        let seconds = (window_ns as f64 / 1e9).max(1e-9);
+        let mut stages = Vec::with_capacity(self.stages.len());
+        for (i, stage) in self.stages.iter_mut().enumerate() {
+            let order = &mut self.queued_order[i];
+            while let Some(&(id, _)) = order.front() {
+                if self.pieces.get(&id).is_some_and(|p| p.state == PieceState::Queued && p.request.stage == i as u32) {
+                    break;
+                }
+                order.pop_front();
+            }
+            let queue_length = self.pieces.values().filter(|p| p.state == PieceState::Queued && p.request.stage == i as u32).count() as u32;
+            let oldest = order.front().map_or(now, |&(_, at)| at);
+            let w = std::mem::take(&mut stage.window);
+            let starting = self.workers.values().filter(|x| x.info.stage == i as u32 && x.phase == WorkerPhase::Starting).count() as u32;
+            stages.push(contract::StageStats {
+                stage: i as u32,
+                queue_length,
+                queue_delay: now.saturating_sub(oldest),
+                arrival_rate: w.arrivals as f64 / seconds,
+                throughput: w.completions as f64 / seconds,
+                mean_batch: if w.jobs == 0 { 0.0 } else { w.job_items as f64 / w.jobs as f64 },
+                replicas: stage.replicas - starting,
+                starting,
+                batch_limit: stage.batch_limit,
+            });
+        }
+        let workers = self
+            .workers
+            .values_mut()
+            .map(|w| {
+                let busy_now = match &w.phase {
+                    WorkerPhase::Busy { started, .. } | WorkerPhase::Draining { started, .. } => {
+                        now.saturating_sub(*started).min(window_ns)
+                    }
+                    _ => 0,
+                };
+                let busy = std::mem::take(&mut w.busy_in_window) + busy_now;
+                contract::WorkerStats {
+                    worker: w.info.id,
+                    stage: w.info.stage,
+                    variant: w.info.variant,
+                    busy: matches!(w.phase, WorkerPhase::Busy { .. } | WorkerPhase::Draining { .. }),
+                    utilisation: (busy as f64 / window_ns.max(1) as f64).min(1.0),
+                    last_batch: w.last_batch,
+                    threads: w.info.threads,
+                    memory_used: w.resident.values().sum(),
+                    memory_capacity: w.info.memory_bytes,
+                }
+            })
+            .collect();
+        contract::Snapshot { at: now, stages, workers, host_memory_used: 0, host_memory_capacity: 0 }
+    }
+}
+
+impl ClusterView for ClusterState {
+    fn now(&self) -> u64 {
+        self.now
+    }
+
+    fn worker(&self, id: u32) -> Option<WorkerState> {
+        let w = self.workers.get(&id)?;
+        if w.phase == WorkerPhase::Starting {
+            return None;
+        }
+        Some(WorkerState { stage: w.info.stage, busy: w.phase != WorkerPhase::Idle })
+    }
+
+    fn idle_workers(&self) -> Vec<u32> {
+        self.idle().collect()
+    }
+
+    fn serving_workers(&self) -> Vec<contract::Worker> {
+        let mut workers: Vec<contract::Worker> =
+            self.workers.values().filter(|w| w.phase != WorkerPhase::Starting).map(|w| w.info).collect();
+        workers.sort_by_key(|w| w.id);
+        workers
+    }
+
+    fn stage(&self, id: u32) -> Option<StageState> {
+        let def = self.pipeline.stages.get(id as usize)?;
+        let entry = &self.stages[id as usize];
+        Some(StageState {
+            kind: def.kind,
+            max_batch: def.max_batch,
+            batch_limit: entry.batch_limit,
+            variants: def.variants.len() as u32,
+            min_replicas: def.min_replicas,
+            max_replicas: def.max_replicas,
+            replicas: entry.replicas,
+        })
+    }
+
+    fn sequence(&self, id: u64) -> Option<SequenceState> {
+        let piece = self.pieces.get(&id)?;
+        match piece.state {
+            PieceState::Paused(worker) => Some(SequenceState { worker, running: false }),
+            PieceState::Running(worker) if self.pipeline.stages[piece.request.stage as usize].kind == StageKind::Iteration => {
+                Some(SequenceState { worker, running: true })
+            }
+            _ => None,
+        }
+    }
+
+    fn max_workers(&self) -> u32 {
+        self.pipeline.max_workers
+    }
+
+    fn total_replicas(&self) -> u32 {
+        self.stages.iter().map(|s| s.replicas).sum()
+    }
+
+    fn max_threads(&self) -> u32 {
+        self.max_threads
+    }
+}

@@ -1,0 +1,559 @@
+//! The client API, independent of the transport: KServe v2 routes over plain
+//! [`http`] types, answered by a [`Backend`]. The HTTP/1.1 and HTTP/3 front ends
+//! both hand every request to [`Api::handle`], so the two speak exactly the same
+//! protocol.
+//!
+//! Routes: `GET /v2/health/live`, `GET /v2/health/ready`, `GET /v2` (server metadata),
+//! `GET /v2/models/{model}[/versions/{v}]` (model metadata),
+//! `GET /v2/models/{model}[/versions/{v}]/ready`,
+//! `POST /v2/models/{model}[/versions/{v}]/infer`, and `GET /metrics` (Prometheus
+//! text, when a renderer is set).
+//!
+//! Status codes: 400 for a malformed request (with the reason), 404 for an unknown
+//! model or route, 405 for a wrong method, 413 for an oversized body, 503 when the
+//! scheduling policy dropped the request (the body says it was dropped and why), the
+//! server is not ready, or it already holds its admission cap of inference requests
+//! ([`Api::with_max_in_flight`]: the body says so), 500 when a worker failed on it.
+//!
+//! The admission cap bounds what an overload can make the server hold: every
+//! inference request in flight, from its body read to its answer, counts once
+//! whichever transport it came by; one past the cap is answered 503 at once, before
+//! its body is decoded.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method, StatusCode};
+use serde_json::{json, Value};
+
+use super::kserve::{self, DataType, InferRequest, InferResponse};
+
+/// Largest request body accepted (bytes).
+pub const DEFAULT_MAX_BODY: usize = 64 << 20;
+
+/// Most inference requests admitted at once, by default.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 10_000;
+
+/// A tensor a model takes or gives, for metadata (`-1` marks a variable dimension).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorSpec {
+    /// Name.
+    pub name: String,
+    /// Element type.
+    pub datatype: DataType,
+    /// Shape.
+    pub shape: Vec<i64>,
+}
+
+/// A model as clients see it (in Yardmaster: a pipeline stream).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelMetadata {
+    /// Name clients address it by.
+    pub name: String,
+    /// Versions served.
+    pub versions: Vec<String>,
+    /// Platform string.
+    pub platform: String,
+    /// Inputs.
+    pub inputs: Vec<TensorSpec>,
+    /// Outputs.
+    pub outputs: Vec<TensorSpec>,
+}
+
+/// Why an inference did not produce outputs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum InferError {
+    /// The request is malformed for this model (400).
+    Invalid(String),
+    /// The scheduling policy (or the host's expiry) dropped it (503).
+    Dropped(String),
+    /// A worker failed on it (500).
+    Failed(String),
+    /// The server cannot take requests now (503).
+    Unavailable(String),
+}
+
+/// A boxed future, for the object-safe [`Backend`].
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What answers inference requests.
+pub trait Backend: Send + Sync {
+    /// Every model served.
+    fn models(&self) -> Vec<ModelMetadata>;
+    /// Whether the server takes requests.
+    fn ready(&self) -> bool;
+    /// Run one request on `model` (a name from [`Backend::models`]).
+    fn infer(&self, model: &str, request: InferRequest) -> BoxFuture<'_, Result<InferResponse, InferError>>;
+}
+
+/// A request, transport-independent.
+#[derive(Debug, Clone)]
+pub struct ApiRequest {
+    /// Method.
+    pub method: Method,
+    /// Path (no query).
+    pub path: String,
+    /// Headers.
+    pub headers: HeaderMap,
+    /// Body.
+    pub body: Bytes,
+}
+
+/// A response, transport-independent.
+#[derive(Debug, Clone)]
+pub struct ApiResponse {
+    /// Status.
+    pub status: StatusCode,
+    /// Headers (content type, binary-extension header length).
+    pub headers: HeaderMap,
+    /// Body.
+    pub body: Bytes,
+}
+
+impl ApiResponse {
+    fn json(status: StatusCode, value: &Value) -> Self {
+        let mut headers = HeaderMap::new();
+        headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        Self { status, headers, body: Bytes::from(serde_json::to_vec(value).expect("JSON values serialise")) }
+    }
+
+    /// A protocol error body (`{"error": message}`) with `status`.
+    pub fn error_response(status: StatusCode, message: &str) -> Self {
+        Self::error(status, message)
+    }
+
+    fn error(status: StatusCode, message: &str) -> Self {
+        let mut headers = HeaderMap::new();
+        headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        Self { status, headers, body: Bytes::from(kserve::error_body(message)) }
+    }
+
+    fn empty(status: StatusCode) -> Self {
+        Self { status, headers: HeaderMap::new(), body: Bytes::new() }
+    }
+}
+
+/// Renders the Prometheus text exposition.
+pub type MetricsRenderer = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// The client API.
+pub struct Api {
+    backend: Arc<dyn Backend>,
+    /// The backend's models, read once: every request looks its model up here.
+    models: Vec<ModelMetadata>,
+    metrics: Option<MetricsRenderer>,
+    max_body: usize,
+    admission: Admission,
+}
+
+/// The admission cap: inference requests in flight, and those refused at the cap.
+#[derive(Debug)]
+struct Admission {
+    limit: usize,
+    in_flight: Arc<AtomicUsize>,
+    refused: AtomicU64,
+}
+
+/// One admitted request's place under the cap, given back when dropped (answered, or
+/// abandoned by its client).
+struct Admitted(Arc<AtomicUsize>);
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Admission {
+    fn enter(&self) -> Option<Admitted> {
+        let admitted = self.in_flight.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < self.limit).then_some(n + 1)).is_ok();
+        if admitted {
+            Some(Admitted(Arc::clone(&self.in_flight)))
+        } else {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            None
+        }
+    }
+}
+
+impl Api {
+    /// An API answered by `backend` (whose models are read once, here).
+    pub fn new(backend: Arc<dyn Backend>) -> Self {
+        let models = backend.models();
+        let admission = Admission { limit: DEFAULT_MAX_IN_FLIGHT, in_flight: Arc::default(), refused: AtomicU64::new(0) };
+        Self { backend, models, metrics: None, max_body: DEFAULT_MAX_BODY, admission }
+    }
+
+    /// Admit at most `requests` inference requests at once; more get 503.
+    pub fn with_max_in_flight(mut self, requests: usize) -> Self {
+        self.admission.limit = requests.max(1);
+        self
+    }
+
+    /// Inference requests admitted and not yet answered.
+    pub fn in_flight(&self) -> usize {
+        self.admission.in_flight.load(Ordering::Acquire)
+    }
+
+    /// Inference requests refused at the admission cap so far.
+    pub fn refused_at_cap(&self) -> u64 {
+        self.admission.refused.load(Ordering::Relaxed)
+    }
+
+    /// Serve `GET /metrics` with `render`.
+    pub fn with_metrics(mut self, render: MetricsRenderer) -> Self {
+        self.metrics = Some(render);
+        self
+    }
+
+    /// Refuse bodies larger than `bytes` with 413.
+    pub fn with_max_body(mut self, bytes: usize) -> Self {
+        self.max_body = bytes;
+        self
+    }
+
+    /// Largest body accepted (front ends stop reading past it).
+    pub fn max_body(&self) -> usize {
+        self.max_body
+    }
+
+    /// Answer one request.
+    pub async fn handle(&self, request: ApiRequest) -> ApiResponse {
+        let segments: Vec<&str> = request.path.trim_matches('/').split('/').collect();
+        let get = request.method == Method::GET || request.method == Method::HEAD;
+        match segments.as_slice() {
+            ["metrics"] if get => match &self.metrics {
+                Some(render) => {
+                    let mut headers = HeaderMap::new();
+                    headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
+                    ApiResponse { status: StatusCode::OK, headers, body: Bytes::from(render()) }
+                }
+                None => ApiResponse::error(StatusCode::NOT_FOUND, "metrics are not enabled"),
+            },
+            ["v2", "health", "live"] if get => ApiResponse::empty(StatusCode::OK),
+            ["v2", "health", "ready"] if get => {
+                ApiResponse::empty(if self.backend.ready() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE })
+            }
+            ["v2"] if get => ApiResponse::json(
+                StatusCode::OK,
+                &json!({
+                    "name": "yardmaster",
+                    "version": env!("CARGO_PKG_VERSION"),
+                    "extensions": ["binary_tensor_data", "schedule_policy", "model_configuration"],
+                }),
+            ),
+            ["v2", "models", model, rest @ ..] => self.model_route(&request, model, rest).await,
+            ["v2", ..] | ["metrics"] => ApiResponse::error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this route"),
+            _ => ApiResponse::error(StatusCode::NOT_FOUND, &format!("no route {} {}", request.method, request.path)),
+        }
+    }
+
+    async fn model_route(&self, request: &ApiRequest, model: &str, rest: &[&str]) -> ApiResponse {
+        let Some(metadata) = self.models.iter().find(|m| m.name == model) else {
+            let known: Vec<&str> = self.models.iter().map(|m| m.name.as_str()).collect();
+            return ApiResponse::error(StatusCode::NOT_FOUND, &format!("unknown model {model:?} (served: {})", known.join(", ")));
+        };
+        let rest = match rest {
+            ["versions", version, rest @ ..] => {
+                if !metadata.versions.iter().any(|v| v == version) {
+                    return ApiResponse::error(
+                        StatusCode::NOT_FOUND,
+                        &format!("model {model:?} has no version {version:?} (versions: {})", metadata.versions.join(", ")),
+                    );
+                }
+                rest
+            }
+            rest => rest,
+        };
+        let get = request.method == Method::GET || request.method == Method::HEAD;
+        match rest {
+            [] if get => ApiResponse::json(StatusCode::OK, &metadata_json(metadata)),
+            ["ready"] if get => ApiResponse::empty(if self.backend.ready() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }),
+            ["config"] if get => {
+                ApiResponse::json(StatusCode::OK, &json!({ "name": metadata.name, "platform": metadata.platform, "max_batch_size": 0 }))
+            }
+            ["infer"] if request.method == Method::POST => self.infer(request, metadata).await,
+            [] | ["ready"] | ["config"] | ["infer"] => {
+                ApiResponse::error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this route")
+            }
+            _ => ApiResponse::error(StatusCode::NOT_FOUND, &format!("no route {} {}", request.method, request.path)),
+        }
+    }
+
+    async fn infer(&self, request: &ApiRequest, metadata: &ModelMetadata) -> ApiResponse {
+        if request.body.len() > self.max_body {
+            return ApiResponse::error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &format!("body of {} bytes exceeds the limit of {}", request.body.len(), self.max_body),
+            );
+        }
+        let Some(_admitted) = self.admission.enter() else {
+            return ApiResponse::error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &format!(
+                    "overloaded: the server already holds its limit of {} requests in flight (max_in_flight); retry later",
+                    self.admission.limit
+                ),
+            );
+        };
+        let json_length = match request.headers.get(kserve::HEADER_CONTENT_LENGTH) {
+            None => None,
+            Some(value) => match value.to_str().ok().and_then(|v| v.trim().parse::<usize>().ok()) {
+                Some(n) => Some(n),
+                None => {
+                    return ApiResponse::error(StatusCode::BAD_REQUEST, "Inference-Header-Content-Length must be a non-negative integer")
+                }
+            },
+        };
+        let mut decoded = match kserve::decode_request(&request.body, json_length) {
+            Ok(decoded) => decoded,
+            Err(e) => return ApiResponse::error(StatusCode::BAD_REQUEST, &e.0),
+        };
+        if decoded.schedule.split_key.is_none() {
+            decoded.schedule.split_key = request.headers.get(super::ab::KEY_HEADER).and_then(|v| v.to_str().ok()).map(str::to_string);
+        }
+        if let Err(message) = check_inputs(&decoded, metadata) {
+            return ApiResponse::error(StatusCode::BAD_REQUEST, &message);
+        }
+        let requested = decoded.outputs.clone();
+        let all_binary = decoded.parameters.get("binary_data_output").and_then(Value::as_bool).unwrap_or(false);
+        match self.backend.infer(&metadata.name, decoded).await {
+            Ok(response) => match kserve::encode_response(&response, &requested, all_binary) {
+                Ok(encoded) => {
+                    let mut headers = HeaderMap::new();
+                    headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                    if let Some(n) = encoded.json_length {
+                        headers.insert(kserve::HEADER_CONTENT_LENGTH, HeaderValue::from(n));
+                        headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+                    }
+                    ApiResponse { status: StatusCode::OK, headers, body: Bytes::from(encoded.bytes) }
+                }
+                Err(e) => ApiResponse::error(StatusCode::BAD_REQUEST, &e.0),
+            },
+            Err(InferError::Invalid(message)) => ApiResponse::error(StatusCode::BAD_REQUEST, &message),
+            Err(InferError::Dropped(reason)) => {
+                ApiResponse::error(StatusCode::SERVICE_UNAVAILABLE, &format!("dropped by the scheduler: {reason}"))
+            }
+            Err(InferError::Failed(error)) => ApiResponse::error(StatusCode::INTERNAL_SERVER_ERROR, &format!("failed: {error}")),
+            Err(InferError::Unavailable(reason)) => ApiResponse::error(StatusCode::SERVICE_UNAVAILABLE, &reason),
+        }
+    }
+}
+
+/// Inputs must be the model's, with its types and compatible shapes.
+fn check_inputs(request: &InferRequest, metadata: &ModelMetadata) -> Result<(), String> {
+    for tensor in &request.inputs {
+        let Some(spec) = metadata.inputs.iter().find(|s| s.name == tensor.name) else {
+            let names: Vec<&str> = metadata.inputs.iter().map(|s| s.name.as_str()).collect();
+            return Err(format!("model {:?} has no input {:?} (inputs: {})", metadata.name, tensor.name, names.join(", ")));
+        };
+        if spec.datatype != tensor.datatype {
+            return Err(format!("input {:?} must be {}, got {}", tensor.name, spec.datatype.name(), tensor.datatype.name()));
+        }
+        let fits = spec.shape.len() == tensor.shape.len()
+            && spec.shape.iter().zip(&tensor.shape).all(|(want, got)| *want < 0 || *want as u64 == *got);
+        if !fits {
+            return Err(format!("input {:?} must have shape {:?} (-1: any), got {:?}", tensor.name, spec.shape, tensor.shape));
+        }
+    }
+    if let Some(missing) = metadata.inputs.iter().find(|s| !request.inputs.iter().any(|t| t.name == s.name)) {
+        return Err(format!("input {:?} is missing", missing.name));
+    }
+    Ok(())
+}
+
+fn metadata_json(metadata: &ModelMetadata) -> Value {
+    let tensors = |specs: &[TensorSpec]| -> Value {
+        specs.iter().map(|s| json!({ "name": s.name, "datatype": s.datatype.name(), "shape": s.shape })).collect()
+    };
+    json!({
+        "name": metadata.name,
+        "versions": metadata.versions,
+        "platform": metadata.platform,
+        "inputs": tensors(&metadata.inputs),
+        "outputs": tensors(&metadata.outputs),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kserve::Tensor;
+
+    /// Doubles its FP32 input; drops requests whose priority is 9.
+    struct Doubler;
+
+    impl Backend for Doubler {
+        fn models(&self) -> Vec<ModelMetadata> {
+            vec![ModelMetadata {
+                name: "double".into(),
+                versions: vec!["1".into()],
+                platform: "test".into(),
+                inputs: vec![TensorSpec { name: "x".into(), datatype: DataType::F32, shape: vec![-1] }],
+                outputs: vec![TensorSpec { name: "y".into(), datatype: DataType::F32, shape: vec![-1] }],
+            }]
+        }
+        fn ready(&self) -> bool {
+            true
+        }
+        fn infer(&self, model: &str, request: InferRequest) -> BoxFuture<'_, Result<InferResponse, InferError>> {
+            let model = model.to_string();
+            Box::pin(async move {
+                if request.schedule.priority == Some(9) {
+                    return Err(InferError::Dropped("cannot finish before its deadline".into()));
+                }
+                let x = request.inputs[0].as_f32().unwrap();
+                let y: Vec<f32> = x.iter().map(|v| v * 2.0).collect();
+                Ok(InferResponse {
+                    model_name: model,
+                    model_version: Some("1".into()),
+                    id: request.id,
+                    parameters: Default::default(),
+                    outputs: vec![Tensor::f32("y", vec![y.len() as u64], &y).unwrap()],
+                })
+            })
+        }
+    }
+
+    fn call(api: &Api, method: Method, path: &str, body: &str) -> ApiResponse {
+        let request = ApiRequest { method, path: path.into(), headers: HeaderMap::new(), body: Bytes::from(body.to_string()) };
+        tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(api.handle(request))
+    }
+
+    fn json_of(response: &ApiResponse) -> Value {
+        serde_json::from_slice(&response.body).unwrap()
+    }
+
+    #[test]
+    fn metadata_health_and_infer() {
+        let api = Api::new(Arc::new(Doubler)).with_metrics(Arc::new(|| "up 1\n".into()));
+        assert_eq!(call(&api, Method::GET, "/v2/health/live", "").status, StatusCode::OK);
+        assert_eq!(call(&api, Method::GET, "/v2/health/ready", "").status, StatusCode::OK);
+        assert_eq!(json_of(&call(&api, Method::GET, "/v2", ""))["name"], "yardmaster");
+        let metadata = json_of(&call(&api, Method::GET, "/v2/models/double", ""));
+        assert_eq!(metadata["inputs"][0], json!({"name": "x", "datatype": "FP32", "shape": [-1]}));
+        assert_eq!(call(&api, Method::GET, "/v2/models/double/versions/1/ready", "").status, StatusCode::OK);
+        let response = call(
+            &api,
+            Method::POST,
+            "/v2/models/double/infer",
+            r#"{"id":"a","inputs":[{"name":"x","shape":[2],"datatype":"FP32","data":[1.5,2]}]}"#,
+        );
+        assert_eq!(response.status, StatusCode::OK);
+        let body = json_of(&response);
+        assert_eq!(body["id"], "a");
+        assert_eq!(body["outputs"][0]["data"], json!([3.0, 4.0]));
+        assert_eq!(&call(&api, Method::GET, "/metrics", "").body[..], b"up 1\n");
+    }
+
+    #[test]
+    fn refusals_have_the_right_status_and_a_reason() {
+        let api = Api::new(Arc::new(Doubler)).with_max_body(1000);
+        let cases = [
+            (Method::GET, "/v2/models/nope", "".to_string(), StatusCode::NOT_FOUND, "unknown model"),
+            (Method::GET, "/v2/models/double/versions/7", "".into(), StatusCode::NOT_FOUND, "no version"),
+            (Method::GET, "/v2/models/double/infer", "".into(), StatusCode::METHOD_NOT_ALLOWED, "not allowed"),
+            (Method::GET, "/elsewhere", "".into(), StatusCode::NOT_FOUND, "no route"),
+            (Method::POST, "/v2/models/double/infer", "{".into(), StatusCode::BAD_REQUEST, "not valid JSON"),
+            (
+                Method::POST,
+                "/v2/models/double/infer",
+                r#"{"inputs":[{"name":"z","shape":[1],"datatype":"FP32","data":[1]}]}"#.into(),
+                StatusCode::BAD_REQUEST,
+                "has no input \"z\"",
+            ),
+            (
+                Method::POST,
+                "/v2/models/double/infer",
+                r#"{"inputs":[{"name":"x","shape":[1],"datatype":"INT32","data":[1]}]}"#.into(),
+                StatusCode::BAD_REQUEST,
+                "must be FP32",
+            ),
+            (
+                Method::POST,
+                "/v2/models/double/infer",
+                r#"{"inputs":[{"name":"x","shape":[1,1],"datatype":"FP32","data":[1]}]}"#.into(),
+                StatusCode::BAD_REQUEST,
+                "must have shape",
+            ),
+            (
+                Method::POST,
+                "/v2/models/double/infer",
+                r#"{"parameters":{"priority":9},"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[1]}]}"#.into(),
+                StatusCode::SERVICE_UNAVAILABLE,
+                "dropped by the scheduler: cannot finish",
+            ),
+            (Method::POST, "/v2/models/double/infer", "x".repeat(2000), StatusCode::PAYLOAD_TOO_LARGE, "exceeds"),
+        ];
+        for (method, path, body, status, reason) in cases {
+            let response = call(&api, method.clone(), path, &body);
+            assert_eq!(response.status, status, "{method} {path}");
+            let message = json_of(&response)["error"].as_str().unwrap().to_string();
+            assert!(message.contains(reason), "{method} {path}: {message:?} should mention {reason:?}");
+        }
+        assert_eq!(call(&api, Method::GET, "/metrics", "").status, StatusCode::NOT_FOUND);
+    }
+
+    /// Answers once the gate opens.
+    struct Gated(Arc<tokio::sync::Semaphore>);
+
+    impl Backend for Gated {
+        fn models(&self) -> Vec<ModelMetadata> {
+            Doubler.models()
+        }
+        fn ready(&self) -> bool {
+            true
+        }
+        fn infer(&self, model: &str, request: InferRequest) -> BoxFuture<'_, Result<InferResponse, InferError>> {
+            let model = model.to_string();
+            Box::pin(async move {
+                let _pass = self.0.acquire().await.map_err(|e| InferError::Failed(e.to_string()))?;
+                Doubler.infer(&model, request).await
+            })
+        }
+    }
+
+    #[test]
+    fn requests_past_the_admission_cap_get_503_and_places_are_given_back() {
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let api = Arc::new(Api::new(Arc::new(Gated(Arc::clone(&gate)))).with_max_in_flight(2));
+        let body = r#"{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[1]}]}"#;
+        let request = move || ApiRequest {
+            method: Method::POST,
+            path: "/v2/models/double/infer".into(),
+            headers: HeaderMap::new(),
+            body: Bytes::from_static(body.as_bytes()),
+        };
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let mut held: Vec<_> = (0..2)
+                .map(|_| {
+                    let api = Arc::clone(&api);
+                    tokio::spawn(async move { api.handle(request()).await })
+                })
+                .collect();
+            tokio::task::yield_now().await;
+            assert_eq!(api.in_flight(), 2);
+            let refused = api.handle(request()).await;
+            assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
+            let message = json_of(&refused)["error"].as_str().unwrap().to_string();
+            assert!(message.contains("limit of 2 requests in flight") && message.contains("max_in_flight"), "{message}");
+            assert_eq!(api.refused_at_cap(), 1);
+            // A client that goes away gives its place back.
+            let first = held.remove(0);
+            first.abort();
+            assert!(first.await.is_err(), "the first request was abandoned");
+            tokio::task::yield_now().await;
+            assert_eq!(api.in_flight(), 1);
+            gate.add_permits(10);
+            assert_eq!(api.handle(request()).await.status, StatusCode::OK);
+            while api.in_flight() > 0 {
+                tokio::task::yield_now().await;
+            }
+        });
+        assert_eq!(api.refused_at_cap(), 1);
+    }
+}

@@ -1,0 +1,446 @@
+//! The client API's [`Backend`] over the scheduling engine: each served model is a
+//! pipeline stream, each inference one engine request.
+//!
+//! [`EngineBackend::infer`] validates the KServe inputs against the model's [`Codec`]
+//! (every refusal an [`InferError::Invalid`] saying which input is wrong and how),
+//! decodes them into a [`Payload`] and makes the entry stage's inputs on the caller's
+//! task, then submits the request: the deadline is Triton's `timeout` (microseconds
+//! from now) or else the stream's SLO, the priority Triton's `priority`. The payload is
+//! parked in the [`PayloadStore`] in the actor's `admitted` callback; the `ended`
+//! callback takes it back and wakes the caller through a oneshot channel, and the
+//! response is built from it. A dropped request answers [`InferError::Dropped`] with
+//! the engine's reason, a failed one [`InferError::Failed`] with the error. If the
+//! caller's future is dropped first (the client went away), a guard cancels the
+//! request in the engine.
+
+use std::sync::{Arc, Mutex};
+
+use serde_json::Map;
+use tokio::sync::oneshot;
+use yardmaster_dataplane::ocr::RgbImage;
+
+use super::actor::ActorHandle;
+use super::api::{Backend, BoxFuture, InferError, ModelMetadata, TensorSpec};
+use super::executor::{ServeHandle, WorkerBoard};
+use super::kserve::{DataType, InferRequest, InferResponse, Tensor, TensorData};
+use super::payload::{OcrDocument, Parcel, Payload, PayloadStore, Prepared};
+use super::stages::StageProgram;
+use yardmaster_engine::{Clock, Executor, MonotonicClock, Submission};
+use yardmaster_engine::metrics::Outcome;
+
+/// Largest image side accepted, pixels.
+pub const MAX_IMAGE_SIDE: u64 = 8192;
+
+/// Version string every served model reports.
+pub const MODEL_VERSION: &str = "1";
+
+/// Priority levels Triton's `priority` maps onto: level 1 (the highest) becomes engine
+/// priority 255, level 255 priority 1; no level is the engine's default, 0.
+pub const PRIORITY_LEVELS: u32 = 255;
+
+/// How a model's KServe tensors become a payload, and a finished payload outputs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Codec {
+    /// Text recognition. In: `image`, UINT8 `[H, W, 3]` (RGB pixels). Out: `texts`,
+    /// BYTES `[n]` (one line each, in reading order); `scores`, FP32 `[n]`; `boxes`,
+    /// FP32 `[n, 4, 2]` (corners top-left, top-right, bottom-right, bottom-left, as x, y).
+    OcrImage,
+    /// FP32 tensors of fixed shapes in, the last stage's outputs out.
+    Fp32 {
+        /// Input names and shapes, in the model's order.
+        inputs: Vec<(String, Vec<usize>)>,
+        /// Output names and shapes, in the model's order.
+        outputs: Vec<(String, Vec<usize>)>,
+    },
+}
+
+/// Names of the OCR codec's tensors.
+pub mod ocr_names {
+    /// The image input.
+    pub const IMAGE: &str = "image";
+    /// The recognised lines.
+    pub const TEXTS: &str = "texts";
+    /// Their confidences.
+    pub const SCORES: &str = "scores";
+    /// Their boxes.
+    pub const BOXES: &str = "boxes";
+}
+
+fn spec(name: &str, datatype: DataType, shape: &[i64]) -> TensorSpec {
+    TensorSpec { name: name.into(), datatype, shape: shape.to_vec() }
+}
+
+fn fixed(shape: &[usize]) -> Vec<i64> {
+    shape.iter().map(|&d| d as i64).collect()
+}
+
+impl Codec {
+    /// Input specs, for metadata.
+    pub fn inputs(&self) -> Vec<TensorSpec> {
+        match self {
+            Codec::OcrImage => vec![spec(ocr_names::IMAGE, DataType::U8, &[-1, -1, 3])],
+            Codec::Fp32 { inputs, .. } => inputs.iter().map(|(n, s)| spec(n, DataType::F32, &fixed(s))).collect(),
+        }
+    }
+
+    /// Output specs, for metadata.
+    pub fn outputs(&self) -> Vec<TensorSpec> {
+        match self {
+            Codec::OcrImage => vec![
+                spec(ocr_names::TEXTS, DataType::Bytes, &[-1]),
+                spec(ocr_names::SCORES, DataType::F32, &[-1]),
+                spec(ocr_names::BOXES, DataType::F32, &[-1, 4, 2]),
+            ],
+            Codec::Fp32 { outputs, .. } => outputs.iter().map(|(n, s)| spec(n, DataType::F32, &fixed(s))).collect(),
+        }
+    }
+
+    /// The payload of a request, or why its inputs are not this model's.
+    pub fn decode(&self, request: &InferRequest) -> Result<Payload, String> {
+        let names: Vec<String> = self.inputs().into_iter().map(|s| s.name).collect();
+        if let Some(unknown) = request.inputs.iter().find(|t| !names.contains(&t.name)) {
+            return Err(format!("no input {:?} (inputs: {})", unknown.name, names.join(", ")));
+        }
+        let input = |name: &str| request.inputs.iter().find(|t| t.name == name).ok_or_else(|| format!("input {name:?} is missing"));
+        match self {
+            Codec::OcrImage => {
+                let tensor = input(ocr_names::IMAGE)?;
+                Ok(Payload::Ocr(OcrDocument::new(decode_image(tensor)?)))
+            }
+            Codec::Fp32 { inputs, .. } => {
+                let mut tensors = Vec::with_capacity(inputs.len());
+                for (name, shape) in inputs {
+                    let tensor = input(name)?;
+                    let values = tensor.as_f32().ok_or_else(|| format!("input {name:?} must be FP32, got {}", tensor.datatype.name()))?;
+                    let got: Vec<usize> = tensor.shape.iter().map(|&d| d as usize).collect();
+                    if &got != shape {
+                        return Err(format!("input {name:?} must have shape {shape:?}, got {:?}", tensor.shape));
+                    }
+                    tensors.push(yardmaster_dataplane::Tensor::new(got, values).map_err(|e| format!("input {name:?}: {e}"))?);
+                }
+                Ok(Payload::Tensors(tensors))
+            }
+        }
+    }
+
+    /// The outputs of a finished payload.
+    pub fn encode(&self, payload: Payload) -> Result<Vec<Tensor>, String> {
+        match (self, payload) {
+            (Codec::OcrImage, Payload::Ocr(document)) => {
+                let n = document.lines.len() as u64;
+                let texts = document.lines.iter().map(|l| l.text.as_bytes().to_vec()).collect();
+                let scores: Vec<f32> = document.lines.iter().map(|l| l.score).collect();
+                let boxes: Vec<f32> = document.lines.iter().flat_map(|l| l.region.corners.iter().flat_map(|&(x, y)| [x, y])).collect();
+                Ok(vec![
+                    Tensor { name: ocr_names::TEXTS.into(), datatype: DataType::Bytes, shape: vec![n], data: TensorData::Strings(texts) },
+                    Tensor::f32(ocr_names::SCORES, vec![n], &scores).map_err(|e| e.0)?,
+                    Tensor::f32(ocr_names::BOXES, vec![n, 4, 2], &boxes).map_err(|e| e.0)?,
+                ])
+            }
+            (Codec::Fp32 { outputs, .. }, Payload::Tensors(tensors)) => {
+                if tensors.len() != outputs.len() {
+                    return Err(format!("the pipeline produced {} outputs, the model declares {}", tensors.len(), outputs.len()));
+                }
+                outputs
+                    .iter()
+                    .zip(tensors)
+                    .map(|((name, _), t)| Tensor::f32(name, t.shape.iter().map(|&d| d as u64).collect(), &t.data).map_err(|e| e.0))
+                    .collect()
+            }
+            (_, payload) => Err(format!(
+                "the pipeline produced {} for a model that answers {}",
+                match payload {
+                    Payload::Ocr(_) => "text lines",
+                    Payload::Tensors(_) => "tensors",
+                },
+                match self {
+                    Codec::OcrImage => "text lines",
+                    Codec::Fp32 { .. } => "tensors",
+                }
+            )),
+        }
+    }
+}
+
+fn decode_image(tensor: &Tensor) -> Result<RgbImage, String> {
+    let name = &tensor.name;
+    match tensor.datatype {
+        DataType::U8 => {}
+        DataType::Bytes => {
+            return Err(format!(
+                "input {name:?}: encoded images (BYTES) are not accepted, the server has no PNG/JPEG decoder; send the pixels as UINT8 [H, W, 3]"
+            ))
+        }
+        other => return Err(format!("input {name:?} must be UINT8 [H, W, 3] pixels, got {}", other.name())),
+    }
+    let [height, width, 3] = tensor.shape[..] else {
+        return Err(format!("input {name:?} must have shape [H, W, 3] (RGB), got {:?}", tensor.shape));
+    };
+    if height == 0 || width == 0 || height > MAX_IMAGE_SIDE || width > MAX_IMAGE_SIDE {
+        return Err(format!("input {name:?}: an image of {width}×{height}; each side must be 1 to {MAX_IMAGE_SIDE} pixels"));
+    }
+    let TensorData::Raw(bytes) = &tensor.data else {
+        return Err(format!("input {name:?}: UINT8 elements expected"));
+    };
+    Ok(RgbImage { width: width as usize, height: height as usize, data: bytes.clone() })
+}
+
+/// A model as the backend serves it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServedModel {
+    /// Name clients address it by.
+    pub name: String,
+    /// The pipeline stream it feeds.
+    pub stream: u32,
+    /// The stream's entry stage.
+    pub entry: u32,
+    /// Its tensors.
+    pub codec: Codec,
+}
+
+impl ServedModel {
+    /// The model's metadata.
+    pub fn metadata(&self) -> ModelMetadata {
+        ModelMetadata {
+            name: self.name.clone(),
+            versions: vec![MODEL_VERSION.into()],
+            platform: "yardmaster_pipeline".into(),
+            inputs: self.codec.inputs(),
+            outputs: self.codec.outputs(),
+        }
+    }
+}
+
+/// The engine's answer for one request: how it ended, and its payload when it completed.
+type Answer = (Outcome, Option<Parcel>);
+
+/// The KServe backend over the serving actor.
+pub struct EngineBackend {
+    handle: ServeHandle,
+    clock: MonotonicClock,
+    store: PayloadStore,
+    board: WorkerBoard,
+    programs: Vec<Arc<dyn StageProgram>>,
+    models: Vec<ServedModel>,
+}
+
+impl std::fmt::Debug for EngineBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineBackend").field("models", &self.models).finish()
+    }
+}
+
+impl EngineBackend {
+    /// A backend submitting to `handle` (whose engine runs on `clock`), sharing `store`
+    /// with the executor, ready when `board` says so, making entry-stage inputs with
+    /// `programs`.
+    pub fn new(
+        handle: ServeHandle,
+        clock: MonotonicClock,
+        store: PayloadStore,
+        board: WorkerBoard,
+        programs: Vec<Arc<dyn StageProgram>>,
+        models: Vec<ServedModel>,
+    ) -> Self {
+        Self { handle, clock, store, board, programs, models }
+    }
+
+    /// The served models.
+    pub fn served(&self) -> &[ServedModel] {
+        &self.models
+    }
+
+    /// The payload store (requests in flight hold one entry each).
+    pub fn store(&self) -> &PayloadStore {
+        &self.store
+    }
+
+    /// The worker board.
+    pub fn board(&self) -> &WorkerBoard {
+        &self.board
+    }
+
+    /// The request's submission: deadline from Triton's `timeout` (µs), else the
+    /// stream's SLO; priority from Triton's `priority`.
+    fn submission(&self, model: &ServedModel, request: &InferRequest) -> Submission {
+        let now = self.clock.now();
+        let deadline = request.schedule.timeout_us.map_or(0, |us| now.saturating_add(us.saturating_mul(1_000)));
+        let priority = request.schedule.priority.map_or(0, |p| PRIORITY_LEVELS + 1 - p.clamp(1, PRIORITY_LEVELS));
+        Submission { stream: model.stream, sent_at: now, deadline, priority, input_size: 0, expected_tokens: 0 }
+    }
+
+    async fn run(&self, model: &str, request: InferRequest) -> Result<InferResponse, InferError> {
+        let Some(served) = self.models.iter().find(|m| m.name == model) else {
+            let names: Vec<&str> = self.models.iter().map(|m| m.name.as_str()).collect();
+            return Err(InferError::Invalid(format!("unknown model {model:?} (served: {})", names.join(", "))));
+        };
+        let payload = served.codec.decode(&request).map_err(InferError::Invalid)?;
+        let program = &self.programs[served.entry as usize];
+        let elements = program.inputs(&payload).map_err(InferError::Invalid)?;
+        let parcel = Parcel { payload, prepared: Some(Prepared { stage: served.entry, elements }) };
+
+        let (reply, answer) = oneshot::channel::<Answer>();
+        let guard = CancelOnDrop::new(self.handle.clone());
+        let admitted = {
+            let (store, on_admitted) = (self.store.clone(), guard.on_admitted());
+            Box::new(move |id: u64| {
+                store.park(id, parcel);
+                on_admitted(id);
+            })
+        };
+        let ended = {
+            let store = self.store.clone();
+            Box::new(move |end: yardmaster_engine::Ended| {
+                let parcel = match end.outcome {
+                    Outcome::Completed => store.take(end.id),
+                    _ => {
+                        store.discard(end.id);
+                        None
+                    }
+                };
+                let _ = reply.send((end.outcome, parcel));
+            })
+        };
+        let key = request.schedule.split_key.as_deref().map(|k| super::ab::key_hash(k.as_bytes()));
+        self.handle
+            .submit_keyed(self.submission(served, &request), key, admitted, ended)
+            .map_err(|stopped| InferError::Unavailable(stopped.to_string()))?;
+        let (outcome, parcel) = answer.await.map_err(|_| InferError::Unavailable("the scheduling engine stopped".into()))?;
+        guard.disarm();
+        match outcome {
+            Outcome::Completed => {
+                let parcel = parcel.ok_or_else(|| InferError::Failed("the request completed but its data was lost".into()))?;
+                let outputs = served.codec.encode(parcel.payload).map_err(InferError::Failed)?;
+                Ok(InferResponse {
+                    model_name: served.name.clone(),
+                    model_version: Some(MODEL_VERSION.into()),
+                    id: request.id,
+                    parameters: Map::new(),
+                    outputs,
+                })
+            }
+            Outcome::Dropped { reason } => Err(InferError::Dropped(reason)),
+            Outcome::Failed { error } => Err(InferError::Failed(error)),
+        }
+    }
+}
+
+impl Backend for EngineBackend {
+    fn models(&self) -> Vec<ModelMetadata> {
+        self.models.iter().map(ServedModel::metadata).collect()
+    }
+
+    fn ready(&self) -> bool {
+        self.board.ready()
+    }
+
+    fn infer(&self, model: &str, request: InferRequest) -> BoxFuture<'_, Result<InferResponse, InferError>> {
+        let model = model.to_string();
+        Box::pin(async move { self.run(&model, request).await })
+    }
+}
+
+#[derive(Debug, Default)]
+struct CancelState {
+    /// The engine's id, once admitted.
+    id: Option<u64>,
+    /// The caller went away.
+    abandoned: bool,
+}
+
+/// Cancels the request in the engine if dropped before [`CancelOnDrop::disarm`]: the
+/// client stopped waiting. Before the request has its id, the callback from
+/// [`CancelOnDrop::on_admitted`] sees `abandoned` and cancels it itself.
+pub(crate) struct CancelOnDrop<C: Clock, X: Executor> {
+    handle: ActorHandle<C, X>,
+    state: Arc<Mutex<CancelState>>,
+    armed: bool,
+}
+
+impl<C: Clock + 'static, X: Executor + 'static> CancelOnDrop<C, X> {
+    /// A guard for one request submitted through `handle`.
+    pub(crate) fn new(handle: ActorHandle<C, X>) -> Self {
+        Self { handle, state: Arc::default(), armed: true }
+    }
+
+    /// What the engine's `admitted` callback must call with the request's id.
+    pub(crate) fn on_admitted(&self) -> impl FnOnce(u64) + Send + 'static {
+        let (state, handle) = (Arc::clone(&self.state), self.handle.clone());
+        move |id| {
+            let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
+            state.id = Some(id);
+            if state.abandoned {
+                let _ = handle.cancel(id);
+            }
+        }
+    }
+
+    /// The request ended: nothing to cancel.
+    pub(crate) fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl<C: Clock, X: Executor> Drop for CancelOnDrop<C, X> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.abandoned = true;
+        if let Some(id) = state.id {
+            let _ = self.handle.cancel(id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kserve::Schedule;
+
+    fn request(inputs: Vec<Tensor>) -> InferRequest {
+        InferRequest { id: None, schedule: Schedule::default(), parameters: Map::new(), inputs, outputs: Vec::new() }
+    }
+
+    #[test]
+    fn ocr_inputs_are_checked_and_decoded() {
+        let codec = Codec::OcrImage;
+        let image = Tensor::raw("image", DataType::U8, vec![2, 3, 3], (0..18).collect()).unwrap();
+        let Payload::Ocr(document) = codec.decode(&request(vec![image])).unwrap() else { panic!("an OCR payload") };
+        assert_eq!((document.image.width, document.image.height), (3, 2));
+        assert_eq!(document.image.pixel(1, 0), [3, 4, 5]);
+        let cases = [
+            (Tensor::raw("image", DataType::U8, vec![2, 3, 4], vec![0; 24]).unwrap(), "shape [H, W, 3]"),
+            (Tensor::f32("image", vec![1, 1, 3], &[0.0; 3]).unwrap(), "must be UINT8"),
+            (
+                Tensor {
+                    name: "image".into(),
+                    datatype: DataType::Bytes,
+                    shape: vec![1],
+                    data: TensorData::Strings(vec![b"png".to_vec()]),
+                },
+                "no PNG/JPEG decoder",
+            ),
+            (Tensor::raw("picture", DataType::U8, vec![1, 1, 3], vec![0; 3]).unwrap(), "no input \"picture\""),
+            (Tensor::raw("image", DataType::U8, vec![0, 5, 3], vec![]).unwrap(), "each side must be"),
+        ];
+        for (tensor, reason) in cases {
+            let error = codec.decode(&request(vec![tensor])).unwrap_err();
+            assert!(error.contains(reason), "{error:?} should say {reason:?}");
+        }
+        assert!(codec.decode(&request(vec![])).unwrap_err().contains("missing"));
+    }
+
+    #[test]
+    fn fp32_inputs_keep_their_shape_and_outputs_their_names() {
+        let codec = Codec::Fp32 { inputs: vec![("x".into(), vec![4])], outputs: vec![("y".into(), vec![4])] };
+        let payload = codec.decode(&request(vec![Tensor::f32("x", vec![4], &[1.0, 2.0, 3.0, 4.0]).unwrap()])).unwrap();
+        let error = codec.decode(&request(vec![Tensor::f32("x", vec![2, 2], &[0.0; 4]).unwrap()])).unwrap_err();
+        assert!(error.contains("must have shape [4]"), "{error}");
+        let outputs = codec.encode(payload).unwrap();
+        assert_eq!(outputs[0].name, "y");
+        assert_eq!(outputs[0].as_f32().unwrap(), vec![1.0, 2.0, 3.0, 4.0]);
+        assert!(codec.encode(Payload::Ocr(OcrDocument::new(RgbImage::filled(1, 1, [0; 3])))).is_err());
+    }
+}

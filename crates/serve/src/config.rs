@@ -1,0 +1,371 @@
+//! The server's configuration file (`yardmaster serve --config FILE`, TOML). Every key
+//! has a default, so an empty file — or no file — serves the default PP-OCR pipeline
+//! with the `edf` policy on `127.0.0.1:8000` (HTTP/1.1 on TCP and HTTP/3 on UDP).
+//!
+//! ```toml
+//! listen = "127.0.0.1:8000"   # TCP for HTTP/1.1 and UDP for HTTP/3, same port
+//! http1 = true
+//! http3 = true
+//! pipeline = "ocr"            # a preset name or a pipeline .toml file
+//! policy = "edf"              # a shipped policy name or a .wasm file
+//! params = { }                # policy parameters, key = "value"
+//! device = "auto"             # auto (CUDA when present, else CPU), cpu, cuda or cuda:N
+//! max_body_bytes = 67108864   # larger request bodies get 413
+//! max_in_flight = 10000       # more inference requests at once get 503
+//! capture = "live.jsonl"      # optional: write a JSON-lines trace of what is served
+//! state_dir = "…"             # where a generated certificate is kept
+//!
+//! [tls]                       # optional: a certificate instead of a self-signed one
+//! cert = "cert.pem"
+//! key = "key.pem"
+//!
+//! [admin]                     # optional: the admin API (docs/swap.md)
+//! listen = "127.0.0.1:8001"   # its own address
+//! token = "…"                 # bearer token (or env YARDMASTER_ADMIN_TOKEN); none: no admin API
+//! watch_dir = "policies/"     # optional: swap in a .wasm that appears here
+//! watch_sha256 = ["…"]        # optional: only files with these SHA-256s
+//!
+//! [watchdog]                  # stalled jobs (see `super::watchdog`)
+//! enabled = true
+//! multiple = 20.0             # a job stalls past 20 × its profiled p99 …
+//! min_ms = 30000              # … and never before 30 s
+//!
+//! [[remote]]                  # optional: stages served by `yardmaster node` hosts
+//! stages = ["rec"]
+//! node = "127.0.0.1:7443"
+//! pin = "sha256:3f1c…"        # the node's certificate: its printed fingerprint, or
+//!                             # the path of a copy of its cert.pem
+//! ```
+//!
+//! Unknown keys are refused (a misspelt key is an error, not a silent default).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+
+use super::listeners::{ListenOptions, TlsSource};
+use super::watchdog::WatchdogConfig;
+use yardmaster_policy::contract::Param;
+
+/// The default listen address.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8000";
+
+/// A certificate and key given by the operator.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsFiles {
+    /// PEM certificate chain.
+    pub cert: PathBuf,
+    /// PEM private key.
+    pub key: PathBuf,
+}
+
+/// Stages placed on a remote node.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemotePlacement {
+    /// Stage names (as the pipeline names them).
+    pub stages: Vec<String>,
+    /// The node's QUIC address.
+    pub node: SocketAddr,
+    /// The node's certificate, pinned: `sha256:HEX` or the path of its PEM file.
+    pub pin: String,
+}
+
+/// The default admin API address.
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:8001";
+
+/// The environment variable the admin token is read from when the file has none.
+pub const ADMIN_TOKEN_ENV: &str = "YARDMASTER_ADMIN_TOKEN";
+
+/// The admin API and the watched directory (`[admin]`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// Listen address of the admin API (TCP, HTTP/1.1).
+    pub listen: SocketAddr,
+    /// Bearer token every admin call must carry; without one (here or in
+    /// `YARDMASTER_ADMIN_TOKEN`) the admin API does not start.
+    pub token: Option<String>,
+    /// A directory watched for new policy `.wasm` files to swap in.
+    pub watch_dir: Option<PathBuf>,
+    /// SHA-256s (hex) of the files the watched directory may swap in; empty: any.
+    pub watch_sha256: Vec<String>,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig {
+            listen: DEFAULT_ADMIN_LISTEN.parse().expect("the default admin address parses"),
+            token: None,
+            watch_dir: None,
+            watch_sha256: Vec::new(),
+        }
+    }
+}
+
+impl AdminConfig {
+    /// The token: the file's, else the environment's; an empty one counts as none.
+    pub fn effective_token(&self) -> Option<String> {
+        self.token.clone().or_else(|| std::env::var(ADMIN_TOKEN_ENV).ok()).filter(|t| !t.trim().is_empty())
+    }
+
+    /// Refuse a malformed allow-list.
+    pub fn validate(&self) -> Result<()> {
+        for sha in &self.watch_sha256 {
+            if sha.len() != 64 || !sha.chars().all(|c| c.is_ascii_hexdigit()) {
+                bail!("[admin] watch_sha256: {sha:?} is not a SHA-256 (64 hex digits)");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServeConfig {
+    /// Listen address (TCP and UDP).
+    pub listen: SocketAddr,
+    /// Serve HTTP/1.1.
+    pub http1: bool,
+    /// Serve HTTP/3.
+    pub http3: bool,
+    /// Pipeline preset or file.
+    pub pipeline: String,
+    /// Policy: shipped name or `.wasm` file.
+    pub policy: String,
+    /// Policy parameters.
+    pub params: BTreeMap<String, String>,
+    /// Device: `auto`, `cpu`, `cuda` or `cuda:N`.
+    pub device: String,
+    /// Largest request body.
+    pub max_body_bytes: usize,
+    /// Most inference requests admitted at once (over HTTP/1.1 and HTTP/3 together);
+    /// more are refused with 503.
+    pub max_in_flight: usize,
+    /// When a job counts as stalled.
+    pub watchdog: WatchdogConfig,
+    /// Trace capture file.
+    pub capture: Option<PathBuf>,
+    /// Where generated TLS material is kept.
+    pub state_dir: Option<PathBuf>,
+    /// Configured TLS material.
+    pub tls: Option<TlsFiles>,
+    /// Remote placements.
+    pub remote: Vec<RemotePlacement>,
+    /// The admin API.
+    pub admin: AdminConfig,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        ServeConfig {
+            listen: DEFAULT_LISTEN.parse().expect("the default address parses"),
+            http1: true,
+            http3: true,
+            pipeline: "ocr".into(),
+            policy: "edf".into(),
+            params: BTreeMap::new(),
+            device: "auto".into(),
+            max_body_bytes: super::api::DEFAULT_MAX_BODY,
+            max_in_flight: super::api::DEFAULT_MAX_IN_FLIGHT,
+            watchdog: WatchdogConfig::default(),
+            capture: None,
+            state_dir: None,
+            tls: None,
+            remote: Vec::new(),
+            admin: AdminConfig::default(),
+        }
+    }
+}
+
+impl ServeConfig {
+    /// Parse a configuration; relative paths in it are taken from `base` (the file's
+    /// directory).
+    pub fn parse(text: &str, base: &Path) -> Result<ServeConfig> {
+        let mut config: ServeConfig = toml::from_str(text).map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end()))?;
+        let resolve = |p: &mut PathBuf| {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        };
+        if let Some(tls) = &mut config.tls {
+            resolve(&mut tls.cert);
+            resolve(&mut tls.key);
+        }
+        for remote in &mut config.remote {
+            if !remote.pin.starts_with("sha256:") {
+                let mut path = PathBuf::from(&remote.pin);
+                resolve(&mut path);
+                remote.pin = path.to_string_lossy().into_owned();
+            }
+        }
+        if let Some(capture) = &mut config.capture {
+            resolve(capture);
+        }
+        if let Some(dir) = &mut config.state_dir {
+            resolve(dir);
+        }
+        if let Some(dir) = &mut config.admin.watch_dir {
+            resolve(dir);
+        }
+        if config.pipeline.ends_with(".toml") {
+            // a file, not a preset name
+            let mut file = PathBuf::from(&config.pipeline);
+            resolve(&mut file);
+            config.pipeline = file.to_string_lossy().into_owned();
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Read and parse a configuration file.
+    pub fn load(path: &Path) -> Result<ServeConfig> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        ServeConfig::parse(&text, base).with_context(|| format!("in {}", path.display()))
+    }
+
+    /// Refuse combinations that cannot serve.
+    pub fn validate(&self) -> Result<()> {
+        if !self.http1 && !self.http3 {
+            bail!("both http1 and http3 are off: nothing would listen");
+        }
+        self.device_preference()?;
+        self.admin.validate()?;
+        if self.max_body_bytes < 1024 {
+            bail!("max_body_bytes must be at least 1024 (got {})", self.max_body_bytes);
+        }
+        if self.max_in_flight == 0 {
+            bail!("max_in_flight must be at least 1: 0 would refuse every request");
+        }
+        self.watchdog.validate().map_err(|e| anyhow::anyhow!(e))?;
+        Ok(())
+    }
+
+    /// The device to run on.
+    pub fn device_preference(&self) -> Result<yardmaster_dataplane::DevicePreference> {
+        self.device.parse().map_err(|e: String| anyhow::anyhow!(e))
+    }
+
+    /// The policy parameters in the contract's form.
+    pub fn policy_params(&self) -> Vec<Param> {
+        self.params.iter().map(|(key, value)| Param { key: key.clone(), value: value.clone() }).collect()
+    }
+
+    /// Where generated state (the self-signed certificate) lives: `state_dir`, or
+    /// `serve/` under the assets directory (`YARDMASTER_ASSETS`, by default
+    /// `~/.cache/yardmaster`).
+    pub fn state_dir(&self) -> PathBuf {
+        if let Some(dir) = &self.state_dir {
+            return dir.clone();
+        }
+        let assets = std::env::var_os("YARDMASTER_ASSETS")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache/yardmaster")))
+            .unwrap_or_else(|| PathBuf::from(".yardmaster"));
+        assets.join("serve")
+    }
+
+    /// The listener settings.
+    pub fn listen_options(&self) -> ListenOptions {
+        let tls = match &self.tls {
+            Some(files) => TlsSource::Files { cert: files.cert.clone(), key: files.key.clone() },
+            None => TlsSource::SelfSigned(self.state_dir().join("tls")),
+        };
+        ListenOptions { address: self.listen, http1: self.http1, http3: self.http3, tls }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_file_is_the_default() {
+        assert_eq!(ServeConfig::parse("", Path::new("/etc")).unwrap(), ServeConfig::default());
+    }
+
+    #[test]
+    fn relative_paths_are_taken_from_the_file() {
+        let config = ServeConfig::parse(
+            "pipeline = \"p.toml\"\ncapture = \"t.jsonl\"\n[tls]\ncert = \"c.pem\"\nkey = \"/abs/k.pem\"\n",
+            Path::new("/srv/ym"),
+        )
+        .unwrap();
+        assert_eq!(config.pipeline, "/srv/ym/p.toml");
+        assert_eq!(config.capture.as_deref(), Some(Path::new("/srv/ym/t.jsonl")));
+        let tls = config.tls.unwrap();
+        assert_eq!(tls.cert, PathBuf::from("/srv/ym/c.pem"));
+        assert_eq!(tls.key, PathBuf::from("/abs/k.pem"));
+    }
+
+    #[test]
+    fn misspelt_keys_and_impossible_settings_are_refused() {
+        let error = ServeConfig::parse("polcy = \"edf\"", Path::new(".")).unwrap_err();
+        assert!(format!("{error:#}").contains("polcy"), "{error:#}");
+        let error = ServeConfig::parse("http1 = false\nhttp3 = false", Path::new(".")).unwrap_err();
+        assert!(format!("{error:#}").contains("nothing would listen"), "{error:#}");
+        let error = ServeConfig::parse("listen = \"nowhere\"", Path::new(".")).unwrap_err();
+        assert!(format!("{error:#}").contains("listen") || format!("{error:#}").contains("address"), "{error:#}");
+    }
+
+    #[test]
+    fn the_admin_section_parses_and_checks_its_allow_list() {
+        let config =
+            ServeConfig::parse("[admin]\nlisten = \"127.0.0.1:9001\"\ntoken = \"s3cret\"\nwatch_dir = \"drop\"\n", Path::new("/srv/ym"))
+                .unwrap();
+        assert_eq!(config.admin.listen, "127.0.0.1:9001".parse().unwrap());
+        assert_eq!(config.admin.effective_token().as_deref(), Some("s3cret"));
+        assert_eq!(config.admin.watch_dir.as_deref(), Some(Path::new("/srv/ym/drop")));
+        let error = ServeConfig::parse("[admin]\nwatch_sha256 = [\"abc\"]\n", Path::new(".")).unwrap_err();
+        assert!(format!("{error:#}").contains("not a SHA-256"), "{error:#}");
+        let error = ServeConfig::parse("[admin]\ntokn = \"x\"\n", Path::new(".")).unwrap_err();
+        assert!(format!("{error:#}").contains("tokn"), "{error:#}");
+    }
+
+    #[test]
+    fn the_watchdog_and_admission_cap_parse_and_are_checked() {
+        let config = ServeConfig::parse(
+            "max_in_flight = 64
+[watchdog]
+multiple = 4.0
+min_ms = 250
+",
+            Path::new("."),
+        )
+        .unwrap();
+        assert_eq!(config.max_in_flight, 64);
+        assert_eq!(config.watchdog, WatchdogConfig { enabled: true, multiple: 4.0, min_ms: 250 });
+        let error = ServeConfig::parse("max_in_flight = 0", Path::new(".")).unwrap_err();
+        assert!(format!("{error:#}").contains("max_in_flight"), "{error:#}");
+        let error = ServeConfig::parse(
+            "[watchdog]
+multiple = 0.5
+",
+            Path::new("."),
+        )
+        .unwrap_err();
+        assert!(format!("{error:#}").contains("multiple"), "{error:#}");
+        let error = ServeConfig::parse(
+            "[watchdog]
+min = 5
+",
+            Path::new("."),
+        )
+        .unwrap_err();
+        assert!(format!("{error:#}").contains("min"), "{error:#}");
+    }
+
+    #[test]
+    fn params_become_policy_params() {
+        let config = ServeConfig::parse("params = { lambda = \"0.5\", mode = \"x\" }", Path::new(".")).unwrap();
+        let params = config.policy_params();
+        assert_eq!(params.len(), 2);
+        assert_eq!((params[0].key.as_str(), params[0].value.as_str()), ("lambda", "0.5"));
+    }
+}

@@ -1,0 +1,677 @@
+//! The serving executor: the engine's decisions carried out on ONNX Runtime workers.
+//!
+//! [`OnnxExecutor`] implements [`Executor`] over groups of [`Workers`] (one
+//! [`Placement`] per group: the workers of this process, or of another host), with one
+//! [`StageProgram`] per stage turning a request's payload into model inputs and the
+//! model's outputs back into payload. It runs on the actor thread, so it does little
+//! there: it takes the inputs already prepared in each request's parcel (see
+//! [`super::payload`]), lays them out as one data-plane [`Job`] and hands it over.
+//!
+//! One event pump thread per placement turns the group's [`WorkerEvent`]s into actor
+//! messages:
+//! - `Finished`: the stage program folds each request's outputs into its payload and
+//!   prepares the next stage's inputs, then the job's [`JobResult`] (per-request
+//!   errors, the measured duration) goes to the engine;
+//! - `Ready`: `worker_ready`;
+//! - `StartFailed`: logged; the worker is marked failed, the job waiting for it (if
+//!   any) and any job already on its way to it fail with the error, so no request waits
+//!   on a worker that will never run, and the engine is told the worker is lost (it
+//!   removes it; the policy sees `worker-removed` and may scale up a replacement);
+//! - `ReconfigureFailed`: logged; the worker keeps its previous session and serves on;
+//! - `Aborted`: nothing (the engine already took the job's requests back);
+//! - `Reconfigured`, `Retired`: logged, and the worker board updated.
+//!
+//! A [`super::watchdog`] thread times every running job against its profile: a job
+//! that runs far past it is claimed, its requests fail with `worker N stalled: …`, and
+//! the worker is restarted under the same id (its job aborted, a fresh worker
+//! provisioned in its place; the engine keeps counting it, and jobs sent to it wait for
+//! the fresh one to load). The old worker's late events (its job's end, its retirement)
+//! are ignored.
+//!
+//! Every job the executor starts produces exactly one [`JobResult`] unless it is
+//! aborted: the job table is the single place a result can be claimed from, by the
+//! pump (finished, start failed), by the start path (hand-over refused), by the
+//! watchdog (stalled), or by an abort (which claims it and sends nothing).
+
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::mpsc::Receiver;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use yardmaster_dataplane::{Job, Request, Tensor, WorkerEvent};
+
+use super::actor::{Actor, ActorHandle};
+use super::payload::{PayloadStore, Prepared};
+use super::stages::StageProgram;
+use super::watchdog::{self, WatchdogConfig};
+use super::workers::Workers;
+use yardmaster_engine::{BatchJob, Executor, ItemResult, JobResult, MonotonicClock, Pipeline, Profile};
+use yardmaster_policy::contract::EvictMode;
+
+/// The serving actor.
+pub type ServeActor = Actor<MonotonicClock, OnnxExecutor>;
+/// A handle to the serving actor.
+pub type ServeHandle = ActorHandle<MonotonicClock, OnnxExecutor>;
+
+/// A group of workers and the stages it serves.
+pub struct Placement {
+    /// Stages whose workers live in this group.
+    pub stages: Vec<u32>,
+    /// The workers.
+    pub workers: Box<dyn Workers>,
+    /// Their events.
+    pub events: Receiver<WorkerEvent>,
+}
+
+impl std::fmt::Debug for Placement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Placement").field("stages", &self.stages).finish()
+    }
+}
+
+/// Where a worker stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WorkerStatus {
+    /// Loading its model.
+    Loading,
+    /// Serving.
+    Ready,
+    /// Could not start; jobs sent to it fail with this error.
+    Failed(String),
+}
+
+/// Every worker's status, shared with the backend (readiness) and readable by anyone.
+#[derive(Debug, Clone, Default)]
+pub struct WorkerBoard {
+    workers: Arc<Mutex<HashMap<u32, (u32, WorkerStatus)>>>,
+    stages: u32,
+}
+
+impl WorkerBoard {
+    /// A board for a pipeline of `stages` stages.
+    pub fn new(stages: u32) -> Self {
+        Self { workers: Arc::default(), stages }
+    }
+
+    /// Whether every stage has a worker ready.
+    pub fn ready(&self) -> bool {
+        let workers = lock(&self.workers);
+        (0..self.stages).all(|stage| workers.values().any(|(s, status)| *s == stage && *status == WorkerStatus::Ready))
+    }
+
+    /// A worker's status.
+    pub fn status(&self, worker: u32) -> Option<WorkerStatus> {
+        lock(&self.workers).get(&worker).map(|(_, status)| status.clone())
+    }
+
+    /// Every worker: (worker, stage, status), by worker id.
+    pub fn snapshot(&self) -> Vec<(u32, u32, WorkerStatus)> {
+        let mut all: Vec<_> = lock(&self.workers).iter().map(|(w, (s, status))| (*w, *s, status.clone())).collect();
+        all.sort_by_key(|(w, _, _)| *w);
+        all
+    }
+
+    /// The worker's status once it is no longer loading, waiting at most `limit`.
+    fn wait_while_loading(&self, worker: u32, limit: Duration) -> Option<WorkerStatus> {
+        let until = Instant::now() + limit;
+        loop {
+            let status = self.status(worker);
+            if status != Some(WorkerStatus::Loading) || Instant::now() >= until {
+                return status;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    fn set(&self, worker: u32, stage: u32, status: WorkerStatus) {
+        lock(&self.workers).insert(worker, (stage, status));
+    }
+
+    fn update(&self, worker: u32, status: WorkerStatus) -> Option<u32> {
+        let mut workers = lock(&self.workers);
+        let entry = workers.get_mut(&worker)?;
+        entry.1 = status;
+        Some(entry.0)
+    }
+
+    fn remove(&self, worker: u32) {
+        lock(&self.workers).remove(&worker);
+    }
+}
+
+/// How long a job that a starting worker refused waits for the worker's start verdict
+/// (only on that error path; it holds the actor thread).
+const VERDICT_WAIT: Duration = Duration::from_millis(250);
+
+/// A poisoned lock still holds consistent data here (every update is one assignment),
+/// so a panic elsewhere must not stop serving.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Run `f`, turning a panic into an error.
+fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|panic| {
+        let message = panic.downcast_ref::<String>().cloned().or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()));
+        Err(format!("{what} panicked: {}", message.unwrap_or_else(|| "no message".into())))
+    })
+}
+
+/// One request's share of a job's batch elements.
+#[derive(Debug, Clone, Copy)]
+struct Share {
+    id: u64,
+    elements: usize,
+}
+
+/// A job handed to a worker and not yet reported.
+#[derive(Debug)]
+struct JobRecord {
+    worker: u32,
+    stage: u32,
+    /// The worker's variant (to restart it with the same model).
+    variant: u32,
+    shares: Vec<Share>,
+    /// Requests whose inputs could not be made, with why.
+    refused: Vec<(u64, String)>,
+    /// When the job was handed over, or when its worker was last seen loading.
+    started: Instant,
+    /// The profiled p99 of the job's batch on the worker's variant.
+    tail: Duration,
+}
+
+impl JobRecord {
+    /// The job's result when it failed as a whole.
+    fn failed(self, error: &str) -> JobResult {
+        let mut items: Vec<ItemResult> = self.shares.iter().map(|s| item(s.id, Some(error.to_string()))).collect();
+        items.extend(self.refused.into_iter().map(|(id, e)| item(id, Some(e))));
+        JobResult { worker: self.worker, duration: 0, items }
+    }
+}
+
+fn item(id: u64, error: Option<String>) -> ItemResult {
+    ItemResult { id, error, tokens: 0, finished: false, fan_out: Vec::new() }
+}
+
+#[derive(Debug, Default)]
+struct JobTable {
+    records: HashMap<u64, JobRecord>,
+    running: HashMap<u32, u64>,
+}
+
+/// The worker groups, shared by the executor (on the actor thread) and the watchdog.
+type Groups = Vec<Mutex<Box<dyn Workers>>>;
+
+/// What the actor thread, the event pumps and the watchdog share.
+struct Shared {
+    programs: Vec<Arc<dyn StageProgram>>,
+    /// Each stage's successor, when it has exactly one (its inputs are prepared ahead).
+    next_stage: Vec<Option<u32>>,
+    /// Stage → group.
+    stage_group: Vec<usize>,
+    store: PayloadStore,
+    board: WorkerBoard,
+    jobs: Mutex<JobTable>,
+    handle: ServeHandle,
+    watchdog: Mutex<WatchdogConfig>,
+    /// Workers restarted by the watchdog whose old instance has not reported its
+    /// retirement yet: that `Retired` is the old one's and leaves the board alone.
+    replaced: Mutex<HashMap<u32, u32>>,
+}
+
+impl Shared {
+    fn claim(&self, job: u64) -> Option<JobRecord> {
+        let mut jobs = lock(&self.jobs);
+        let record = jobs.records.remove(&job)?;
+        if jobs.running.get(&record.worker) == Some(&job) {
+            jobs.running.remove(&record.worker);
+        }
+        Some(record)
+    }
+
+    fn claim_running(&self, worker: u32) -> Option<JobRecord> {
+        let mut jobs = lock(&self.jobs);
+        let job = jobs.running.remove(&worker)?;
+        jobs.records.remove(&job)
+    }
+
+    fn report(&self, result: JobResult) {
+        // A stopped actor has answered every request already.
+        let _ = self.handle.job_finished(result);
+    }
+
+    /// The inputs of request `id` at `stage`: prepared ahead, or made now.
+    fn take_inputs(&self, id: u64, stage: u32) -> Result<Vec<Vec<Tensor>>, String> {
+        let slot = self.store.slot(id).ok_or_else(|| format!("no data is held for request {id}"))?;
+        let mut guard = lock(&slot);
+        let parcel = guard.as_mut().ok_or_else(|| format!("request {id} has already been answered"))?;
+        match parcel.prepared.take() {
+            Some(prepared) if prepared.stage == stage => Ok(prepared.elements),
+            _ => {
+                let program = &self.programs[stage as usize];
+                guarded(program.name(), || program.inputs(&parcel.payload))
+            }
+        }
+    }
+
+    /// Fold a job's outputs (one per batch element, in order) into its requests'
+    /// payloads and build its result.
+    fn finish(&self, record: JobRecord, outputs: Result<Vec<Vec<Tensor>>, String>, duration: u64) -> JobResult {
+        let expected: usize = record.shares.iter().map(|s| s.elements).sum();
+        let outputs = outputs.and_then(|o| {
+            if o.len() == expected {
+                Ok(o)
+            } else {
+                Err(format!("the worker returned {} results for {expected} inputs", o.len()))
+            }
+        });
+        let mut outputs = match outputs {
+            Ok(outputs) => outputs.into_iter(),
+            Err(error) => return record.failed(&error),
+        };
+        let mut items = Vec::with_capacity(record.shares.len() + record.refused.len());
+        for share in &record.shares {
+            let mine: Vec<Vec<Tensor>> = outputs.by_ref().take(share.elements).collect();
+            items.push(item(share.id, self.apply(share.id, record.stage, mine).err()));
+        }
+        items.extend(record.refused.into_iter().map(|(id, e)| item(id, Some(e))));
+        JobResult { worker: record.worker, duration, items }
+    }
+
+    fn apply(&self, id: u64, stage: u32, outputs: Vec<Vec<Tensor>>) -> Result<(), String> {
+        let slot = self.store.slot(id).ok_or_else(|| format!("no data is held for request {id}"))?;
+        let mut guard = lock(&slot);
+        let parcel = guard.as_mut().ok_or_else(|| format!("request {id} has already been answered"))?;
+        let program = &self.programs[stage as usize];
+        guarded(program.name(), || program.apply(&mut parcel.payload, outputs))?;
+        parcel.prepared = None;
+        if let Some(next) = self.next_stage[stage as usize] {
+            // A failure here shows again, as the request's error, when the next stage
+            // makes the inputs itself.
+            let program = &self.programs[next as usize];
+            if let Ok(elements) = guarded(program.name(), || program.inputs(&parcel.payload)) {
+                parcel.prepared = Some(Prepared { stage: next, elements });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The engine's executor over ONNX Runtime workers.
+pub struct OnnxExecutor {
+    groups: Arc<Groups>,
+    /// Worker → (stage, variant).
+    worker_stage: HashMap<u32, (u32, u32)>,
+    /// `profiles[stage][variant]`, for the watchdog.
+    profiles: Vec<Vec<Profile>>,
+    shared: Arc<Shared>,
+    next_job: u64,
+}
+
+impl std::fmt::Debug for OnnxExecutor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OnnxExecutor").field("groups", &self.groups.len()).field("workers", &self.worker_stage.len()).finish()
+    }
+}
+
+impl OnnxExecutor {
+    /// An executor for `pipeline` (a chain of batch stages) that reports to `handle`,
+    /// running `programs[stage]` around each stage's model, with the workers of
+    /// `placements` (every stage in exactly one; checked by the caller, see
+    /// [`check_placements`]). Provisions the pipeline's initial workers (the engine
+    /// counts them as serving at once; jobs sent before they are ready wait for the
+    /// load) and starts one event pump per placement.
+    pub fn new(
+        handle: ServeHandle,
+        pipeline: &Pipeline,
+        programs: Vec<Arc<dyn StageProgram>>,
+        store: PayloadStore,
+        board: WorkerBoard,
+        placements: Vec<Placement>,
+    ) -> Self {
+        let next_stage = pipeline.stages.iter().map(|s| if let [next] = s.successors[..] { Some(next) } else { None }).collect();
+        let mut stage_group = vec![0; pipeline.stages.len()];
+        for (index, placement) in placements.iter().enumerate() {
+            for &stage in &placement.stages {
+                stage_group[stage as usize] = index;
+            }
+        }
+        let shared = Arc::new(Shared {
+            programs,
+            next_stage,
+            stage_group,
+            store,
+            board,
+            jobs: Mutex::default(),
+            handle,
+            watchdog: Mutex::new(WatchdogConfig::default()),
+            replaced: Mutex::default(),
+        });
+        let mut groups = Vec::with_capacity(placements.len());
+        for (index, placement) in placements.into_iter().enumerate() {
+            let pump_shared = Arc::clone(&shared);
+            let events = placement.events;
+            let spawned = std::thread::Builder::new().name(format!("yardmaster-pump-{index}")).spawn(move || pump(&pump_shared, events));
+            if let Err(error) = spawned {
+                tracing::error!("starting the event pump of worker group {index}: {error}; its workers' results will not arrive");
+            }
+            groups.push(Mutex::new(placement.workers));
+        }
+        let groups = Arc::new(groups);
+        // The watchdog holds weak references: it ends once the executor is dropped.
+        let (watched, watched_groups) = (Arc::downgrade(&shared), Arc::downgrade(&groups));
+        let config_of = watched.clone();
+        let spawned = watchdog::spawn(
+            "yardmaster-watchdog",
+            move || config_of.upgrade().map(|shared| *lock(&shared.watchdog)),
+            move |now| match (watched.upgrade(), watched_groups.upgrade()) {
+                (Some(shared), Some(groups)) => {
+                    check_stalls(&shared, &groups, now);
+                    true
+                }
+                _ => false,
+            },
+        );
+        if let Err(error) = spawned {
+            tracing::error!("starting the watchdog: {error}; stalled jobs will not be noticed");
+        }
+        let profiles = pipeline.stages.iter().map(|s| s.variants.iter().map(|v| v.profile.clone()).collect()).collect();
+        let mut executor = Self { groups, worker_stage: HashMap::new(), profiles, shared, next_job: 1 };
+        for (worker, stage) in pipeline.initial_workers() {
+            executor.provision(worker, stage, 0);
+        }
+        executor
+    }
+
+    /// The worker board.
+    pub fn board(&self) -> &WorkerBoard {
+        &self.shared.board
+    }
+
+    /// The watchdog's settings in force.
+    pub fn watchdog(&self) -> WatchdogConfig {
+        *lock(&self.shared.watchdog)
+    }
+
+    /// Change the watchdog's settings (they apply from its next check; callable from
+    /// any thread, e.g. through the actor's `inspect`).
+    pub fn set_watchdog(&self, config: WatchdogConfig) {
+        *lock(&self.shared.watchdog) = config;
+    }
+
+    fn group_of(&self, worker: u32) -> Option<MutexGuard<'_, Box<dyn Workers>>> {
+        let (stage, _) = *self.worker_stage.get(&worker)?;
+        self.groups.get(self.shared.stage_group[stage as usize]).map(lock)
+    }
+
+    /// The profiled p99 of a batch of `batch` on `worker`'s variant.
+    fn profiled_tail(&self, worker: u32, batch: usize) -> Duration {
+        let tail = self
+            .worker_stage
+            .get(&worker)
+            .and_then(|&(stage, variant)| self.profiles.get(stage as usize)?.get(variant as usize))
+            .map_or(0, |profile| profile.tail(batch as u32));
+        Duration::from_nanos(tail)
+    }
+}
+
+/// The watchdog's check: fail and restart every job that has run past its limit.
+fn check_stalls(shared: &Shared, groups: &Groups, now: Instant) {
+    let config = *lock(&shared.watchdog);
+    let mut overdue = Vec::new();
+    {
+        let mut jobs = lock(&shared.jobs);
+        let JobTable { records, running } = &mut *jobs;
+        for job in running.values() {
+            let Some(record) = records.get_mut(job) else { continue };
+            if shared.board.status(record.worker) == Some(WorkerStatus::Loading) {
+                // Waiting for the model to load: not timed yet.
+                record.started = now;
+                continue;
+            }
+            let ran = now.saturating_duration_since(record.started);
+            if let Some(limit) = config.limit(record.tail) {
+                if ran > limit {
+                    overdue.push((*job, ran, limit));
+                }
+            }
+        }
+    }
+    for (job, ran, limit) in overdue {
+        // Claimed here, a late result of the job is ignored.
+        let Some(record) = shared.claim(job) else { continue };
+        let (worker, stage, variant) = (record.worker, record.stage, record.variant);
+        let requests = record.shares.len() + record.refused.len();
+        let message = config.stalled_message(worker, requests, ran, limit, record.tail);
+        tracing::error!(worker, stage, job, "{message}");
+        restart(shared, groups, worker, stage, variant);
+        let mut result = record.failed(&message);
+        result.duration = ran.as_nanos() as u64;
+        shared.report(result);
+    }
+}
+
+/// Replace a stalled worker by a fresh one under the same id.
+fn restart(shared: &Shared, groups: &Groups, worker: u32, stage: u32, variant: u32) {
+    let Some(group) = groups.get(shared.stage_group[stage as usize]) else { return };
+    let mut group = lock(group);
+    group.abort(worker);
+    *lock(&shared.replaced).entry(worker).or_default() += 1;
+    shared.board.set(worker, stage, WorkerStatus::Loading);
+    if let Err(error) = group.provision(worker, stage, variant) {
+        let failure = format!("worker {worker} stalled and could not be restarted: {error}");
+        tracing::error!(worker, stage, "{failure}");
+        lock(&shared.replaced).remove(&worker);
+        shared.board.set(worker, stage, WorkerStatus::Failed(failure.clone()));
+        let _ = shared.handle.worker_lost(worker, failure);
+    }
+}
+
+/// Check that `placements` put every stage of a `stages`-stage pipeline in exactly one
+/// group.
+pub fn check_placements(placements: &[Placement], stages: u32) -> Result<(), String> {
+    let mut owner = vec![None; stages as usize];
+    for (index, placement) in placements.iter().enumerate() {
+        for &stage in &placement.stages {
+            let Some(slot) = owner.get_mut(stage as usize) else {
+                return Err(format!("placement {index} names stage {stage}; the pipeline has {stages} stages"));
+            };
+            if let Some(other) = slot.replace(index) {
+                return Err(format!("stage {stage} is placed twice (groups {other} and {index})"));
+            }
+        }
+    }
+    match owner.iter().position(Option::is_none) {
+        Some(stage) => Err(format!("stage {stage} is placed on no worker group")),
+        None => Ok(()),
+    }
+}
+
+impl Executor for OnnxExecutor {
+    fn start(&mut self, job: BatchJob) {
+        let shared = Arc::clone(&self.shared);
+        let variant = self.worker_stage.get(&job.worker).map_or(0, |&(_, variant)| variant);
+        let tail = self.profiled_tail(job.worker, job.items.len());
+        let mut record = JobRecord {
+            worker: job.worker,
+            stage: job.stage,
+            variant,
+            shares: Vec::new(),
+            refused: Vec::new(),
+            started: Instant::now(),
+            tail,
+        };
+        if let Some(WorkerStatus::Failed(error)) = shared.board.status(job.worker) {
+            record.refused = job.items.iter().map(|i| (i.id, start_failure(job.worker, &error))).collect();
+            shared.report(record.failed(""));
+            return;
+        }
+        let mut requests = Vec::new();
+        for item in &job.items {
+            match shared.take_inputs(item.id, job.stage) {
+                Ok(elements) => {
+                    record.shares.push(Share { id: item.id, elements: elements.len() });
+                    for inputs in elements {
+                        requests.push(Request { id: requests.len() as u64, inputs });
+                    }
+                }
+                Err(error) => record.refused.push((item.id, error)),
+            }
+        }
+        if requests.is_empty() {
+            // Nothing for the model (no text found, or no inputs could be made): the
+            // job ends here.
+            shared.report(shared.finish(record, Ok(Vec::new()), 0));
+            return;
+        }
+        let id = self.next_job;
+        self.next_job += 1;
+        {
+            let mut jobs = lock(&shared.jobs);
+            record.started = Instant::now();
+            jobs.records.insert(id, record);
+            jobs.running.insert(job.worker, id);
+        }
+        let handed = match self.group_of(job.worker) {
+            Some(mut group) => group.start(job.worker, Job { id, requests }).map_err(|e| e.to_string()),
+            None => Err(format!("worker {} is unknown to the executor", job.worker)),
+        };
+        if let Err(error) = handed {
+            // A worker whose model failed to load is gone before its pump has read the
+            // `StartFailed` that says why; wait briefly for that verdict so the requests
+            // fail with the real cause (the pump may claim the job itself meanwhile).
+            let error = match shared.board.wait_while_loading(job.worker, VERDICT_WAIT) {
+                Some(WorkerStatus::Failed(cause)) => start_failure(job.worker, &cause),
+                _ => format!("worker {}: {error}", job.worker),
+            };
+            if let Some(record) = shared.claim(id) {
+                tracing::warn!(worker = job.worker, "a job could not be handed over: {error}");
+                shared.report(record.failed(&error));
+            }
+        }
+    }
+
+    fn abort(&mut self, worker: u32) {
+        // Claimed here, the job's result (if it still comes) is ignored: the engine has
+        // taken its requests back.
+        self.shared.claim_running(worker);
+        if let Some(mut group) = self.group_of(worker) {
+            group.abort(worker);
+        }
+    }
+
+    fn provision(&mut self, worker: u32, stage: u32, variant: u32) {
+        self.worker_stage.insert(worker, (stage, variant));
+        self.shared.board.set(worker, stage, WorkerStatus::Loading);
+        let Some(group) = self.groups.get(self.shared.stage_group[stage as usize]) else { return };
+        if let Err(error) = lock(group).provision(worker, stage, variant) {
+            tracing::error!(worker, stage, variant, "worker could not be provisioned: {error}; it is reported lost");
+            self.shared.board.set(worker, stage, WorkerStatus::Failed(error.to_string()));
+            // The engine counts it as starting until told: a stage whose only workers
+            // cannot be provisioned (a lost node) then refuses arrivals at once.
+            let _ = self.shared.handle.worker_lost(worker, format!("worker {worker} could not be provisioned: {error}"));
+        }
+    }
+
+    fn retire(&mut self, worker: u32) {
+        // The next `Retired` of this id is this retirement's (or the replaced
+        // instance's, which is gone as well).
+        lock(&self.shared.replaced).remove(&worker);
+        if let Some(mut group) = self.group_of(worker) {
+            group.retire(worker);
+        }
+        self.worker_stage.remove(&worker);
+    }
+
+    fn set_threads(&mut self, worker: u32, threads: u32) {
+        if let Some(mut group) = self.group_of(worker) {
+            if let Err(error) = group.set_threads(worker, threads) {
+                tracing::warn!(worker, threads, "changing a worker's threads failed: {error}");
+            }
+        }
+    }
+
+    fn set_variant(&mut self, worker: u32, variant: u32) {
+        let changed = match self.group_of(worker) {
+            Some(mut group) => group.set_variant(worker, variant).map_err(|error| {
+                tracing::warn!(worker, variant, "changing a worker's variant failed: {error}; it keeps its model");
+            }),
+            None => Err(()),
+        };
+        if changed.is_ok() {
+            if let Some(entry) = self.worker_stage.get_mut(&worker) {
+                entry.1 = variant;
+            }
+        }
+    }
+
+    fn evict(&mut self, worker: u32, sequence: u64, _mode: EvictMode) {
+        // Only iteration (LLM) stages hold sequences; the ONNX executor serves batch
+        // stages, so the engine never has anything resident here.
+        tracing::debug!(worker, sequence, "evict ignored: no resident sequences on ONNX workers");
+    }
+}
+
+fn start_failure(worker: u32, error: &str) -> String {
+    format!("worker {worker} could not start: {error}")
+}
+
+/// The event pump of one placement: runs until every sender of `events` is gone.
+fn pump(shared: &Shared, events: Receiver<WorkerEvent>) {
+    while let Ok(event) = events.recv() {
+        match event {
+            WorkerEvent::Ready { worker, model, kind, took } => {
+                tracing::info!(worker, %model, ?kind, took_ms = took.as_secs_f64() * 1e3, "worker ready");
+                shared.board.update(worker, WorkerStatus::Ready);
+                let _ = shared.handle.worker_ready(worker);
+            }
+            WorkerEvent::StartFailed { worker, error } => {
+                let error = error.to_string();
+                let stage = shared.board.update(worker, WorkerStatus::Failed(error.clone()));
+                tracing::error!(worker, ?stage, "worker failed to start: {error}; jobs sent to it fail with this error");
+                let failure = start_failure(worker, &error);
+                if let Some(record) = shared.claim_running(worker) {
+                    shared.report(record.failed(&failure));
+                }
+                let _ = shared.handle.worker_lost(worker, failure);
+            }
+            WorkerEvent::Finished { worker, job, duration, result } => {
+                let Some(record) = shared.claim(job) else { continue };
+                let ids: Vec<u64> = record.shares.iter().map(|s| s.id).chain(record.refused.iter().map(|(id, _)| *id)).collect();
+                let outputs =
+                    result.map(|outputs| outputs.into_iter().map(|o| o.outputs).collect()).map_err(|e| format!("worker {worker}: {e}"));
+                let duration = duration.as_nanos() as u64;
+                let result = guarded("finishing a job", || Ok(shared.finish(record, outputs, duration))).unwrap_or_else(|error| {
+                    JobResult { worker, duration, items: ids.iter().map(|&id| item(id, Some(error.clone()))).collect() }
+                });
+                shared.report(result);
+            }
+            WorkerEvent::Aborted { .. } => {}
+            WorkerEvent::Reconfigured { worker, model, threads, took } => {
+                tracing::info!(worker, %model, threads, took_ms = took.as_secs_f64() * 1e3, "worker reconfigured");
+            }
+            WorkerEvent::ReconfigureFailed { worker, error } => {
+                tracing::warn!(worker, "worker reconfiguration failed: {error}; it keeps its previous session");
+            }
+            WorkerEvent::Retired { worker } => {
+                let mut replaced = lock(&shared.replaced);
+                match replaced.get_mut(&worker) {
+                    Some(count) if *count > 0 => {
+                        // The stalled instance the watchdog replaced, gone at last.
+                        *count -= 1;
+                        if *count == 0 {
+                            replaced.remove(&worker);
+                        }
+                        tracing::info!(worker, "the replaced instance of a restarted worker retired");
+                    }
+                    _ => {
+                        drop(replaced);
+                        tracing::info!(worker, "worker retired");
+                        shared.board.remove(worker);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,115 @@
+//! A whole LLM server: what `yardmaster serve --pipeline llm-tiny` runs. It loads ONNX
+//! Runtime, starts the LLM engine actor on the tiny decoder ([`super::LlmStack`]) under
+//! a policy (`calm` unless one is configured), and brings up the same transports as the
+//! pipeline server (HTTP/1.1 and HTTP/3, KServe v2 routes through [`LlmBackend`], and
+//! Prometheus text at `/metrics`).
+//!
+//! The pipeline server's extras do not apply here and are refused with the reason when
+//! configured: `[[remote]]` nodes and trace capture. The admin API (swaps, A/B runs) is
+//! not started for an LLM pipeline.
+
+use std::sync::Arc;
+
+use anyhow::{anyhow, bail, Result};
+use yardmaster_dataplane::{Runtime, RuntimeConfig};
+
+use super::backend::LlmBackend;
+use super::{LlmActor, LlmHandle, LlmStack, ServedLlm};
+use yardmaster_engine::EngineOptions;
+use crate::api::{Api, MetricsRenderer};
+use crate::config::ServeConfig;
+use crate::listeners::Listeners;
+use crate::prometheus;
+use crate::server::{banner, policy_choice, summary};
+
+/// The pipeline names served by [`LlmServer`].
+pub const LLM_PIPELINES: [&str; 1] = ["llm-tiny"];
+
+/// The policy an LLM pipeline runs when the configuration keeps the default one (which
+/// schedules batch stages).
+pub const DEFAULT_LLM_POLICY: &str = "calm";
+
+/// Whether `pipeline` names an LLM pipeline (served by [`LlmServer`]).
+pub fn is_llm_pipeline(pipeline: &str) -> bool {
+    LLM_PIPELINES.contains(&pipeline)
+}
+
+/// A running LLM server.
+pub struct LlmServer {
+    /// The transports.
+    pub listeners: Listeners,
+    /// A handle to the engine actor.
+    pub handle: LlmHandle,
+    /// The policy's name.
+    pub policy: String,
+    /// The models clients can address (one per stream).
+    pub models: Vec<String>,
+    /// The device line: which device and why.
+    pub device: String,
+    actor: LlmActor,
+}
+
+impl LlmServer {
+    /// Start serving the LLM pipeline `config` names. Must run inside a tokio runtime.
+    pub async fn start(config: &ServeConfig) -> Result<LlmServer> {
+        config.validate()?;
+        if !is_llm_pipeline(&config.pipeline) {
+            bail!("pipeline {:?} is not an LLM pipeline (LLM pipelines: {})", config.pipeline, LLM_PIPELINES.join(", "));
+        }
+        if !config.remote.is_empty() {
+            bail!("[[remote]] nodes serve batch stages only; pipeline {:?} runs its decoder here", config.pipeline);
+        }
+        if config.capture.is_some() {
+            bail!("trace capture records batch pipelines only; remove `capture` to serve {:?}", config.pipeline);
+        }
+        if config.admin.effective_token().is_some() || config.admin.watch_dir.is_some() {
+            tracing::warn!("the admin API (swaps, A/B runs) is not started for an LLM pipeline");
+        }
+        let ort = Runtime::init(RuntimeConfig { library: None, device: config.device_preference()? })
+            .map_err(|e| anyhow!("loading ONNX Runtime: {e} (run `bash scripts/setup.sh --deps` to install it)"))?;
+        let choice = ort.device_choice();
+        let device = format!("{} ({})", choice.device, choice.reason);
+        let policy_name = if config.policy == ServeConfig::default().policy { DEFAULT_LLM_POLICY } else { config.policy.as_str() };
+        let policy = policy_choice(policy_name)?;
+        let policy_label = policy.name.clone();
+        let served = ServedLlm::tiny().map_err(|e| anyhow!(e))?;
+        let streams: Vec<String> = served.pipeline.streams.iter().map(|s| s.name.clone()).collect();
+        let options = EngineOptions { params: config.policy_params(), ..Default::default() };
+        let (actor, service) = LlmStack::start(served, policy, options).map_err(|e| anyhow!(e))?;
+        let handle = service.handle().clone();
+        let metrics_handle = handle.clone();
+        let renderer: MetricsRenderer =
+            Arc::new(move || metrics_handle.inspect_arms(prometheus::render_arms).unwrap_or_else(|e| format!("# {e}\n")));
+        let backend = LlmBackend::new(service, &streams);
+        let api = Arc::new(
+            Api::new(Arc::new(backend))
+                .with_metrics(renderer)
+                .with_max_body(config.max_body_bytes)
+                .with_max_in_flight(config.max_in_flight),
+        );
+        let listeners = Listeners::start(&config.listen_options(), api).await?;
+        Ok(LlmServer { listeners, handle, policy: policy_label, models: streams, device, actor })
+    }
+
+    /// The address clients use (TCP and UDP share the port).
+    pub fn address(&self) -> std::net::SocketAddr {
+        self.listeners.address()
+    }
+
+    /// The lines an operator sees at start.
+    pub fn banner(&self) -> String {
+        banner(&self.listeners, &self.models, &self.policy, &self.device)
+    }
+
+    /// One line: requests by outcome so far.
+    pub fn summary(&self) -> String {
+        self.handle.inspect_arms(summary).unwrap_or_else(|e| e.to_string())
+    }
+
+    /// Stop accepting, fail what is in flight once, stop the engine.
+    pub async fn stop(self) {
+        self.listeners.stop().await;
+        let actor = self.actor;
+        let _ = tokio::task::spawn_blocking(move || actor.shutdown("the server is shutting down")).await;
+    }
+}

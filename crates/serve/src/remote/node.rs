@@ -1,0 +1,479 @@
+//! The worker-host side of the inter-node link: `yardmaster node --listen ADDR` runs a
+//! QUIC endpoint; every controller that connects gets a [`WorkerPool`] of its own on
+//! this host, serving the catalogue the controller sends in its hello, and drives it
+//! with the commands of [`super::framing`]; the pool's events go back as frames.
+//!
+//! Per connection (see [`super`] for the stream layout): the first bidirectional
+//! stream carries the hello and the node's welcome or refusal; every later one belongs
+//! to one worker, from its provision on, and carries that worker's commands in and its
+//! events out, in order. One task owns the pool and applies commands in the order
+//! each stream delivers them; a blocking thread forwards the pool's events to it.
+//!
+//! Model paths in the hello are the node's paths: absolute ones are used as they are,
+//! relative ones are resolved against the node's model folder (`--models`, by default
+//! the PP-OCR folder the set-up script installs). A hello naming a file that is not
+//! there is refused with the paths that are missing.
+//!
+//! A frame that does not decode, or a command that does not belong where it arrives
+//! (a provision on the hello stream, a command for worker 3 on worker 4's stream),
+//! closes that connection — and only that one — with [`CLOSE_PROTOCOL`] and the
+//! reason. When a connection ends for any reason its workers' jobs are aborted and its
+//! pool is dropped.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, Context, Result};
+use quinn::{Connection, RecvStream, SendStream};
+use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender};
+use yardmaster_dataplane::{assets, DataplaneError, ModelCache, ModelCatalog, Runtime, WorkerContext, WorkerEvent, WorkerPool};
+
+use super::framing::{self, Message};
+use super::transport::{self, Fingerprint, ReadError, CLOSE_PROTOCOL, CLOSE_SHUTDOWN};
+use crate::tls::Identity;
+
+/// How long a new connection has to send its hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a refused controller has to read the refusal before the node closes.
+const REFUSAL_GRACE: Duration = Duration::from_secs(5);
+
+/// `yardmaster node`: host workers for a controller on another machine.
+#[derive(clap::Args, Debug, Clone)]
+pub struct NodeArgs {
+    /// UDP address to listen on (`0.0.0.0:7443`; port 0 picks a free one, printed at
+    /// start).
+    #[arg(long)]
+    pub listen: SocketAddr,
+    /// Folder of the node's TLS certificate and key, generated on first run (default:
+    /// `node-tls` in the assets folder).
+    #[arg(long)]
+    pub tls_dir: Option<PathBuf>,
+    /// Certificate (PEM) to present instead of the generated one; needs --key.
+    #[arg(long, requires = "key")]
+    pub cert: Option<PathBuf>,
+    /// Private key (PEM) of --cert.
+    #[arg(long, requires = "cert")]
+    pub key: Option<PathBuf>,
+    /// Folder that relative model paths are resolved against (default: the PP-OCR
+    /// models folder of the set-up script).
+    #[arg(long)]
+    pub models: Option<PathBuf>,
+    /// Seconds of silence after which a controller counts as gone (keep-alives are
+    /// sent at a third of it).
+    #[arg(long, default_value_t = 10.0)]
+    pub idle_timeout: f64,
+}
+
+/// Run `yardmaster node` until the process is stopped.
+pub fn main(args: &NodeArgs) -> ExitCode {
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("yardmaster node: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: &NodeArgs) -> Result<()> {
+    let identity = match (&args.cert, &args.key) {
+        (Some(cert), Some(key)) => Identity::load(cert, key)?,
+        _ => Identity::load_or_generate(&args.tls_dir.clone().unwrap_or_else(|| assets::assets_dir().join("node-tls")))?,
+    };
+    if !(args.idle_timeout.is_finite() && args.idle_timeout > 0.0) {
+        return Err(anyhow!("--idle-timeout must be a positive number of seconds, not {}", args.idle_timeout));
+    }
+    let runtime = Runtime::global().context("bringing up ONNX Runtime")?;
+    let context = WorkerContext { runtime, cache: Arc::new(ModelCache::default()) };
+    let model_root = args.models.clone().or_else(|| assets::models_dir().ok());
+    let certificate = identity.certificate_path.clone();
+    let tokio = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("yardmaster-node")
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    tokio.block_on(async move {
+        let node = Node::bind(NodeConfig {
+            listen: args.listen,
+            identity,
+            model_root,
+            idle_timeout: Duration::from_secs_f64(args.idle_timeout),
+            context,
+        })?;
+        // Controllers (and the tests) read these two lines.
+        println!("yardmaster node listening on {}", node.local_addr()?);
+        println!("certificate {} ({})", node.fingerprint(), certificate.display());
+        use std::io::Write;
+        std::io::stdout().flush()?;
+        node.serve().await;
+        Ok(())
+    })
+}
+
+/// What a node needs.
+pub struct NodeConfig {
+    /// UDP address to listen on.
+    pub listen: SocketAddr,
+    /// Its certificate and key.
+    pub identity: Identity,
+    /// Folder that relative model paths resolve against (`None`: the working folder).
+    pub model_root: Option<PathBuf>,
+    /// Silence after which a controller counts as gone.
+    pub idle_timeout: Duration,
+    /// ONNX Runtime and the model cache shared by every connection's pool.
+    pub context: WorkerContext,
+}
+
+struct Shared {
+    context: WorkerContext,
+    model_root: Option<PathBuf>,
+    device: String,
+}
+
+/// A bound node endpoint, not yet serving.
+pub struct Node {
+    endpoint: quinn::Endpoint,
+    fingerprint: Fingerprint,
+    shared: Arc<Shared>,
+}
+
+/// Closes a serving node's endpoint (every connection ends with [`CLOSE_SHUTDOWN`]).
+#[derive(Clone)]
+pub struct ShutdownHandle(quinn::Endpoint);
+
+impl ShutdownHandle {
+    /// Close every connection with `reason` and stop accepting new ones.
+    pub fn shutdown(&self, reason: &str) {
+        self.0.close(CLOSE_SHUTDOWN, &transport::close_reason(reason));
+    }
+}
+
+impl Node {
+    /// Bind the QUIC endpoint. Must run inside a Tokio runtime.
+    pub fn bind(config: NodeConfig) -> Result<Node> {
+        let leaf = config.identity.chain.first().ok_or_else(|| anyhow!("the node's certificate chain is empty"))?;
+        let fingerprint = Fingerprint::of(leaf);
+        let server = transport::server_config(&config.identity, config.idle_timeout)?;
+        let endpoint =
+            transport::endpoint(config.listen, Some(server)).with_context(|| format!("binding the node endpoint on {}", config.listen))?;
+        let device = config.context.runtime.device().to_string();
+        Ok(Node { endpoint, fingerprint, shared: Arc::new(Shared { context: config.context, model_root: config.model_root, device }) })
+    }
+
+    /// The address it is bound to.
+    pub fn local_addr(&self) -> Result<SocketAddr> {
+        self.endpoint.local_addr().context("the node endpoint's address")
+    }
+
+    /// The fingerprint controllers pin.
+    pub fn fingerprint(&self) -> Fingerprint {
+        self.fingerprint
+    }
+
+    /// A handle that shuts the node down.
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        ShutdownHandle(self.endpoint.clone())
+    }
+
+    /// Accept controllers until the endpoint is closed.
+    pub async fn serve(self) {
+        while let Some(incoming) = self.endpoint.accept().await {
+            let shared = self.shared.clone();
+            tokio::spawn(async move {
+                let connection = match incoming.await {
+                    Ok(connection) => connection,
+                    Err(error) => {
+                        tracing::info!("node: handshake failed: {error}");
+                        return;
+                    }
+                };
+                let peer = connection.remote_address();
+                tracing::info!("node: controller {peer} connected");
+                let outcome = serve_connection(connection.clone(), shared).await;
+                match outcome {
+                    Ok(()) => tracing::info!(
+                        "node: controller {peer} gone: {}",
+                        connection.close_reason().map(|e| transport::describe_close(&e)).unwrap_or_default()
+                    ),
+                    Err(reason) => {
+                        tracing::warn!("node: closing the connection of {peer}: {reason}");
+                        connection.close(CLOSE_PROTOCOL, &transport::close_reason(&reason));
+                    }
+                }
+            });
+        }
+    }
+}
+
+/// Serve one controller; `Err` is a protocol error to close the connection with.
+async fn serve_connection(connection: Connection, shared: Arc<Shared>) -> Result<(), String> {
+    let (mut send, mut recv) = match tokio::time::timeout(HELLO_TIMEOUT, connection.accept_bi()).await {
+        Ok(Ok(streams)) => streams,
+        Ok(Err(_)) => return Ok(()), // gone before saying anything
+        Err(_) => return Err(format!("no hello within {HELLO_TIMEOUT:?}")),
+    };
+    let (threads, catalog) = match tokio::time::timeout(HELLO_TIMEOUT, transport::read_frame(&mut recv)).await {
+        Err(_) => return Err(format!("no hello within {HELLO_TIMEOUT:?}")),
+        Ok(Ok(Some(Message::Hello { threads, catalog }))) => (threads, catalog),
+        Ok(Ok(Some(other))) => return Err(format!("expected a hello first, got a {}", other.name())),
+        Ok(Ok(None)) => return Err("the hello stream ended before the hello".into()),
+        Ok(Err(ReadError::Transport(_))) => return Ok(()),
+        Ok(Err(error)) => return Err(format!("reading the hello: {error}")),
+    };
+    let catalog = match resolve(catalog, shared.model_root.as_deref()) {
+        Ok(catalog) => catalog,
+        Err(reason) => {
+            tracing::warn!("node: refusing controller {}: {reason}", connection.remote_address());
+            if let Ok(frame) = framing::encode(&Message::Refused { reason }) {
+                let _ = transport::write_frame(&mut send, frame).await;
+                let _ = send.finish();
+            }
+            let _ = tokio::time::timeout(REFUSAL_GRACE, connection.closed()).await;
+            return Ok(());
+        }
+    };
+    let (pool, pool_events) = WorkerPool::new(shared.context.clone(), catalog, threads as usize);
+    let welcome = framing::encode(&Message::Welcome { device: shared.device.clone() }).map_err(|e| e.to_string())?;
+    if transport::write_frame(&mut send, welcome).await.is_err() {
+        return Ok(());
+    }
+    let (event_tx, events) = mpsc::unbounded_channel();
+    std::thread::Builder::new()
+        .name("yardmaster-node-events".into())
+        .spawn(move || {
+            while let Ok(event) = pool_events.recv() {
+                if event_tx.send(event).is_err() {
+                    break;
+                }
+            }
+        })
+        .map_err(|e| format!("spawning the event thread: {e}"))?;
+    let (inbound_tx, inbound) = mpsc::unbounded_channel();
+    let mut session =
+        Session { connection, pool, streams: HashMap::new(), routes: HashMap::new(), provisioned: HashSet::new(), next_key: 0, inbound_tx };
+    session.add_stream(send, recv, true);
+    let outcome = session.run(events, inbound).await;
+    for worker in &session.provisioned {
+        session.pool.abort(*worker);
+    }
+    outcome
+}
+
+/// The catalogue with every path resolved on this node, or why it cannot be served.
+fn resolve(mut catalog: ModelCatalog, root: Option<&Path>) -> Result<ModelCatalog, String> {
+    let mut missing = Vec::new();
+    for variants in &mut catalog.stages {
+        for spec in variants {
+            if spec.path.is_relative() {
+                if let Some(root) = root {
+                    spec.path = root.join(&spec.path);
+                }
+            }
+            if !spec.path.is_file() {
+                missing.push(format!("model {} not found at {}", spec.key, spec.path.display()));
+            }
+        }
+    }
+    if missing.is_empty() {
+        return Ok(catalog);
+    }
+    let root = match root {
+        Some(root) => format!("relative paths resolve against {}", root.display()),
+        None => "relative paths resolve against the node's working folder".to_string(),
+    };
+    Err(format!("{} on this node ({root})", missing.join("; ")))
+}
+
+/// What a stream's reader task reports.
+enum Inbound {
+    Frame(u64, Message),
+    End(u64),
+    Failed(ReadError),
+}
+
+struct StreamState {
+    writer: UnboundedSender<Message>,
+    worker: Option<u32>,
+    hello: bool,
+}
+
+struct Session {
+    connection: Connection,
+    pool: WorkerPool,
+    streams: HashMap<u64, StreamState>,
+    routes: HashMap<u32, u64>,
+    provisioned: HashSet<u32>,
+    next_key: u64,
+    inbound_tx: UnboundedSender<Inbound>,
+}
+
+impl Session {
+    async fn run(&mut self, mut events: UnboundedReceiver<WorkerEvent>, mut inbound: UnboundedReceiver<Inbound>) -> Result<(), String> {
+        loop {
+            tokio::select! {
+                accepted = self.connection.accept_bi() => match accepted {
+                    Ok((send, recv)) => self.add_stream(send, recv, false),
+                    Err(_) => return Ok(()),
+                },
+                Some(message) = inbound.recv() => self.handle(message)?,
+                Some(event) = events.recv() => self.route(event),
+            }
+        }
+    }
+
+    fn add_stream(&mut self, send: SendStream, recv: RecvStream, hello: bool) {
+        let key = self.next_key;
+        self.next_key += 1;
+        let (writer, outbox) = mpsc::unbounded_channel();
+        tokio::spawn(write_stream(send, outbox));
+        tokio::spawn(read_stream(key, recv, self.inbound_tx.clone()));
+        self.streams.insert(key, StreamState { writer, worker: None, hello });
+    }
+
+    fn handle(&mut self, inbound: Inbound) -> Result<(), String> {
+        let (key, message) = match inbound {
+            Inbound::Frame(key, message) => (key, message),
+            Inbound::End(key) => {
+                // The controller is done with this worker: finish our side too (after
+                // what is queued), and forget the route if it is still this stream.
+                if let Some(state) = self.streams.remove(&key) {
+                    if let Some(worker) = state.worker {
+                        if self.routes.get(&worker) == Some(&key) {
+                            self.routes.remove(&worker);
+                        }
+                    }
+                }
+                return Ok(());
+            }
+            Inbound::Failed(ReadError::Transport(error)) => {
+                tracing::debug!("node: a worker stream failed: {error}");
+                return Ok(());
+            }
+            Inbound::Failed(error) => return Err(error.to_string()),
+        };
+        let Some(state) = self.streams.get_mut(&key) else {
+            return Err(format!("a {} on a stream the node had already closed", message.name()));
+        };
+        if state.hello {
+            return Err(format!("a {} on the hello stream (commands go on worker streams)", message.name()));
+        }
+        let Some(worker) = message.command_worker() else {
+            return Err(format!("a {} from a controller", message.name()));
+        };
+        match (state.worker, &message) {
+            (None, Message::Provision { .. }) => state.worker = Some(worker),
+            (None, _) => return Err(format!("a {} for worker {worker} before that stream's provision", message.name())),
+            (Some(own), _) if own != worker => {
+                return Err(format!("a {} for worker {worker} on the stream of worker {own}", message.name()))
+            }
+            _ => {}
+        }
+        let writer = state.writer.clone();
+        let reply = |event: WorkerEvent| {
+            let _ = writer.send(Message::Event(event));
+        };
+        match message {
+            Message::Provision { worker, stage, variant } => {
+                self.routes.insert(worker, key);
+                match self.pool.provision(worker, stage, variant) {
+                    Ok(()) => {
+                        self.provisioned.insert(worker);
+                    }
+                    Err(error) => reply(WorkerEvent::StartFailed { worker, error }),
+                }
+            }
+            Message::Start { worker, job } => {
+                let id = job.id;
+                if let Err(error) = self.pool.start(worker, job) {
+                    reply(WorkerEvent::Finished { worker, job: id, duration: Duration::ZERO, result: Err(error) });
+                }
+            }
+            Message::Abort { worker } => {
+                self.pool.abort(worker);
+            }
+            Message::Retire { worker } => {
+                self.pool.retire(worker);
+                self.provisioned.remove(&worker);
+            }
+            Message::SetThreads { worker, threads } => {
+                if let Err(error) = self.pool.set_threads(worker, threads) {
+                    reply(WorkerEvent::ReconfigureFailed { worker, error });
+                }
+            }
+            Message::SetVariant { worker, variant } => {
+                if let Err(error) = self.pool.set_variant(worker, variant) {
+                    reply(WorkerEvent::ReconfigureFailed { worker, error });
+                }
+            }
+            other => return Err(format!("a {} from a controller", other.name())),
+        }
+        Ok(())
+    }
+
+    fn route(&mut self, event: WorkerEvent) {
+        let worker = event_worker(&event);
+        match self.routes.get(&worker).and_then(|key| self.streams.get(key)) {
+            Some(state) => {
+                let _ = state.writer.send(Message::Event(event));
+            }
+            None => tracing::debug!("node: no stream for worker {worker}; dropped {event:?}"),
+        }
+    }
+}
+
+fn event_worker(event: &WorkerEvent) -> u32 {
+    match event {
+        WorkerEvent::Ready { worker, .. }
+        | WorkerEvent::StartFailed { worker, .. }
+        | WorkerEvent::Finished { worker, .. }
+        | WorkerEvent::Aborted { worker, .. }
+        | WorkerEvent::Reconfigured { worker, .. }
+        | WorkerEvent::ReconfigureFailed { worker, .. }
+        | WorkerEvent::Retired { worker } => *worker,
+    }
+}
+
+async fn read_stream(key: u64, mut recv: RecvStream, inbound: UnboundedSender<Inbound>) {
+    loop {
+        let report = match transport::read_frame(&mut recv).await {
+            Ok(Some(message)) => Inbound::Frame(key, message),
+            Ok(None) => Inbound::End(key),
+            Err(error) => Inbound::Failed(error),
+        };
+        let last = !matches!(report, Inbound::Frame(..));
+        if inbound.send(report).is_err() || last {
+            return;
+        }
+    }
+}
+
+async fn write_stream(mut send: SendStream, mut outbox: UnboundedReceiver<Message>) {
+    while let Some(message) = outbox.recv().await {
+        let frame = match framing::encode(&message) {
+            Ok(frame) => frame,
+            Err(error) => match message {
+                // Outputs too large for one frame: the job still ends, with the reason.
+                Message::Event(WorkerEvent::Finished { worker, job, duration, result: Ok(_) }) => {
+                    let error = DataplaneError::Invalid(format!("the job's outputs cannot be sent to the controller: {error}"));
+                    match framing::encode(&Message::Event(WorkerEvent::Finished { worker, job, duration, result: Err(error) })) {
+                        Ok(frame) => frame,
+                        Err(_) => continue,
+                    }
+                }
+                other => {
+                    tracing::error!("node: cannot encode a {}: {error}", other.name());
+                    continue;
+                }
+            },
+        };
+        if transport::write_frame(&mut send, frame).await.is_err() {
+            return;
+        }
+    }
+    let _ = send.finish();
+}

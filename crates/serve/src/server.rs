@@ -1,0 +1,221 @@
+//! A whole server in one value: what `yardmaster serve` runs, and what the main job,
+//! the serving benchmark and the end-to-end tests start in-process. [`Server::start`]
+//! loads ONNX Runtime and the policy, starts the serving stack (engine actor, ONNX
+//! workers, KServe backend), optionally a trace capture, and brings the transports up
+//! with Prometheus text at `/metrics`, and the admin API ([`super::admin`]) when it is
+//! configured; [`Server::stop`] stops accepting, fails what is
+//! still in flight exactly once, and stops the engine.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{anyhow, Context, Result};
+use yardmaster_dataplane::{ModelCache, ModelCatalog, Runtime, RuntimeConfig, WorkerContext};
+
+use super::ab::Arms;
+use super::admin::Admin;
+use super::api::{Api, MetricsRenderer};
+use super::capture::Recorder;
+use super::config::{RemotePlacement, ServeConfig};
+use super::executor::{Placement, ServeActor, ServeHandle};
+use super::listeners::Listeners;
+use super::prometheus;
+use super::remote::pool::{RemoteConfig, RemotePool};
+use super::remote::transport::Fingerprint;
+use super::stack::{PolicyChoice, ServedPipeline, ServingStack};
+use super::swap::Swapper;
+use yardmaster_engine::{Clock, EngineOptions, Executor};
+use yardmaster_policy::{FailureMode, Limits, Mode, PolicyLoader, Sandbox};
+
+/// A running server.
+pub struct Server {
+    /// The transports.
+    pub listeners: Listeners,
+    /// A handle to the engine actor.
+    pub handle: ServeHandle,
+    /// The policy's name (the `arm` label of every metric).
+    pub policy: String,
+    /// The models clients can address.
+    pub models: Vec<String>,
+    /// The device line: which device and why.
+    pub device: String,
+    actor: ServeActor,
+    admin: Admin,
+}
+
+impl Server {
+    /// Start serving `config`: the stages its `[[remote]]` sections name on those
+    /// nodes, the stages `placements` name on their worker groups, the rest here.
+    /// Must run inside a tokio runtime.
+    pub async fn start(config: &ServeConfig, mut placements: Vec<Placement>) -> Result<Server> {
+        config.validate()?;
+        let ort = Runtime::init(RuntimeConfig { library: None, device: config.device_preference()? })
+            .map_err(|e| anyhow!("loading ONNX Runtime: {e} (run `bash scripts/setup.sh --deps` to install it)"))?;
+        let choice = ort.device_choice();
+        let device = format!("{} ({})", choice.device, choice.reason);
+        let context = WorkerContext { runtime: ort.clone(), cache: Arc::new(ModelCache::default()) };
+        let served = served_pipeline(&config.pipeline, &context)?;
+        let models: Vec<String> = served.models.iter().map(|m| m.name.clone()).collect();
+        for remote in &config.remote {
+            placements.push(remote_placement(remote, &served).await?);
+        }
+        let policy = policy_choice(&config.policy)?;
+        let policy_name = policy.name.clone();
+        let sandbox = policy.sandbox.clone();
+        let options = EngineOptions { params: config.policy_params(), ..Default::default() };
+        let (actor, backend) = ServingStack::start(served, policy, options, context, placements).map_err(|e| anyhow!(e))?;
+        let handle = actor.handle();
+        let watchdog = config.watchdog;
+        handle.inspect(move |engine| engine.executor().borrow().set_watchdog(watchdog)).map_err(|e| anyhow!(e))?;
+        if let Some(path) = &config.capture {
+            let file = std::fs::File::create(path).with_context(|| format!("creating the capture file {}", path.display()))?;
+            let recorder =
+                Recorder::start(Box::new(file), &path.display().to_string()).with_context(|| format!("writing {}", path.display()))?;
+            handle.capture(Some(recorder)).map_err(|e| anyhow!(e))?;
+        }
+        let metrics_handle = handle.clone();
+        let renderer: MetricsRenderer =
+            Arc::new(move || metrics_handle.inspect_arms(prometheus::render_arms).unwrap_or_else(|e| format!("# {e}\n")));
+        let api = Arc::new(
+            Api::new(Arc::new(backend))
+                .with_metrics(renderer)
+                .with_max_body(config.max_body_bytes)
+                .with_max_in_flight(config.max_in_flight),
+        );
+        let listeners = Listeners::start(&config.listen_options(), api).await?;
+        let admin = Admin::start(&config.admin, Arc::new(Swapper::new(handle.clone(), sandbox))).await?;
+        Ok(Server { listeners, handle, policy: policy_name, models, device, actor, admin })
+    }
+
+    /// The address clients use (TCP and UDP share the port).
+    pub fn address(&self) -> std::net::SocketAddr {
+        self.listeners.address()
+    }
+
+    /// Where the admin API listens, when it runs.
+    pub fn admin_address(&self) -> Option<std::net::SocketAddr> {
+        self.admin.address
+    }
+
+    /// The lines an operator sees at start: what is served, where, and how to stop.
+    pub fn banner(&self) -> String {
+        let mut text = banner(&self.listeners, &self.models, &self.policy, &self.device);
+        if let Some(admin) = self.admin.address {
+            text.push_str(&format!("admin API at http://{admin}/admin/\n"));
+        }
+        text
+    }
+
+    /// One line: requests by outcome so far.
+    /// (Summed over the arms of an A/B run, with one line per arm after it.)
+    pub fn summary(&self) -> String {
+        self.handle.inspect_arms(summary).unwrap_or_else(|e| e.to_string())
+    }
+
+    /// Stop accepting, end the capture, fail what is in flight once, stop the engine.
+    pub async fn stop(self) {
+        self.admin.stop().await;
+        self.listeners.stop().await;
+        let _ = self.handle.capture(None);
+        let actor = self.actor;
+        let _ = tokio::task::spawn_blocking(move || actor.shutdown("the server is shutting down")).await;
+    }
+}
+
+/// The lines an operator sees at start: the models, the policy and the device, where
+/// the transports listen, and where the metrics are.
+pub fn banner(listeners: &Listeners, models: &[String], policy: &str, device: &str) -> String {
+    let address = listeners.address();
+    let mut transports = Vec::new();
+    if listeners.http1.is_some() {
+        transports.push("HTTP/1.1 over TCP".to_string());
+    }
+    if let Some(cert) = &listeners.certificate {
+        let how = if listeners.certificate_generated { "generated self-signed" } else { "certificate" };
+        transports.push(format!("HTTP/3 over UDP ({how}: {})", cert.display()));
+    }
+    format!(
+        "serving {} with policy {policy} on {device}\nlistening on {address} ({})\nmetrics at http://{address}/metrics\n",
+        models.join(", "),
+        transports.join("; ")
+    )
+}
+
+/// One line: requests by outcome so far, summed over the arms, with one line per arm
+/// after it during an A/B run.
+pub fn summary<C: Clock, X: Executor>(arms: &Arms<C, X>) -> String {
+    let lines: Vec<(String, [u64; 5])> = arms
+        .slots()
+        .iter()
+        .map(|slot| {
+            let stats = slot.engine.accounting().summary(slot.engine.state().now).overall;
+            let o = &stats.outcomes;
+            (slot.label.clone(), [stats.arrivals, o.on_time, o.late, o.dropped, o.failed])
+        })
+        .collect();
+    let line = |n: &[u64; 5]| format!("{} requests: {} on time, {} late, {} dropped, {} failed", n[0], n[1], n[2], n[3], n[4]);
+    let mut total = [0u64; 5];
+    for (_, n) in &lines {
+        for (t, v) in total.iter_mut().zip(n) {
+            *t += v;
+        }
+    }
+    let mut text = format!("served {}", line(&total));
+    if lines.len() > 1 {
+        for (arm, n) in &lines {
+            text.push_str(&format!("\n  arm {arm}: {}", line(n)));
+        }
+    }
+    text
+}
+
+/// Connect to the node of a `[[remote]]` section and place its stages there. The
+/// node is sent the catalogue of those stages only, with this host's model paths
+/// (a node on another machine needs the models at the same paths).
+pub async fn remote_placement(remote: &RemotePlacement, served: &ServedPipeline) -> Result<Placement> {
+    let stage_names: Vec<&str> = served.pipeline.stages.iter().map(|s| s.name.as_str()).collect();
+    let mut stages = Vec::new();
+    for name in &remote.stages {
+        let index = stage_names.iter().position(|s| s == name).ok_or_else(|| {
+            anyhow!("[[remote]] names stage {name:?}; pipeline {:?} has {}", served.pipeline.name, stage_names.join(", "))
+        })?;
+        stages.push(index as u32);
+    }
+    let catalog = ModelCatalog {
+        stages: (0..served.catalog.stages.len())
+            .map(|s| if stages.contains(&(s as u32)) { served.catalog.stages[s].clone() } else { Vec::new() })
+            .collect(),
+    };
+    let pin = Fingerprint::from_argument(&remote.pin).with_context(|| format!("the pin of node {}", remote.node))?;
+    let mut link = RemoteConfig::new(remote.node, pin, catalog);
+    link.threads = stages.iter().map(|&s| served.pipeline.stages[s as usize].threads).max().unwrap_or(1);
+    let (pool, events) =
+        RemotePool::connect(link).await.with_context(|| format!("connecting to node {} for {}", remote.node, remote.stages.join(", ")))?;
+    Ok(Placement { stages, workers: Box::new(pool), events })
+}
+
+/// The pipeline by name: `ocr` (PP-OCR, the default) or `tiny` (the trivial model).
+pub fn served_pipeline(name: &str, context: &WorkerContext) -> Result<ServedPipeline> {
+    match name {
+        "ocr" => ServedPipeline::ocr(context),
+        "tiny" => ServedPipeline::tiny_in_assets(),
+        other => Err(format!("pipeline {other:?} cannot be served here: this server knows `ocr` (PP-OCR) and `tiny` (`llm-tiny` is served by `LlmServer`, which `yardmaster serve --pipeline llm-tiny` starts)")),
+    }
+    .map_err(|e| anyhow!(e))
+}
+
+/// A shipped policy by name, or a `.wasm` file (refused with the reason when it is not
+/// a valid policy component).
+pub fn policy_choice(policy: &str) -> Result<PolicyChoice> {
+    let path = Path::new(policy);
+    if !path.exists() {
+        return PolicyChoice::shipped(policy).map_err(|e| anyhow!(e));
+    }
+    let bytes = std::fs::read(path).with_context(|| format!("reading {policy}"))?;
+    let name = path.file_stem().map_or_else(|| policy.to_string(), |s| s.to_string_lossy().into_owned());
+    let sandbox = Sandbox::new(Mode::Serve, Limits::default())?;
+    let module = PolicyLoader::new(sandbox.clone(), PolicyLoader::default_cache_dir())
+        .load(&name, &bytes)
+        .map_err(|e| anyhow!("policy {policy} refused: {e}"))?;
+    Ok(PolicyChoice { name, sandbox, module, failure: FailureMode::FailOpen })
+}

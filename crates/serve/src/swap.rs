@@ -1,0 +1,402 @@
+//! Hot swap of the policy on a running engine, as the admin API, the CLI and the
+//! watched directory trigger it.
+//!
+//! The expensive work happens on the caller's thread, never the engine's: reading the
+//! file, checking and compiling the component ([`PolicyLoader`], which keeps compiled
+//! code by SHA-256 so swapping back to a policy seen before skips compilation),
+//! instantiating it ([`Candidate::wasm`]), and initialising it and replaying into it
+//! the requests the arm holds, from a snapshot the engine hands out in one short
+//! visit ([`yardmaster_engine::Engine::handover_snapshot`], [`Candidate::pre_replay`]).
+//! Only then does the engine actor get a
+//! [`Message::Swap`](super::actor::Message::Swap): between two event batches the arm
+//! tells the prepared instance what changed since the snapshot and makes it answer
+//! ([`yardmaster_policy::Arm::swap`]); that hand-over is the pause the engine sees, and it
+//! is measured there. The retired instance comes back and is dropped here.
+//!
+//! A candidate that faults in its pre-replay is not refused: a fresh instance of it
+//! goes in by the plain hand-over (initialised and replayed at the swap), where the
+//! arm's failure mode applies to its fault as to any other — so a policy that traps
+//! at once is swapped in and falls back, as the admin API has always answered.
+//!
+//! Swaps are serialised: one at a time per server. A shadow policy
+//! ([`yardmaster_policy::Shadow`]) is prepared the same way and started with
+//! [`Swapper::start_shadow`], and so is the candidate of an A/B run
+//! ([`Swapper::start_ab`], see [`super::ab`]). During a run each arm can be swapped on
+//! its own ([`Swapper::swap_arm`]).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::ab::{AbReport, AbStatus, Split};
+use super::actor::{AbCommand, ActorHandle, ActorStopped};
+use yardmaster_engine::{Clock, Executor};
+use yardmaster_policy::{
+    ArmState, Candidate, Handover, HandoverSnapshot, LoadError, PolicyLoader, PolicyModule, ProfileSource, Sandbox, ShadowReport,
+};
+
+/// Where the new policy comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PolicySource {
+    /// A component's bytes, and the name to give it.
+    Bytes {
+        /// The policy's name (for logs and the admin API).
+        name: String,
+        /// The `.wasm` bytes.
+        bytes: Vec<u8>,
+    },
+    /// A `.wasm` file on the server's file system (named after its file stem).
+    File(PathBuf),
+    /// A policy shipped with Yardmaster, by name.
+    Shipped(String),
+}
+
+/// Why a swap did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum SwapError {
+    /// The policy was refused before it reached the engine (unreadable, not a valid
+    /// component, outside the policy world, unknown name, or its instantiation
+    /// trapped); the running policy is untouched.
+    #[error("{0}")]
+    Refused(String),
+    /// The command does not fit the server's state (no such arm, an A/B run already
+    /// in progress or none to end); nothing changed.
+    #[error("{0}")]
+    Conflict(String),
+    /// The engine has stopped.
+    #[error(transparent)]
+    Stopped(#[from] ActorStopped),
+}
+
+/// How an A/B run ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AbEnd {
+    /// The candidate arm becomes the whole.
+    Promote,
+    /// The control arm becomes the whole again.
+    RollBack,
+}
+
+/// An A/B run's state and report, as `GET /admin/ab` answers.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AbView {
+    /// Where the run stands.
+    pub status: AbStatus,
+    /// The current run's report, or the last run's (none before any run).
+    pub report: Option<AbReport>,
+}
+
+impl From<LoadError> for SwapError {
+    fn from(error: LoadError) -> Self {
+        SwapError::Refused(error.to_string())
+    }
+}
+
+/// What a swap did, as the admin API answers it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SwapSummary {
+    /// The new policy's name.
+    pub policy: String,
+    /// SHA-256 of its component.
+    pub sha256: String,
+    /// Label of the instance that answered before.
+    pub from: String,
+    /// Label of the instance swapped in.
+    pub to: String,
+    /// The arm's state after the swap (`primary`, or `fallback`/`closed` when the new
+    /// policy faulted at once).
+    pub state: &'static str,
+    /// The fault the new policy hit during the hand-over.
+    pub fault: Option<String>,
+    /// Requests held at the swap and replayed into the new policy.
+    pub replayed: usize,
+    /// `delta` (the new policy was replayed a snapshot beforehand and told at the
+    /// swap what changed since) or `full` (everything replayed at the swap).
+    pub handover: &'static str,
+    /// Events delivered at the swap of a `delta` hand-over (arrivals since the
+    /// snapshot, worker changes, idle workers, the latest tick).
+    pub delta_events: usize,
+    /// Microseconds the engine was held by the hand-over.
+    pub pause_us: f64,
+    /// Microseconds spent preparing off the engine's thread (read, compile or cache
+    /// hit, instantiate, snapshot, pre-replay).
+    pub prepare_us: f64,
+    /// Microseconds the engine was held to copy the held requests for the snapshot.
+    pub snapshot_us: f64,
+    /// Microseconds of the new policy's `init` and the replay of the snapshot, on the
+    /// caller's thread (0 when it faulted there).
+    pub pre_replay_us: f64,
+}
+
+/// A candidate ready for the engine, and what preparing it cost.
+struct Prepared {
+    candidate: Candidate,
+    /// The engine's time taking the snapshot.
+    snapshot: Duration,
+    /// `init` and the replay of the snapshot (none when it faulted).
+    pre_replay: Option<Duration>,
+}
+
+/// The running policy, as `GET /admin/policies` lists it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PolicyReport {
+    /// The arm's name (the `arm` label of every metric; it stays across swaps).
+    pub arm: String,
+    /// The name of the policy the arm runs.
+    pub policy: String,
+    /// SHA-256 of its component (none for a native policy).
+    pub sha256: Option<String>,
+    /// The instance answering now (the fallback's label while it answers).
+    pub answering: String,
+    /// `primary`, `fallback` or `closed`.
+    pub state: &'static str,
+    /// Swaps so far.
+    pub swaps: u64,
+    /// Microseconds of the latest swap's pause.
+    pub last_swap_pause_us: f64,
+    /// Microseconds of the longest swap pause.
+    pub max_swap_pause_us: f64,
+    /// Switches to the fallback so far.
+    pub fallbacks: u64,
+    /// Faults so far, by kind.
+    pub faults: BTreeMap<String, u64>,
+    /// Requests the policy holds now.
+    pub held: usize,
+}
+
+/// The name of an arm state in the admin API and logs.
+pub fn state_name(state: ArmState) -> &'static str {
+    match state {
+        ArmState::Primary => "primary",
+        ArmState::Fallback => "fallback",
+        ArmState::Closed => "closed",
+    }
+}
+
+/// Swaps the policy of one engine.
+pub struct Swapper<C: Clock, X: Executor> {
+    handle: ActorHandle<C, X>,
+    loader: PolicyLoader,
+    one_at_a_time: Mutex<()>,
+}
+
+impl<C: Clock, X: Executor> Swapper<C, X> {
+    /// A swapper for the engine behind `handle`, compiling for `sandbox` (the one the
+    /// running policy uses) with the default on-disk cache of compiled policies.
+    pub fn new(handle: ActorHandle<C, X>, sandbox: Sandbox) -> Self {
+        Self::with_loader(handle, PolicyLoader::new(sandbox, PolicyLoader::default_cache_dir()))
+    }
+
+    /// A swapper compiling with `loader`.
+    pub fn with_loader(handle: ActorHandle<C, X>, loader: PolicyLoader) -> Self {
+        Self { handle, loader, one_at_a_time: Mutex::new(()) }
+    }
+
+    /// Read, check and compile a policy without swapping it in.
+    pub fn load(&self, source: &PolicySource) -> Result<Arc<PolicyModule>, SwapError> {
+        match source {
+            PolicySource::Bytes { name, bytes } => Ok(self.loader.load(name, bytes)?),
+            PolicySource::File(path) => Ok(self.loader.load_file(path)?),
+            PolicySource::Shipped(name) => {
+                let artifact = yardmaster_policy_artifacts::shipped(name).ok_or_else(|| {
+                    let known: Vec<&str> = yardmaster_policy_artifacts::SHIPPED.iter().map(|a| a.name).collect();
+                    SwapError::Refused(format!("no shipped policy named {name:?} (shipped: {})", known.join(", ")))
+                })?;
+                Ok(self.loader.load(name, artifact.bytes)?)
+            }
+        }
+    }
+
+    /// Swap the policy in from `source` (blocking: call it off any async runtime's
+    /// worker threads). A policy that is refused leaves the running one untouched; a
+    /// policy that faults during its preparation or the hand-over is swapped in and
+    /// the arm's failure mode applies (the summary says so).
+    pub fn swap(&self, source: &PolicySource) -> Result<SwapSummary, SwapError> {
+        self.swap_arm(source, None)
+    }
+
+    /// Swap the policy of the arm labelled `arm` (`None`: the control arm, the only
+    /// one outside an A/B run); otherwise as [`Swapper::swap`].
+    pub fn swap_arm(&self, source: &PolicySource, arm: Option<&str>) -> Result<SwapSummary, SwapError> {
+        let _serial = self.one_at_a_time.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let started = Instant::now();
+        let module = self.load(source)?;
+        let prepared = self.prepare_swap(&module, arm)?;
+        let prepare = started.elapsed();
+        let outcome = self.handle.swap_arm(arm.map(str::to_string), prepared.candidate)?.map_err(SwapError::Conflict)?;
+        let report = outcome.report;
+        // The retired instance is dropped here, off the engine's thread.
+        drop(outcome.retired);
+        let (handover, delta_events) = match report.handover {
+            Handover::Full => ("full", 0),
+            Handover::Delta { events, .. } => ("delta", events),
+        };
+        let summary = SwapSummary {
+            policy: module.name().to_string(),
+            sha256: module.sha256_hex(),
+            from: report.from,
+            to: report.to,
+            state: state_name(report.state),
+            fault: report.fault.map(|f| f.to_string()),
+            replayed: report.replayed,
+            handover,
+            delta_events,
+            pause_us: outcome.pause.as_secs_f64() * 1e6,
+            prepare_us: prepare.as_secs_f64() * 1e6,
+            snapshot_us: prepared.snapshot.as_secs_f64() * 1e6,
+            pre_replay_us: prepared.pre_replay.map_or(0.0, |d| d.as_secs_f64() * 1e6),
+        };
+        match &summary.fault {
+            None => {
+                tracing::info!(policy = %summary.policy, sha256 = %summary.sha256, pause_us = summary.pause_us, replayed = summary.replayed, "policy swapped in")
+            }
+            Some(fault) => {
+                tracing::warn!(policy = %summary.policy, %fault, state = summary.state, "the swapped-in policy faulted during the hand-over")
+            }
+        }
+        Ok(summary)
+    }
+
+    /// Load and instantiate a policy for the engine's arm, off the engine's thread.
+    fn prepare(&self, source: &PolicySource) -> Result<(Arc<PolicyModule>, Candidate), SwapError> {
+        let module = self.load(source)?;
+        let (seed, profiles) = self.handle.inspect(|engine| engine.arm().candidate_inputs())?;
+        let candidate = self.instantiate(&module, seed, profiles)?;
+        Ok((module, candidate))
+    }
+
+    fn instantiate(&self, module: &Arc<PolicyModule>, seed: u64, profiles: Option<Arc<dyn ProfileSource>>) -> Result<Candidate, SwapError> {
+        Candidate::wasm(self.loader.sandbox(), module.clone(), seed, profiles)
+            .map_err(|fault| SwapError::Refused(format!("{} cannot be instantiated: it {fault}", module.name())))
+    }
+
+    /// Prepare `module` to take over the arm labelled `arm` (`None`: the control
+    /// arm), off the engine's thread: one visit to the engine copies what the arm
+    /// holds ([`yardmaster_engine::Engine::handover_snapshot`]), then the candidate is
+    /// instantiated, initialised and replayed the copy here. A candidate that faults
+    /// in the pre-replay is replaced by a fresh, unprepared instance (see the module
+    /// docs).
+    fn prepare_swap(&self, module: &Arc<PolicyModule>, arm: Option<&str>) -> Result<Prepared, SwapError> {
+        let label = arm.map(str::to_string);
+        type Taken = ((u64, Option<Arc<dyn ProfileSource>>), HandoverSnapshot, Duration);
+        let taken = self.handle.inspect_arms(move |arms| -> Result<Taken, String> {
+            let started = Instant::now();
+            let slot = match &label {
+                None => arms.slots().first(),
+                Some(label) => arms.slots().iter().find(|slot| &slot.label == label),
+            };
+            let Some(slot) = slot else {
+                return Err(format!("no arm named {:?} (arms: {})", label.unwrap_or_default(), arms.labels().join(", ")));
+            };
+            let inputs = slot.engine.arm().candidate_inputs();
+            let snapshot = slot.engine.handover_snapshot();
+            Ok((inputs, snapshot, started.elapsed()))
+        })?;
+        let ((seed, profiles), snapshot, hold) = taken.map_err(SwapError::Conflict)?;
+        let mut candidate = self.instantiate(module, seed, profiles.clone())?;
+        let held = snapshot.held();
+        match candidate.pre_replay(snapshot) {
+            Ok(took) => Ok(Prepared { candidate, snapshot: hold, pre_replay: Some(took) }),
+            Err(fault) => {
+                tracing::warn!(policy = %module.name(), %fault, held, "the new policy faulted while being prepared: it goes in by the plain hand-over");
+                let candidate = self.instantiate(module, seed, profiles)?;
+                Ok(Prepared { candidate, snapshot: hold, pre_replay: None })
+            }
+        }
+    }
+
+    /// Start the policy from `source` as a shadow of the live one (replacing a shadow
+    /// already running); its first report (after `init` and the replay of what the
+    /// live policy holds).
+    pub fn start_shadow(&self, source: &PolicySource) -> Result<ShadowReport, SwapError> {
+        let _serial = self.one_at_a_time.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let (module, candidate) = self.prepare(source)?;
+        if let Some(old) = self.handle.shadow(Some(candidate))? {
+            tracing::info!(shadow = %old.policy, "a shadow was replaced");
+        }
+        let report = self.handle.inspect(|engine| engine.shadow_report())?;
+        tracing::info!(shadow = %module.name(), sha256 = %module.sha256_hex(), "shadow policy started");
+        Ok(report.expect("a shadow was just started"))
+    }
+
+    /// Start an A/B run with the policy from `source` as the candidate arm `label`
+    /// (default: the policy's name, with `-b` when the control runs a policy of that
+    /// name), given `split`'s share of requests and workers.
+    pub fn start_ab(&self, source: &PolicySource, label: Option<&str>, split: Split) -> Result<AbStatus, SwapError> {
+        let _serial = self.one_at_a_time.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let (module, candidate) = self.prepare(source)?;
+        let label = match label {
+            Some(label) => label.to_string(),
+            None => {
+                let control = self.handle.inspect_arms(|arms| arms.labels().remove(0))?;
+                let name = module.name().to_string();
+                if name == control {
+                    format!("{name}-b")
+                } else {
+                    name
+                }
+            }
+        };
+        let status = self.handle.ab(AbCommand::Start { candidate, label, split })?.map_err(SwapError::Conflict)?;
+        tracing::info!(candidate = %module.name(), sha256 = %module.sha256_hex(), split = %split.describe(), "A/B run started");
+        Ok(status)
+    }
+
+    /// End the A/B run: promote the candidate or roll back to the control. The
+    /// losing arm drains what it holds, then hands its workers to the winner.
+    pub fn end_ab(&self, end: AbEnd) -> Result<AbStatus, SwapError> {
+        let _serial = self.one_at_a_time.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let labels = self.handle.inspect_arms(|arms| if arms.ab_running() { arms.labels() } else { Vec::new() })?;
+        let winner = match (end, labels.as_slice()) {
+            (AbEnd::Promote, [_, candidate]) => candidate.clone(),
+            (AbEnd::RollBack, [control, _]) => control.clone(),
+            _ => return Err(SwapError::Conflict("no A/B run is in progress (or it is already ending)".into())),
+        };
+        self.handle.ab(AbCommand::End(winner))?.map_err(SwapError::Conflict)
+    }
+
+    /// The A/B run's state and report.
+    pub fn ab(&self) -> Result<AbView, ActorStopped> {
+        self.handle.inspect_arms(|arms| AbView { status: arms.status(), report: arms.report() })
+    }
+
+    /// Stop the shadow; its final report (none when no shadow ran).
+    pub fn stop_shadow(&self) -> Result<Option<ShadowReport>, ActorStopped> {
+        self.handle.shadow(None)
+    }
+
+    /// The running shadow's report (none when no shadow runs).
+    pub fn shadow_report(&self) -> Result<Option<ShadowReport>, ActorStopped> {
+        self.handle.inspect(|engine| engine.shadow_report())
+    }
+
+    /// The policy of every arm (one outside an A/B run), control first.
+    pub fn policies(&self) -> Result<Vec<PolicyReport>, ActorStopped> {
+        self.handle.inspect_arms(|arms| {
+            arms.slots()
+                .iter()
+                .map(|slot| {
+                    let arm = slot.engine.arm();
+                    let stats = arm.stats();
+                    let module = arm.module();
+                    PolicyReport {
+                        arm: slot.label.clone(),
+                        policy: module.map(|m| m.name().to_string()).unwrap_or_else(|| arm.instance_label()),
+                        sha256: module.map(|m| m.sha256_hex()),
+                        answering: arm.instance_label(),
+                        state: state_name(arm.state()),
+                        swaps: stats.swaps.count,
+                        last_swap_pause_us: stats.swaps.last.as_secs_f64() * 1e6,
+                        max_swap_pause_us: stats.swaps.max.as_secs_f64() * 1e6,
+                        fallbacks: stats.fallbacks,
+                        faults: stats.faults.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+                        held: arm.ledger().len(),
+                    }
+                })
+                .collect()
+        })
+    }
+}

@@ -1,0 +1,69 @@
+//! Loki and its baselines as components in the simulator, on Loki's
+//! traffic-analysis pipeline.
+
+use yardmaster::engine::EngineOptions;
+use yardmaster::policy::contract::Param;
+use yardmaster::sim::executor::SimExecutorOptions;
+use yardmaster::sim::reproduce::loki::{data_dir, traffic_pipeline, CLUSTER};
+use yardmaster::sim::reproduce::{shipped, simulation_loader};
+use yardmaster::formats::workload::RateSchedule;
+use yardmaster::sim::{run, RunOutcome, SimSpec};
+
+fn simulate(policy: &str, rates: &[(f64, u64)], params: &[(&str, &str)]) -> RunOutcome {
+    let pipeline = traffic_pipeline(&data_dir(), CLUSTER, 500.0).unwrap();
+    let mut text = String::new();
+    for &(rate, seconds) in rates {
+        for _ in 0..seconds {
+            text.push_str(&format!("{rate}\n"));
+        }
+    }
+    let schedule = RateSchedule::parse(&text).unwrap();
+    let engine = EngineOptions {
+        params: params.iter().map(|(k, v)| Param { key: k.to_string(), value: v.to_string() }).collect(),
+        ..EngineOptions::default()
+    };
+    let spec = SimSpec {
+        pipeline,
+        seed: 1,
+        duration: schedule.duration(),
+        executor: SimExecutorOptions::default(),
+        engine,
+        decision_interval: 0,
+        capture_dir: None,
+    };
+    let loader = simulation_loader().unwrap();
+    run::run(&spec, &shipped(policy, policy).unwrap(), &loader, schedule.arrivals(1), &mut |_| {}).unwrap()
+}
+
+fn violations(out: &RunOutcome) -> f64 {
+    let o = &out.report.summary.overall.outcomes;
+    1.0 - o.on_time as f64 / o.ended().max(1) as f64
+}
+
+#[test]
+fn past_the_hardware_capacity_loki_trades_accuracy_for_throughput() {
+    // Properties 2, 3 and 11 in simulation: 40 QPS, then twice the hardware-only
+    // capacity of the 20-GPU cluster (≈ 200 QPS at 500 ms).
+    let rates = [(40.0, 10), (420.0, 20)];
+    let loki = simulate("loki", &rates, &[("headroom", "1.2")]);
+    let inferline = simulate("loki-inferline", &rates, &[("headroom", "1.2")]);
+    let (l, i) = (&loki.report.summary.overall, &inferline.report.summary.overall);
+    assert!(loki.arm.faults.is_empty() && inferline.arm.faults.is_empty(), "{:?} {:?}", loki.arm.faults, inferline.arm.faults);
+    assert!(l.goodput > 1.5 * i.goodput, "Loki serves more: {} vs {}", l.goodput, i.goodput);
+    assert!(violations(&loki) < violations(&inferline) / 2.0, "{} vs {}", violations(&loki), violations(&inferline));
+    assert!(l.accuracy < i.accuracy, "Loki lowers accuracy: {} vs {}", l.accuracy, i.accuracy);
+    assert!(i.accuracy > 0.99, "InferLine keeps the most accurate variants");
+    // Off-peak Loki used few workers; at the peak, the whole cluster.
+    let workers = |out: &RunOutcome, from: u64, to: u64| {
+        let w: Vec<f64> = out
+            .report
+            .windows
+            .iter()
+            .filter(|w| w.start >= from * 1_000_000_000 && w.start < to * 1_000_000_000)
+            .map(|w| w.active_workers)
+            .collect();
+        w.iter().sum::<f64>() / w.len().max(1) as f64
+    };
+    assert!(workers(&loki, 5, 10) < 10.0, "off-peak: {}", workers(&loki, 5, 10));
+    assert!(workers(&loki, 20, 30) > 18.0, "peak: {}", workers(&loki, 20, 30));
+}

@@ -1,0 +1,17 @@
+//! End-to-end tests across the Yardmaster crates: policies on the real runtime, engine and simulator.
+//!
+//! One test binary for the crate (each module was a test binary of its own): a test
+//! run links the crate's dependencies once.
+
+mod conformance;
+mod containment;
+mod dataplane_profile;
+mod languages;
+mod loading;
+mod loki_planner;
+mod loki_sim;
+mod native_vs_wasm;
+mod pard;
+mod sandbox_escape;
+mod simulator;
+mod validation;
