@@ -26,6 +26,8 @@ fn main() {
     let root = manifest_dir.parent().expect("workspace root").to_path_buf();
     let out_dir = PathBuf::from(env::var("OUT_DIR").unwrap());
 
+    // All of `wit`: the SDK and tests/policies/forbidden-import read one version
+    // directory of it (`wit/0.1.0`), and Cargo scans a watched directory recursively.
     for watched in ["wit", "sdk", "policies", "tests/policies", "Cargo.toml", "Cargo.lock"] {
         println!("cargo:rerun-if-changed={}", root.join(watched).display());
     }

@@ -5,6 +5,8 @@
 #               ($YARDMASTER_TOOLCHAINS, else ~/.cache/yardmaster/toolchains)
 #   OUT_DIR     where the components land ($YARDMASTER_EXAMPLES_OUT, else
 #               policy-examples/build)
+#   CONTRACT    the WIT the examples are built against: the released contract version
+#               the SDK targets (wit/0.1.0; see wit/README.md)
 #
 # A build script exits 3 when its toolchain is not installed, so callers (the tests)
 # can tell "cannot build here" from "the build failed".
@@ -13,6 +15,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 TOOLCHAINS=${YARDMASTER_TOOLCHAINS:-$HOME/.cache/yardmaster/toolchains}
 OUT_DIR=${YARDMASTER_EXAMPLES_OUT:-$ROOT/policy-examples/build}
 WASM_TOOLS=$TOOLCHAINS/py/bin/wasm-tools
+CONTRACT=$ROOT/wit/0.1.0
 mkdir -p "$OUT_DIR"
 
 # toolchain_missing WHAT: report and exit 3.

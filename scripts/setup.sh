@@ -29,6 +29,16 @@ else
     fi
 fi
 
+say "rustfmt and clippy (CI checks formatting and lints)"
+if command -v rustup >/dev/null 2>&1; then
+    missing=()
+    cargo fmt --version >/dev/null 2>&1 || missing+=(rustfmt)
+    cargo clippy --version >/dev/null 2>&1 || missing+=(clippy)
+    if [ ${#missing[@]} -gt 0 ]; then rustup component add "${missing[@]}"; else echo "already installed"; fi
+else
+    echo "no rustup: using the rustfmt and clippy the toolchain has"
+fi
+
 say "Fonts for PNG plots (SVG plots need none)"
 if ls /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf >/dev/null 2>&1; then
     echo "already installed"

@@ -1,7 +1,7 @@
 """deadline-scaler in Python: the same decisions as policy-examples/rust, step for step.
 
 Built into a component with componentize-py (see build.sh); the bindings module
-`wit_world` is generated from ../../wit at build time. The rules are specified in
+`wit_world` is generated from ../../wit/0.1.0 at build time. The rules are specified in
 policy-examples/README.md ("The policy, exactly"): integer arithmetic throughout,
 except the batch-latency interpolation, whose few float operations are IEEE-exact in
 every language.

@@ -1,10 +1,13 @@
-//! The WIT types of `yardmaster:policy@0.1.0` (../../wit/policy.wit) as the component
-//! model's canonical ABI lays them out in linear memory on wasm32. An `extern struct`
-//! has C layout, which for these records is exactly the canonical one: fields in order,
-//! each at its natural alignment; `bool` and enums are one byte; strings and lists are a
-//! (pointer, length) pair; an `option` or a variant is a one-byte discriminant followed
-//! by its payload at the payload's alignment. Only what the policy reads or writes is
-//! spelled out; unused cases are sized by a padding member.
+//! The WIT types of `yardmaster:policy@0.1.0` (../../wit/0.1.0/policy.wit) as the
+//! component model's canonical ABI lays them out in linear memory on wasm32. An `extern
+//! struct` has C layout, which for these records is exactly the canonical one: fields in
+//! order, each at its natural alignment; `bool` and enums are one byte; strings and lists
+//! are a (pointer, length) pair; an `option` or a variant is a one-byte discriminant
+//! followed by its payload at the payload's alignment. Only what the policy reads or
+//! writes is spelled out; unused cases are sized by a padding member. The table
+//! `canonical_layouts` at the end states every type's canonical size, alignment and field
+//! offsets: the comptime block checks the structs against it, and a test of the host
+//! (crates/policy/tests/all/abi.rs) checks it against the WIT.
 
 /// A `list<T>` (or `string` when T is u8).
 pub fn List(comptime T: type) type {
@@ -192,24 +195,48 @@ pub const Action = extern struct {
 /// `result<list<action>, string>`: a discriminant, then the list or the error string.
 pub const InitResult = extern struct { is_err: u8, payload: String };
 
+/// The canonical layout of every type above, one line each, read by the host's ABI test:
+/// `.{ ZigType, "wit-type", size, alignment, .{ offset of each field, in order } }`.
+/// The WIT type is a type of the `types` interface, `TYPE.MEMBER` (a record's field or a
+/// variant's case payload), or `FUNC()` (the result of a `policy` function). A variant,
+/// `option` or `result` is laid out as `{ discriminant, payload }`.
+pub const canonical_layouts = .{
+    .{ LatencyPoint, "latency-point", 24, 8, .{ 0, 8, 16 } },
+    .{ Variant, "variant", 48, 8, .{ 0, 4, 16, 24, 32, 40 } },
+    .{ Stage, "stage", 52, 4, .{ 0, 4, 12, 16, 24, 32, 40, 44, 48 } },
+    .{ Worker, "worker", 32, 8, .{ 0, 4, 8, 12, 16, 24 } },
+    .{ Param, "param", 16, 4, .{ 0, 8 } },
+    .{ Tag, "tag", 16, 4, .{ 0, 8 } },
+    .{ OptionTags, "request.tags", 12, 4, .{ 0, 4 } },
+    .{ Request, "request", 80, 8, .{ 0, 8, 16, 20, 24, 32, 40, 48, 52, 56, 60, 64 } },
+    .{ RequestResult, "request-result", 16, 8, .{ 0, 8, 12 } },
+    .{ BatchOutcome, "batch-outcome", 32, 8, .{ 0, 8, 16, 24 } },
+    .{ SequenceState, "sequence-state", 32, 8, .{ 0, 8, 16, 24 } },
+    .{ FrameReport, "frame-report", 32, 8, .{ 0, 4, 8, 16, 24 } },
+    .{ StageStats, "stage-stats", 56, 8, .{ 0, 4, 8, 16, 24, 32, 40, 44, 48 } },
+    .{ WorkerStats, "worker-stats", 48, 8, .{ 0, 4, 8, 12, 16, 24, 28, 32, 40 } },
+    .{ Snapshot, "snapshot", 40, 8, .{ 0, 8, 16, 24, 32 } },
+    .{ RequestEnded, "event.request-ended", 16, 8, .{ 0, 8 } },
+    .{ Event, "event", 88, 8, .{ 0, 8 } },
+    .{ OptionU32, "dispatch.variant", 8, 4, .{ 0, 4 } },
+    .{ DropRequest, "drop-request", 16, 8, .{ 0, 8 } },
+    .{ Dispatch, "dispatch", 20, 4, .{ 0, 4, 12 } },
+    .{ Scale, "scale", 16, 4, .{ 0, 4, 8 } },
+    .{ Action, "action", 32, 8, .{ 0, 8 } },
+    .{ InitResult, "init()", 12, 4, .{ 0, 4 } },
+};
+
 comptime {
-    // The canonical sizes, checked against the WIT (see the module docs).
-    const expect = struct {
-        fn size(comptime T: type, comptime n: usize) void {
-            if (@sizeOf(T) != n) @compileError(@typeName(T) ++ " does not have its canonical size");
+    // Every struct has the canonical layout stated in the table.
+    for (canonical_layouts) |layout| {
+        const T = layout[0];
+        const name = @typeName(T);
+        if (@sizeOf(T) != layout[2]) @compileError(name ++ " does not have its canonical size");
+        if (@alignOf(T) != layout[3]) @compileError(name ++ " does not have its canonical alignment");
+        const fields = @typeInfo(T).@"struct".field_names;
+        if (fields.len != layout[4].len) @compileError(name ++ " does not have one offset per field in canonical_layouts");
+        for (fields, 0..) |field, i| {
+            if (@offsetOf(T, field) != layout[4][i]) @compileError(name ++ "." ++ field ++ " is not at its canonical offset");
         }
-    };
-    expect.size(Variant, 48);
-    expect.size(Stage, 52);
-    expect.size(Worker, 32);
-    expect.size(Request, 80);
-    expect.size(SequenceState, 32);
-    expect.size(FrameReport, 32);
-    expect.size(StageStats, 56);
-    expect.size(WorkerStats, 48);
-    expect.size(Snapshot, 40);
-    expect.size(Event, 88);
-    expect.size(Dispatch, 20);
-    expect.size(Action, 32);
-    expect.size(InitResult, 12);
+    }
 }

@@ -5,7 +5,7 @@
 //! natively. The imports only exist inside a component; [`crate::Host`] wraps them.
 
 wit_bindgen::generate!({
-    path: "../wit",
+    path: "../wit/0.1.0",
     world: "yardmaster:policy/scheduler@0.1.0",
     pub_export_macro: true,
     export_macro_name: "export_scheduler",

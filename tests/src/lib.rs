@@ -1,10 +1,11 @@
-//! Shared pieces of the end-to-end tests: a driver that runs an [`Arm`] against the
-//! conformance harness's scripted cluster, and request builders.
+//! Shared pieces of the end-to-end tests: a driver that runs an [`Arm`] on the real
+//! engine over the conformance harness's scripted cluster, and request builders.
 
 use std::sync::Arc;
 
-use yardmaster::conformance::cluster::{Fate, ScriptedCluster, MS};
-use yardmaster::policy::contract::{Config, Event, Param, Request};
+use yardmaster::conformance::scripted::{Fate, Harness, MS};
+use yardmaster::engine::Submission;
+use yardmaster::policy::contract::{Config, Param};
 use yardmaster::policy::{Arm, ArmOutput, FailureMode, Limits, Mode, PolicyLoader, PolicyModule, Sandbox};
 
 /// A sandbox and loader for one mode, with no disk cache.
@@ -28,96 +29,101 @@ pub fn params(pairs: &[(&str, &str)]) -> Vec<Param> {
     pairs.iter().map(|(k, v)| Param { key: k.to_string(), value: v.to_string() }).collect()
 }
 
-/// A vision request (stage 0) sent now with a generous deadline.
-pub fn request(id: u64, now: u64) -> Request {
-    Request {
-        id,
-        origin: id,
-        stage: 0,
-        stream: 0,
-        sent_at: now,
-        arrived_at: now,
-        deadline: now + 10_000 * MS,
-        priority: 0,
-        input_size: 1,
-        expected_tokens: 0,
-        requeues: 0,
-        tags: None,
-    }
+/// A vision request (stream 0, entering at stage 0) sent at `now`, due `slo_ms` later.
+pub fn vision(now: u64, slo_ms: u64) -> Submission {
+    Submission { stream: 0, sent_at: now, deadline: now + slo_ms * MS, input_size: 1, ..Submission::default() }
 }
 
-/// An arm running against the scripted cluster.
+/// A chat request (stream 1, entering at the LLM stage) sent at `now` for `tokens`
+/// tokens, due 3 s later.
+pub fn chat(now: u64, tokens: u32) -> Submission {
+    Submission { stream: 1, sent_at: now, deadline: now + 3_000 * MS, input_size: 1, expected_tokens: tokens, ..Submission::default() }
+}
+
+/// An arm running on the engine over the scripted cluster.
 pub struct Driver {
-    /// The cluster (the arm's view of the world).
-    pub cluster: ScriptedCluster,
-    /// The arm under test.
-    pub arm: Arm,
-    /// Every output the arm produced, in order.
-    pub outputs: Vec<ArmOutput>,
+    /// The engine, its scripted workers, and what the check observes.
+    pub harness: Harness,
     /// The configuration the arm was started with.
     pub config: Config,
 }
 
 impl Driver {
-    /// Start `module` with `params` under `mode`.
+    /// Start `module` with `params` under `failure`.
     pub fn start(loader: &PolicyLoader, module: Arc<PolicyModule>, params: Vec<Param>, failure: FailureMode) -> Self {
-        let config = ScriptedCluster::config("test", params, 11);
-        let cluster = ScriptedCluster::new(&config);
-        let (arm, output) = Arm::start_wasm("test", config.clone(), loader.sandbox(), module, failure, None, &cluster);
-        let mut driver = Self { cluster, arm, outputs: Vec::new(), config };
-        driver.cluster.apply(&output);
-        driver.outputs.push(output);
-        driver
+        let mut started = None;
+        let harness = Harness::start(params, 11, |config, view| {
+            started = Some(config.clone());
+            Arm::start_wasm("test", config, loader.sandbox(), module, failure, None, view)
+        });
+        Self { harness, config: started.expect("the arm started") }
     }
 
-    /// Deliver the cluster's pending events plus `extra` in one call.
-    pub fn deliver(&mut self, extra: Vec<Event>) -> &ArmOutput {
-        for event in extra {
-            if let Event::Arrival(request) = event {
-                self.cluster.arrive(request);
-            } else {
-                self.cluster.push_event(event);
-            }
+    /// The arm under test.
+    pub fn arm(&self) -> &Arm {
+        self.harness.arm()
+    }
+
+    /// Every answer the arm gave, in order (its start first).
+    pub fn outputs(&self) -> Vec<&ArmOutput> {
+        self.harness.calls().iter().map(|c| &c.output).collect()
+    }
+
+    /// The arm's last answer.
+    pub fn last(&self) -> &ArmOutput {
+        &self.harness.calls().last().expect("the arm started").output
+    }
+
+    /// Submit `requests` now and deliver them (with whatever else is pending) in one
+    /// call; returns the arm's answer.
+    pub fn submit(&mut self, requests: Vec<Submission>) -> &ArmOutput {
+        for request in requests {
+            self.harness.submit(request);
         }
-        let events = self.cluster.take_events();
-        let output = self.arm.handle(&events, &self.cluster);
-        self.cluster.apply(&output);
-        self.outputs.push(output);
-        self.outputs.last().expect("just pushed")
+        self.harness.flush();
+        self.last()
     }
 
-    /// Send `n` new requests (ids from `first`) in one call.
+    /// Send `n` vision requests due in 10 s in one call; the engine numbers them from
+    /// `first` (asserted, so a test can name them).
     pub fn send(&mut self, first: u64, n: u64) -> &ArmOutput {
-        let now = self.cluster.now;
-        let arrivals = (first..first + n).map(|id| Event::Arrival(request(id, now))).collect();
-        self.deliver(arrivals)
-    }
-
-    /// Run the cluster until nothing more happens (or `limit` calls).
-    pub fn settle(&mut self, limit: usize) {
-        for _ in 0..limit {
-            if !self.cluster.has_pending() {
-                match self.cluster.next_internal_time() {
-                    Some(t) => self.cluster.advance_to(t),
-                    None => return,
-                }
-            }
-            if self.cluster.has_pending() {
-                self.deliver(Vec::new());
-            }
+        let now = self.harness.now();
+        for expected in first..first + n {
+            let id = self.harness.submit(vision(now, 10_000));
+            assert_eq!(id, expected, "the engine numbers requests in order");
         }
-        panic!("the cluster did not settle within {limit} calls");
+        self.harness.flush();
+        self.last()
     }
 
-    /// Requests that have not ended.
-    pub fn unfinished(&self) -> Vec<(u64, Fate)> {
-        let mut open: Vec<_> = self.cluster.fates().filter(|(_, f)| !f.is_final()).map(|(r, f)| (r.id, f)).collect();
-        open.sort_by_key(|(id, _)| *id);
-        open
+    /// Run the engine until `t` (jobs finish, workers start, ticks and timers fire).
+    pub fn advance_to(&mut self, t: u64) {
+        self.harness.advance_to(t);
+    }
+
+    /// Run every instant before `t` and move the clock to `t`: what the test submits
+    /// next comes before the engine's tick or timers due at `t`.
+    pub fn run_up_to(&mut self, t: u64) {
+        self.harness.run_up_to(t);
+    }
+
+    /// Run until nothing is in flight (or panic after `limit` steps).
+    pub fn settle(&mut self, limit: usize) {
+        assert!(self.harness.settle(limit), "the cluster did not settle within {limit} steps: {:?}", self.unfinished());
+    }
+
+    /// Requests that have not ended, with where they are.
+    pub fn unfinished(&self) -> Vec<(u64, String)> {
+        self.harness.unfinished()
     }
 
     /// How many requests ended with `fate`.
     pub fn count(&self, fate: Fate) -> usize {
-        self.cluster.fates().filter(|(_, f)| *f == fate).count()
+        self.harness.count(fate)
+    }
+
+    /// Problems seen (a request ending twice).
+    pub fn violations(&self) -> &[String] {
+        self.harness.violations()
     }
 }

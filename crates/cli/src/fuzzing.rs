@@ -1,6 +1,6 @@
 //! Entry points of the fuzz targets (`fuzz/`), one function per decoder that takes
 //! outside input. They live in the library so that the libFuzzer targets and the
-//! stable corpus test (`tests/tests/fuzz_corpus.rs`, the CI smoke run) call exactly
+//! stable corpus test (`tests/tests/all/fuzz_corpus.rs`, the CI smoke run) call exactly
 //! the same code.
 //!
 //! Every function accepts any bytes and must return normally: an error from the

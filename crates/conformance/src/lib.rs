@@ -1,20 +1,24 @@
 //! The conformance harness: `yardmaster policy check FILE.wasm`.
 //!
-//! It drives any policy through a scripted run of a small cluster ([`cluster`]) that
-//! covers every event kind — arrivals on a two-stage chain and an LLM stage, idle
-//! workers, finished batches, frames, ticks, timers, a worker added and removed, a
-//! cancelled request — and checks that:
+//! It runs any policy on the real engine ([`yardmaster_engine::Engine`], the one the
+//! simulator and the server run) over a small scripted cluster ([`scripted`]) and a
+//! scripted workload that covers every event kind — arrivals on a two-stage chain and
+//! an LLM stage, idle workers, finished batches, frames, ticks, timers, a worker added
+//! and removed, a cancelled request — and checks that:
 //! - every action the policy returns is valid (none rejected);
 //! - the policy never faults (trap, overrun, memory);
-//! - no request is lost: every request ends exactly once (completed, dropped or
-//!   cancelled) by the end of the run;
+//! - no request is lost: every request ends exactly once (completed, dropped,
+//!   cancelled or refused) by the end of the run, and none is left for the host to
+//!   expire;
 //! - its decisions are deterministic: two simulated runs give the same actions.
 //!
 //! It reports the decision cost per event kind: wall time (serve mode) and fuel
 //! (simulate mode, i.e. instructions, which is what a simulation replay spends).
 
 pub mod bench;
-pub mod cluster;
+pub mod scripted;
+#[cfg(test)]
+mod tests;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -22,9 +26,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use yardmaster_policy::contract::{Action, Config, EndReason, Event, Param, Request};
+use scripted::{Fate, Harness, MS};
+use yardmaster_engine::{ClusterState, PieceState, Submission, WorkerPhase};
+use yardmaster_policy::contract::{Action, Config, Param};
 use yardmaster_policy::{Arm, ArmOutput, FailureMode, Limits, LoadError, Mode, NativePolicy, PolicyLoader, PolicyModule, Sandbox};
-use cluster::{Fate, ScriptedCluster, MS};
 
 /// How to run a check.
 #[derive(Debug, Clone)]
@@ -75,6 +80,8 @@ pub struct Outcomes {
     pub cancelled: u32,
     /// Refused by a closed arm.
     pub refused: u32,
+    /// Failed otherwise (a stage left without workers).
+    pub failed: u32,
 }
 
 /// What a check found.
@@ -88,7 +95,8 @@ pub struct CheckReport {
     pub from_cache: bool,
     /// Outcome counts (from the first simulated run).
     pub outcomes: Outcomes,
-    /// Requests that never ended, with where they were.
+    /// Requests the policy lost — the host expired them, held past their deadline and
+    /// its grace, or they never ended — with where they were.
     pub lost: Vec<String>,
     /// Rejected actions, with reasons.
     pub rejected: Vec<String>,
@@ -125,9 +133,10 @@ impl CheckReport {
             let _ = writeln!(out, "  sha256      {sha}{}", if self.from_cache { " (compiled code from cache)" } else { "" });
         }
         let o = &self.outcomes;
+        let failed = if o.failed > 0 { format!("{} failed, ", o.failed) } else { String::new() };
         let _ = writeln!(
             out,
-            "  requests    {} : {} on time, {} late, {} dropped, {} cancelled, {} refused, {} lost",
+            "  requests    {} : {} on time, {} late, {} dropped, {} cancelled, {} refused, {failed}{} lost",
             o.requests,
             o.on_time,
             o.late,
@@ -190,8 +199,8 @@ pub fn check_component(name: &str, bytes: &[u8], options: &CheckOptions) -> Resu
     let start = |sandbox: &Sandbox, module: &Arc<PolicyModule>| {
         let sandbox = sandbox.clone();
         let module = module.clone();
-        move |config: Config, cluster: &ScriptedCluster| {
-            Arm::start_wasm(name, config, &sandbox, module.clone(), FailureMode::FailOpen, None, cluster)
+        move |config: Config, view: &ClusterState| {
+            Arm::start_wasm(name, config, &sandbox, module.clone(), FailureMode::FailOpen, None, view)
         }
     };
     let first = run(&start(&simulate, &sim_module), options);
@@ -214,9 +223,9 @@ pub fn check_native<P: yardmaster_sdk::Policy + Send>(name: &str, options: &Chec
     let max_actions = options.limits.max_actions;
     let seed = options.seed;
     let result = run(
-        &|config: Config, cluster: &ScriptedCluster| {
+        &|config: Config, view: &ClusterState| {
             let instance = Box::new(NativePolicy::<P>::new(name, seed, max_actions));
-            Arm::start(name, config, instance, FailureMode::FailOpen, cluster)
+            Arm::start(name, config, instance, FailureMode::FailOpen, view)
         },
         options,
     );
@@ -228,143 +237,155 @@ pub fn check_native<P: yardmaster_sdk::Policy + Send>(name: &str, options: &Chec
 struct RunResult {
     report: CheckReport,
     actions: Vec<Action>,
+    /// The run's engine and what it observed (for the crate's tests).
+    #[cfg_attr(not(test), allow(dead_code))]
+    harness: Harness,
 }
 
-/// Scripted events at fixed times.
+/// What the script does to the cluster at fixed times, besides sending requests.
+#[derive(Debug, Clone, Copy)]
 enum Scripted {
+    /// The client of a request the policy holds gives up.
     Cancel,
+    /// The host adds a `classify` worker.
     AddWorker,
+    /// The host loses a `classify` worker.
     RemoveWorker,
 }
 
-/// One scripted run.
-fn run(start: &dyn Fn(Config, &ScriptedCluster) -> (Arm, ArmOutput), options: &CheckOptions) -> RunResult {
-    let config = ScriptedCluster::config("check", options.params.clone(), options.seed);
-    let mut cluster = ScriptedCluster::new(&config);
-    let mut report = CheckReport::default();
-    let mut log = Vec::new();
+/// Most policy calls of one run.
+const MAX_CALLS: usize = 100_000;
 
-    let mut arrivals = arrival_script(&config, options);
-    let horizon = arrivals.iter().map(|r| r.deadline).max().unwrap_or(0) + 1_000 * MS;
+/// Most calls in a row at one instant that only deliver events the previous answer
+/// caused (as in the simulator).
+const MAX_CAUSED_ROUNDS: u32 = 4;
+
+/// One scripted run on the engine.
+fn run(start: &dyn Fn(Config, &ClusterState) -> (Arm, ArmOutput), options: &CheckOptions) -> RunResult {
+    let mut harness = Harness::start(options.params.clone(), options.seed, start);
+    let mut report = CheckReport::default();
+
+    let mut arrivals = arrival_script(options);
+    let last_deadline = arrivals.iter().map(|s| s.deadline).max().unwrap_or(0);
+    // Ticks go on a second past the last deadline; a policy still holding requests
+    // then runs until the engine expires them (5 s after their deadline).
+    let ticks_until = last_deadline + 1_000 * MS;
+    let stop_at = last_deadline + harness.engine().options().expiry_grace + 2_000 * MS;
     arrivals.reverse(); // popped from the back, in time order
     let mut scripted = vec![(700 * MS, Scripted::RemoveWorker), (400 * MS, Scripted::AddWorker), (300 * MS, Scripted::Cancel)];
-    let mut next_tick = config.tick_interval;
 
-    let (mut arm, output) = start(config.clone(), &cluster);
-    record(&mut report, &mut log, &output, &mut cluster);
-
-    let mut calls = 0u64;
+    let mut caused_rounds = 0;
     loop {
-        let candidates = [
-            arrivals.last().map(|r| r.sent_at),
-            scripted.last().map(|s| s.0),
-            (next_tick <= horizon).then_some(next_tick),
-            cluster.next_internal_time(),
-        ];
-        let pending_now = cluster.has_pending();
-        let Some(next) = (if pending_now { Some(cluster.now) } else { candidates.into_iter().flatten().min() }) else {
+        let script_next = [arrivals.last().map(|s| s.sent_at), scripted.last().map(|s| s.0)].into_iter().flatten().min();
+        if script_next.is_none() && harness.now() >= ticks_until && harness.quiet() {
             break;
-        };
-        cluster.advance_to(next);
-        while arrivals.last().is_some_and(|r| r.sent_at <= cluster.now) {
-            let request = arrivals.pop().expect("checked");
-            cluster.arrive(request);
         }
-        while scripted.last().is_some_and(|s| s.0 <= cluster.now) {
+        // Events the last answer caused (a preempted batch's requests handed back, a
+        // refused dispatch's worker idle again) reach the policy at the same instant,
+        // a few rounds at most.
+        let caused = (harness.engine().has_pending() && caused_rounds < MAX_CAUSED_ROUNDS).then(|| harness.now());
+        let Some(next) = [script_next, harness.next_time(), caused].into_iter().flatten().min() else { break };
+        if next > stop_at {
+            break;
+        }
+        caused_rounds = if caused == Some(next) { caused_rounds + 1 } else { 0 };
+        harness.move_to(next);
+        while arrivals.last().is_some_and(|s| s.sent_at <= next) {
+            harness.submit(arrivals.pop().expect("checked"));
+        }
+        while scripted.last().is_some_and(|s| s.0 <= next) {
             let (_, what) = scripted.pop().expect("checked");
-            scripted_event(&mut cluster, what);
+            scripted_event(&mut harness, what);
         }
-        if next_tick <= cluster.now {
-            let snapshot = cluster.snapshot();
-            cluster.push_event(Event::Tick(snapshot));
-            next_tick += config.tick_interval;
+        harness.wake();
+        harness.flush();
+        if harness.calls().len() > MAX_CALLS {
+            report.violations.push(format!("the run did not settle within {MAX_CALLS} calls"));
+            break;
         }
-        let events = cluster.take_events();
-        if events.is_empty() {
+    }
+
+    let mut log = Vec::new();
+    for call in harness.calls() {
+        if let Some(fault) = &call.output.fault {
+            report.faults.push(fault.to_string());
+        }
+        for (action, reason) in &call.output.rejected {
+            report.rejected.push(format!("{} rejected: {reason}", action.kind()));
+        }
+        log.extend(call.output.actions.iter().cloned());
+        if call.kind == "init" {
             continue;
         }
-        calls += 1;
-        if calls > 100_000 {
-            report.violations.push("the run did not settle within 100000 calls".into());
-            break;
-        }
-        let kind = call_kind(&events);
-        report.events += events.len() as u64;
-        let output = arm.handle(&events, &cluster);
-        let cost = report.costs.entry(kind).or_default();
+        report.events += call.events.len() as u64;
+        let cost = report.costs.entry(call.kind).or_default();
         cost.calls += 1;
-        cost.events += events.len() as u64;
-        if let Some(last) = arm.last_cost() {
+        cost.events += call.events.len() as u64;
+        if let Some(last) = call.cost {
             cost.wall += last.wall;
             cost.fuel += last.fuel.unwrap_or(0);
         }
-        record(&mut report, &mut log, &output, &mut cluster);
     }
 
     let mut outcomes = Outcomes { requests: options.requests, ..Outcomes::default() };
-    for (request, fate) in cluster.fates() {
+    for (_, fate) in harness.fates() {
         match fate {
             Fate::Completed { late: false } => outcomes.on_time += 1,
             Fate::Completed { late: true } => outcomes.late += 1,
             Fate::Dropped => outcomes.dropped += 1,
-            Fate::Ended => outcomes.cancelled += 1,
+            Fate::Cancelled => outcomes.cancelled += 1,
             Fate::Refused => outcomes.refused += 1,
-            other => report.lost.push(format!("request {} still {other:?} at stage {} at the end", request.id, request.stage)),
+            Fate::Failed => outcomes.failed += 1,
+            Fate::Expired => {} // lost
         }
     }
+    report.lost = harness.lost();
     report.lost.sort();
     report.outcomes = outcomes;
-    report.violations.extend(cluster.violations.iter().cloned());
-    report.actions = arm.stats().accepted_total();
-    RunResult { report, actions: log }
+    report.violations.extend(harness.violations().iter().cloned());
+    report.actions = harness.arm().stats().accepted_total();
+    RunResult { report, actions: log, harness }
 }
 
-fn record(report: &mut CheckReport, log: &mut Vec<Action>, output: &ArmOutput, cluster: &mut ScriptedCluster) {
-    if let Some(fault) = &output.fault {
-        report.faults.push(fault.to_string());
-    }
-    for (action, reason) in &output.rejected {
-        report.rejected.push(format!("{} rejected: {reason}", action.kind()));
-    }
-    log.extend(output.actions.iter().cloned());
-    cluster.apply(output);
-}
-
-fn scripted_event(cluster: &mut ScriptedCluster, what: Scripted) {
+/// Act on the cluster as the script says, through the engine's own operations.
+fn scripted_event(harness: &mut Harness, what: Scripted) {
+    const CLASSIFY: u32 = 1;
+    let state = harness.engine().state();
     match what {
         Scripted::Cancel => {
-            if let Some(id) = cluster.some_held() {
-                cluster.push_event(Event::RequestEnded((id, EndReason::Cancelled)));
+            // The oldest request the policy holds in a queue, else the oldest in flight.
+            let held = state.pieces.values().filter(|p| p.state == PieceState::Queued).map(|p| p.request.origin).min();
+            if let Some(id) = held.or_else(|| state.origins.keys().copied().min()) {
+                harness.cancel(id);
             }
         }
         Scripted::AddWorker => {
-            let id = cluster.new_worker_id();
-            let mut worker = ScriptedCluster::config("", Vec::new(), 0).workers[2];
-            worker.id = id;
-            cluster.push_event(Event::WorkerAdded(worker));
-            cluster.push_event(Event::WorkerIdle(id));
+            let replicas = state.stages[CLASSIFY as usize].replicas;
+            harness.resize(CLASSIFY, replicas + 1);
         }
         Scripted::RemoveWorker => {
-            if let Some(id) = cluster.idle_worker_of(1) {
-                cluster.push_event(Event::WorkerRemoved(id));
+            // The newest serving worker of the stage, unless it is the stage's last one
+            // (losing that would fail requests for want of a worker, not the policy's
+            // doing).
+            let workers: Vec<(u32, bool)> = state
+                .workers
+                .values()
+                .filter(|w| w.info.stage == CLASSIFY)
+                .filter(|w| !matches!(w.phase, WorkerPhase::Draining { .. }))
+                .map(|w| (w.info.id, w.phase != WorkerPhase::Starting))
+                .collect();
+            if let Some(&(id, _)) = workers.iter().rev().find(|(_, serving)| *serving).filter(|_| workers.len() > 1) {
+                harness.worker_lost(id, "removed by the conformance script");
             }
         }
     }
 }
 
-/// The kind of a call: its events' kind when they are all alike, `mixed` otherwise.
-fn call_kind(events: &[Event]) -> &'static str {
-    let first = events[0].kind();
-    if events.iter().all(|e| e.kind() == first) {
-        first
-    } else {
-        "mixed"
-    }
-}
-
-/// The script's requests, sorted by send time: a steady vision stream with a burst
-/// and some infeasible deadlines, and a chat stream on the LLM stage.
-fn arrival_script(config: &Config, options: &CheckOptions) -> Vec<Request> {
+/// The script's requests, sorted by send time: a steady vision stream (one request in
+/// ten with a deadline no schedule can meet), a burst of vision requests at 500 ms,
+/// and a chat stream on the LLM stage.
+fn arrival_script(options: &CheckOptions) -> Vec<Submission> {
+    let pipeline = scripted::pipeline();
     let mut rng = options.seed.max(1);
     let mut next = || {
         let (state, value) = yardmaster_sdk::splitmix64(rng);
@@ -375,43 +396,33 @@ fn arrival_script(config: &Config, options: &CheckOptions) -> Vec<Request> {
     let chat = total / 10;
     let burst = total / 10;
     let steady = total - chat - burst;
-    let vision_slo = config.streams[0].slo;
-    let chat_slo = config.streams[1].slo;
-    let mut requests = Vec::with_capacity(total as usize);
-    let mut t = 0u64;
-    let mut id = 1u64;
-    let make = |id: u64, stage: u32, stream: u32, sent_at: u64, deadline: u64, tokens: u32| Request {
-        id,
-        origin: id,
-        stage,
+    let vision_slo = pipeline.streams[0].slo_ns;
+    let chat_slo = pipeline.streams[1].slo_ns;
+    let make = |stream: u32, sent_at: u64, deadline: u64, expected_tokens: u32| Submission {
         stream,
         sent_at,
-        arrived_at: sent_at,
         deadline,
         priority: 0,
         input_size: 64,
-        expected_tokens: tokens,
-        requeues: 0,
-        tags: None,
+        expected_tokens,
     };
+    let mut requests = Vec::with_capacity(total as usize);
+    let mut t = 0u64;
     for i in 0..steady {
         t += (-(1.0 - next()).ln() * 4.0 * MS as f64) as u64 + 1;
-        // One request in ten has a deadline no schedule can meet.
         let slo = if i % 10 == 9 { MS } else { vision_slo };
-        requests.push(make(id, 0, 0, t, t + slo, 0));
-        id += 1;
+        requests.push(make(0, t, t + slo, 0));
     }
     let burst_at = 500 * MS;
     for _ in 0..burst {
-        requests.push(make(id, 0, 0, burst_at, burst_at + vision_slo, 0));
-        id += 1;
+        requests.push(make(0, burst_at, burst_at + vision_slo, 0));
     }
     for k in 0..chat {
         let sent = k as u64 * 37 * MS;
         let tokens = 8 + (next() * 32.0) as u32;
-        requests.push(make(id, 2, 1, sent, sent + chat_slo, tokens));
-        id += 1;
+        requests.push(make(1, sent, sent + chat_slo, tokens));
     }
-    requests.sort_by_key(|r| (r.sent_at, r.id));
+    // Stable: requests sent at the same time keep the script's order.
+    requests.sort_by_key(|s| s.sent_at);
     requests
 }

@@ -226,7 +226,7 @@ impl IdSpace {
 /// An executor that runs nothing: it records the jobs it is asked to start, for the
 /// driver to finish by hand ([`Engine::job_finished`](crate::Engine::job_finished)),
 /// and the workers it provisions. For drivers that script what workers do — the
-/// conformance harness, fuzzing, tests.
+/// fuzz targets and tests.
 #[derive(Debug, Default)]
 pub struct RecordingExecutor {
     started: Vec<BatchJob>,

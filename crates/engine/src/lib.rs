@@ -32,13 +32,16 @@ mod tests;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-pub use exec::{BatchJob, Clock, Executor, IdSpace, ItemResult, JobItem, JobResult, ManualClock, MonotonicClock, RecordingExecutor, Resume, SharedExecutor};
+pub use exec::{
+    BatchJob, Clock, Executor, IdSpace, ItemResult, JobItem, JobResult, ManualClock, MonotonicClock, RecordingExecutor, Resume,
+    SharedExecutor,
+};
 pub use pipeline::{Pipeline, Profile, StageDef, StreamDef, VariantDef};
 pub use state::{ClusterState, Origin, Piece, PieceState, WorkerEntry, WorkerPhase};
 
 use crate::metrics::{Accounting, BatchRecord, Outcome, RequestEnd};
 use yardmaster_policy::contract::{self, Action, Config, EndReason, Event, Param, Request, StageKind};
-use yardmaster_policy::{Arm, ArmOutput, Candidate, HandoverSnapshot, PolicyInstance, Shadow, ShadowReport, SwapReport};
+use yardmaster_policy::{Arm, ArmOutput, CallCost, Candidate, HandoverSnapshot, PolicyInstance, Shadow, ShadowReport, SwapReport};
 
 /// Engine settings.
 #[derive(Debug, Clone)]
@@ -131,6 +134,20 @@ impl std::fmt::Debug for SwapOutcome {
     }
 }
 
+/// One policy call, as an observer set with [`Engine::observe_calls`] sees it.
+#[derive(Debug)]
+pub struct CallSeen<'a> {
+    /// The events delivered (none for a swap's hand-over).
+    pub events: &'a [Event],
+    /// The arm's validated answer, before the engine applies it.
+    pub output: &'a ArmOutput,
+    /// What the call cost the instance that answered ([`Arm::last_cost`]).
+    pub cost: Option<CallCost>,
+}
+
+/// Watches every policy call of an engine (see [`Engine::observe_calls`]).
+pub type CallObserver = Box<dyn FnMut(&CallSeen<'_>) + Send>;
+
 /// Engine counters beyond the arm's.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct EngineStats {
@@ -188,6 +205,7 @@ pub struct Engine<C: Clock, X: Executor> {
     /// Per stage: why it has no worker left since its last one was lost (None while
     /// it has one, or has never lost one). Arrivals at such a stage fail at once.
     unserved: Vec<Option<String>>,
+    observer: Option<CallObserver>,
 }
 
 impl<C: Clock, X: Executor> Engine<C, X> {
@@ -297,6 +315,7 @@ impl<C: Clock, X: Executor> Engine<C, X> {
             ended: Vec::new(),
             stats: EngineStats::default(),
             unserved: Vec::new(),
+            observer: None,
         };
         engine.unserved = vec![None; engine.state.stages.len()];
         for (worker, stage, variant) in provision {
@@ -308,6 +327,15 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         engine.schedule(now + engine.options.tick_interval, Wakeup::Tick);
         engine.apply(output);
         engine
+    }
+
+    /// Watch every policy call from now on (replacing an earlier observer): `observer`
+    /// sees each call's events, the arm's answer before it is applied, and the call's
+    /// cost. For the conformance check (`yardmaster policy check`), which reports
+    /// rejected actions, faults and decision cost per call. The arm's start is not a
+    /// call seen here: its answer is the one `start_arm` returns.
+    pub fn observe_calls(&mut self, observer: CallObserver) {
+        self.observer = Some(observer);
     }
 
     /// The cluster state (read-only).
@@ -901,6 +929,9 @@ impl<C: Clock, X: Executor> Engine<C, X> {
             self.stats.flushes += 1;
             self.stats.events += events.len() as u64;
             let output = self.arm.handle(&events, &self.state);
+            if let Some(observe) = &mut self.observer {
+                observe(&CallSeen { events: &events, output: &output, cost: self.arm.last_cost() });
+            }
             if let Some(shadow) = &mut self.shadow {
                 // Before the live answer is applied: both answer against the same cluster.
                 shadow.observe(&events, &self.state);
@@ -929,6 +960,9 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         let started = std::time::Instant::now();
         self.now();
         let (output, report, retired) = self.arm.swap(candidate, &self.state);
+        if let Some(observe) = &mut self.observer {
+            observe(&CallSeen { events: &[], output: &output, cost: self.arm.last_cost() });
+        }
         let settle = !output.idle_again.is_empty();
         self.apply(output);
         if settle {

@@ -191,7 +191,9 @@ fn a_dag_splits_into_pieces_and_merges_them_at_the_fan_in_stage() {
 
 #[test]
 fn a_detector_that_finds_nothing_completes_the_request() {
-    let (mut engine, _) = engine_with::<policy_fifo::Fifo>(Pipeline::from_toml(include_str!("../../formats/presets/traffic-dag.toml"), "traffic-dag").unwrap());
+    let (mut engine, _) = engine_with::<policy_fifo::Fifo>(
+        Pipeline::from_toml(include_str!("../../formats/presets/traffic-dag.toml"), "traffic-dag").unwrap(),
+    );
     let id = engine.submit(Submission::default());
     engine.flush();
     finish_all(&mut engine, &BTreeMap::from([(0, vec![(1, 0), (2, 0)])]));

@@ -6,9 +6,12 @@
 //! lowers the hot cases — `arrival` without tags, `worker-idle` and `batch-done` — by
 //! writing their canonical-ABI bytes straight into memory (a `batch-done` still needs
 //! one guest allocation for its results), and hands every other event to wasmtime's
-//! own lowering. The layout is fixed by `wit/policy.wit`; in debug
-//! builds every list is also lowered the generic way and the bytes compared, so any
-//! drift between this file and the contract fails the test suite.
+//! own lowering. It lowers the latest contract's `event` (the host's [`Event`]); a
+//! component of an older contract version gets its events converted by its bindings
+//! module and lowered the generic way. The offsets are the constants of [`crate::abi`],
+//! which a test derives from the WIT; in debug builds every list is also lowered the
+//! generic way and the bytes compared, so any drift between this file and the contract
+//! fails the test suite.
 //!
 //! This uses wasmtime's `#[doc(hidden)]` lowering traits, which is why the wasmtime
 //! version is pinned exactly in the workspace.
@@ -19,17 +22,15 @@ use wasmtime::component::__internal::{CanonicalAbiInfo, InterfaceType, LowerCont
 use wasmtime::component::{ComponentType, Lower};
 use wasmtime::ValRaw;
 
+use super::abi::event::{ARRIVAL, BATCH_DONE, PAYLOAD, WORKER_IDLE};
+use super::abi::{batch_outcome, request, request_result};
 use super::contract::{BatchOutcome, Event, Request, RequestStatus};
 
-/// Offset of a variant case's payload in `event` (its largest case is 8-aligned).
-const PAYLOAD: usize = 8;
-/// Discriminants of the `event` cases written here.
-const ARRIVAL: u8 = 0;
-const WORKER_IDLE: u8 = 1;
-const BATCH_DONE: u8 = 2;
-/// Size and alignment of `request-result` (id u64, status enum, tokens u32).
-const RESULT_SIZE: usize = 16;
-const RESULT_ALIGN: u32 = 8;
+/// Size of `request-result` (the stride of the results list).
+const RESULT_SIZE: usize = request_result::SIZE;
+
+// wasmtime's own idea of the layout must agree with the one written here.
+const _: () = assert!(Event::SIZE32 == super::abi::event::SIZE && Event::ALIGN32 as usize == super::abi::event::ALIGN);
 
 /// A borrowed event list, lowered with the fast path.
 ///
@@ -146,45 +147,48 @@ fn lower_events<T>(cx: &mut LowerContext<'_, T>, elem: InterfaceType, events: &[
 /// `batch-done(batch-outcome)`: allocate the results list, then write both.
 fn write_batch_done<T>(cx: &mut LowerContext<'_, T>, at: usize, outcome: &BatchOutcome) -> wasmtime::Result<()> {
     let len = outcome.results.len();
-    let list = cx.realloc(0, 0, RESULT_ALIGN, len * RESULT_SIZE)?;
+    let list = cx.realloc(0, 0, request_result::ALIGN as u32, len * RESULT_SIZE)?;
     let memory = cx.as_slice_mut();
     let results =
         memory.get_mut(list..list + len * RESULT_SIZE).ok_or_else(|| wasmtime::Error::msg("results list out of the policy's memory"))?;
+    use request_result::{ID, STATUS, STATUS_FAILED, STATUS_OK, TOKENS};
     for (slot, result) in results.chunks_exact_mut(RESULT_SIZE).zip(&outcome.results) {
-        slot[0..8].copy_from_slice(&result.id.to_le_bytes());
-        slot[8] = match result.status {
-            RequestStatus::Ok => 0,
-            RequestStatus::Failed => 1,
+        slot[ID..ID + 8].copy_from_slice(&result.id.to_le_bytes());
+        slot[STATUS] = match result.status {
+            RequestStatus::Ok => STATUS_OK,
+            RequestStatus::Failed => STATUS_FAILED,
         };
-        slot[12..16].copy_from_slice(&result.tokens.to_le_bytes());
+        slot[TOKENS..TOKENS + 4].copy_from_slice(&result.tokens.to_le_bytes());
     }
     let slot = &mut memory[at..at + Event::SIZE32];
     slot[0] = BATCH_DONE;
     let p = &mut slot[PAYLOAD..];
-    p[0..4].copy_from_slice(&outcome.worker.to_le_bytes());
-    p[8..16].copy_from_slice(&outcome.started_at.to_le_bytes());
-    p[16..24].copy_from_slice(&outcome.duration.to_le_bytes());
-    p[24..28].copy_from_slice(&(list as u32).to_le_bytes());
-    p[28..32].copy_from_slice(&(len as u32).to_le_bytes());
+    use batch_outcome::{DURATION, RESULTS, STARTED_AT, WORKER};
+    p[WORKER..WORKER + 4].copy_from_slice(&outcome.worker.to_le_bytes());
+    p[STARTED_AT..STARTED_AT + 8].copy_from_slice(&outcome.started_at.to_le_bytes());
+    p[DURATION..DURATION + 8].copy_from_slice(&outcome.duration.to_le_bytes());
+    p[RESULTS..RESULTS + 4].copy_from_slice(&(list as u32).to_le_bytes());
+    p[RESULTS + 4..RESULTS + 8].copy_from_slice(&(len as u32).to_le_bytes());
     Ok(())
 }
 
 /// `arrival(request)` with `tags: none`, in the canonical ABI layout of `request`.
 fn write_arrival(slot: &mut [u8], r: &Request) {
+    use request::*;
     slot[0] = ARRIVAL;
     let p = &mut slot[PAYLOAD..];
-    p[0..8].copy_from_slice(&r.id.to_le_bytes());
-    p[8..16].copy_from_slice(&r.origin.to_le_bytes());
-    p[16..20].copy_from_slice(&r.stage.to_le_bytes());
-    p[20..24].copy_from_slice(&r.stream.to_le_bytes());
-    p[24..32].copy_from_slice(&r.sent_at.to_le_bytes());
-    p[32..40].copy_from_slice(&r.arrived_at.to_le_bytes());
-    p[40..48].copy_from_slice(&r.deadline.to_le_bytes());
-    p[48..52].copy_from_slice(&r.priority.to_le_bytes());
-    p[52..56].copy_from_slice(&r.input_size.to_le_bytes());
-    p[56..60].copy_from_slice(&r.expected_tokens.to_le_bytes());
-    p[60..64].copy_from_slice(&r.requeues.to_le_bytes());
-    p[64] = 0; // tags: none
+    p[ID..ID + 8].copy_from_slice(&r.id.to_le_bytes());
+    p[ORIGIN..ORIGIN + 8].copy_from_slice(&r.origin.to_le_bytes());
+    p[STAGE..STAGE + 4].copy_from_slice(&r.stage.to_le_bytes());
+    p[STREAM..STREAM + 4].copy_from_slice(&r.stream.to_le_bytes());
+    p[SENT_AT..SENT_AT + 8].copy_from_slice(&r.sent_at.to_le_bytes());
+    p[ARRIVED_AT..ARRIVED_AT + 8].copy_from_slice(&r.arrived_at.to_le_bytes());
+    p[DEADLINE..DEADLINE + 8].copy_from_slice(&r.deadline.to_le_bytes());
+    p[PRIORITY..PRIORITY + 4].copy_from_slice(&r.priority.to_le_bytes());
+    p[INPUT_SIZE..INPUT_SIZE + 4].copy_from_slice(&r.input_size.to_le_bytes());
+    p[EXPECTED_TOKENS..EXPECTED_TOKENS + 4].copy_from_slice(&r.expected_tokens.to_le_bytes());
+    p[REQUEUES..REQUEUES + 4].copy_from_slice(&r.requeues.to_le_bytes());
+    p[TAGS] = 0; // tags: none
 }
 
 /// Debug builds: lower the same list the generic way and compare the bytes the
@@ -205,25 +209,35 @@ fn check_against_generic<T>(
     for (i, event) in events.iter().enumerate() {
         let (a, b) = (fast + i * stride, generic + i * stride);
         let used = match event {
-            Event::Arrival(r) if r.tags.is_none() => PAYLOAD + 65,
+            Event::Arrival(r) if r.tags.is_none() => PAYLOAD + request::TAGS + 1,
             Event::WorkerIdle(_) => PAYLOAD + 4,
             Event::BatchDone(outcome) => {
                 // The results lists live in different allocations: compare their
                 // contents (id, status, tokens), then the record up to the pointer.
                 let list_at = |base: usize| {
-                    let p = base + PAYLOAD + 24;
+                    let p = base + PAYLOAD + batch_outcome::RESULTS;
                     u32::from_le_bytes(memory[p..p + 4].try_into().unwrap()) as usize
                 };
                 let (fa, ga) = (list_at(a), list_at(b));
                 for k in 0..outcome.results.len() {
                     let (f, g) = (fa + k * RESULT_SIZE, ga + k * RESULT_SIZE);
-                    assert_eq!(memory[f..f + 9], memory[g..g + 9], "fast lowering of batch-done results differs");
-                    assert_eq!(memory[f + 12..f + 16], memory[g + 12..g + 16], "fast lowering of batch-done results differs");
+                    use request_result::{STATUS, TOKENS};
+                    assert_eq!(memory[f..f + STATUS + 1], memory[g..g + STATUS + 1], "fast lowering of batch-done results differs");
+                    assert_eq!(
+                        memory[f + TOKENS..f + TOKENS + 4],
+                        memory[g + TOKENS..g + TOKENS + 4],
+                        "fast lowering of batch-done results differs"
+                    );
                 }
+                use batch_outcome::{DURATION, RESULTS, STARTED_AT, WORKER};
                 let (p, q) = (a + PAYLOAD, b + PAYLOAD);
-                assert_eq!(memory[p..p + 4], memory[q..q + 4], "batch-done worker differs");
-                assert_eq!(memory[p + 8..p + 24], memory[q + 8..q + 24], "batch-done times differ");
-                assert_eq!(memory[p + 28..p + 32], memory[q + 28..q + 32], "batch-done result count differs");
+                assert_eq!(memory[p + WORKER..p + WORKER + 4], memory[q + WORKER..q + WORKER + 4], "batch-done worker differs");
+                assert_eq!(memory[p + STARTED_AT..p + DURATION + 8], memory[q + STARTED_AT..q + DURATION + 8], "batch-done times differ");
+                assert_eq!(
+                    memory[p + RESULTS + 4..p + RESULTS + 8],
+                    memory[q + RESULTS + 4..q + RESULTS + 8],
+                    "batch-done result count differs"
+                );
                 assert_eq!(memory[a], memory[b]);
                 continue;
             }

@@ -5,11 +5,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant as WallInstant};
 
-use wasmtime::component::TypedFunc;
 use wasmtime::{ResourceLimiter, Store, Trap};
 
-use super::contract::{self, Action, Config, Event, Level, Scheduler};
-use super::fast_events::EventList;
+use super::contract::{Action, Config, Event, Exports, Level};
 use super::loader::PolicyModule;
 use super::sandbox::{CallKind, Mode, Sandbox};
 
@@ -108,7 +106,8 @@ impl ResourceLimiter for MemoryCap {
     }
 }
 
-/// The state behind a component's imports.
+/// The state behind a component's imports. Each contract version's module implements
+/// its own `host` interface with the version-neutral `host_*` methods here.
 pub struct HostState {
     label: Arc<str>,
     now: u64,
@@ -138,17 +137,15 @@ impl HostState {
         }
         Ok(())
     }
-}
 
-impl contract::yardmaster::policy::types::Host for HostState {}
-
-impl contract::yardmaster::policy::host::Host for HostState {
-    fn now(&mut self) -> wasmtime::Result<u64> {
+    /// `host.now`.
+    pub(crate) fn host_now(&mut self) -> wasmtime::Result<u64> {
         self.check_watchdog()?;
         Ok(self.now)
     }
 
-    fn log(&mut self, level: Level, message: String) -> wasmtime::Result<()> {
+    /// `host.log`: rate-limited per call and truncated.
+    pub(crate) fn host_log(&mut self, level: Level, message: String) -> wasmtime::Result<()> {
         self.check_watchdog()?;
         self.log_lines += 1;
         if self.log_lines > self.log_lines_per_call {
@@ -167,12 +164,14 @@ impl contract::yardmaster::policy::host::Host for HostState {
         Ok(())
     }
 
-    fn profile(&mut self, stage: u32, variant: u32, batch: u32) -> wasmtime::Result<Option<u64>> {
+    /// `host.profile`.
+    pub(crate) fn host_profile(&mut self, stage: u32, variant: u32, batch: u32) -> wasmtime::Result<Option<u64>> {
         self.check_watchdog()?;
         Ok(self.profiles.as_ref().and_then(|p| p.profile(stage, variant, batch)))
     }
 
-    fn emit(&mut self, name: String, value: f64) -> wasmtime::Result<()> {
+    /// `host.emit`: at most 10000 metrics between two reads.
+    pub(crate) fn host_emit(&mut self, name: String, value: f64) -> wasmtime::Result<()> {
         self.check_watchdog()?;
         if self.emitted.len() < 10_000 {
             self.emitted.push((name, value));
@@ -180,21 +179,13 @@ impl contract::yardmaster::policy::host::Host for HostState {
         Ok(())
     }
 
-    fn random(&mut self) -> wasmtime::Result<u64> {
+    /// `host.random`: the arm's seeded source.
+    pub(crate) fn host_random(&mut self) -> wasmtime::Result<u64> {
         self.check_watchdog()?;
         let (state, value) = yardmaster_sdk::splitmix64(self.rng);
         self.rng = state;
         Ok(value)
     }
-}
-
-/// The typed `handle` export, called with the fast event lowering.
-type HandleFunc = TypedFunc<(u64, EventList), (Vec<Action>,)>;
-
-/// The exports of an instance.
-struct Exports {
-    bindings: Scheduler,
-    handle: HandleFunc,
 }
 
 /// Write a policy's log line to the host's log at its level.
@@ -244,7 +235,7 @@ impl WasmPolicy {
         let mut store = Store::new(sandbox.engine(), state);
         store.limiter(|state| &mut state.memory);
         arm_budget(sandbox, &mut store, CallKind::Init);
-        let exports = instantiate_exports(&module, &mut store).map_err(|e| classify(sandbox, &mut store, CallKind::Init, e))?;
+        let exports = module.linked().instantiate(&mut store).map_err(|e| classify(sandbox, &mut store, CallKind::Init, e))?;
         Ok(Self { module, sandbox: sandbox.clone(), store, exports, last_cost: CallCost::default() })
     }
 
@@ -281,17 +272,6 @@ impl WasmPolicy {
         }
         result.map_err(|e| classify(&self.sandbox, &mut self.store, kind, e))
     }
-}
-
-/// Instantiate the component and find its exports.
-fn instantiate_exports(module: &PolicyModule, store: &mut Store<HostState>) -> wasmtime::Result<Exports> {
-    let instance = module.pre().instance_pre().instantiate(&mut *store)?;
-    let bindings = Scheduler::new(&mut *store, &instance)?;
-    let missing = || wasmtime::Error::msg("the component does not export yardmaster:policy/policy#handle");
-    let interface = instance.get_export_index(&mut *store, None, "yardmaster:policy/policy@0.1.0").ok_or_else(missing)?;
-    let handle = instance.get_export_index(&mut *store, Some(&interface), "handle").ok_or_else(missing)?;
-    let handle = instance.get_typed_func::<(u64, EventList), (Vec<Action>,)>(&mut *store, &handle)?;
-    Ok(Exports { bindings, handle })
 }
 
 /// Set the call's budget: an epoch deadline (serve) or fuel (simulate).
@@ -340,19 +320,14 @@ impl PolicyInstance for WasmPolicy {
 
     fn init(&mut self, config: &Config, now: u64) -> Result<Vec<Action>, PolicyFault> {
         let max_actions = self.sandbox.limits().max_actions;
-        let result =
-            self.call(now, CallKind::Init, |exports, store| exports.bindings.yardmaster_policy_policy().call_init(store, config))?;
+        let result = self.call(now, CallKind::Init, |exports, store| exports.init(store, config))?;
         let actions = result.map_err(PolicyFault::InitRefused)?;
         check_action_count(actions, max_actions)
     }
 
     fn handle(&mut self, events: &[Event], now: u64, kind: CallKind) -> Result<Vec<Action>, PolicyFault> {
         let max_actions = self.sandbox.limits().max_actions;
-        let actions = self.call(now, kind, |exports, store| {
-            // SAFETY: the list view lives only for this call, while `events` is borrowed.
-            let events = unsafe { EventList::new(events) };
-            exports.handle.call(store, (now, events)).map(|(actions,)| actions)
-        })?;
+        let actions = self.call(now, kind, |exports, store| exports.handle(store, now, events))?;
         check_action_count(actions, max_actions)
     }
 

@@ -1,9 +1,11 @@
 //! The policy runtime: everything between a policy `.wasm` and the scheduling engine.
 //!
-//! - [`contract`]: the host side of the WIT contract (generated types);
+//! - [`contract`]: the host side of the WIT contract: the latest version's types, one
+//!   bindings module per supported version, and the versions the host accepts;
+//! - [`abi`]: the canonical-ABI layout of the hot event records (tested against the WIT);
 //! - [`sandbox`]: the wasmtime engine, its modes (epoch deadlines when serving, fuel
 //!   when simulating) and limits;
-//! - [`loader`]: SHA-256, the import check, compilation and its cache;
+//! - [`loader`]: SHA-256, the contract version and import checks, compilation and its cache;
 //! - [`instance`]: a running component, its host imports, fault classification;
 //! - [`fast_events`]: the fast lowering of the hot events into a policy's memory;
 //! - [`native`]: SDK policies compiled into the host (the built-in fallback);
@@ -11,6 +13,7 @@
 //! - [`arm`]: one live policy with its held requests and its failure mode;
 //! - [`shadow`]: a candidate policy fed the live events, its answers checked, never applied.
 
+pub mod abi;
 pub mod arm;
 pub mod contract;
 pub mod fast_events;

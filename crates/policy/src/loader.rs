@@ -1,6 +1,7 @@
-//! Loading a policy component: identify it (SHA-256), refuse anything that imports
-//! outside the policy world, compile it (or reuse a cached compilation), and link it
-//! ready for fast instantiation.
+//! Loading a policy component: identify it (SHA-256), compile it (or reuse a cached
+//! compilation), read which contract version it was built against and refuse a version
+//! the host does not accept, refuse anything that imports outside the policy world, and
+//! link it through its version's bindings ready for fast instantiation.
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -8,9 +9,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use sha2::{Digest, Sha256};
-use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::component::{Component, Linker};
 
-use super::contract::{Scheduler, SchedulerPre, WORLD_IMPORTS};
+use super::contract::{self, Binding, ContractVersion, Linked, VersionError, ACCEPTED, WORLD_IMPORTS};
 use super::instance::HostState;
 use super::sandbox::Sandbox;
 
@@ -66,15 +67,36 @@ pub enum LoadError {
         reason: String,
     },
     /// The component imports something outside the policy world.
-    #[error("{name} imports `{import}`, which is outside the yardmaster:policy@0.1.0 world: a policy may import only yardmaster:policy/host (and the WASI interfaces a language runtime links by default, which are inert)")]
+    #[error("{name} imports `{import}`, which is outside the yardmaster:policy world: a policy may import only yardmaster:policy/host (and the WASI interfaces a language runtime links by default, which are inert)")]
     ForbiddenImport {
         /// The policy's name.
         name: String,
         /// The offending import.
         import: String,
     },
+    /// The component was built against a contract version the host does not accept.
+    #[error("{name} was built against contract version yardmaster:policy@{found}, which this host does not accept: it accepts {accepted}; rebuild the policy against an accepted version (see wit/README.md)")]
+    UnsupportedContract {
+        /// The policy's name.
+        name: String,
+        /// The version the component carries (`none` when its export is unversioned).
+        found: String,
+        /// The versions the host accepts.
+        accepted: contract::Accepted,
+    },
+    /// The component imports the policy world's interfaces at another contract version
+    /// than the one it exports.
+    #[error("{name} exports yardmaster:policy/policy@{version} but imports `{import}`: a policy's imports and exports must all come from one contract version")]
+    MixedContract {
+        /// The policy's name.
+        name: String,
+        /// The version of its policy export.
+        version: ContractVersion,
+        /// The import of another version.
+        import: String,
+    },
     /// The component does not implement the policy world's exports.
-    #[error("{name} does not implement the yardmaster:policy@0.1.0 world: {reason}")]
+    #[error("{name} does not implement the yardmaster:policy scheduler world: {reason}")]
     WrongWorld {
         /// The policy's name.
         name: String,
@@ -89,7 +111,7 @@ pub struct PolicyModule {
     sha256: [u8; 32],
     size: usize,
     from_cache: bool,
-    pre: SchedulerPre<HostState>,
+    linked: Linked,
 }
 
 impl std::fmt::Debug for PolicyModule {
@@ -99,6 +121,7 @@ impl std::fmt::Debug for PolicyModule {
             .field("sha256", &self.sha256_hex())
             .field("size", &self.size)
             .field("from_cache", &self.from_cache)
+            .field("contract", &self.contract_version())
             .finish()
     }
 }
@@ -129,9 +152,14 @@ impl PolicyModule {
         self.from_cache
     }
 
+    /// The contract version the component was built against.
+    pub fn contract_version(&self) -> ContractVersion {
+        self.linked.binding().version()
+    }
+
     /// The linked component, ready to instantiate.
-    pub(crate) fn pre(&self) -> &SchedulerPre<HostState> {
-        &self.pre
+    pub(crate) fn linked(&self) -> &Linked {
+        &self.linked
     }
 }
 
@@ -186,18 +214,18 @@ impl PolicyLoader {
         }
         let sha256: [u8; 32] = Sha256::digest(bytes).into();
         let (component, from_cache) = self.compile(name, &sha256, bytes)?;
-        check_imports(self.sandbox.engine(), name, &component)?;
+        let binding = contract_binding(self.sandbox.engine(), name, &component)?;
+        check_imports(self.sandbox.engine(), name, &component, binding.version())?;
 
         let mut linker: Linker<HostState> = Linker::new(self.sandbox.engine());
-        Scheduler::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |state| state)
-            .map_err(|e| LoadError::Invalid { name: name.into(), reason: e.to_string() })?;
+        binding.add_to_linker(&mut linker).map_err(|e| LoadError::Invalid { name: name.into(), reason: e.to_string() })?;
         define_deterministic_seed(&mut linker, self.sandbox.engine(), &component)
             .map_err(|e| LoadError::Invalid { name: name.into(), reason: e.to_string() })?;
         linker.define_unknown_imports_as_traps(&component).map_err(|e| LoadError::Invalid { name: name.into(), reason: e.to_string() })?;
         let instance_pre =
             linker.instantiate_pre(&component).map_err(|e| LoadError::WrongWorld { name: name.into(), reason: e.to_string() })?;
-        let pre = SchedulerPre::new(instance_pre).map_err(|e| LoadError::WrongWorld { name: name.into(), reason: e.to_string() })?;
-        Ok(Arc::new(PolicyModule { name: name.into(), sha256, size: bytes.len(), from_cache, pre }))
+        let linked = binding.link(instance_pre).map_err(|e| LoadError::WrongWorld { name: name.into(), reason: e.to_string() })?;
+        Ok(Arc::new(PolicyModule { name: name.into(), sha256, size: bytes.len(), from_cache, linked }))
     }
 
     fn compile(&self, name: &str, sha256: &[u8; 32], bytes: &[u8]) -> Result<(Component, bool), LoadError> {
@@ -264,14 +292,28 @@ fn wasmparser_is_core_module(bytes: &[u8]) -> bool {
     bytes.len() >= 8 && bytes[0..4] == *b"\0asm" && bytes[4..8] == [1, 0, 0, 0]
 }
 
-/// Refuse any import that is neither part of the world nor an inert WASI interface.
-fn check_imports(engine: &wasmtime::Engine, name: &str, component: &Component) -> Result<(), LoadError> {
+/// The bindings for the contract version the component exports, or why it is refused.
+fn contract_binding(engine: &wasmtime::Engine, name: &str, component: &Component) -> Result<Binding, LoadError> {
+    let ty = component.component_type();
+    let refused = |error: VersionError| match error {
+        VersionError::NoPolicyExport => LoadError::WrongWorld { name: name.into(), reason: error.to_string() },
+        VersionError::Unsupported { found } => LoadError::UnsupportedContract { name: name.into(), found, accepted: ACCEPTED },
+    };
+    let version = contract::exported_version(ty.exports(engine).map(|(export, _)| export)).map_err(refused)?;
+    Binding::for_version(version).map_err(refused)
+}
+
+/// Refuse any import that is neither part of the world (at the component's own
+/// contract version) nor an inert WASI interface.
+fn check_imports(engine: &wasmtime::Engine, name: &str, component: &Component, contract: ContractVersion) -> Result<(), LoadError> {
     let ty = component.component_type();
     for (import, _) in ty.imports(engine) {
         let (interface, version) = import.split_once('@').unwrap_or((import, ""));
-        let allowed =
-            if WORLD_IMPORTS.contains(&interface) { version.starts_with("0.1.") } else { INERT_WASI_IMPORTS.contains(&interface) };
-        if !allowed {
+        if WORLD_IMPORTS.contains(&interface) {
+            if ContractVersion::parse(version) != Some(contract) {
+                return Err(LoadError::MixedContract { name: name.into(), version: contract, import: import.into() });
+            }
+        } else if !INERT_WASI_IMPORTS.contains(&interface) {
             return Err(LoadError::ForbiddenImport { name: name.into(), import: import.into() });
         }
     }

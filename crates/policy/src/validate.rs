@@ -45,8 +45,8 @@ pub struct SequenceState {
     pub running: bool,
 }
 
-/// The host's truth the validator checks actions against. The scheduling engine
-/// implements it; so does the conformance harness's scripted cluster.
+/// The host's truth the validator checks actions against. The scheduling engine's
+/// cluster state implements it (the runtime does not depend on the engine).
 pub trait ClusterView {
     /// The host's clock.
     fn now(&self) -> u64;

@@ -27,8 +27,8 @@ use std::time::Duration;
 
 use super::ab::{AbStatus, ArmEngine, Arms, Split};
 use super::capture::Recorder;
-use yardmaster_engine::{Clock, Ended, Executor, JobResult, Submission, SwapOutcome};
 use yardmaster_engine::metrics::Outcome;
+use yardmaster_engine::{Clock, Ended, Executor, JobResult, Submission, SwapOutcome};
 use yardmaster_policy::{Candidate, ShadowReport};
 
 /// Called on the actor thread with the new request's id, before any decision.

@@ -25,8 +25,8 @@ use super::executor::{ServeHandle, WorkerBoard};
 use super::kserve::{DataType, InferRequest, InferResponse, Tensor, TensorData};
 use super::payload::{OcrDocument, Parcel, Payload, PayloadStore, Prepared};
 use super::stages::StageProgram;
-use yardmaster_engine::{Clock, Executor, MonotonicClock, Submission};
 use yardmaster_engine::metrics::Outcome;
+use yardmaster_engine::{Clock, Executor, MonotonicClock, Submission};
 
 /// Largest image side accepted, pixels.
 pub const MAX_IMAGE_SIDE: u64 = 8192;

@@ -136,8 +136,8 @@ impl Recorder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use yardmaster_engine::Ended;
     use yardmaster_engine::metrics::Outcome;
+    use yardmaster_engine::Ended;
 
     /// A sink that takes `room` bytes and then fails like a full disk.
     struct Full {

@@ -7,8 +7,8 @@
 use std::fmt::Write as _;
 
 use super::ab::Arms;
-use yardmaster_engine::{Clock, Engine, EngineStats, Executor};
 use yardmaster_engine::metrics::{Percentiles, Stats, Summary};
+use yardmaster_engine::{Clock, Engine, EngineStats, Executor};
 use yardmaster_policy::arm::SWAP_PAUSE_BUCKETS_US;
 use yardmaster_policy::ArmStats;
 

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use anyhow::Result;
 
 use super::{compare, executor::SimExecutorOptions, PolicySpec, SimSpec};
-use yardmaster_formats::{presets, WorkloadSpec};
 use yardmaster_engine::EngineOptions;
+use yardmaster_formats::{presets, WorkloadSpec};
 use yardmaster_policy::{Limits, Mode, PolicyLoader, Sandbox};
 
 /// Run both measurements and describe them.

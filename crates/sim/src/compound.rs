@@ -11,8 +11,8 @@
 use rustc_hash::FxHashMap;
 use yardmaster_sdk::helpers::compound::CallLink;
 
-use yardmaster_engine::{Ended, Submission};
 use yardmaster_engine::metrics::Outcome;
+use yardmaster_engine::{Ended, Submission};
 use yardmaster_policy::contract::Tag;
 
 /// One LLM call of a job.

@@ -8,8 +8,8 @@ use std::collections::{BTreeMap, BinaryHeap};
 
 use rustc_hash::FxHashMap;
 
-use yardmaster_formats::rng::SimRng;
 use yardmaster_engine::{BatchJob, Executor, ItemResult, JobResult, Pipeline, Resume};
+use yardmaster_formats::rng::SimRng;
 use yardmaster_policy::contract::{DeviceKind, EvictMode, StageKind};
 
 /// Output tokens assumed for an LLM request that gives no length.

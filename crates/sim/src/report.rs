@@ -818,8 +818,8 @@ pub fn write_line_chart(dir: &Path, stem: &str, labels: [&str; 3], series: &[Ser
 
 #[cfg(test)]
 mod tests {
-    use yardmaster_engine::metrics::{BatchRecord, Outcome, Outcomes, RequestEnd, Stats};
     use super::*;
+    use yardmaster_engine::metrics::{BatchRecord, Outcome, Outcomes, RequestEnd, Stats};
 
     const MS: u64 = 1_000_000;
     const S: u64 = 1_000_000_000;

@@ -14,11 +14,11 @@ use anyhow::{Context, Result};
 
 use super::compound::{CompoundDriver, CompoundJob};
 use super::executor::{ExecEvent, SimExecutor, SimExecutorOptions};
+use crate::report::RunReport;
+use yardmaster_engine::{Engine, EngineOptions, EngineStats, ManualClock, Pipeline, Submission};
 use yardmaster_formats::rng::SimRng;
 use yardmaster_formats::trace::{ArrivalRecord, BatchRecord, TraceHeader, TraceRecord, TraceWriter};
 use yardmaster_formats::workload::Arrival;
-use yardmaster_engine::{Engine, EngineOptions, EngineStats, ManualClock, Pipeline, Submission};
-use crate::report::RunReport;
 use yardmaster_policy::{Arm, ArmStats, FailureMode, PolicyLoader};
 
 /// Most consecutive decision points at one instant that only deliver events the

@@ -1,7 +1,8 @@
 //! The example policy of `policy-examples/`, written in Rust, Python, JavaScript and
 //! Zig: each builds from the repository with its own toolchain, passes the conformance
-//! harness, and all four make the same decisions — action for action in the scripted
-//! cluster, batch for batch and drop for drop in the simulator — on the same seed.
+//! harness, and all four make the same decisions — action for action on the engine
+//! over the scripted cluster, batch for batch and drop for drop in the simulator — on
+//! the same seed.
 //!
 //! The tests build the examples with `policy-examples/LANG/build.sh` (a no-op when the
 //! sources did not change). A language whose toolchain is not installed is skipped with
@@ -11,15 +12,15 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, OnceLock};
 
-use yardmaster::conformance::cluster::MS;
+use yardmaster::conformance::scripted::MS;
 use yardmaster::conformance::{check_component, CheckOptions, CheckReport};
 use yardmaster::engine::{EngineOptions, Pipeline};
-use yardmaster::policy::contract::{Action, DropReason, Event, Request};
+use yardmaster::formats::WorkloadSpec;
+use yardmaster::policy::contract::{Action, DropReason};
 use yardmaster::policy::{FailureMode, Limits, Mode, PolicyLoader, Sandbox};
 use yardmaster::sim::executor::SimExecutorOptions;
-use yardmaster::formats::WorkloadSpec;
 use yardmaster::sim::{compare, PolicySpec, SimSpec};
-use yardmaster_tests::{params, request, Driver};
+use yardmaster_tests::{chat, params, vision, Driver};
 
 /// The languages, Rust (the reference) first.
 const LANGUAGES: &[&str] = &["rust", "python", "js", "zig"];
@@ -99,69 +100,33 @@ fn every_language_passes_the_conformance_harness_with_the_same_outcomes() {
     }
 }
 
-/// A request to the vision chain (stage 0) sent at `at`, due `slo_ms` later.
-fn vision(id: u64, at: u64, slo_ms: u64) -> Event {
-    Event::Arrival(Request { deadline: at + slo_ms * MS, ..request(id, at) })
-}
-
-/// A chat request to the LLM stage (stage 2) sent at `at`.
-fn chat(id: u64, at: u64, tokens: u32) -> Event {
-    Event::Arrival(Request { stage: 2, stream: 1, expected_tokens: tokens, deadline: at + 3_000 * MS, ..request(id, at) })
-}
-
-/// Deliver every internal event of the cluster up to `until`, then move its clock there.
-fn run_until(driver: &mut Driver, until: u64) {
-    loop {
-        if driver.cluster.has_pending() {
-            driver.deliver(Vec::new());
-            continue;
-        }
-        match driver.cluster.next_internal_time() {
-            Some(t) if t <= until => driver.cluster.advance_to(t),
-            _ => break,
-        }
-    }
-    driver.cluster.advance_to(until);
-}
-
-/// Every action a policy takes in a scripted two seconds of the conformance cluster:
-/// bursts on the vision chain (a third of them with deadlines no batch can meet, a
-/// third tight), chat requests on the LLM stage, and a tick every 100 ms; the load
-/// is sustained, so the detector stage is scaled up.
+/// Every action a policy takes on the engine over the conformance cluster in a
+/// scripted two seconds: bursts on the vision chain (a third of them with deadlines
+/// no batch can meet, a third tight) and chat requests on the LLM stage, with the
+/// engine's tick every 100 ms; the load is sustained, so the detector stage is scaled
+/// up. The run goes on to 10 s, until every request has ended.
 fn scripted_actions(example: &Example, loader: &PolicyLoader) -> Vec<Action> {
     let module = loader.load(example.language, &example.bytes).expect("loads");
     let tuning = params(&[("window-ms", "300"), ("sustain-ticks", "2")]);
     let mut driver = Driver::start(loader, module, tuning, FailureMode::FailClosed);
-    let mut id = 1;
     for round in 0..20u64 {
         let start = round * 100 * MS;
-        run_until(&mut driver, start);
+        // The engine's tick at `start` comes after this round's requests.
+        driver.run_up_to(start);
         for third in 0..3 {
-            let arrivals: Vec<Event> = (0..20)
-                .map(|i| {
-                    id += 1;
-                    vision(id, start, [2, 40, 150][(i + third) % 3])
-                })
-                .collect();
-            driver.deliver(arrivals);
+            driver.submit((0..20).map(|i| vision(start, [2, 40, 150][(i + third) % 3])).collect());
         }
         if round % 4 == 0 {
-            let chats = (0..3).map(|i| {
-                id += 1;
-                chat(id, start, 8 + 8 * i)
-            });
-            driver.deliver(chats.collect());
+            driver.submit((0..3).map(|i| chat(start, 8 + 8 * i)).collect());
         }
-        let snapshot = driver.cluster.snapshot();
-        driver.deliver(vec![Event::Tick(snapshot)]);
     }
-    run_until(&mut driver, 10_000 * MS);
-    for output in &driver.outputs {
+    driver.advance_to(10_000 * MS);
+    for output in driver.outputs() {
         assert!(output.fault.is_none(), "{}: {:?}", example.language, output.fault);
         assert!(output.rejected.is_empty(), "{}: {:?}", example.language, output.rejected);
     }
     assert!(driver.unfinished().is_empty(), "{}: {:?}", example.language, driver.unfinished());
-    driver.outputs.iter().flat_map(|o| o.actions.iter().cloned()).collect()
+    driver.outputs().iter().flat_map(|o| o.actions.iter().cloned()).collect()
 }
 
 #[test]

@@ -76,3 +76,105 @@ fn a_core_module_and_garbage_are_refused() {
     let missing = loader.load_file(std::path::Path::new("/nonexistent/policy.wasm")).unwrap_err();
     assert!(missing.to_string().contains("/nonexistent/policy.wasm"), "{missing}");
 }
+
+/// `edf` as built against contract 0.1.0, committed (see its README).
+const EDF_0_1_0: &[u8] = include_bytes!("../../fixtures/contract-0.1.0/edf.wasm");
+/// The fixture's SHA-256, as its README records it.
+const EDF_0_1_0_SHA256: &str = "122c10bf5888221edeb350f43c16f3af160755447cbd3a3633acafba810f19a1";
+
+/// The fixture with its contract names (`yardmaster:policy/INTERFACE@0.1.0`, wherever
+/// they occur) rewritten to claim other versions: a component as another contract's
+/// build would name itself. Versions keep their length so the encoding stays valid.
+fn claiming(versions: &[(&str, &str)]) -> Vec<u8> {
+    let mut bytes = EDF_0_1_0.to_vec();
+    for (interface, version) in versions {
+        let from = format!("yardmaster:policy/{interface}@0.1.0");
+        let to = format!("yardmaster:policy/{interface}@{version}");
+        assert_eq!(from.len(), to.len());
+        let mut at = 0;
+        let mut found = 0;
+        while let Some(i) = bytes[at..].windows(from.len()).position(|w| w == from.as_bytes()) {
+            bytes[at + i..at + i + to.len()].copy_from_slice(to.as_bytes());
+            at += i + to.len();
+            found += 1;
+        }
+        assert!(found > 0, "{from} does not occur in the fixture");
+    }
+    bytes
+}
+
+#[test]
+fn a_policy_built_against_contract_0_1_0_loads_and_decides_as_todays_build() {
+    use yardmaster::conformance::bench::{record_stream, replay};
+    use yardmaster::conformance::{check_component, CheckOptions};
+    use yardmaster::policy::contract::ContractVersion;
+    use yardmaster::policy::{NativePolicy, WasmPolicy};
+
+    let loader = loader(Mode::Serve, Limits::default());
+    let fixture = loader.load("edf-0.1.0", EDF_0_1_0).expect("a 0.1.0 policy keeps loading");
+    assert_eq!(fixture.sha256_hex(), EDF_0_1_0_SHA256, "the committed fixture changed: it must never be rebuilt");
+    assert_eq!(fixture.contract_version(), ContractVersion::new(0, 1, 0));
+    let today = yardmaster_tests::shipped(&loader, "edf");
+
+    // Action for action on the benchmark's event streams.
+    let native = || NativePolicy::<policy_edf::Edf>::new("edf", 1, 100_000);
+    for batch in [1, 8, 64] {
+        let stream = record_stream(&mut native(), batch, 2_000 / batch);
+        let mut old = WasmPolicy::instantiate(loader.sandbox(), fixture.clone(), 1, None).unwrap();
+        let mut new = WasmPolicy::instantiate(loader.sandbox(), today.clone(), 1, None).unwrap();
+        let (_, from_old) = replay(&mut old, &stream);
+        let (_, from_new) = replay(&mut new, &stream);
+        assert_eq!(from_old, from_new, "batch {batch}");
+        let dispatches = from_new.iter().flatten().filter(|a| a.kind() == "dispatch").count();
+        let drops = from_new.iter().flatten().filter(|a| a.kind() == "drop").count();
+        assert!(dispatches > 0 && drops > 0, "the stream exercises both decisions ({dispatches}, {drops})");
+    }
+
+    // The same outcomes in the conformance harness's scripted cluster (ticks, a
+    // cancellation, a worker added and one removed).
+    let options = CheckOptions::default();
+    let old = check_component("edf-0.1.0", EDF_0_1_0, &options).expect("loads");
+    let new = check_component("edf", yardmaster_policy_artifacts::shipped("edf").unwrap().bytes, &options).expect("loads");
+    assert!(old.passed(), "{}", old.render());
+    assert_eq!(old.deterministic, Some(true));
+    assert_eq!(
+        (&old.outcomes, old.events, old.actions, &old.rejected, &old.faults, &old.lost),
+        (&new.outcomes, new.events, new.actions, &new.rejected, &new.faults, &new.lost)
+    );
+}
+
+#[test]
+fn a_component_built_against_an_unaccepted_contract_version_is_refused_naming_both() {
+    use yardmaster::policy::contract::ACCEPTED;
+
+    let loader = loader(Mode::Serve, Limits::default());
+    assert_eq!(claiming(&[]), EDF_0_1_0);
+    for version in ["0.9.0", "0.0.1", "1.1.0"] {
+        let bytes = claiming(&[("types", version), ("host", version), ("policy", version)]);
+        let error = loader.load("edf-renamed", &bytes).expect_err("an unaccepted contract version is refused");
+        match &error {
+            LoadError::UnsupportedContract { found, accepted, .. } => {
+                assert_eq!(found, version);
+                assert_eq!(*accepted, ACCEPTED);
+            }
+            other => panic!("wrong refusal for {version}: {other}"),
+        }
+        let message = error.to_string();
+        assert!(message.contains(&format!("yardmaster:policy@{version}")), "{message}");
+        assert!(message.contains(&ACCEPTED.to_string()) && message.contains("0.1.0"), "{message}");
+    }
+}
+
+#[test]
+fn a_component_mixing_contract_versions_is_refused() {
+    let loader = loader(Mode::Serve, Limits::default());
+    let bytes = claiming(&[("host", "0.9.0")]);
+    let error = loader.load("edf-mixed", &bytes).expect_err("imports of another contract version are refused");
+    match &error {
+        LoadError::MixedContract { import, version, .. } => {
+            assert_eq!(import, "yardmaster:policy/host@0.9.0");
+            assert_eq!(version.to_string(), "0.1.0");
+        }
+        other => panic!("wrong refusal: {other}"),
+    }
+}

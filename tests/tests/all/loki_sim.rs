@@ -2,11 +2,11 @@
 //! traffic-analysis pipeline.
 
 use yardmaster::engine::EngineOptions;
+use yardmaster::formats::workload::RateSchedule;
 use yardmaster::policy::contract::Param;
 use yardmaster::sim::executor::SimExecutorOptions;
 use yardmaster::sim::reproduce::loki::{data_dir, traffic_pipeline, CLUSTER};
 use yardmaster::sim::reproduce::{shipped, simulation_loader};
-use yardmaster::formats::workload::RateSchedule;
 use yardmaster::sim::{run, RunOutcome, SimSpec};
 
 fn simulate(policy: &str, rates: &[(f64, u64)], params: &[(&str, &str)]) -> RunOutcome {

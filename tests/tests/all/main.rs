@@ -3,6 +3,7 @@
 //! One test binary for the crate (each module was a test binary of its own): a test
 //! run links the crate's dependencies once.
 
+mod architecture;
 mod conformance;
 mod containment;
 mod dataplane_profile;

@@ -4,9 +4,9 @@
 //! deterministic durations, Poisson arrivals at 0.8·R0 with a burst at 2·R0.
 
 use yardmaster::engine::Pipeline;
+use yardmaster::formats::workload::RateSchedule;
 use yardmaster::policy::{Limits, Mode, PolicyLoader};
 use yardmaster::sim::reproduce::pard::{measure::measure, pipeline, run_jobs, Job, Workload};
-use yardmaster::formats::workload::RateSchedule;
 use yardmaster::sim::RunOutcome;
 use yardmaster_tests::loader;
 

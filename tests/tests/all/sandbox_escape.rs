@@ -5,7 +5,7 @@
 //! read, nor as a success — and the arm must fall back with every held request replayed
 //! and served once.
 
-use yardmaster::conformance::cluster::Fate;
+use yardmaster::conformance::scripted::Fate;
 use yardmaster::policy::{ArmState, FailureMode, Limits, Mode, PolicyFault};
 use yardmaster_policy_artifacts::fixtures;
 use yardmaster_tests::{fixture, loader, params, Driver};
@@ -18,15 +18,15 @@ fn attempt(probe: &str) -> Driver {
     let mut driver = Driver::start(&loader, module, params(&[("probe", probe), ("after", "3")]), FailureMode::FailOpen);
     driver.send(1, 6);
     driver.send(7, 6);
-    assert_eq!(driver.arm.ledger().len(), 12, "{probe}: the fixture holds everything until it tries");
-    assert!(driver.outputs.iter().all(|o| o.fault.is_none()), "{probe}: no fault before the attempt");
+    assert_eq!(driver.arm().ledger().len(), 12, "{probe}: the fixture holds everything until it tries");
+    assert!(driver.outputs().iter().all(|o| o.fault.is_none()), "{probe}: no fault before the attempt");
     driver.send(13, 2);
     driver
 }
 
 fn assert_contained(probe: &str, interface: &str) {
     let mut driver = attempt(probe);
-    let output = driver.outputs.last().unwrap().clone();
+    let output = driver.last().clone();
     match &output.fault {
         Some(PolicyFault::Trap(message)) => {
             eprintln!("{probe}: {message}");
@@ -34,11 +34,11 @@ fn assert_contained(probe: &str, interface: &str) {
         }
         other => panic!("{probe}: expected a trap, got {other:?} (actions {:?})", output.actions),
     }
-    assert_eq!(driver.arm.state(), ArmState::Fallback, "{probe}");
-    assert_eq!(driver.arm.stats().replayed, 14, "{probe}: every held request went to the fallback");
+    assert_eq!(driver.arm().state(), ArmState::Fallback, "{probe}");
+    assert_eq!(driver.arm().stats().replayed, 14, "{probe}: every held request went to the fallback");
     driver.settle(10_000);
     assert!(driver.unfinished().is_empty(), "{probe}: unfinished {:?}", driver.unfinished());
-    assert!(driver.cluster.violations.is_empty(), "{probe}: {:?}", driver.cluster.violations);
+    assert!(driver.violations().is_empty(), "{probe}: {:?}", driver.violations());
     assert_eq!(driver.count(Fate::Completed { late: false }), 14, "{probe}");
 }
 
@@ -46,9 +46,9 @@ fn assert_contained(probe: &str, interface: &str) {
 fn the_fixture_serves_nothing_but_holds_when_it_tries_nothing() {
     // The probes below are what makes the calls trap, not the fixture itself.
     let driver = attempt("none");
-    assert!(driver.outputs.iter().all(|o| o.fault.is_none()));
-    assert_eq!(driver.arm.state(), ArmState::Primary);
-    assert_eq!(driver.arm.ledger().len(), 14);
+    assert!(driver.outputs().iter().all(|o| o.fault.is_none()));
+    assert_eq!(driver.arm().state(), ArmState::Primary);
+    assert_eq!(driver.arm().ledger().len(), 14);
 }
 
 #[test]

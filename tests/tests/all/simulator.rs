@@ -4,9 +4,9 @@
 use std::sync::Arc;
 
 use yardmaster::engine::EngineOptions;
+use yardmaster::formats::{presets, WorkloadSpec};
 use yardmaster::policy::{Limits, Mode, PolicyLoader, Sandbox};
 use yardmaster::sim::executor::SimExecutorOptions;
-use yardmaster::formats::{presets, WorkloadSpec};
 use yardmaster::sim::{compare, PolicySpec, RunOutcome, SimSpec};
 
 fn policies(names: &[&str]) -> Vec<PolicySpec> {

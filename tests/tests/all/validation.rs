@@ -1,6 +1,6 @@
 //! Invalid actions are rejected whole and counted; valid ones in the same answer stand.
 
-use yardmaster::conformance::cluster::Fate;
+use yardmaster::conformance::scripted::Fate;
 use yardmaster::policy::{FailureMode, Limits, Mode};
 use yardmaster_policy_artifacts::fixtures;
 use yardmaster_tests::{fixture, loader, params, Driver};
@@ -19,12 +19,12 @@ fn invalid_actions_are_rejected_and_counted_and_the_valid_drop_applies() {
         vec!["unknown-request", "unknown-worker", "batch-over-limit", "replicas-out-of-range", "bad-threads", "request-reused",]
     );
     assert_eq!(output.actions.len(), 1, "only the valid drop is applied");
-    let stats = driver.arm.stats();
+    let stats = driver.arm().stats();
     assert_eq!(stats.rejected_total(), 6);
     assert_eq!(stats.rejected.get("unknown-request"), Some(&1));
     assert_eq!(stats.accepted.get("drop"), Some(&1));
     // The dropped request ended once; the others are still held.
     assert_eq!(driver.count(Fate::Dropped), 1);
-    assert_eq!(driver.arm.ledger().len(), 3);
-    assert!(driver.cluster.violations.is_empty());
+    assert_eq!(driver.arm().ledger().len(), 3);
+    assert!(driver.violations().is_empty());
 }

@@ -29,7 +29,7 @@ fn policy_actions(data: &[u8]) {
 }
 
 fn corpus_dir(target: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus").join(target)
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus").join(target)
 }
 
 fn seeds(target: &str) -> Vec<(String, Vec<u8>)> {
@@ -185,7 +185,7 @@ fn every_target_has_a_corpus_and_every_corpus_a_target() {
         .collect();
     for (target, _) in TARGETS {
         assert!(dirs.iter().any(|d| d == target), "no corpus for {target}");
-        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../fuzz/fuzz_targets/{target}.rs"));
+        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../fuzz/fuzz_targets/{target}.rs"));
         assert!(source.is_file(), "no fuzz target {}", source.display());
     }
     for dir in &dirs {

@@ -214,7 +214,7 @@ fn bytes_field(out: &mut Vec<u8>, field: u64, bytes: &[u8]) {
 /// `y = x + [1, 1, 1, 1]` with `x` declared `[batch, width]`, both symbolic: the
 /// model loads, the data plane passes any width, and ONNX Runtime itself refuses a
 /// run whose width cannot broadcast against 4. (Field numbers as in
-/// host/src/serve/tiny_model.rs.)
+/// crates/serve/src/tiny_model.rs.)
 fn broadcast_model() -> Vec<u8> {
     let value_info = |name: &str| {
         let mut shape = Vec::new();

@@ -17,8 +17,8 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use yardmaster::engine::{EngineOptions, WorkerPhase};
 use yardmaster::engine::metrics::Outcome;
+use yardmaster::engine::{EngineOptions, WorkerPhase};
 use yardmaster::serve::llm::{Completion, LlmStack, ServedLlm};
 use yardmaster::serve::stack::PolicyChoice;
 use yardmaster_dataplane::llm::{tiny_decoder, DecoderSession};
@@ -206,6 +206,6 @@ fn calm_policies_schedule_real_decode_steps() {
     // The KV budget holds a few of the requests at a time: the policies evict (on this
     // machine CALM swaps once, EDF and SJF recompute 6 and 2 times; the decisions follow
     // measured step times, so only "someone evicted" is asserted; both modes are
-    // checked deterministically in dataplane/tests/llm.rs).
+    // checked deterministically in crates/dataplane/tests/all/llm.rs).
     assert!(runs.iter().map(|(_, r)| r.swaps + r.recompute_evictions).sum::<u64>() > 0, "no policy evicted: {runs:?}");
 }

@@ -8,19 +8,19 @@
 //! (as the engine measures them), and the process's memory must stay bounded.
 //!
 //! The CI test offers the overload for 1 s. The soak runs it for minutes, by hand:
-//! `YARDMASTER_SOAK_SECS=300 cargo test --release -p yardmaster --test serve_overload -- --ignored --nocapture`.
+//! `YARDMASTER_SOAK_SECS=300 cargo test --release -p yardmaster --test all serve_overload -- --ignored --nocapture`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use yardmaster::formats::workload::Arrival;
 use yardmaster::serve::config::ServeConfig;
 use yardmaster::serve::load::{self, LoadPlan, LoadReport, Transport};
 use yardmaster::serve::server::Server;
 use yardmaster::serve::tls;
-use yardmaster::formats::workload::Arrival;
 
-/// The tiny pipeline's SLO (host/presets/tiny.toml).
+/// The tiny pipeline's SLO (crates/formats/presets/tiny.toml).
 const SLO: Duration = Duration::from_secs(1);
 /// The admission cap the server runs with.
 const MAX_IN_FLIGHT: usize = 64;

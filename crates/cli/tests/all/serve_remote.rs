@@ -7,7 +7,7 @@
 //! malformed frame closes only the connection it arrived on.
 //!
 //! The forwarding benchmark is `#[ignore]`d; run it by hand:
-//! `cargo test --release -p yardmaster --test serve_remote -- --ignored --nocapture`.
+//! `cargo test --release -p yardmaster --test all serve_remote -- --ignored --nocapture`.
 
 use std::io::BufRead;
 use std::net::SocketAddr;

@@ -5,7 +5,7 @@
 //! the token get 401. The `#[ignore]`d benchmarks measure the swap pause with 10,000
 //! held requests (and the snapshot and preparation off the engine's thread) and the
 //! memory, threads and file descriptors over 1,000 swap cycles (run them with
-//! `cargo test --release -p yardmaster --test serve_swap -- --ignored --nocapture
+//! `cargo test --release -p yardmaster --test all serve_swap -- --ignored --nocapture
 //! --test-threads 1`).
 
 use std::collections::BTreeMap;

@@ -380,8 +380,8 @@ impl<C: Clock, X: Executor> Arms<C, X> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use yardmaster_engine::{EngineOptions, ItemResult, ManualClock, RecordingExecutor};
     use yardmaster_engine::metrics::Outcome;
+    use yardmaster_engine::{EngineOptions, ItemResult, ManualClock, RecordingExecutor};
     use yardmaster_policy::{Limits, Mode, PolicyLoader, Sandbox};
 
     fn candidate(policy: &str) -> Candidate {

@@ -15,10 +15,10 @@ use serde_json::{Map, Value};
 use tokio::sync::oneshot;
 
 use super::service::{Completion, LlmService};
-use yardmaster_engine::metrics::Outcome;
 use crate::api::{Backend, BoxFuture, InferError, ModelMetadata, TensorSpec};
 use crate::backend::CancelOnDrop;
 use crate::kserve::{DataType, InferRequest, InferResponse, Tensor, TensorData};
+use yardmaster_engine::metrics::Outcome;
 
 /// The input tensor holding the prompt's token ids.
 pub const INPUT_IDS: &str = "input_ids";

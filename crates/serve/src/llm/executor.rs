@@ -30,9 +30,9 @@ use yardmaster_dataplane::llm::{DecoderConfig, DecoderSession, DecoderWorker, Ev
 use yardmaster_dataplane::{DataplaneError, Runtime};
 
 use super::service::Transcripts;
+use crate::actor::{Actor, ActorHandle};
 use yardmaster_engine::{BatchJob, Executor, ItemResult, JobResult, MonotonicClock, Pipeline, Resume};
 use yardmaster_policy::contract::EvictMode;
-use crate::actor::{Actor, ActorHandle};
 
 /// Output tokens of a request that gives no `expected_tokens`.
 pub const DEFAULT_MAX_TOKENS: u32 = 128;

@@ -9,7 +9,7 @@
 //! [`backend`] answers KServe requests of token ids with it, and [`server`] serves
 //! those over HTTP/1.1 and HTTP/3 (`yardmaster serve --pipeline llm-tiny`).
 //! [`LlmStack::start`] puts the engine actor, a policy and both together, on a
-//! [`ServedLlm`] pipeline: the preset `host/presets/llm-tiny.toml` with the tiny
+//! [`ServedLlm`] pipeline: the preset `crates/formats/presets/llm-tiny.toml` with the tiny
 //! decoder, by default ([`ServedLlm::tiny`]).
 
 pub mod backend;
@@ -35,7 +35,7 @@ use yardmaster_policy::Arm;
 pub use yardmaster_formats::presets::LLM_TINY_PRESET;
 
 /// Prefill cost per prompt token the policies are told (the tiny decoder on one CPU
-/// core, measured by `dataplane/tests/llm.rs`, rounded up).
+/// core, measured by `crates/dataplane/tests/all/llm.rs`, rounded up).
 pub const TINY_PREFILL_NS_PER_TOKEN: f64 = 5_000.0;
 /// Swap cost per KV byte: a swapped cache stays in the same host memory, so swapping
 /// is a move (a nominal cost keeps it from looking free next to a recompute).

@@ -15,12 +15,12 @@ use yardmaster_dataplane::{Runtime, RuntimeConfig};
 
 use super::backend::LlmBackend;
 use super::{LlmActor, LlmHandle, LlmStack, ServedLlm};
-use yardmaster_engine::EngineOptions;
 use crate::api::{Api, MetricsRenderer};
 use crate::config::ServeConfig;
 use crate::listeners::Listeners;
 use crate::prometheus;
 use crate::server::{banner, policy_choice, summary};
+use yardmaster_engine::EngineOptions;
 
 /// The pipeline names served by [`LlmServer`].
 pub const LLM_PIPELINES: [&str; 1] = ["llm-tiny"];

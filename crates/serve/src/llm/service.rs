@@ -11,8 +11,8 @@ use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::executor::{LlmHandle, WorkerDirectory};
-use yardmaster_engine::Submission;
 use yardmaster_engine::metrics::Outcome;
+use yardmaster_engine::Submission;
 
 /// One request's text: its prompt and the tokens generated so far.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

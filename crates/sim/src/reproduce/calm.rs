@@ -20,15 +20,15 @@ use std::path::Path;
 use anyhow::{anyhow, Context, Result};
 
 use super::{shipped, simulation_loader, ReproduceOptions};
-use yardmaster_engine::{EngineOptions, Pipeline};
-use crate::report::write_plots;
-use yardmaster_engine::metrics::LlmGoodputSummary;
-use yardmaster_policy::contract::Param;
 use crate::compound::{Call, CompoundJob};
 use crate::executor::SimExecutorOptions;
 use crate::per_core;
+use crate::report::write_plots;
 use crate::run::{run, run_with_jobs, PolicySpec, RunOutcome, SimSpec};
+use yardmaster_engine::metrics::LlmGoodputSummary;
+use yardmaster_engine::{EngineOptions, Pipeline};
 use yardmaster_formats::workload::{read_azure_llm_trace, Arrival, AzureOptions};
+use yardmaster_policy::contract::Param;
 
 /// The trace, relative to the crate (the shared data directory).
 const TRACE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/data/azure-llm-2023/code.csv");

@@ -23,14 +23,14 @@ use std::path::Path;
 use anyhow::{Context, Result};
 
 use super::{simulation_loader, Arm, ReproduceOptions};
+use crate::executor::SimExecutorOptions;
+use crate::{per_core, run, RunOutcome, SimSpec};
 use yardmaster_engine::pipeline::{Pipeline, StreamDef};
 use yardmaster_engine::EngineOptions;
-use yardmaster_policy::PolicyLoader;
-use crate::executor::SimExecutorOptions;
+use yardmaster_formats::presets;
 use yardmaster_formats::rng::SimRng;
 use yardmaster_formats::workload::Arrival;
-use crate::{per_core, run, RunOutcome, SimSpec};
-use yardmaster_formats::presets;
+use yardmaster_policy::PolicyLoader;
 
 const MS: u64 = 1_000_000;
 const S: u64 = 1_000_000_000;

@@ -13,14 +13,14 @@ use std::path::Path;
 use anyhow::{anyhow, Context, Result};
 
 use super::{Arm, ReproduceOptions};
+use crate::executor::SimExecutorOptions;
+use crate::report::{self, RunReport};
+use crate::{per_core, run, RunOutcome, SimSpec};
 use yardmaster_engine::pipeline::LokiProfiles;
 use yardmaster_engine::{EngineOptions, Pipeline};
-use crate::report::{self, RunReport};
+use yardmaster_formats::workload::RateSchedule;
 use yardmaster_policy::contract::Param;
 use yardmaster_policy::{Limits, Mode, PolicyLoader, Sandbox};
-use crate::executor::SimExecutorOptions;
-use yardmaster_formats::workload::RateSchedule;
-use crate::{per_core, run, RunOutcome, SimSpec};
 
 /// Workers of the GPU cluster (the paper's 20 GPUs).
 pub const CLUSTER: u32 = 20;

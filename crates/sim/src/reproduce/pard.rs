@@ -20,15 +20,15 @@ pub mod tables;
 use anyhow::{anyhow, Result};
 
 use super::{shipped, simulation_loader, ReproduceOptions, Reproduction};
+use crate::executor::SimExecutorOptions;
+use crate::{per_core, run, PolicySpec, RunOutcome, SimSpec};
+use measure::{measure, overload_windows, PardMetrics};
 use yardmaster_engine::{Engine, EngineOptions, Pipeline};
+use yardmaster_formats::workload::{Arrival, RateSchedule};
+use yardmaster_formats::{presets, WorkloadSpec};
 use yardmaster_policy::contract::Param;
 use yardmaster_policy::native::config_to_sdk;
 use yardmaster_policy::PolicyLoader;
-use crate::executor::SimExecutorOptions;
-use yardmaster_formats::workload::{Arrival, RateSchedule};
-use crate::{per_core, run, PolicySpec, RunOutcome, SimSpec};
-use yardmaster_formats::{presets, WorkloadSpec};
-use measure::{measure, overload_windows, PardMetrics};
 use yardmaster_sdk::helpers::planned_replicas;
 
 /// The reproduction's entry in [`super::REPRODUCTIONS`].

@@ -20,13 +20,13 @@ use std::path::Path;
 use anyhow::{Context, Result};
 
 use super::{shipped, simulation_loader, ReproduceOptions};
-use yardmaster_engine::EngineOptions;
-use crate::report::{write_csv, write_json, write_plots, RunReport};
 use crate::executor::SimExecutorOptions;
+use crate::report::{write_csv, write_json, write_plots, RunReport};
+use crate::{per_core, run, PolicySpec, RunOutcome, SimSpec};
+use yardmaster_engine::EngineOptions;
+use yardmaster_formats::presets;
 use yardmaster_formats::rng::SimRng;
 use yardmaster_formats::workload::Arrival;
-use crate::{per_core, run, PolicySpec, RunOutcome, SimSpec};
-use yardmaster_formats::presets;
 
 /// Whole-model execution time of BERT-21B (paper Table 1), nanoseconds.
 pub const EXEC_NS: u64 = 137_000_000;

@@ -2,7 +2,7 @@
 //! `socket` interface from outside the world. Loading it must be refused.
 
 wit_bindgen::generate!({
-    path: ["../../../wit", "wit"],
+    path: ["../../../wit/0.1.0", "wit"],
     world: "fixture:sneaky/sneaky",
     generate_all,
 });

@@ -2,9 +2,9 @@
 //! (normalised by the input), drop and invalid rates, where drops happen, queueing
 //! delay, and the worst average drop rate over sliding windows (Fig. 9).
 
-use yardmaster_engine::Pipeline;
-use yardmaster_engine::metrics::Window;
 use crate::RunOutcome;
+use yardmaster_engine::metrics::Window;
+use yardmaster_engine::Pipeline;
 
 /// Window sizes (seconds) of the maximum-average-drop-rate curve (Fig. 9).
 pub const SLIDING_WINDOWS_S: [usize; 7] = [1, 2, 5, 10, 20, 30, 60];

@@ -1,0 +1,245 @@
+//! The check runs on the engine's rules: the script reaches the policy as the engine's
+//! events, actions are validated against the engine's state, and the engine applies
+//! them (a scale-down drains a busy worker, a request held too long is expired).
+
+use yardmaster_engine::{ClusterState, Submission, WorkerPhase};
+use yardmaster_policy::contract::{Action, Config, Event};
+use yardmaster_policy::{Arm, ArmOutput, FailureMode, NativePolicy, Rejection};
+use yardmaster_sdk::{Ctx, EndReason, Policy, Request, RequestId, StageId, WorkerId};
+
+use super::scripted::{Fate, Harness, MS};
+use super::{check_native, run, CheckOptions};
+
+/// Start a native `P` as the arm.
+fn native<P: Policy + Send>(name: &'static str) -> impl FnOnce(Config, &ClusterState) -> (Arm, ArmOutput) {
+    move |config, view| Arm::start(name, config, Box::new(NativePolicy::<P>::new(name, 1, 10_000)), FailureMode::FailOpen, view)
+}
+
+/// A vision request sent now, due in 10 s.
+fn vision(now: u64) -> Submission {
+    Submission { stream: 0, sent_at: now, deadline: now + 10_000 * MS, input_size: 64, ..Submission::default() }
+}
+
+/// First come, first served per stage, in batches up to the stage's limit (an LLM
+/// worker's resident sequences first).
+fn serve_in_order(ctx: &mut Ctx, held: &mut Vec<(RequestId, StageId)>) {
+    for stage in 0..ctx.config().stages.len() as StageId {
+        let limit = ctx.batch_limit(stage) as usize;
+        for worker in ctx.idle_workers(stage).collect::<Vec<_>>() {
+            let mut batch: Vec<RequestId> = ctx.resident(worker).iter().map(|s| s.id).take(limit).collect();
+            while batch.len() < limit {
+                let Some(at) = held.iter().position(|(_, s)| *s == stage) else { break };
+                batch.push(held.remove(at).0);
+            }
+            if !batch.is_empty() {
+                ctx.dispatch(worker, batch);
+            }
+        }
+    }
+}
+
+/// Serves first come first served, except that the first time both detect workers
+/// are idle with two requests waiting, it dispatches one to each and scales the stage
+/// down to one replica in the same answer; on its next call it dispatches once more
+/// to the worker the engine is draining, which it still counts as its own.
+#[derive(Default)]
+struct Shrinker {
+    held: Vec<(RequestId, StageId)>,
+    drained: Option<WorkerId>,
+    pushed: bool,
+}
+
+impl Policy for Shrinker {
+    fn init(_ctx: &mut Ctx) -> Result<Self, String> {
+        Ok(Self::default())
+    }
+
+    fn on_arrival(&mut self, _ctx: &mut Ctx, request: Request) {
+        self.held.push((request.id, request.stage));
+    }
+
+    fn on_request_ended(&mut self, _ctx: &mut Ctx, request: RequestId, _reason: EndReason) {
+        self.held.retain(|(id, _)| *id != request);
+    }
+
+    fn on_events_done(&mut self, ctx: &mut Ctx) {
+        let idle: Vec<WorkerId> = ctx.idle_workers(0).collect();
+        let waiting: Vec<RequestId> = self.held.iter().filter(|(_, s)| *s == 0).map(|(id, _)| *id).collect();
+        match self.drained {
+            None if idle.len() == 2 && waiting.len() >= 2 => {
+                ctx.dispatch(idle[0], vec![waiting[0]]);
+                ctx.dispatch(idle[1], vec![waiting[1]]);
+                ctx.scale(0, 1, None);
+                self.held.retain(|(id, _)| !waiting[..2].contains(id));
+                self.drained = Some(idle[1]);
+            }
+            Some(worker) if !self.pushed && !waiting.is_empty() && ctx.worker(worker).is_some() => {
+                ctx.dispatch(worker, vec![waiting[0]]);
+                self.pushed = true;
+                return;
+            }
+            _ => {}
+        }
+        serve_in_order(ctx, &mut self.held);
+    }
+}
+
+/// Lowers the detect stage's batch limit to 2 at start, then dispatches all it holds
+/// there in one batch anyway.
+#[derive(Default)]
+struct OverLimit {
+    held: Vec<RequestId>,
+}
+
+impl Policy for OverLimit {
+    fn init(ctx: &mut Ctx) -> Result<Self, String> {
+        ctx.set_batch_limit(0, 2);
+        Ok(Self::default())
+    }
+
+    fn on_arrival(&mut self, _ctx: &mut Ctx, request: Request) {
+        self.held.push(request.id);
+    }
+
+    fn on_events_done(&mut self, ctx: &mut Ctx) {
+        let idle = ctx.idle_workers(0).next();
+        if let Some(worker) = idle {
+            ctx.dispatch(worker, std::mem::take(&mut self.held));
+        }
+    }
+}
+
+/// Holds every request and never serves one.
+#[derive(Default)]
+struct Hold;
+
+impl Policy for Hold {
+    fn init(_ctx: &mut Ctx) -> Result<Self, String> {
+        Ok(Self)
+    }
+}
+
+#[test]
+fn a_scale_down_drains_a_busy_worker_as_the_engine_does() {
+    let mut harness = Harness::start(Vec::new(), 1, native::<Shrinker>("shrinker"));
+    for _ in 0..3 {
+        harness.submit(vision(0));
+    }
+    harness.flush();
+    // Both detect workers are busy: the engine drains the newest instead of removing an
+    // idle one (the old scripted cluster removed idle workers only, so worker 1 stayed).
+    let state = harness.engine().state();
+    assert!(matches!(state.workers[&1].phase, WorkerPhase::Draining { .. }), "{:?}", state.workers[&1].phase);
+    assert_eq!(state.stages[0].replicas, 1);
+
+    // The policy still counts worker 1 as its own: the engine's validation sees it busy.
+    harness.submit(vision(0));
+    harness.flush();
+    let last = &harness.calls().last().unwrap().output;
+    assert_eq!(last.rejected.len(), 1, "{last:?}");
+    assert!(matches!(&last.rejected[0], (Action::Dispatch(d), Rejection::WorkerBusy(1)) if d.worker == 1), "{last:?}");
+
+    assert!(harness.settle(1_000));
+    // Worker 1 finished its job and left: its batch-done, then worker-removed, and it
+    // was never idle again.
+    let events: Vec<&Event> = harness.calls().iter().flat_map(|c| &c.events).collect();
+    let done = events.iter().position(|e| matches!(e, Event::BatchDone(b) if b.worker == 1)).expect("worker 1 finished its job");
+    let removed = events.iter().position(|e| matches!(e, Event::WorkerRemoved(1))).expect("worker 1 was removed");
+    assert!(done < removed);
+    assert!(!events.iter().any(|e| matches!(e, Event::WorkerIdle(1))), "a draining worker is not idle again");
+    assert!(!harness.engine().state().workers.contains_key(&1));
+    assert_eq!(harness.engine().state().stages[0].replicas, 1);
+    // Its request was not lost: every request completed, each once.
+    assert_eq!(harness.count(Fate::Completed { late: false }), 4);
+    assert!(harness.unfinished().is_empty());
+    assert!(harness.violations().is_empty(), "{:?}", harness.violations());
+}
+
+#[test]
+fn the_check_reports_a_dispatch_to_a_draining_worker_and_loses_nothing() {
+    let report = check_native::<Shrinker>("shrinker", &CheckOptions::default());
+    assert!(!report.passed());
+    assert!(report.rejected.iter().any(|r| r.contains("dispatch rejected: worker 1 is busy")), "{}", report.render());
+    assert!(report.lost.is_empty() && report.faults.is_empty() && report.violations.is_empty(), "{}", report.render());
+    let o = &report.outcomes;
+    assert_eq!(o.on_time + o.late + o.dropped + o.cancelled + o.refused + o.failed, o.requests, "{}", report.render());
+}
+
+#[test]
+fn a_batch_over_the_limit_the_policy_set_is_rejected() {
+    let mut harness = Harness::start(Vec::new(), 1, native::<OverLimit>("over-limit"));
+    assert_eq!(harness.engine().state().stages[0].batch_limit, 2, "the engine applied the policy's limit");
+    for _ in 0..3 {
+        harness.submit(vision(0));
+    }
+    harness.flush();
+    let last = &harness.calls().last().unwrap().output;
+    assert!(last.actions.is_empty());
+    assert!(matches!(last.rejected[..], [(_, Rejection::BatchOverLimit { stage: 0, len: 3, limit: 2 })]), "{last:?}");
+    assert_eq!(harness.engine().state().workers[&0].phase, WorkerPhase::Idle);
+}
+
+#[test]
+fn requests_a_policy_holds_are_expired_by_the_engine_and_reported_lost() {
+    let report = check_native::<Hold>("hold", &CheckOptions::default());
+    assert!(!report.passed());
+    assert_eq!(report.outcomes.cancelled, 1);
+    assert_eq!(report.lost.len(), report.outcomes.requests as usize - 1, "{}", report.render());
+    assert!(
+        report.lost.iter().all(|l| l.contains("held by the policy at stage") && l.contains("the host expired it")),
+        "{}",
+        report.render()
+    );
+    assert!(report.violations.is_empty(), "{}", report.render());
+}
+
+#[test]
+fn the_script_reaches_the_policy_as_every_event_kind_of_the_engine() {
+    let result = run(
+        &|config: Config, view: &ClusterState| {
+            Arm::start("edf", config, Box::new(NativePolicy::<policy_edf::Edf>::new("edf", 7, 10_000)), FailureMode::FailOpen, view)
+        },
+        &CheckOptions::default(),
+    );
+    assert!(result.report.passed(), "{}", result.report.render());
+    let harness = &result.harness;
+    let kinds: std::collections::BTreeSet<&str> = harness.calls().iter().flat_map(|c| c.events.iter().map(Event::kind)).collect();
+    for kind in ["arrival", "worker-idle", "batch-done", "frame", "tick", "worker-added", "worker-removed", "request-ended"] {
+        assert!(kinds.contains(kind), "{kind} missing: {kinds:?}");
+    }
+    // Every request ended once, through the engine.
+    assert_eq!(harness.fates().count(), harness.submitted());
+    assert_eq!(harness.submitted(), CheckOptions::default().requests as usize);
+    assert_eq!(harness.engine().in_flight(), 0);
+}
+
+#[test]
+fn two_runs_are_identical() {
+    let start = |config: Config, view: &ClusterState| {
+        Arm::start("edf", config, Box::new(NativePolicy::<policy_edf::Edf>::new("edf", 7, 10_000)), FailureMode::FailOpen, view)
+    };
+    let (first, second) = (run(&start, &CheckOptions::default()), run(&start, &CheckOptions::default()));
+    assert_eq!(first.actions, second.actions);
+    assert_eq!(first.report.outcomes, second.report.outcomes);
+}
+
+#[test]
+fn the_cluster_has_the_shape_the_check_promises() {
+    use yardmaster_policy::contract::StageKind;
+    let pipeline = super::scripted::pipeline();
+    let names: Vec<&str> = pipeline.stages.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["detect", "classify", "generate"]);
+    assert_eq!(pipeline.stages[0].successors, [1]);
+    assert_eq!(pipeline.stages[1].predecessors, [0]);
+    assert_eq!(pipeline.stages[0].variants.len(), 2);
+    assert_eq!(pipeline.stages[2].kind, StageKind::Iteration);
+    assert_eq!(pipeline.stages.iter().map(|s| s.replicas).collect::<Vec<_>>(), [2, 1, 1]);
+    assert_eq!(pipeline.max_workers, 7);
+    let streams: Vec<(&str, u32, u64)> = pipeline.streams.iter().map(|s| (s.name.as_str(), s.entry, s.slo_ns)).collect();
+    assert_eq!(streams, [("vision", 0, 150 * MS), ("chat", 2, 3_000 * MS)]);
+    // `base + per_item · batch`, exactly.
+    assert_eq!(pipeline.stages[0].variants[0].profile.mean(8), 28 * MS);
+    assert_eq!(pipeline.stages[2].variants[0].profile.mean(2), 3 * MS + MS / 2);
+    assert_eq!(pipeline.stages[2].variants[0].profile.tail(1), 4_062_500);
+    assert_eq!(super::scripted::engine_options(Vec::new(), 7).tick_interval, 100 * MS);
+}
