@@ -48,8 +48,8 @@ pub type OnAb = Box<dyn FnOnce(Result<AbStatus, String>) + Send>;
 pub enum AbCommand {
     /// Start a run with this candidate policy as the arm `label`.
     Start {
-        /// The candidate, already instantiated.
-        candidate: Candidate,
+        /// The candidate, already instantiated (boxed: it is large beside `End`).
+        candidate: Box<Candidate>,
         /// The candidate arm's name.
         label: String,
         /// How requests and workers are divided.
@@ -351,7 +351,7 @@ fn run<C: Clock, X: Executor>(mut arms: Arms<C, X>, clock: C, receiver: Receiver
                 },
                 Message::Shadow { candidate: Some(candidate), done } => done(arms.main_mut().start_shadow(candidate)),
                 Message::Shadow { candidate: None, done } => done(arms.main_mut().stop_shadow()),
-                Message::Ab { command: AbCommand::Start { candidate, label, split }, done } => done(arms.start(candidate, &label, split)),
+                Message::Ab { command: AbCommand::Start { candidate, label, split }, done } => done(arms.start(*candidate, &label, split)),
                 Message::Ab { command: AbCommand::End(winner), done } => done(arms.end(&winner)),
                 Message::Shutdown(reason) => {
                     stop = Some(reason);
@@ -600,12 +600,14 @@ mod tests {
     fn an_ab_run_splits_requests_and_workers_and_a_promotion_loses_nothing() {
         let actor = start("edf", Arc::new(Mutex::new(Vec::new())));
         let handle = actor.handle();
-        let status =
-            handle.ab(AbCommand::Start { candidate: candidate("fifo"), label: "fifo".into(), split: split(0.3) }).unwrap().unwrap();
+        let status = handle
+            .ab(AbCommand::Start { candidate: Box::new(candidate("fifo")), label: "fifo".into(), split: split(0.3) })
+            .unwrap()
+            .unwrap();
         assert_eq!(status.state, "running");
         // vision-chain has 4, 2 and 3 workers: 30 % is 1, 1 and 1 of them.
         assert_eq!(status.arms.iter().map(|a| a.workers.clone()).collect::<Vec<_>>(), [vec![3, 1, 2], vec![1, 1, 1]]);
-        let refused = handle.ab(AbCommand::Start { candidate: candidate("fifo"), label: "x".into(), split: split(0.5) }).unwrap();
+        let refused = handle.ab(AbCommand::Start { candidate: Box::new(candidate("fifo")), label: "x".into(), split: split(0.5) }).unwrap();
         assert!(refused.unwrap_err().contains("already in progress"));
 
         let results = offer(&handle, 2000, 2000.0);
@@ -649,7 +651,7 @@ mod tests {
         // worker, for 2 s): fifo serves late what PARD drops early.
         let actor = start_with("fifo", Arc::new(Mutex::new(Vec::new())), Duration::from_millis(1));
         let handle = actor.handle();
-        handle.ab(AbCommand::Start { candidate: candidate("pard"), label: "pard".into(), split: split(0.5) }).unwrap().unwrap();
+        handle.ab(AbCommand::Start { candidate: Box::new(candidate("pard")), label: "pard".into(), split: split(0.5) }).unwrap().unwrap();
         let results = offer(&handle, 8000, 4000.0);
         collect(&results, 8000);
         let report = handle.inspect_arms(|arms| arms.report()).unwrap().unwrap();
@@ -663,7 +665,7 @@ mod tests {
         // Identical arms, under capacity: every request on time in both.
         let actor = start("edf", Arc::new(Mutex::new(Vec::new())));
         let handle = actor.handle();
-        handle.ab(AbCommand::Start { candidate: candidate("edf"), label: "edf-b".into(), split: split(0.5) }).unwrap().unwrap();
+        handle.ab(AbCommand::Start { candidate: Box::new(candidate("edf")), label: "edf-b".into(), split: split(0.5) }).unwrap().unwrap();
         let results = offer(&handle, 600, 600.0);
         collect(&results, 600);
         let report = handle.inspect_arms(|arms| arms.report()).unwrap().unwrap();

@@ -340,7 +340,7 @@ impl<C: Clock, X: Executor> Swapper<C, X> {
                 }
             }
         };
-        let status = self.handle.ab(AbCommand::Start { candidate, label, split })?.map_err(SwapError::Conflict)?;
+        let status = self.handle.ab(AbCommand::Start { candidate: Box::new(candidate), label, split })?.map_err(SwapError::Conflict)?;
         tracing::info!(candidate = %module.name(), sha256 = %module.sha256_hex(), split = %split.describe(), "A/B run started");
         Ok(status)
     }

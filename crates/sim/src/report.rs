@@ -857,7 +857,7 @@ mod tests {
         let report = simulated("edf", 2, 100, 5, 7, 0);
         assert_eq!(report.policy, "edf");
         assert_eq!(report.windows.len(), 3, "two seconds of traffic and the second after, one window each");
-        assert_eq!(report.latency.count() as u64, report.summary.overall.outcomes.on_time + report.summary.overall.outcomes.late);
+        assert_eq!(report.latency.count(), report.summary.overall.outcomes.on_time + report.summary.overall.outcomes.late);
         assert!(report.latency.max() >= 100 * MS);
     }
 

@@ -332,7 +332,7 @@ fn power_of_k_binds_each_request_to_exactly_one_of_its_sampled_replicas() {
     for k in ["1", "2"] {
         let mut config = testing::config(4, 1_000_000, &[("kv_bytes_per_token", "1000"), ("frame_steps", "10"), ("power_k", k)]);
         for id in 1..3 {
-            let mut worker = config.workers[0].clone();
+            let mut worker = config.workers[0];
             worker.id = id;
             config.workers.push(worker);
         }

@@ -347,13 +347,17 @@ struct Holding {
     provisions: Arc<Mutex<Vec<u32>>>,
 }
 
+/// What a test reads back from a [`Holding`] placement: the held requests and the
+/// workers provisioned.
+type HoldingProbes = (Arc<Mutex<Vec<u64>>>, Arc<Mutex<Vec<u32>>>);
+
 impl Holding {
-    fn placement(dir: &Scratch) -> (Placement, Arc<Mutex<Vec<u64>>>, Arc<Mutex<Vec<u32>>>) {
+    fn placement(dir: &Scratch) -> (Placement, HoldingProbes) {
         let catalog = ServedPipeline::tiny(&dir.0).unwrap().catalog;
         let (pool, events) = WorkerPool::new(context(), catalog, 1);
         let (held, provisions) = (Arc::default(), Arc::default());
         let workers = Holding { pool, held: Arc::clone(&held), provisions: Arc::clone(&provisions) };
-        (Placement { stages: vec![0], workers: Box::new(workers), events }, held, provisions)
+        (Placement { stages: vec![0], workers: Box::new(workers), events }, (held, provisions))
     }
 }
 
@@ -386,7 +390,7 @@ impl Workers for Holding {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_watchdog_fails_a_hung_job_and_restarts_its_worker() {
     let dir = Scratch::new("hang");
-    let (placement, held, provisions) = Holding::placement(&dir);
+    let (placement, (held, provisions)) = Holding::placement(&dir);
     let watchdog = WatchdogConfig { min_ms: 400, ..WatchdogConfig::default() };
     let server = Running::start(&dir, ServedPipeline::tiny(&dir.0).unwrap(), vec![placement], watchdog).await;
     served_normally(server.address, 4).await;
@@ -418,7 +422,7 @@ async fn the_watchdog_fails_a_hung_job_and_restarts_its_worker() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_disconnects_mid_request_ends_it_once_and_serving_goes_on() {
     let dir = Scratch::new("disconnect");
-    let (placement, held, _) = Holding::placement(&dir);
+    let (placement, (held, _)) = Holding::placement(&dir);
     // A cancelled request's job runs on (other requests may share it): the held job
     // keeps its worker until the watchdog ends it. Its late failure must not count
     // again for the request the client cancelled.
