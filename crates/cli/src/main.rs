@@ -139,6 +139,12 @@ struct SimArgs {
     /// Policy parameter `key=value` (repeatable).
     #[arg(long = "param", value_parser = parse_param)]
     params: Vec<Param>,
+    /// LLM pipelines: the time between tokens promised to latency-sensitive streams, in
+    /// milliseconds — the token timeline LLM goodput is measured against (default: the
+    /// `tbt_ms` policy parameter if given, else 100). Also given to the policies as
+    /// their `tbt_ms` parameter unless `--param tbt_ms=…` says otherwise.
+    #[arg(long = "tbt-ms")]
+    tbt_ms: Option<f64>,
     /// Decision granularity in microseconds: 0 (default) makes every distinct instant a
     /// decision point; larger values batch what happens within an interval into one
     /// policy call (faster, decisions up to one interval late).
@@ -447,7 +453,11 @@ fn try_sim_compare(policies: &[String], args: &SimArgs) -> anyhow::Result<()> {
             worker_speed: args.worker_speeds.iter().copied().collect(),
             ..Default::default()
         },
-        engine: yardmaster::engine::EngineOptions { params: args.params.clone(), ..Default::default() },
+        engine: yardmaster::engine::EngineOptions {
+            params: llm_params(&args.params, args.tbt_ms),
+            ls_time_between_tokens: (ls_tbt_ms(&args.params, args.tbt_ms) * 1e6) as u64,
+            ..Default::default()
+        },
         decision_interval: args.decision_interval_us * 1_000,
         capture_dir: args.capture.clone(),
     };
@@ -537,4 +547,21 @@ fn reproduce(name: Option<String>, list: bool, seed: u64, out: Option<PathBuf>, 
             ExitCode::FAILURE
         }
     }
+}
+
+/// The policy parameters of a simulated run, with `tbt_ms` added from `--tbt-ms` when
+/// that is given and the operator set no `tbt_ms` parameter.
+fn llm_params(params: &[Param], tbt_ms: Option<f64>) -> Vec<Param> {
+    let mut params = params.to_vec();
+    if let Some(tbt_ms) = tbt_ms.filter(|_| !params.iter().any(|p| p.key == "tbt_ms")) {
+        params.push(Param { key: "tbt_ms".into(), value: tbt_ms.to_string() });
+    }
+    params
+}
+
+/// The LS time between tokens a simulated run measures against, in milliseconds:
+/// `--tbt-ms`, else the policies' `tbt_ms` parameter, else 100.
+fn ls_tbt_ms(params: &[Param], tbt_ms: Option<f64>) -> f64 {
+    let from_params = || params.iter().find(|p| p.key == "tbt_ms").and_then(|p| p.value.trim().parse::<f64>().ok());
+    tbt_ms.or_else(from_params).unwrap_or(100.0)
 }

@@ -469,7 +469,7 @@ async fn run_serve_bench(args: &ServeBenchArgs) -> Result<()> {
         model_time: Arc::new(move || {
             handle
                 .inspect(|engine| {
-                    let stats = engine.accounting().summary(engine.state().now).overall;
+                    let stats = engine.accounting().summary(engine.state().now()).overall;
                     ((stats.accelerator_s * 1e9) as u64, engine.stats().jobs)
                 })
                 .unwrap_or((0, 0))

@@ -354,13 +354,13 @@ fn scripted_event(harness: &mut Harness, what: Scripted) {
     match what {
         Scripted::Cancel => {
             // The oldest request the policy holds in a queue, else the oldest in flight.
-            let held = state.pieces.values().filter(|p| p.state == PieceState::Queued).map(|p| p.request.origin).min();
-            if let Some(id) = held.or_else(|| state.origins.keys().copied().min()) {
+            let held = state.pieces().values().filter(|p| p.state == PieceState::Queued).map(|p| p.request.origin).min();
+            if let Some(id) = held.or_else(|| state.origins().keys().copied().min()) {
                 harness.cancel(id);
             }
         }
         Scripted::AddWorker => {
-            let replicas = state.stages[CLASSIFY as usize].replicas;
+            let replicas = state.stages()[CLASSIFY as usize].replicas;
             harness.resize(CLASSIFY, replicas + 1);
         }
         Scripted::RemoveWorker => {
@@ -368,7 +368,7 @@ fn scripted_event(harness: &mut Harness, what: Scripted) {
             // (losing that would fail requests for want of a worker, not the policy's
             // doing).
             let workers: Vec<(u32, bool)> = state
-                .workers
+                .workers()
                 .values()
                 .filter(|w| w.info.stage == CLASSIFY)
                 .filter(|w| !matches!(w.phase, WorkerPhase::Draining { .. }))

@@ -360,7 +360,7 @@ impl Harness {
 
     /// Requests not ended yet, by id, with where they are.
     pub fn unfinished(&self) -> Vec<(u64, String)> {
-        let mut open: Vec<u64> = self.engine.state().origins.keys().copied().collect();
+        let mut open: Vec<u64> = self.engine.state().origins().keys().copied().collect();
         open.sort_unstable();
         open.into_iter().map(|id| (id, self.whereabouts(id))).collect()
     }
@@ -370,7 +370,7 @@ impl Harness {
     pub fn lost(&self) -> Vec<String> {
         let stream = |id: u64| {
             let stream = self.submitted.get(&id).copied().unwrap_or(0) as usize;
-            self.engine.state().pipeline.streams.get(stream).map_or("?", |s| s.name.as_str()).to_string()
+            self.engine.state().pipeline().streams.get(stream).map_or("?", |s| s.name.as_str()).to_string()
         };
         let mut lost: Vec<String> = self
             .ended
@@ -503,11 +503,11 @@ impl Harness {
     fn whereabouts(&self, origin: u64) -> String {
         let state = self.engine.state();
         let mut places: Vec<String> = state
-            .pieces
+            .pieces()
             .values()
             .filter(|p| p.request.origin == origin)
             .map(|p| {
-                let stage = state.pipeline.stages.get(p.request.stage as usize).map_or("?", |s| s.name.as_str());
+                let stage = state.pipeline().stages.get(p.request.stage as usize).map_or("?", |s| s.name.as_str());
                 match p.state {
                     PieceState::Queued => format!("held by the policy at stage {stage}"),
                     PieceState::Running(worker) => format!("running on worker {worker} (stage {stage})"),
@@ -531,7 +531,7 @@ impl Harness {
         let due: Vec<u64> = self
             .engine
             .state()
-            .origins
+            .origins()
             .iter()
             .filter(|(id, o)| o.deadline.saturating_add(grace) <= now && !self.expiring.contains_key(id))
             .map(|(id, _)| *id)

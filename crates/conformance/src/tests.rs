@@ -129,8 +129,8 @@ fn a_scale_down_drains_a_busy_worker_as_the_engine_does() {
     // Both detect workers are busy: the engine drains the newest instead of removing an
     // idle one (the old scripted cluster removed idle workers only, so worker 1 stayed).
     let state = harness.engine().state();
-    assert!(matches!(state.workers[&1].phase, WorkerPhase::Draining { .. }), "{:?}", state.workers[&1].phase);
-    assert_eq!(state.stages[0].replicas, 1);
+    assert!(matches!(state.workers()[&1].phase, WorkerPhase::Draining { .. }), "{:?}", state.workers()[&1].phase);
+    assert_eq!(state.stages()[0].replicas, 1);
 
     // The policy still counts worker 1 as its own: the engine's validation sees it busy.
     harness.submit(vision(0));
@@ -147,8 +147,8 @@ fn a_scale_down_drains_a_busy_worker_as_the_engine_does() {
     let removed = events.iter().position(|e| matches!(e, Event::WorkerRemoved(1))).expect("worker 1 was removed");
     assert!(done < removed);
     assert!(!events.iter().any(|e| matches!(e, Event::WorkerIdle(1))), "a draining worker is not idle again");
-    assert!(!harness.engine().state().workers.contains_key(&1));
-    assert_eq!(harness.engine().state().stages[0].replicas, 1);
+    assert!(!harness.engine().state().workers().contains_key(&1));
+    assert_eq!(harness.engine().state().stages()[0].replicas, 1);
     // Its request was not lost: every request completed, each once.
     assert_eq!(harness.count(Fate::Completed { late: false }), 4);
     assert!(harness.unfinished().is_empty());
@@ -168,7 +168,7 @@ fn the_check_reports_a_dispatch_to_a_draining_worker_and_loses_nothing() {
 #[test]
 fn a_batch_over_the_limit_the_policy_set_is_rejected() {
     let mut harness = Harness::start(Vec::new(), 1, native::<OverLimit>("over-limit"));
-    assert_eq!(harness.engine().state().stages[0].batch_limit, 2, "the engine applied the policy's limit");
+    assert_eq!(harness.engine().state().stages()[0].batch_limit, 2, "the engine applied the policy's limit");
     for _ in 0..3 {
         harness.submit(vision(0));
     }
@@ -176,7 +176,7 @@ fn a_batch_over_the_limit_the_policy_set_is_rejected() {
     let last = &harness.calls().last().unwrap().output;
     assert!(last.actions.is_empty());
     assert!(matches!(last.rejected[..], [(_, Rejection::BatchOverLimit { stage: 0, len: 3, limit: 2 })]), "{last:?}");
-    assert_eq!(harness.engine().state().workers[&0].phase, WorkerPhase::Idle);
+    assert_eq!(harness.engine().state().workers()[&0].phase, WorkerPhase::Idle);
 }
 
 #[test]

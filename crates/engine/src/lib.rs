@@ -37,11 +37,15 @@ pub use exec::{
     SharedExecutor,
 };
 pub use pipeline::{Pipeline, Profile, StageDef, StreamDef, VariantDef};
+pub use metrics::Outcome;
 pub use state::{ClusterState, Origin, Piece, PieceState, WorkerEntry, WorkerPhase};
 
-use crate::metrics::{Accounting, BatchRecord, Outcome, RequestEnd};
+use crate::metrics::{Accounting, BatchRecord, RequestEnd};
 use yardmaster_policy::contract::{self, Action, Config, EndReason, Event, Param, Request, StageKind};
 use yardmaster_policy::{Arm, ArmOutput, CallCost, Candidate, HandoverSnapshot, PolicyInstance, Shadow, ShadowReport, SwapReport};
+
+/// The LS time between tokens when the driver sets none: 100 ms.
+pub const DEFAULT_LS_TIME_BETWEEN_TOKENS: u64 = 100_000_000;
 
 /// Engine settings.
 #[derive(Debug, Clone)]
@@ -60,6 +64,10 @@ pub struct EngineOptions {
     pub seed: u64,
     /// Window of the accounting's time series.
     pub metrics_window: u64,
+    /// LLM goodput accounting: the time between tokens promised to latency-sensitive
+    /// streams (their token timeline), in nanoseconds. The driver sets it from the
+    /// service level it serves; a policy's own parameters never change it.
+    pub ls_time_between_tokens: u64,
 }
 
 impl Default for EngineOptions {
@@ -72,6 +80,7 @@ impl Default for EngineOptions {
             params: Vec::new(),
             seed: 1,
             metrics_window: 1_000_000_000,
+            ls_time_between_tokens: DEFAULT_LS_TIME_BETWEEN_TOKENS,
         }
     }
 }
@@ -294,11 +303,10 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         let (arm, output) = start_arm(config, &state);
         let mut accounting = Accounting::new(options.metrics_window);
         if state.pipeline.stages.iter().any(|s| s.kind == StageKind::Iteration) {
-            // LLM goodput by service class: classes from stream names, LS time between
-            // tokens from the run's `tbt_ms` parameter (the one the policies read).
+            // LLM goodput by service class: classes from stream names, the LS token
+            // timeline from the options.
             let names: Vec<&str> = state.pipeline.streams.iter().map(|s| s.name.as_str()).collect();
-            let tbt_ms = options.params.iter().find(|p| p.key == "tbt_ms").and_then(|p| p.value.trim().parse::<f64>().ok());
-            accounting.llm_mut().activate(&names, (tbt_ms.unwrap_or(100.0) * 1e6) as u64);
+            accounting.llm_mut().activate(&names, options.ls_time_between_tokens);
         }
         let mut engine = Self {
             clock,

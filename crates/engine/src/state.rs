@@ -134,24 +134,25 @@ pub struct StageEntry {
     pub routes: Vec<contract::Route>,
 }
 
-/// Everything the engine knows.
+/// Everything the engine knows. Drivers read it through [`crate::Engine::state`] and
+/// its accessors; only the engine changes it.
 pub struct ClusterState {
     /// The pipeline.
-    pub pipeline: Pipeline,
+    pub(crate) pipeline: Pipeline,
     /// Now.
-    pub now: u64,
+    pub(crate) now: u64,
     /// Pieces by id.
-    pub pieces: FxHashMap<u64, Piece>,
+    pub(crate) pieces: FxHashMap<u64, Piece>,
     /// Origins by id.
-    pub origins: FxHashMap<u64, Origin>,
+    pub(crate) origins: FxHashMap<u64, Origin>,
     /// Workers by id.
-    pub workers: BTreeMap<u32, WorkerEntry>,
+    pub(crate) workers: BTreeMap<u32, WorkerEntry>,
     /// Stages by id.
-    pub stages: Vec<StageEntry>,
+    pub(crate) stages: Vec<StageEntry>,
     /// Queued pieces per stage in arrival order (for snapshots; lazily cleaned).
-    pub queued_order: Vec<VecDeque<(u64, u64)>>,
+    pub(crate) queued_order: Vec<VecDeque<(u64, u64)>>,
     /// Most intra-op threads per worker.
-    pub max_threads: u32,
+    pub(crate) max_threads: u32,
 }
 
 impl ClusterState {
@@ -173,6 +174,36 @@ impl ClusterState {
             queued_order,
             max_threads,
         }
+    }
+
+    /// The pipeline being served.
+    pub fn pipeline(&self) -> &Pipeline {
+        &self.pipeline
+    }
+
+    /// The engine's clock as of the last event it handled.
+    pub fn now(&self) -> u64 {
+        self.now
+    }
+
+    /// Every worker by id, starting and draining ones included.
+    pub fn workers(&self) -> &BTreeMap<u32, WorkerEntry> {
+        &self.workers
+    }
+
+    /// Every stage's state, by stage id.
+    pub fn stages(&self) -> &[StageEntry] {
+        &self.stages
+    }
+
+    /// Every end-to-end request not yet ended, by origin id.
+    pub fn origins(&self) -> &FxHashMap<u64, Origin> {
+        &self.origins
+    }
+
+    /// Every piece (request at a stage) not yet ended, by id.
+    pub fn pieces(&self) -> &FxHashMap<u64, Piece> {
+        &self.pieces
     }
 
     /// Workers that can take work now.

@@ -384,7 +384,7 @@ fn answer<C: Clock, X: Executor>(arms: &mut Arms<C, X>, waiting: &mut HashMap<u6
 /// Every request still waiting ends once, as failed with the reason.
 fn shut_down<C: Clock, X: Executor>(arms: &mut Arms<C, X>, mut waiting: HashMap<u64, OnEnd>, capture: &mut Option<Recorder>, reason: &str) {
     answer(arms, &mut waiting, capture);
-    let at = arms.main().state().now;
+    let at = arms.main().state().now();
     for (id, callback) in waiting {
         let end = Ended { id, outcome: Outcome::Failed { error: reason.to_string() }, at, sent_at: at, deadline: at };
         if let Some(recorder) = capture {
@@ -491,7 +491,7 @@ mod tests {
         assert!(ended.iter().all(|e| e.outcome == Outcome::Completed), "200 requests fit well within 400 ms");
         let batches = started.lock().unwrap().clone();
         assert!(batches.iter().any(|&n| n > 1), "requests arriving together are batched: {batches:?}");
-        let completed = handle.inspect(|engine| engine.accounting().summary(engine.state().now).overall.completed).unwrap();
+        let completed = handle.inspect(|engine| engine.accounting().summary(engine.state().now()).overall.completed).unwrap();
         assert_eq!(completed, 200);
         actor.shutdown("test over");
     }

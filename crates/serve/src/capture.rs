@@ -63,8 +63,8 @@ impl Recorder {
             return;
         }
         let state = engine.state();
-        let Some(origin) = state.origins.get(&id) else { return };
-        let entry = state.pipeline.streams.get(origin.stream as usize).map_or(0, |s| s.entry);
+        let Some(origin) = state.origins().get(&id) else { return };
+        let entry = state.pipeline().streams.get(origin.stream as usize).map_or(0, |s| s.entry);
         self.write(TraceRecord::Arrival(ArrivalRecord {
             at: origin.sent_at,
             id,
@@ -82,9 +82,9 @@ impl Recorder {
             return;
         }
         let state = engine.state();
-        let worker = state.workers.get(&result.worker);
+        let worker = state.workers().get(&result.worker);
         self.write(TraceRecord::Batch(BatchRecord {
-            at: state.now.saturating_sub(result.duration),
+            at: state.now().saturating_sub(result.duration),
             worker: result.worker,
             stage: worker.map_or(0, |w| w.info.stage),
             variant: worker.map_or(0, |w| w.info.variant),

@@ -9,6 +9,8 @@
 //! pipeline = "ocr"            # a preset name or a pipeline .toml file
 //! policy = "edf"              # a shipped policy name or a .wasm file
 //! params = { }                # policy parameters, key = "value"
+//! tbt_ms = 100                # LLM pipelines: the time between tokens promised to
+//!                             # latency-sensitive streams (default: params.tbt_ms, else 100)
 //! device = "auto"             # auto (CUDA when present, else CPU), cpu, cuda or cuda:N
 //! max_body_bytes = 67108864   # larger request bodies get 413
 //! max_in_flight = 10000       # more inference requests at once get 503
@@ -48,6 +50,7 @@ use serde::Deserialize;
 
 use super::listeners::{ListenOptions, TlsSource};
 use super::watchdog::WatchdogConfig;
+use yardmaster_engine::EngineOptions;
 use yardmaster_policy::contract::Param;
 
 /// The default listen address.
@@ -140,6 +143,10 @@ pub struct ServeConfig {
     pub policy: String,
     /// Policy parameters.
     pub params: BTreeMap<String, String>,
+    /// LLM pipelines: the time between tokens promised to latency-sensitive streams, in
+    /// milliseconds (the timeline LLM goodput is measured against); `None`: the
+    /// policy's `tbt_ms` parameter if given, else 100.
+    pub tbt_ms: Option<f64>,
     /// Device: `auto`, `cpu`, `cuda` or `cuda:N`.
     pub device: String,
     /// Largest request body.
@@ -170,6 +177,7 @@ impl Default for ServeConfig {
             pipeline: "ocr".into(),
             policy: "edf".into(),
             params: BTreeMap::new(),
+            tbt_ms: None,
             device: "auto".into(),
             max_body_bytes: super::api::DEFAULT_MAX_BODY,
             max_in_flight: super::api::DEFAULT_MAX_IN_FLIGHT,
@@ -250,6 +258,14 @@ impl ServeConfig {
     /// The device to run on.
     pub fn device_preference(&self) -> Result<yardmaster_dataplane::DevicePreference> {
         self.device.parse().map_err(|e: String| anyhow::anyhow!(e))
+    }
+
+    /// The engine's options for this configuration: the policy parameters and the LLM
+    /// accounting's LS time between tokens (`tbt_ms`); the rest at their defaults.
+    pub fn engine_options(&self) -> EngineOptions {
+        let from_params = || self.params.get("tbt_ms").and_then(|v| v.trim().parse::<f64>().ok());
+        let tbt_ms = self.tbt_ms.or_else(from_params).unwrap_or(100.0);
+        EngineOptions { params: self.policy_params(), ls_time_between_tokens: (tbt_ms * 1e6) as u64, ..EngineOptions::default() }
     }
 
     /// The policy parameters in the contract's form.
@@ -359,6 +375,15 @@ min = 5
         )
         .unwrap_err();
         assert!(format!("{error:#}").contains("min"), "{error:#}");
+    }
+
+    #[test]
+    fn the_ls_time_between_tokens_comes_from_tbt_ms_then_the_policy_parameter_then_100() {
+        let tbt = |text: &str| ServeConfig::parse(text, Path::new(".")).unwrap().engine_options().ls_time_between_tokens;
+        assert_eq!(tbt(""), 100_000_000);
+        assert_eq!(tbt("params = { tbt_ms = \"40\" }"), 40_000_000);
+        assert_eq!(tbt("tbt_ms = 25\nparams = { tbt_ms = \"40\" }"), 25_000_000);
+        assert_eq!(ServeConfig::parse("tbt_ms = 25", Path::new(".")).unwrap().engine_options().params.len(), 0);
     }
 
     #[test]

@@ -290,8 +290,8 @@ pub fn render_arms<C: Clock, X: Executor>(arms: &Arms<C, X>) -> String {
 
 fn render_one<C: Clock, X: Executor>(out: &mut Exposition, engine: &Engine<C, X>, arm: &str) {
     let state = engine.state();
-    let summary = engine.accounting().summary(state.now);
-    let streams: Vec<String> = state.pipeline.streams.iter().map(|s| s.name.clone()).collect();
+    let summary = engine.accounting().summary(state.now());
+    let streams: Vec<String> = state.pipeline().streams.iter().map(|s| s.name.clone()).collect();
     let metrics = ArmMetrics { arm, streams: &streams, summary: &summary, policy: engine.arm().stats(), engine: engine.stats() };
     render_arm(out, &metrics);
     let policy = engine.arm().module().map_or_else(|| engine.arm().instance_label(), |m| m.name().to_string());

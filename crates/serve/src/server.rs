@@ -24,7 +24,7 @@ use super::remote::pool::{RemoteConfig, RemotePool};
 use super::remote::transport::Fingerprint;
 use super::stack::{PolicyChoice, ServedPipeline, ServingStack};
 use super::swap::Swapper;
-use yardmaster_engine::{Clock, EngineOptions, Executor};
+use yardmaster_engine::{Clock, Executor};
 use yardmaster_policy::{FailureMode, Limits, Mode, PolicyLoader, Sandbox};
 
 /// A running server.
@@ -62,7 +62,7 @@ impl Server {
         let policy = policy_choice(&config.policy)?;
         let policy_name = policy.name.clone();
         let sandbox = policy.sandbox.clone();
-        let options = EngineOptions { params: config.policy_params(), ..Default::default() };
+        let options = config.engine_options();
         let (actor, backend) = ServingStack::start(served, policy, options, context, placements).map_err(|e| anyhow!(e))?;
         let handle = actor.handle();
         let watchdog = config.watchdog;
@@ -148,7 +148,7 @@ pub fn summary<C: Clock, X: Executor>(arms: &Arms<C, X>) -> String {
         .slots()
         .iter()
         .map(|slot| {
-            let stats = slot.engine.accounting().summary(slot.engine.state().now).overall;
+            let stats = slot.engine.accounting().summary(slot.engine.state().now()).overall;
             let o = &stats.outcomes;
             (slot.label.clone(), [stats.arrivals, o.on_time, o.late, o.dropped, o.failed])
         })

@@ -177,7 +177,7 @@ pub fn run_with_jobs(
             match event {
                 ExecEvent::Finished(result) => {
                     if let Some(capture) = capture.as_mut() {
-                        let worker = engine.state().workers.get(&result.worker);
+                        let worker = engine.state().workers().get(&result.worker);
                         capture.write(TraceRecord::Batch(BatchRecord {
                             at: now.saturating_sub(result.duration),
                             worker: result.worker,

@@ -83,7 +83,7 @@ fn counts(actor: &ServeActor) -> (u64, u64, u64, u64, usize) {
     actor
         .handle()
         .inspect(|engine| {
-            let overall = engine.accounting().summary(engine.state().now).overall;
+            let overall = engine.accounting().summary(engine.state().now()).overall;
             (overall.arrivals, overall.ended, overall.completed, engine.stats().jobs, engine.in_flight())
         })
         .unwrap()
@@ -309,7 +309,8 @@ fn a_client_that_goes_away_cancels_its_request() {
     assert_eq!(jobs.lock().unwrap().len(), 1, "the request reached the worker");
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let (reasons, in_flight) = actor.handle().inspect(|e| (e.accounting().summary(e.state().now).drop_reasons, e.in_flight())).unwrap();
+        let (reasons, in_flight) =
+            actor.handle().inspect(|e| (e.accounting().summary(e.state().now()).drop_reasons, e.in_flight())).unwrap();
         // The answer (which releases the data) follows the engine's end within the
         // actor's turn, so wait for both.
         if in_flight == 0 && backend.store().is_empty() {

@@ -105,14 +105,17 @@ impl Running {
         self.actor()
             .handle()
             .inspect(|engine| {
-                let overall = engine.accounting().summary(engine.state().now).overall;
+                let overall = engine.accounting().summary(engine.state().now()).overall;
                 (overall.arrivals, overall.ended, overall.completed, overall.outcomes.failed, engine.in_flight())
             })
             .unwrap()
     }
 
     fn drop_reasons(&self) -> std::collections::BTreeMap<String, u64> {
-        self.actor().handle().inspect(|engine| engine.accounting().summary(engine.state().now).drop_reasons.into_iter().collect()).unwrap()
+        self.actor()
+            .handle()
+            .inspect(|engine| engine.accounting().summary(engine.state().now()).drop_reasons.into_iter().collect())
+            .unwrap()
     }
 
     /// Wait until nothing is held: the engine, the payload store and the API are empty.
@@ -582,7 +585,7 @@ async fn a_node_that_dies_mid_request_fails_its_requests_once_and_later_ones_at_
     let on_the_node = server
         .actor()
         .handle()
-        .inspect(|engine| engine.state().workers.values().any(|w| matches!(w.phase, WorkerPhase::Busy { .. })))
+        .inspect(|engine| engine.state().workers().values().any(|w| matches!(w.phase, WorkerPhase::Busy { .. })))
         .unwrap();
     assert!(on_the_node, "a job is out on the node's worker");
     // Then it dies without a word (SIGKILL): only the link's idle timeout can tell.

@@ -99,7 +99,7 @@ fn serve(policy: &str, cases: &[Case], references: &[Vec<i64>]) -> Run {
             while !stop.load(Ordering::Relaxed) {
                 let Ok((n, bad)) = handle.inspect(move |engine| {
                     let (mut n, mut bad) = (0, Vec::new());
-                    for (&id, worker) in &engine.state().workers {
+                    for (&id, worker) in engine.state().workers() {
                         if worker.phase != WorkerPhase::Idle {
                             continue;
                         }
@@ -141,8 +141,8 @@ fn serve(policy: &str, cases: &[Case], references: &[Vec<i64>]) -> Run {
     let (engine_stats, llm_stats, resident, holdings) = service
         .handle()
         .inspect(|engine| {
-            let resident: usize = engine.state().workers.values().map(|w| w.resident.len()).sum();
-            let holdings: Vec<_> = engine.state().workers.keys().filter_map(|&w| engine.executor().borrow().holdings(w)).collect();
+            let resident: usize = engine.state().workers().values().map(|w| w.resident.len()).sum();
+            let holdings: Vec<_> = engine.state().workers().keys().filter_map(|&w| engine.executor().borrow().holdings(w)).collect();
             (engine.stats().clone(), engine.executor().borrow().stats(), resident, holdings)
         })
         .unwrap();

@@ -137,7 +137,7 @@ async fn overload(name: &str, factor: f64, seconds: f64) -> (f64, LoadReport, f6
     let (left, served) = server
         .handle
         .inspect(|e| {
-            let overall = e.accounting().summary(e.state().now).overall;
+            let overall = e.accounting().summary(e.state().now()).overall;
             (e.in_flight(), (overall.arrivals, overall.outcomes.on_time, overall.outcomes.late, overall.outcomes.failed))
         })
         .unwrap();

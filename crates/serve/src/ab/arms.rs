@@ -237,8 +237,8 @@ impl<C: Clock, X: Executor> Arms<C, X> {
         }
         let share = split.candidate_share;
         let main = &mut self.slots[0].engine;
-        let mut pipeline = main.state().pipeline.clone();
-        let current: Vec<u32> = main.state().stages.iter().map(|s| s.replicas).collect();
+        let mut pipeline = main.state().pipeline().clone();
+        let current: Vec<u32> = main.state().stages().iter().map(|s| s.replicas).collect();
         let mut extra = vec![0; current.len()];
         let mut control = Vec::with_capacity(current.len());
         for (stage, &n) in current.iter().enumerate() {
@@ -253,7 +253,7 @@ impl<C: Clock, X: Executor> Arms<C, X> {
             pipeline.stages[stage].replicas = theirs;
             control.push(if n == 1 { 1 } else { n - theirs });
         }
-        let max_workers = main.state().pipeline.max_workers;
+        let max_workers = main.state().pipeline().max_workers;
         let candidate_cap = ((share * max_workers as f64).round() as u32).max(pipeline.stages.iter().map(|s| s.replicas).sum());
         let control_cap = max_workers.saturating_sub(candidate_cap).max(control.iter().sum());
         pipeline.max_workers = candidate_cap;
@@ -306,7 +306,8 @@ impl<C: Clock, X: Executor> Arms<C, X> {
         let loser = 1 - winner;
         let quiet = {
             let engine = &self.slots[loser].engine;
-            engine.in_flight() == 0 && engine.state().workers.values().all(|w| matches!(w.phase, WorkerPhase::Idle | WorkerPhase::Starting))
+            engine.in_flight() == 0
+                && engine.state().workers().values().all(|w| matches!(w.phase, WorkerPhase::Idle | WorkerPhase::Starting))
         };
         if !quiet {
             return;
@@ -318,8 +319,8 @@ impl<C: Clock, X: Executor> Arms<C, X> {
         self.carried = ended;
         self.last_report = self.report();
         let run = self.run.take().expect("checked");
-        let stages = self.slots[loser].engine.state().stages.len();
-        let freed: Vec<u32> = self.slots[loser].engine.state().stages.iter().map(|s| s.replicas).collect();
+        let stages = self.slots[loser].engine.state().stages().len();
+        let freed: Vec<u32> = self.slots[loser].engine.state().stages().iter().map(|s| s.replicas).collect();
         for stage in 0..stages {
             self.slots[loser].engine.resize(stage as u32, 0);
         }
@@ -329,10 +330,10 @@ impl<C: Clock, X: Executor> Arms<C, X> {
         self.carried.extend(removed.engine.take_ended());
         let survivor = &mut self.slots[0].engine;
         for (stage, freed) in freed.into_iter().enumerate() {
-            let now = survivor.state().stages[stage].replicas;
+            let now = survivor.state().stages()[stage].replicas;
             survivor.resize(stage as u32, now + freed.saturating_sub(run.extra[stage]));
         }
-        let cap = run.max_workers.max(survivor.state().stages.iter().map(|s| s.replicas).sum());
+        let cap = run.max_workers.max(survivor.state().stages().iter().map(|s| s.replicas).sum());
         survivor.set_max_workers(cap);
         self.slots[0].tally = ArmTally::default();
         tracing::info!(arm = %self.slots[0].label, "A/B run ended: one arm schedules everything");
@@ -368,7 +369,7 @@ impl<C: Clock, X: Executor> Arms<C, X> {
                 .map(|s| ArmStatus {
                     arm: s.label.clone(),
                     policy: s.engine.arm().instance_label(),
-                    workers: s.engine.state().stages.iter().map(|st| st.replicas).collect(),
+                    workers: s.engine.state().stages().iter().map(|st| st.replicas).collect(),
                     in_flight: s.engine.in_flight(),
                 })
                 .collect(),

@@ -20,7 +20,6 @@ use crate::config::ServeConfig;
 use crate::listeners::Listeners;
 use crate::prometheus;
 use crate::server::{banner, policy_choice, summary};
-use yardmaster_engine::EngineOptions;
 
 /// The pipeline names served by [`LlmServer`].
 pub const LLM_PIPELINES: [&str; 1] = ["llm-tiny"];
@@ -74,7 +73,7 @@ impl LlmServer {
         let policy_label = policy.name.clone();
         let served = ServedLlm::tiny().map_err(|e| anyhow!(e))?;
         let streams: Vec<String> = served.pipeline.streams.iter().map(|s| s.name.clone()).collect();
-        let options = EngineOptions { params: config.policy_params(), ..Default::default() };
+        let options = config.engine_options();
         let (actor, service) = LlmStack::start(served, policy, options).map_err(|e| anyhow!(e))?;
         let handle = service.handle().clone();
         let metrics_handle = handle.clone();

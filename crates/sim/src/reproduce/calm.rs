@@ -188,7 +188,13 @@ fn sim_spec(pipeline: Pipeline, slo_scale: f64, duration: u64, seed: u64, execut
         seed,
         duration,
         executor,
-        engine: EngineOptions { frame_steps: FRAME_STEPS, expiry_grace: 60_000_000_000, params, ..EngineOptions::default() },
+        engine: EngineOptions {
+            frame_steps: FRAME_STEPS,
+            expiry_grace: 60_000_000_000,
+            params,
+            ls_time_between_tokens: (TBT_MS * slo_scale * 1e6) as u64,
+            ..EngineOptions::default()
+        },
         decision_interval: 0,
         capture_dir: None,
     }
