@@ -68,12 +68,12 @@ fn decode_frame(data: &[u8]) {
     }
 }
 
-/// Pipeline files (`Pipeline::from_toml`); a pipeline that parses is also described to
+/// Pipeline files (`yardmaster_formats::pipeline::from_toml`); a pipeline that parses is also described to
 /// the policy and used for a capacity estimate, as the engine does at start.
 #[doc(hidden)]
 pub fn pipeline_toml(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else { return };
-    if let Ok(pipeline) = Pipeline::from_toml(text, "fuzz") {
+    if let Ok(pipeline) = yardmaster_formats::pipeline::from_toml(text, "fuzz") {
         let _ = Engine::<ManualClock, RecordingExecutor>::policy_config(&pipeline, "fuzz", &EngineOptions::default());
         let _ = yardmaster_engine::pieces_per_request(&pipeline);
         for stage in &pipeline.stages {
@@ -356,7 +356,9 @@ pub struct ActionRun {
 #[doc(hidden)]
 pub fn policy_actions(data: &[u8]) -> ActionRun {
     static PIPELINE: OnceLock<Pipeline> = OnceLock::new();
-    let pipeline = PIPELINE.get_or_init(|| Pipeline::from_toml(ACTION_PIPELINE, "fuzz").expect("the fuzz pipeline is valid")).clone();
+    let pipeline = PIPELINE
+        .get_or_init(|| yardmaster_formats::pipeline::from_toml(ACTION_PIPELINE, "fuzz").expect("the fuzz pipeline is valid"))
+        .clone();
     let script = Arc::new(Mutex::new(Script { data: data.to_vec(), pos: 0, held: Vec::new() }));
     let clock = ManualClock::default();
     let policy = ScriptedPolicy(script.clone());

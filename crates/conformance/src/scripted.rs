@@ -107,7 +107,7 @@ slo_ms = 3000
 
 /// The check's cluster ([`CLUSTER`]) as the engine's pipeline.
 pub fn pipeline() -> Pipeline {
-    Pipeline::from_toml(CLUSTER, "the conformance cluster").expect("the check's cluster is valid")
+    yardmaster_formats::pipeline::from_toml(CLUSTER, "the conformance cluster").expect("the check's cluster is valid")
 }
 
 /// The engine settings of the check: ticks every [`TICK_INTERVAL`], frames of

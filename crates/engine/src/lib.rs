@@ -26,8 +26,6 @@ mod exec;
 pub mod metrics;
 pub mod pipeline;
 mod state;
-#[cfg(test)]
-mod tests;
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -36,8 +34,8 @@ pub use exec::{
     BatchJob, Clock, Executor, IdSpace, ItemResult, JobItem, JobResult, ManualClock, MonotonicClock, RecordingExecutor, Resume,
     SharedExecutor,
 };
-pub use pipeline::{Pipeline, Profile, StageDef, StreamDef, VariantDef};
 pub use metrics::Outcome;
+pub use pipeline::{Pipeline, Profile, StageDef, StreamDef, VariantDef};
 pub use state::{ClusterState, Origin, Piece, PieceState, WorkerEntry, WorkerPhase};
 
 use crate::metrics::{Accounting, BatchRecord, RequestEnd};

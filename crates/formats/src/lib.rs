@@ -9,10 +9,12 @@
 //! - [`sources`]: [`WorkloadSpec`], the one way both drivers name a workload;
 //! - [`trace`]: the JSON-lines trace format (written by the server and the simulator,
 //!   replayed by either);
+//! - [`pipeline`]: pipeline files (our TOML, Loki's application JSON and profiles);
 //! - [`presets`]: the built-in pipelines.
 
 #![warn(missing_docs)]
 
+pub mod pipeline;
 pub mod presets;
 pub mod rate_series;
 pub mod rng;

@@ -3,6 +3,8 @@
 
 use yardmaster_engine::Pipeline;
 
+use crate::pipeline;
+
 /// The PP-OCR pipeline preset (stages `det` → `cls` → `rec`), the server's default.
 pub const OCR_PRESET: &str = include_str!("../presets/ocr.toml");
 /// The trivial one-stage pipeline preset (the serving overhead benchmark's).
@@ -33,7 +35,7 @@ pub const PIPELINES: &[(&str, &str)] = &[
 /// application JSON, with profiles read from the file's directory).
 pub fn pipeline(name_or_path: &str) -> Result<Pipeline, String> {
     if let Some((_, text)) = PIPELINES.iter().find(|(name, _)| *name == name_or_path) {
-        return Pipeline::from_toml(text, name_or_path).map_err(|e| e.to_string());
+        return pipeline::from_toml(text, name_or_path).map_err(|e| e.to_string());
     }
     let path = std::path::Path::new(name_or_path);
     if !path.exists() {
@@ -43,11 +45,11 @@ pub fn pipeline(name_or_path: &str) -> Result<Pipeline, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     if path.extension().is_some_and(|e| e == "json") {
         let dir = path.parent().unwrap_or(std::path::Path::new("."));
-        let mut profiles = yardmaster_engine::pipeline::LokiProfiles::load(dir, "onnxruntime_gpu_ampere")?;
+        let mut profiles = pipeline::LokiProfiles::load(dir, "onnxruntime_gpu_ampere")?;
         profiles.fallback = Some(yardmaster_engine::Profile::Linear { alpha_ns: 2e6, beta_ns: 5e6 });
-        Pipeline::from_loki_app(&text, &profiles, name_or_path).map_err(|e| e.to_string())
+        pipeline::from_loki_app(&text, &profiles, name_or_path).map_err(|e| e.to_string())
     } else {
-        Pipeline::from_toml(&text, name_or_path).map_err(|e| e.to_string())
+        pipeline::from_toml(&text, name_or_path).map_err(|e| e.to_string())
     }
 }
 

@@ -52,7 +52,7 @@ impl std::fmt::Debug for ServedPipeline {
 impl ServedPipeline {
     /// PP-OCR with the models the set-up script installs, on the preset pipeline.
     pub fn ocr(context: &WorkerContext) -> Result<Self, String> {
-        let pipeline = Pipeline::from_toml(OCR_PRESET, "ocr preset").map_err(|e| e.to_string())?;
+        let pipeline = yardmaster_formats::pipeline::from_toml(OCR_PRESET, "ocr preset").map_err(|e| e.to_string())?;
         let models = OcrModels::from_assets().map_err(|e| e.to_string())?;
         Self::ocr_with(pipeline, models, context)
     }
@@ -86,7 +86,7 @@ impl ServedPipeline {
     /// The trivial pipeline: `y = x + 1` on 4 floats, its model written to `dir` on
     /// first use (see [`tiny_model`]).
     pub fn tiny(dir: &Path) -> Result<Self, String> {
-        let pipeline = Pipeline::from_toml(TINY_PRESET, "tiny preset").map_err(|e| e.to_string())?;
+        let pipeline = yardmaster_formats::pipeline::from_toml(TINY_PRESET, "tiny preset").map_err(|e| e.to_string())?;
         let path = tiny_model::ensure(dir).map_err(|e| format!("writing the trivial model to {}: {e}", dir.display()))?;
         let spec = ModelSpec::new(ModelKey::new(TINY_MODEL, "add"), path);
         let catalog = ModelCatalog { stages: vec![vec![spec; pipeline.stages[0].variants.len()]] };
@@ -233,11 +233,11 @@ mod tests {
     #[test]
     fn the_presets_parse_as_chains() {
         for (text, name, stages) in [(OCR_PRESET, "ocr", 3), (TINY_PRESET, "tiny", 1)] {
-            let pipeline = Pipeline::from_toml(text, name).unwrap();
+            let pipeline = yardmaster_formats::pipeline::from_toml(text, name).unwrap();
             assert_eq!(pipeline.stages.len(), stages, "{name}");
             assert!(pipeline.stages.iter().all(|s| s.successors.len() <= 1));
         }
-        let ocr = Pipeline::from_toml(OCR_PRESET, "ocr").unwrap();
+        let ocr = yardmaster_formats::pipeline::from_toml(OCR_PRESET, "ocr").unwrap();
         let names: Vec<&str> = ocr.stages.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(names, ["det", "cls", "rec"]);
     }

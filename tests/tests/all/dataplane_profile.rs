@@ -2,7 +2,6 @@
 //! profile a real model (the PP-OCR direction classifier, on the CPU), write the file,
 //! load it through the engine's pipeline reader and compare.
 
-use yardmaster::engine::pipeline::Pipeline;
 use yardmaster_dataplane::profile::{self, ProfileOptions};
 use yardmaster_dataplane::{assets, ModelKey, ModelSpec, Runtime};
 
@@ -25,7 +24,7 @@ fn the_profile_file_loads_into_the_simulator_with_the_measured_numbers() {
         assert!(p.mean_ms > 0.0 && p.p50_ms <= p.p90_ms && p.p90_ms <= p.p99_ms, "{p:?}");
     }
     let text = report.to_pipeline_toml();
-    let pipeline = Pipeline::from_toml(&text, "profile.toml").unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let pipeline = yardmaster::formats::pipeline::from_toml(&text, "profile.toml").unwrap_or_else(|e| panic!("{e}\n{text}"));
     let stage = &pipeline.stages[0];
     assert_eq!(stage.name, "ocr-cls");
     assert_eq!(stage.max_batch, 4);

@@ -14,7 +14,7 @@ use std::sync::{Arc, OnceLock};
 
 use yardmaster::conformance::scripted::MS;
 use yardmaster::conformance::{check_component, CheckOptions, CheckReport};
-use yardmaster::engine::{EngineOptions, Pipeline};
+use yardmaster::engine::EngineOptions;
 use yardmaster::formats::WorkloadSpec;
 use yardmaster::policy::contract::{Action, DropReason};
 use yardmaster::policy::{FailureMode, Limits, Mode, PolicyLoader, Sandbox};
@@ -180,7 +180,7 @@ beta_ms = 3.0
 fn every_language_makes_the_same_decisions_in_the_simulator() {
     let capture = std::env::temp_dir().join(format!("yardmaster-languages-{}", std::process::id()));
     let spec = SimSpec {
-        pipeline: Pipeline::from_toml(TWO_STEP, "two-step").expect("pipeline"),
+        pipeline: yardmaster::formats::pipeline::from_toml(TWO_STEP, "two-step").expect("pipeline"),
         seed: 3,
         duration: 4_000 * MS,
         executor: SimExecutorOptions::default(),

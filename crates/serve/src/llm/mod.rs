@@ -54,7 +54,7 @@ impl ServedLlm {
     /// The `llm-tiny` preset with the tiny decoder, written to the assets folder on
     /// first use.
     pub fn tiny() -> Result<Self, String> {
-        let pipeline = Pipeline::from_toml(LLM_TINY_PRESET, "llm-tiny preset").map_err(|e| e.to_string())?;
+        let pipeline = yardmaster_formats::pipeline::from_toml(LLM_TINY_PRESET, "llm-tiny preset").map_err(|e| e.to_string())?;
         let (path, config) = tiny_decoder().map_err(|e| e.to_string())?;
         Self::new(pipeline, DecoderModel { path, config })
     }
@@ -147,7 +147,7 @@ mod tests {
 
     #[test]
     fn the_preset_is_one_iteration_stage_with_ls_and_ds_streams() {
-        let pipeline = Pipeline::from_toml(LLM_TINY_PRESET, "llm-tiny").unwrap();
+        let pipeline = yardmaster_formats::pipeline::from_toml(LLM_TINY_PRESET, "llm-tiny").unwrap();
         assert_eq!(pipeline.stages.len(), 1);
         assert_eq!(pipeline.stages[0].kind, StageKind::Iteration);
         let names: Vec<&str> = pipeline.streams.iter().map(|s| s.name.as_str()).collect();
@@ -155,7 +155,7 @@ mod tests {
         let model = DecoderModel { path: "unused.onnx".into(), config: DecoderConfig::tiny() };
         let served = ServedLlm::new(pipeline.clone(), model.clone()).unwrap();
         assert_eq!(served.pipeline.stages[0].llm.kv_bytes_per_token, 2048);
-        let ocr = Pipeline::from_toml(yardmaster_formats::presets::OCR_PRESET, "ocr").unwrap();
+        let ocr = yardmaster_formats::pipeline::from_toml(yardmaster_formats::presets::OCR_PRESET, "ocr").unwrap();
         assert!(ServedLlm::new(ocr, model).unwrap_err().contains("batch stage"));
     }
 }

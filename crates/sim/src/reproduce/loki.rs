@@ -16,8 +16,8 @@ use super::{Arm, ReproduceOptions};
 use crate::executor::SimExecutorOptions;
 use crate::report::{self, RunReport};
 use crate::{per_core, run, RunOutcome, SimSpec};
-use yardmaster_engine::pipeline::LokiProfiles;
 use yardmaster_engine::{EngineOptions, Pipeline};
+use yardmaster_formats::pipeline::LokiProfiles;
 use yardmaster_formats::workload::RateSchedule;
 use yardmaster_policy::contract::Param;
 use yardmaster_policy::{Limits, Mode, PolicyLoader, Sandbox};
@@ -35,7 +35,7 @@ pub fn traffic_pipeline(data_dir: &Path, cluster: u32, slo_ms: f64) -> Result<Pi
     let json = std::fs::read_to_string(data_dir.join("sim__traffic_analysis.json"))
         .with_context(|| format!("reading Loki's application in {}", data_dir.display()))?;
     let profiles = LokiProfiles::load(data_dir, ACCELERATOR).map_err(|e| anyhow!(e))?;
-    let mut pipeline = Pipeline::from_loki_app(&json, &profiles, "sim__traffic_analysis.json")?;
+    let mut pipeline = yardmaster_formats::pipeline::from_loki_app(&json, &profiles, "sim__traffic_analysis.json")?;
     for stage in &mut pipeline.stages {
         let sink = stage.variants.iter().all(|v| v.profile.mean(MAX_BATCH) == 0);
         stage.max_batch = MAX_BATCH;

@@ -5,8 +5,9 @@ use std::collections::{BTreeMap, HashSet};
 
 use yardmaster_sdk::{self as sdk, Ctx, Policy};
 
-use super::*;
-use crate::metrics::Outcome;
+use yardmaster_engine::*;
+use yardmaster_formats::pipeline::from_toml;
+use yardmaster_policy::contract;
 use yardmaster_policy::{Arm, FailureMode, NativePolicy};
 
 /// An executor that records what it is asked and lets the test finish jobs.
@@ -68,7 +69,7 @@ fn chain(stages: usize, replicas: u32) -> Pipeline {
         }
         text += "[[stage.variant]]\nname = \"v\"\nalpha_ms = 1.0\nbeta_ms = 1.0\n";
     }
-    Pipeline::from_toml(&text, "test").unwrap()
+    from_toml(&text, "test").unwrap()
 }
 
 fn engine_with<P: Policy + Send>(pipeline: Pipeline) -> (Engine<ManualClock, TestExecutor>, ManualClock) {
@@ -157,7 +158,7 @@ fn a_dag_splits_into_pieces_and_merges_them_at_the_fan_in_stage() {
         alpha_ms = 0.0
         beta_ms = 0.1
     "#;
-    let (mut engine, _) = engine_with::<policy_fifo::Fifo>(Pipeline::from_toml(text, "dag").unwrap());
+    let (mut engine, _) = engine_with::<policy_fifo::Fifo>(from_toml(text, "dag").unwrap());
     let id = engine.submit(Submission::default());
     engine.flush();
     // The detector finds 3 cars and 2 faces.
@@ -169,7 +170,7 @@ fn a_dag_splits_into_pieces_and_merges_them_at_the_fan_in_stage() {
     assert_eq!(pieces.iter().filter(|(s, _)| *s == 1).count(), 3);
     assert_eq!(pieces.iter().filter(|(s, _)| *s == 2).count(), 2);
     assert!(pieces.iter().all(|(_, p)| *p != id), "pieces get new ids");
-    assert_eq!(engine.state().origins[&id].live, 5);
+    assert_eq!(engine.state().origins()[&id].live, 5);
     // Cars finish first: they wait at the sink for the faces.
     let cars: Vec<BatchJob> = engine.executor().started.iter().filter(|j| j.stage == 1).cloned().collect();
     engine.executor_mut().started.retain(|j| j.stage != 1);
@@ -185,19 +186,20 @@ fn a_dag_splits_into_pieces_and_merges_them_at_the_fan_in_stage() {
     assert_eq!(sink[0].items.len(), 1, "merged into one piece");
     finish_all(&mut engine, &BTreeMap::new());
     let ended = engine.take_ended();
-    let slo = engine.state().pipeline.streams[0].slo_ns;
+    let slo = engine.state().pipeline().streams[0].slo_ns;
     assert_eq!(ended, vec![Ended { id, outcome: Outcome::Completed, at: 0, sent_at: 0, deadline: slo }]);
 }
 
 #[test]
 fn a_detector_that_finds_nothing_completes_the_request() {
     let (mut engine, _) = engine_with::<policy_fifo::Fifo>(
-        Pipeline::from_toml(include_str!("../../formats/presets/traffic-dag.toml"), "traffic-dag").unwrap(),
+        from_toml(yardmaster_formats::presets::PIPELINES.iter().find(|(name, _)| *name == "traffic-dag").unwrap().1, "traffic-dag")
+            .unwrap(),
     );
     let id = engine.submit(Submission::default());
     engine.flush();
     finish_all(&mut engine, &BTreeMap::from([(0, vec![(1, 0), (2, 0)])]));
-    let slo = engine.state().pipeline.streams[0].slo_ns;
+    let slo = engine.state().pipeline().streams[0].slo_ns;
     assert_eq!(engine.take_ended(), vec![Ended { id, outcome: Outcome::Completed, at: 0, sent_at: 0, deadline: slo }]);
 }
 
@@ -283,8 +285,8 @@ fn scaling_starts_workers_only_when_ready_and_drains_on_the_way_down() {
     engine.advance();
     engine.flush();
     assert_eq!(engine.executor().retired.len(), 2);
-    assert_eq!(engine.state().workers.len(), 1);
-    assert_eq!(engine.state().stages[0].replicas, 1);
+    assert_eq!(engine.state().workers().len(), 1);
+    assert_eq!(engine.state().stages()[0].replicas, 1);
 }
 
 /// Emits random actions, valid or not, from the host's seeded random source.
@@ -437,13 +439,13 @@ fn workers_holding_paused_sequences_are_not_removed_and_still_count() {
     assert_eq!(engine.executor().started.len(), 2, "one sequence per worker");
     // One frame each: both sequences stay resident, paused (the policy never resumes them).
     finish_frames(&mut engine, 8);
-    assert!(engine.state().workers.values().all(|w| w.resident.len() == 1));
+    assert!(engine.state().workers().values().all(|w| w.resident.len() == 1));
     // The tick asks for one replica: neither worker can go, so both still count.
     clock.set(1_000 * MS);
     engine.advance();
     engine.flush();
-    assert_eq!(engine.state().workers.len(), 2);
-    assert_eq!(engine.state().stages[0].replicas, 2);
+    assert_eq!(engine.state().workers().len(), 2);
+    assert_eq!(engine.state().stages()[0].replicas, 2);
     assert!(engine.executor().retired.is_empty());
 }
 
@@ -515,7 +517,7 @@ fn a_shadow_sees_the_live_events_and_its_actions_are_counted_never_applied() {
 #[test]
 fn a_lost_worker_finishes_its_job_then_leaves_and_its_stage_counts_one_replica_fewer() {
     let (mut engine, _clock) = engine_with::<policy_fifo::Fifo>(chain(1, 2));
-    let workers: Vec<u32> = engine.state().workers.keys().copied().collect();
+    let workers: Vec<u32> = engine.state().workers().keys().copied().collect();
     assert_eq!(workers.len(), 2);
     let id = engine.submit(Submission { stream: 0, ..Default::default() });
     engine.flush();
@@ -525,11 +527,11 @@ fn a_lost_worker_finishes_its_job_then_leaves_and_its_stage_counts_one_replica_f
 
     // The idle one is lost: removed at once, and no longer counted.
     engine.worker_lost(idle, "gone");
-    assert!(!engine.state().workers.contains_key(&idle));
-    assert_eq!(engine.state().stages[0].replicas, 1);
+    assert!(!engine.state().workers().contains_key(&idle));
+    assert_eq!(engine.state().stages()[0].replicas, 1);
     // The busy one is lost: its job still reports (failed), then it leaves.
     engine.worker_lost(busy, "model failed to load");
-    assert!(engine.state().workers.contains_key(&busy), "kept until its job reports");
+    assert!(engine.state().workers().contains_key(&busy), "kept until its job reports");
     let failed = JobResult {
         worker: busy,
         duration: MS,
@@ -537,13 +539,13 @@ fn a_lost_worker_finishes_its_job_then_leaves_and_its_stage_counts_one_replica_f
     };
     engine.job_finished(failed);
     engine.flush();
-    assert!(engine.state().workers.is_empty(), "a lost worker leaves after its job");
-    assert_eq!(engine.state().stages[0].replicas, 0);
+    assert!(engine.state().workers().is_empty(), "a lost worker leaves after its job");
+    assert_eq!(engine.state().stages()[0].replicas, 0);
     let ended = engine.take_ended();
     assert_eq!(ended.len(), 1, "the request ends exactly once");
     assert!(matches!(&ended[0].outcome, Outcome::Failed { error } if error.contains("failed to load")));
     engine.worker_lost(busy, "again"); // a second report of a gone worker changes nothing
-    assert_eq!(engine.state().stages[0].replicas, 0);
+    assert_eq!(engine.state().stages()[0].replicas, 0);
     assert!(engine.executor().retired.contains(&idle));
 }
 
@@ -581,7 +583,7 @@ fn requests_waiting_at_a_stage_left_without_workers_fail_with_the_reason() {
 #[test]
 fn arrivals_at_a_stage_that_lost_its_last_worker_fail_at_once_until_it_scales_up_again() {
     let (mut engine, clock) = engine_with::<policy_fifo::Fifo>(chain(2, 1));
-    let second = *engine.state().workers.values().find(|w| w.info.stage == 1).map(|w| &w.info.id).unwrap();
+    let second = *engine.state().workers().values().find(|w| w.info.stage == 1).map(|w| &w.info.id).unwrap();
     engine.worker_lost(second, "connection to the node lost: idle timeout");
     engine.flush();
 
@@ -802,7 +804,7 @@ impl Policy for EvenWorkers {
 fn dispatches_decided_in_the_pre_replay_stand_only_if_they_still_hold_at_the_swap() {
     let (mut engine, clock) = engine_with::<EvenWorkers>(chain(1, 3));
     let workers: Vec<u32> = {
-        let mut w: Vec<u32> = engine.state().workers.keys().copied().collect();
+        let mut w: Vec<u32> = engine.state().workers().keys().copied().collect();
         w.sort();
         w
     };
@@ -854,7 +856,7 @@ fn llm_pipeline(replicas: u32) -> Pipeline {
         "name = \"llm\"\nslo_ms = 60000\n[[stage]]\nname = \"generate\"\nkind = \"iteration\"\nmax_batch = 4\nreplicas = {replicas}\n\
          worker_memory_mib = 40960\n[[stage.variant]]\nname = \"m\"\nalpha_ms = 1.0\nbeta_ms = 10.0\n"
     );
-    Pipeline::from_toml(&text, "llm").unwrap()
+    from_toml(&text, "llm").unwrap()
 }
 
 /// Runs each arrival on an idle worker and resumes a worker's paused sequences
@@ -896,12 +898,12 @@ fn a_sequence_whose_request_ends_while_its_frame_runs_leaves_with_the_frame() {
     // A first frame leaves it paused; the policy resumes it at once.
     finish_frames(&mut engine, 8);
     assert_eq!(engine.executor().started.len(), 1, "the paused sequence was resumed");
-    assert!(engine.state().workers[&0].resident.contains_key(&id));
+    assert!(engine.state().workers()[&0].resident.contains_key(&id));
     // The client goes away while the frame runs.
     engine.cancel(id);
     engine.flush();
     finish_frames(&mut engine, 8);
-    let worker = &engine.state().workers[&0];
+    let worker = &engine.state().workers()[&0];
     assert!(worker.resident.is_empty(), "the ended sequence no longer holds KV: {:?}", worker.resident);
     assert_eq!(engine.executor().evicted, [(0, id)], "the worker frees its cache");
     assert!(engine.executor().started.is_empty(), "the policy was not told of a phantom resident sequence to resume");

@@ -1,0 +1,625 @@
+//! Pipeline files, read into the engine's [`Pipeline`] model:
+//! - our own TOML ([`from_toml`]), documented in the README;
+//! - Loki's application JSON ([`from_loki_app`]), with latency profiles from Loki's
+//!   profile CSVs and accuracies from its variant lists ([`LokiProfiles`]).
+
+use std::collections::HashMap;
+
+use serde::Deserialize;
+
+use yardmaster_engine::pipeline::*;
+use yardmaster_policy::contract::{DeviceKind, LatencyPoint, StageKind};
+
+/// Nanoseconds in a millisecond.
+const MS: f64 = 1e6;
+
+/// Read our own TOML format (documented in the README), validated.
+pub fn from_toml(text: &str, source_name: &str) -> Result<Pipeline, PipelineError> {
+    let file: toml_format::PipelineFile =
+        toml::from_str(text).map_err(|e| PipelineError { source_name: source_name.into(), message: e.to_string() })?;
+    let pipeline = file.into_pipeline().map_err(|message| PipelineError { source_name: source_name.into(), message })?;
+    pipeline.validate(source_name)?;
+    Ok(pipeline)
+}
+
+/// Read Loki's application JSON, with profiles and accuracies from `profiles`, validated.
+pub fn from_loki_app(json: &str, profiles: &LokiProfiles, source_name: &str) -> Result<Pipeline, PipelineError> {
+    let pipeline = loki::import(json, profiles).map_err(|message| PipelineError { source_name: source_name.into(), message })?;
+    pipeline.validate(source_name)?;
+    Ok(pipeline)
+}
+
+pub use loki::LokiProfiles;
+
+mod toml_format {
+    //! The serde shape of our TOML pipeline files.
+
+    use super::*;
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct PipelineFile {
+        name: String,
+        /// Default end-to-end SLO for streams that do not give one.
+        slo_ms: Option<f64>,
+        max_workers: Option<u32>,
+        #[serde(rename = "stage")]
+        stages: Vec<StageFile>,
+        #[serde(rename = "stream", default)]
+        streams: Vec<StreamFile>,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct StageFile {
+        name: String,
+        #[serde(default)]
+        kind: KindFile,
+        #[serde(default)]
+        successors: Vec<String>,
+        #[serde(default = "one")]
+        max_batch: u32,
+        #[serde(default = "one")]
+        replicas: u32,
+        min_replicas: Option<u32>,
+        max_replicas: Option<u32>,
+        #[serde(default)]
+        device: DeviceFile,
+        #[serde(default = "one")]
+        threads: u32,
+        parallel_fraction: Option<f64>,
+        #[serde(default)]
+        worker_memory_mib: u64,
+        #[serde(rename = "variant")]
+        variants: Vec<VariantFile>,
+    }
+
+    #[derive(Deserialize, Default, Clone, Copy)]
+    #[serde(rename_all = "lowercase")]
+    enum KindFile {
+        #[default]
+        Batch,
+        Iteration,
+    }
+
+    #[derive(Deserialize, Default, Clone, Copy)]
+    #[serde(rename_all = "lowercase")]
+    enum DeviceFile {
+        #[default]
+        Gpu,
+        Cpu,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct VariantFile {
+        name: String,
+        #[serde(default = "full")]
+        accuracy: f64,
+        /// Linear profile: milliseconds per request and per batch.
+        alpha_ms: Option<f64>,
+        beta_ms: Option<f64>,
+        /// Measured profile: `[[batch, mean_ms, tail_ms], …]` (tail optional).
+        profile_ms: Option<Vec<Vec<f64>>>,
+        #[serde(default)]
+        memory_mib: u64,
+        /// Mean pieces per input, by successor name.
+        #[serde(default)]
+        fan_out: HashMap<String, f64>,
+        #[serde(default = "default_cold_ms")]
+        cold_start_ms: f64,
+        #[serde(default = "default_warm_ms")]
+        warm_start_ms: f64,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct StreamFile {
+        name: String,
+        entry: String,
+        slo_ms: Option<f64>,
+    }
+
+    fn one() -> u32 {
+        1
+    }
+
+    /// Mebibytes to bytes, refusing sizes that do not fit in 64 bits.
+    fn mib_to_bytes(mib: u64, what: &str) -> Result<u64, String> {
+        mib.checked_mul(1 << 20).ok_or_else(|| format!("{what} = {mib} is too large"))
+    }
+    fn full() -> f64 {
+        1.0
+    }
+    fn default_cold_ms() -> f64 {
+        2_000.0
+    }
+    fn default_warm_ms() -> f64 {
+        200.0
+    }
+
+    impl PipelineFile {
+        pub fn into_pipeline(self) -> Result<Pipeline, String> {
+            let ids: HashMap<String, u32> = self.stages.iter().enumerate().map(|(i, s)| (s.name.clone(), i as u32)).collect();
+            let lookup =
+                |name: &str, what: &str| ids.get(name).copied().ok_or_else(|| format!("{what} names stage {name:?}, which is not defined"));
+            let mut stages = Vec::with_capacity(self.stages.len());
+            for stage in &self.stages {
+                let successors = stage
+                    .successors
+                    .iter()
+                    .map(|s| lookup(s, &format!("stage {:?}'s successors", stage.name)))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let mut variants = Vec::new();
+                for v in &stage.variants {
+                    let profile = match (&v.profile_ms, v.alpha_ms, v.beta_ms) {
+                        (Some(points), None, None) => Profile::Points(
+                            points
+                                .iter()
+                                .map(|p| match p.as_slice() {
+                                    [b, mean] => Ok(LatencyPoint { batch: *b as u32, mean: (mean * MS) as u64, tail: (mean * MS) as u64 }),
+                                    [b, mean, tail] => {
+                                        Ok(LatencyPoint { batch: *b as u32, mean: (mean * MS) as u64, tail: (tail * MS) as u64 })
+                                    }
+                                    _ => Err(format!(
+                                        "variant {:?}: each profile_ms entry is [batch, mean_ms] or [batch, mean_ms, tail_ms]",
+                                        v.name
+                                    )),
+                                })
+                                .collect::<Result<_, _>>()?,
+                        ),
+                        (None, Some(alpha), Some(beta)) => Profile::Linear { alpha_ns: alpha * MS, beta_ns: beta * MS },
+                        _ => return Err(format!("variant {:?}: give either profile_ms or both alpha_ms and beta_ms", v.name)),
+                    };
+                    let fan_out = v
+                        .fan_out
+                        .iter()
+                        .map(|(name, f)| Ok((lookup(name, &format!("variant {:?}'s fan_out", v.name))?, *f)))
+                        .collect::<Result<Vec<_>, String>>()?;
+                    variants.push(VariantDef {
+                        name: v.name.clone(),
+                        accuracy: v.accuracy,
+                        profile,
+                        memory_bytes: mib_to_bytes(v.memory_mib, &format!("variant {:?}: memory_mib", v.name))?,
+                        fan_out,
+                        cold_start_ns: (v.cold_start_ms * MS) as u64,
+                        warm_start_ns: (v.warm_start_ms * MS) as u64,
+                    });
+                }
+                stages.push(StageDef {
+                    name: stage.name.clone(),
+                    kind: match stage.kind {
+                        KindFile::Batch => StageKind::Batch,
+                        KindFile::Iteration => StageKind::Iteration,
+                    },
+                    successors,
+                    predecessors: Vec::new(),
+                    variants,
+                    max_batch: stage.max_batch,
+                    replicas: stage.replicas,
+                    min_replicas: stage.min_replicas.unwrap_or(1).min(stage.replicas),
+                    max_replicas: stage.max_replicas.unwrap_or(stage.replicas.max(1).saturating_mul(4)),
+                    device: match stage.device {
+                        DeviceFile::Gpu => DeviceKind::Gpu,
+                        DeviceFile::Cpu => DeviceKind::Cpu,
+                    },
+                    threads: stage.threads,
+                    parallel_fraction: stage.parallel_fraction.map(|f| f.clamp(0.0, 1.0)),
+                    worker_memory_bytes: if stage.worker_memory_mib == 0 {
+                        16 << 30
+                    } else {
+                        mib_to_bytes(stage.worker_memory_mib, &format!("stage {:?}: worker_memory_mib", stage.name))?
+                    },
+                    llm: LlmCosts::default(),
+                });
+            }
+            link_predecessors(&mut stages);
+            let default_slo = self.slo_ms;
+            let mut streams = Vec::new();
+            for s in &self.streams {
+                let slo =
+                    s.slo_ms.or(default_slo).ok_or_else(|| format!("stream {:?} has no slo_ms and the pipeline none either", s.name))?;
+                streams.push(StreamDef {
+                    name: s.name.clone(),
+                    entry: lookup(&s.entry, &format!("stream {:?}", s.name))?,
+                    slo_ns: (slo * MS) as u64,
+                });
+            }
+            if streams.is_empty() {
+                let slo = default_slo.ok_or("no [[stream]] and no pipeline slo_ms")?;
+                streams.push(StreamDef { name: self.name.clone(), entry: 0, slo_ns: (slo * MS) as u64 });
+            }
+            let initial = stages.iter().map(|s| s.replicas as u64).sum::<u64>().min(u32::MAX as u64) as u32;
+            let max_workers = self.max_workers.unwrap_or_else(|| {
+                let bounds = stages.iter().map(|s| s.max_replicas as u64).sum::<u64>().min(MAX_WORKERS as u64) as u32;
+                bounds.max(initial)
+            });
+            Ok(Pipeline { name: self.name, stages, streams, max_workers })
+        }
+    }
+}
+
+mod loki {
+    //! Import of Loki's published application graph and profiles.
+
+    use super::*;
+    use std::path::Path;
+
+    /// Profiled points of one model: (batch, p50 ms, p90 ms).
+    type Points = Vec<(u32, f64, f64)>;
+
+    /// Profiles and accuracies published with Loki.
+    #[derive(Debug, Clone, Default)]
+    pub struct LokiProfiles {
+        /// (model, accelerator) → profiled points.
+        runtimes: HashMap<(String, String), Points>,
+        /// model (without checkpoint suffix) → profiled points, from the serving
+        /// system's own profiles.
+        serving_runtimes: HashMap<String, Points>,
+        /// model → accuracy in [0, 1].
+        accuracy: HashMap<String, f64>,
+        /// detector model → (total pieces per frame, share per child task).
+        branching: HashMap<String, (f64, HashMap<String, f64>)>,
+        /// Accelerator whose profiles are used.
+        pub accelerator: String,
+        /// Profile of models with no published profile (refused when `None`).
+        pub fallback: Option<Profile>,
+    }
+
+    impl LokiProfiles {
+        /// Read `profiling__simulator_runtimes.csv`, the
+        /// `traces__model_variants__*` accuracy lists and `profiled__branching.csv`
+        /// from Loki's data directory, choosing one accelerator
+        /// (e.g. `onnxruntime_gpu_ampere`).
+        pub fn load(dir: &Path, accelerator: &str) -> Result<Self, String> {
+            let read = |name: &str| std::fs::read_to_string(dir.join(name)).map_err(|e| format!("{}: {e}", dir.join(name).display()));
+            let mut profiles = LokiProfiles { accelerator: accelerator.into(), ..Default::default() };
+            let runtimes = read("profiling__simulator_runtimes.csv")?;
+            let mut lines = runtimes.lines();
+            let header: Vec<&str> = lines.next().ok_or("empty runtimes file")?.split(',').collect();
+            let col = |name: &str| header.iter().position(|h| *h == name).ok_or_else(|| format!("runtimes file has no {name} column"));
+            let (model, accel, batch, p50, p90) = (col("Model")?, col("Accel")?, col("batchsize")?, col("50th_pct")?, col("90th_pct")?);
+            for (n, line) in lines.enumerate() {
+                let f: Vec<&str> = line.split(',').collect();
+                let parse = |i: usize| {
+                    f.get(i).and_then(|v| v.parse::<f64>().ok()).ok_or_else(|| format!("runtimes line {}: bad field {i}", n + 2))
+                };
+                profiles.runtimes.entry((f[model].to_string(), f[accel].to_string())).or_default().push((
+                    parse(batch)? as u32,
+                    parse(p50)?,
+                    parse(p90)?,
+                ));
+            }
+            for points in profiles.runtimes.values_mut() {
+                points.sort_by_key(|p| p.0);
+                points.dedup_by_key(|p| p.0);
+            }
+            for entry in std::fs::read_dir(dir).map_err(|e| e.to_string())?.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if name.starts_with("traces__model_variants__") {
+                    for line in read(&name)?.lines() {
+                        if let Some((model, acc)) = line.split_once(',') {
+                            if let Ok(acc) = acc.trim().parse::<f64>() {
+                                profiles.accuracy.insert(model.trim().to_string(), acc / 100.0);
+                            }
+                        }
+                    }
+                }
+            }
+            // The serving system's profiles (seconds, one GPU type), for the models the
+            // simulator file lacks; their names carry a checkpoint suffix (`eb0_…`).
+            if let Ok(serving) = read("profiled__runtimes_all.csv") {
+                for (n, line) in serving.lines().enumerate().skip(1) {
+                    let f: Vec<&str> = line.split(',').collect();
+                    let parse = |i: usize| {
+                        f.get(i)
+                            .and_then(|v| v.parse::<f64>().ok())
+                            .ok_or_else(|| format!("profiled__runtimes_all line {}: bad field {i}", n + 1))
+                    };
+                    if f.len() < 8 {
+                        continue;
+                    }
+                    let model = f[1].split('_').next().unwrap_or(f[1]).to_string();
+                    profiles.serving_runtimes.entry(model).or_default().push((parse(3)? as u32, parse(5)? * 1e3, parse(6)? * 1e3));
+                }
+                for points in profiles.serving_runtimes.values_mut() {
+                    points.sort_by_key(|p| p.0);
+                    points.dedup_by_key(|p| p.0);
+                }
+            }
+            if let Ok(branching) = read("profiled__branching.csv") {
+                let mut lines = branching.lines();
+                let header: Vec<String> = lines.next().unwrap_or("").split(',').map(str::to_string).collect();
+                for line in lines {
+                    let f: Vec<&str> = line.split(',').collect();
+                    if f.len() < 3 {
+                        continue;
+                    }
+                    let total = f[2].parse::<f64>().unwrap_or(1.0);
+                    let shares =
+                        header.iter().zip(&f).skip(3).filter_map(|(task, v)| Some((task.clone(), v.parse::<f64>().ok()?))).collect();
+                    profiles.branching.insert(f[1].to_string(), (total, shares));
+                }
+            }
+            Ok(profiles)
+        }
+
+        fn profile(&self, model: &str) -> Result<Profile, String> {
+            let points = self.runtimes.get(&(model.to_string(), self.accelerator.clone())).or_else(|| self.serving_runtimes.get(model));
+            let Some(points) = points else {
+                return match &self.fallback {
+                    Some(fallback) => {
+                        tracing::warn!(model, "no published profile: using the fallback profile");
+                        Ok(fallback.clone())
+                    }
+                    None => Err(format!("no profile of {model:?} on {:?} (set a fallback profile to accept it)", self.accelerator)),
+                };
+            };
+            Ok(Profile::Points(
+                points
+                    .iter()
+                    .map(|&(batch, p50, p90)| LatencyPoint { batch, mean: (p50 * MS) as u64, tail: (p90.max(p50) * MS) as u64 })
+                    .collect(),
+            ))
+        }
+    }
+
+    #[derive(Deserialize)]
+    struct App {
+        #[serde(rename = "appName")]
+        name: String,
+        #[serde(rename = "latencySLOInMSec")]
+        slo_ms: f64,
+        root: Task,
+    }
+
+    #[derive(Deserialize)]
+    struct Task {
+        task: String,
+        model_variants: Vec<String>,
+        #[serde(default)]
+        children: Vec<Task>,
+    }
+
+    /// Build the pipeline: one stage per task (a task named by several parents, like
+    /// `sink`, is one fan-in stage), variants from the task's list.
+    pub fn import(json: &str, profiles: &LokiProfiles) -> Result<Pipeline, String> {
+        let app: App = serde_json::from_str(json).map_err(|e| format!("not a Loki application JSON: {e}"))?;
+        let mut stages: Vec<StageDef> = Vec::new();
+        let mut ids: HashMap<String, u32> = HashMap::new();
+        visit(&app.root, profiles, &mut stages, &mut ids)?;
+        link_predecessors(&mut stages);
+        // Detector fan-out: pieces per frame split between the child tasks.
+        for i in 0..stages.len() {
+            let successors = stages[i].successors.clone();
+            let child_names: Vec<String> = successors.iter().map(|s| stages[*s as usize].name.clone()).collect();
+            for variant in &mut stages[i].variants {
+                if let Some((total, shares)) = profiles.branching.get(&variant.name) {
+                    variant.fan_out = successors
+                        .iter()
+                        .zip(&child_names)
+                        .map(|(s, name)| (*s, total * shares.get(name).copied().unwrap_or(0.0)))
+                        .collect();
+                }
+            }
+        }
+        let replicas = stages.len() as u32;
+        Ok(Pipeline {
+            name: app.name.clone(),
+            stages,
+            streams: vec![StreamDef { name: app.name, entry: 0, slo_ns: (app.slo_ms * MS) as u64 }],
+            max_workers: replicas * 8,
+        })
+    }
+
+    fn visit(task: &Task, profiles: &LokiProfiles, stages: &mut Vec<StageDef>, ids: &mut HashMap<String, u32>) -> Result<u32, String> {
+        if let Some(&id) = ids.get(&task.task) {
+            return Ok(id);
+        }
+        let mut variants = Vec::new();
+        let mut missing = None;
+        for model in &task.model_variants {
+            let profile = if task.task == "sink" {
+                Profile::Linear { alpha_ns: 0.0, beta_ns: 0.0 }
+            } else {
+                match profiles.profile(model) {
+                    Ok(profile) => profile,
+                    Err(error) => {
+                        // A variant with no published profile is left out; a task left
+                        // with none is refused.
+                        tracing::warn!(task = %task.task, %error, "leaving out a variant");
+                        missing = Some(error);
+                        continue;
+                    }
+                }
+            };
+            variants.push(VariantDef {
+                name: model.clone(),
+                accuracy: profiles.accuracy.get(model).copied().unwrap_or(1.0),
+                profile,
+                memory_bytes: 1 << 30,
+                fan_out: Vec::new(),
+                cold_start_ns: 2_000_000_000,
+                warm_start_ns: 200_000_000,
+            });
+        }
+        if variants.is_empty() {
+            return Err(missing.unwrap_or_else(|| format!("task {:?} has no model variants", task.task)));
+        }
+        // Loki lists variants from cheapest to most accurate; keep that order.
+        let id = stages.len() as u32;
+        ids.insert(task.task.clone(), id);
+        stages.push(StageDef {
+            name: task.task.clone(),
+            kind: StageKind::Batch,
+            successors: Vec::new(),
+            predecessors: Vec::new(),
+            variants,
+            max_batch: 16,
+            replicas: 1,
+            min_replicas: 1,
+            max_replicas: 8,
+            device: DeviceKind::Gpu,
+            threads: 1,
+            parallel_fraction: None,
+            worker_memory_bytes: 16 << 30,
+            llm: LlmCosts::default(),
+        });
+        for child in &task.children {
+            let child_id = visit(child, profiles, stages, ids)?;
+            if !stages[id as usize].successors.contains(&child_id) {
+                stages[id as usize].successors.push(child_id);
+            }
+        }
+        Ok(id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TOML: &str = r#"
+        name = "vision"
+        slo_ms = 200
+        [[stage]]
+        name = "detect"
+        successors = ["classify", "faces"]
+        max_batch = 8
+        replicas = 2
+        [[stage.variant]]
+        name = "small"
+        accuracy = 0.8
+        alpha_ms = 1.0
+        beta_ms = 4.0
+        fan_out = { classify = 3.0, faces = 0.5 }
+        [[stage]]
+        name = "classify"
+        successors = ["sink"]
+        [[stage.variant]]
+        name = "c"
+        profile_ms = [[1, 2.0, 3.0], [8, 9.0, 12.0]]
+        [[stage]]
+        name = "faces"
+        successors = ["sink"]
+        [[stage.variant]]
+        name = "f"
+        alpha_ms = 0.5
+        beta_ms = 1.0
+        [[stage]]
+        name = "sink"
+        [[stage.variant]]
+        name = "sink"
+        alpha_ms = 0.0
+        beta_ms = 0.0
+    "#;
+
+    /// A one-stage pipeline with `stage` and `variant` lines added.
+    fn one_stage(stage: &str, variant: &str) -> String {
+        format!("name = \"h\"\nslo_ms = 10\n[[stage]]\nname = \"a\"\n{stage}\n[[stage.variant]]\nname = \"v\"\nalpha_ms = 1.0\nbeta_ms = 1.0\n{variant}\n")
+    }
+
+    #[test]
+    fn huge_numbers_are_refused_or_saturate_never_overflow() {
+        // Found by fuzzing: replicas · 4, the replica sums and the batch sizes of the
+        // profile points overflowed; memory sizes wrapped silently.
+        // Found by fuzzing: two billion initial replicas were accepted, and describing
+        // them to the policy allocated an entry for each.
+        let err = from_toml(&one_stage("replicas = 2000000000", ""), "t").unwrap_err();
+        assert!(err.message.contains("2000000000 initial replicas exceed the host's limit of 65536 workers"), "{err}");
+        let err = from_toml(&format!("max_workers = 100000\n{}", one_stage("", "")), "t").unwrap_err();
+        assert!(err.message.contains("max_workers = 100000 is over"), "{err}");
+        let p = from_toml(&one_stage("replicas = 1000\nmax_replicas = 4294967295", ""), "t").unwrap();
+        assert_eq!(p.max_workers, MAX_WORKERS, "the default max_workers is capped");
+        let two = one_stage("replicas = 4294967295\nmax_replicas = 4294967295", "")
+            + "[[stage]]\nname = \"b\"\nreplicas = 4294967295\nmax_replicas = 4294967295\n[[stage.variant]]\nname = \"w\"\nalpha_ms = 1.0\nbeta_ms = 1.0\n";
+        let err = from_toml(&two, "t").unwrap_err();
+        assert!(err.message.contains("8589934590 initial replicas exceed the host's limit"), "{err}");
+        let err = from_toml(&one_stage("", "memory_mib = 18446744073709551615"), "t").unwrap_err();
+        assert!(err.message.contains("memory_mib = 18446744073709551615 is too large"), "{err}");
+        let err = from_toml(&one_stage("worker_memory_mib = 17592186044416", ""), "t").unwrap_err();
+        assert!(err.message.contains("worker_memory_mib = 17592186044416 is too large"), "{err}");
+        let p = from_toml(&one_stage("max_batch = 4294967295", ""), "t").unwrap();
+        let points = p.stages[0].variants[0].profile.to_points(u32::MAX);
+        assert_eq!(points.len(), 33, "1, 2, 4, … 2^31 and the largest batch");
+        assert_eq!(points.last().unwrap().batch, u32::MAX);
+    }
+
+    #[test]
+    fn reads_our_toml_dag() {
+        let p = from_toml(TOML, "test").unwrap();
+        assert_eq!(p.stages.len(), 4);
+        assert_eq!(p.stages[0].successors, vec![1, 2]);
+        assert_eq!(p.stages[3].predecessors, vec![1, 2], "sink is a fan-in stage");
+        assert_eq!(p.streams[0].slo_ns, 200_000_000);
+        assert_eq!(p.stages[0].variants[0].profile.mean(4), 8_000_000);
+        assert_eq!(p.stages[0].variants[0].fan_out_to(1), 3.0);
+        assert_eq!(p.stages[1].variants[0].profile.mean(8), 9_000_000);
+        assert_eq!(p.stages[1].variants[0].profile.tail(1), 3_000_000);
+        let contract = p.contract_stages();
+        assert_eq!(contract[0].variants[0].fan_out, 3.5);
+        assert_eq!(contract[0].variants[0].profile.last().unwrap().batch, 8);
+    }
+
+    #[test]
+    fn refuses_bad_graphs_with_reasons() {
+        let cyclic = TOML.replace(
+            "name = \"sink\"\n        [[stage.variant]]",
+            "name = \"sink\"\n        successors = [\"detect\"]\n        [[stage.variant]]",
+        );
+        let error = from_toml(&cyclic, "cyclic.toml").unwrap_err().to_string();
+        assert!(error.contains("cycle") && error.contains("cyclic.toml"), "{error}");
+        let dangling = TOML.replace("successors = [\"sink\"]", "successors = [\"nowhere\"]");
+        let error = from_toml(&dangling, "t").unwrap_err().to_string();
+        assert!(error.contains("nowhere"), "{error}");
+        let no_profile = TOML.replace("alpha_ms = 0.5\n", "");
+        let error = from_toml(&no_profile, "t").unwrap_err().to_string();
+        assert!(error.contains("alpha_ms"), "{error}");
+        let unknown = format!("{TOML}\nbogus = 1\n");
+        assert!(from_toml(&unknown, "t").is_err());
+    }
+
+    #[test]
+    fn profiles_interpolate_and_extrapolate() {
+        let p = Profile::Points(vec![LatencyPoint { batch: 1, mean: 10, tail: 20 }, LatencyPoint { batch: 4, mean: 40, tail: 50 }]);
+        assert_eq!(p.mean(2), 20);
+        assert_eq!(p.mean(8), 80);
+        assert_eq!(p.tail(1), 20);
+        let linear = Profile::Linear { alpha_ns: 2.0, beta_ns: 5.0 };
+        assert_eq!(linear.mean(10), 25);
+        assert_eq!(linear.to_points(6).iter().map(|p| p.batch).collect::<Vec<_>>(), vec![1, 2, 4, 6]);
+    }
+
+    #[test]
+    fn imports_lokis_traffic_analysis_application() {
+        let dir = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/data/loki"));
+        let json = std::fs::read_to_string(dir.join("sim__traffic_analysis.json")).expect("shared data present");
+        let profiles = LokiProfiles::load(dir, "onnxruntime_gpu_ampere").unwrap();
+        let p = from_loki_app(&json, &profiles, "sim__traffic_analysis.json").unwrap();
+        let names: Vec<&str> = p.stages.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["object_detection", "car_classification", "sink", "facial_recognition"]);
+        assert_eq!(p.stages[2].predecessors.len(), 2, "sink merges both branches");
+        assert_eq!(p.streams[0].slo_ns, 250_000_000);
+        let detector = &p.stages[0];
+        assert_eq!(detector.variants.len(), 5);
+        // efficientnet-b7 has no published profile: left out.
+        assert_eq!(p.stages[1].variants.len(), 7);
+        let yolov5x = detector.variants.iter().find(|v| v.name == "yolov5x").unwrap();
+        assert_eq!(yolov5x.accuracy, 1.0);
+        let cars = yolov5x.fan_out_to(1);
+        assert!(cars > 10.0 && cars < 30.0, "yolov5x yields many cars per frame: {cars}");
+        assert!(detector.variants[0].profile.mean(1) > 0);
+        // The serving system's version of the app names face models with no published
+        // profile: refused with the model named, or accepted with a fallback profile.
+        let serving = std::fs::read_to_string(dir.join("traces__apps__traffic_analysis.json")).unwrap();
+        let error = from_loki_app(&serving, &profiles, "serving").unwrap_err().to_string();
+        assert!(error.contains("no profile of \"vgg16\""), "{error}");
+        let mut with_fallback = profiles;
+        with_fallback.fallback = Some(Profile::Linear { alpha_ns: 2e6, beta_ns: 5e6 });
+        let p = from_loki_app(&serving, &with_fallback, "serving").unwrap();
+        assert_eq!(p.streams[0].slo_ns, 500_000_000);
+        let eb0 = &p.stages[1].variants[0];
+        assert_eq!(eb0.name, "eb0");
+        assert!(eb0.profile.mean(1) > 1_000_000, "eb0 has its measured profile (ms): {}", eb0.profile.mean(1));
+    }
+}
