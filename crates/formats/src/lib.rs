@@ -10,10 +10,13 @@
 //! - [`trace`]: the JSON-lines trace format (written by the server and the simulator,
 //!   replayed by either);
 //! - [`pipeline`]: pipeline files (our TOML, Loki's application JSON and profiles);
-//! - [`presets`]: the built-in pipelines.
+//! - [`presets`]: the built-in pipelines;
+//! - [`model_repository`]: Triton model repositories (`config.pbtxt`, version folders
+//!   of ONNX models), read for serving the user's own models.
 
 #![warn(missing_docs)]
 
+pub mod model_repository;
 pub mod pipeline;
 pub mod presets;
 pub mod rate_series;

@@ -1,0 +1,1263 @@
+//! Triton's model configuration (`config.pbtxt`), typed: the fields that matter for
+//! ONNX models and ensembles of them, read from the [`pbtxt`] tree and
+//! checked, and written back as JSON in the shape of Triton's
+//! `GET /v2/models/{m}/config` (see [`ModelConfig::to_triton_json`]).
+//!
+//! Fields this reader does not use are not an error: they are collected in
+//! [`ModelConfig::ignored_fields`] so that the loader can name them in one warning.
+//! A field given the wrong kind of value, a value out of range, or a platform other than
+//! ONNX Runtime or an ensemble is refused, naming the file, line and column.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use serde::Serialize;
+
+use super::pbtxt::{self, Field, Message, ParseError, Pos, Value};
+
+/// The file name looked for in each version folder unless `default_model_filename` says otherwise.
+pub const DEFAULT_MODEL_FILENAME: &str = "model.onnx";
+
+/// A model's effective configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    /// The model's name (its folder's name).
+    pub name: String,
+    /// What runs it.
+    pub backend: Backend,
+    /// Largest batch the model takes along its first dimension; 0 when it has none.
+    pub max_batch_size: u32,
+    /// Input tensors (empty when left to the graph, see [`ModelConfig::from_graph`]).
+    pub input: Vec<TensorConfig>,
+    /// Output tensors (empty when left to the graph).
+    pub output: Vec<TensorConfig>,
+    /// Triton's `dynamic_batching`, when given.
+    pub dynamic_batching: Option<DynamicBatching>,
+    /// Triton's `instance_group` entries as written (none: one instance).
+    pub instance_group: Vec<InstanceGroup>,
+    /// Which version folders are served.
+    pub version_policy: VersionPolicy,
+    /// `parameters`: key to `string_value`.
+    pub parameters: BTreeMap<String, String>,
+    /// `ensemble_scheduling` steps (non-empty exactly when [`Backend::Ensemble`]).
+    pub ensemble_steps: Vec<EnsembleStep>,
+    /// The model file in each version folder (`default_model_filename`, else `model.onnx`).
+    pub default_model_filename: String,
+    /// What still has to come from the ONNX graph, as Triton's auto-complete fills it;
+    /// `None` when the configuration is complete. Deriving it is not implemented yet:
+    /// until it is, the fields named here are empty or 0 and must not be served as they are.
+    pub from_graph: Option<FromGraph>,
+    /// Fields this reader does not use, as dotted paths (`optimization`,
+    /// `input.format`), sorted, each once; for one warning at load.
+    pub ignored_fields: Vec<String>,
+}
+
+/// What a configuration leaves to the ONNX graph.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FromGraph {
+    /// No `config.pbtxt`: inputs, outputs and `max_batch_size`.
+    Everything,
+    /// A `config.pbtxt` without `input` or without `output`: those tensors.
+    Tensors,
+}
+
+/// What runs a model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// ONNX Runtime (`platform: "onnxruntime_onnx"` or `backend: "onnxruntime"`).
+    OnnxRuntime,
+    /// An ensemble of other models (`platform: "ensemble"` with `ensemble_scheduling`).
+    Ensemble,
+}
+
+/// A tensor's element type (Triton's `TYPE_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub enum DataType {
+    Bool,
+    Uint8,
+    Uint16,
+    Uint32,
+    Uint64,
+    Int8,
+    Int16,
+    Int32,
+    Int64,
+    Fp16,
+    Fp32,
+    Fp64,
+    String,
+    Bf16,
+}
+
+const DATA_TYPES: [(DataType, &str); 14] = [
+    (DataType::Bool, "TYPE_BOOL"),
+    (DataType::Uint8, "TYPE_UINT8"),
+    (DataType::Uint16, "TYPE_UINT16"),
+    (DataType::Uint32, "TYPE_UINT32"),
+    (DataType::Uint64, "TYPE_UINT64"),
+    (DataType::Int8, "TYPE_INT8"),
+    (DataType::Int16, "TYPE_INT16"),
+    (DataType::Int32, "TYPE_INT32"),
+    (DataType::Int64, "TYPE_INT64"),
+    (DataType::Fp16, "TYPE_FP16"),
+    (DataType::Fp32, "TYPE_FP32"),
+    (DataType::Fp64, "TYPE_FP64"),
+    (DataType::String, "TYPE_STRING"),
+    (DataType::Bf16, "TYPE_BF16"),
+];
+
+impl DataType {
+    /// Triton's name, `TYPE_FP32` and so on.
+    pub fn triton_name(self) -> &'static str {
+        DATA_TYPES.iter().find(|(t, _)| *t == self).map(|(_, n)| *n).expect("every type is listed")
+    }
+
+    /// The type for a Triton name, if there is one.
+    pub fn from_triton_name(name: &str) -> Option<DataType> {
+        DATA_TYPES.iter().find(|(_, n)| *n == name).map(|(t, _)| *t)
+    }
+}
+
+/// An input or output tensor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorConfig {
+    /// The tensor's name in the graph.
+    pub name: String,
+    /// Element type.
+    pub data_type: DataType,
+    /// Shape without the batch dimension when `max_batch_size > 0`; -1 is any size.
+    pub dims: Vec<i64>,
+    /// `reshape { shape }`: the shape the model sees, when it differs from `dims`
+    /// (`Some(vec![])` is a scalar).
+    pub reshape: Option<Vec<i64>>,
+    /// Inputs only: a request may leave it out.
+    pub optional: bool,
+}
+
+/// Triton's `dynamic_batching` settings. In Yardmaster they are parameters the policy
+/// sees: the policy still forms every batch.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct DynamicBatching {
+    /// Batch sizes the batcher should prefer.
+    pub preferred_batch_size: Vec<u32>,
+    /// Longest a request should wait for a batch to fill, in microseconds.
+    pub max_queue_delay_microseconds: u64,
+    /// Number of priority levels (0: priorities off); 1 is the highest.
+    pub priority_levels: u64,
+    /// Level of a request that names none (0 when priorities are off).
+    pub default_priority_level: u64,
+    /// Queue policy for every level, when given.
+    pub default_queue_policy: Option<QueuePolicy>,
+}
+
+/// Triton's `ModelQueuePolicy`.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct QueuePolicy {
+    /// What happens to a request whose timeout expires in the queue.
+    pub timeout_action: TimeoutAction,
+    /// Queue timeout of a request that gives none, in microseconds (0: none).
+    pub default_timeout_microseconds: u64,
+    /// Whether a request may give its own timeout.
+    pub allow_timeout_override: bool,
+    /// Most requests queued (0: unbounded).
+    pub max_queue_size: u32,
+}
+
+/// Triton's timeout action.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TimeoutAction {
+    /// Fail the request.
+    #[default]
+    Reject,
+    /// Keep it, behind requests that have not timed out.
+    Delay,
+}
+
+/// One `instance_group` entry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InstanceGroup {
+    /// Its name (`<model>_<index>` when not given).
+    pub name: String,
+    /// Where the instances run.
+    pub kind: InstanceKind,
+    /// Instances (on each listed GPU, for GPU groups with `gpus`).
+    pub count: u32,
+    /// GPU indices, for `KIND_GPU` (empty: all, as the device allows).
+    pub gpus: Vec<u32>,
+}
+
+/// Where an instance group runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InstanceKind {
+    /// The server picks: a GPU when there is one.
+    Auto,
+    /// On a GPU.
+    Gpu,
+    /// On the CPU.
+    Cpu,
+}
+
+impl InstanceKind {
+    /// Triton's name, `KIND_GPU` and so on.
+    pub fn triton_name(self) -> &'static str {
+        match self {
+            InstanceKind::Auto => "KIND_AUTO",
+            InstanceKind::Gpu => "KIND_GPU",
+            InstanceKind::Cpu => "KIND_CPU",
+        }
+    }
+}
+
+/// Which version folders of a model are served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VersionPolicy {
+    /// The `num_versions` highest-numbered versions (Triton's default: 1).
+    Latest {
+        /// How many.
+        num_versions: u32,
+    },
+    /// Every version.
+    All,
+    /// Exactly these versions (each must exist).
+    Specific {
+        /// The versions, as written.
+        versions: Vec<u64>,
+    },
+}
+
+impl Default for VersionPolicy {
+    fn default() -> Self {
+        VersionPolicy::Latest { num_versions: 1 }
+    }
+}
+
+/// One step of an ensemble.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EnsembleStep {
+    /// The model this step runs.
+    pub model_name: String,
+    /// Its version; -1 (the default here, as Triton's examples write it) is the latest.
+    pub model_version: i64,
+    /// The step model's input name to the ensemble tensor it reads.
+    pub input_map: BTreeMap<String, String>,
+    /// The step model's output name to the ensemble tensor it writes.
+    pub output_map: BTreeMap<String, String>,
+}
+
+impl ModelConfig {
+    /// The configuration of a model without `config.pbtxt`: its name and ONNX Runtime;
+    /// everything else is a default or left to the graph ([`FromGraph::Everything`]).
+    pub fn without_file(name: &str) -> ModelConfig {
+        ModelConfig {
+            name: name.into(),
+            backend: Backend::OnnxRuntime,
+            max_batch_size: 0,
+            input: Vec::new(),
+            output: Vec::new(),
+            dynamic_batching: None,
+            instance_group: Vec::new(),
+            version_policy: VersionPolicy::default(),
+            parameters: BTreeMap::new(),
+            ensemble_steps: Vec::new(),
+            default_model_filename: DEFAULT_MODEL_FILENAME.into(),
+            from_graph: Some(FromGraph::Everything),
+            ignored_fields: Vec::new(),
+        }
+    }
+
+    /// Read `config.pbtxt` text for the model in folder `model`; `file` names it in errors.
+    /// The file's `name`, when given, must be `model`.
+    pub fn from_pbtxt(text: &str, file: &str, model: &str) -> Result<ModelConfig, ParseError> {
+        let tree = pbtxt::parse(text, file)?;
+        let mut reader = Reader { file, ignored: BTreeSet::new() };
+        let mut config = reader.model_config(&tree, model)?;
+        config.ignored_fields = reader.ignored.into_iter().collect();
+        Ok(config)
+    }
+
+    /// Instances to start with: each group's `count`, times its GPUs for a GPU group that
+    /// lists them; 1 when there are no groups. Yardmaster starts this many replicas and
+    /// the policy may scale them.
+    pub fn instance_count(&self) -> u64 {
+        if self.instance_group.is_empty() {
+            return 1;
+        }
+        let per_group = |g: &InstanceGroup| {
+            let gpus = if g.kind == InstanceKind::Cpu { 1 } else { g.gpus.len().max(1) as u64 };
+            u64::from(g.count) * gpus
+        };
+        self.instance_group.iter().map(per_group).sum()
+    }
+
+    /// The configuration as Triton's `GET /v2/models/{m}/config` returns it.
+    pub fn to_triton_json(&self) -> serde_json::Value {
+        serde_json::to_value(self).expect("the configuration always serializes")
+    }
+}
+
+impl Serialize for ModelConfig {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        json::ModelConfigJson::from(self).serialize(serializer)
+    }
+}
+
+/// Reads the typed configuration out of the untyped tree.
+struct Reader<'a> {
+    file: &'a str,
+    ignored: BTreeSet<String>,
+}
+
+/// Tracks the singular fields of one message, so that one given twice is refused.
+#[derive(Default)]
+struct Seen<'m>(HashMap<&'m str, Pos>);
+
+impl<'m> Seen<'m> {
+    fn once(&mut self, reader: &Reader, path: &str, field: &'m Field) -> Result<(), ParseError> {
+        if let Some(first) = self.0.insert(&field.name, field.pos) {
+            return Err(reader.error(field.pos, format!("{} is given twice (first at line {})", join(path, &field.name), first.line)));
+        }
+        Ok(())
+    }
+}
+
+fn join(path: &str, name: &str) -> String {
+    if path.is_empty() {
+        name.to_string()
+    } else {
+        format!("{path}.{name}")
+    }
+}
+
+impl Reader<'_> {
+    fn error(&self, pos: Pos, message: impl Into<String>) -> ParseError {
+        ParseError::at(self.file, pos, message)
+    }
+
+    fn ignore(&mut self, path: &str, field: &Field) {
+        self.ignored.insert(join(path, &field.name));
+    }
+
+    fn expected(&self, path: &str, field: &Field, what: &str) -> ParseError {
+        self.error(field.value_pos, format!("{}: expected {what}, found {}", join(path, &field.name), field.value.describe()))
+    }
+
+    fn int(&self, path: &str, field: &Field, min: i128, max: i128) -> Result<i128, ParseError> {
+        match field.value {
+            Value::Int(i) if (min..=max).contains(&i) => Ok(i),
+            Value::Int(i) => Err(self.error(field.value_pos, format!("{}: {i} is out of range ({min} to {max})", join(path, &field.name)))),
+            _ => Err(self.expected(path, field, "an integer")),
+        }
+    }
+
+    fn u32(&self, path: &str, field: &Field) -> Result<u32, ParseError> {
+        Ok(self.int(path, field, 0, i32::MAX.into())? as u32)
+    }
+
+    fn u64(&self, path: &str, field: &Field) -> Result<u64, ParseError> {
+        Ok(self.int(path, field, 0, u64::MAX.into())? as u64)
+    }
+
+    fn string(&self, path: &str, field: &Field) -> Result<String, ParseError> {
+        match &field.value {
+            Value::Str(s) => Ok(s.clone()),
+            _ => Err(self.expected(path, field, "a string in quotes")),
+        }
+    }
+
+    fn boolean(&self, path: &str, field: &Field) -> Result<bool, ParseError> {
+        match &field.value {
+            Value::Ident(i) if matches!(i.as_str(), "true" | "True" | "t") => Ok(true),
+            Value::Ident(i) if matches!(i.as_str(), "false" | "False" | "f") => Ok(false),
+            Value::Int(1) => Ok(true),
+            Value::Int(0) => Ok(false),
+            _ => Err(self.expected(path, field, "true or false")),
+        }
+    }
+
+    fn ident<'f>(&self, path: &str, field: &'f Field, one_of: &[&str]) -> Result<&'f str, ParseError> {
+        match &field.value {
+            Value::Ident(i) if one_of.contains(&i.as_str()) => Ok(i),
+            _ => Err(self.expected(path, field, &format!("one of {}", one_of.join(", ")))),
+        }
+    }
+
+    fn message<'f>(&self, path: &str, field: &'f Field) -> Result<&'f Message, ParseError> {
+        match &field.value {
+            Value::Message(m) => Ok(m),
+            _ => Err(self.expected(path, field, "a message in { }")),
+        }
+    }
+
+    fn model_config(&mut self, tree: &Message, model: &str) -> Result<ModelConfig, ParseError> {
+        let mut config = ModelConfig::without_file(model);
+        config.from_graph = None;
+        let mut seen = Seen::default();
+        let (mut platform, mut backend, mut ensemble_at) = (None, None, None);
+        let mut preferred_at = Vec::new();
+        for field in &tree.fields {
+            match field.name.as_str() {
+                "name" => {
+                    seen.once(self, "", field)?;
+                    let name = self.string("", field)?;
+                    if name != model {
+                        return Err(self.error(
+                            field.value_pos,
+                            format!("name {name:?} differs from the model's folder {model:?}; they must be the same (or leave name out)"),
+                        ));
+                    }
+                }
+                "platform" => {
+                    seen.once(self, "", field)?;
+                    platform = Some((self.string("", field)?, field.value_pos));
+                }
+                "backend" => {
+                    seen.once(self, "", field)?;
+                    backend = Some((self.string("", field)?, field.value_pos));
+                }
+                "max_batch_size" => {
+                    seen.once(self, "", field)?;
+                    config.max_batch_size = self.u32("", field)?;
+                }
+                "input" => {
+                    let path = format!("input[{}]", config.input.len());
+                    config.input.push(self.tensor(&path, "input", self.message("", field)?, true)?);
+                }
+                "output" => {
+                    let path = format!("output[{}]", config.output.len());
+                    config.output.push(self.tensor(&path, "output", self.message("", field)?, false)?);
+                }
+                "dynamic_batching" => {
+                    seen.once(self, "", field)?;
+                    let (batching, at) = self.dynamic_batching(self.message("", field)?)?;
+                    preferred_at = at;
+                    config.dynamic_batching = Some(batching);
+                }
+                "instance_group" => {
+                    let index = config.instance_group.len();
+                    let group = self.instance_group(self.message("", field)?, &format!("{model}_{index}"), index)?;
+                    config.instance_group.push(group);
+                }
+                "version_policy" => {
+                    seen.once(self, "", field)?;
+                    config.version_policy = self.version_policy(self.message("", field)?, field.pos)?;
+                }
+                "parameters" => {
+                    let (key, value) = self.map_entry("parameters", self.message("", field)?, field.pos, true)?;
+                    config.parameters.insert(key, value);
+                }
+                "ensemble_scheduling" => {
+                    seen.once(self, "", field)?;
+                    ensemble_at = Some(field.pos);
+                    config.ensemble_steps = self.ensemble(self.message("", field)?, field.pos)?;
+                }
+                "default_model_filename" => {
+                    seen.once(self, "", field)?;
+                    let name = self.string("", field)?;
+                    if name.is_empty() || name.contains(['/', '\\']) || name == "." || name == ".." {
+                        return Err(self.error(field.value_pos, format!("default_model_filename {name:?} must be a plain file name")));
+                    }
+                    config.default_model_filename = name;
+                }
+                _ => self.ignore("", field),
+            }
+        }
+        config.backend = self.backend(platform, backend, ensemble_at)?;
+        if let Some(batching) = &config.dynamic_batching {
+            let sizes = batching.preferred_batch_size.iter().zip(preferred_at);
+            if let Some((size, at)) = sizes.into_iter().find(|(s, _)| **s > config.max_batch_size) {
+                return Err(self
+                    .error(at, format!("dynamic_batching.preferred_batch_size {size} is over max_batch_size {}", config.max_batch_size)));
+            }
+        }
+        if config.backend == Backend::OnnxRuntime && (config.input.is_empty() || config.output.is_empty()) {
+            config.from_graph = Some(FromGraph::Tensors);
+        }
+        Ok(config)
+    }
+
+    /// The backend from `platform` and `backend`, refusing anything but ONNX Runtime and ensembles.
+    fn backend(
+        &self,
+        platform: Option<(String, Pos)>,
+        backend: Option<(String, Pos)>,
+        ensemble_at: Option<Pos>,
+    ) -> Result<Backend, ParseError> {
+        const SERVED: &str = "Yardmaster serves ONNX models (platform \"onnxruntime_onnx\", backend \"onnxruntime\") and ensembles of them";
+        let from_platform = match &platform {
+            None => None,
+            Some((p, _)) if p == "onnxruntime_onnx" => Some(Backend::OnnxRuntime),
+            Some((p, _)) if p == "ensemble" => Some(Backend::Ensemble),
+            Some((p, at)) => return Err(self.error(*at, format!("platform {p:?} is not served: {SERVED}"))),
+        };
+        let from_backend = match &backend {
+            None => None,
+            Some((b, _)) if b == "onnxruntime" => Some(Backend::OnnxRuntime),
+            Some((b, at)) => return Err(self.error(*at, format!("backend {b:?} is not served: {SERVED}"))),
+        };
+        let chosen = match (from_platform, from_backend) {
+            (Some(p), Some(b)) if p != b => {
+                let at = backend.as_ref().unwrap().1;
+                return Err(self.error(at, format!("backend \"onnxruntime\" contradicts platform {:?}", platform.unwrap().0)));
+            }
+            (p, b) => p.or(b).unwrap_or(if ensemble_at.is_some() { Backend::Ensemble } else { Backend::OnnxRuntime }),
+        };
+        match (chosen, ensemble_at) {
+            (Backend::Ensemble, None) => {
+                let at = platform.map(|p| p.1).unwrap_or(Pos { line: 1, column: 1 });
+                Err(self.error(at, "platform \"ensemble\" needs ensemble_scheduling with its steps"))
+            }
+            (Backend::OnnxRuntime, Some(at)) => Err(self.error(at, "ensemble_scheduling needs platform \"ensemble\"")),
+            (chosen, _) => Ok(chosen),
+        }
+    }
+
+    fn tensor(&mut self, path: &str, kind: &str, message: &Message, is_input: bool) -> Result<TensorConfig, ParseError> {
+        let mut seen = Seen::default();
+        let (mut name, mut data_type, mut dims, mut reshape, mut optional) = (None, None, Vec::new(), None, false);
+        let mut dims_at = None;
+        for field in &message.fields {
+            match field.name.as_str() {
+                "name" => {
+                    seen.once(self, path, field)?;
+                    name = Some(self.string(path, field)?);
+                }
+                "data_type" => {
+                    seen.once(self, path, field)?;
+                    let names: Vec<&str> = DATA_TYPES.iter().map(|(_, n)| *n).collect();
+                    data_type = DataType::from_triton_name(self.ident(path, field, &names)?);
+                }
+                "dims" => {
+                    dims_at.get_or_insert(field.pos);
+                    dims.push(self.dim(path, field)?);
+                }
+                "reshape" => {
+                    seen.once(self, path, field)?;
+                    let mut shape = Vec::new();
+                    for f in &self.message(path, field)?.fields {
+                        let inner = join(path, "reshape");
+                        if f.name == "shape" {
+                            shape.push(self.dim(&inner, f)?);
+                        } else {
+                            self.ignore(&format!("{kind}.reshape"), f);
+                        }
+                    }
+                    reshape = Some(shape);
+                }
+                "optional" if is_input => {
+                    seen.once(self, path, field)?;
+                    optional = self.boolean(path, field)?;
+                }
+                _ => self.ignore(kind, field),
+            }
+        }
+        let at = message.fields.first().map(|f| f.pos).unwrap_or(Pos { line: 1, column: 1 });
+        let name = name.ok_or_else(|| self.error(at, format!("{path}: name is missing")))?;
+        let data_type = data_type.ok_or_else(|| self.error(at, format!("{path} ({name:?}): data_type is missing")))?;
+        if dims_at.is_none() {
+            return Err(self.error(at, format!("{path} ({name:?}): dims is missing")));
+        }
+        Ok(TensorConfig { name, data_type, dims, reshape, optional })
+    }
+
+    /// One dimension: -1 (any) or positive.
+    fn dim(&self, path: &str, field: &Field) -> Result<i64, ParseError> {
+        let d = self.int(path, field, -1, i64::MAX.into())? as i64;
+        if d == 0 {
+            return Err(
+                self.error(field.value_pos, format!("{}: a dimension is -1 (any size) or positive, not 0", join(path, &field.name)))
+            );
+        }
+        Ok(d)
+    }
+
+    /// `dynamic_batching`, and where each `preferred_batch_size` is.
+    fn dynamic_batching(&mut self, message: &Message) -> Result<(DynamicBatching, Vec<Pos>), ParseError> {
+        const PATH: &str = "dynamic_batching";
+        let mut seen = Seen::default();
+        let mut batching = DynamicBatching::default();
+        let (mut preferred_at, mut default_level_at) = (Vec::new(), None);
+        for field in &message.fields {
+            match field.name.as_str() {
+                "preferred_batch_size" => {
+                    preferred_at.push(field.value_pos);
+                    let size = self.u32(PATH, field)?;
+                    if size == 0 {
+                        return Err(self.error(field.value_pos, "dynamic_batching.preferred_batch_size must be positive"));
+                    }
+                    batching.preferred_batch_size.push(size);
+                }
+                "max_queue_delay_microseconds" => {
+                    seen.once(self, PATH, field)?;
+                    batching.max_queue_delay_microseconds = self.u64(PATH, field)?;
+                }
+                "priority_levels" => {
+                    seen.once(self, PATH, field)?;
+                    batching.priority_levels = self.u64(PATH, field)?;
+                }
+                "default_priority_level" => {
+                    seen.once(self, PATH, field)?;
+                    default_level_at = Some(field.value_pos);
+                    batching.default_priority_level = self.u64(PATH, field)?;
+                }
+                "default_queue_policy" => {
+                    seen.once(self, PATH, field)?;
+                    batching.default_queue_policy = Some(self.queue_policy(self.message(PATH, field)?)?);
+                }
+                _ => self.ignore(PATH, field),
+            }
+        }
+        let level = batching.default_priority_level;
+        let levels = batching.priority_levels;
+        if let Some(at) = default_level_at {
+            if levels == 0 && level != 0 {
+                return Err(self.error(at, format!("dynamic_batching.default_priority_level {level} needs priority_levels")));
+            }
+            if levels > 0 && !(1..=levels).contains(&level) {
+                return Err(self.error(at, format!("dynamic_batching.default_priority_level {level} is not in 1 to {levels}")));
+            }
+        } else if levels > 0 {
+            // Triton requires it; with none given, take the lowest priority rather than refuse.
+            batching.default_priority_level = levels;
+        }
+        Ok((batching, preferred_at))
+    }
+
+    fn queue_policy(&mut self, message: &Message) -> Result<QueuePolicy, ParseError> {
+        const PATH: &str = "dynamic_batching.default_queue_policy";
+        let mut seen = Seen::default();
+        let mut policy = QueuePolicy::default();
+        for field in &message.fields {
+            match field.name.as_str() {
+                "timeout_action" => {
+                    seen.once(self, PATH, field)?;
+                    policy.timeout_action = if self.ident(PATH, field, &["REJECT", "DELAY"])? == "REJECT" {
+                        TimeoutAction::Reject
+                    } else {
+                        TimeoutAction::Delay
+                    };
+                }
+                "default_timeout_microseconds" => {
+                    seen.once(self, PATH, field)?;
+                    policy.default_timeout_microseconds = self.u64(PATH, field)?;
+                }
+                "allow_timeout_override" => {
+                    seen.once(self, PATH, field)?;
+                    policy.allow_timeout_override = self.boolean(PATH, field)?;
+                }
+                "max_queue_size" => {
+                    seen.once(self, PATH, field)?;
+                    policy.max_queue_size = self.int(PATH, field, 0, u32::MAX.into())? as u32;
+                }
+                _ => self.ignore(PATH, field),
+            }
+        }
+        Ok(policy)
+    }
+
+    fn instance_group(&mut self, message: &Message, default_name: &str, index: usize) -> Result<InstanceGroup, ParseError> {
+        let path = format!("instance_group[{index}]");
+        let mut seen = Seen::default();
+        let mut group = InstanceGroup { name: default_name.into(), kind: InstanceKind::Auto, count: 1, gpus: Vec::new() };
+        for field in &message.fields {
+            match field.name.as_str() {
+                "name" => {
+                    seen.once(self, &path, field)?;
+                    group.name = self.string(&path, field)?;
+                }
+                "count" => {
+                    seen.once(self, &path, field)?;
+                    group.count = self.u32(&path, field)?;
+                    if group.count == 0 {
+                        return Err(self.error(field.value_pos, format!("{path}.count must be at least 1")));
+                    }
+                }
+                "kind" => {
+                    seen.once(self, &path, field)?;
+                    if matches!(&field.value, Value::Ident(k) if k == "KIND_MODEL") {
+                        return Err(self
+                            .error(field.value_pos, format!("{path}.kind KIND_MODEL is not served: use KIND_CPU, KIND_GPU or KIND_AUTO")));
+                    }
+                    group.kind = match self.ident(&path, field, &["KIND_AUTO", "KIND_GPU", "KIND_CPU"])? {
+                        "KIND_GPU" => InstanceKind::Gpu,
+                        "KIND_CPU" => InstanceKind::Cpu,
+                        _ => InstanceKind::Auto,
+                    };
+                }
+                "gpus" => group.gpus.push(self.u32(&path, field)?),
+                _ => self.ignore("instance_group", field),
+            }
+        }
+        if group.kind == InstanceKind::Cpu && !group.gpus.is_empty() {
+            let at = message.fields.iter().find(|f| f.name == "gpus").unwrap().pos;
+            return Err(self.error(at, format!("{path}: gpus are listed for a KIND_CPU group")));
+        }
+        Ok(group)
+    }
+
+    fn version_policy(&mut self, message: &Message, at: Pos) -> Result<VersionPolicy, ParseError> {
+        const PATH: &str = "version_policy";
+        let mut policy = None;
+        for field in &message.fields {
+            let chosen = match field.name.as_str() {
+                "latest" => {
+                    let mut num_versions = None;
+                    for f in &self.message(PATH, field)?.fields {
+                        if f.name == "num_versions" {
+                            let n = self.u32("version_policy.latest", f)?;
+                            if n == 0 {
+                                return Err(self.error(f.value_pos, "version_policy.latest.num_versions must be at least 1"));
+                            }
+                            num_versions = Some(n);
+                        } else {
+                            self.ignore("version_policy.latest", f);
+                        }
+                    }
+                    let num_versions = num_versions.ok_or_else(|| {
+                        self.error(field.pos, "version_policy.latest needs num_versions (for example latest { num_versions: 2 })")
+                    })?;
+                    VersionPolicy::Latest { num_versions }
+                }
+                "all" => {
+                    for f in &self.message(PATH, field)?.fields {
+                        self.ignore("version_policy.all", f);
+                    }
+                    VersionPolicy::All
+                }
+                "specific" => {
+                    let mut versions = Vec::new();
+                    for f in &self.message(PATH, field)?.fields {
+                        if f.name == "versions" {
+                            versions.push(self.int("version_policy.specific", f, 0, i64::MAX.into())? as u64);
+                        } else {
+                            self.ignore("version_policy.specific", f);
+                        }
+                    }
+                    if versions.is_empty() {
+                        return Err(self.error(field.pos, "version_policy.specific lists no versions"));
+                    }
+                    VersionPolicy::Specific { versions }
+                }
+                _ => {
+                    return Err(self.error(field.pos, format!("version_policy: expected latest, all or specific, found `{}`", field.name)));
+                }
+            };
+            if policy.replace(chosen).is_some() {
+                return Err(self.error(field.pos, "version_policy gives more than one of latest, all and specific"));
+            }
+        }
+        policy.ok_or_else(|| self.error(at, "version_policy is empty: give latest, all or specific"))
+    }
+
+    /// A map entry `{ key: "k" value: … }`: with `nested_value`, the value is
+    /// `{ string_value: "v" }` (`parameters`); without, a plain string.
+    fn map_entry(&mut self, path: &str, message: &Message, at: Pos, nested_value: bool) -> Result<(String, String), ParseError> {
+        let mut seen = Seen::default();
+        let (mut key, mut value) = (None, String::new());
+        for field in &message.fields {
+            match field.name.as_str() {
+                "key" => {
+                    seen.once(self, path, field)?;
+                    key = Some(self.string(path, field)?);
+                }
+                "value" if nested_value => {
+                    seen.once(self, path, field)?;
+                    let inner = join(path, "value");
+                    for f in &self.message(path, field)?.fields {
+                        if f.name == "string_value" {
+                            value = self.string(&inner, f)?;
+                        } else {
+                            self.ignore(&inner, f);
+                        }
+                    }
+                }
+                "value" => {
+                    seen.once(self, path, field)?;
+                    value = self.string(path, field)?;
+                }
+                _ => self.ignore(path, field),
+            }
+        }
+        let key = key.ok_or_else(|| self.error(at, format!("{path}: an entry without key")))?;
+        Ok((key, value))
+    }
+
+    fn ensemble(&mut self, message: &Message, at: Pos) -> Result<Vec<EnsembleStep>, ParseError> {
+        const PATH: &str = "ensemble_scheduling.step";
+        let mut steps = Vec::new();
+        for field in &message.fields {
+            if field.name != "step" {
+                self.ignore("ensemble_scheduling", field);
+                continue;
+            }
+            let mut seen = Seen::default();
+            let mut step =
+                EnsembleStep { model_name: String::new(), model_version: -1, input_map: BTreeMap::new(), output_map: BTreeMap::new() };
+            for f in &self.message("ensemble_scheduling", field)?.fields {
+                match f.name.as_str() {
+                    "model_name" => {
+                        seen.once(self, PATH, f)?;
+                        step.model_name = self.string(PATH, f)?;
+                    }
+                    "model_version" => {
+                        seen.once(self, PATH, f)?;
+                        step.model_version = self.int(PATH, f, -1, i64::MAX.into())? as i64;
+                    }
+                    "input_map" | "output_map" => {
+                        let (key, value) = self.map_entry(&join(PATH, &f.name), self.message(PATH, f)?, f.pos, false)?;
+                        let map = if f.name == "input_map" { &mut step.input_map } else { &mut step.output_map };
+                        map.insert(key, value);
+                    }
+                    _ => self.ignore(PATH, f),
+                }
+            }
+            if step.model_name.is_empty() {
+                return Err(self.error(field.pos, format!("{PATH} {} has no model_name", steps.len() + 1)));
+            }
+            steps.push(step);
+        }
+        if steps.is_empty() {
+            return Err(self.error(at, "ensemble_scheduling has no step"));
+        }
+        Ok(steps)
+    }
+}
+
+mod json {
+    //! The serde shape of Triton's `GET /v2/models/{m}/config` answer (snake_case, as
+    //! Triton's JSON uses; enums by name; dimensions as numbers).
+
+    use super::*;
+
+    #[derive(Serialize)]
+    pub struct ModelConfigJson<'a> {
+        name: &'a str,
+        platform: &'a str,
+        backend: &'a str,
+        version_policy: VersionPolicyJson<'a>,
+        max_batch_size: u32,
+        input: Vec<TensorJson<'a>>,
+        output: Vec<TensorJson<'a>>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        dynamic_batching: Option<DynamicBatchingJson<'a>>,
+        instance_group: Vec<InstanceGroupJson<'a>>,
+        default_model_filename: &'a str,
+        parameters: BTreeMap<&'a str, ParameterJson<'a>>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        ensemble_scheduling: Option<EnsembleJson<'a>>,
+    }
+
+    #[derive(Serialize)]
+    #[serde(rename_all = "snake_case")]
+    enum VersionPolicyJson<'a> {
+        Latest { num_versions: u32 },
+        All {},
+        Specific { versions: &'a [u64] },
+    }
+
+    #[derive(Serialize)]
+    struct TensorJson<'a> {
+        name: &'a str,
+        data_type: &'static str,
+        dims: &'a [i64],
+        #[serde(skip_serializing_if = "Option::is_none")]
+        reshape: Option<ReshapeJson<'a>>,
+        is_shape_tensor: bool,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        optional: Option<bool>,
+    }
+
+    #[derive(Serialize)]
+    struct ReshapeJson<'a> {
+        shape: &'a [i64],
+    }
+
+    #[derive(Serialize)]
+    struct DynamicBatchingJson<'a> {
+        preferred_batch_size: &'a [u32],
+        max_queue_delay_microseconds: u64,
+        priority_levels: u64,
+        default_priority_level: u64,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        default_queue_policy: Option<QueuePolicyJson>,
+    }
+
+    #[derive(Serialize)]
+    struct QueuePolicyJson {
+        timeout_action: &'static str,
+        default_timeout_microseconds: u64,
+        allow_timeout_override: bool,
+        max_queue_size: u32,
+    }
+
+    #[derive(Serialize)]
+    struct InstanceGroupJson<'a> {
+        name: &'a str,
+        kind: &'static str,
+        count: u32,
+        gpus: &'a [u32],
+    }
+
+    #[derive(Serialize)]
+    struct ParameterJson<'a> {
+        string_value: &'a str,
+    }
+
+    #[derive(Serialize)]
+    struct EnsembleJson<'a> {
+        step: Vec<StepJson<'a>>,
+    }
+
+    #[derive(Serialize)]
+    struct StepJson<'a> {
+        model_name: &'a str,
+        model_version: i64,
+        input_map: &'a BTreeMap<String, String>,
+        output_map: &'a BTreeMap<String, String>,
+    }
+
+    fn tensor(t: &TensorConfig, is_input: bool) -> TensorJson<'_> {
+        TensorJson {
+            name: &t.name,
+            data_type: t.data_type.triton_name(),
+            dims: &t.dims,
+            reshape: t.reshape.as_deref().map(|shape| ReshapeJson { shape }),
+            is_shape_tensor: false,
+            optional: is_input.then_some(t.optional),
+        }
+    }
+
+    impl<'a> From<&'a ModelConfig> for ModelConfigJson<'a> {
+        fn from(c: &'a ModelConfig) -> Self {
+            let (platform, backend) = match c.backend {
+                Backend::OnnxRuntime => ("onnxruntime_onnx", "onnxruntime"),
+                Backend::Ensemble => ("ensemble", ""),
+            };
+            ModelConfigJson {
+                name: &c.name,
+                platform,
+                backend,
+                version_policy: match &c.version_policy {
+                    VersionPolicy::Latest { num_versions } => VersionPolicyJson::Latest { num_versions: *num_versions },
+                    VersionPolicy::All => VersionPolicyJson::All {},
+                    VersionPolicy::Specific { versions } => VersionPolicyJson::Specific { versions },
+                },
+                max_batch_size: c.max_batch_size,
+                input: c.input.iter().map(|t| tensor(t, true)).collect(),
+                output: c.output.iter().map(|t| tensor(t, false)).collect(),
+                dynamic_batching: c.dynamic_batching.as_ref().map(|d| DynamicBatchingJson {
+                    preferred_batch_size: &d.preferred_batch_size,
+                    max_queue_delay_microseconds: d.max_queue_delay_microseconds,
+                    priority_levels: d.priority_levels,
+                    default_priority_level: d.default_priority_level,
+                    default_queue_policy: d.default_queue_policy.as_ref().map(|q| QueuePolicyJson {
+                        timeout_action: match q.timeout_action {
+                            TimeoutAction::Reject => "REJECT",
+                            TimeoutAction::Delay => "DELAY",
+                        },
+                        default_timeout_microseconds: q.default_timeout_microseconds,
+                        allow_timeout_override: q.allow_timeout_override,
+                        max_queue_size: q.max_queue_size,
+                    }),
+                }),
+                instance_group: c
+                    .instance_group
+                    .iter()
+                    .map(|g| InstanceGroupJson { name: &g.name, kind: g.kind.triton_name(), count: g.count, gpus: &g.gpus })
+                    .collect(),
+                default_model_filename: &c.default_model_filename,
+                parameters: c.parameters.iter().map(|(k, v)| (k.as_str(), ParameterJson { string_value: v })).collect(),
+                ensemble_scheduling: (!c.ensemble_steps.is_empty()).then(|| EnsembleJson {
+                    step: c
+                        .ensemble_steps
+                        .iter()
+                        .map(|s| StepJson {
+                            model_name: &s.model_name,
+                            model_version: s.model_version,
+                            input_map: &s.input_map,
+                            output_map: &s.output_map,
+                        })
+                        .collect(),
+                }),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A configuration laid out the way Triton's documentation lays them out.
+    const DOCUMENTED: &str = r#"
+name: "classifier"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [
+  {
+    name: "pixels"
+    data_type: TYPE_FP32
+    format: FORMAT_NCHW
+    dims: [ 3, 224, 224 ]
+  }
+]
+output [
+  {
+    name: "scores"
+    data_type: TYPE_FP32
+    dims: [ 1000 ]
+    label_filename: "labels.txt"
+  }
+]
+dynamic_batching {
+  preferred_batch_size: [ 4, 8 ]
+  max_queue_delay_microseconds: 100
+}
+instance_group [
+  {
+    count: 2
+    kind: KIND_GPU
+    gpus: [ 0, 1 ]
+  },
+  {
+    count: 1
+    kind: KIND_CPU
+  }
+]
+"#;
+
+    fn read(text: &str) -> ModelConfig {
+        ModelConfig::from_pbtxt(text, "m/config.pbtxt", "m").unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The error for `text` in model `m`: (line, column, message).
+    fn refused(text: &str) -> (u32, u32, String) {
+        let e = ModelConfig::from_pbtxt(text, "m/config.pbtxt", "m").expect_err("should be refused");
+        assert_eq!(e.file, "m/config.pbtxt");
+        (e.line, e.column, e.message)
+    }
+
+    #[test]
+    fn reads_a_documented_config() {
+        let c = ModelConfig::from_pbtxt(DOCUMENTED, "classifier/config.pbtxt", "classifier").unwrap();
+        assert_eq!(c.name, "classifier");
+        assert_eq!(c.backend, Backend::OnnxRuntime);
+        assert_eq!(c.max_batch_size, 8);
+        assert_eq!(c.input.len(), 1);
+        assert_eq!(c.input[0].name, "pixels");
+        assert_eq!(c.input[0].data_type, DataType::Fp32);
+        assert_eq!(c.input[0].dims, [3, 224, 224]);
+        assert_eq!(c.output[0].dims, [1000]);
+        let batching = c.dynamic_batching.as_ref().unwrap();
+        assert_eq!(batching.preferred_batch_size, [4, 8]);
+        assert_eq!(batching.max_queue_delay_microseconds, 100);
+        assert_eq!(c.instance_group.len(), 2);
+        assert_eq!(c.instance_group[0].kind, InstanceKind::Gpu);
+        assert_eq!(c.instance_group[0].gpus, [0, 1]);
+        assert_eq!(c.instance_group[0].name, "classifier_0");
+        assert_eq!(c.instance_group[1].kind, InstanceKind::Cpu);
+        assert_eq!(c.instance_count(), 2 * 2 + 1);
+        assert_eq!(c.version_policy, VersionPolicy::Latest { num_versions: 1 });
+        assert_eq!(c.from_graph, None);
+        assert_eq!(c.ignored_fields, ["input.format", "output.label_filename"]);
+    }
+
+    #[test]
+    fn reads_every_covered_field() {
+        let c = read(
+            r#"
+            backend: "onnxruntime"
+            max_batch_size: 4
+            input { name: "ids" data_type: TYPE_INT64 dims: -1 dims: 16 optional: true reshape { shape: [16, -1] } }
+            input < name: "scalar" data_type: TYPE_BOOL dims: [1] reshape: { } >
+            output { name: "out" data_type: TYPE_STRING dims: [-1] }
+            dynamic_batching {
+              preferred_batch_size: 2
+              max_queue_delay_microseconds: 18446744073709551615
+              priority_levels: 3
+              default_priority_level: 2
+              default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 5000 allow_timeout_override: true max_queue_size: 64 }
+              preserve_ordering: true
+            }
+            version_policy: { specific { versions: [1, 3] } }
+            parameters { key: "yardmaster.slo_ms" value: { string_value: "250" } }
+            parameters [ { key: "a" value { string_value: "x\ty" } }, { key: "b" value: {} } ]
+            optimization { execution_accelerators { } }
+            default_model_filename: "net.onnx"
+            "#,
+        );
+        assert_eq!(c.backend, Backend::OnnxRuntime);
+        assert_eq!(c.input[0].dims, [-1, 16]);
+        assert!(c.input[0].optional);
+        assert_eq!(c.input[0].reshape, Some(vec![16, -1]));
+        assert_eq!(c.input[0].data_type, DataType::Int64);
+        assert_eq!(c.input[1].reshape, Some(vec![]), "an empty reshape is a scalar");
+        assert!(!c.input[1].optional);
+        assert_eq!(c.output[0].data_type, DataType::String);
+        let d = c.dynamic_batching.as_ref().unwrap();
+        assert_eq!(d.preferred_batch_size, [2]);
+        assert_eq!(d.max_queue_delay_microseconds, u64::MAX);
+        assert_eq!((d.priority_levels, d.default_priority_level), (3, 2));
+        let q = d.default_queue_policy.as_ref().unwrap();
+        assert_eq!(q.timeout_action, TimeoutAction::Delay);
+        assert_eq!(q.default_timeout_microseconds, 5000);
+        assert!(q.allow_timeout_override);
+        assert_eq!(q.max_queue_size, 64);
+        assert_eq!(c.version_policy, VersionPolicy::Specific { versions: vec![1, 3] });
+        assert_eq!(c.parameters["yardmaster.slo_ms"], "250");
+        assert_eq!(c.parameters["a"], "x\ty");
+        assert_eq!(c.parameters["b"], "");
+        assert_eq!(c.default_model_filename, "net.onnx");
+        assert_eq!(c.ignored_fields, ["dynamic_batching.preserve_ordering", "optimization"]);
+        assert_eq!(c.instance_count(), 1, "no instance_group: one instance");
+
+        assert_eq!(read("version_policy { all { } }").version_policy, VersionPolicy::All);
+        assert_eq!(read("version_policy { latest { num_versions: 3 } }").version_policy, VersionPolicy::Latest { num_versions: 3 });
+        let d = read("max_batch_size: 1 dynamic_batching { priority_levels: 4 }").dynamic_batching.unwrap();
+        assert_eq!(d.default_priority_level, 4, "the lowest level when none is named");
+    }
+
+    #[test]
+    fn tensors_left_out_are_left_to_the_graph() {
+        assert_eq!(read("max_batch_size: 2").from_graph, Some(FromGraph::Tensors));
+        assert_eq!(read("input { name: \"x\" data_type: TYPE_FP32 dims: 1 }").from_graph, Some(FromGraph::Tensors));
+        let c = ModelConfig::without_file("bare");
+        assert_eq!(c.from_graph, Some(FromGraph::Everything));
+        assert_eq!(c.backend, Backend::OnnxRuntime);
+        assert_eq!(c.name, "bare");
+    }
+
+    #[test]
+    fn reads_an_ensemble() {
+        let c = read(
+            r#"
+            platform: "ensemble"
+            max_batch_size: 4
+            input { name: "IMAGE" data_type: TYPE_UINT8 dims: [-1] }
+            output { name: "TEXT" data_type: TYPE_STRING dims: [1] }
+            ensemble_scheduling {
+              step [
+                { model_name: "det" model_version: -1 input_map { key: "x" value: "IMAGE" } output_map { key: "boxes" value: "b" } },
+                { model_name: "rec" model_version: 2 input_map { key: "crops" value: "b" } input_map { key: "y" value: "IMAGE" } output_map { key: "text" value: "TEXT" } }
+              ]
+            }
+            "#,
+        );
+        assert_eq!(c.backend, Backend::Ensemble);
+        assert_eq!(c.from_graph, None, "an ensemble has no graph of its own");
+        assert_eq!(c.ensemble_steps.len(), 2);
+        assert_eq!(c.ensemble_steps[0].model_name, "det");
+        assert_eq!(c.ensemble_steps[0].model_version, -1);
+        assert_eq!(c.ensemble_steps[0].output_map["boxes"], "b");
+        assert_eq!(c.ensemble_steps[1].model_version, 2);
+        assert_eq!(c.ensemble_steps[1].input_map.len(), 2);
+        assert_eq!(c.ensemble_steps[1].input_map["crops"], "b");
+        let json = c.to_triton_json();
+        assert_eq!(json["platform"], "ensemble");
+        assert_eq!(json["ensemble_scheduling"]["step"][1]["input_map"]["y"], "IMAGE");
+        assert_eq!(json["ensemble_scheduling"]["step"][0]["model_version"], -1);
+        let implied = read("ensemble_scheduling { step { model_name: \"a\" } }");
+        assert_eq!(implied.backend, Backend::Ensemble, "ensemble_scheduling without a platform is an ensemble");
+        assert_eq!(implied.ensemble_steps[0].model_version, -1, "the latest version when none is named");
+    }
+
+    #[test]
+    fn json_has_tritons_shape() {
+        let text = format!("{DOCUMENTED}\nparameters {{ key: \"k\" value {{ string_value: \"v\" }} }}\ninput {{ name: \"mask\" data_type: TYPE_BOOL dims: [-1] reshape {{ shape: [ ] }} optional: true }}");
+        let c = ModelConfig::from_pbtxt(&text, "f", "classifier").unwrap();
+        let json = c.to_triton_json();
+        let expected = serde_json::json!({
+            "name": "classifier",
+            "platform": "onnxruntime_onnx",
+            "backend": "onnxruntime",
+            "version_policy": { "latest": { "num_versions": 1 } },
+            "max_batch_size": 8,
+            "input": [
+                { "name": "pixels", "data_type": "TYPE_FP32", "dims": [3, 224, 224], "is_shape_tensor": false, "optional": false },
+                { "name": "mask", "data_type": "TYPE_BOOL", "dims": [-1], "reshape": { "shape": [] }, "is_shape_tensor": false, "optional": true }
+            ],
+            "output": [ { "name": "scores", "data_type": "TYPE_FP32", "dims": [1000], "is_shape_tensor": false } ],
+            "dynamic_batching": { "preferred_batch_size": [4, 8], "max_queue_delay_microseconds": 100, "priority_levels": 0, "default_priority_level": 0 },
+            "instance_group": [
+                { "name": "classifier_0", "kind": "KIND_GPU", "count": 2, "gpus": [0, 1] },
+                { "name": "classifier_1", "kind": "KIND_CPU", "count": 1, "gpus": [] }
+            ],
+            "default_model_filename": "model.onnx",
+            "parameters": { "k": { "string_value": "v" } }
+        });
+        assert_eq!(json, expected);
+        let policies = [
+            ("version_policy { all {} }", serde_json::json!({ "all": {} })),
+            ("version_policy { specific { versions: [2, 5] } }", serde_json::json!({ "specific": { "versions": [2, 5] } })),
+        ];
+        for (text, policy) in policies {
+            assert_eq!(read(text).to_triton_json()["version_policy"], policy, "{text}");
+        }
+        let q = read("max_batch_size: 1 dynamic_batching { default_queue_policy { max_queue_size: 3 } }").to_triton_json();
+        assert_eq!(
+            q["dynamic_batching"]["default_queue_policy"],
+            serde_json::json!({ "timeout_action": "REJECT", "default_timeout_microseconds": 0, "allow_timeout_override": false, "max_queue_size": 3 })
+        );
+    }
+
+    #[test]
+    fn wrong_values_are_refused_where_they_are() {
+        let cases: &[(&str, (u32, u32), &str)] = &[
+            ("platform: \"tensorrt_plan\"", (1, 11), "platform \"tensorrt_plan\" is not served"),
+            ("backend: \"python\"", (1, 10), "backend \"python\" is not served"),
+            (
+                "platform: \"onnxruntime_onnx\"\nbackend: \"onnxruntime\"\nplatform: \"x\"",
+                (3, 1),
+                "platform is given twice (first at line 1)",
+            ),
+            ("name: \"other\"", (1, 7), "name \"other\" differs from the model's folder \"m\""),
+            ("max_batch_size: -1", (1, 17), "max_batch_size: -1 is out of range"),
+            ("max_batch_size: \"8\"", (1, 17), "max_batch_size: expected an integer, found the string \"8\""),
+            ("input { name: \"x\"\n  data_type: TYPE_FLOAT dims: 1 }", (2, 14), "input[0].data_type: expected one of TYPE_BOOL"),
+            ("input { name: \"x\" dims: 1 }", (1, 9), "input[0] (\"x\"): data_type is missing"),
+            ("output { data_type: TYPE_FP32 dims: 1 }", (1, 10), "output[0]: name is missing"),
+            ("input { name: \"x\" data_type: TYPE_FP32 }", (1, 9), "dims is missing"),
+            ("input { name: \"x\" data_type: TYPE_FP32 dims: [1, 0] }", (1, 50), "a dimension is -1 (any size) or positive, not 0"),
+            ("input { name: \"x\" data_type: TYPE_FP32 dims: [-2] }", (1, 47), "input[0].dims: -2 is out of range"),
+            ("input { name: \"x\" data_type: TYPE_FP32 dims: 1 optional: maybe }", (1, 58), "input[0].optional: expected true or false"),
+            ("input: 3", (1, 8), "input: expected a message in { }, found the integer 3"),
+            (
+                "max_batch_size: 4\ndynamic_batching { preferred_batch_size: [2, 8] }",
+                (2, 46),
+                "preferred_batch_size 8 is over max_batch_size 4",
+            ),
+            ("dynamic_batching { preferred_batch_size: 1 }", (1, 42), "preferred_batch_size 1 is over max_batch_size 0"),
+            ("max_batch_size: 4 dynamic_batching { preferred_batch_size: 0 }", (1, 60), "preferred_batch_size must be positive"),
+            ("dynamic_batching { priority_levels: 2 default_priority_level: 3 }", (1, 63), "default_priority_level 3 is not in 1 to 2"),
+            ("dynamic_batching { default_priority_level: 1 }", (1, 44), "needs priority_levels"),
+            ("dynamic_batching { default_queue_policy { timeout_action: DROP } }", (1, 59), "expected one of REJECT, DELAY"),
+            ("instance_group { count: 0 }", (1, 25), "instance_group[0].count must be at least 1"),
+            ("instance_group { kind: KIND_MODEL }", (1, 24), "KIND_MODEL is not served"),
+            ("instance_group { kind: KIND_CPU gpus: 0 }", (1, 33), "gpus are listed for a KIND_CPU group"),
+            ("instance_group { kind: GPU }", (1, 24), "expected one of KIND_AUTO, KIND_GPU, KIND_CPU"),
+            ("version_policy { latest { } }", (1, 18), "version_policy.latest needs num_versions"),
+            ("version_policy { latest { num_versions: 0 } }", (1, 41), "num_versions must be at least 1"),
+            ("version_policy { specific { } }", (1, 18), "version_policy.specific lists no versions"),
+            ("version_policy { all { } latest { num_versions: 1 } }", (1, 26), "more than one of latest, all and specific"),
+            ("version_policy { newest { } }", (1, 18), "expected latest, all or specific, found `newest`"),
+            ("version_policy { }", (1, 1), "version_policy is empty"),
+            ("parameters { value { string_value: \"v\" } }", (1, 1), "parameters: an entry without key"),
+            ("parameters { key: 7 }", (1, 19), "parameters.key: expected a string"),
+            ("platform: \"ensemble\"", (1, 11), "platform \"ensemble\" needs ensemble_scheduling"),
+            (
+                "backend: \"onnxruntime\"\nensemble_scheduling { step { model_name: \"a\" } }",
+                (2, 1),
+                "ensemble_scheduling needs platform \"ensemble\"",
+            ),
+            ("platform: \"ensemble\" ensemble_scheduling { }", (1, 22), "ensemble_scheduling has no step"),
+            ("platform: \"ensemble\" ensemble_scheduling { step { model_version: 1 } }", (1, 44), "step 1 has no model_name"),
+            ("platform: \"onnxruntime_onnx\" backend: \"onnxruntime\" platform: \"ensemble\"", (1, 53), "platform is given twice"),
+            ("default_model_filename: \"../x.onnx\"", (1, 25), "must be a plain file name"),
+            ("max_batch_size 4", (1, 16), "expected `:` after the field name"),
+        ];
+        for (text, (line, column), message) in cases {
+            let (l, c, m) = refused(text);
+            assert!(m.contains(message), "{text}: {m}");
+            assert_eq!((l, c), (*line, *column), "{text}: {m}");
+        }
+    }
+}

@@ -1,0 +1,35 @@
+//! Triton model repositories, read as Triton reads them, for serving the user's own
+//! ONNX models (issue 21). This module reads; serving what it returns is the drivers'
+//! work (not yet wired).
+//!
+//! The layout, under each repository directory given:
+//!
+//! ```text
+//! DIR/<model>/config.pbtxt      optional: Triton's model configuration (protobuf text)
+//! DIR/<model>/yardmaster.toml   optional: Yardmaster's settings for the model
+//! DIR/<model>/<version>/model.onnx
+//! ```
+//!
+//! - [`pbtxt`]: the protobuf text-format reader (`config.pbtxt`'s syntax);
+//! - [`config`]: the typed [`ModelConfig`], and its JSON in Triton's
+//!   `GET /v2/models/{m}/config` shape;
+//! - [`repository`]: the scan ([`scan`]): models, their served versions after
+//!   `version_policy`, and a reason for each model that cannot be served, the rest
+//!   still returned.
+//!
+//! Yardmaster's own settings per model ([`ModelSettings`]): the SLO, in milliseconds,
+//! from `parameters { key: "yardmaster.slo_ms" value: { string_value: "250" } }` in
+//! `config.pbtxt`, or from `slo_ms = 250` in `yardmaster.toml` beside it (giving it in
+//! both is refused); [`DEFAULT_SLO_MS`] (1000 ms) when neither gives one. Any other
+//! `yardmaster.*` parameter, or another key in `yardmaster.toml`, is refused so that a
+//! misspelled setting does not pass silently.
+
+pub mod config;
+pub mod pbtxt;
+pub mod repository;
+
+pub use config::ModelConfig;
+pub use pbtxt::ParseError;
+pub use repository::{
+    scan, scan_model, ModelEntry, ModelError, ModelSettings, ModelVersion, Repository, RepositoryError, SloSource, DEFAULT_SLO_MS,
+};
