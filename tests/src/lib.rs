@@ -13,6 +13,14 @@ pub fn loader(mode: Mode, limits: Limits) -> PolicyLoader {
     PolicyLoader::new(Sandbox::new(mode, limits).expect("engine"), None)
 }
 
+/// Limits for tests whose subject is what a policy decides, not how fast: the default
+/// bounds with serve-mode deadlines of one second, so a call slowed by a loaded test
+/// machine (tests run in parallel in one binary) is not cut off as an overrun.
+pub fn unhurried() -> Limits {
+    let second = std::time::Duration::from_secs(1);
+    Limits { event_deadline: second, tick_deadline: second, ..Limits::default() }
+}
+
 /// Load a test fixture by its path.
 pub fn fixture(loader: &PolicyLoader, path: &str) -> Arc<PolicyModule> {
     loader.load_file(std::path::Path::new(path)).expect("fixture loads")

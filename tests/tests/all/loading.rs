@@ -110,7 +110,7 @@ fn a_policy_built_against_contract_0_1_0_loads_and_decides_as_todays_build() {
     use yardmaster::policy::contract::ContractVersion;
     use yardmaster::policy::{NativePolicy, WasmPolicy};
 
-    let loader = loader(Mode::Serve, Limits::default());
+    let loader = loader(Mode::Serve, yardmaster_tests::unhurried());
     let fixture = loader.load("edf-0.1.0", EDF_0_1_0).expect("a 0.1.0 policy keeps loading");
     assert_eq!(fixture.sha256_hex(), EDF_0_1_0_SHA256, "the committed fixture changed: it must never be rebuilt");
     assert_eq!(fixture.contract_version(), ContractVersion::new(0, 1, 0));

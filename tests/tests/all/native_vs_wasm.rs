@@ -2,12 +2,12 @@
 //! the benchmark's event stream (the benchmark also checks this on every run).
 
 use yardmaster::conformance::bench::{record_stream, replay};
-use yardmaster::policy::{Limits, Mode, NativePolicy, WasmPolicy};
-use yardmaster_tests::{loader, shipped};
+use yardmaster::policy::{Mode, NativePolicy, WasmPolicy};
+use yardmaster_tests::{loader, shipped, unhurried};
 
 #[test]
 fn edf_decides_identically_as_component_and_native() {
-    let loader = loader(Mode::Serve, Limits::default());
+    let loader = loader(Mode::Serve, unhurried());
     let module = shipped(&loader, "edf");
     let native = || NativePolicy::<policy_edf::Edf>::new("edf", 1, 100_000);
     for batch in [1, 8, 64] {

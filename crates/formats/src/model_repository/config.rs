@@ -43,8 +43,9 @@ pub struct ModelConfig {
     /// The model file in each version folder (`default_model_filename`, else `model.onnx`).
     pub default_model_filename: String,
     /// What still has to come from the ONNX graph, as Triton's auto-complete fills it;
-    /// `None` when the configuration is complete. Deriving it is not implemented yet:
-    /// until it is, the fields named here are empty or 0 and must not be served as they are.
+    /// `None` when the configuration is complete. Until
+    /// [`ModelConfig::complete_from_graph`] has run, the fields named here are empty or 0
+    /// and must not be served as they are.
     pub from_graph: Option<FromGraph>,
     /// Fields this reader does not use, as dotted paths (`optimization`,
     /// `input.format`), sorted, each once; for one warning at load.

@@ -13,6 +13,10 @@
 //! - [`pbtxt`]: the protobuf text-format reader (`config.pbtxt`'s syntax);
 //! - [`config`]: the typed [`ModelConfig`], and its JSON in Triton's
 //!   `GET /v2/models/{m}/config` shape;
+//! - [`onnx_graph`]: the signature (inputs, outputs, element types, shapes) of an ONNX
+//!   file's graph, read with a protobuf decoder of our own (no ONNX Runtime here);
+//! - [`autocomplete`]: completing a configuration from that signature as Triton's
+//!   auto-complete does, and checking a configuration against it;
 //! - [`repository`]: the scan ([`scan`]): models, their served versions after
 //!   `version_policy`, and a reason for each model that cannot be served, the rest
 //!   still returned.
@@ -24,11 +28,15 @@
 //! `yardmaster.*` parameter, or another key in `yardmaster.toml`, is refused so that a
 //! misspelled setting does not pass silently.
 
+pub mod autocomplete;
 pub mod config;
+pub mod onnx_graph;
 pub mod pbtxt;
 pub mod repository;
 
+pub use autocomplete::DEFAULT_MAX_BATCH_SIZE;
 pub use config::ModelConfig;
+pub use onnx_graph::{graph_signature, read_graph_signature, GraphError, GraphSignature, TensorSignature};
 pub use pbtxt::ParseError;
 pub use repository::{
     scan, scan_model, ModelEntry, ModelError, ModelSettings, ModelVersion, Repository, RepositoryError, SloSource, DEFAULT_SLO_MS,

@@ -60,7 +60,7 @@ pub struct ModelEntry {
     /// Its `config.pbtxt`, when it has one.
     pub config_file: Option<PathBuf>,
     /// The effective configuration (see [`ModelConfig::from_graph`] for what the ONNX
-    /// graph still has to fill in).
+    /// graph still has to fill in, and [`ModelEntry::complete_from_graph`]).
     pub config: ModelConfig,
     /// The served versions, lowest first.
     pub versions: Vec<ModelVersion>,
@@ -287,7 +287,7 @@ fn settings(dir: &Path, config: &ModelConfig) -> Result<ModelSettings, String> {
 
 /// Turn into errors the ensembles whose steps name a model that is not served, or a
 /// version of it that is not, until none is left (an ensemble may step into another).
-fn check_ensembles(models: &mut BTreeMap<String, Result<ModelEntry, ModelError>>) {
+pub(super) fn check_ensembles(models: &mut BTreeMap<String, Result<ModelEntry, ModelError>>) {
     loop {
         let mut failed = None;
         for (name, entry) in models.iter() {
