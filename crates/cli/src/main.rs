@@ -2,6 +2,7 @@
 
 mod admin_cli;
 mod dataplane_cli;
+mod repository_cli;
 mod serve_cli;
 
 use std::path::PathBuf;
@@ -56,6 +57,9 @@ enum Command {
     Node(yardmaster::serve::remote::node::NodeArgs),
     /// A running server's admin API: list the policy, swap it for a file or a shipped one.
     Admin(admin_cli::AdminArgs),
+    /// Model repositories in Triton's layout: check one before serving it.
+    #[command(subcommand)]
+    Repository(repository_cli::RepositoryCommand),
     /// A/B runs on a running server: start one (a candidate policy takes a share of
     /// the traffic and the workers), compare the arms with confidence intervals,
     /// promote the candidate or roll back.
@@ -288,6 +292,7 @@ fn main() -> ExitCode {
         Some(Command::Node(args)) => yardmaster::serve::remote::node::main(&args),
         Some(Command::Admin(args)) => admin_cli::run(&args),
         Some(Command::Ab(args)) => admin_cli::run_ab(&args),
+        Some(Command::Repository(command)) => repository_cli::run(command),
     }
 }
 

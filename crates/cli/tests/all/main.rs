@@ -6,6 +6,7 @@
 #[path = "../../../dataplane/tests/all/common/mod.rs"]
 mod common;
 mod fuzz_corpus;
+mod repository_check;
 mod serve_ab;
 mod serve_end_to_end;
 mod serve_executor;
