@@ -460,7 +460,7 @@ fn try_sim_compare(policies: &[String], args: &SimArgs) -> anyhow::Result<()> {
         },
         engine: yardmaster::engine::EngineOptions {
             params: llm_params(&args.params, args.tbt_ms),
-            ls_time_between_tokens: (ls_tbt_ms(&args.params, args.tbt_ms) * 1e6) as u64,
+            ls_time_between_tokens: yardmaster::engine::EngineOptions::ls_time_between_tokens_from(args.tbt_ms, &args.params),
             ..Default::default()
         },
         decision_interval: args.decision_interval_us * 1_000,
@@ -562,11 +562,4 @@ fn llm_params(params: &[Param], tbt_ms: Option<f64>) -> Vec<Param> {
         params.push(Param { key: "tbt_ms".into(), value: tbt_ms.to_string() });
     }
     params
-}
-
-/// The LS time between tokens a simulated run measures against, in milliseconds:
-/// `--tbt-ms`, else the policies' `tbt_ms` parameter, else 100.
-fn ls_tbt_ms(params: &[Param], tbt_ms: Option<f64>) -> f64 {
-    let from_params = || params.iter().find(|p| p.key == "tbt_ms").and_then(|p| p.value.trim().parse::<f64>().ok());
-    tbt_ms.or_else(from_params).unwrap_or(100.0)
 }

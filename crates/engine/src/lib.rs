@@ -68,6 +68,18 @@ pub struct EngineOptions {
     pub ls_time_between_tokens: u64,
 }
 
+impl EngineOptions {
+    /// The LS time between tokens a driver serves, in nanoseconds: `explicit_ms` (the
+    /// driver's own setting) if given, else the `tbt_ms` policy parameter in `params`
+    /// (so that what the policies schedule for is what is measured), else
+    /// [`DEFAULT_LS_TIME_BETWEEN_TOKENS`]. For drivers filling
+    /// [`EngineOptions::ls_time_between_tokens`]; the engine itself reads only that field.
+    pub fn ls_time_between_tokens_from(explicit_ms: Option<f64>, params: &[Param]) -> u64 {
+        let from_params = || params.iter().find(|p| p.key == "tbt_ms").and_then(|p| p.value.trim().parse::<f64>().ok());
+        explicit_ms.or_else(from_params).map_or(DEFAULT_LS_TIME_BETWEEN_TOKENS, |ms| (ms * 1e6) as u64)
+    }
+}
+
 impl Default for EngineOptions {
     fn default() -> Self {
         Self {

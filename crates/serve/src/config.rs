@@ -263,9 +263,9 @@ impl ServeConfig {
     /// The engine's options for this configuration: the policy parameters and the LLM
     /// accounting's LS time between tokens (`tbt_ms`); the rest at their defaults.
     pub fn engine_options(&self) -> EngineOptions {
-        let from_params = || self.params.get("tbt_ms").and_then(|v| v.trim().parse::<f64>().ok());
-        let tbt_ms = self.tbt_ms.or_else(from_params).unwrap_or(100.0);
-        EngineOptions { params: self.policy_params(), ls_time_between_tokens: (tbt_ms * 1e6) as u64, ..EngineOptions::default() }
+        let params = self.policy_params();
+        let ls_time_between_tokens = EngineOptions::ls_time_between_tokens_from(self.tbt_ms, &params);
+        EngineOptions { params, ls_time_between_tokens, ..EngineOptions::default() }
     }
 
     /// The policy parameters in the contract's form.
