@@ -210,14 +210,13 @@ impl Repository {
 #[cfg(test)]
 mod tests {
     use std::fs;
-    use std::path::PathBuf;
-    use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
     use crate::model_repository::config::{DataType, FromGraph};
     use crate::model_repository::onnx_graph::encode::{model, pp_ocr, tiny_model, value_info, D};
     use crate::model_repository::onnx_graph::graph_signature;
     use crate::model_repository::repository::scan;
+    use crate::model_repository::test_dir::TempDir;
 
     fn t(name: &str, data_type: DataType, dims: &[Option<i64>]) -> TensorSignature {
         TensorSignature { name: name.into(), data_type, dims: Some(dims.to_vec()) }
@@ -383,33 +382,6 @@ mod tests {
             assert_eq!(tensor(&c.output, output), (F, output_dims), "{file}");
             let e = contradiction(&config("max_batch_size: 4\ninput { name: \"x\" data_type: TYPE_FP32 dims: [1, 48, 320] }"), &g);
             assert!(e.contains("input \"x\": config.pbtxt says dims [1, 48, 320], the ONNX graph's shape is [3, -1, -1]"), "{file}: {e}");
-        }
-    }
-
-    /// A directory under the system's temporary directory, removed when dropped.
-    struct TempDir(PathBuf);
-
-    impl TempDir {
-        fn new(tag: &str) -> TempDir {
-            static NEXT: AtomicUsize = AtomicUsize::new(0);
-            let n = NEXT.fetch_add(1, Ordering::Relaxed);
-            let path = std::env::temp_dir().join(format!("yardmaster-autocomplete-{}-{tag}-{n}", std::process::id()));
-            let _ = fs::remove_dir_all(&path);
-            fs::create_dir_all(&path).unwrap();
-            TempDir(path)
-        }
-
-        fn file(&self, relative: &str, contents: &[u8]) -> &Self {
-            let path = self.0.join(relative);
-            fs::create_dir_all(path.parent().unwrap()).unwrap();
-            fs::write(path, contents).unwrap();
-            self
-        }
-    }
-
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = fs::remove_dir_all(&self.0);
         }
     }
 

@@ -33,6 +33,8 @@ pub mod config;
 pub mod onnx_graph;
 pub mod pbtxt;
 pub mod repository;
+#[cfg(test)]
+mod test_dir;
 
 pub use autocomplete::DEFAULT_MAX_BATCH_SIZE;
 pub use config::ModelConfig;

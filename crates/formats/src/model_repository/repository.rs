@@ -348,48 +348,7 @@ impl fmt::Display for SloSource {
 mod tests {
     use super::*;
     use crate::model_repository::config::FromGraph;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    /// A directory under the system's temporary directory, removed when dropped.
-    struct TempDir(PathBuf);
-
-    impl TempDir {
-        fn new(tag: &str) -> TempDir {
-            static NEXT: AtomicUsize = AtomicUsize::new(0);
-            let n = NEXT.fetch_add(1, Ordering::Relaxed);
-            let path = std::env::temp_dir().join(format!("yardmaster-repo-test-{}-{tag}-{n}", std::process::id()));
-            let _ = fs::remove_dir_all(&path);
-            fs::create_dir_all(&path).unwrap();
-            TempDir(path)
-        }
-
-        /// Write `contents` at `relative`, creating folders.
-        fn file(&self, relative: &str, contents: &str) -> &Self {
-            let path = self.0.join(relative);
-            fs::create_dir_all(path.parent().unwrap()).unwrap();
-            fs::write(path, contents).unwrap();
-            self
-        }
-
-        /// A (fake) model file in each of `versions` of `model`.
-        fn onnx(&self, model: &str, versions: &[u64]) -> &Self {
-            for v in versions {
-                self.file(&format!("{model}/{v}/model.onnx"), "not really onnx");
-            }
-            self
-        }
-
-        fn folder(&self, relative: &str) -> &Self {
-            fs::create_dir_all(self.0.join(relative)).unwrap();
-            self
-        }
-    }
-
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = fs::remove_dir_all(&self.0);
-        }
-    }
+    use crate::model_repository::test_dir::TempDir;
 
     fn ok<'r>(repo: &'r Repository, name: &str) -> &'r ModelEntry {
         match repo.models.get(name) {
@@ -556,15 +515,15 @@ mod tests {
             let steps: Vec<String> = steps.iter().map(|(m, v)| format!("step {{ model_name: \"{m}\" model_version: {v} }}")).collect();
             format!("platform: \"ensemble\"\nensemble_scheduling {{ {} }}", steps.join(" "))
         };
-        dir.folder("pipe/1").file("pipe/config.pbtxt", &ensemble(&[("det", -1), ("rec", 1)]));
-        dir.folder("ghost_step/1").file("ghost_step/config.pbtxt", &ensemble(&[("det", -1), ("ghost", -1)]));
-        dir.folder("to_broken/1").file("to_broken/config.pbtxt", &ensemble(&[("broken", -1)]));
-        dir.folder("old_version/1").file("old_version/config.pbtxt", &ensemble(&[("det", 1)]));
-        dir.folder("outer/1").file("outer/config.pbtxt", &ensemble(&[("pipe", -1)]));
-        dir.folder("outer_bad/1").file("outer_bad/config.pbtxt", &ensemble(&[("to_broken", -1)]));
-        dir.folder("loop_a/1").file("loop_a/config.pbtxt", &ensemble(&[("loop_b", -1)]));
-        dir.folder("loop_b/1").file("loop_b/config.pbtxt", &ensemble(&[("loop_a", -1)]));
-        dir.file("no_version/config.pbtxt", &ensemble(&[("det", -1)]));
+        dir.folder("pipe/1").file("pipe/config.pbtxt", ensemble(&[("det", -1), ("rec", 1)]));
+        dir.folder("ghost_step/1").file("ghost_step/config.pbtxt", ensemble(&[("det", -1), ("ghost", -1)]));
+        dir.folder("to_broken/1").file("to_broken/config.pbtxt", ensemble(&[("broken", -1)]));
+        dir.folder("old_version/1").file("old_version/config.pbtxt", ensemble(&[("det", 1)]));
+        dir.folder("outer/1").file("outer/config.pbtxt", ensemble(&[("pipe", -1)]));
+        dir.folder("outer_bad/1").file("outer_bad/config.pbtxt", ensemble(&[("to_broken", -1)]));
+        dir.folder("loop_a/1").file("loop_a/config.pbtxt", ensemble(&[("loop_b", -1)]));
+        dir.folder("loop_b/1").file("loop_b/config.pbtxt", ensemble(&[("loop_a", -1)]));
+        dir.file("no_version/config.pbtxt", ensemble(&[("det", -1)]));
 
         let repo = scan(&[&dir.0]).unwrap();
         let pipe = ok(&repo, "pipe");
