@@ -4,9 +4,9 @@
 use std::collections::BTreeMap;
 
 use crate::{
-    Action, Config, Defer, Dispatch, DropReason, DropRequest, Duration, Evict, EvictMode, Host, Instant, LatencyTable, Level, RequestId,
-    Route, Scale, SequenceState, SetBatchLimit, SetRoutes, SetThreads, SetTimer, SetVariant, StageId, VariantId, VariantTarget, Worker,
-    WorkerId,
+    Action, Config, Defer, Dispatch, DropReason, DropRequest, Duration, Evict, EvictMode, Host, Instant, LatencyTable, Level, Placement,
+    RequestId, Route, Scale, SequenceState, SetBatchLimit, SetRoutes, SetThreads, SetTimer, SetVariant, StageId, VariantId, VariantTarget,
+    Worker, WorkerId,
 };
 
 /// A worker as the SDK tracks it: its description and whether it is free.
@@ -186,9 +186,15 @@ impl Ctx {
         self.actions.push(Action::Evict(Evict { sequence, mode }));
     }
 
-    /// Set a stage's replica count.
+    /// Set a stage's replica count; the host places any new replicas.
     pub fn scale(&mut self, stage: StageId, replicas: u32, variant: Option<VariantId>) {
-        self.actions.push(Action::Scale(Scale { stage, replicas, variant }));
+        self.scale_placed(stage, replicas, variant, Vec::new());
+    }
+
+    /// Set a stage's replica count, naming where the new replicas go (one entry per
+    /// new replica, in order; the host places those without an entry).
+    pub fn scale_placed(&mut self, stage: StageId, replicas: u32, variant: Option<VariantId>, placement: Vec<Placement>) {
+        self.actions.push(Action::Scale(Scale { stage, replicas, variant, placement }));
     }
 
     /// Switch the variant of a worker or a stage.

@@ -38,7 +38,7 @@ pub fn constant_variant(latency: Duration) -> Variant {
 
 /// A GPU worker `id` of `stage` running variant 0 with one thread and no memory.
 pub fn gpu_worker(id: WorkerId, stage: u32) -> Worker {
-    Worker { id, stage, variant: 0, device: DeviceKind::Gpu, threads: 1, memory_bytes: 0 }
+    Worker { id, stage, variant: 0, device: DeviceKind::Gpu, threads: 1, memory_bytes: 0, host: 0, slot: 0 }
 }
 
 /// A cluster of one batch stage (id 0, `"infer"`) offering `variants`, batches of at
@@ -65,6 +65,7 @@ pub fn one_stage(variants: Vec<Variant>, max_batch: u32, workers: u32) -> Config
         max_workers: workers,
         seed: 1,
         now: 0,
+        hosts: Vec::new(),
     }
 }
 

@@ -229,7 +229,12 @@ impl Script {
                 sequence: self.request(),
                 mode: if self.byte().is_multiple_of(2) { contract::EvictMode::Recompute } else { contract::EvictMode::Swap },
             }),
-            5 => Action::Scale(contract::Scale { stage: self.below(4), replicas: self.below(6), variant: self.option(3) }),
+            5 => Action::Scale(contract::Scale {
+                stage: self.below(4),
+                replicas: self.below(6),
+                variant: self.option(3),
+                placement: Vec::new(),
+            }),
             6 => Action::SetVariant(contract::SetVariant {
                 target: if self.byte().is_multiple_of(2) {
                     contract::VariantTarget::Worker(self.below(8))

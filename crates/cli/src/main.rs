@@ -453,11 +453,7 @@ fn try_sim_compare(policies: &[String], args: &SimArgs) -> anyhow::Result<()> {
         pipeline,
         seed: args.seed,
         duration: (args.duration * 1e9) as u64,
-        executor: sim::executor::SimExecutorOptions {
-            noise_cv: args.noise,
-            worker_speed: args.worker_speeds.iter().copied().collect(),
-            ..Default::default()
-        },
+        executor: sim::executor::SimExecutorOptions { noise_cv: args.noise, worker_speed: args.worker_speeds.iter().copied().collect() },
         engine: yardmaster::engine::EngineOptions {
             params: llm_params(&args.params, args.tbt_ms),
             ls_time_between_tokens: yardmaster::engine::EngineOptions::ls_time_between_tokens_from(args.tbt_ms, &args.params),

@@ -55,13 +55,16 @@ pub fn bench_config() -> Config {
             min_replicas: 1,
             max_replicas: WORKERS,
         }],
-        workers: (0..WORKERS).map(|id| Worker { id, stage: 0, variant: 0, device: DeviceKind::Gpu, threads: 1, memory_bytes: 0 }).collect(),
+        workers: (0..WORKERS)
+            .map(|id| Worker { id, stage: 0, variant: 0, device: DeviceKind::Gpu, threads: 1, memory_bytes: 0, host: 0, slot: 0 })
+            .collect(),
         streams: vec![Stream { id: 0, name: "s".into(), entry: 0, slo: 100 * MS }],
         params: vec![],
         tick_interval: 1_000 * MS,
         max_workers: WORKERS,
         seed: 1,
         now: 0,
+        hosts: Vec::new(),
     }
 }
 
@@ -244,7 +247,8 @@ fn frame_config() -> Config {
         max_replicas: 1,
         ..config.stages[0].clone()
     };
-    config.workers = vec![Worker { id: 0, stage: 0, variant: 0, device: DeviceKind::Gpu, threads: 1, memory_bytes: 80 << 30 }];
+    config.workers =
+        vec![Worker { id: 0, stage: 0, variant: 0, device: DeviceKind::Gpu, threads: 1, memory_bytes: 80 << 30, host: 0, slot: 0 }];
     config.streams = vec![
         Stream { id: 0, name: "ls".into(), entry: 0, slo: 2_000 * MS },
         Stream { id: 1, name: "ds".into(), entry: 0, slo: 20_000 * MS },

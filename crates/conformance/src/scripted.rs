@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use yardmaster_engine::metrics::Outcome;
 use yardmaster_engine::{
     BatchJob, CallSeen, Clock, ClusterState, Ended, Engine, EngineOptions, Executor, ItemResult, JobResult, ManualClock, PieceState,
-    Pipeline, Submission,
+    Pipeline, Submission, WorkerStart,
 };
 use yardmaster_policy::contract::{Config, Event, EvictMode, Param, StageKind};
 use yardmaster_policy::{Arm, ArmOutput, CallCost};
@@ -201,8 +201,9 @@ impl Executor for ScriptedExecutor {
         self.jobs.remove(&worker);
     }
 
-    fn provision(&mut self, worker: u32, stage: u32, variant: u32) {
-        let startup = self.pipeline.stages[stage as usize].variants[variant as usize].warm_start_ns;
+    fn provision(&mut self, worker: u32, stage: u32, variant: u32, start: WorkerStart) {
+        let def = &self.pipeline.stages[stage as usize].variants[variant as usize];
+        let startup = if start.warm { def.warm_start_ns } else { def.cold_start_ns };
         self.starting.insert(worker, self.clock.now() + startup.max(1));
     }
 

@@ -8,6 +8,8 @@ use std::sync::Arc;
 
 use yardmaster_policy::contract::EvictMode;
 
+pub use crate::hosts::WorkerStart;
+
 /// A source of the current time in nanoseconds; clones read the same clock.
 pub trait Clock: Clone {
     /// Now.
@@ -123,8 +125,10 @@ pub trait Executor {
     fn start(&mut self, job: BatchJob);
     /// Abort the job running on a worker (preemption); no result will come for it.
     fn abort(&mut self, worker: u32);
-    /// Start a new worker; readiness comes back through `Engine::worker_ready`.
-    fn provision(&mut self, worker: u32, stage: u32, variant: u32);
+    /// Start a new worker where `start` says (host, slot, and whether its parameters
+    /// are in that host's cache: a warm start); readiness comes back through
+    /// `Engine::worker_ready`.
+    fn provision(&mut self, worker: u32, stage: u32, variant: u32, start: WorkerStart);
     /// Cancel a worker that is still starting, or remove an idle one.
     fn retire(&mut self, worker: u32);
     /// Change a worker's intra-op thread count.
@@ -177,8 +181,8 @@ impl<X: Executor> Executor for SharedExecutor<X> {
     fn abort(&mut self, worker: u32) {
         self.0.borrow_mut().abort(worker)
     }
-    fn provision(&mut self, worker: u32, stage: u32, variant: u32) {
-        self.0.borrow_mut().provision(worker, stage, variant)
+    fn provision(&mut self, worker: u32, stage: u32, variant: u32, start: WorkerStart) {
+        self.0.borrow_mut().provision(worker, stage, variant, start)
     }
     fn retire(&mut self, worker: u32) {
         self.0.borrow_mut().retire(worker)
@@ -253,7 +257,7 @@ impl Executor for RecordingExecutor {
     fn abort(&mut self, worker: u32) {
         self.started.retain(|j| j.worker != worker);
     }
-    fn provision(&mut self, worker: u32, _stage: u32, _variant: u32) {
+    fn provision(&mut self, worker: u32, _stage: u32, _variant: u32, _start: WorkerStart) {
         self.provisioned.push(worker);
     }
     fn retire(&mut self, worker: u32) {

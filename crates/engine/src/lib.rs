@@ -23,6 +23,7 @@
 #![warn(missing_docs)]
 
 mod exec;
+pub mod hosts;
 pub mod metrics;
 pub mod pipeline;
 mod state;
@@ -32,7 +33,7 @@ use std::collections::BinaryHeap;
 
 pub use exec::{
     BatchJob, Clock, Executor, IdSpace, ItemResult, JobItem, JobResult, ManualClock, MonotonicClock, RecordingExecutor, Resume,
-    SharedExecutor,
+    SharedExecutor, WorkerStart,
 };
 pub use metrics::Outcome;
 pub use pipeline::{Pipeline, Profile, StageDef, StreamDef, VariantDef};
@@ -238,11 +239,19 @@ impl<C: Clock, X: Executor> Engine<C, X> {
                 worker_id += 1;
             }
         }
+        // The initial workers' seats, as the engine will give them.
+        let mut hosts = hosts::Hosts::new(&pipeline.hosts, pipeline.max_workers);
+        for worker in &mut workers {
+            let bytes = pipeline.stages[worker.stage as usize].variants[worker.variant as usize].memory_bytes;
+            let start = hosts.place(worker.id, worker.stage, worker.variant, bytes, None, 0);
+            (worker.host, worker.slot) = (start.host, start.slot);
+        }
         Config {
             arm: arm.into(),
             stages: pipeline.contract_stages(),
             workers,
             streams: pipeline.contract_streams(),
+            hosts: hosts.info(),
             params: options.params.clone(),
             tick_interval: options.tick_interval,
             max_workers: pipeline.max_workers,
@@ -298,16 +307,17 @@ impl<C: Clock, X: Executor> Engine<C, X> {
             // The configuration numbers the initial workers from 0, as the executors do.
             ids.reserve_workers(config.workers.len() as u32);
             for worker in &config.workers {
-                state.workers.insert(worker.id, WorkerEntry::new(*worker, WorkerPhase::Idle));
+                let seat = contract::Placement { host: worker.host, slot: Some(worker.slot) };
+                state.add_worker(*worker, WorkerPhase::Idle, Some(&seat));
                 state.stages[worker.stage as usize].replicas += 1;
             }
         } else {
             for worker in std::mem::take(&mut config.workers) {
                 let mut info = worker;
                 info.id = ids.worker();
-                state.workers.insert(info.id, WorkerEntry::new(info, WorkerPhase::Starting));
+                let start = state.add_worker(info, WorkerPhase::Starting, None);
                 state.stages[info.stage as usize].replicas += 1;
-                provision.push((info.id, info.stage, info.variant));
+                provision.push((info.id, info.stage, info.variant, start));
             }
         }
         let (arm, output) = start_arm(config, &state);
@@ -336,8 +346,8 @@ impl<C: Clock, X: Executor> Engine<C, X> {
             observer: None,
         };
         engine.unserved = vec![None; engine.state.stages.len()];
-        for (worker, stage, variant) in provision {
-            engine.executor.provision(worker, stage, variant);
+        for (worker, stage, variant, start) in provision {
+            engine.executor.provision(worker, stage, variant, start);
         }
         let now = engine.state.now;
         engine.accounting.workers_changed(now, engine.state.serving() as u32);
@@ -409,13 +419,14 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         if (stage as usize) < self.state.stages.len() {
             self.now();
             let variant = self.state.workers.values().find(|w| w.info.stage == stage).map_or(0, |w| w.info.variant);
-            self.scale(stage, replicas, variant);
+            self.scale(stage, replicas, variant, &[]);
         }
     }
 
     /// Cap the workers the policy may ask for (its share of the cluster).
     pub fn set_max_workers(&mut self, max_workers: u32) {
         self.state.pipeline.max_workers = max_workers;
+        self.state.hosts.set_max_workers(max_workers);
     }
 
     /// The accounting (every metric).
@@ -568,7 +579,7 @@ impl<C: Clock, X: Executor> Engine<C, X> {
                 return;
             }
             WorkerPhase::Starting => {
-                self.state.workers.remove(&worker);
+                self.state.remove_worker_entry(worker);
                 self.executor.retire(worker);
             }
             _ => self.remove_worker(worker),
@@ -1086,7 +1097,7 @@ impl<C: Clock, X: Executor> Engine<C, X> {
                 request.arrived_at = now;
                 self.enqueue(request, generated);
             }
-            Action::Scale(s) => self.scale(s.stage, s.replicas, s.variant.unwrap_or(0)),
+            Action::Scale(s) => self.scale(s.stage, s.replicas, s.variant.unwrap_or(0), &s.placement),
             Action::SetVariant(v) => {
                 let workers: Vec<u32> = match v.target {
                     contract::VariantTarget::Worker(w) => vec![w],
@@ -1095,8 +1106,8 @@ impl<C: Clock, X: Executor> Engine<C, X> {
                     }
                 };
                 for id in workers {
-                    if let Some(w) = self.state.workers.get_mut(&id) {
-                        w.info.variant = v.variant;
+                    if self.state.workers.contains_key(&id) {
+                        self.state.switch_variant(id, v.variant);
                         self.executor.set_variant(id, v.variant);
                     }
                 }
@@ -1131,9 +1142,8 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         let kind = def.kind;
         let kv_per_token = def.llm.kv_bytes_per_token;
         if let Some(variant) = d.variant {
-            let w = self.state.workers.get_mut(&d.worker).expect("checked");
-            if w.info.variant != variant {
-                w.info.variant = variant;
+            if self.state.workers[&d.worker].info.variant != variant {
+                self.state.switch_variant(d.worker, variant);
                 self.executor.set_variant(d.worker, variant);
             }
         }
@@ -1227,7 +1237,7 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         self.pending.push(Event::WorkerIdle(worker_id));
     }
 
-    fn scale(&mut self, stage: u32, replicas: u32, variant: u32) {
+    fn scale(&mut self, stage: u32, replicas: u32, variant: u32, placement: &[contract::Placement]) {
         let current = self.state.stages[stage as usize].replicas;
         // Workers that could not be removed (idle LLM workers still holding paused
         // sequences) keep counting as replicas.
@@ -1235,13 +1245,13 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         if replicas > current {
             // A worker is starting: arrivals queue for it again.
             self.unserved[stage as usize] = None;
-            for _ in current..replicas {
+            for (i, _) in (current..replicas).enumerate() {
                 let id = self.ids.worker();
                 let def = &self.state.pipeline.stages[stage as usize];
                 let mut info = worker_info(id, stage, def);
                 info.variant = variant;
-                self.state.workers.insert(id, WorkerEntry::new(info, WorkerPhase::Starting));
-                self.executor.provision(id, stage, variant);
+                let start = self.state.add_worker(info, WorkerPhase::Starting, placement.get(i));
+                self.executor.provision(id, stage, variant, start);
             }
         } else {
             let mut surplus = current - replicas;
@@ -1270,7 +1280,7 @@ impl<C: Clock, X: Executor> Engine<C, X> {
                     match std::mem::replace(&mut worker.phase, WorkerPhase::Idle) {
                         WorkerPhase::Busy { items, started } => worker.phase = WorkerPhase::Draining { items, started },
                         WorkerPhase::Starting => {
-                            self.state.workers.remove(&id);
+                            self.state.remove_worker_entry(id);
                             self.executor.retire(id);
                         }
                         _ => self.remove_worker(id),
@@ -1286,7 +1296,7 @@ impl<C: Clock, X: Executor> Engine<C, X> {
     }
 
     fn remove_worker(&mut self, id: u32) {
-        if self.state.workers.remove(&id).is_some() {
+        if self.state.remove_worker_entry(id).is_some() {
             self.executor.retire(id);
             self.pending.push(Event::WorkerRemoved(id));
             let (now, serving) = (self.state.now, self.state.serving() as u32);
@@ -1366,7 +1376,16 @@ pub fn pieces_per_request(pipeline: &Pipeline) -> Vec<f64> {
 }
 
 fn worker_info(id: u32, stage: u32, def: &StageDef) -> contract::Worker {
-    contract::Worker { id, stage, variant: 0, device: def.device, threads: def.threads, memory_bytes: def.worker_memory_bytes }
+    contract::Worker {
+        id,
+        stage,
+        variant: 0,
+        device: def.device,
+        host: 0,
+        slot: 0,
+        threads: def.threads,
+        memory_bytes: def.worker_memory_bytes,
+    }
 }
 
 fn drop_reason(reason: contract::DropReason) -> &'static str {

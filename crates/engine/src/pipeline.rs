@@ -8,6 +8,8 @@ use std::collections::HashMap;
 
 use yardmaster_policy::contract::{self, DeviceKind, LatencyPoint, StageKind};
 
+pub use crate::hosts::HostDef;
+
 /// Batch latency of a variant.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Profile {
@@ -170,6 +172,9 @@ pub struct Pipeline {
     pub streams: Vec<StreamDef>,
     /// Most workers the cluster can run.
     pub max_workers: u32,
+    /// The cluster's hosts; none: one implicit host with `max_workers` slots (see
+    /// [`crate::hosts`]).
+    pub hosts: Vec<HostDef>,
 }
 
 /// Most workers a pipeline may ask for (`max_workers`, and so its initial replicas):
@@ -256,6 +261,19 @@ impl Pipeline {
         }
         if initial > self.max_workers as u64 {
             return fail(format!("{initial} initial replicas exceed max_workers = {}", self.max_workers));
+        }
+        let mut host_names = HashMap::new();
+        for host in &self.hosts {
+            if host_names.insert(host.name.as_str(), ()).is_some() {
+                return fail(format!("two hosts are named {:?}", host.name));
+            }
+            if host.slots == 0 {
+                return fail(format!("host {:?} has no slot", host.name));
+            }
+        }
+        let slots: u64 = self.hosts.iter().map(|h| h.slots as u64).sum();
+        if !self.hosts.is_empty() && self.max_workers as u64 > slots {
+            return fail(format!("max_workers = {} exceeds the {slots} slots of the hosts", self.max_workers));
         }
         Ok(())
     }

@@ -6,9 +6,10 @@ use std::collections::{BTreeMap, VecDeque};
 
 use rustc_hash::FxHashMap;
 
+use super::hosts::{Hosts, WorkerStart};
 use super::pipeline::Pipeline;
-use yardmaster_policy::contract::{self, Request, StageKind};
-use yardmaster_policy::validate::{ClusterView, SequenceState, StageState, WorkerState};
+use yardmaster_policy::contract::{self, Placement, Request, StageKind};
+use yardmaster_policy::validate::{ClusterView, HostSlots, SequenceState, StageState, WorkerState};
 
 /// Where a piece is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -153,6 +154,8 @@ pub struct ClusterState {
     pub(crate) queued_order: Vec<VecDeque<(u64, u64)>>,
     /// Most intra-op threads per worker.
     pub(crate) max_threads: u32,
+    /// The hosts: who holds which slot, and what each caches.
+    pub(crate) hosts: Hosts,
 }
 
 impl ClusterState {
@@ -164,7 +167,9 @@ impl ClusterState {
             .map(|s| StageEntry { batch_limit: s.max_batch, replicas: 0, window: StageWindow::default(), routes: Vec::new() })
             .collect();
         let queued_order = vec![VecDeque::new(); pipeline.stages.len()];
+        let hosts = Hosts::new(&pipeline.hosts, pipeline.max_workers);
         Self {
+            hosts,
             pipeline,
             now: 0,
             pieces: FxHashMap::default(),
@@ -204,6 +209,42 @@ impl ClusterState {
     /// Every piece (request at a stage) not yet ended, by id.
     pub fn pieces(&self) -> &FxHashMap<u64, Piece> {
         &self.pieces
+    }
+
+    /// Every host's state: free slots, replicas per stage, cached parameters.
+    pub fn hosts(&self) -> Vec<contract::HostStats> {
+        self.hosts.stats(self.stages.len())
+    }
+
+    /// The hosts as the policy's configuration lists them.
+    pub fn host_info(&self) -> Vec<contract::HostInfo> {
+        self.hosts.info()
+    }
+
+    /// Add a worker in `phase`, seated where `placement` says (or by the hosts'
+    /// default rule); `info`'s host and slot are filled in. Where it starts, and
+    /// whether warm.
+    pub(crate) fn add_worker(&mut self, mut info: contract::Worker, phase: WorkerPhase, placement: Option<&Placement>) -> WorkerStart {
+        let bytes = self.pipeline.stages[info.stage as usize].variants.get(info.variant as usize).map_or(0, |v| v.memory_bytes);
+        let start = self.hosts.place(info.id, info.stage, info.variant, bytes, placement, self.now);
+        info.host = start.host;
+        info.slot = start.slot;
+        self.workers.insert(info.id, WorkerEntry::new(info, phase));
+        start
+    }
+
+    /// Remove a worker; its slot is free again.
+    pub(crate) fn remove_worker_entry(&mut self, id: u32) -> Option<WorkerEntry> {
+        self.hosts.release(id);
+        self.workers.remove(&id)
+    }
+
+    /// A worker now runs `variant`: its host loads (and caches) those parameters.
+    pub(crate) fn switch_variant(&mut self, id: u32, variant: u32) {
+        let Some(worker) = self.workers.get_mut(&id) else { return };
+        worker.info.variant = variant;
+        let bytes = self.pipeline.stages[worker.info.stage as usize].variants.get(variant as usize).map_or(0, |v| v.memory_bytes);
+        self.hosts.switch_variant(id, variant, bytes, self.now);
     }
 
     /// Workers that can take work now.
@@ -269,7 +310,9 @@ impl ClusterState {
                 }
             })
             .collect();
-        contract::Snapshot { at: now, stages, workers, host_memory_used: 0, host_memory_capacity: 0 }
+        let (host_memory_used, host_memory_capacity) = self.hosts.cache_totals();
+        let hosts = self.hosts.stats(self.stages.len());
+        contract::Snapshot { at: now, stages, workers, host_memory_used, host_memory_capacity, hosts }
     }
 }
 
@@ -332,5 +375,9 @@ impl ClusterView for ClusterState {
 
     fn max_threads(&self) -> u32 {
         self.max_threads
+    }
+
+    fn host_slots(&self, host: u32) -> Option<HostSlots> {
+        self.hosts.slots(host)
     }
 }

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 
 use serde::Deserialize;
 
+use yardmaster_engine::hosts::DEFAULT_HOST_CACHE_BYTES;
 use yardmaster_engine::pipeline::*;
 use yardmaster_policy::contract::{DeviceKind, LatencyPoint, StageKind};
 
@@ -47,6 +48,19 @@ mod toml_format {
         stages: Vec<StageFile>,
         #[serde(rename = "stream", default)]
         streams: Vec<StreamFile>,
+        #[serde(rename = "host", default)]
+        hosts: Vec<HostFile>,
+    }
+
+    /// A `[[host]]` table: a server of the cluster.
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct HostFile {
+        name: String,
+        /// Device slots (GPUs).
+        slots: u32,
+        /// Host memory for cached model parameters, GiB.
+        cache_gib: Option<f64>,
     }
 
     #[derive(Deserialize)]
@@ -230,11 +244,25 @@ mod toml_format {
                 streams.push(StreamDef { name: self.name.clone(), entry: 0, slo_ns: (slo * MS) as u64 });
             }
             let initial = stages.iter().map(|s| s.replicas as u64).sum::<u64>().min(u32::MAX as u64) as u32;
+            let mut hosts = Vec::new();
+            for h in &self.hosts {
+                let gib = h.cache_gib.unwrap_or((DEFAULT_HOST_CACHE_BYTES >> 30) as f64);
+                if !(gib.is_finite() && gib >= 0.0) {
+                    return Err(format!("host {:?}: cache_gib must be a number of GiB, at least 0", h.name));
+                }
+                hosts.push(HostDef { name: h.name.clone(), slots: h.slots, cache_bytes: (gib * (1u64 << 30) as f64) as u64 });
+            }
+            let slots = hosts.iter().map(|h| h.slots as u64).sum::<u64>().min(MAX_WORKERS as u64) as u32;
             let max_workers = self.max_workers.unwrap_or_else(|| {
                 let bounds = stages.iter().map(|s| s.max_replicas as u64).sum::<u64>().min(MAX_WORKERS as u64) as u32;
-                bounds.max(initial)
+                let wanted = bounds.max(initial);
+                if hosts.is_empty() {
+                    wanted
+                } else {
+                    wanted.min(slots)
+                }
             });
-            Ok(Pipeline { name: self.name, stages, streams, max_workers })
+            Ok(Pipeline { name: self.name, stages, streams, max_workers, hosts })
         }
     }
 }
@@ -409,6 +437,7 @@ mod loki {
             stages,
             streams: vec![StreamDef { name: app.name, entry: 0, slo_ns: (app.slo_ms * MS) as u64 }],
             max_workers: replicas * 8,
+            hosts: Vec::new(),
         })
     }
 

@@ -3,8 +3,9 @@
 //! the latest version, which the rest of the host uses for events and actions.
 //!
 //! Every released version of `yardmaster:policy` is a frozen directory `wit/X.Y.Z/`
-//! with a module here (`v0_1_0` for `wit/0.1.0/`) holding its own `bindgen!`, its host
-//! imports and the conversions between its types and the latest ones. The loader reads
+//! with a module here (`v0_1_0` for `wit/0.1.0/`, `v0_2_0` for `wit/0.2.0/`) holding
+//! its own `bindgen!`, its host imports and the conversions between its types and the
+//! latest ones (written with the helpers of [`convert`]). The loader reads
 //! the version a component exports (`yardmaster:policy/policy@X.Y.Z`), checks it
 //! against [`ACCEPTED`] and links the component through that version's module
 //! ([`Binding`]); an instance calls it through the same module, so a policy built
@@ -12,27 +13,29 @@
 //! below ([`Event`], [`Action`], [`Config`], …) are always the latest version's types;
 //! `wit/README.md` describes how a new version is added.
 
+pub(crate) mod convert;
 pub mod v0_1_0;
+pub mod v0_2_0;
 mod version;
 
 use wasmtime::component::{InstancePre, Linker};
 use wasmtime::Store;
 
-pub use self::v0_1_0::yardmaster::policy::host::Level;
-pub use self::v0_1_0::yardmaster::policy::types::*;
+pub use self::v0_2_0::yardmaster::policy::host::Level;
+pub use self::v0_2_0::yardmaster::policy::types::*;
 pub use self::version::{exported_version, Accepted, ContractVersion, VersionError, POLICY_EXPORT};
 
 use super::instance::HostState;
 
 /// The latest contract version: the one whose types the host uses.
-pub const LATEST: ContractVersion = v0_1_0::VERSION;
+pub const LATEST: ContractVersion = v0_2_0::VERSION;
 
 /// The contract versions this host accepts: from the oldest still supported to
 /// [`LATEST`], each served by its own bindings module (see [`Binding::ALL`]).
 pub const ACCEPTED: Accepted = Accepted { oldest: v0_1_0::VERSION, latest: LATEST };
 
 /// The version of the contract this host implements natively (the latest), as text.
-pub const CONTRACT_VERSION: &str = "0.1.0";
+pub const CONTRACT_VERSION: &str = "0.2.0";
 
 /// The interfaces of the world a policy may import (without their version).
 pub const WORLD_IMPORTS: &[&str] = &["yardmaster:policy/types", "yardmaster:policy/host"];
@@ -42,16 +45,19 @@ pub const WORLD_IMPORTS: &[&str] = &["yardmaster:policy/types", "yardmaster:poli
 pub enum Binding {
     /// `wit/0.1.0`, module [`v0_1_0`].
     V0_1_0,
+    /// `wit/0.2.0`, module [`v0_2_0`].
+    V0_2_0,
 }
 
 impl Binding {
     /// Every supported version's bindings, oldest first.
-    pub const ALL: &'static [Binding] = &[Binding::V0_1_0];
+    pub const ALL: &'static [Binding] = &[Binding::V0_1_0, Binding::V0_2_0];
 
     /// The contract version this module binds.
     pub const fn version(self) -> ContractVersion {
         match self {
             Binding::V0_1_0 => v0_1_0::VERSION,
+            Binding::V0_2_0 => v0_2_0::VERSION,
         }
     }
 
@@ -68,6 +74,7 @@ impl Binding {
     pub(crate) fn add_to_linker(self, linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
         match self {
             Binding::V0_1_0 => v0_1_0::add_to_linker(linker),
+            Binding::V0_2_0 => v0_2_0::add_to_linker(linker),
         }
     }
 
@@ -75,6 +82,7 @@ impl Binding {
     pub(crate) fn link(self, instance_pre: InstancePre<HostState>) -> wasmtime::Result<Linked> {
         match self {
             Binding::V0_1_0 => Ok(Linked::V0_1_0(v0_1_0::Linked::new(instance_pre)?)),
+            Binding::V0_2_0 => Ok(Linked::V0_2_0(v0_2_0::Linked::new(instance_pre)?)),
         }
     }
 }
@@ -83,6 +91,8 @@ impl Binding {
 pub(crate) enum Linked {
     /// Built against 0.1.0.
     V0_1_0(v0_1_0::Linked),
+    /// Built against 0.2.0.
+    V0_2_0(v0_2_0::Linked),
 }
 
 impl Linked {
@@ -90,6 +100,7 @@ impl Linked {
     pub(crate) fn binding(&self) -> Binding {
         match self {
             Linked::V0_1_0(_) => Binding::V0_1_0,
+            Linked::V0_2_0(_) => Binding::V0_2_0,
         }
     }
 
@@ -97,6 +108,7 @@ impl Linked {
     pub(crate) fn instantiate(&self, store: &mut Store<HostState>) -> wasmtime::Result<Exports> {
         match self {
             Linked::V0_1_0(linked) => Ok(Exports::V0_1_0(v0_1_0::Exports::new(linked, store)?)),
+            Linked::V0_2_0(linked) => Ok(Exports::V0_2_0(v0_2_0::Exports::new(linked, store)?)),
         }
     }
 }
@@ -106,6 +118,8 @@ impl Linked {
 pub(crate) enum Exports {
     /// Built against 0.1.0.
     V0_1_0(v0_1_0::Exports),
+    /// Built against 0.2.0.
+    V0_2_0(v0_2_0::Exports),
 }
 
 impl Exports {
@@ -113,6 +127,7 @@ impl Exports {
     pub(crate) fn init(&self, store: &mut Store<HostState>, config: &Config) -> wasmtime::Result<Result<Vec<Action>, String>> {
         match self {
             Exports::V0_1_0(exports) => exports.init(store, config),
+            Exports::V0_2_0(exports) => exports.init(store, config),
         }
     }
 
@@ -120,6 +135,7 @@ impl Exports {
     pub(crate) fn handle(&self, store: &mut Store<HostState>, now: u64, events: &[Event]) -> wasmtime::Result<Vec<Action>> {
         match self {
             Exports::V0_1_0(exports) => exports.handle(store, now, events),
+            Exports::V0_2_0(exports) => exports.handle(store, now, events),
         }
     }
 }

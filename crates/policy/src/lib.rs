@@ -30,4 +30,4 @@ pub use loader::{LoadError, PolicyLoader, PolicyModule};
 pub use native::NativePolicy;
 pub use sandbox::{CallKind, Limits, Mode, Sandbox};
 pub use shadow::{Shadow, ShadowReport};
-pub use validate::{ClusterView, Ledger, LedgerChanges, LedgerSnapshot, Rejection, SequenceState, StageState, WorkerState};
+pub use validate::{ClusterView, HostSlots, Ledger, LedgerChanges, LedgerSnapshot, Rejection, SequenceState, StageState, WorkerState};

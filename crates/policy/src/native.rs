@@ -3,7 +3,8 @@
 //! decision-cost benchmark uses it as the native baseline.
 //!
 //! The conversions here mirror the component's marshalling: host types are copied
-//! into the SDK's types on the way in and back on the way out.
+//! into the SDK's types on the way in and back on the way out (with the contract's
+//! conversion macros, as between contract versions).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,6 +14,7 @@ use std::time::Instant as WallInstant;
 use yardmaster_sdk as sdk;
 
 use super::contract as host;
+use super::contract::convert::{cases, payloads, record, Convert};
 use super::instance::{check_action_count, log_policy_line, CallCost, PolicyFault, PolicyInstance};
 use super::sandbox::CallKind;
 
@@ -32,14 +34,7 @@ impl sdk::Host for SharedHost {
         self.0.now.load(Ordering::Relaxed)
     }
     fn log(&self, level: sdk::Level, message: &str) {
-        let level = match level {
-            sdk::Level::Trace => host::Level::Trace,
-            sdk::Level::Debug => host::Level::Debug,
-            sdk::Level::Info => host::Level::Info,
-            sdk::Level::Warn => host::Level::Warn,
-            sdk::Level::Error => host::Level::Error,
-        };
-        log_policy_line(&self.0.label, level, message);
+        log_policy_line(&self.0.label, level.convert(), message);
     }
     fn profile(&self, _stage: u32, _variant: u32, _batch: u32) -> Option<u64> {
         None
@@ -127,198 +122,72 @@ fn panic_message(name: &str, panic: Box<dyn std::any::Any + Send>) -> String {
 
 /// Copy a host configuration into the SDK's types.
 pub fn config_to_sdk(config: &host::Config) -> sdk::Config {
-    sdk::Config {
-        arm: config.arm.clone(),
-        stages: config.stages.iter().map(stage_to_sdk).collect(),
-        workers: config.workers.iter().map(worker_to_sdk).collect(),
-        streams: config.streams.iter().map(|s| sdk::Stream { id: s.id, name: s.name.clone(), entry: s.entry, slo: s.slo }).collect(),
-        params: config.params.iter().map(|p| sdk::Param { key: p.key.clone(), value: p.value.clone() }).collect(),
-        tick_interval: config.tick_interval,
-        max_workers: config.max_workers,
-        seed: config.seed,
-        now: config.now,
-    }
-}
-
-fn stage_to_sdk(stage: &host::Stage) -> sdk::Stage {
-    sdk::Stage {
-        id: stage.id,
-        name: stage.name.clone(),
-        kind: match stage.kind {
-            host::StageKind::Batch => sdk::StageKind::Batch,
-            host::StageKind::Iteration => sdk::StageKind::Iteration,
-        },
-        successors: stage.successors.clone(),
-        predecessors: stage.predecessors.clone(),
-        variants: stage
-            .variants
-            .iter()
-            .map(|v| sdk::Variant {
-                id: v.id,
-                name: v.name.clone(),
-                accuracy: v.accuracy,
-                profile: v.profile.iter().map(|p| sdk::LatencyPoint { batch: p.batch, mean: p.mean, tail: p.tail }).collect(),
-                memory_bytes: v.memory_bytes,
-                fan_out: v.fan_out,
-            })
-            .collect(),
-        max_batch: stage.max_batch,
-        min_replicas: stage.min_replicas,
-        max_replicas: stage.max_replicas,
-    }
-}
-
-fn worker_to_sdk(worker: &host::Worker) -> sdk::Worker {
-    sdk::Worker {
-        id: worker.id,
-        stage: worker.stage,
-        variant: worker.variant,
-        device: match worker.device {
-            host::DeviceKind::Cpu => sdk::DeviceKind::Cpu,
-            host::DeviceKind::Gpu => sdk::DeviceKind::Gpu,
-        },
-        threads: worker.threads,
-        memory_bytes: worker.memory_bytes,
-    }
-}
-
-fn request_to_sdk(r: &host::Request) -> sdk::Request {
-    sdk::Request {
-        id: r.id,
-        origin: r.origin,
-        stage: r.stage,
-        stream: r.stream,
-        sent_at: r.sent_at,
-        arrived_at: r.arrived_at,
-        deadline: r.deadline,
-        priority: r.priority,
-        input_size: r.input_size,
-        expected_tokens: r.expected_tokens,
-        requeues: r.requeues,
-        tags: r.tags.as_ref().map(|tags| tags.iter().map(|t| sdk::Tag { key: t.key.clone(), value: t.value.clone() }).collect()),
-    }
+    config.clone().convert()
 }
 
 /// Copy a host event into the SDK's types.
 pub fn event_to_sdk(event: &host::Event) -> sdk::Event {
-    match event {
-        host::Event::Arrival(r) => sdk::Event::Arrival(request_to_sdk(r)),
-        host::Event::WorkerIdle(w) => sdk::Event::WorkerIdle(*w),
-        host::Event::BatchDone(b) => sdk::Event::BatchDone(sdk::BatchOutcome {
-            worker: b.worker,
-            started_at: b.started_at,
-            duration: b.duration,
-            results: b
-                .results
-                .iter()
-                .map(|r| sdk::RequestResult {
-                    id: r.id,
-                    status: match r.status {
-                        host::RequestStatus::Ok => sdk::RequestStatus::Ok,
-                        host::RequestStatus::Failed => sdk::RequestStatus::Failed,
-                    },
-                    tokens: r.tokens,
-                })
-                .collect(),
-        }),
-        host::Event::Frame(f) => sdk::Event::Frame(sdk::FrameReport {
-            worker: f.worker,
-            steps: f.steps,
-            duration: f.duration,
-            sequences: f
-                .sequences
-                .iter()
-                .map(|s| sdk::SequenceState { id: s.id, generated: s.generated, kv_bytes: s.kv_bytes, finished: s.finished })
-                .collect(),
-            kv_capacity: f.kv_capacity,
-        }),
-        host::Event::Tick(s) => sdk::Event::Tick(sdk::Snapshot {
-            at: s.at,
-            stages: s
-                .stages
-                .iter()
-                .map(|st| sdk::StageStats {
-                    stage: st.stage,
-                    queue_length: st.queue_length,
-                    queue_delay: st.queue_delay,
-                    arrival_rate: st.arrival_rate,
-                    throughput: st.throughput,
-                    mean_batch: st.mean_batch,
-                    replicas: st.replicas,
-                    starting: st.starting,
-                    batch_limit: st.batch_limit,
-                })
-                .collect(),
-            workers: s
-                .workers
-                .iter()
-                .map(|w| sdk::WorkerStats {
-                    worker: w.worker,
-                    stage: w.stage,
-                    variant: w.variant,
-                    busy: w.busy,
-                    utilisation: w.utilisation,
-                    last_batch: w.last_batch,
-                    threads: w.threads,
-                    memory_used: w.memory_used,
-                    memory_capacity: w.memory_capacity,
-                })
-                .collect(),
-            host_memory_used: s.host_memory_used,
-            host_memory_capacity: s.host_memory_capacity,
-        }),
-        host::Event::Timer(t) => sdk::Event::Timer(*t),
-        host::Event::WorkerAdded(w) => sdk::Event::WorkerAdded(worker_to_sdk(w)),
-        host::Event::WorkerRemoved(w) => sdk::Event::WorkerRemoved(*w),
-        host::Event::RequestEnded((id, reason)) => sdk::Event::RequestEnded((
-            *id,
-            match reason {
-                host::EndReason::Cancelled => sdk::EndReason::Cancelled,
-                host::EndReason::Expired => sdk::EndReason::Expired,
-                host::EndReason::Failed => sdk::EndReason::Failed,
-            },
-        )),
-    }
+    event.clone().convert()
 }
 
 /// Copy an SDK action into the host's types.
 pub fn action_from_sdk(action: sdk::Action) -> host::Action {
-    match action {
-        sdk::Action::Drop(d) => host::Action::Drop(host::DropRequest {
-            request: d.request,
-            reason: match d.reason {
-                sdk::DropReason::DeadlineUnreachable => host::DropReason::DeadlineUnreachable,
-                sdk::DropReason::Overload => host::DropReason::Overload,
-                sdk::DropReason::QueueFull => host::DropReason::QueueFull,
-                sdk::DropReason::Preempted => host::DropReason::Preempted,
-                sdk::DropReason::Policy => host::DropReason::Policy,
-            },
-        }),
-        sdk::Action::Dispatch(d) => host::Action::Dispatch(host::Dispatch { worker: d.worker, requests: d.requests, variant: d.variant }),
-        sdk::Action::Preempt(w) => host::Action::Preempt(w),
-        sdk::Action::Evict(e) => host::Action::Evict(host::Evict {
-            sequence: e.sequence,
-            mode: match e.mode {
-                sdk::EvictMode::Recompute => host::EvictMode::Recompute,
-                sdk::EvictMode::Swap => host::EvictMode::Swap,
-            },
-        }),
-        sdk::Action::Scale(s) => host::Action::Scale(host::Scale { stage: s.stage, replicas: s.replicas, variant: s.variant }),
-        sdk::Action::SetVariant(s) => host::Action::SetVariant(host::SetVariant {
-            target: match s.target {
-                sdk::VariantTarget::Worker(w) => host::VariantTarget::Worker(w),
-                sdk::VariantTarget::Stage(st) => host::VariantTarget::Stage(st),
-            },
-            variant: s.variant,
-        }),
-        sdk::Action::SetRoutes(r) => host::Action::SetRoutes(host::SetRoutes {
-            stage: r.stage,
-            source: r.source,
-            targets: r.targets.into_iter().map(|t| host::Route { worker: t.worker, weight: t.weight }).collect(),
-        }),
-        sdk::Action::SetBatchLimit(b) => host::Action::SetBatchLimit(host::SetBatchLimit { stage: b.stage, limit: b.limit }),
-        sdk::Action::SetThreads(t) => host::Action::SetThreads(host::SetThreads { worker: t.worker, threads: t.threads }),
-        sdk::Action::Defer(d) => host::Action::Defer(host::Defer { request: d.request, until: d.until }),
-        sdk::Action::SetTimer(t) => host::Action::SetTimer(host::SetTimer { at: t.at, token: t.token }),
-    }
+    action.convert()
 }
+
+// The SDK's types are the latest contract's, generated a second time (by wit-bindgen,
+// for the guest side): the same records, field by field.
+record!(host::Config => sdk::Config { arm, stages, workers, streams, hosts, params, tick_interval, max_workers, seed, now });
+record!(host::Stage => sdk::Stage {
+    id, name, kind, successors, predecessors, variants, max_batch, min_replicas, max_replicas
+});
+record!(host::Variant => sdk::Variant { id, name, accuracy, profile, memory_bytes, fan_out });
+record!(host::LatencyPoint => sdk::LatencyPoint { batch, mean, tail });
+cases!(host::StageKind => sdk::StageKind { Batch, Iteration });
+cases!(host::DeviceKind => sdk::DeviceKind { Cpu, Gpu });
+record!(host::Worker => sdk::Worker { id, stage, variant, device, host, slot, threads, memory_bytes });
+record!(host::HostInfo => sdk::HostInfo { id, name, slots, cache_capacity });
+record!(host::Stream => sdk::Stream { id, name, entry, slo });
+record!(host::Param => sdk::Param { key, value });
+payloads!(host::Event => sdk::Event {
+    Arrival, WorkerIdle, BatchDone, Frame, Tick, Timer, WorkerAdded, WorkerRemoved, RequestEnded
+});
+record!(host::Request => sdk::Request {
+    id, origin, stage, stream, sent_at, arrived_at, deadline, priority, input_size, expected_tokens, requeues, tags
+});
+record!(host::Tag => sdk::Tag { key, value });
+record!(host::BatchOutcome => sdk::BatchOutcome { worker, started_at, duration, results });
+record!(host::RequestResult => sdk::RequestResult { id, status, tokens });
+cases!(host::RequestStatus => sdk::RequestStatus { Ok, Failed });
+record!(host::FrameReport => sdk::FrameReport { worker, steps, duration, sequences, kv_capacity });
+record!(host::SequenceState => sdk::SequenceState { id, generated, kv_bytes, finished });
+record!(host::Snapshot => sdk::Snapshot { at, stages, workers, host_memory_used, host_memory_capacity, hosts });
+record!(host::StageStats => sdk::StageStats {
+    stage, queue_length, queue_delay, arrival_rate, throughput, mean_batch, replicas, starting, batch_limit
+});
+record!(host::WorkerStats => sdk::WorkerStats {
+    worker, stage, variant, busy, utilisation, last_batch, threads, memory_used, memory_capacity
+});
+record!(host::HostStats => sdk::HostStats { id, free_slots, replicas, cache_used, cache_capacity, cached });
+record!(host::CachedParameters => sdk::CachedParameters { stage, variant, bytes, last_used });
+cases!(host::EndReason => sdk::EndReason { Cancelled, Expired, Failed });
+
+payloads!(sdk::Action => host::Action {
+    Drop, Dispatch, Preempt, Evict, Scale, SetVariant, SetRoutes, SetBatchLimit, SetThreads, Defer, SetTimer
+});
+record!(sdk::DropRequest => host::DropRequest { request, reason });
+cases!(sdk::DropReason => host::DropReason { DeadlineUnreachable, Overload, QueueFull, Preempted, Policy });
+record!(sdk::Dispatch => host::Dispatch { worker, requests, variant });
+record!(sdk::Evict => host::Evict { sequence, mode });
+cases!(sdk::EvictMode => host::EvictMode { Recompute, Swap });
+record!(sdk::Scale => host::Scale { stage, replicas, variant, placement });
+record!(sdk::Placement => host::Placement { host, slot });
+record!(sdk::SetVariant => host::SetVariant { target, variant });
+payloads!(sdk::VariantTarget => host::VariantTarget { Worker, Stage });
+record!(sdk::SetRoutes => host::SetRoutes { stage, source, targets });
+record!(sdk::Route => host::Route { worker, weight });
+record!(sdk::SetBatchLimit => host::SetBatchLimit { stage, limit });
+record!(sdk::SetThreads => host::SetThreads { worker, threads });
+record!(sdk::Defer => host::Defer { request, until });
+record!(sdk::SetTimer => host::SetTimer { at, token });
+cases!(sdk::Level => host::Level { Trace, Debug, Info, Warn, Error });

@@ -68,6 +68,17 @@ pub trait ClusterView {
     fn total_replicas(&self) -> u32;
     /// Most intra-op threads one worker may use.
     fn max_threads(&self) -> u32;
+    /// A host's device slots, if the host exists.
+    fn host_slots(&self, host: u32) -> Option<HostSlots>;
+}
+
+/// A host's device slots as the validator needs to see them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostSlots {
+    /// Slots on the host.
+    pub slots: u32,
+    /// Slots no worker holds, ascending.
+    pub free: Vec<u32>,
 }
 
 /// Why an action was rejected.
@@ -176,6 +187,15 @@ pub enum Rejection {
         /// Maximum.
         max: u32,
     },
+    /// A placement that names no host, a slot the host lacks or that is taken, more
+    /// replicas than a host has free slots, or more entries than new replicas.
+    #[error("placement for stage {stage}: {reason}")]
+    BadPlacement {
+        /// Stage.
+        stage: u32,
+        /// What is wrong.
+        reason: String,
+    },
     /// A defer or timer in the past.
     #[error("time {at} is not after now ({now})")]
     InThePast {
@@ -208,6 +228,7 @@ impl Rejection {
             Rejection::BadBatchLimit { .. } => "bad-batch-limit",
             Rejection::BadThreads { .. } => "bad-threads",
             Rejection::InThePast { .. } => "in-the-past",
+            Rejection::BadPlacement { .. } => "bad-placement",
         }
     }
 }
@@ -486,6 +507,7 @@ pub fn validate(actions: Vec<Action>, ledger: &Ledger, view: &dyn ClusterView) -
         taken: HashSet::default(),
         preempted: HashSet::default(),
         replica_delta: HashMap::default(),
+        placed: HashMap::default(),
     };
     let mut verdict = Verdict::default();
     for action in actions {
@@ -508,6 +530,9 @@ struct Checker<'a> {
     preempted: HashSet<u32>,
     /// Replica changes made by accepted scale actions of this answer, per stage.
     replica_delta: HashMap<u32, i64>,
+    /// Slots claimed by accepted placements of this answer, per host (`None`: a free
+    /// slot the host picks).
+    placed: HashMap<u32, Vec<Option<u32>>>,
 }
 
 impl Checker<'_> {
@@ -646,8 +671,43 @@ impl Checker<'_> {
         if wanted > view.max_workers() as i64 {
             return Err(Rejection::OverCapacity { wanted: wanted.max(0) as u32, max: view.max_workers() });
         }
+        let placed = self.check_placement(s, delta)?;
         self.replica_delta.insert(s.stage, delta);
+        for (host, slot) in placed {
+            self.placed.entry(host).or_default().push(slot);
+        }
         Ok(())
+    }
+
+    /// Check a scale's placement against the hosts' free slots (less those claimed
+    /// earlier in this answer); the claims it would make.
+    fn check_placement(&self, s: &Scale, delta: i64) -> Result<Vec<(u32, Option<u32>)>, Rejection> {
+        let bad = |reason: String| Rejection::BadPlacement { stage: s.stage, reason };
+        if s.placement.is_empty() {
+            return Ok(Vec::new());
+        }
+        if s.placement.len() as i64 > delta.max(0) {
+            return Err(bad(format!("{} entries for {} new replicas", s.placement.len(), delta.max(0))));
+        }
+        let mut claims: Vec<(u32, Option<u32>)> = Vec::with_capacity(s.placement.len());
+        for p in &s.placement {
+            let host = self.view.host_slots(p.host).ok_or_else(|| bad(format!("host {} does not exist", p.host)))?;
+            let earlier = self.placed.get(&p.host).into_iter().flatten().chain(claims.iter().filter(|(h, _)| *h == p.host).map(|(_, s)| s));
+            let earlier: Vec<Option<u32>> = earlier.copied().collect();
+            if let Some(slot) = p.slot {
+                if slot >= host.slots {
+                    return Err(bad(format!("host {} has no slot {slot} (it has {})", p.host, host.slots)));
+                }
+                if !host.free.contains(&slot) || earlier.contains(&Some(slot)) {
+                    return Err(bad(format!("slot {slot} of host {} is taken", p.host)));
+                }
+            }
+            if earlier.len() >= host.free.len() {
+                return Err(bad(format!("host {} has {} free slots", p.host, host.free.len())));
+            }
+            claims.push((p.host, p.slot));
+        }
+        Ok(claims)
     }
 
     fn check_routes(&self, r: &SetRoutes) -> Result<(), Rejection> {
@@ -692,7 +752,7 @@ impl Checker<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::contract::{Defer, DropReason, DropRequest, Evict, EvictMode, Route, SetBatchLimit, SetThreads, SetVariant};
+    use crate::contract::{Defer, DropReason, DropRequest, Evict, EvictMode, Placement, Route, SetBatchLimit, SetThreads, SetVariant};
 
     /// Two batch stages (0: workers 0, 1; 1: worker 2) and an iteration stage (2:
     /// worker 3, with resident sequences 500 running and 501 paused).
@@ -744,6 +804,14 @@ mod tests {
         }
         fn max_threads(&self) -> u32 {
             8
+        }
+        /// Host 0: slots 0–3, 1 and 3 free; host 1: slots 0–1, none free.
+        fn host_slots(&self, host: u32) -> Option<HostSlots> {
+            match host {
+                0 => Some(HostSlots { slots: 4, free: vec![1, 3] }),
+                1 => Some(HostSlots { slots: 2, free: vec![] }),
+                _ => None,
+            }
         }
     }
 
@@ -812,7 +880,7 @@ mod tests {
 
     #[test]
     fn scaling_respects_stage_bounds_and_cluster_capacity() {
-        let scale = |stage, replicas| Action::Scale(Scale { stage, replicas, variant: None });
+        let scale = |stage, replicas| Action::Scale(Scale { stage, replicas, variant: None, placement: Vec::new() });
         assert!(reasons(vec![scale(0, 3)]).is_empty());
         assert_eq!(reasons(vec![scale(0, 4)]), ["replicas-out-of-range"]);
         assert_eq!(reasons(vec![scale(0, 0)]), ["replicas-out-of-range"]);
@@ -821,6 +889,30 @@ mod tests {
         // Shrinking one stage makes room for another in the same answer.
         assert!(reasons(vec![scale(0, 1), scale(1, 3)]).is_empty());
         assert_eq!(reasons(vec![scale(7, 1)]), ["unknown-stage"]);
+    }
+
+    #[test]
+    fn placements_name_free_slots_of_existing_hosts_one_entry_per_new_replica_at_most() {
+        let at = |host, slot| Placement { host, slot };
+        let scale = |stage, replicas, placement: Vec<Placement>| Action::Scale(Scale { stage, replicas, variant: None, placement });
+        // Stage 1 has 1 replica; the cluster has room for one more worker.
+        assert!(reasons(vec![scale(1, 2, vec![at(0, None)])]).is_empty());
+        assert!(reasons(vec![scale(1, 2, vec![at(0, Some(3))])]).is_empty());
+        assert_eq!(reasons(vec![scale(1, 2, vec![at(0, Some(2))])]), ["bad-placement"], "slot 2 is taken");
+        assert_eq!(reasons(vec![scale(1, 2, vec![at(0, Some(4))])]), ["bad-placement"], "host 0 has no slot 4");
+        assert_eq!(reasons(vec![scale(1, 2, vec![at(1, None)])]), ["bad-placement"], "host 1 is full");
+        assert_eq!(reasons(vec![scale(1, 2, vec![at(2, None)])]), ["bad-placement"], "no host 2");
+        assert_eq!(reasons(vec![scale(1, 2, vec![at(0, None), at(0, None)])]), ["bad-placement"], "one new replica, two entries");
+        assert_eq!(reasons(vec![scale(1, 1, vec![at(0, None)])]), ["bad-placement"], "no new replica");
+        // Claims add up over an answer: stage 0 gives back a replica, stage 1 takes
+        // both free slots of host 0, and a third claim on host 0 is refused.
+        assert!(reasons(vec![scale(0, 1, vec![]), scale(1, 3, vec![at(0, Some(1)), at(0, None)])]).is_empty());
+        assert_eq!(
+            reasons(vec![scale(0, 1, vec![]), scale(1, 2, vec![at(0, Some(1))]), scale(2, 2, vec![at(0, Some(1))])]),
+            ["bad-placement"]
+        );
+        // Fewer entries than new replicas: the host places the rest.
+        assert!(reasons(vec![scale(0, 1, vec![]), scale(1, 3, vec![at(0, None)])]).is_empty());
     }
 
     #[test]

@@ -431,7 +431,7 @@ mod tests {
             });
         }
         fn abort(&mut self, _: u32) {}
-        fn provision(&mut self, worker: u32, _: u32, _: u32) {
+        fn provision(&mut self, worker: u32, _: u32, _: u32, _: yardmaster_engine::WorkerStart) {
             let _ = self.handle.worker_ready(worker);
         }
         fn retire(&mut self, _: u32) {}

@@ -46,7 +46,7 @@ use super::payload::{PayloadStore, Prepared};
 use super::stages::StageProgram;
 use super::watchdog::{self, WatchdogConfig};
 use super::workers::Workers;
-use yardmaster_engine::{BatchJob, Executor, ItemResult, JobResult, MonotonicClock, Pipeline, Profile};
+use yardmaster_engine::{BatchJob, Executor, ItemResult, JobResult, MonotonicClock, Pipeline, Profile, WorkerStart};
 use yardmaster_policy::contract::EvictMode;
 
 /// The serving actor.
@@ -379,7 +379,8 @@ impl OnnxExecutor {
         let profiles = pipeline.stages.iter().map(|s| s.variants.iter().map(|v| v.profile.clone()).collect()).collect();
         let mut executor = Self { groups, worker_stage: HashMap::new(), profiles, shared, next_job: 1 };
         for (worker, stage) in pipeline.initial_workers() {
-            executor.provision(worker, stage, 0);
+            // The engine seats these workers itself; here they only need to run.
+            executor.provision(worker, stage, 0, WorkerStart { host: 0, slot: worker, warm: false });
         }
         executor
     }
@@ -561,7 +562,7 @@ impl Executor for OnnxExecutor {
         }
     }
 
-    fn provision(&mut self, worker: u32, stage: u32, variant: u32) {
+    fn provision(&mut self, worker: u32, stage: u32, variant: u32, _start: WorkerStart) {
         self.worker_stage.insert(worker, (stage, variant));
         self.shared.board.set(worker, stage, WorkerStatus::Loading);
         let Some(group) = self.groups.get(self.shared.stage_group[stage as usize]) else { return };

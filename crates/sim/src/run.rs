@@ -77,6 +77,8 @@ pub struct RunOutcome {
     pub llm: yardmaster_engine::metrics::LlmGoodputSummary,
     /// Tokens each worker generated in completed frames (iteration stages only).
     pub tokens_by_worker: std::collections::BTreeMap<u32, u64>,
+    /// Workers started warm (parameters cached on their host) and cold.
+    pub starts: (u64, u64),
 }
 
 /// Run `policy` on `spec` with the arrivals of `workload`; `progress` is called with the
@@ -228,6 +230,7 @@ pub fn run_with_jobs(
         unfinished: engine.in_flight(),
         llm,
         tokens_by_worker: engine.executor().tokens_by_worker.clone(),
+        starts: engine.executor().starts,
     })
 }
 

@@ -162,7 +162,7 @@ fn drops(actions: &[Action]) -> Vec<(u64, DropReason)> {
 }
 
 fn tick(at: u64) -> Event {
-    Event::Tick(Snapshot { at, stages: vec![], workers: vec![], host_memory_used: 0, host_memory_capacity: 0 })
+    Event::Tick(Snapshot { at, stages: vec![], workers: vec![], host_memory_used: 0, host_memory_capacity: 0, hosts: Vec::new() })
 }
 
 #[test]

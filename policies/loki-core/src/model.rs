@@ -321,6 +321,7 @@ pub(crate) mod toy {
             max_workers: 10,
             seed: 1,
             now: 0,
+            hosts: Vec::new(),
         }
     }
 
@@ -356,6 +357,7 @@ pub(crate) mod toy {
             max_workers: 12,
             seed: 1,
             now: 0,
+            hosts: Vec::new(),
         }
     }
 }

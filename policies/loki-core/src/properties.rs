@@ -169,8 +169,26 @@ fn tighter_slos_cost_workers_first_then_accuracy_then_everything() {
 fn driven() -> Driver<LokiPolicy<LokiFlavour>> {
     let mut config = toy::chain();
     config.workers = vec![
-        Worker { id: 0, stage: 0, variant: 0, device: yardmaster_sdk::DeviceKind::Gpu, threads: 1, memory_bytes: 1 << 30 },
-        Worker { id: 1, stage: 1, variant: 0, device: yardmaster_sdk::DeviceKind::Gpu, threads: 1, memory_bytes: 1 << 30 },
+        Worker {
+            id: 0,
+            stage: 0,
+            variant: 0,
+            device: yardmaster_sdk::DeviceKind::Gpu,
+            threads: 1,
+            memory_bytes: 1 << 30,
+            host: 0,
+            slot: 0,
+        },
+        Worker {
+            id: 1,
+            stage: 1,
+            variant: 0,
+            device: yardmaster_sdk::DeviceKind::Gpu,
+            threads: 1,
+            memory_bytes: 1 << 30,
+            host: 0,
+            slot: 0,
+        },
     ];
     let (driver, _) = Driver::new(config, Box::new(NullHost::new(0, 1))).expect("init");
     driver
@@ -181,7 +199,7 @@ fn arrival(id: u64, at: u64) -> Event {
 }
 
 fn tick(at: u64) -> Event {
-    Event::Tick(Snapshot { at, stages: Vec::new(), workers: Vec::new(), host_memory_used: 0, host_memory_capacity: 0 })
+    Event::Tick(Snapshot { at, stages: Vec::new(), workers: Vec::new(), host_memory_used: 0, host_memory_capacity: 0, hosts: Vec::new() })
 }
 
 /// Drive `seconds` of ticks with `rate(second)` root arrivals each second.

@@ -56,6 +56,7 @@ mod tests {
                 max_workers: 1,
                 seed: 0,
                 now: 0,
+                hosts: Vec::new(),
             },
             Box::new(yardmaster_sdk::NullHost::default()),
         );

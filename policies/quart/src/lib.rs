@@ -12,13 +12,17 @@
 //! no longer needed. Requests wait in one FIFO queue per stage and run one at a time
 //! on an idle replica; nothing is dropped.
 //!
-//! Warm starts from the host-memory parameter cache and draining before removal are
-//! the host's mechanisms; placement on servers is not part of the contract (see
-//! `docs/quart.md`).
+//! Each new replica is placed (contract 0.2's `scale.placement`, spec §3.7): a key
+//! stage starts warm on a server that caches its parameters; otherwise, at low
+//! contention, a key stage goes where it keeps the most headroom and other stages
+//! best-fit away from key stages; at high contention key replicas are dispersed over
+//! the servers. Warm starts from each server's host-memory cache and draining before
+//! removal are the host's mechanisms (see `docs/quart.md`).
 
 pub mod corrector;
 pub mod cpu;
 pub mod params;
+pub mod placement;
 pub mod propagation;
 pub mod service;
 pub mod smoother;
@@ -30,6 +34,7 @@ use yardmaster_sdk::{BatchOutcome, Ctx, EndReason, Instant, Level, Policy, Reque
 
 use corrector::Corrector;
 use params::Params;
+use placement::Cluster;
 use propagation::{predict_cvs, FlowStage};
 use service::ServiceModel;
 use smoother::{smooth_stage, SmoothInput, SmootherSettings};
@@ -131,8 +136,17 @@ impl Quart {
         let mut changes: Vec<(usize, u32)> =
             (0..views.len()).filter(|&i| targets[i] != views[i].replicas()).map(|i| (i, targets[i])).collect();
         changes.sort_by_key(|&(i, target)| (target > views[i].replicas(), i));
+        let key_now = self.key_stages(now);
+        let is_key = |stage: u32| key_now.contains(&(stage as usize));
+        let mut cluster = Cluster::from_snapshot(&ctx.config().hosts, &snapshot.hosts, self.params.low_contention);
         for (i, target) in changes {
-            ctx.scale(i as u32, target, None);
+            let new = target.saturating_sub(views[i].replicas());
+            let placement = if self.params.placement {
+                (0..new).map_while(|_| cluster.place(i as u32, is_key(i as u32), &is_key)).collect()
+            } else {
+                Vec::new()
+            };
+            ctx.scale_placed(i as u32, target, None, placement);
         }
         for (i, &c) in cores.iter().enumerate() {
             if c != self.cores[i] {

@@ -58,6 +58,12 @@ pub struct Params {
     /// Run the CPU compensator (`cpu_compensation`, true): without it a reclaim must be
     /// feasible at `C₀` (the `-cpu` ablation).
     pub cpu_compensation: bool,
+    /// Free-GPU fraction of the cluster at or above which contention is low, `θ_c`
+    /// (`low_contention`, 0.25).
+    pub low_contention: f64,
+    /// Place new replicas (`placement`, true): cache-aware and dispersing (§3.7);
+    /// false leaves placement to the host.
+    pub placement: bool,
 }
 
 impl Params {
@@ -96,6 +102,8 @@ impl Params {
             key_ttl: secs("key_ttl_s", 600.0)?,
             smoother: ctx.param_or("smoother", true)?,
             cpu_compensation: ctx.param_or("cpu_compensation", true)?,
+            low_contention: ctx.param_or("low_contention", 0.25)?,
+            placement: ctx.param_or("placement", true)?,
         };
         if params.r_min == 0 || params.r_min > params.r_max {
             return Err(format!("need 1 ≤ r_min ≤ r_max, got {} and {}", params.r_min, params.r_max));
@@ -118,6 +126,7 @@ impl Params {
             max_workers: 0,
             seed: 0,
             now: 0,
+            hosts: Vec::new(),
         };
         let ctx = Ctx::new(config, Box::new(yardmaster_sdk::NullHost::default()));
         Self::from_ctx(&ctx).expect("defaults are valid")

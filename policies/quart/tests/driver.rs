@@ -1,11 +1,14 @@
 //! QUART driven natively through the SDK's `Driver`, event by event: a burst at the
 //! entry stage makes it the only key stage and the only one scaled; requests run in
-//! arrival order one at a time; new workers get the stage's cores.
+//! arrival order one at a time; new workers get the stage's cores; the new replicas
+//! are placed warm where the stage's parameters are cached, then where they keep the
+//! most headroom (spec property 8, through the control loop).
 
 use policy_quart::Quart;
 use yardmaster_sdk::testing::constant_variant;
 use yardmaster_sdk::{
-    Action, Config, DeviceKind, Driver, Event, NullHost, Request, Snapshot, Stage, StageKind, StageStats, Stream, Worker,
+    Action, CachedParameters, Config, DeviceKind, Driver, Event, HostInfo, HostStats, NullHost, Request, Snapshot, Stage, StageKind,
+    StageStats, Stream, Worker,
 };
 
 const MS: u64 = 1_000_000;
@@ -25,13 +28,16 @@ fn config() -> Config {
     Config {
         arm: "quart".into(),
         stages: (0..3).map(stage).collect(),
-        workers: (0..3).map(|id| Worker { id, stage: id, variant: 0, device: DeviceKind::Gpu, threads: 2, memory_bytes: 0 }).collect(),
+        workers: (0..3)
+            .map(|id| Worker { id, stage: id, variant: 0, device: DeviceKind::Gpu, threads: 2, memory_bytes: 0, host: 0, slot: 0 })
+            .collect(),
         streams: vec![Stream { id: 0, name: "s".into(), entry: 0, slo: 150 * MS }],
         params: vec![],
         tick_interval: 2_000 * MS,
         max_workers: 24,
         seed: 1,
         now: 0,
+        hosts: Vec::new(),
     }
 }
 
@@ -58,6 +64,7 @@ fn snapshot(at: u64, replicas: [u32; 3]) -> Snapshot {
         workers: vec![],
         host_memory_used: 0,
         host_memory_capacity: 0,
+        hosts: Vec::new(),
     }
 }
 
@@ -87,8 +94,62 @@ fn a_burst_at_the_entry_scales_the_entry_stage_only_and_requests_run_in_order() 
     assert_eq!(scaled[0].0, 0, "only the congested entry stage");
     assert!(scaled[0].1 >= 5, "enough for 200/s at 50/s per replica: {scaled:?}");
     // A new worker of the stage gets the stage's cores (the base 2: no action).
-    let added = Worker { id: 10, stage: 0, variant: 0, device: DeviceKind::Gpu, threads: 4, memory_bytes: 0 };
+    let added = Worker { id: 10, stage: 0, variant: 0, device: DeviceKind::Gpu, threads: 4, memory_bytes: 0, host: 0, slot: 0 };
     let actions = driver.handle(3_000 * MS, vec![Event::WorkerAdded(added), Event::WorkerIdle(10)]);
     assert!(actions.iter().any(|a| matches!(a, Action::SetThreads(t) if t.worker == 10 && t.threads == 2)));
     assert!(actions.iter().any(|a| matches!(a, Action::Dispatch(d) if d.worker == 10 && d.requests == vec![1])));
+}
+
+/// Four servers of 4 GPUs; workers 0–2 (stages 0–2) on servers 0–2; stage 0's
+/// parameters cached on server 0 only.
+fn four_servers() -> (Config, Vec<HostStats>) {
+    let mut config = config();
+    config.hosts = (0..4).map(|id| HostInfo { id, name: format!("gpu-{id}"), slots: 4, cache_capacity: 1 << 40 }).collect();
+    config.max_workers = 16;
+    for worker in &mut config.workers {
+        worker.host = worker.id;
+    }
+    let hosts = (0..4u32)
+        .map(|id| HostStats {
+            id,
+            free_slots: if id < 3 { 3 } else { 4 },
+            replicas: (0..3).map(|stage| u32::from(stage == id)).collect(),
+            cache_used: 0,
+            cache_capacity: 1 << 40,
+            cached: if id == 0 { vec![CachedParameters { stage: 0, variant: 0, bytes: 1 << 30, last_used: 0 }] } else { vec![] },
+        })
+        .collect();
+    (config, hosts)
+}
+
+#[test]
+fn new_key_replicas_go_warm_where_their_parameters_are_cached_then_where_headroom_is_largest() {
+    let (config, hosts) = four_servers();
+    let (mut driver, _) = Driver::<Quart>::new(config, Box::new(NullHost::default())).unwrap();
+    let mut events: Vec<Event> = (0..3).map(Event::WorkerIdle).collect();
+    events.extend((0..400u64).map(|id| Event::Arrival(request(id, 0, id * 5 * MS))));
+    driver.handle(2_000 * MS, events);
+    let mut tick = snapshot(2_000 * MS, [1, 1, 1]);
+    tick.hosts = hosts;
+    let actions = driver.handle(2_000 * MS, vec![Event::Tick(tick)]);
+    let scales: Vec<_> = actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Scale(s) => Some(s),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(scales.len(), 1, "{scales:?}");
+    let scale = scales[0];
+    assert_eq!(scale.stage, 0);
+    let new = scale.replicas - 1;
+    assert!(new >= 4, "{scale:?}");
+    let hosts: Vec<u32> = scale.placement.iter().map(|p| p.host).collect();
+    assert_eq!(hosts.len() as u32, new, "every new replica is placed: {hosts:?}");
+    // Server 0 caches stage 0 and has 3 free GPUs: those starts are warm. After that
+    // (13 free of 16 at first, low contention) the server with the most free GPUs,
+    // server 3, which then caches the stage too.
+    assert_eq!(&hosts[..3], &[0, 0, 0], "{hosts:?}");
+    assert_eq!(hosts[3], 3, "{hosts:?}");
+    assert!(hosts[3..].iter().take(4).all(|&h| h == 3), "{hosts:?}");
 }

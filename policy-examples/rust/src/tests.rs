@@ -26,13 +26,16 @@ fn config(params: &[(&str, &str)]) -> Config {
             min_replicas: 1,
             max_replicas: 3,
         }],
-        workers: (0..2).map(|id| Worker { id, stage: 0, variant: 0, device: DeviceKind::Gpu, threads: 1, memory_bytes: 0 }).collect(),
+        workers: (0..2)
+            .map(|id| Worker { id, stage: 0, variant: 0, device: DeviceKind::Gpu, threads: 1, memory_bytes: 0, host: 0, slot: 0 })
+            .collect(),
         streams: vec![],
         params: params.iter().map(|(k, v)| Param { key: k.to_string(), value: v.to_string() }).collect(),
         tick_interval: 1000 * MS,
         max_workers: 4,
         seed: 1,
         now: 0,
+        hosts: Vec::new(),
     }
 }
 
@@ -74,6 +77,7 @@ fn tick(replicas: u32, starting: u32) -> Event {
         workers: vec![],
         host_memory_used: 0,
         host_memory_capacity: 0,
+        hosts: Vec::new(),
     })
 }
 
@@ -145,7 +149,7 @@ fn scales(driver: &mut Driver<DeadlineScaler>, second: u64, arrivals: u64, repli
 #[test]
 fn sustained_overload_scales_up_once_per_streak_and_never_past_the_bounds() {
     let mut driver = start(&[]);
-    let scale_to = |replicas| vec![Action::Scale(Scale { stage: 0, replicas, variant: None })];
+    let scale_to = |replicas| vec![Action::Scale(Scale { stage: 0, replicas, variant: None, placement: Vec::new() })];
     // 400 arrivals a second is not above 90 % of capacity; 401 is.
     assert!(scales(&mut driver, 0, 400, 2, 0).is_empty());
     assert!(scales(&mut driver, 1, 401, 2, 0).is_empty());

@@ -103,7 +103,7 @@ mod tests {
         let arrivals = (1..=2).map(|id| Event::Arrival(request(id, 0, 0, 100 * MS)));
         let actions = driver.handle(0, arrivals.chain([Event::WorkerIdle(0)]).collect());
         assert!(matches!(&actions[..], [Action::Dispatch(d)] if d.requests == vec![1]), "{actions:?}");
-        let tick = Snapshot { at: MS, stages: vec![], workers: vec![], host_memory_used: 0, host_memory_capacity: 0 };
+        let tick = Snapshot { at: MS, stages: vec![], workers: vec![], host_memory_used: 0, host_memory_capacity: 0, hosts: Vec::new() };
         let actions = driver.handle(MS, vec![Event::Tick(tick)]);
         assert!(matches!(&actions[..], [Action::Scale(s)] if s.stage == 0 && s.replicas == 2), "{actions:?}");
         assert_eq!(driver.policy().rule().0, 2);

@@ -498,13 +498,14 @@ mod tests {
                 min_replicas: 1,
                 max_replicas: 1,
             }],
-            workers: vec![Worker { id: 0, stage: 0, variant: 0, device: DeviceKind::Gpu, threads: 1, memory_bytes: 0 }],
+            workers: vec![Worker { id: 0, stage: 0, variant: 0, device: DeviceKind::Gpu, threads: 1, memory_bytes: 0, host: 0, slot: 0 }],
             streams: vec![Stream { id: 0, name: "ds".into(), entry: 0, slo: 1 }],
             params: vec![],
             tick_interval: 1,
             max_workers: 1,
             seed: 1,
             now: 0,
+            hosts: Vec::new(),
         };
         Ctx::new(config, Box::new(NullHost::new(0, 1)))
     }

@@ -179,8 +179,9 @@ mod tests_support {
             min_replicas: 1,
             max_replicas: 8,
         };
-        let workers =
-            (0..workers).map(|id| Worker { id, stage: 0, variant: 0, device: DeviceKind::Gpu, threads: 1, memory_bytes: 0 }).collect();
+        let workers = (0..workers)
+            .map(|id| Worker { id, stage: 0, variant: 0, device: DeviceKind::Gpu, threads: 1, memory_bytes: 0, host: 0, slot: 0 })
+            .collect();
         let config = Config {
             arm: "t".into(),
             stages: vec![stage],
@@ -191,6 +192,7 @@ mod tests_support {
             max_workers: 8,
             seed: 1,
             now: 0,
+            hosts: Vec::new(),
         };
         Ctx::new(config, Box::new(NullHost::default()))
     }

@@ -16,6 +16,8 @@ struct TestExecutor {
     started: Vec<BatchJob>,
     aborted: Vec<u32>,
     provisioned: Vec<u32>,
+    /// Where each provisioned worker starts.
+    starts: Vec<(u32, WorkerStart)>,
     retired: Vec<u32>,
     evicted: Vec<(u32, u64)>,
 }
@@ -28,8 +30,9 @@ impl Executor for TestExecutor {
         self.aborted.push(worker);
         self.started.retain(|j| j.worker != worker);
     }
-    fn provision(&mut self, worker: u32, _stage: u32, _variant: u32) {
+    fn provision(&mut self, worker: u32, _stage: u32, _variant: u32, start: WorkerStart) {
         self.provisioned.push(worker);
+        self.starts.push((worker, start));
     }
     fn retire(&mut self, worker: u32) {
         self.retired.push(worker);
@@ -287,6 +290,57 @@ fn scaling_starts_workers_only_when_ready_and_drains_on_the_way_down() {
     assert_eq!(engine.executor().retired.len(), 2);
     assert_eq!(engine.state().workers().len(), 1);
     assert_eq!(engine.state().stages()[0].replicas, 1);
+}
+
+/// Scales stage 0 from 1 to 5 replicas at init, placing three of the four new ones —
+/// two on host 1 (one on its slot 2), one on host 0 — and leaving the fourth to the
+/// host; on its first tick it names a host that does not exist.
+struct Placer;
+
+impl Policy for Placer {
+    fn init(ctx: &mut Ctx) -> Result<Self, String> {
+        let at = |host, slot| sdk::Placement { host, slot };
+        ctx.scale_placed(0, 5, None, vec![at(1, Some(2)), at(1, None), at(0, None)]);
+        Ok(Placer)
+    }
+    fn on_tick(&mut self, ctx: &mut Ctx, _snapshot: sdk::Snapshot) {
+        ctx.scale_placed(0, 6, None, vec![sdk::Placement { host: 7, slot: None }]);
+    }
+}
+
+#[test]
+fn new_replicas_start_where_the_policy_places_them_warm_where_their_parameters_are_cached() {
+    let mut pipeline = chain(1, 1);
+    pipeline.stages[0].max_replicas = 6;
+    pipeline.max_workers = 6;
+    pipeline.hosts = vec![
+        hosts::HostDef { name: "h0".into(), slots: 2, cache_bytes: 1 << 30 },
+        hosts::HostDef { name: "h1".into(), slots: 4, cache_bytes: 1 << 30 },
+    ];
+    pipeline.validate("test").unwrap();
+    let config = Engine::<ManualClock, TestExecutor>::policy_config(&pipeline, "test", &EngineOptions::default());
+    assert_eq!(config.hosts.iter().map(|h| (h.name.as_str(), h.slots)).collect::<Vec<_>>(), [("h0", 2), ("h1", 4)]);
+    // The initial worker went to the host with the most free slots.
+    assert_eq!((config.workers[0].host, config.workers[0].slot), (1, 0));
+    let (mut engine, clock) = engine_with::<Placer>(pipeline);
+    let starts: Vec<(u32, u32, bool)> = engine.executor().starts.iter().map(|(_, s)| (s.host, s.slot, s.warm)).collect();
+    // Host 1 caches the stage (its initial worker): warm there; host 0 is cold for the
+    // first and warm for the fourth replica, which the host placed where the
+    // parameters now are (h0 and h1 both cache them and have one free slot: h0).
+    assert_eq!(starts, [(1, 2, true), (1, 1, true), (0, 0, false), (0, 1, true)]);
+    let hosts = engine.state().hosts();
+    assert_eq!((hosts[0].free_slots, hosts[1].free_slots), (0, 1));
+    assert_eq!(hosts[1].replicas, [3]);
+    clock.set(100 * MS);
+    engine.worker_ready(1);
+    let worker = engine.state().workers()[&1].info;
+    assert_eq!((worker.host, worker.slot), (1, 2), "the worker carries its seat");
+    // A placement on a host that does not exist is refused with the reason.
+    clock.set(1_000 * MS);
+    engine.advance();
+    engine.flush();
+    assert_eq!(engine.arm().stats().rejected.get("bad-placement"), Some(&1));
+    assert_eq!(engine.state().stages()[0].replicas, 5);
 }
 
 /// Emits random actions, valid or not, from the host's seeded random source.

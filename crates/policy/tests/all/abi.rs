@@ -1,6 +1,7 @@
 //! The canonical-ABI layouts written by hand — the fast event lowering's constants
-//! (`yardmaster_policy::abi`) and the Zig example's `canonical_layouts` table — checked
-//! against the layout the latest contract's WIT defines, computed with wit-parser's
+//! (`yardmaster_policy::abi`, against the latest contract) and the Zig example's
+//! `canonical_layouts` table (against the version `abi.zig` names) — checked against
+//! the layout the contract's WIT defines, computed with wit-parser's
 //! `SizeAlign` (the wit-parser wasmtime's `bindgen!` uses). A contract change that moves
 //! a field fails here instead of silently misaligning a policy's memory.
 
@@ -14,7 +15,7 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// The latest contract, resolved, with its sizes and alignments.
+/// A contract version, resolved, with its sizes and alignments.
 struct Contract {
     resolve: Resolve,
     sizes: SizeAlign,
@@ -33,8 +34,8 @@ struct Layout {
 }
 
 impl Contract {
-    fn load() -> Self {
-        let dir = root().join("wit").join(LATEST.to_string());
+    fn load(version: &str) -> Self {
+        let dir = root().join("wit").join(version);
         let mut resolve = Resolve::default();
         let (package, _) = resolve.push_dir(&dir).unwrap_or_else(|e| panic!("{}: {e:#}", dir.display()));
         let interface = |name: &str| *resolve.packages[package].interfaces.get(name).unwrap_or_else(|| panic!("no interface {name}"));
@@ -121,7 +122,7 @@ fn assert_fields(contract: &Contract, record: &str, written: &[(&str, usize)]) {
 
 #[test]
 fn the_fast_lowering_constants_match_the_wit() {
-    let contract = Contract::load();
+    let contract = Contract::load(&LATEST.to_string());
 
     let event = contract.layout(Type::Id(contract.named("event")));
     assert_eq!((abi::event::SIZE, abi::event::ALIGN, abi::event::PAYLOAD), (event.size, event.align, event.offsets[1]), "event");
@@ -213,9 +214,11 @@ fn zig_layouts(source: &str) -> Vec<ZigLayout> {
 
 #[test]
 fn the_zig_example_layouts_match_the_wit() {
-    let contract = Contract::load();
     let path = root().join("policy-examples/zig/abi.zig");
     let source = std::fs::read_to_string(&path).unwrap();
+    // The example is built against the version its header names (`yardmaster:policy@X.Y.Z`).
+    let version = source.split("yardmaster:policy@").nth(1).and_then(|rest| rest.split('`').next()).expect("abi.zig names its contract");
+    let contract = Contract::load(version);
     let layouts = zig_layouts(&source);
     assert!(layouts.len() >= 20, "abi.zig's table lists its types: {layouts:?}");
     let hot = ["Request", "BatchOutcome", "RequestResult", "Event", "Action"];
@@ -229,7 +232,7 @@ fn the_zig_example_layouts_match_the_wit() {
             wrong.push(format!("{} (`{}`): abi.zig says {:?}, the WIT gives {:?}", entry.zig, entry.wit, entry.layout, wit));
         }
     }
-    assert!(wrong.is_empty(), "{} disagrees with wit/{LATEST}:\n{}", path.display(), wrong.join("\n"));
+    assert!(wrong.is_empty(), "{} disagrees with wit/{version}:\n{}", path.display(), wrong.join("\n"));
 }
 
 #[test]

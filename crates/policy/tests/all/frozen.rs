@@ -9,7 +9,10 @@ use yardmaster_policy::contract::{Binding, ContractVersion, ACCEPTED};
 
 /// Every released version's WIT files and their SHA-256. A new release adds its line;
 /// no line ever changes.
-const RELEASED: &[(&str, &str, &str)] = &[("0.1.0", "policy.wit", "797261bcddc4cbe379f7193aed738dcc1d3985cdaea1a220e7b526784964dda0")];
+const RELEASED: &[(&str, &str, &str)] = &[
+    ("0.1.0", "policy.wit", "797261bcddc4cbe379f7193aed738dcc1d3985cdaea1a220e7b526784964dda0"),
+    ("0.2.0", "policy.wit", "fd91f5a6c239e3636bcf52c3331b859e9342c258d235d8a20bf6bd72069e0cdc"),
+];
 
 fn wit() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../wit")

@@ -31,7 +31,7 @@ use yardmaster_dataplane::{DataplaneError, Runtime};
 
 use super::service::Transcripts;
 use crate::actor::{Actor, ActorHandle};
-use yardmaster_engine::{BatchJob, Executor, ItemResult, JobResult, MonotonicClock, Pipeline, Resume};
+use yardmaster_engine::{BatchJob, Executor, ItemResult, JobResult, MonotonicClock, Pipeline, Resume, WorkerStart};
 use yardmaster_policy::contract::EvictMode;
 
 /// Output tokens of a request that gives no `expected_tokens`.
@@ -218,7 +218,8 @@ impl LlmExecutor {
         let stage_threads = pipeline.stages.iter().map(|s| s.threads).collect();
         let mut executor = Self { shared, workers: HashMap::new(), directory, stage_threads, next_generation: 1 };
         for (worker, stage) in pipeline.initial_workers() {
-            executor.provision(worker, stage, 0);
+            // The engine seats these workers itself; here they only need to run.
+            executor.provision(worker, stage, 0, WorkerStart { host: 0, slot: worker, warm: false });
         }
         executor
     }
@@ -264,7 +265,7 @@ impl Executor for LlmExecutor {
         }
     }
 
-    fn provision(&mut self, worker: u32, stage: u32, _variant: u32) {
+    fn provision(&mut self, worker: u32, stage: u32, _variant: u32, _start: WorkerStart) {
         let threads = self.stage_threads.get(stage as usize).copied().unwrap_or(1);
         let (commands, receiver) = mpsc::channel();
         let generation = Arc::new(Mutex::new(0));

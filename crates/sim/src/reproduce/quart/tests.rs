@@ -60,6 +60,24 @@ fn under_a_burst_the_congested_stage_is_scaled_first() {
 }
 
 #[test]
+fn quart_places_its_new_replicas_on_the_servers_and_they_start_warm_where_cached() {
+    // Contract 0.2 on the 12-server cluster: every placement QUART names is accepted,
+    // and once a stage's parameters are cached on a server its replicas start warm.
+    let loader = simulation_loader().unwrap();
+    let rate = 2.0 / STAGE_S;
+    let run = |cached: bool| {
+        let spec = spec(5, 120.0, cached).unwrap();
+        run::run(&spec, &shipped("quart", "quart").unwrap(), &loader, GammaArrivals::new(rate, 4.0, 120.0, 5), &mut |_| {}).unwrap()
+    };
+    let cached = run(true);
+    assert!(cached.arm.rejected.is_empty(), "{:?}", cached.arm.rejected);
+    assert!(cached.starts.0 > 0, "warm starts: {:?}", cached.starts);
+    let cold = run(false);
+    assert_eq!(cold.starts.0, 0, "no cache, no warm start");
+    assert!(cold.starts.1 > 0);
+}
+
+#[test]
 fn the_request_path_is_fifo_one_at_a_time_and_drops_nothing() {
     // Spec property 12 under a bursty load with scaling going on.
     let spec = spec(5, 20.0, true).unwrap();
@@ -171,6 +189,7 @@ fn the_sweep_chart_has_one_line_per_policy_through_every_cv() {
         replica_s: 0.0,
         arrivals: 0,
         incomplete: 0,
+        starts: (0, 0),
     };
     let rows = vec![row(0.1, "a", 100.0), row(0.1, "b", 200.0), row(8.0, "a", 150.0), row(8.0, "b", 400.0)];
     let svg = sweep_svg(&rows, "t", "ms", |r| r.mean_ms);

@@ -1,0 +1,332 @@
+//! The cluster's hosts: which device slot of which host each worker holds, and each
+//! host's cache of model parameters in host memory.
+//!
+//! A replica whose stage and variant a host holds in its cache starts *warm* there
+//! (the executor forks it from memory); elsewhere it starts *cold* (parameters read
+//! from disk). The engine keeps this model because the policy decides placement
+//! (contract 0.2's `scale.placement`) and needs to see it (`snapshot.hosts`):
+//!
+//! - **Admission.** Starting a replica on a host caches its parameters there; so does
+//!   switching a worker to another variant. An entry outlives the replica.
+//! - **Eviction.** Above [`CACHE_HIGH_WATER`] of a host's cache capacity, entries are
+//!   evicted least recently used first (a warm start counts as a use).
+//! - **Placement.** A replica goes where the policy says; otherwise to a host that
+//!   caches its parameters and has a free slot (the most free slots first), else to
+//!   the host with the most free slots (lowest id on ties). When every slot is held —
+//!   by draining workers that have not left yet — it shares a slot beyond the host's
+//!   count on the host with the most slots, rather than not starting.
+//!
+//! A pipeline that names no hosts runs on one implicit host, `local`, with as many
+//! slots as the cluster's `max_workers` and [`DEFAULT_HOST_CACHE_BYTES`] of cache.
+
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap;
+use yardmaster_policy::contract::{self, Placement};
+use yardmaster_policy::HostSlots;
+
+/// Cache capacity of the implicit host of a pipeline that names none.
+pub const DEFAULT_HOST_CACHE_BYTES: u64 = 64 << 30;
+
+/// Fraction of a host's cache capacity above which entries are evicted.
+pub const CACHE_HIGH_WATER: f64 = 0.85;
+
+/// Name of the implicit host.
+pub const IMPLICIT_HOST: &str = "local";
+
+/// A host of the cluster.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostDef {
+    /// Name (for logs and the policy's configuration).
+    pub name: String,
+    /// Device slots (GPUs); each worker holds one.
+    pub slots: u32,
+    /// Host memory for cached model parameters.
+    pub cache_bytes: u64,
+}
+
+/// Where a new worker starts, and whether from the host's cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkerStart {
+    /// The host.
+    pub host: u32,
+    /// The slot it holds there.
+    pub slot: u32,
+    /// Its parameters were cached on the host: a warm start.
+    pub warm: bool,
+}
+
+/// Model parameters cached on a host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct CacheEntry {
+    stage: u32,
+    variant: u32,
+    bytes: u64,
+    last_used: u64,
+}
+
+/// One host's slots and cache.
+#[derive(Debug, Clone)]
+struct HostModel {
+    def: HostDef,
+    /// Held slots and the worker holding each.
+    taken: BTreeMap<u32, u32>,
+    /// Least recently used first.
+    cache: Vec<CacheEntry>,
+}
+
+impl HostModel {
+    fn free_slots(&self) -> u32 {
+        self.def.slots - self.taken.range(..self.def.slots).count() as u32
+    }
+
+    fn first_free_slot(&self) -> Option<u32> {
+        (0..self.def.slots).find(|s| !self.taken.contains_key(s))
+    }
+
+    fn caches(&self, stage: u32, variant: u32) -> bool {
+        self.cache.iter().any(|e| e.stage == stage && e.variant == variant)
+    }
+
+    /// Use (or admit) an entry; whether it was there. Evicts above the high-water mark.
+    fn touch(&mut self, stage: u32, variant: u32, bytes: u64, now: u64) -> bool {
+        let hit = if let Some(i) = self.cache.iter().position(|e| e.stage == stage && e.variant == variant) {
+            let mut entry = self.cache.remove(i);
+            entry.last_used = now;
+            self.cache.push(entry);
+            true
+        } else {
+            self.cache.push(CacheEntry { stage, variant, bytes, last_used: now });
+            false
+        };
+        let limit = (self.def.cache_bytes as f64 * CACHE_HIGH_WATER) as u64;
+        while self.cache.iter().map(|e| e.bytes).sum::<u64>() > limit {
+            self.cache.remove(0);
+        }
+        hit
+    }
+
+    fn cache_used(&self) -> u64 {
+        self.cache.iter().map(|e| e.bytes).sum()
+    }
+}
+
+/// Where a worker sits.
+#[derive(Debug, Clone, Copy)]
+struct Seat {
+    host: u32,
+    slot: u32,
+    stage: u32,
+}
+
+/// The hosts of a cluster, their slots and caches.
+#[derive(Debug, Clone)]
+pub(crate) struct Hosts {
+    hosts: Vec<HostModel>,
+    /// The pipeline named no host: one host whose slots follow `max_workers`.
+    implicit: bool,
+    seats: FxHashMap<u32, Seat>,
+}
+
+impl Hosts {
+    /// The hosts `defs` names, or the implicit one with `max_workers` slots.
+    pub(crate) fn new(defs: &[HostDef], max_workers: u32) -> Self {
+        let implicit = defs.is_empty();
+        let defs = if implicit {
+            vec![HostDef { name: IMPLICIT_HOST.into(), slots: max_workers, cache_bytes: DEFAULT_HOST_CACHE_BYTES }]
+        } else {
+            defs.to_vec()
+        };
+        let hosts = defs.into_iter().map(|def| HostModel { def, taken: BTreeMap::new(), cache: Vec::new() }).collect();
+        Self { hosts, implicit, seats: FxHashMap::default() }
+    }
+
+    /// The cluster's size changed (an A/B share, a node joining): the implicit host
+    /// follows it; named hosts keep their slots.
+    pub(crate) fn set_max_workers(&mut self, max_workers: u32) {
+        if self.implicit {
+            self.hosts[0].def.slots = max_workers;
+        }
+    }
+
+    /// Seat a new worker of `stage` running `variant` (`bytes` of parameters) where
+    /// `placement` says, or by the default rule; cache its parameters there.
+    pub(crate) fn place(
+        &mut self,
+        worker: u32,
+        stage: u32,
+        variant: u32,
+        bytes: u64,
+        placement: Option<&Placement>,
+        now: u64,
+    ) -> WorkerStart {
+        let host = match placement {
+            Some(p) if (p.host as usize) < self.hosts.len() => p.host,
+            _ => self.default_host(stage, variant),
+        };
+        let model = &mut self.hosts[host as usize];
+        let wanted = placement.and_then(|p| p.slot).filter(|s| *s < model.def.slots && !model.taken.contains_key(s));
+        let slot = wanted.or_else(|| model.first_free_slot()).unwrap_or_else(|| {
+            // Every slot is held: share one beyond the count.
+            (model.def.slots..).find(|s| !model.taken.contains_key(s)).expect("a free number")
+        });
+        model.taken.insert(slot, worker);
+        let warm = model.touch(stage, variant, bytes, now);
+        self.seats.insert(worker, Seat { host, slot, stage });
+        WorkerStart { host, slot, warm }
+    }
+
+    /// The default rule: a host caching the parameters with a free slot, else the most
+    /// free slots, else the most slots; the lowest id on ties.
+    fn default_host(&self, stage: u32, variant: u32) -> u32 {
+        let best = |candidates: &mut dyn Iterator<Item = (usize, &HostModel)>| {
+            candidates.max_by_key(|(i, h)| (h.free_slots(), std::cmp::Reverse(*i))).map(|(i, _)| i as u32)
+        };
+        best(&mut self.hosts.iter().enumerate().filter(|(_, h)| h.free_slots() > 0 && h.caches(stage, variant)))
+            .or_else(|| best(&mut self.hosts.iter().enumerate().filter(|(_, h)| h.free_slots() > 0)))
+            .or_else(|| self.hosts.iter().enumerate().max_by_key(|(i, h)| (h.def.slots, std::cmp::Reverse(*i))).map(|(i, _)| i as u32))
+            .unwrap_or(0)
+    }
+
+    /// A worker left: its slot is free again (its host's cache keeps its parameters).
+    pub(crate) fn release(&mut self, worker: u32) {
+        if let Some(seat) = self.seats.remove(&worker) {
+            self.hosts[seat.host as usize].taken.remove(&seat.slot);
+        }
+    }
+
+    /// A worker switched to `variant`: its host loads (and caches) those parameters.
+    pub(crate) fn switch_variant(&mut self, worker: u32, variant: u32, bytes: u64, now: u64) {
+        if let Some(seat) = self.seats.get(&worker).copied() {
+            self.hosts[seat.host as usize].touch(seat.stage, variant, bytes, now);
+        }
+    }
+
+    /// The hosts as the policy's configuration lists them.
+    pub(crate) fn info(&self) -> Vec<contract::HostInfo> {
+        let info = |(i, h): (usize, &HostModel)| contract::HostInfo {
+            id: i as u32,
+            name: h.def.name.clone(),
+            slots: h.def.slots,
+            cache_capacity: h.def.cache_bytes,
+        };
+        self.hosts.iter().enumerate().map(info).collect()
+    }
+
+    /// Every host's state for a snapshot, with replica counts for `stages` stages.
+    pub(crate) fn stats(&self, stages: usize) -> Vec<contract::HostStats> {
+        let mut replicas = vec![vec![0u32; stages]; self.hosts.len()];
+        for seat in self.seats.values() {
+            if let Some(count) = replicas[seat.host as usize].get_mut(seat.stage as usize) {
+                *count += 1;
+            }
+        }
+        let cached =
+            |e: &CacheEntry| contract::CachedParameters { stage: e.stage, variant: e.variant, bytes: e.bytes, last_used: e.last_used };
+        self.hosts
+            .iter()
+            .zip(replicas)
+            .enumerate()
+            .map(|(i, (h, replicas))| contract::HostStats {
+                id: i as u32,
+                free_slots: h.free_slots(),
+                replicas,
+                cache_used: h.cache_used(),
+                cache_capacity: h.def.cache_bytes,
+                cached: h.cache.iter().map(cached).collect(),
+            })
+            .collect()
+    }
+
+    /// Cached bytes and cache capacity over all hosts.
+    pub(crate) fn cache_totals(&self) -> (u64, u64) {
+        self.hosts.iter().fold((0, 0), |(used, cap), h| (used + h.cache_used(), cap + h.def.cache_bytes))
+    }
+
+    /// A host's slots as the validator sees them.
+    pub(crate) fn slots(&self, host: u32) -> Option<HostSlots> {
+        let h = self.hosts.get(host as usize)?;
+        Some(HostSlots { slots: h.def.slots, free: (0..h.def.slots).filter(|s| !h.taken.contains_key(s)).collect() })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn two_hosts() -> Hosts {
+        let def = |name: &str, slots| HostDef { name: name.into(), slots, cache_bytes: 10 << 30 };
+        Hosts::new(&[def("a", 2), def("b", 4)], 6)
+    }
+
+    #[test]
+    fn an_unplaced_replica_goes_where_its_parameters_are_cached_else_to_the_most_free_slots() {
+        let mut hosts = two_hosts();
+        // Nothing cached: host b has more free slots.
+        let first = hosts.place(1, 0, 0, 1 << 30, None, 10);
+        assert_eq!(first, WorkerStart { host: 1, slot: 0, warm: false });
+        // Host a now has as many free slots (2, against 3): b still has more.
+        assert_eq!(hosts.place(2, 1, 0, 1 << 30, None, 20).host, 1);
+        // Stage 1 cached on b, which has a free slot: warm there.
+        hosts.release(2);
+        assert_eq!(hosts.place(3, 1, 0, 1 << 30, None, 30), WorkerStart { host: 1, slot: 1, warm: true });
+        // A named host and slot are honoured; the cache of a is cold for stage 0.
+        let named = Placement { host: 0, slot: Some(1) };
+        assert_eq!(hosts.place(4, 0, 0, 1 << 30, Some(&named), 40), WorkerStart { host: 0, slot: 1, warm: false });
+        assert_eq!(hosts.slots(0), Some(HostSlots { slots: 2, free: vec![0] }));
+        let stats = hosts.stats(2);
+        assert_eq!(stats[0].free_slots, 1);
+        assert_eq!(stats[1].free_slots, 2);
+        assert_eq!(stats[1].replicas, vec![1, 1]);
+        assert_eq!(stats[1].cached.iter().map(|c| (c.stage, c.last_used)).collect::<Vec<_>>(), vec![(0, 10), (1, 30)]);
+    }
+
+    #[test]
+    fn entries_are_evicted_least_recently_used_first_above_85_percent_of_the_cache() {
+        let mut hosts = Hosts::new(&[HostDef { name: "a".into(), slots: 8, cache_bytes: 10 << 30 }], 8);
+        // 8.5 GiB fit: 3 × 2.5 GiB = 7.5 fit, a fourth does not.
+        let gib = |x: f64| (x * (1u64 << 30) as f64) as u64;
+        for stage in 0..3 {
+            hosts.place(stage, stage, 0, gib(2.5), None, stage as u64);
+        }
+        // Stage 0 starts warm again: it becomes the most recently used.
+        hosts.release(0);
+        assert!(hosts.place(10, 0, 0, gib(2.5), None, 5).warm);
+        hosts.place(11, 3, 0, gib(2.5), None, 6);
+        let cached: Vec<u32> = hosts.stats(4)[0].cached.iter().map(|c| c.stage).collect();
+        assert_eq!(cached, vec![2, 0, 3], "stage 1, the least recently used, was evicted");
+        assert_eq!(hosts.cache_totals(), (gib(7.5), 10 << 30));
+    }
+
+    #[test]
+    fn without_cache_memory_every_start_is_cold() {
+        let mut hosts = Hosts::new(&[HostDef { name: "a".into(), slots: 4, cache_bytes: 0 }], 4);
+        for worker in 0..3 {
+            assert!(!hosts.place(worker, 0, 0, 1 << 30, None, 0).warm);
+            hosts.release(worker);
+        }
+        assert_eq!(hosts.cache_totals(), (0, 0));
+    }
+
+    #[test]
+    fn with_every_slot_held_a_replica_shares_one_beyond_the_count() {
+        let mut hosts = two_hosts();
+        for worker in 0..6 {
+            hosts.place(worker, 0, 0, 0, None, 0);
+        }
+        assert!(hosts.stats(1).iter().all(|h| h.free_slots == 0));
+        let extra = hosts.place(6, 0, 0, 0, None, 0);
+        assert_eq!((extra.host, extra.slot), (1, 4));
+        assert_eq!(hosts.slots(1), Some(HostSlots { slots: 4, free: vec![] }));
+    }
+
+    #[test]
+    fn the_implicit_host_follows_the_cluster_size() {
+        let mut hosts = Hosts::new(&[], 3);
+        assert_eq!(hosts.info()[0].name, IMPLICIT_HOST);
+        assert_eq!(hosts.slots(0).unwrap().slots, 3);
+        hosts.set_max_workers(5);
+        assert_eq!(hosts.slots(0).unwrap().free, vec![0, 1, 2, 3, 4]);
+        assert_eq!(hosts.info()[0].cache_capacity, DEFAULT_HOST_CACHE_BYTES);
+    }
+}
