@@ -178,3 +178,34 @@ fn a_component_mixing_contract_versions_is_refused() {
         other => panic!("wrong refusal: {other}"),
     }
 }
+
+/// `quart` as built against contract 0.2.0 (placement), committed (see its README).
+const QUART_0_2_0: &[u8] = include_bytes!("../../fixtures/contract-0.2.0/quart.wasm");
+/// The fixture's SHA-256, as its README records it.
+const QUART_0_2_0_SHA256: &str = "c6ab614e299507a5b3bebc883e68a6c9b78e89a52ecfca8990845d00ad57ec5c";
+
+#[test]
+fn a_policy_built_against_contract_0_2_0_loads_and_places_as_todays_build() {
+    use yardmaster::policy::contract::ContractVersion;
+    use yardmaster::sim::reproduce::quart::{spec, GammaArrivals};
+    use yardmaster::sim::{run, PolicySpec};
+
+    let loader = loader(Mode::Simulate, Limits::default());
+    let fixture = loader.load("quart-0.2.0", QUART_0_2_0).expect("a 0.2.0 policy loads");
+    assert_eq!(fixture.sha256_hex(), QUART_0_2_0_SHA256, "the committed fixture changed: it must never be rebuilt");
+    assert_eq!(fixture.contract_version(), ContractVersion::new(0, 2, 0));
+    // The same bursty minute on the 12-server cluster: the same report, the same warm
+    // and cold starts, every placement accepted.
+    let simulate = |name: &str, bytes: &[u8]| {
+        let policy = PolicySpec { name: "quart".into(), bytes: std::sync::Arc::new(bytes.to_vec()) };
+        let spec = spec(11, 60.0, true).unwrap();
+        let outcome = run::run(&spec, &policy, &loader, GammaArrivals::new(97.0, 4.0, 60.0, 11), &mut |_| {}).unwrap();
+        assert!(outcome.arm.rejected.is_empty(), "{name}: {:?}", outcome.arm.rejected);
+        outcome
+    };
+    let old = simulate("fixture", QUART_0_2_0);
+    let new = simulate("today", yardmaster_policy_artifacts::shipped("quart").unwrap().bytes);
+    assert!(old.starts.0 > 0, "QUART's placements give warm starts: {:?}", old.starts);
+    assert_eq!(old.starts, new.starts);
+    assert_eq!(old.report.summary, new.report.summary);
+}
