@@ -102,6 +102,43 @@ else
     unzip_files "$wheel" 'rapidocr_onnxruntime/models/*.onnx' "$models_dir"
     echo "PP-OCR models (rapidocr-onnxruntime $rapidocr_version): installed in $models_dir"
 fi
+
+say "Magika and NudeNet models (PyPI wheels)"
+# Two more real ONNX models, taken from the wheels of the packages that ship them:
+#   magika-1.0.3/model.onnx        Google's file-type classifier (standard_v3_3), with
+#                                  config.min.json: its 214 labels, thresholds, input sizes
+#   nudenet-3.4.2/320n.onnx        an Ultralytics YOLOv8n detector at 320x320 (its 18 labels
+#                                  are in the model's metadata, "names", and in nudenet.py)
+magika_version=1.0.3
+nudenet_version=3.4.2
+magika_dir="$assets/magika-$magika_version"
+nudenet_dir="$assets/nudenet-$nudenet_version"
+if [ -f "$magika_dir/model.onnx" ] && [ -f "$magika_dir/config.min.json" ]; then
+    echo "Magika model (magika $magika_version): already in $magika_dir"
+else
+    # The magika wheels are per platform (they bundle its CLI) but hold the same model:
+    # ask for one platform so any machine gets the same file.
+    if wheel=$(fetch_wheel "magika==$magika_version" "$assets/wheels/magika" \
+            --platform manylinux_2_28_x86_64 --python-version 3.11) \
+        && mkdir -p "$magika_dir" \
+        && unzip_files "$wheel" 'magika/models/standard_v3_3/model.onnx' "$magika_dir" \
+        && unzip_files "$wheel" 'magika/models/standard_v3_3/config.min.json' "$magika_dir"; then
+        echo "Magika model (magika $magika_version): installed in $magika_dir"
+    else
+        echo "could not fetch magika==$magika_version from PyPI: the Magika model is not installed"
+    fi
+fi
+if [ -f "$nudenet_dir/320n.onnx" ]; then
+    echo "NudeNet model (nudenet $nudenet_version): already in $nudenet_dir"
+else
+    if wheel=$(fetch_wheel "nudenet==$nudenet_version" "$assets/wheels/nudenet") \
+        && mkdir -p "$nudenet_dir" \
+        && unzip_files "$wheel" 'nudenet/320n.onnx' "$nudenet_dir"; then
+        echo "NudeNet model (nudenet $nudenet_version): installed in $nudenet_dir"
+    else
+        echo "could not fetch nudenet==$nudenet_version from PyPI: the NudeNet model is not installed"
+    fi
+fi
 bash scripts/toolchains.sh   # the example policies in Python, JavaScript and Zig: toolchains and builds
 
 if [ "${1:-}" = "--deps" ]; then

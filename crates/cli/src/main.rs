@@ -75,7 +75,7 @@ enum SimCommand {
         #[arg(long, value_delimiter = ',', default_values_t = ["fifo".to_string(), "edf".to_string()])]
         policies: Vec<String>,
         #[command(flatten)]
-        sim: SimArgs,
+        sim: Box<SimArgs>,
     },
     /// Re-run a reference policy's paper: the policy against every baseline the paper
     /// compares it with, on the paper's pipelines and workloads, on one seed; prints
@@ -113,6 +113,16 @@ struct SimArgs {
     /// or a Loki application `.json` (profiles read from its directory).
     #[arg(long, default_value = "vision-chain")]
     pipeline: String,
+    /// Simulate the models of this Triton model repository instead of --pipeline
+    /// (repeatable): one stage and stream per model, with the profiles the server
+    /// measured (or `profile.toml` beside a model); arrivals of a preset workload are
+    /// dealt round-robin over the models.
+    #[arg(long = "model-repository", value_name = "DIR")]
+    model_repository: Vec<PathBuf>,
+    /// The device whose measured profiles a model repository is simulated with
+    /// (`cpu`, `cuda:0`).
+    #[arg(long = "profile-device", default_value = "cpu")]
+    profile_device: String,
     /// Workload: a preset (poisson, wikipedia, twitter, azure-functions, or the
     /// per-second rate replays wikipedia-per-second, twitter-per-second,
     /// azure-functions-per-second) at --rate, `rates:FILE` (per-second rates),
@@ -441,9 +451,33 @@ fn sim_compare(policies: &[String], args: &SimArgs) -> ExitCode {
 fn try_sim_compare(policies: &[String], args: &SimArgs) -> anyhow::Result<()> {
     use yardmaster::formats::WorkloadSpec;
     use yardmaster::sim::{self, PolicySpec, SimSpec};
-    let pipeline = yardmaster::formats::presets::pipeline(&args.pipeline).map_err(|e| anyhow::anyhow!(e))?;
     anyhow::ensure!(args.duration > 0.0, "--duration must be positive");
-    let workload = WorkloadSpec::parse(&args.workload, args.rate, args.speedup)?;
+    let mut workload = WorkloadSpec::parse(&args.workload, args.rate, args.speedup)?;
+    let mut params = llm_params(&args.params, args.tbt_ms);
+    let pipeline = if args.model_repository.is_empty() {
+        yardmaster::formats::presets::pipeline(&args.pipeline).map_err(|e| anyhow::anyhow!(e))?
+    } else {
+        use yardmaster::formats::model_repository::stages::{simulated_repository, ProfileStore};
+        let store = ProfileStore {
+            dir: yardmaster::serve::repository::default_profile_cache(),
+            device: args.profile_device.clone(),
+            threads: yardmaster::serve::repository::RepositoryOptions::default().threads,
+        };
+        let repository = simulated_repository(&args.model_repository, &store).map_err(|e| anyhow::anyhow!(e))?;
+        for reason in &repository.left_out {
+            eprintln!("left out: {reason}");
+        }
+        let pipeline = repository.pipeline;
+        for param in repository.params {
+            if !params.iter().any(|p| p.key == param.key) {
+                params.push(param);
+            }
+        }
+        if !matches!(workload, WorkloadSpec::Trace(_)) {
+            workload = WorkloadSpec::Spread { inner: Box::new(workload), streams: pipeline.streams.len() as u32 };
+        }
+        pipeline
+    };
     let mut specs = Vec::new();
     for policy in policies {
         let (name, bytes) = load_bytes(policy).map_err(|e| anyhow::anyhow!(e))?;
@@ -455,7 +489,7 @@ fn try_sim_compare(policies: &[String], args: &SimArgs) -> anyhow::Result<()> {
         duration: (args.duration * 1e9) as u64,
         executor: sim::executor::SimExecutorOptions { noise_cv: args.noise, worker_speed: args.worker_speeds.iter().copied().collect() },
         engine: yardmaster::engine::EngineOptions {
-            params: llm_params(&args.params, args.tbt_ms),
+            params,
             ls_time_between_tokens: yardmaster::engine::EngineOptions::ls_time_between_tokens_from(args.tbt_ms, &args.params),
             ..Default::default()
         },

@@ -61,6 +61,11 @@ pub struct ServeArgs {
     /// `calm` unless --policy says otherwise) (overrides the file's `pipeline`).
     #[arg(long)]
     pub pipeline: Option<String>,
+    /// Serve every model of this Triton model repository instead of a pipeline: one
+    /// stage and one stream per model, profiled on first load (repeat for several
+    /// directories; overrides the file's `model_repository`; see docs/model-repository.md).
+    #[arg(long = "model-repository", value_name = "DIR")]
+    pub model_repository: Vec<PathBuf>,
     /// Policy: a shipped name or a `.wasm` file (overrides the file's `policy`).
     #[arg(long)]
     pub policy: Option<String>,
@@ -89,6 +94,9 @@ pub fn serve_config(args: &ServeArgs) -> Result<ServeConfig> {
     }
     if let Some(pipeline) = &args.pipeline {
         config.pipeline = pipeline.clone();
+    }
+    if !args.model_repository.is_empty() {
+        config.model_repository = args.model_repository.clone();
     }
     if let Some(policy) = &args.policy {
         config.policy = policy.clone();
@@ -131,7 +139,7 @@ impl Running {
 
 async fn run_serve(args: &ServeArgs) -> Result<()> {
     let config = serve_config(args)?;
-    let server = if is_llm_pipeline(&config.pipeline) {
+    let server = if config.model_repository.is_empty() && is_llm_pipeline(&config.pipeline) {
         Running::Llm(LlmServer::start(&config).await?)
     } else {
         Running::Pipeline(Server::start(&config, Vec::new()).await?)

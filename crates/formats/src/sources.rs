@@ -29,6 +29,15 @@ pub enum WorkloadSpec {
     },
     /// Arrivals of one of our JSON-lines traces.
     Trace(PathBuf),
+    /// Another workload's arrivals dealt round-robin over `streams` streams (the n-th
+    /// arrival to stream `n mod streams`): a preset's single stream spread over the
+    /// models of a repository.
+    Spread {
+        /// The workload dealt.
+        inner: Box<WorkloadSpec>,
+        /// Number of streams.
+        streams: u32,
+    },
 }
 
 impl WorkloadSpec {
@@ -65,6 +74,10 @@ pub fn open(spec: &WorkloadSpec, duration: u64, seed: u64) -> Result<Box<dyn Ite
             let options = AzureOptions { speed_up: *speedup, ..AzureOptions::default() };
             Box::new(workload::read_azure_llm_trace(path, &options).map_err(|e| anyhow!(e))?.into_iter())
         }
+        WorkloadSpec::Spread { inner, streams } => {
+            let streams = (*streams).max(1);
+            Box::new(open(inner, duration, seed)?.enumerate().map(move |(n, a)| Arrival { stream: (n % streams as usize) as u32, ..a }))
+        }
         WorkloadSpec::Trace(path) => {
             let file = std::fs::File::open(path).with_context(|| format!("opening trace {}", path.display()))?;
             let reader = TraceReader::new(std::io::BufReader::new(file)).map_err(|e| anyhow!("{}: {e}", path.display()))?;
@@ -73,4 +86,22 @@ pub fn open(spec: &WorkloadSpec, duration: u64, seed: u64) -> Result<Box<dyn Ite
             Box::new(arrivals.into_iter())
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_spread_workload_deals_the_arrivals_round_robin_over_the_streams() {
+        let inner = WorkloadSpec::Preset { name: "poisson".into(), rate: 100.0 };
+        let plain: Vec<Arrival> = inner.arrivals(1_000_000_000, 3).unwrap().collect();
+        let spread = WorkloadSpec::Spread { inner: Box::new(inner), streams: 3 };
+        let dealt: Vec<Arrival> = spread.arrivals(1_000_000_000, 3).unwrap().collect();
+        assert_eq!(dealt.len(), plain.len());
+        assert!(dealt.len() > 30);
+        for (n, (a, b)) in plain.iter().zip(&dealt).enumerate() {
+            assert_eq!((a.at, b.stream), (b.at, (n % 3) as u32));
+        }
+    }
 }

@@ -6,6 +6,9 @@
 //! Routes: `GET /v2/health/live`, `GET /v2/health/ready`, `GET /v2` (server metadata),
 //! `GET /v2/models/{model}[/versions/{v}]` (model metadata),
 //! `GET /v2/models/{model}[/versions/{v}]/ready`,
+//! `GET /v2/models/{model}[/versions/{v}]/config` (the effective configuration),
+//! `GET /v2/models/stats` and `GET /v2/models/{model}[/versions/{v}]/stats` (Triton's
+//! statistics extension, when the backend keeps statistics),
 //! `POST /v2/models/{model}[/versions/{v}]/infer`, and `GET /metrics` (Prometheus
 //! text, when a renderer is set).
 //!
@@ -61,6 +64,9 @@ pub struct ModelMetadata {
     pub inputs: Vec<TensorSpec>,
     /// Outputs.
     pub outputs: Vec<TensorSpec>,
+    /// The effective configuration in Triton's JSON form (`GET …/config`), when the
+    /// model has one; otherwise the route answers a minimal one.
+    pub config: Option<Value>,
 }
 
 /// Why an inference did not produce outputs.
@@ -87,6 +93,12 @@ pub trait Backend: Send + Sync {
     fn ready(&self) -> bool;
     /// Run one request on `model` (a name from [`Backend::models`]).
     fn infer(&self, model: &str, request: InferRequest) -> BoxFuture<'_, Result<InferResponse, InferError>>;
+    /// Triton's statistics extension: `{"model_stats": [...]}` for `model`, or for
+    /// every model when `None`; `Err` when the backend keeps none.
+    fn statistics(&self, model: Option<&str>) -> Result<Value, String> {
+        let _ = model;
+        Err("this server keeps no model statistics".into())
+    }
 }
 
 /// A request, transport-independent.
@@ -242,9 +254,10 @@ impl Api {
                 &json!({
                     "name": "yardmaster",
                     "version": env!("CARGO_PKG_VERSION"),
-                    "extensions": ["binary_tensor_data", "schedule_policy", "model_configuration"],
+                    "extensions": ["binary_tensor_data", "schedule_policy", "model_configuration", "statistics"],
                 }),
             ),
+            ["v2", "models", "stats"] if get => self.statistics(None),
             ["v2", "models", model, rest @ ..] => self.model_route(&request, model, rest).await,
             ["v2", ..] | ["metrics"] => ApiResponse::error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this route"),
             _ => ApiResponse::error(StatusCode::NOT_FOUND, &format!("no route {} {}", request.method, request.path)),
@@ -272,14 +285,25 @@ impl Api {
         match rest {
             [] if get => ApiResponse::json(StatusCode::OK, &metadata_json(metadata)),
             ["ready"] if get => ApiResponse::empty(if self.backend.ready() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }),
-            ["config"] if get => {
-                ApiResponse::json(StatusCode::OK, &json!({ "name": metadata.name, "platform": metadata.platform, "max_batch_size": 0 }))
-            }
+            ["stats"] if get => self.statistics(Some(&metadata.name)),
+            ["config"] if get => match &metadata.config {
+                Some(config) => ApiResponse::json(StatusCode::OK, config),
+                None => {
+                    ApiResponse::json(StatusCode::OK, &json!({ "name": metadata.name, "platform": metadata.platform, "max_batch_size": 0 }))
+                }
+            },
             ["infer"] if request.method == Method::POST => self.infer(request, metadata).await,
-            [] | ["ready"] | ["config"] | ["infer"] => {
+            [] | ["ready"] | ["config"] | ["stats"] | ["infer"] => {
                 ApiResponse::error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this route")
             }
             _ => ApiResponse::error(StatusCode::NOT_FOUND, &format!("no route {} {}", request.method, request.path)),
+        }
+    }
+
+    fn statistics(&self, model: Option<&str>) -> ApiResponse {
+        match self.backend.statistics(model) {
+            Ok(stats) => ApiResponse::json(StatusCode::OK, &stats),
+            Err(reason) => ApiResponse::error(StatusCode::NOT_FOUND, &reason),
         }
     }
 
@@ -394,6 +418,7 @@ mod tests {
                 platform: "test".into(),
                 inputs: vec![TensorSpec { name: "x".into(), datatype: DataType::F32, shape: vec![-1] }],
                 outputs: vec![TensorSpec { name: "y".into(), datatype: DataType::F32, shape: vec![-1] }],
+                config: None,
             }]
         }
         fn ready(&self) -> bool {

@@ -25,6 +25,7 @@ use super::executor::{ServeHandle, WorkerBoard};
 use super::kserve::{DataType, InferRequest, InferResponse, Tensor, TensorData};
 use super::payload::{OcrDocument, Parcel, Payload, PayloadStore, Prepared};
 use super::stages::StageProgram;
+use super::tensor_codec::TensorCodec;
 use yardmaster_engine::metrics::Outcome;
 use yardmaster_engine::{Clock, Executor, MonotonicClock, Submission};
 
@@ -45,6 +46,8 @@ pub enum Codec {
     /// BYTES `[n]` (one line each, in reading order); `scores`, FP32 `[n]`; `boxes`,
     /// FP32 `[n, 4, 2]` (corners top-left, top-right, bottom-right, bottom-left, as x, y).
     OcrImage,
+    /// A repository model's tensors, as its configuration declares them.
+    Tensors(TensorCodec),
     /// FP32 tensors of fixed shapes in, the last stage's outputs out.
     Fp32 {
         /// Input names and shapes, in the model's order.
@@ -80,6 +83,7 @@ impl Codec {
         match self {
             Codec::OcrImage => vec![spec(ocr_names::IMAGE, DataType::U8, &[-1, -1, 3])],
             Codec::Fp32 { inputs, .. } => inputs.iter().map(|(n, s)| spec(n, DataType::F32, &fixed(s))).collect(),
+            Codec::Tensors(codec) => codec.input_specs(),
         }
     }
 
@@ -92,6 +96,7 @@ impl Codec {
                 spec(ocr_names::BOXES, DataType::F32, &[-1, 4, 2]),
             ],
             Codec::Fp32 { outputs, .. } => outputs.iter().map(|(n, s)| spec(n, DataType::F32, &fixed(s))).collect(),
+            Codec::Tensors(codec) => codec.output_specs(),
         }
     }
 
@@ -120,6 +125,7 @@ impl Codec {
                 }
                 Ok(Payload::Tensors(tensors))
             }
+            Codec::Tensors(codec) => Ok(Payload::Tensors(codec.decode(request)?)),
         }
     }
 
@@ -147,6 +153,7 @@ impl Codec {
                     .map(|((name, _), t)| Tensor::f32(name, t.shape.iter().map(|&d| d as u64).collect(), &t.data).map_err(|e| e.0))
                     .collect()
             }
+            (Codec::Tensors(codec), Payload::Tensors(tensors)) => codec.encode(tensors),
             (_, payload) => Err(format!(
                 "the pipeline produced {} for a model that answers {}",
                 match payload {
@@ -155,7 +162,7 @@ impl Codec {
                 },
                 match self {
                     Codec::OcrImage => "text lines",
-                    Codec::Fp32 { .. } => "tensors",
+                    Codec::Fp32 { .. } | Codec::Tensors(_) => "tensors",
                 }
             )),
         }
@@ -196,6 +203,26 @@ pub struct ServedModel {
     pub entry: u32,
     /// Its tensors.
     pub codec: Codec,
+    /// How it describes itself: version, platform, configuration.
+    pub description: ModelDescription,
+}
+
+/// What a served model says about itself beyond its tensors.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelDescription {
+    /// The version served.
+    pub version: String,
+    /// Platform string (`onnxruntime_onnx` for a repository model).
+    pub platform: String,
+    /// Its effective configuration in Triton's JSON form, when it has one.
+    pub config: Option<serde_json::Value>,
+}
+
+impl Default for ModelDescription {
+    /// A built-in pipeline's: version 1, platform `yardmaster_pipeline`, no configuration.
+    fn default() -> Self {
+        ModelDescription { version: MODEL_VERSION.into(), platform: "yardmaster_pipeline".into(), config: None }
+    }
 }
 
 impl ServedModel {
@@ -203,10 +230,11 @@ impl ServedModel {
     pub fn metadata(&self) -> ModelMetadata {
         ModelMetadata {
             name: self.name.clone(),
-            versions: vec![MODEL_VERSION.into()],
-            platform: "yardmaster_pipeline".into(),
+            versions: vec![self.description.version.clone()],
+            platform: self.description.platform.clone(),
             inputs: self.codec.inputs(),
             outputs: self.codec.outputs(),
+            config: self.description.config.clone(),
         }
     }
 }
@@ -313,7 +341,7 @@ impl EngineBackend {
                 let outputs = served.codec.encode(parcel.payload).map_err(InferError::Failed)?;
                 Ok(InferResponse {
                     model_name: served.name.clone(),
-                    model_version: Some(MODEL_VERSION.into()),
+                    model_version: Some(served.description.version.clone()),
                     id: request.id,
                     parameters: Map::new(),
                     outputs,
@@ -337,6 +365,85 @@ impl Backend for EngineBackend {
     fn infer(&self, model: &str, request: InferRequest) -> BoxFuture<'_, Result<InferResponse, InferError>> {
         let model = model.to_string();
         Box::pin(async move { self.run(&model, request).await })
+    }
+
+    fn statistics(&self, model: Option<&str>) -> Result<serde_json::Value, String> {
+        let models: Vec<(String, String, u32)> = self
+            .models
+            .iter()
+            .filter(|m| model.is_none_or(|name| m.name == name))
+            .map(|m| (m.name.clone(), m.description.version.clone(), m.stream))
+            .collect();
+        if models.is_empty() {
+            return Err(format!("unknown model {:?}", model.unwrap_or_default()));
+        }
+        let streams: Vec<u32> = models.iter().map(|(_, _, stream)| *stream).collect();
+        let per_stream = self
+            .handle
+            .inspect_arms(move |arms| {
+                streams
+                    .iter()
+                    .map(|stream| {
+                        let mut total = StreamTotals::default();
+                        for slot in arms.slots() {
+                            let summary = slot.engine.accounting().summary(slot.engine.state().now());
+                            if let Some(stats) = summary.streams.get(stream) {
+                                total.add(stats);
+                            }
+                        }
+                        total
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .map_err(|e| e.to_string())?;
+        let stats: Vec<serde_json::Value> =
+            models.iter().zip(per_stream).map(|((name, version, _), totals)| totals.to_triton(name, version)).collect();
+        Ok(serde_json::json!({ "model_stats": stats }))
+    }
+}
+
+/// One model's counters summed over the arms, for Triton's statistics extension.
+#[derive(Debug, Default, Clone, Copy)]
+struct StreamTotals {
+    completed: u64,
+    failed: u64,
+    latency_ns: f64,
+    queue_ns: f64,
+    compute_ns: f64,
+}
+
+impl StreamTotals {
+    fn add(&mut self, stats: &yardmaster_engine::metrics::Stats) {
+        self.completed += stats.completed;
+        self.failed += stats.outcomes.dropped + stats.outcomes.failed;
+        self.latency_ns += stats.latency.mean * stats.completed as f64;
+        self.queue_ns += stats.queue_delay.mean * stats.completed as f64;
+        self.compute_ns += stats.accelerator_s * 1e9;
+    }
+
+    /// Triton's `ModelStatistics`: successes with their end-to-end time, failures
+    /// (dropped or failed), time queued and time computing. Yardmaster counts requests:
+    /// `execution_count` is the requests completed, not the batches.
+    fn to_triton(self, name: &str, version: &str) -> serde_json::Value {
+        let duration = |count: u64, ns: f64| serde_json::json!({ "count": count, "ns": ns.max(0.0) as u64 });
+        serde_json::json!({
+            "name": name,
+            "version": version,
+            "last_inference": 0,
+            "inference_count": self.completed,
+            "execution_count": self.completed,
+            "inference_stats": {
+                "success": duration(self.completed, self.latency_ns),
+                "fail": duration(self.failed, 0.0),
+                "queue": duration(self.completed, self.queue_ns),
+                "compute_input": duration(self.completed, 0.0),
+                "compute_infer": duration(self.completed, self.compute_ns),
+                "compute_output": duration(self.completed, 0.0),
+                "cache_hit": duration(0, 0.0),
+                "cache_miss": duration(0, 0.0),
+            },
+            "batch_stats": [],
+        })
     }
 }
 

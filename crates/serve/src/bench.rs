@@ -127,6 +127,7 @@ impl Backend for InlineTiny {
             platform: "inline".into(),
             inputs: vec![spec("x")],
             outputs: vec![spec("y")],
+            config: None,
         }]
     }
 

@@ -7,6 +7,8 @@
 //! http1 = true
 //! http3 = true
 //! pipeline = "ocr"            # a preset name or a pipeline .toml file
+//! model_repository = ["models/"]  # instead: serve every model of these Triton model
+//!                             # repositories (see docs/model-repository.md)
 //! policy = "edf"              # a shipped policy name or a .wasm file
 //! params = { }                # policy parameters, key = "value"
 //! tbt_ms = 100                # LLM pipelines: the time between tokens promised to
@@ -139,6 +141,8 @@ pub struct ServeConfig {
     pub http3: bool,
     /// Pipeline preset or file.
     pub pipeline: String,
+    /// Triton model repositories to serve instead of `pipeline` (none: serve `pipeline`).
+    pub model_repository: Vec<PathBuf>,
     /// Policy: shipped name or `.wasm` file.
     pub policy: String,
     /// Policy parameters.
@@ -175,6 +179,7 @@ impl Default for ServeConfig {
             http1: true,
             http3: true,
             pipeline: "ocr".into(),
+            model_repository: Vec::new(),
             policy: "edf".into(),
             params: BTreeMap::new(),
             tbt_ms: None,
@@ -214,6 +219,9 @@ impl ServeConfig {
         }
         if let Some(capture) = &mut config.capture {
             resolve(capture);
+        }
+        for dir in &mut config.model_repository {
+            resolve(dir);
         }
         if let Some(dir) = &mut config.state_dir {
             resolve(dir);

@@ -246,7 +246,7 @@ pub struct Schedule {
 }
 
 /// A decoded inference request.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct InferRequest {
     /// The client's request id, echoed in the response.
     pub id: Option<String>,

@@ -6,7 +6,7 @@
 //! configured; [`Server::stop`] stops accepting, fails what is
 //! still in flight exactly once, and stops the engine.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{anyhow, Context, Result};
@@ -22,6 +22,7 @@ use super::listeners::Listeners;
 use super::prometheus;
 use super::remote::pool::{RemoteConfig, RemotePool};
 use super::remote::transport::Fingerprint;
+use super::repository::{self, LoadedRepository, RepositoryOptions};
 use super::stack::{PolicyChoice, ServedPipeline, ServingStack};
 use super::swap::Swapper;
 use yardmaster_engine::{Clock, Executor};
@@ -54,7 +55,19 @@ impl Server {
         let choice = ort.device_choice();
         let device = format!("{} ({})", choice.device, choice.reason);
         let context = WorkerContext { runtime: ort.clone(), cache: Arc::new(ModelCache::default()) };
-        let served = served_pipeline(&config.pipeline, &context)?;
+        let mut options = config.engine_options();
+        let served = if config.model_repository.is_empty() {
+            served_pipeline(&config.pipeline, &context)?
+        } else {
+            let loaded = load_repository(config.model_repository.clone(), context.clone()).await?;
+            for param in loaded.params {
+                // The operator's own parameters win over the models' configurations.
+                if !options.params.iter().any(|p| p.key == param.key) {
+                    options.params.push(param);
+                }
+            }
+            loaded.served
+        };
         let models: Vec<String> = served.models.iter().map(|m| m.name.clone()).collect();
         for remote in &config.remote {
             placements.push(remote_placement(remote, &served).await?);
@@ -62,7 +75,6 @@ impl Server {
         let policy = policy_choice(&config.policy)?;
         let policy_name = policy.name.clone();
         let sandbox = policy.sandbox.clone();
-        let options = config.engine_options();
         let (actor, backend) = ServingStack::start(served, policy, options, context, placements).map_err(|e| anyhow!(e))?;
         let handle = actor.handle();
         let watchdog = config.watchdog;
@@ -192,6 +204,27 @@ pub async fn remote_placement(remote: &RemotePlacement, served: &ServedPipeline)
     let (pool, events) =
         RemotePool::connect(link).await.with_context(|| format!("connecting to node {} for {}", remote.node, remote.stages.join(", ")))?;
     Ok(Placement { stages, workers: Box::new(pool), events })
+}
+
+/// Load the model repositories `dirs` (profiling models on first load, off the async
+/// threads), printing progress, the warnings and the refused models on stderr.
+pub async fn load_repository(dirs: Vec<PathBuf>, context: WorkerContext) -> Result<LoadedRepository> {
+    let loaded = tokio::task::spawn_blocking(move || {
+        let options = RepositoryOptions::default();
+        repository::load(&dirs, &context, &options, &mut |line| eprintln!("{line}"))
+    })
+    .await
+    .context("loading the model repository")?
+    .map_err(|e| anyhow!(e))?;
+    for warning in &loaded.warnings {
+        tracing::warn!("{warning}");
+        eprintln!("warning: {warning}");
+    }
+    for reason in &loaded.refused {
+        tracing::error!("not served: {reason}");
+        eprintln!("not served: {reason}");
+    }
+    Ok(loaded)
 }
 
 /// The pipeline by name: `ocr` (PP-OCR, the default) or `tiny` (the trivial model).

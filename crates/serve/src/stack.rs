@@ -14,7 +14,7 @@ use yardmaster_dataplane::ocr::rec::Dictionary;
 use yardmaster_dataplane::ocr::{OcrModels, OcrOptions};
 use yardmaster_dataplane::{ModelCatalog, ModelKey, ModelSession, ModelSpec, WorkerContext, WorkerPool};
 
-use super::backend::{Codec, EngineBackend, ServedModel};
+use super::backend::{Codec, EngineBackend, ModelDescription, ServedModel};
 use super::executor::{check_placements, OnnxExecutor, Placement, ServeActor, WorkerBoard};
 use super::payload::PayloadStore;
 use super::stages::{ClsProgram, DetProgram, RecProgram, StageProgram, TensorProgram};
@@ -77,7 +77,13 @@ impl ServedPipeline {
             catalog.stages.push(vec![spec.clone(); stage.variants.len()]);
         }
         let entry = pipeline.streams[0].entry;
-        let models = vec![ServedModel { name: OCR_MODEL.into(), stream: 0, entry, codec: Codec::OcrImage }];
+        let models = vec![ServedModel {
+            name: OCR_MODEL.into(),
+            stream: 0,
+            entry,
+            codec: Codec::OcrImage,
+            description: ModelDescription::default(),
+        }];
         let served = Self { pipeline, catalog, programs, models };
         served.check()?;
         Ok(served)
@@ -94,7 +100,13 @@ impl ServedPipeline {
         let shape = vec![tiny_model::WIDTH];
         let codec =
             Codec::Fp32 { inputs: vec![(tiny_model::INPUT.into(), shape.clone())], outputs: vec![(tiny_model::OUTPUT.into(), shape)] };
-        let models = vec![ServedModel { name: TINY_MODEL.into(), stream: 0, entry: pipeline.streams[0].entry, codec }];
+        let models = vec![ServedModel {
+            name: TINY_MODEL.into(),
+            stream: 0,
+            entry: pipeline.streams[0].entry,
+            codec,
+            description: ModelDescription::default(),
+        }];
         let served = Self { pipeline, catalog, programs, models };
         served.check()?;
         Ok(served)

@@ -17,5 +17,6 @@ mod serve_llm_http;
 mod serve_overload;
 mod serve_policies;
 mod serve_remote;
+mod serve_repository;
 mod serve_swap;
 mod serve_transports;

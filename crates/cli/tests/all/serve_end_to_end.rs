@@ -15,11 +15,11 @@ use std::time::Duration;
 use serde_json::Value;
 
 /// A `yardmaster serve` process, killed on drop.
-struct Server {
-    child: Child,
-    address: String,
-    certificate: PathBuf,
-    dir: PathBuf,
+pub(crate) struct Server {
+    pub(crate) child: Child,
+    pub(crate) address: String,
+    pub(crate) certificate: PathBuf,
+    pub(crate) dir: PathBuf,
 }
 
 impl Drop for Server {
@@ -30,7 +30,7 @@ impl Drop for Server {
     }
 }
 
-fn scratch(name: &str) -> PathBuf {
+pub(crate) fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("yardmaster-e2e-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -65,7 +65,7 @@ fn serve(name: &str, pipeline: &str, extra: &str) -> Server {
     Server { child, address, certificate: dir.join("state/tls/cert.pem"), dir }
 }
 
-fn clients_python() -> PathBuf {
+pub(crate) fn clients_python() -> PathBuf {
     let root = std::env::var_os("YARDMASTER_TOOLCHAINS")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/yardmaster/toolchains"));
@@ -74,12 +74,12 @@ fn clients_python() -> PathBuf {
     python
 }
 
-fn script(name: &str) -> PathBuf {
+pub(crate) fn script(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/clients").join(name)
 }
 
 /// Run a client script; its last stdout line is JSON.
-fn run_client(name: &str, args: &[&str]) -> Value {
+pub(crate) fn run_client(name: &str, args: &[&str]) -> Value {
     let output = Command::new(clients_python()).arg(script(name)).args(args).output().unwrap();
     assert!(
         output.status.success(),
@@ -91,7 +91,7 @@ fn run_client(name: &str, args: &[&str]) -> Value {
     serde_json::from_str(stdout.lines().last().unwrap()).unwrap()
 }
 
-fn http_get(address: &str, path: &str) -> (u16, String) {
+pub(crate) fn http_get(address: &str, path: &str) -> (u16, String) {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(address).unwrap();
     stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();

@@ -24,6 +24,7 @@ impl Backend for Negate {
             platform: "test".into(),
             inputs: vec![TensorSpec { name: "x".into(), datatype: DataType::F32, shape: vec![-1] }],
             outputs: vec![TensorSpec { name: "y".into(), datatype: DataType::F32, shape: vec![-1] }],
+            config: None,
         }]
     }
     fn ready(&self) -> bool {

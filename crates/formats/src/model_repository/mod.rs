@@ -33,6 +33,7 @@ pub mod config;
 pub mod onnx_graph;
 pub mod pbtxt;
 pub mod repository;
+pub mod stages;
 #[cfg(test)]
 mod test_dir;
 

@@ -28,6 +28,10 @@ pub const DEFAULT_SLO_MS: f64 = 1000.0;
 /// The parameter in `config.pbtxt` that gives a model's SLO in milliseconds.
 pub const SLO_PARAMETER: &str = "yardmaster.slo_ms";
 
+/// The parameter in `config.pbtxt` that gives the per-request input shapes a model is
+/// profiled with: `3x320x320,2048`, one shape per input in the graph's order.
+pub const PROFILE_SHAPES_PARAMETER: &str = "yardmaster.profile_shapes";
+
 /// Yardmaster's settings file beside `config.pbtxt`.
 pub const SETTINGS_FILE: &str = "yardmaster.toml";
 
@@ -96,6 +100,9 @@ pub struct ModelSettings {
     pub slo_ms: f64,
     /// Where it came from.
     pub slo_source: SloSource,
+    /// Per-request input shapes to profile the model with (the `yardmaster.profile_shapes`
+    /// parameter); `None`: the declared shapes, with a size chosen for dimensions of any size.
+    pub profile_shapes: Option<Vec<Vec<usize>>>,
 }
 
 /// Where a model's SLO came from.
@@ -256,9 +263,14 @@ fn settings(dir: &Path, config: &ModelConfig) -> Result<ModelSettings, String> {
             Err(format!("{place}: the SLO must be a positive number of milliseconds, not {slo}"))
         }
     };
-    if let Some(key) = config.parameters.keys().find(|k| k.starts_with("yardmaster.") && *k != SLO_PARAMETER) {
-        return Err(format!("config.pbtxt: unknown Yardmaster parameter {key:?} (known: {SLO_PARAMETER})"));
+    let known = [SLO_PARAMETER, PROFILE_SHAPES_PARAMETER];
+    if let Some(key) = config.parameters.keys().find(|k| k.starts_with("yardmaster.") && !known.contains(&k.as_str())) {
+        return Err(format!("config.pbtxt: unknown Yardmaster parameter {key:?} (known: {})", known.join(", ")));
     }
+    let profile_shapes = match config.parameters.get(PROFILE_SHAPES_PARAMETER) {
+        Some(text) => Some(parse_shapes(text).map_err(|e| format!("config.pbtxt parameter {PROFILE_SHAPES_PARAMETER} = {text:?}: {e}"))?),
+        None => None,
+    };
     let from_parameter = match config.parameters.get(SLO_PARAMETER) {
         Some(text) => {
             let place = format!("config.pbtxt parameter {SLO_PARAMETER}");
@@ -275,14 +287,31 @@ fn settings(dir: &Path, config: &ModelConfig) -> Result<ModelSettings, String> {
     } else {
         None
     };
-    Ok(match (from_parameter, from_file) {
+    let (slo_ms, slo_source) = match (from_parameter, from_file) {
         (Some(_), Some(_)) => {
             return Err(format!("the SLO is given both by the {SLO_PARAMETER} parameter and in {}; keep one", file.display()));
         }
-        (Some(slo_ms), None) => ModelSettings { slo_ms, slo_source: SloSource::Parameter },
-        (None, Some(slo_ms)) => ModelSettings { slo_ms, slo_source: SloSource::SettingsFile(file) },
-        (None, None) => ModelSettings { slo_ms: DEFAULT_SLO_MS, slo_source: SloSource::Default },
-    })
+        (Some(slo_ms), None) => (slo_ms, SloSource::Parameter),
+        (None, Some(slo_ms)) => (slo_ms, SloSource::SettingsFile(file)),
+        (None, None) => (DEFAULT_SLO_MS, SloSource::Default),
+    };
+    Ok(ModelSettings { slo_ms, slo_source, profile_shapes })
+}
+
+/// Shapes written `3x320x320,2048`: one per input, dimensions joined by `x`, each at least 1.
+fn parse_shapes(text: &str) -> Result<Vec<Vec<usize>>, String> {
+    text.split(',')
+        .map(|shape| {
+            shape
+                .trim()
+                .split('x')
+                .map(|d| match d.trim().parse::<usize>() {
+                    Ok(size) if size > 0 => Ok(size),
+                    _ => Err(format!("{d:?} is not a size (write shapes like 3x320x320, one per input, separated by commas)")),
+                })
+                .collect()
+        })
+        .collect()
 }
 
 /// Turn into errors the ensembles whose steps name a model that is not served, or a
@@ -402,12 +431,12 @@ mod tests {
         assert_eq!(plain.config_file, None);
         assert_eq!(plain.config.from_graph, Some(FromGraph::Everything));
         assert_eq!(plain.config.name, "plain");
-        assert_eq!(plain.settings, ModelSettings { slo_ms: DEFAULT_SLO_MS, slo_source: SloSource::Default });
+        assert_eq!(plain.settings, ModelSettings { slo_ms: DEFAULT_SLO_MS, slo_source: SloSource::Default, profile_shapes: None });
 
         let latest2 = ok(&repo, "latest2");
         assert_eq!(versions(latest2), [3, 10], "versions are ordered as numbers");
         assert_eq!(latest2.config.name, "latest2", "a config without name takes the folder's");
-        assert_eq!(latest2.settings, ModelSettings { slo_ms: 250.0, slo_source: SloSource::Parameter });
+        assert_eq!(latest2.settings, ModelSettings { slo_ms: 250.0, slo_source: SloSource::Parameter, profile_shapes: None });
         assert_eq!(versions(ok(&repo, "every")), [1, 2]);
         assert_eq!(versions(ok(&repo, "pick")), [1, 3], "version 2 has no model, but it is not served");
         assert_eq!(versions(ok(&repo, "few")), [4], "latest 5 serves what there is");
@@ -416,7 +445,7 @@ mod tests {
         let tuned = ok(&repo, "tuned");
         assert_eq!(
             tuned.settings,
-            ModelSettings { slo_ms: 75.0, slo_source: SloSource::SettingsFile(dir.0.join("tuned/yardmaster.toml")) }
+            ModelSettings { slo_ms: 75.0, slo_source: SloSource::SettingsFile(dir.0.join("tuned/yardmaster.toml")), profile_shapes: None }
         );
         assert_eq!(tuned.config.max_batch_size, 8);
         assert_eq!(tuned.config.instance_count(), 2);
@@ -450,11 +479,21 @@ mod tests {
             .file("typo_param/config.pbtxt", "parameters { key: \"yardmaster.slo\" value { string_value: \"5\" } }");
         dir.onnx("typo_toml", &[1]).file("typo_toml/yardmaster.toml", "slo = 5");
         dir.onnx("tensorrt", &[1]).file("tensorrt/config.pbtxt", "platform: \"tensorrt_plan\"");
+        dir.onnx("bad_shapes", &[1])
+            .file("bad_shapes/config.pbtxt", "parameters { key: \"yardmaster.profile_shapes\" value { string_value: \"3x0x320\" } }");
+        dir.onnx("shapes", &[1])
+            .file("shapes/config.pbtxt", "parameters { key: \"yardmaster.profile_shapes\" value { string_value: \"3x320x320, 2048\" } }");
 
         let repo = scan(&[&dir.0]).unwrap();
         let ready: Vec<&str> = repo.ready().map(|m| m.name.as_str()).collect();
-        assert_eq!(ready, ["good"]);
-        assert_eq!(repo.errors().count(), 12);
+        assert_eq!(ready, ["good", "shapes"]);
+        assert_eq!(repo.errors().count(), 13);
+        assert_eq!(ok(&repo, "shapes").settings.profile_shapes, Some(vec![vec![3, 320, 320], vec![2048]]));
+        assert!(
+            err(&repo, "bad_shapes").contains("yardmaster.profile_shapes = \"3x0x320\": \"0\" is not a size"),
+            "{}",
+            err(&repo, "bad_shapes")
+        );
 
         let config = dir.0.join("badtext/config.pbtxt").display().to_string();
         assert_eq!(err(&repo, "badtext"), format!("{config}:3:28: expected a value for `dims`, found `,`"));

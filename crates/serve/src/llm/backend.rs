@@ -104,6 +104,7 @@ fn model_metadata(stream: &str) -> ModelMetadata {
         platform: "yardmaster_llm".into(),
         inputs: vec![TensorSpec { name: INPUT_IDS.into(), datatype: DataType::I64, shape: vec![-1] }],
         outputs: vec![TensorSpec { name: OUTPUT_IDS.into(), datatype: DataType::I64, shape: vec![-1] }],
+        config: None,
     }
 }
 

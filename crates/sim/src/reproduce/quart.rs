@@ -457,7 +457,7 @@ pub fn reproduce(opts: &ReproduceOptions) -> Result<String> {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "QUART reproduction: quart-bert8 (8 stages x 20.6 ms, 48 GPUs), gamma arrivals at {rate:.1} req/s, {duration_s} s per run, seed {}",
+        "QUART reproduction: quart-bert8 (8 stages x 20.6 ms, 12 servers x 4 GPUs, a parameter cache per server), gamma arrivals at {rate:.1} req/s, {duration_s} s per run, seed {}",
         opts.seed
     );
     let _ =

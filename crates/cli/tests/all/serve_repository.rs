@@ -1,0 +1,168 @@
+//! `yardmaster serve --model-repository DIR` on a Triton model repository, read by
+//! clients no one here wrote: Triton's Python client (metadata, configuration,
+//! inference, statistics) and Triton's `perf_analyzer` (random valid inputs from the
+//! server's metadata alone, server-side statistics). The repository mixes good models
+//! — one without `config.pbtxt`, one with the configuration Triton's documentation
+//! shows — with bad ones, each of which must be refused naming the model and the
+//! reason while the others serve. `sim compare --model-repository` then simulates the
+//! same models with the profiles the server measured.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use super::serve_end_to_end::{http_get, run_client, scratch, Server};
+
+/// Lay out the test repository under `dir/models`; returns it.
+fn repository(dir: &Path) -> PathBuf {
+    let tiny = yardmaster::serve::tiny_model::ensure(dir).expect("the tiny model is written");
+    let models = dir.join("models");
+    let model = |name: &str, version: u32, config: Option<&str>, file: Option<&[u8]>| {
+        let folder = models.join(name).join(version.to_string());
+        std::fs::create_dir_all(&folder).unwrap();
+        if let Some(bytes) = file {
+            std::fs::write(folder.join("model.onnx"), bytes).unwrap();
+        }
+        if let Some(text) = config {
+            std::fs::write(models.join(name).join("config.pbtxt"), text).unwrap();
+        }
+    };
+    let bytes = std::fs::read(&tiny).unwrap();
+    // No configuration: completed from the graph (a dynamic first dimension: batching).
+    model("add", 1, None, Some(&bytes));
+    // As Triton's documentation writes one, with two versions (the latest serves).
+    let documented = r#"
+name: "add_cfg"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]
+dynamic_batching {
+  preferred_batch_size: [ 4, 8 ]
+  max_queue_delay_microseconds: 100
+}
+instance_group [ { count: 2 kind: KIND_CPU } ]
+parameters { key: "yardmaster.slo_ms" value: { string_value: "250" } }
+"#;
+    model("add_cfg", 1, None, Some(&bytes));
+    model("add_cfg", 2, Some(documented), Some(&bytes));
+    // Bad ones.
+    model("bad_config", 1, Some("name: \"bad_config\"\nmax_batch_size: [ 8\n"), Some(&bytes));
+    model("no_file", 1, None, None);
+    model("garbage", 1, None, Some(b"this is not an ONNX model"));
+    let contradicting = "name: \"wrong_dims\"\nmax_batch_size: 8\ninput [ { name: \"x\" data_type: TYPE_FP32 dims: [ 5 ] } ]\noutput [ { name: \"y\" data_type: TYPE_FP32 dims: [ 4 ] } ]\n";
+    model("wrong_dims", 1, Some(contradicting), Some(&bytes));
+    models
+}
+
+/// Start `yardmaster serve --model-repository` on a free port; stderr goes to a file.
+fn serve_repository(dir: &Path, models: &Path) -> (Server, PathBuf) {
+    let config = dir.join("serve.toml");
+    std::fs::write(&config, "listen = \"127.0.0.1:0\"\npolicy = \"edf\"\nstate_dir = \"state\"\n").unwrap();
+    let stderr = dir.join("stderr.txt");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_yardmaster"))
+        .args(["serve", "--config"])
+        .arg(&config)
+        .arg("--model-repository")
+        .arg(models)
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&stderr).unwrap())
+        .spawn()
+        .expect("the yardmaster binary starts");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let address = loop {
+        let Some(line) = lines.next() else {
+            panic!("serve exited before listening:\n{}", std::fs::read_to_string(&stderr).unwrap_or_default());
+        };
+        if let Some(rest) = line.unwrap().strip_prefix("listening on ") {
+            break rest.split_whitespace().next().unwrap().to_string();
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    (Server { child, address, certificate: dir.join("state/tls/cert.pem"), dir: dir.to_path_buf() }, stderr)
+}
+
+/// Triton's perf_analyzer, as `scripts/setup.sh --deps` installs it.
+fn perf_analyzer() -> PathBuf {
+    let root = std::env::var_os("YARDMASTER_TOOLCHAINS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/yardmaster/toolchains"));
+    let wrapper = root.join("perf/bin/perf_analyzer-run");
+    assert!(wrapper.exists(), "{} is missing: run `bash scripts/setup.sh --deps`", wrapper.display());
+    wrapper
+}
+
+#[test]
+fn a_triton_repository_serves_its_good_models_to_tritonclient_and_perf_analyzer_and_names_each_bad_one() {
+    let dir = scratch("repository");
+    let models = repository(&dir);
+    let (server, stderr) = serve_repository(&dir, &models);
+
+    let seen = run_client("triton_repository.py", &[&server.address, "add", "add_cfg"]);
+    let add = &seen["models"]["add"];
+    assert_eq!(add["metadata"]["platform"], "onnxruntime_onnx", "{seen}");
+    assert_eq!(add["metadata"]["inputs"][0]["shape"], serde_json::json!([-1, 4]), "batching: [-1] + dims: {seen}");
+    assert!(add["config"]["max_batch_size"].as_u64().unwrap() > 0, "completed from the graph: {seen}");
+    assert_eq!(add["outputs"]["y"], serde_json::json!([[1.0, 2.0, 3.0, 4.0]]), "y = x + 1: {seen}");
+    let documented = &seen["models"]["add_cfg"];
+    assert_eq!(documented["metadata"]["versions"], serde_json::json!(["2"]), "the latest version serves: {seen}");
+    assert_eq!(documented["config"]["max_batch_size"], 8);
+    assert_eq!(documented["config"]["dynamic_batching"]["preferred_batch_size"], serde_json::json!([4, 8]));
+    assert_eq!(documented["config"]["instance_group"][0]["count"], 2);
+    let stats = &documented["stats"]["model_stats"][0];
+    assert_eq!(stats["name"], "add_cfg");
+    assert!(stats["inference_stats"]["success"]["count"].as_u64().unwrap() >= 1, "{stats}");
+    assert_eq!(seen["wrong_shape"]["status"], "400", "a wrong shape is refused: {seen}");
+    assert!(seen["wrong_shape"]["message"].as_str().unwrap().contains("shape"), "{seen}");
+    let (status, body) = http_get(&server.address, "/v2/models/garbage");
+    assert_eq!(status, 404, "a refused model is not served: {body}");
+
+    // perf_analyzer from the metadata alone, at two concurrencies, no error.
+    let perf = Command::new(perf_analyzer())
+        .args(["-m", "add_cfg", "-u", &server.address, "-i", "http", "--concurrency-range", "1:2"])
+        // Latency on a shared 2-core machine is noisy: accept looser stability, so
+        // that what fails the test is an error, not a wobble.
+        .args(["--measurement-interval", "1000", "--stability-percentage", "60", "--max-trials", "20"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&perf.stdout).into_owned() + &String::from_utf8_lossy(&perf.stderr);
+    assert!(perf.status.success(), "perf_analyzer failed:\n{text}");
+    assert_eq!(text.matches("Request concurrency:").count(), 2, "{text}");
+    assert!(text.contains("Server:") && text.contains("Successful request count"), "the server-side section: {text}");
+    assert!(!text.contains("error"), "{text}");
+
+    let log = std::fs::read_to_string(stderr).unwrap();
+    for (model, reason) in
+        [("bad_config", "config.pbtxt"), ("no_file", "model.onnx"), ("garbage", "malformed ONNX"), ("wrong_dims", "dims")]
+    {
+        let line = log.lines().find(|l| l.starts_with("not served") && l.contains(&format!("model {model:?}")));
+        let line = line.unwrap_or_else(|| panic!("no refusal of {model}:\n{log}"));
+        assert!(line.contains(reason), "{model}: {line}");
+    }
+
+    // The simulator reads the same repository, with the profiles the server measured.
+    let sim = Command::new(env!("CARGO_BIN_EXE_yardmaster"))
+        .args([
+            "sim",
+            "compare",
+            "--policies",
+            "fifo,edf",
+            "--workload",
+            "poisson",
+            "--rate",
+            "50",
+            "--duration",
+            "5",
+            "--model-repository",
+        ])
+        .arg(&models)
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&sim.stdout);
+    assert!(sim.status.success(), "sim compare failed:\n{table}\n{}", String::from_utf8_lossy(&sim.stderr));
+    let rows: Vec<&str> = table.lines().filter(|l| l.starts_with("fifo") || l.starts_with("edf")).collect();
+    assert_eq!(rows.len(), 2, "{table}");
+    let left_out = String::from_utf8_lossy(&sim.stderr);
+    assert!(left_out.contains("left out: model \"garbage\""), "the unservable models are named: {left_out}");
+    drop(server);
+}

@@ -1,0 +1,281 @@
+//! Serving a Triton model repository (`yardmaster serve --model-repository DIR`): every
+//! ONNX model found becomes one engine stage and one stream, so the policy schedules
+//! every model's batches, drops, priorities and replicas.
+//!
+//! [`load`] scans the directories (`yardmaster_formats::model_repository`), completes
+//! each configuration from its ONNX graph as Triton's auto-complete does, and for each
+//! model that can be served builds:
+//!
+//! - **a stage and a stream** as `yardmaster_formats::model_repository::stages` makes
+//!   them (the simulator makes the same ones): the latest served version's file is the
+//!   one variant, `max_batch_size` bounds the batch, `instance_group`'s count starts
+//!   that many replicas (the policy may scale to four times that), the stream has the
+//!   model's SLO, and the latency profile is *measured* on this server's device — a
+//!   `profile.toml` beside the model (written by `yardmaster profile`) if there is one,
+//!   else a cached measurement (keyed by the model file's SHA-256, the device and the
+//!   thread count), else a new one, cached for next time (and for the simulator). A
+//!   model is served only once profiled;
+//! - **a codec** ([`TensorCodec`]) from the configuration's tensors, and the effective
+//!   configuration in Triton's JSON for `GET /v2/models/{m}/config`;
+//! - **policy parameters** from `dynamic_batching` (`<model>.max_queue_delay_us`, …):
+//!   the policy forms every batch; these tell it what the model's owner asked for.
+//!
+//! A model that cannot be served (malformed configuration, unreadable graph, element
+//! types the data plane does not feed, an ensemble, a failed profile) is refused with
+//! the reason and the others still serve.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use yardmaster_dataplane::profile::{profile, ProfileOptions};
+use yardmaster_dataplane::{Device, ModelCatalog, ModelKey, ModelSpec, WorkerContext};
+use yardmaster_engine::pipeline::{StageDef, StreamDef};
+use yardmaster_formats::model_repository::config::{Backend, DataType, TensorConfig};
+use yardmaster_formats::model_repository::repository::PROFILE_SHAPES_PARAMETER;
+use yardmaster_formats::model_repository::stages::{
+    dynamic_batching_params, model_stage, profile_stage_from_text, repository_pipeline, sha256_of, ProfileSource, ProfileStore,
+    PROFILE_FILE,
+};
+use yardmaster_formats::model_repository::{read_graph_signature, scan, ModelConfig, ModelEntry, ModelVersion};
+use yardmaster_policy::contract::{DeviceKind, Param};
+
+use super::backend::{Codec, ModelDescription, ServedModel};
+use super::stack::ServedPipeline;
+use super::stages::{StageProgram, TensorProgram};
+use super::tensor_codec::{TensorCodec, TensorDecl};
+
+/// The size a dimension of any size is profiled at, unless the configuration says.
+pub const PROFILE_ANY_SIZE: usize = 64;
+
+/// The platform string repository models report.
+pub const PLATFORM: &str = "onnxruntime_onnx";
+
+/// How models are profiled and where profiles are cached.
+#[derive(Debug, Clone)]
+pub struct RepositoryOptions {
+    /// Where measured profiles are kept (`<assets>/profiles` by default).
+    pub profile_cache: PathBuf,
+    /// Intra-op threads of each worker (and of the profile).
+    pub threads: usize,
+    /// Runs per batch size when measuring.
+    pub iterations: usize,
+}
+
+impl Default for RepositoryOptions {
+    fn default() -> Self {
+        RepositoryOptions { profile_cache: default_profile_cache(), threads: 1, iterations: 10 }
+    }
+}
+
+/// Where measured profiles are cached unless configured: `<assets>/profiles`.
+pub fn default_profile_cache() -> PathBuf {
+    yardmaster_dataplane::assets::assets_dir().join("profiles")
+}
+
+/// What [`load`] made of a repository.
+pub struct LoadedRepository {
+    /// The models that serve, as one pipeline.
+    pub served: ServedPipeline,
+    /// The models that do not, each with the reason.
+    pub refused: Vec<String>,
+    /// Things the operator should know (fields ignored, versions not served).
+    pub warnings: Vec<String>,
+    /// Policy parameters from the models' `dynamic_batching`.
+    pub params: Vec<Param>,
+}
+
+/// One model ready to become a stage.
+struct Prepared {
+    stage: StageDef,
+    stream: StreamDef,
+    spec: ModelSpec,
+    model: ServedModel,
+    params: Vec<Param>,
+}
+
+/// Load every model of the repository directories `dirs` for `context`'s device;
+/// `progress` gets one line per model (profiling takes a while).
+pub fn load(
+    dirs: &[PathBuf],
+    context: &WorkerContext,
+    options: &RepositoryOptions,
+    progress: &mut dyn FnMut(&str),
+) -> Result<LoadedRepository, String> {
+    let mut repository = scan(dirs).map_err(|e| e.to_string())?;
+    repository.complete_from_graphs();
+    // A complete configuration is still checked against its graph: a model whose
+    // configuration contradicts what it computes is refused now, not at its first request.
+    for result in repository.models.values_mut() {
+        if let Ok(entry) = result {
+            if let Err(e) = entry.complete_from_graph() {
+                *result = Err(e);
+            }
+        }
+    }
+    let mut refused: Vec<String> = repository.errors().map(|e| e.to_string()).collect();
+    let mut warnings = Vec::new();
+    let mut prepared = Vec::new();
+    for entry in repository.ready() {
+        if let Some(warning) = entry.ignored_fields_warning() {
+            warnings.push(warning);
+        }
+        let index = prepared.len() as u32;
+        match prepare(entry, index, context, options, progress, &mut warnings) {
+            Ok(model) => prepared.push(model),
+            Err(reason) => refused.push(format!("model {:?}: {reason}", entry.name)),
+        }
+    }
+    if prepared.is_empty() {
+        let mut message =
+            format!("no model of {} can be served", dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", "));
+        for reason in &refused {
+            let _ = write!(message, "\n  {reason}");
+        }
+        return Err(message);
+    }
+    let mut stages = Vec::new();
+    let mut streams = Vec::new();
+    let mut catalog = ModelCatalog::default();
+    let mut programs: Vec<Arc<dyn StageProgram>> = Vec::new();
+    let mut models = Vec::new();
+    let mut params = Vec::new();
+    for p in prepared {
+        programs.push(Arc::new(TensorProgram { name: p.model.name.clone() }));
+        catalog.stages.push(vec![p.spec]);
+        stages.push(p.stage);
+        streams.push(p.stream);
+        models.push(p.model);
+        params.extend(p.params);
+    }
+    let pipeline = repository_pipeline(stages, streams)?;
+    let served = ServedPipeline { pipeline, catalog, programs, models };
+    served.check()?;
+    Ok(LoadedRepository { served, refused, warnings, params })
+}
+
+/// Build one model's stage, stream, codec and parameters, profiling it if needed.
+fn prepare(
+    entry: &ModelEntry,
+    index: u32,
+    context: &WorkerContext,
+    options: &RepositoryOptions,
+    progress: &mut dyn FnMut(&str),
+    warnings: &mut Vec<String>,
+) -> Result<Prepared, String> {
+    let config = &entry.config;
+    if config.backend == Backend::Ensemble {
+        return Err("ensembles are not served yet (their steps are served as models of their own)".into());
+    }
+    let version = entry.versions.last().ok_or("no version to serve")?;
+    if entry.versions.len() > 1 {
+        let all: Vec<String> = entry.versions.iter().map(|v| v.version.to_string()).collect();
+        warnings.push(format!(
+            "model {:?}: its version_policy selects versions {}; this server serves the latest, {}",
+            entry.name,
+            all.join(", "),
+            version.version
+        ));
+    }
+    let file = version.model_file.as_ref().ok_or("the version has no model file")?;
+    let codec = codec(config, file)?;
+    let spec = ModelSpec::new(ModelKey::new(&entry.name, version.version.to_string()), file);
+    let profile = profiled_stage(entry, version, &spec, &codec, context, options, progress)?;
+    let device = if context.runtime.device() == Device::Cpu { DeviceKind::Cpu } else { DeviceKind::Gpu };
+    let (stage, stream) = model_stage(entry, profile, index, device, options.threads);
+    let description =
+        ModelDescription { version: version.version.to_string(), platform: PLATFORM.into(), config: Some(config.to_triton_json()) };
+    let model = ServedModel { name: entry.name.clone(), stream: index, entry: index, codec: Codec::Tensors(codec), description };
+    Ok(Prepared { stage, stream, spec, model, params: dynamic_batching_params(&entry.name, config) })
+}
+
+/// The codec of a completed configuration, with tensors in the graph's order.
+fn codec(config: &ModelConfig, file: &Path) -> Result<TensorCodec, String> {
+    let graph = read_graph_signature(file).map_err(|e| e.to_string())?;
+    let batching = config.max_batch_size > 0;
+    let declare = |kind: &str, name: &str, declared: &[TensorConfig]| -> Result<TensorDecl, String> {
+        let tensor =
+            declared.iter().find(|t| t.name == name).ok_or_else(|| format!("the graph's {kind} {name:?} is not in the configuration"))?;
+        if tensor.data_type != DataType::Fp32 {
+            return Err(format!(
+                "{kind} {name:?} is {}; the data plane feeds and returns FP32 tensors only",
+                tensor.data_type.triton_name()
+            ));
+        }
+        if tensor.reshape.is_some() {
+            return Err(format!("{kind} {name:?}: `reshape` is not supported"));
+        }
+        if tensor.optional {
+            return Err(format!("{kind} {name:?}: optional inputs are not supported (the model is fed every input)"));
+        }
+        let shape: Vec<i64> = if batching { std::iter::once(-1).chain(tensor.dims.iter().copied()).collect() } else { tensor.dims.clone() };
+        if !batching && shape.first() != Some(&1) {
+            return Err(format!(
+                "{kind} {name:?} has shape {shape:?} and max_batch_size is 0: the data plane needs a leading dimension of 1 (or a batching model)"
+            ));
+        }
+        Ok(TensorDecl { name: name.to_string(), shape })
+    };
+    let inputs = graph.inputs.iter().map(|t| declare("input", &t.name, &config.input)).collect::<Result<Vec<_>, _>>()?;
+    let outputs = graph.outputs.iter().map(|t| declare("output", &t.name, &config.output)).collect::<Result<Vec<_>, _>>()?;
+    Ok(TensorCodec { inputs, outputs, batching })
+}
+
+/// The model's profile (one stage, one measured variant): beside it or cached, else
+/// measured now on `context`'s device and cached.
+fn profiled_stage(
+    entry: &ModelEntry,
+    version: &ModelVersion,
+    spec: &ModelSpec,
+    codec: &TensorCodec,
+    context: &WorkerContext,
+    options: &RepositoryOptions,
+    progress: &mut dyn FnMut(&str),
+) -> Result<StageDef, String> {
+    let store = ProfileStore { dir: options.profile_cache.clone(), device: context.runtime.device().to_string(), threads: options.threads };
+    if let Some((stage, source)) = store.find(entry, version)? {
+        let from = match &source {
+            ProfileSource::Beside(path) => format!("profile from {}", path.display()),
+            ProfileSource::Cached(path) => format!("cached profile {}", path.display()),
+        };
+        progress(&format!("model {}: {from}", entry.name));
+        return Ok(stage);
+    }
+    progress(&format!("model {}: profiling on {} (first load; cached afterwards) …", entry.name, context.runtime.device()));
+    let largest = entry.config.max_batch_size.clamp(1, 8) as usize;
+    let batches: Vec<usize> = std::iter::successors(Some(1usize), |b| Some(b * 2)).take_while(|b| *b <= largest).collect();
+    let profile_options = ProfileOptions {
+        batches,
+        shapes: Some(profile_shapes(entry, codec)?),
+        warmup: 2,
+        iterations: options.iterations.max(1),
+        threads: options.threads,
+        start_repeats: 1,
+    };
+    let report = profile(&context.runtime, spec, &profile_options).map_err(|e| {
+        format!(
+            "could not be profiled: {e} (measure it yourself with `yardmaster profile` and put the output in {})",
+            entry.dir.join(PROFILE_FILE).display()
+        )
+    })?;
+    let text = report.to_pipeline_toml();
+    let cached = store.cached_profile_path(&sha256_of(&spec.path)?);
+    if std::fs::create_dir_all(&options.profile_cache).and_then(|()| std::fs::write(&cached, &text)).is_err() {
+        tracing::warn!(model = %entry.name, "could not cache its profile in {}", options.profile_cache.display());
+    }
+    progress(&format!("model {}: profiled, batch 1 takes {:.2} ms", entry.name, report.points[0].mean_ms));
+    profile_stage_from_text(&text, "a fresh profile")
+}
+
+/// Per-request input shapes to profile with: the model's `yardmaster.profile_shapes`
+/// parameter, else the declared shapes without the leading dimension, any size taken
+/// as [`PROFILE_ANY_SIZE`].
+fn profile_shapes(entry: &ModelEntry, codec: &TensorCodec) -> Result<Vec<Vec<usize>>, String> {
+    if let Some(shapes) = &entry.settings.profile_shapes {
+        if shapes.len() != codec.inputs.len() {
+            return Err(format!("{PROFILE_SHAPES_PARAMETER} gives {} shapes for {} inputs", shapes.len(), codec.inputs.len()));
+        }
+        return Ok(shapes.clone());
+    }
+    Ok(codec.inputs.iter().map(|t| t.shape[1..].iter().map(|&d| if d < 0 { PROFILE_ANY_SIZE } else { d as usize }).collect()).collect())
+}
