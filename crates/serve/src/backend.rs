@@ -173,23 +173,55 @@ fn decode_image(tensor: &Tensor) -> Result<RgbImage, String> {
     let name = &tensor.name;
     match tensor.datatype {
         DataType::U8 => {}
-        DataType::Bytes => {
-            return Err(format!(
-                "input {name:?}: encoded images (BYTES) are not accepted, the server has no PNG/JPEG decoder; send the pixels as UINT8 [H, W, 3]"
-            ))
+        DataType::Bytes => return decode_encoded_image(tensor),
+        other => {
+            return Err(format!("input {name:?} must be UINT8 [H, W, 3] pixels or BYTES [1] (a PNG or JPEG file), got {}", other.name()))
         }
-        other => return Err(format!("input {name:?} must be UINT8 [H, W, 3] pixels, got {}", other.name())),
     }
     let [height, width, 3] = tensor.shape[..] else {
         return Err(format!("input {name:?} must have shape [H, W, 3] (RGB), got {:?}", tensor.shape));
     };
-    if height == 0 || width == 0 || height > MAX_IMAGE_SIDE || width > MAX_IMAGE_SIDE {
-        return Err(format!("input {name:?}: an image of {width}×{height}; each side must be 1 to {MAX_IMAGE_SIDE} pixels"));
-    }
+    check_image_size(name, width, height)?;
     let TensorData::Raw(bytes) = &tensor.data else {
         return Err(format!("input {name:?}: UINT8 elements expected"));
     };
     Ok(RgbImage { width: width as usize, height: height as usize, data: bytes.clone() })
+}
+
+fn check_image_size(name: &str, width: u64, height: u64) -> Result<(), String> {
+    if height == 0 || width == 0 || height > MAX_IMAGE_SIDE || width > MAX_IMAGE_SIDE {
+        return Err(format!("input {name:?}: an image of {width}×{height}; each side must be 1 to {MAX_IMAGE_SIDE} pixels"));
+    }
+    Ok(())
+}
+
+/// An encoded image (`BYTES [1]`: the bytes of a PNG or JPEG file, as clients send
+/// them), decoded here on the caller's task. The size is read from the header and
+/// checked before anything is decompressed.
+fn decode_encoded_image(tensor: &Tensor) -> Result<RgbImage, String> {
+    let name = &tensor.name;
+    let TensorData::Strings(items) = &tensor.data else {
+        return Err(format!("input {name:?}: BYTES elements expected"));
+    };
+    let [bytes] = items.as_slice() else {
+        return Err(format!("input {name:?}: one encoded image per request (BYTES [1]), got {} elements", items.len()));
+    };
+    let reader = || image::io::Reader::new(std::io::Cursor::new(bytes.as_slice())).with_guessed_format();
+    let format = reader().map_err(|e| format!("input {name:?}: {e}"))?.format();
+    if !matches!(format, Some(image::ImageFormat::Png | image::ImageFormat::Jpeg)) {
+        return Err(format!("input {name:?}: not a PNG or JPEG file ({} bytes)", bytes.len()));
+    }
+    let (width, height) = reader()
+        .map_err(|e| format!("input {name:?}: {e}"))?
+        .into_dimensions()
+        .map_err(|e| format!("input {name:?}: a corrupt image: {e}"))?;
+    check_image_size(name, width as u64, height as u64)?;
+    let decoded = reader()
+        .map_err(|e| format!("input {name:?}: {e}"))?
+        .decode()
+        .map_err(|e| format!("input {name:?}: a corrupt image: {e}"))?
+        .to_rgb8();
+    Ok(RgbImage { width: decoded.width() as usize, height: decoded.height() as usize, data: decoded.into_raw() })
 }
 
 /// A model as the backend serves it.
@@ -527,7 +559,7 @@ mod tests {
                     shape: vec![1],
                     data: TensorData::Strings(vec![b"png".to_vec()]),
                 },
-                "no PNG/JPEG decoder",
+                "not a PNG or JPEG file",
             ),
             (Tensor::raw("picture", DataType::U8, vec![1, 1, 3], vec![0; 3]).unwrap(), "no input \"picture\""),
             (Tensor::raw("image", DataType::U8, vec![0, 5, 3], vec![]).unwrap(), "each side must be"),
@@ -537,6 +569,35 @@ mod tests {
             assert!(error.contains(reason), "{error:?} should say {reason:?}");
         }
         assert!(codec.decode(&request(vec![])).unwrap_err().contains("missing"));
+    }
+
+    /// `image` as the bytes of a file in `format`.
+    fn encoded(image: &image::RgbImage, format: image::ImageFormat) -> Tensor {
+        let mut bytes = std::io::Cursor::new(Vec::new());
+        image.write_to(&mut bytes, format).unwrap();
+        Tensor { name: "image".into(), datatype: DataType::Bytes, shape: vec![1], data: TensorData::Strings(vec![bytes.into_inner()]) }
+    }
+
+    #[test]
+    fn png_and_jpeg_files_are_decoded_and_corrupt_or_huge_ones_refused() {
+        let codec = Codec::OcrImage;
+        let picture = image::RgbImage::from_fn(5, 3, |x, y| image::Rgb([x as u8 * 40, y as u8 * 80, 7]));
+        let Payload::Ocr(png) = codec.decode(&request(vec![encoded(&picture, image::ImageFormat::Png)])).unwrap() else { panic!() };
+        assert_eq!((png.image.width, png.image.height), (5, 3));
+        assert_eq!(png.image.data, picture.clone().into_raw(), "PNG is lossless");
+        let Payload::Ocr(jpeg) = codec.decode(&request(vec![encoded(&picture, image::ImageFormat::Jpeg)])).unwrap() else { panic!() };
+        assert_eq!((jpeg.image.width, jpeg.image.height), (5, 3));
+        // A truncated file, a file of another format, a picture too large.
+        let mut truncated = encoded(&picture, image::ImageFormat::Png);
+        let TensorData::Strings(items) = &mut truncated.data else { unreachable!() };
+        let half = items[0].len() / 2;
+        items[0].truncate(half);
+        let bmp = encoded(&picture, image::ImageFormat::Bmp);
+        let huge = encoded(&image::RgbImage::new(MAX_IMAGE_SIDE as u32 + 1, 1), image::ImageFormat::Png);
+        for (tensor, reason) in [(truncated, "corrupt image"), (bmp, "not a PNG or JPEG"), (huge, "each side must be")] {
+            let error = codec.decode(&request(vec![tensor])).unwrap_err();
+            assert!(error.contains(reason), "{error:?} should say {reason:?}");
+        }
     }
 
     #[test]
