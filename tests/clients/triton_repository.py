@@ -5,7 +5,9 @@ Usage: triton_repository.py HOST:PORT MODEL...
 For each model: readiness, metadata, configuration (`get_model_config`), one inference
 built from the metadata alone (FP32 inputs filled with a ramp, the batch dimension 1,
 other variable dimensions 4), then the statistics (`get_inference_statistics`); then a
-request with a wrong shape, which must be refused with a reason. Prints one JSON line
+request with a wrong shape, which must be refused with a reason; the repository index
+(`get_model_repository_index`) and a `load_model`, which this server refuses with the
+reason. Prints one JSON line
 with what it saw; exits non-zero on any failure.
 """
 import json
@@ -53,6 +55,12 @@ def main() -> None:
         seen["wrong_shape"] = None
     except InferenceServerException as error:
         seen["wrong_shape"] = {"status": error.status(), "message": error.message()}
+    seen["index"] = client.get_model_repository_index()
+    try:
+        client.load_model(models[0])
+        seen["load"] = None
+    except InferenceServerException as error:
+        seen["load"] = {"status": error.status(), "message": error.message()}
     print(json.dumps(seen))
 
 

@@ -9,8 +9,9 @@
 //! `GET /v2/models/{model}[/versions/{v}]/config` (the effective configuration),
 //! `GET /v2/models/stats` and `GET /v2/models/{model}[/versions/{v}]/stats` (Triton's
 //! statistics extension, when the backend keeps statistics),
-//! `POST /v2/models/{model}[/versions/{v}]/infer`, and `GET /metrics` (Prometheus
-//! text, when a renderer is set).
+//! `POST /v2/models/{model}[/versions/{v}]/infer`, `POST /v2/repository/index`
+//! (Triton's repository index; load and unload are refused with the reason), and
+//! `GET /metrics` (Prometheus text, when a renderer is set).
 //!
 //! Status codes: 400 for a malformed request (with the reason), 404 for an unknown
 //! model or route, 405 for a wrong method, 413 for an oversized body, 503 when the
@@ -98,6 +99,14 @@ pub trait Backend: Send + Sync {
     fn statistics(&self, model: Option<&str>) -> Result<Value, String> {
         let _ = model;
         Err("this server keeps no model statistics".into())
+    }
+    /// Triton's repository index: every model with its version, `state` (`READY` or
+    /// `UNAVAILABLE`) and, when unavailable, the `reason`.
+    fn repository_index(&self) -> Vec<Value> {
+        self.models()
+            .into_iter()
+            .map(|m| json!({ "name": m.name, "version": m.versions.first().cloned().unwrap_or_default(), "state": "READY", "reason": "" }))
+            .collect()
     }
 }
 
@@ -258,6 +267,13 @@ impl Api {
                 }),
             ),
             ["v2", "models", "stats"] if get => self.statistics(None),
+            ["v2", "repository", "index"] if request.method == Method::POST => self.repository_index(&request),
+            ["v2", "repository", "models", model, action @ ("load" | "unload")] if request.method == Method::POST => ApiResponse::error(
+                StatusCode::BAD_REQUEST,
+                &format!(
+                    "cannot {action} model {model:?}: this server does not load or unload models while serving (model control mode: none); change the repository and restart"
+                ),
+            ),
             ["v2", "models", model, rest @ ..] => self.model_route(&request, model, rest).await,
             ["v2", ..] | ["metrics"] => ApiResponse::error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this route"),
             _ => ApiResponse::error(StatusCode::NOT_FOUND, &format!("no route {} {}", request.method, request.path)),
@@ -298,6 +314,20 @@ impl Api {
             }
             _ => ApiResponse::error(StatusCode::NOT_FOUND, &format!("no route {} {}", request.method, request.path)),
         }
+    }
+
+    /// `POST /v2/repository/index`, optionally `{"ready": true}` for the ready models only.
+    fn repository_index(&self, request: &ApiRequest) -> ApiResponse {
+        let ready_only = if request.body.is_empty() {
+            false
+        } else {
+            match serde_json::from_slice::<Value>(&request.body) {
+                Ok(body) => body.get("ready").and_then(Value::as_bool).unwrap_or(false),
+                Err(e) => return ApiResponse::error(StatusCode::BAD_REQUEST, &format!("the index request is not valid JSON: {e}")),
+            }
+        };
+        let models: Vec<Value> = self.backend.repository_index().into_iter().filter(|m| !ready_only || m["state"] == "READY").collect();
+        ApiResponse::json(StatusCode::OK, &Value::Array(models))
     }
 
     fn statistics(&self, model: Option<&str>) -> ApiResponse {

@@ -282,6 +282,8 @@ pub struct EngineBackend {
     board: WorkerBoard,
     programs: Vec<Arc<dyn StageProgram>>,
     models: Vec<ServedModel>,
+    /// Repository models not served, with the reason.
+    unavailable: Vec<(String, String)>,
 }
 
 impl std::fmt::Debug for EngineBackend {
@@ -302,7 +304,14 @@ impl EngineBackend {
         programs: Vec<Arc<dyn StageProgram>>,
         models: Vec<ServedModel>,
     ) -> Self {
-        Self { handle, clock, store, board, programs, models }
+        Self { handle, clock, store, board, programs, models, unavailable: Vec::new() }
+    }
+
+    /// Models of the repository that are not served, `(name, reason)`, for the
+    /// repository index.
+    pub fn with_unavailable(mut self, unavailable: Vec<(String, String)>) -> Self {
+        self.unavailable = unavailable;
+        self
     }
 
     /// The served models.
@@ -397,6 +406,20 @@ impl Backend for EngineBackend {
     fn infer(&self, model: &str, request: InferRequest) -> BoxFuture<'_, Result<InferResponse, InferError>> {
         let model = model.to_string();
         Box::pin(async move { self.run(&model, request).await })
+    }
+
+    fn repository_index(&self) -> Vec<serde_json::Value> {
+        let ready = self
+            .models
+            .iter()
+            .map(|m| serde_json::json!({ "name": m.name, "version": m.description.version, "state": "READY", "reason": "" }));
+        let unavailable = self
+            .unavailable
+            .iter()
+            .map(|(name, reason)| serde_json::json!({ "name": name, "version": "", "state": "UNAVAILABLE", "reason": reason }));
+        let mut index: Vec<serde_json::Value> = ready.chain(unavailable).collect();
+        index.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+        index
     }
 
     fn statistics(&self, model: Option<&str>) -> Result<serde_json::Value, String> {

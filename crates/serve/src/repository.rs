@@ -78,11 +78,26 @@ pub struct LoadedRepository {
     /// The models that serve, as one pipeline.
     pub served: ServedPipeline,
     /// The models that do not, each with the reason.
-    pub refused: Vec<String>,
+    pub refused: Vec<RefusedModel>,
     /// Things the operator should know (fields ignored, versions not served).
     pub warnings: Vec<String>,
     /// Policy parameters from the models' `dynamic_batching`.
     pub params: Vec<Param>,
+}
+
+/// A model of the repository that is not served, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefusedModel {
+    /// The model (its folder's name).
+    pub name: String,
+    /// Why it is not served.
+    pub reason: String,
+}
+
+impl std::fmt::Display for RefusedModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "model {:?}: {}", self.name, self.reason)
+    }
 }
 
 /// One model ready to become a stage.
@@ -113,7 +128,8 @@ pub fn load(
             }
         }
     }
-    let mut refused: Vec<String> = repository.errors().map(|e| e.to_string()).collect();
+    let mut refused: Vec<RefusedModel> =
+        repository.errors().map(|e| RefusedModel { name: e.model.clone(), reason: e.message.clone() }).collect();
     let mut warnings = Vec::new();
     let mut prepared = Vec::new();
     for entry in repository.ready() {
@@ -123,7 +139,7 @@ pub fn load(
         let index = prepared.len() as u32;
         match prepare(entry, index, context, options, progress, &mut warnings) {
             Ok(model) => prepared.push(model),
-            Err(reason) => refused.push(format!("model {:?}: {reason}", entry.name)),
+            Err(reason) => refused.push(RefusedModel { name: entry.name.clone(), reason }),
         }
     }
     if prepared.is_empty() {

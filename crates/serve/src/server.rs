@@ -56,6 +56,7 @@ impl Server {
         let device = format!("{} ({})", choice.device, choice.reason);
         let context = WorkerContext { runtime: ort.clone(), cache: Arc::new(ModelCache::default()) };
         let mut options = config.engine_options();
+        let mut unavailable = Vec::new();
         let served = if config.model_repository.is_empty() {
             served_pipeline(&config.pipeline, &context)?
         } else {
@@ -66,6 +67,7 @@ impl Server {
                     options.params.push(param);
                 }
             }
+            unavailable = loaded.refused.into_iter().map(|r| (r.name, r.reason)).collect();
             loaded.served
         };
         let models: Vec<String> = served.models.iter().map(|m| m.name.clone()).collect();
@@ -76,6 +78,7 @@ impl Server {
         let policy_name = policy.name.clone();
         let sandbox = policy.sandbox.clone();
         let (actor, backend) = ServingStack::start(served, policy, options, context, placements).map_err(|e| anyhow!(e))?;
+        let backend = backend.with_unavailable(unavailable);
         let handle = actor.handle();
         let watchdog = config.watchdog;
         handle.inspect(move |engine| engine.executor().borrow().set_watchdog(watchdog)).map_err(|e| anyhow!(e))?;

@@ -114,6 +114,14 @@ fn a_triton_repository_serves_its_good_models_to_tritonclient_and_perf_analyzer_
     assert!(stats["inference_stats"]["success"]["count"].as_u64().unwrap() >= 1, "{stats}");
     assert_eq!(seen["wrong_shape"]["status"], "400", "a wrong shape is refused: {seen}");
     assert!(seen["wrong_shape"]["message"].as_str().unwrap().contains("shape"), "{seen}");
+    let index = seen["index"].as_array().unwrap();
+    let state = |name: &str| index.iter().find(|m| m["name"] == name).map(|m| (m["state"].clone(), m["reason"].clone()));
+    assert_eq!(state("add").map(|s| s.0), Some(serde_json::json!("READY")), "{seen}");
+    let (garbage, reason) = state("garbage").unwrap();
+    assert_eq!(garbage, "UNAVAILABLE");
+    assert!(reason.as_str().unwrap().contains("malformed ONNX"), "{reason}");
+    assert_eq!(index.len(), 6, "every model folder is listed: {seen}");
+    assert!(seen["load"]["message"].as_str().unwrap().contains("does not load or unload"), "{seen}");
     let (status, body) = http_get(&server.address, "/v2/models/garbage");
     assert_eq!(status, 404, "a refused model is not served: {body}");
 
