@@ -3,8 +3,8 @@ own Python HTTP client (tritonclient), the way a Triton user would.
 
 Usage: triton_repository.py HOST:PORT MODEL...
 For each model: readiness, metadata, configuration (`get_model_config`), one inference
-built from the metadata alone (FP32 inputs filled with a ramp, the batch dimension 1,
-other variable dimensions 4), then the statistics (`get_inference_statistics`); then a
+built from the metadata alone (inputs of the declared type filled with a ramp, the
+batch dimension 1, other variable dimensions 4), then the statistics (`get_inference_statistics`); then a
 request with a wrong shape, which must be refused with a reason; the repository index
 (`get_model_repository_index`) and a `load_model`, which this server refuses with the
 reason. Prints one JSON line
@@ -15,7 +15,7 @@ import sys
 
 import numpy as np
 import tritonclient.http as httpclient
-from tritonclient.utils import InferenceServerException
+from tritonclient.utils import InferenceServerException, triton_to_np_dtype
 
 
 def infer(client, model, metadata, config):
@@ -24,13 +24,16 @@ def infer(client, model, metadata, config):
         shape = [d if d >= 0 else 4 for d in spec["shape"]]
         if config.get("max_batch_size", 0) > 0:
             shape[0] = 1
-        data = (np.arange(int(np.prod(shape))) % 7).astype(np.float32).reshape(shape)
+        data = (np.arange(int(np.prod(shape))) % 7).astype(triton_to_np_dtype(spec["datatype"])).reshape(shape)
         tensor = httpclient.InferInput(spec["name"], shape, spec["datatype"])
         tensor.set_data_from_numpy(data, binary_data=True)
         inputs.append(tensor)
     wanted = [httpclient.InferRequestedOutput(o["name"], binary_data=True) for o in metadata["outputs"]]
     result = client.infer(model, inputs, outputs=wanted)
-    return {o["name"]: result.as_numpy(o["name"]).tolist() for o in metadata["outputs"]}
+    return {
+        o["name"]: {"shape": list(result.as_numpy(o["name"]).shape), "data": result.as_numpy(o["name"]).flatten()[:16].tolist()}
+        for o in metadata["outputs"]
+    }
 
 
 def main() -> None:

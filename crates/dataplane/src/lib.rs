@@ -33,5 +33,5 @@ pub use error::{DataplaneError, Result};
 pub use pool::{ModelCatalog, WorkerPool};
 pub use runtime::{Runtime, RuntimeConfig};
 pub use session::{ModelSession, ModelSpec, StartKind};
-pub use tensor::Tensor;
+pub use tensor::{ElementType, Tensor};
 pub use worker::{Job, Request, RequestOutput, Worker, WorkerContext, WorkerEvent};

@@ -13,15 +13,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ort::session::builder::{GraphOptimizationLevel, SessionBuilder};
+use ort::session::SessionInputValue;
 use ort::session::{RunOptions, Session};
-use ort::value::{TensorRef, ValueType};
+use ort::value::{DynValue, TensorElementType, TensorRef, ValueType};
 
 use crate::batch::{self, InputSpec};
 use crate::cache::{CacheKey, CachedModel, ModelCache, ModelKey};
 use crate::device::Device;
 use crate::error::{DataplaneError, Result};
 use crate::runtime::Runtime;
-use crate::tensor::Tensor;
+use crate::tensor::{ElementType, Tensor};
 
 /// A model variant and the file it loads from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,7 +54,11 @@ pub struct ModelSession {
     session: Session,
     spec: ModelSpec,
     inputs: Vec<InputSpec>,
+    /// Element type of each input.
+    input_types: Vec<ElementType>,
     outputs: Vec<String>,
+    /// Element type of each output.
+    output_types: Vec<ElementType>,
     threads: usize,
     device: Device,
     /// Fill value for padded batch elements.
@@ -134,23 +139,53 @@ impl ModelSession {
 
     fn wrap(session: Session, spec: &ModelSpec, threads: usize, device: Device) -> Result<ModelSession> {
         let mut inputs = Vec::new();
+        let mut input_types = Vec::new();
         for input in session.inputs() {
-            match input.dtype() {
-                ValueType::Tensor { ty: ort::value::TensorElementType::Float32, shape, .. } => inputs.push(InputSpec {
-                    name: input.name().to_string(),
-                    dims: shape.iter().map(|&d| if d < 0 { None } else { Some(d as usize) }).collect(),
-                }),
-                other => {
-                    return Err(DataplaneError::Invalid(format!(
-                        "model {}: input {:?} is {other:?}; the data plane feeds float32 tensors only",
-                        spec.key,
-                        input.name()
-                    )))
-                }
-            }
+            let ValueType::Tensor { ty, shape, .. } = input.dtype() else {
+                return Err(DataplaneError::Invalid(format!("model {}: input {:?} is not a tensor", spec.key, input.name())));
+            };
+            let element = element_type(*ty).ok_or_else(|| {
+                DataplaneError::Invalid(format!(
+                    "model {}: input {:?} is {ty:?}, which the data plane does not feed",
+                    spec.key,
+                    input.name()
+                ))
+            })?;
+            inputs.push(InputSpec {
+                name: input.name().to_string(),
+                dims: shape.iter().map(|&d| if d < 0 { None } else { Some(d as usize) }).collect(),
+            });
+            input_types.push(element);
         }
-        let outputs = session.outputs().iter().map(|o| o.name().to_string()).collect();
-        Ok(ModelSession { session, spec: spec.clone(), inputs, outputs, threads, device, pad_value: 0.0 })
+        let mut outputs = Vec::new();
+        let mut output_types = Vec::new();
+        for output in session.outputs() {
+            let element = match output.dtype() {
+                ValueType::Tensor { ty, .. } => element_type(*ty),
+                _ => None,
+            }
+            .ok_or_else(|| {
+                DataplaneError::Invalid(format!(
+                    "model {}: output {:?} is {:?}, which the data plane does not read",
+                    spec.key,
+                    output.name(),
+                    output.dtype()
+                ))
+            })?;
+            outputs.push(output.name().to_string());
+            output_types.push(element);
+        }
+        Ok(ModelSession { session, spec: spec.clone(), inputs, input_types, outputs, output_types, threads, device, pad_value: 0.0 })
+    }
+
+    /// The element type of each input, in the order of [`ModelSession::inputs`].
+    pub fn input_types(&self) -> &[ElementType] {
+        &self.input_types
+    }
+
+    /// The element type of each output, in the order of [`ModelSession::outputs`].
+    pub fn output_types(&self) -> &[ElementType] {
+        &self.output_types
     }
 
     /// The model's inputs (batch dimension first).
@@ -215,10 +250,9 @@ impl ModelSession {
         if inputs.len() != self.inputs.len() {
             return Err(DataplaneError::Invalid(format!("{} inputs given, the model takes {}", inputs.len(), self.inputs.len())));
         }
-        let mut values = Vec::with_capacity(inputs.len());
-        for (spec, tensor) in self.inputs.iter().zip(inputs) {
-            let value = TensorRef::from_array_view((tensor.shape.clone(), tensor.data.as_slice())).map_err(DataplaneError::ort)?;
-            values.push((spec.name.as_str(), value));
+        let mut values: Vec<(&str, SessionInputValue<'_>)> = Vec::with_capacity(inputs.len());
+        for ((spec, &element), tensor) in self.inputs.iter().zip(&self.input_types).zip(inputs) {
+            values.push((spec.name.as_str(), input_value(element, tensor)?));
         }
         let result = match options {
             Some(options) => self.session.run_with_options(values, options),
@@ -230,13 +264,80 @@ impl ModelSession {
             Err(error) => return Err(DataplaneError::ort(error)),
         };
         let mut taken = Vec::with_capacity(self.outputs.len());
-        for name in &self.outputs {
+        for (name, &element) in self.outputs.iter().zip(&self.output_types) {
             let value = outputs.get(name).ok_or_else(|| DataplaneError::Ort(format!("output {name:?} missing")))?;
-            let (shape, data) = value.try_extract_tensor::<f32>().map_err(DataplaneError::ort)?;
-            let shape: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
-            taken.push(take(&shape, data)?);
+            taken.push(read_output(value, element, &mut take)?);
         }
         Ok(taken)
+    }
+}
+
+/// The data plane's element type for one of ONNX Runtime's, if it feeds that type.
+fn element_type(ty: TensorElementType) -> Option<ElementType> {
+    Some(match ty {
+        TensorElementType::Float32 => ElementType::F32,
+        TensorElementType::Int8 => ElementType::I8,
+        TensorElementType::Int16 => ElementType::I16,
+        TensorElementType::Int32 => ElementType::I32,
+        TensorElementType::Int64 => ElementType::I64,
+        TensorElementType::Uint8 => ElementType::U8,
+        TensorElementType::Uint16 => ElementType::U16,
+        TensorElementType::Uint32 => ElementType::U32,
+        TensorElementType::Bool => ElementType::Bool,
+        _ => return None,
+    })
+}
+
+/// One input as ONNX Runtime takes it: a view of the `f32` data, or a copy cast to the
+/// model's element type.
+fn input_value(element: ElementType, tensor: &Tensor) -> Result<SessionInputValue<'_>> {
+    fn owned<T: ort::value::PrimitiveTensorElementType + std::fmt::Debug + Clone + 'static>(
+        tensor: &Tensor,
+        cast: impl Fn(f32) -> T,
+    ) -> Result<SessionInputValue<'static>> {
+        let data: Vec<T> = tensor.data.iter().map(|&v| cast(v)).collect();
+        Ok(ort::value::Tensor::from_array((tensor.shape.clone(), data)).map_err(DataplaneError::ort)?.into())
+    }
+    Ok(match element {
+        ElementType::F32 => TensorRef::from_array_view((tensor.shape.clone(), tensor.data.as_slice())).map_err(DataplaneError::ort)?.into(),
+        ElementType::I8 => owned(tensor, |v| v as i8)?,
+        ElementType::I16 => owned(tensor, |v| v as i16)?,
+        ElementType::I32 => owned(tensor, |v| v as i32)?,
+        ElementType::I64 => owned(tensor, |v| v as i64)?,
+        ElementType::U8 => owned(tensor, |v| v as u8)?,
+        ElementType::U16 => owned(tensor, |v| v as u16)?,
+        ElementType::U32 => owned(tensor, |v| v as u32)?,
+        ElementType::Bool => owned(tensor, |v| v != 0.0)?,
+    })
+}
+
+/// Read one output as `f32` elements and hand them to `take` (straight from ONNX
+/// Runtime's buffer for `float32`, through a cast otherwise).
+fn read_output<T>(value: &DynValue, element: ElementType, take: &mut impl FnMut(&[usize], &[f32]) -> Result<T>) -> Result<T> {
+    fn cast<E: ort::value::PrimitiveTensorElementType + Copy + std::fmt::Debug, T>(
+        value: &DynValue,
+        to_f32: impl Fn(E) -> f32,
+        take: &mut impl FnMut(&[usize], &[f32]) -> Result<T>,
+    ) -> Result<T> {
+        let (shape, data) = value.try_extract_tensor::<E>().map_err(DataplaneError::ort)?;
+        let shape: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
+        let data: Vec<f32> = data.iter().map(|&v| to_f32(v)).collect();
+        take(&shape, &data)
+    }
+    match element {
+        ElementType::F32 => {
+            let (shape, data) = value.try_extract_tensor::<f32>().map_err(DataplaneError::ort)?;
+            let shape: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
+            take(&shape, data)
+        }
+        ElementType::I8 => cast(value, |v: i8| v as f32, take),
+        ElementType::I16 => cast(value, |v: i16| v as f32, take),
+        ElementType::I32 => cast(value, |v: i32| v as f32, take),
+        ElementType::I64 => cast(value, |v: i64| v as f32, take),
+        ElementType::U8 => cast(value, |v: u8| v as f32, take),
+        ElementType::U16 => cast(value, |v: u16| v as f32, take),
+        ElementType::U32 => cast(value, |v: u32| v as f32, take),
+        ElementType::Bool => cast(value, |v: bool| if v { 1.0 } else { 0.0 }, take),
     }
 }
 

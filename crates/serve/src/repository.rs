@@ -21,8 +21,8 @@
 //!   the policy forms every batch; these tell it what the model's owner asked for.
 //!
 //! A model that cannot be served (malformed configuration, unreadable graph, element
-//! types the data plane does not feed, an ensemble, a failed profile) is refused with
-//! the reason and the others still serve.
+//! types the data plane does not carry — FP16, FP64, UINT64, strings —, an ensemble, a
+//! failed profile) is refused with the reason and the others still serve.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -41,9 +41,10 @@ use yardmaster_formats::model_repository::{read_graph_signature, scan, ModelConf
 use yardmaster_policy::contract::{DeviceKind, Param};
 
 use super::backend::{Codec, ModelDescription, ServedModel};
+use super::kserve::DataType as WireType;
 use super::stack::ServedPipeline;
 use super::stages::{StageProgram, TensorProgram};
-use super::tensor_codec::{TensorCodec, TensorDecl};
+use super::tensor_codec::{element_type, TensorCodec, TensorDecl};
 
 /// The size a dimension of any size is profiled at, unless the configuration says.
 pub const PROFILE_ANY_SIZE: usize = 64;
@@ -212,12 +213,9 @@ fn codec(config: &ModelConfig, file: &Path) -> Result<TensorCodec, String> {
     let declare = |kind: &str, name: &str, declared: &[TensorConfig]| -> Result<TensorDecl, String> {
         let tensor =
             declared.iter().find(|t| t.name == name).ok_or_else(|| format!("the graph's {kind} {name:?} is not in the configuration"))?;
-        if tensor.data_type != DataType::Fp32 {
-            return Err(format!(
-                "{kind} {name:?} is {}; the data plane feeds and returns FP32 tensors only",
-                tensor.data_type.triton_name()
-            ));
-        }
+        let datatype = wire_type(tensor.data_type)
+            .filter(|t| element_type(*t).is_some())
+            .ok_or_else(|| format!("{kind} {name:?} is {}, which the data plane does not carry", tensor.data_type.triton_name()))?;
         if tensor.reshape.is_some() {
             return Err(format!("{kind} {name:?}: `reshape` is not supported"));
         }
@@ -230,11 +228,31 @@ fn codec(config: &ModelConfig, file: &Path) -> Result<TensorCodec, String> {
                 "{kind} {name:?} has shape {shape:?} and max_batch_size is 0: the data plane needs a leading dimension of 1 (or a batching model)"
             ));
         }
-        Ok(TensorDecl { name: name.to_string(), shape })
+        Ok(TensorDecl { name: name.to_string(), shape, datatype })
     };
     let inputs = graph.inputs.iter().map(|t| declare("input", &t.name, &config.input)).collect::<Result<Vec<_>, _>>()?;
     let outputs = graph.outputs.iter().map(|t| declare("output", &t.name, &config.output)).collect::<Result<Vec<_>, _>>()?;
     Ok(TensorCodec { inputs, outputs, batching })
+}
+
+/// The wire type of a configuration's element type.
+fn wire_type(data_type: DataType) -> Option<WireType> {
+    Some(match data_type {
+        DataType::Bool => WireType::Bool,
+        DataType::Uint8 => WireType::U8,
+        DataType::Uint16 => WireType::U16,
+        DataType::Uint32 => WireType::U32,
+        DataType::Uint64 => WireType::U64,
+        DataType::Int8 => WireType::I8,
+        DataType::Int16 => WireType::I16,
+        DataType::Int32 => WireType::I32,
+        DataType::Int64 => WireType::I64,
+        DataType::Fp16 => WireType::F16,
+        DataType::Fp32 => WireType::F32,
+        DataType::Fp64 => WireType::F64,
+        DataType::String => WireType::Bytes,
+        DataType::Bf16 => WireType::Bf16,
+    })
 }
 
 /// The model's profile (one stage, one measured variant): beside it or cached, else

@@ -9,11 +9,17 @@
 //! dimension (the data plane's batch dimension) is 1. Either way the leading 1 is taken
 //! off on the way in and put back on every output. `-1` in a declared dimension takes
 //! any size.
+//!
+//! Element types: FP32, the 8- to 32-bit integers, INT64 and BOOL. The data plane
+//! carries elements as `f32` and ONNX Runtime gets them in the model's own type
+//! (`yardmaster_dataplane::ElementType`), so an integer input element must be exactly
+//! representable there — every 8- and 16-bit value, integers up to 2^24 in magnitude —
+//! or the request is refused naming the element.
 
-use yardmaster_dataplane::Tensor as PlaneTensor;
+use yardmaster_dataplane::{ElementType, Tensor as PlaneTensor};
 
 use super::api::TensorSpec;
-use super::kserve::{DataType, InferRequest, Tensor};
+use super::kserve::{DataType, InferRequest, Tensor, TensorData};
 
 /// One declared tensor.
 #[derive(Debug, Clone, PartialEq)]
@@ -23,9 +29,27 @@ pub struct TensorDecl {
     /// Shape as clients send or receive it (with the batch dimension when the model
     /// batches); `-1` is any size.
     pub shape: Vec<i64>,
+    /// Element type on the wire.
+    pub datatype: DataType,
 }
 
-/// A repository model's tensors: FP32 inputs and outputs (what the data plane feeds).
+/// The data plane's element type for a wire type, if it carries that type.
+pub fn element_type(datatype: DataType) -> Option<ElementType> {
+    Some(match datatype {
+        DataType::F32 => ElementType::F32,
+        DataType::I8 => ElementType::I8,
+        DataType::I16 => ElementType::I16,
+        DataType::I32 => ElementType::I32,
+        DataType::I64 => ElementType::I64,
+        DataType::U8 => ElementType::U8,
+        DataType::U16 => ElementType::U16,
+        DataType::U32 => ElementType::U32,
+        DataType::Bool => ElementType::Bool,
+        _ => return None,
+    })
+}
+
+/// A repository model's tensors.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TensorCodec {
     /// Inputs, in the graph's order.
@@ -39,12 +63,12 @@ pub struct TensorCodec {
 impl TensorCodec {
     /// Input specs, for metadata.
     pub fn input_specs(&self) -> Vec<TensorSpec> {
-        self.inputs.iter().map(|t| TensorSpec { name: t.name.clone(), datatype: DataType::F32, shape: t.shape.clone() }).collect()
+        self.inputs.iter().map(|t| TensorSpec { name: t.name.clone(), datatype: t.datatype, shape: t.shape.clone() }).collect()
     }
 
     /// Output specs, for metadata.
     pub fn output_specs(&self) -> Vec<TensorSpec> {
-        self.outputs.iter().map(|t| TensorSpec { name: t.name.clone(), datatype: DataType::F32, shape: t.shape.clone() }).collect()
+        self.outputs.iter().map(|t| TensorSpec { name: t.name.clone(), datatype: t.datatype, shape: t.shape.clone() }).collect()
     }
 
     /// The worker's tensors for a request (the leading 1 taken off), or why the
@@ -54,7 +78,10 @@ impl TensorCodec {
         for decl in &self.inputs {
             let name = &decl.name;
             let tensor = request.inputs.iter().find(|t| &t.name == name).ok_or_else(|| format!("input {name:?} is missing"))?;
-            let values = tensor.as_f32().ok_or_else(|| format!("input {name:?} must be FP32, got {}", tensor.datatype.name()))?;
+            if tensor.datatype != decl.datatype {
+                return Err(format!("input {name:?} must be {}, got {}", decl.datatype.name(), tensor.datatype.name()));
+            }
+            let values = carried(tensor, decl.datatype)?;
             check_shape(name, &tensor.shape, &decl.shape, self.batching)?;
             let shape: Vec<usize> = tensor.shape[1..].iter().map(|&d| d as usize).collect();
             tensors.push(PlaneTensor::new(shape, values).map_err(|e| format!("input {name:?}: {e}"))?);
@@ -72,10 +99,62 @@ impl TensorCodec {
             .zip(outputs)
             .map(|(decl, t)| {
                 let shape: Vec<u64> = std::iter::once(1).chain(t.shape.iter().map(|&d| d as u64)).collect();
-                Tensor::f32(&decl.name, shape, &t.data).map_err(|e| e.0)
+                Tensor::raw(&decl.name, decl.datatype, shape, wire_bytes(&t.data, decl.datatype)).map_err(|e| e.0)
             })
             .collect()
     }
+}
+
+/// A request tensor's elements as the data plane carries them (`f32`), refusing an
+/// element the carrier would change.
+fn carried(tensor: &Tensor, datatype: DataType) -> Result<Vec<f32>, String> {
+    let name = &tensor.name;
+    let TensorData::Raw(bytes) = &tensor.data else { return Err(format!("input {name:?}: {} elements expected", datatype.name())) };
+    let element = element_type(datatype).ok_or_else(|| format!("input {name:?}: {} is not carried", datatype.name()))?;
+    let width = datatype.width().unwrap_or(1);
+    let mut values = Vec::with_capacity(bytes.len() / width);
+    for (i, chunk) in bytes.chunks_exact(width).enumerate() {
+        let value: f64 = match datatype {
+            DataType::F32 => f32::from_le_bytes(chunk.try_into().expect("4 bytes")) as f64,
+            DataType::I8 => chunk[0] as i8 as f64,
+            DataType::U8 | DataType::Bool => chunk[0] as f64,
+            DataType::I16 => i16::from_le_bytes(chunk.try_into().expect("2 bytes")) as f64,
+            DataType::U16 => u16::from_le_bytes(chunk.try_into().expect("2 bytes")) as f64,
+            DataType::I32 => i32::from_le_bytes(chunk.try_into().expect("4 bytes")) as f64,
+            DataType::U32 => u32::from_le_bytes(chunk.try_into().expect("4 bytes")) as f64,
+            DataType::I64 => i64::from_le_bytes(chunk.try_into().expect("8 bytes")) as f64,
+            _ => unreachable!("element_type accepted it"),
+        };
+        if !element.carries_exactly(value) {
+            return Err(format!(
+                "input {name:?}: element {i} is {value}, which this server carries exactly only within ±2^24 ({} values)",
+                datatype.name()
+            ));
+        }
+        values.push(value as f32);
+    }
+    Ok(values)
+}
+
+/// `f32` elements as wire bytes of `datatype` (integers rounded to the nearest).
+fn wire_bytes(values: &[f32], datatype: DataType) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(values.len() * datatype.width().unwrap_or(1));
+    for &v in values {
+        let r = v.round();
+        match datatype {
+            DataType::F32 => bytes.extend_from_slice(&v.to_le_bytes()),
+            DataType::I8 => bytes.push(r as i8 as u8),
+            DataType::U8 => bytes.push(r as u8),
+            DataType::Bool => bytes.push(u8::from(v != 0.0)),
+            DataType::I16 => bytes.extend_from_slice(&(r as i16).to_le_bytes()),
+            DataType::U16 => bytes.extend_from_slice(&(r as u16).to_le_bytes()),
+            DataType::I32 => bytes.extend_from_slice(&(r as i32).to_le_bytes()),
+            DataType::U32 => bytes.extend_from_slice(&(r as u32).to_le_bytes()),
+            DataType::I64 => bytes.extend_from_slice(&(r as i64).to_le_bytes()),
+            _ => unreachable!("element_type accepted it"),
+        }
+    }
+    bytes
 }
 
 /// Check a request's shape against a declared one (`-1`: any size); a batching model's
@@ -105,8 +184,8 @@ mod tests {
     fn codec(batching: bool) -> TensorCodec {
         let shape = if batching { vec![-1, 3, -1] } else { vec![1, 3, 4] };
         TensorCodec {
-            inputs: vec![TensorDecl { name: "x".into(), shape: shape.clone() }],
-            outputs: vec![TensorDecl { name: "y".into(), shape }],
+            inputs: vec![TensorDecl { name: "x".into(), shape: shape.clone(), datatype: DataType::F32 }],
+            outputs: vec![TensorDecl { name: "y".into(), shape, datatype: DataType::F32 }],
             batching,
         }
     }
@@ -147,7 +226,29 @@ mod tests {
         let mut ints = request(vec![1, 3, 5]);
         ints.inputs[0].datatype = DataType::I64;
         ints.inputs[0].data = TensorData::Raw(vec![0; 15 * 8]);
-        assert!(batched.decode(&ints).unwrap_err().contains("FP32"));
+        assert!(batched.decode(&ints).unwrap_err().contains("must be FP32"));
         assert!(codec(false).decode(&request(vec![1, 3, 5])).unwrap_err().contains("must have shape"));
+    }
+
+    #[test]
+    fn integer_tensors_travel_as_exact_values_and_come_back_in_their_type() {
+        let codec = TensorCodec {
+            inputs: vec![TensorDecl { name: "ids".into(), shape: vec![-1, 3], datatype: DataType::I64 }],
+            outputs: vec![TensorDecl { name: "n".into(), shape: vec![-1, 3], datatype: DataType::I32 }],
+            batching: true,
+        };
+        let ids = |values: &[i64]| {
+            let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            InferRequest { inputs: vec![Tensor::raw("ids", DataType::I64, vec![1, 3], bytes).unwrap()], ..InferRequest::default() }
+        };
+        let tensors = codec.decode(&ids(&[7, -3, 1 << 24])).unwrap();
+        assert_eq!(tensors[0].data, vec![7.0, -3.0, 16_777_216.0]);
+        let too_big = codec.decode(&ids(&[1, (1 << 24) + 1, 0])).unwrap_err();
+        assert!(too_big.contains("element 1 is 16777217"), "{too_big}");
+        let out = codec.encode(vec![PlaneTensor::new(vec![3], vec![2.0, -5.0, 9.0]).unwrap()]).unwrap();
+        assert_eq!(out[0].datatype, DataType::I32);
+        let TensorData::Raw(bytes) = &out[0].data else { panic!() };
+        let back: Vec<i32> = bytes.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
+        assert_eq!(back, [2, -5, 9]);
     }
 }

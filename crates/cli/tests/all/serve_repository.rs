@@ -5,7 +5,8 @@
 //! — one without `config.pbtxt`, one with the configuration Triton's documentation
 //! shows — with bad ones, each of which must be refused naming the model and the
 //! reason while the others serve. `sim compare --model-repository` then simulates the
-//! same models with the profiles the server measured.
+//! same models with the profiles the server measured. Two of the models are real ones
+//! no one here trained: Magika (INT32 in) and NudeNet (a YOLOv8n detector).
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -52,7 +53,22 @@ parameters { key: "yardmaster.slo_ms" value: { string_value: "250" } }
     model("garbage", 1, None, Some(b"this is not an ONNX model"));
     let contradicting = "name: \"wrong_dims\"\nmax_batch_size: 8\ninput [ { name: \"x\" data_type: TYPE_FP32 dims: [ 5 ] } ]\noutput [ { name: \"y\" data_type: TYPE_FP32 dims: [ 4 ] } ]\n";
     model("wrong_dims", 1, Some(contradicting), Some(&bytes));
+    // Two real models the set-up script fetches: Magika (INT32 bytes in, FP32 scores
+    // out; no configuration) and NudeNet (a YOLOv8n detector whose graph leaves the
+    // image size open; the configuration fixes 320×320, as a Triton user writes it).
+    let magika = asset("magika-1.0.3/model.onnx");
+    model("magika", 1, None, Some(&std::fs::read(magika).unwrap()));
+    let nudenet = asset("nudenet-3.4.2/320n.onnx");
+    let detector = "name: \"nudenet\"\nplatform: \"onnxruntime_onnx\"\nmax_batch_size: 4\ninput [ { name: \"images\" data_type: TYPE_FP32 dims: [ 3, 320, 320 ] } ]\noutput [ { name: \"output0\" data_type: TYPE_FP32 dims: [ 22, -1 ] } ]\n";
+    model("nudenet", 1, Some(detector), Some(&std::fs::read(nudenet).unwrap()));
     models
+}
+
+/// A file of the assets folder the set-up script fills.
+fn asset(relative: &str) -> PathBuf {
+    let path = yardmaster::dataplane::assets::assets_dir().join(relative);
+    assert!(path.exists(), "{} is missing: run `bash scripts/setup.sh --deps`", path.display());
+    path
 }
 
 /// Start `yardmaster serve --model-repository` on a free port; stderr goes to a file.
@@ -98,12 +114,19 @@ fn a_triton_repository_serves_its_good_models_to_tritonclient_and_perf_analyzer_
     let models = repository(&dir);
     let (server, stderr) = serve_repository(&dir, &models);
 
-    let seen = run_client("triton_repository.py", &[&server.address, "add", "add_cfg"]);
+    let seen = run_client("triton_repository.py", &[&server.address, "add", "add_cfg", "magika", "nudenet"]);
     let add = &seen["models"]["add"];
     assert_eq!(add["metadata"]["platform"], "onnxruntime_onnx", "{seen}");
     assert_eq!(add["metadata"]["inputs"][0]["shape"], serde_json::json!([-1, 4]), "batching: [-1] + dims: {seen}");
     assert!(add["config"]["max_batch_size"].as_u64().unwrap() > 0, "completed from the graph: {seen}");
-    assert_eq!(add["outputs"]["y"], serde_json::json!([[1.0, 2.0, 3.0, 4.0]]), "y = x + 1: {seen}");
+    assert_eq!(add["outputs"]["y"]["data"], serde_json::json!([1.0, 2.0, 3.0, 4.0]), "y = x + 1: {seen}");
+    let magika = &seen["models"]["magika"];
+    assert_eq!(magika["metadata"]["inputs"][0]["datatype"], "INT32", "{seen}");
+    assert_eq!(magika["outputs"]["target_label"]["shape"], serde_json::json!([1, 214]), "{seen}");
+    let scores: Vec<f64> = magika["outputs"]["target_label"]["data"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    assert!(scores.iter().all(|p| (0.0..=1.0).contains(p)), "softmax scores: {scores:?}");
+    let nudenet = &seen["models"]["nudenet"];
+    assert_eq!(nudenet["outputs"]["output0"]["shape"], serde_json::json!([1, 22, 2100]), "boxes and classes at 320×320: {seen}");
     let documented = &seen["models"]["add_cfg"];
     assert_eq!(documented["metadata"]["versions"], serde_json::json!(["2"]), "the latest version serves: {seen}");
     assert_eq!(documented["config"]["max_batch_size"], 8);
@@ -120,7 +143,7 @@ fn a_triton_repository_serves_its_good_models_to_tritonclient_and_perf_analyzer_
     let (garbage, reason) = state("garbage").unwrap();
     assert_eq!(garbage, "UNAVAILABLE");
     assert!(reason.as_str().unwrap().contains("malformed ONNX"), "{reason}");
-    assert_eq!(index.len(), 6, "every model folder is listed: {seen}");
+    assert_eq!(index.len(), 8, "every model folder is listed: {seen}");
     assert!(seen["load"]["message"].as_str().unwrap().contains("does not load or unload"), "{seen}");
     let (status, body) = http_get(&server.address, "/v2/models/garbage");
     assert_eq!(status, 404, "a refused model is not served: {body}");
