@@ -48,6 +48,9 @@ pub enum Codec {
     OcrImage,
     /// A repository model's tensors, as its configuration declares them.
     Tensors(TensorCodec),
+    /// An ensemble's tensors, as its configuration declares them: carried by name
+    /// from step to step.
+    Ensemble(TensorCodec),
     /// FP32 tensors of fixed shapes in, the last stage's outputs out.
     Fp32 {
         /// Input names and shapes, in the model's order.
@@ -83,7 +86,7 @@ impl Codec {
         match self {
             Codec::OcrImage => vec![spec(ocr_names::IMAGE, DataType::U8, &[-1, -1, 3])],
             Codec::Fp32 { inputs, .. } => inputs.iter().map(|(n, s)| spec(n, DataType::F32, &fixed(s))).collect(),
-            Codec::Tensors(codec) => codec.input_specs(),
+            Codec::Tensors(codec) | Codec::Ensemble(codec) => codec.input_specs(),
         }
     }
 
@@ -96,7 +99,7 @@ impl Codec {
                 spec(ocr_names::BOXES, DataType::F32, &[-1, 4, 2]),
             ],
             Codec::Fp32 { outputs, .. } => outputs.iter().map(|(n, s)| spec(n, DataType::F32, &fixed(s))).collect(),
-            Codec::Tensors(codec) => codec.output_specs(),
+            Codec::Tensors(codec) | Codec::Ensemble(codec) => codec.output_specs(),
         }
     }
 
@@ -126,6 +129,10 @@ impl Codec {
                 Ok(Payload::Tensors(tensors))
             }
             Codec::Tensors(codec) => Ok(Payload::Tensors(codec.decode(request)?)),
+            Codec::Ensemble(codec) => {
+                let tensors = codec.decode(request)?;
+                Ok(Payload::Named(codec.inputs.iter().map(|t| t.name.clone()).zip(tensors).collect()))
+            }
         }
     }
 
@@ -154,15 +161,25 @@ impl Codec {
                     .collect()
             }
             (Codec::Tensors(codec), Payload::Tensors(tensors)) => codec.encode(tensors),
+            (Codec::Ensemble(codec), Payload::Named(mut tensors)) => {
+                let outputs = codec
+                    .outputs
+                    .iter()
+                    .map(|t| tensors.remove(&t.name).ok_or_else(|| format!("no step of the ensemble produced {:?}", t.name)))
+                    .collect::<Result<Vec<_>, String>>()?;
+                codec.encode(outputs)
+            }
             (_, payload) => Err(format!(
                 "the pipeline produced {} for a model that answers {}",
                 match payload {
                     Payload::Ocr(_) => "text lines",
                     Payload::Tensors(_) => "tensors",
+                    Payload::Named(_) => "named tensors",
                 },
                 match self {
                     Codec::OcrImage => "text lines",
                     Codec::Fp32 { .. } | Codec::Tensors(_) => "tensors",
+                    Codec::Ensemble(_) => "named tensors",
                 }
             )),
         }

@@ -30,6 +30,9 @@ pub enum Payload {
     /// A request of a tensor pipeline: the tensors the next stage takes (after the
     /// last stage, the outputs).
     Tensors(Vec<Tensor>),
+    /// A request of an ensemble: its tensors by the ensemble's names — its inputs, then
+    /// each step's outputs as the step's `output_map` names them.
+    Named(std::collections::BTreeMap<String, Tensor>),
 }
 
 /// An image going through detection → direction classification → recognition.

@@ -20,9 +20,16 @@
 //! - **policy parameters** from `dynamic_batching` (`<model>.max_queue_delay_us`, …):
 //!   the policy forms every batch; these tell it what the model's owner asked for.
 //!
+//! An ensemble (`platform: "ensemble"`) becomes a chain of stages, one per step, each
+//! running its step model with that model's profile, in an order where every step
+//! follows the steps whose outputs it reads; the request's tensors travel by their
+//! ensemble names from step to step (`EnsembleStepProgram`), so DAG-aware policies
+//! schedule every step.
+//!
 //! A model that cannot be served (malformed configuration, unreadable graph, element
-//! types the data plane does not carry — FP16, FP64, UINT64, strings —, an ensemble, a
-//! failed profile) is refused with the reason and the others still serve.
+//! types the data plane does not carry — FP16, FP64, UINT64, strings —, a failed
+//! profile, an ensemble step without its model) is refused with the reason and the
+//! others still serve.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -34,8 +41,8 @@ use yardmaster_engine::pipeline::{StageDef, StreamDef};
 use yardmaster_formats::model_repository::config::{Backend, DataType, TensorConfig};
 use yardmaster_formats::model_repository::repository::PROFILE_SHAPES_PARAMETER;
 use yardmaster_formats::model_repository::stages::{
-    dynamic_batching_params, model_stage, profile_stage_from_text, repository_pipeline, sha256_of, ProfileSource, ProfileStore,
-    PROFILE_FILE,
+    dynamic_batching_params, ensemble_order, ensemble_stages, link_chain, model_stage, profile_stage_from_text, repository_pipeline,
+    sha256_of, ProfileSource, ProfileStore, PROFILE_FILE,
 };
 use yardmaster_formats::model_repository::{read_graph_signature, scan, ModelConfig, ModelEntry, ModelVersion};
 use yardmaster_policy::contract::{DeviceKind, Param};
@@ -43,7 +50,7 @@ use yardmaster_policy::contract::{DeviceKind, Param};
 use super::backend::{Codec, ModelDescription, ServedModel};
 use super::kserve::DataType as WireType;
 use super::stack::ServedPipeline;
-use super::stages::{StageProgram, TensorProgram};
+use super::stages::{EnsembleStepProgram, StageProgram, TensorProgram};
 use super::tensor_codec::{element_type, TensorCodec, TensorDecl};
 
 /// The size a dimension of any size is profiled at, unless the configuration says.
@@ -101,13 +108,22 @@ impl std::fmt::Display for RefusedModel {
     }
 }
 
-/// One model ready to become a stage.
+/// One model (or ensemble) ready to serve: its stages, a chain, and its stream.
 struct Prepared {
-    stage: StageDef,
+    stages: Vec<PreparedStage>,
     stream: StreamDef,
-    spec: ModelSpec,
     model: ServedModel,
+    /// A plain model's tensors, which an ensemble step maps to.
+    codec: Option<TensorCodec>,
     params: Vec<Param>,
+}
+
+/// One stage of a prepared model: its engine stage, its model file and its program.
+#[derive(Clone)]
+struct PreparedStage {
+    stage: StageDef,
+    spec: ModelSpec,
+    program: Arc<dyn StageProgram>,
 }
 
 /// Load every model of the repository directories `dirs` for `context`'s device;
@@ -132,17 +148,25 @@ pub fn load(
     let mut refused: Vec<RefusedModel> =
         repository.errors().map(|e| RefusedModel { name: e.model.clone(), reason: e.message.clone() }).collect();
     let mut warnings = Vec::new();
-    let mut prepared = Vec::new();
-    for entry in repository.ready() {
+    let mut prepared: Vec<Prepared> = Vec::new();
+    // Plain models first: ensembles are made of their stages.
+    let (ensembles, models): (Vec<&ModelEntry>, Vec<&ModelEntry>) = repository.ready().partition(|e| e.config.backend == Backend::Ensemble);
+    for entry in models {
         if let Some(warning) = entry.ignored_fields_warning() {
             warnings.push(warning);
         }
-        let index = prepared.len() as u32;
-        match prepare(entry, index, context, options, progress, &mut warnings) {
+        match prepare(entry, context, options, progress, &mut warnings) {
             Ok(model) => prepared.push(model),
             Err(reason) => refused.push(RefusedModel { name: entry.name.clone(), reason }),
         }
     }
+    for entry in ensembles {
+        match prepare_ensemble(entry, &prepared) {
+            Ok(ensemble) => prepared.push(ensemble),
+            Err(reason) => refused.push(RefusedModel { name: entry.name.clone(), reason }),
+        }
+    }
+    refused.sort_by(|a, b| a.name.cmp(&b.name));
     if prepared.is_empty() {
         let mut message =
             format!("no model of {} can be served", dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", "));
@@ -158,11 +182,17 @@ pub fn load(
     let mut models = Vec::new();
     let mut params = Vec::new();
     for p in prepared {
-        programs.push(Arc::new(TensorProgram { name: p.model.name.clone() }));
-        catalog.stages.push(vec![p.spec]);
-        stages.push(p.stage);
-        streams.push(p.stream);
-        models.push(p.model);
+        // A model's stages form a chain from its entry, numbered from here.
+        let entry = stages.len() as u32;
+        for prepared_stage in p.stages {
+            stages.push(prepared_stage.stage);
+            catalog.stages.push(vec![prepared_stage.spec]);
+            programs.push(prepared_stage.program);
+        }
+        link_chain(&mut stages, entry as usize);
+        let stream = streams.len() as u32;
+        streams.push(StreamDef { entry, ..p.stream });
+        models.push(ServedModel { stream, entry, ..p.model });
         params.extend(p.params);
     }
     let pipeline = repository_pipeline(stages, streams)?;
@@ -174,16 +204,12 @@ pub fn load(
 /// Build one model's stage, stream, codec and parameters, profiling it if needed.
 fn prepare(
     entry: &ModelEntry,
-    index: u32,
     context: &WorkerContext,
     options: &RepositoryOptions,
     progress: &mut dyn FnMut(&str),
     warnings: &mut Vec<String>,
 ) -> Result<Prepared, String> {
     let config = &entry.config;
-    if config.backend == Backend::Ensemble {
-        return Err("ensembles are not served yet (their steps are served as models of their own)".into());
-    }
     let version = entry.versions.last().ok_or("no version to serve")?;
     if entry.versions.len() > 1 {
         let all: Vec<String> = entry.versions.iter().map(|v| v.version.to_string()).collect();
@@ -199,16 +225,74 @@ fn prepare(
     let spec = ModelSpec::new(ModelKey::new(&entry.name, version.version.to_string()), file);
     let profile = profiled_stage(entry, version, &spec, &codec, context, options, progress)?;
     let device = if context.runtime.device() == Device::Cpu { DeviceKind::Cpu } else { DeviceKind::Gpu };
-    let (stage, stream) = model_stage(entry, profile, index, device, options.threads);
+    let (stage, stream) = model_stage(entry, profile, 0, device, options.threads);
     let description =
         ModelDescription { version: version.version.to_string(), platform: PLATFORM.into(), config: Some(config.to_triton_json()) };
-    let model = ServedModel { name: entry.name.clone(), stream: index, entry: index, codec: Codec::Tensors(codec), description };
-    Ok(Prepared { stage, stream, spec, model, params: dynamic_batching_params(&entry.name, config) })
+    let model = ServedModel { name: entry.name.clone(), stream: 0, entry: 0, codec: Codec::Tensors(codec.clone()), description };
+    let program: Arc<dyn StageProgram> = Arc::new(TensorProgram { name: entry.name.clone() });
+    Ok(Prepared {
+        stages: vec![PreparedStage { stage, spec, program }],
+        stream,
+        model,
+        codec: Some(codec),
+        params: dynamic_batching_params(&entry.name, config),
+    })
+}
+
+/// An ensemble as a chain of stages: each step a stage of its own running the step's
+/// model (with that model's profile), in an order where every step comes after the
+/// steps whose outputs it reads; the request's tensors travel by name between them.
+fn prepare_ensemble(entry: &ModelEntry, models: &[Prepared]) -> Result<Prepared, String> {
+    let config = &entry.config;
+    let names = |tensors: &[TensorConfig]| tensors.iter().map(|t| t.name.clone()).collect::<Vec<_>>();
+    let codec = tensor_codec(config, &names(&config.input), &names(&config.output))?;
+    let served = |name: &str| models.iter().find(|m| m.model.name == name && m.codec.is_some());
+    let (chain, stream) = ensemble_stages(entry, &|name| served(name).map(|m| m.stages[0].stage.clone()))?;
+    let mut stages = Vec::with_capacity(chain.len());
+    for (stage, k) in chain.into_iter().zip(ensemble_order(config)?) {
+        let step = &config.ensemble_steps[k];
+        let model =
+            served(&step.model_name).ok_or_else(|| format!("step {} runs model {:?}, which is not served", k + 1, step.model_name))?;
+        let served_version: i64 = model.model.description.version.parse().unwrap_or(-1);
+        if step.model_version >= 0 && step.model_version != served_version {
+            return Err(format!(
+                "step {} asks for version {} of {:?}; this server serves its latest, {served_version}",
+                k + 1,
+                step.model_version,
+                step.model_name
+            ));
+        }
+        let step_codec = model.codec.as_ref().expect("a plain model");
+        let inputs = step_codec
+            .inputs
+            .iter()
+            .map(|t| {
+                step.input_map
+                    .get(&t.name)
+                    .cloned()
+                    .ok_or_else(|| format!("step {} leaves input {:?} of {:?} unmapped", k + 1, t.name, step.model_name))
+            })
+            .collect::<Result<Vec<String>, String>>()?;
+        let outputs = step_codec.outputs.iter().map(|t| step.output_map.get(&t.name).cloned()).collect();
+        let program = Arc::new(EnsembleStepProgram { name: stage.name.clone(), inputs, outputs });
+        stages.push(PreparedStage { stage, spec: model.stages[0].spec.clone(), program });
+    }
+    let version = entry.versions.last().map_or_else(|| "1".to_string(), |v| v.version.to_string());
+    let description = ModelDescription { version, platform: "ensemble".into(), config: Some(config.to_triton_json()) };
+    let model = ServedModel { name: entry.name.clone(), stream: 0, entry: 0, codec: Codec::Ensemble(codec), description };
+    Ok(Prepared { stages, stream, model, codec: None, params: Vec::new() })
 }
 
 /// The codec of a completed configuration, with tensors in the graph's order.
 fn codec(config: &ModelConfig, file: &Path) -> Result<TensorCodec, String> {
     let graph = read_graph_signature(file).map_err(|e| e.to_string())?;
+    let names =
+        |tensors: &[yardmaster_formats::model_repository::TensorSignature]| tensors.iter().map(|t| t.name.clone()).collect::<Vec<_>>();
+    tensor_codec(config, &names(&graph.inputs), &names(&graph.outputs))
+}
+
+/// The codec of the tensors `inputs` and `outputs` (in that order), as `config` declares them.
+fn tensor_codec(config: &ModelConfig, inputs: &[String], outputs: &[String]) -> Result<TensorCodec, String> {
     let batching = config.max_batch_size > 0;
     let declare = |kind: &str, name: &str, declared: &[TensorConfig]| -> Result<TensorDecl, String> {
         let tensor =
@@ -230,8 +314,8 @@ fn codec(config: &ModelConfig, file: &Path) -> Result<TensorCodec, String> {
         }
         Ok(TensorDecl { name: name.to_string(), shape, datatype })
     };
-    let inputs = graph.inputs.iter().map(|t| declare("input", &t.name, &config.input)).collect::<Result<Vec<_>, _>>()?;
-    let outputs = graph.outputs.iter().map(|t| declare("output", &t.name, &config.output)).collect::<Result<Vec<_>, _>>()?;
+    let inputs = inputs.iter().map(|name| declare("input", name, &config.input)).collect::<Result<Vec<_>, _>>()?;
+    let outputs = outputs.iter().map(|name| declare("output", name, &config.output)).collect::<Result<Vec<_>, _>>()?;
     Ok(TensorCodec { inputs, outputs, batching })
 }
 

@@ -34,14 +34,14 @@ pub trait StageProgram: Send + Sync {
 fn document<'a>(program: &str, payload: &'a Payload) -> Result<&'a OcrDocument, String> {
     match payload {
         Payload::Ocr(document) => Ok(document),
-        Payload::Tensors(_) => Err(format!("{program}: the request carries tensors, not an image")),
+        Payload::Tensors(_) | Payload::Named(_) => Err(format!("{program}: the request carries tensors, not an image")),
     }
 }
 
 fn document_mut<'a>(program: &str, payload: &'a mut Payload) -> Result<&'a mut OcrDocument, String> {
     match payload {
         Payload::Ocr(document) => Ok(document),
-        Payload::Tensors(_) => Err(format!("{program}: the request carries tensors, not an image")),
+        Payload::Tensors(_) | Payload::Named(_) => Err(format!("{program}: the request carries tensors, not an image")),
     }
 }
 
@@ -171,6 +171,7 @@ impl StageProgram for TensorProgram {
     fn inputs(&self, payload: &Payload) -> Result<Vec<Vec<Tensor>>, String> {
         match payload {
             Payload::Tensors(tensors) => Ok(vec![tensors.clone()]),
+            Payload::Named(_) => Err(format!("{}: the request carries an ensemble's named tensors", self.name)),
             Payload::Ocr(_) => Err(format!("{}: the request carries an image, not tensors", self.name)),
         }
     }
@@ -178,6 +179,53 @@ impl StageProgram for TensorProgram {
     fn apply(&self, payload: &mut Payload, outputs: Vec<Vec<Tensor>>) -> Result<(), String> {
         let [outputs] = <[Vec<Tensor>; 1]>::try_from(outputs).map_err(|o| format!("{}: {} outputs for one input", self.name, o.len()))?;
         *payload = Payload::Tensors(outputs);
+        Ok(())
+    }
+}
+
+/// One step of an ensemble: its model is fed the ensemble tensors its `input_map`
+/// names (in the model's input order), and its outputs are stored under the names its
+/// `output_map` gives (outputs it does not map are dropped).
+#[derive(Debug, Clone)]
+pub struct EnsembleStepProgram {
+    /// `ensemble/step-model`, for logs and errors.
+    pub name: String,
+    /// The ensemble tensor fed to each model input, in the model's input order.
+    pub inputs: Vec<String>,
+    /// The ensemble name of each model output, in the model's output order.
+    pub outputs: Vec<Option<String>>,
+}
+
+impl StageProgram for EnsembleStepProgram {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn inputs(&self, payload: &Payload) -> Result<Vec<Vec<Tensor>>, String> {
+        let Payload::Named(tensors) = payload else {
+            return Err(format!("{}: the request does not carry an ensemble's named tensors", self.name));
+        };
+        let fed = self
+            .inputs
+            .iter()
+            .map(|name| tensors.get(name).cloned().ok_or_else(|| format!("{}: no ensemble tensor {name:?} yet", self.name)))
+            .collect::<Result<Vec<Tensor>, String>>()?;
+        Ok(vec![fed])
+    }
+
+    fn apply(&self, payload: &mut Payload, outputs: Vec<Vec<Tensor>>) -> Result<(), String> {
+        let Payload::Named(tensors) = payload else {
+            return Err(format!("{}: the request does not carry an ensemble's named tensors", self.name));
+        };
+        let [outputs] = <[Vec<Tensor>; 1]>::try_from(outputs).map_err(|o| format!("{}: {} outputs for one input", self.name, o.len()))?;
+        if outputs.len() != self.outputs.len() {
+            return Err(format!("{}: the model gave {} outputs, {} expected", self.name, outputs.len(), self.outputs.len()));
+        }
+        for (name, tensor) in self.outputs.iter().zip(outputs) {
+            if let Some(name) = name {
+                tensors.insert(name.clone(), tensor);
+            }
+        }
         Ok(())
     }
 }
@@ -213,6 +261,21 @@ mod tests {
         assert_eq!(document.boxes.len(), 1, "{:?}", document.boxes);
         assert_eq!(document.crops.len(), 1);
         assert!(document.boxes[0].corners.iter().all(|&(x, y)| x <= 100.0 && y <= 40.0));
+    }
+
+    #[test]
+    fn an_ensemble_step_reads_and_writes_the_tensors_its_maps_name() {
+        let step = EnsembleStepProgram { name: "e/add".into(), inputs: vec!["t".into()], outputs: vec![Some("y".into()), None] };
+        let mut payload = Payload::Named([("x".to_string(), Tensor::filled(vec![2], 1.0))].into());
+        assert!(step.inputs(&payload).unwrap_err().contains("no ensemble tensor \"t\""));
+        let Payload::Named(tensors) = &mut payload else { unreachable!() };
+        tensors.insert("t".into(), Tensor::filled(vec![2], 3.0));
+        assert_eq!(step.inputs(&payload).unwrap(), vec![vec![Tensor::filled(vec![2], 3.0)]]);
+        step.apply(&mut payload, vec![vec![Tensor::filled(vec![2], 4.0), Tensor::filled(vec![1], 9.0)]]).unwrap();
+        let Payload::Named(tensors) = &payload else { unreachable!() };
+        assert_eq!(tensors.keys().collect::<Vec<_>>(), ["t", "x", "y"], "the unmapped output is dropped");
+        assert!(step.apply(&mut payload, vec![vec![Tensor::filled(vec![2], 4.0)]]).unwrap_err().contains("1 outputs, 2 expected"));
+        assert!(step.inputs(&Payload::Tensors(vec![])).is_err());
     }
 
     #[test]

@@ -168,28 +168,17 @@ fn tighter_slos_cost_workers_first_then_accuracy_then_everything() {
 
 fn driven() -> Driver<LokiPolicy<LokiFlavour>> {
     let mut config = toy::chain();
-    config.workers = vec![
-        Worker {
-            id: 0,
-            stage: 0,
-            variant: 0,
-            device: yardmaster_sdk::DeviceKind::Gpu,
-            threads: 1,
-            memory_bytes: 1 << 30,
-            host: 0,
-            slot: 0,
-        },
-        Worker {
-            id: 1,
-            stage: 1,
-            variant: 0,
-            device: yardmaster_sdk::DeviceKind::Gpu,
-            threads: 1,
-            memory_bytes: 1 << 30,
-            host: 0,
-            slot: 0,
-        },
-    ];
+    let worker = |id: u32| Worker {
+        id,
+        stage: id,
+        variant: 0,
+        device: yardmaster_sdk::DeviceKind::Gpu,
+        threads: 1,
+        memory_bytes: 1 << 30,
+        host: 0,
+        slot: id,
+    };
+    config.workers = vec![worker(0), worker(1)];
     let (driver, _) = Driver::new(config, Box::new(NullHost::new(0, 1))).expect("init");
     driver
 }

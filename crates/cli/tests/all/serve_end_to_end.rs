@@ -65,13 +65,19 @@ fn serve(name: &str, pipeline: &str, extra: &str) -> Server {
     Server { child, address, certificate: dir.join("state/tls/cert.pem"), dir }
 }
 
-pub(crate) fn clients_python() -> PathBuf {
+/// A program of the toolchains `scripts/setup.sh --deps` installs
+/// (`~/.cache/yardmaster/toolchains`, or `$YARDMASTER_TOOLCHAINS`), which must be there.
+pub(crate) fn toolchain(relative: &str) -> PathBuf {
     let root = std::env::var_os("YARDMASTER_TOOLCHAINS")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/yardmaster/toolchains"));
-    let python = root.join("clients/bin/python");
-    assert!(python.exists(), "{} is missing: run `bash scripts/setup.sh --deps`", python.display());
-    python
+    let program = root.join(relative);
+    assert!(program.exists(), "{} is missing: run `bash scripts/setup.sh --deps`", program.display());
+    program
+}
+
+pub(crate) fn clients_python() -> PathBuf {
+    toolchain("clients/bin/python")
 }
 
 pub(crate) fn script(name: &str) -> PathBuf {

@@ -6,13 +6,14 @@
 //! shows — with bad ones, each of which must be refused naming the model and the
 //! reason while the others serve. `sim compare --model-repository` then simulates the
 //! same models with the profiles the server measured. Two of the models are real ones
-//! no one here trained: Magika (INT32 in) and NudeNet (a YOLOv8n detector).
+//! no one here trained: Magika (INT32 in) and NudeNet (a YOLOv8n detector); one is an
+//! ensemble of two others, whose steps are listed out of data order.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use super::serve_end_to_end::{http_get, run_client, scratch, Server};
+use super::serve_end_to_end::{http_get, run_client, scratch, toolchain, Server};
 
 /// Lay out the test repository under `dir/models`; returns it.
 fn repository(dir: &Path) -> PathBuf {
@@ -61,6 +62,25 @@ parameters { key: "yardmaster.slo_ms" value: { string_value: "250" } }
     let nudenet = asset("nudenet-3.4.2/320n.onnx");
     let detector = "name: \"nudenet\"\nplatform: \"onnxruntime_onnx\"\nmax_batch_size: 4\ninput [ { name: \"images\" data_type: TYPE_FP32 dims: [ 3, 320, 320 ] } ]\noutput [ { name: \"output0\" data_type: TYPE_FP32 dims: [ 22, -1 ] } ]\n";
     model("nudenet", 1, Some(detector), Some(&std::fs::read(nudenet).unwrap()));
+    // An ensemble of two models (y = (x + 1) + 1), and one whose step cannot serve.
+    let ensemble = |name: &str, second: &str| {
+        format!(
+            r#"name: "{name}"
+platform: "ensemble"
+max_batch_size: 8
+input [ {{ name: "x" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+output [ {{ name: "y" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+ensemble_scheduling {{
+  step [
+    {{ model_name: "add_cfg" model_version: -1 input_map {{ key: "x" value: "partial" }} output_map {{ key: "y" value: "y" }} }},
+    {{ model_name: "{second}" model_version: -1 input_map {{ key: "x" value: "x" }} output_map {{ key: "y" value: "partial" }} }}
+  ]
+}}
+"#
+        )
+    };
+    model("add_twice", 1, Some(&ensemble("add_twice", "add")), None);
+    model("bad_ensemble", 1, Some(&ensemble("bad_ensemble", "garbage")), None);
     models
 }
 
@@ -100,12 +120,7 @@ fn serve_repository(dir: &Path, models: &Path) -> (Server, PathBuf) {
 
 /// Triton's perf_analyzer, as `scripts/setup.sh --deps` installs it.
 fn perf_analyzer() -> PathBuf {
-    let root = std::env::var_os("YARDMASTER_TOOLCHAINS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/yardmaster/toolchains"));
-    let wrapper = root.join("perf/bin/perf_analyzer-run");
-    assert!(wrapper.exists(), "{} is missing: run `bash scripts/setup.sh --deps`", wrapper.display());
-    wrapper
+    toolchain("perf/bin/perf_analyzer-run")
 }
 
 #[test]
@@ -114,7 +129,7 @@ fn a_triton_repository_serves_its_good_models_to_tritonclient_and_perf_analyzer_
     let models = repository(&dir);
     let (server, stderr) = serve_repository(&dir, &models);
 
-    let seen = run_client("triton_repository.py", &[&server.address, "add", "add_cfg", "magika", "nudenet"]);
+    let seen = run_client("triton_repository.py", &[&server.address, "add", "add_cfg", "magika", "nudenet", "add_twice"]);
     let add = &seen["models"]["add"];
     assert_eq!(add["metadata"]["platform"], "onnxruntime_onnx", "{seen}");
     assert_eq!(add["metadata"]["inputs"][0]["shape"], serde_json::json!([-1, 4]), "batching: [-1] + dims: {seen}");
@@ -125,6 +140,9 @@ fn a_triton_repository_serves_its_good_models_to_tritonclient_and_perf_analyzer_
     assert_eq!(magika["outputs"]["target_label"]["shape"], serde_json::json!([1, 214]), "{seen}");
     let scores: Vec<f64> = magika["outputs"]["target_label"]["data"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
     assert!(scores.iter().all(|p| (0.0..=1.0).contains(p)), "softmax scores: {scores:?}");
+    let twice = &seen["models"]["add_twice"];
+    assert_eq!(twice["metadata"]["platform"], "ensemble", "{seen}");
+    assert_eq!(twice["outputs"]["y"]["data"], serde_json::json!([2.0, 3.0, 4.0, 5.0]), "the steps run in data order: {seen}");
     let nudenet = &seen["models"]["nudenet"];
     assert_eq!(nudenet["outputs"]["output0"]["shape"], serde_json::json!([1, 22, 2100]), "boxes and classes at 320×320: {seen}");
     let documented = &seen["models"]["add_cfg"];
@@ -143,7 +161,7 @@ fn a_triton_repository_serves_its_good_models_to_tritonclient_and_perf_analyzer_
     let (garbage, reason) = state("garbage").unwrap();
     assert_eq!(garbage, "UNAVAILABLE");
     assert!(reason.as_str().unwrap().contains("malformed ONNX"), "{reason}");
-    assert_eq!(index.len(), 8, "every model folder is listed: {seen}");
+    assert_eq!(index.len(), 10, "every model folder is listed: {seen}");
     assert!(seen["load"]["message"].as_str().unwrap().contains("does not load or unload"), "{seen}");
     let (status, body) = http_get(&server.address, "/v2/models/garbage");
     assert_eq!(status, 404, "a refused model is not served: {body}");

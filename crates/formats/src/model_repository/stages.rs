@@ -149,6 +149,62 @@ pub fn dynamic_batching_params(model: &str, config: &ModelConfig) -> Vec<Param> 
     params
 }
 
+/// The order an ensemble's steps run in (indices into `ensemble_steps`): every step
+/// after the steps whose outputs it reads, otherwise as listed; `Err` names a tensor
+/// that neither the ensemble's inputs nor any step produce, or an output no step makes.
+pub fn ensemble_order(config: &ModelConfig) -> Result<Vec<usize>, String> {
+    let steps = &config.ensemble_steps;
+    let mut known: Vec<&String> = config.input.iter().map(|t| &t.name).collect();
+    let mut waiting: Vec<usize> = (0..steps.len()).collect();
+    let mut order = Vec::with_capacity(steps.len());
+    while !waiting.is_empty() {
+        let Some(position) = waiting.iter().position(|&k| steps[k].input_map.values().all(|t| known.contains(&t))) else {
+            let k = waiting[0];
+            let missing: Vec<&String> = steps[k].input_map.values().filter(|t| !known.contains(t)).collect();
+            return Err(format!(
+                "step {} ({}) reads {missing:?}, which neither the ensemble's inputs nor any step produce",
+                k + 1,
+                steps[k].model_name
+            ));
+        };
+        let k = waiting.remove(position);
+        known.extend(steps[k].output_map.values());
+        order.push(k);
+    }
+    if let Some(output) = config.output.iter().find(|t| !known.contains(&&t.name)) {
+        return Err(format!("output {:?} is produced by no step", output.name));
+    }
+    Ok(order)
+}
+
+/// The stages of an ensemble served as a chain: one per step, in [`ensemble_order`],
+/// each a copy of its step model's stage (`stage_of(model)`) named
+/// `<ensemble>/<n>:<model>`, its batch bound the smaller of the model's and the
+/// ensemble's; and the ensemble's stream.
+pub fn ensemble_stages(entry: &ModelEntry, stage_of: &dyn Fn(&str) -> Option<StageDef>) -> Result<(Vec<StageDef>, StreamDef), String> {
+    let config = &entry.config;
+    let mut stages = Vec::new();
+    for (i, k) in ensemble_order(config)?.into_iter().enumerate() {
+        let step = &config.ensemble_steps[k];
+        let mut stage =
+            stage_of(&step.model_name).ok_or_else(|| format!("step {} runs model {:?}, which is not served", k + 1, step.model_name))?;
+        stage.name = format!("{}/{}:{}", entry.name, i + 1, step.model_name);
+        stage.max_batch = stage.max_batch.min(config.max_batch_size.max(1));
+        stages.push(stage);
+    }
+    let stream = StreamDef { name: entry.name.clone(), entry: 0, slo_ns: (entry.settings.slo_ms * 1e6) as u64 };
+    Ok((stages, stream))
+}
+
+/// Link consecutive stages of `stages[from..]` into a chain (each feeding the next).
+pub fn link_chain(stages: &mut [StageDef], from: usize) {
+    let end = stages.len();
+    for (i, stage) in stages.iter_mut().enumerate().skip(from) {
+        stage.predecessors = if i > from { vec![(i - 1) as u32] } else { Vec::new() };
+        stage.successors = if i + 1 < end { vec![(i + 1) as u32] } else { Vec::new() };
+    }
+}
+
 /// A repository as the simulator runs it.
 #[derive(Debug, Clone)]
 pub struct SimulatedRepository {
@@ -168,11 +224,9 @@ pub fn simulated_repository(dirs: &[PathBuf], store: &ProfileStore) -> Result<Si
     repository.complete_from_graphs();
     let mut problems: Vec<String> = repository.errors().map(|e| e.to_string()).collect();
     let (mut stages, mut streams, mut params) = (Vec::new(), Vec::new(), Vec::new());
-    for entry in repository.ready() {
-        if entry.config.backend == super::config::Backend::Ensemble {
-            problems.push(format!("model {:?}: ensembles are not simulated yet", entry.name));
-            continue;
-        }
+    let (ensembles, models): (Vec<&ModelEntry>, Vec<&ModelEntry>) =
+        repository.ready().partition(|e| e.config.backend == super::config::Backend::Ensemble);
+    for entry in models {
         let Some(version) = entry.versions.last() else { continue };
         match store.find(entry, version) {
             Ok(Some((profile, _))) => {
@@ -188,6 +242,19 @@ pub fn simulated_repository(dirs: &[PathBuf], store: &ProfileStore) -> Result<Si
                 store.threads,
                 entry.dir.join(PROFILE_FILE).display()
             )),
+            Err(e) => problems.push(format!("model {:?}: {e}", entry.name)),
+        }
+    }
+    let simulated = stages.clone();
+    let stage_of = |model: &str| simulated.iter().find(|s| s.name == model).cloned();
+    for entry in ensembles {
+        match ensemble_stages(entry, &stage_of) {
+            Ok((chain, stream)) => {
+                let from = stages.len();
+                stages.extend(chain);
+                link_chain(&mut stages, from);
+                streams.push(StreamDef { entry: from as u32, ..stream });
+            }
             Err(e) => problems.push(format!("model {:?}: {e}", entry.name)),
         }
     }
@@ -238,6 +305,17 @@ mod tests {
         let keys: Vec<(&str, &str)> = params.iter().map(|p| (p.key.as_str(), p.value.as_str())).collect();
         // a has no configuration: auto-complete gave it `dynamic_batching { }`, as Triton does.
         assert_eq!(keys, [("a.max_queue_delay_us", "0"), ("b.max_queue_delay_us", "300"), ("b.preferred_batch_sizes", "2,4")]);
+        // An ensemble of a then b is their stages again, as a chain with its own stream.
+        dir.file("both/1/.keep", "").file(
+            "both/config.pbtxt",
+            "platform: \"ensemble\"\nmax_batch_size: 2\ninput [ { name: \"in\" data_type: TYPE_FP32 dims: [ 4 ] } ]\noutput [ { name: \"out\" data_type: TYPE_FP32 dims: [ 4 ] } ]\nensemble_scheduling { step [ { model_name: \"b\" input_map { key: \"x\" value: \"mid\" } output_map { key: \"y\" value: \"out\" } }, { model_name: \"a\" input_map { key: \"x\" value: \"in\" } output_map { key: \"y\" value: \"mid\" } } ] }",
+        );
+        let with_ensemble = simulated_repository(std::slice::from_ref(&dir.0), &store).unwrap();
+        let names: Vec<&str> = with_ensemble.pipeline.stages.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["a", "b", "both/1:a", "both/2:b"], "steps in data order: {:?}", with_ensemble.left_out);
+        let chain = &with_ensemble.pipeline.stages[2];
+        assert_eq!((chain.successors.clone(), chain.max_batch), (vec![3], 2));
+        assert_eq!(with_ensemble.pipeline.streams[2].entry, 2);
         // With no profile at all, nothing can be simulated.
         let empty = TempDir::new("stages-empty");
         empty.file("c/1/model.onnx", &tiny);
