@@ -18,7 +18,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException, triton_to_np_dtype
 
 
-def infer(client, model, metadata, config):
+def infer(client, model, metadata, config, version=""):
     inputs = []
     for spec in metadata["inputs"]:
         shape = [d if d >= 0 else 4 for d in spec["shape"]]
@@ -29,7 +29,7 @@ def infer(client, model, metadata, config):
         tensor.set_data_from_numpy(data, binary_data=True)
         inputs.append(tensor)
     wanted = [httpclient.InferRequestedOutput(o["name"], binary_data=True) for o in metadata["outputs"]]
-    result = client.infer(model, inputs, outputs=wanted)
+    result = client.infer(model, inputs, outputs=wanted, model_version=version)
     return {
         o["name"]: {"shape": list(result.as_numpy(o["name"]).shape), "data": result.as_numpy(o["name"]).flatten()[:16].tolist()}
         for o in metadata["outputs"]
@@ -48,6 +48,9 @@ def main() -> None:
         outputs = infer(client, model, metadata, config)
         stats = client.get_inference_statistics(model)
         seen["models"][model] = {"metadata": metadata, "config": config, "outputs": outputs, "stats": stats}
+        if len(metadata["versions"]) > 1:
+            oldest = metadata["versions"][0]
+            seen["models"][model]["oldest_version_outputs"] = infer(client, model, metadata, config, version=oldest)
     model = models[0]
     metadata = seen["models"][model]["metadata"]
     spec = metadata["inputs"][0]

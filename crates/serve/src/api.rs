@@ -94,6 +94,12 @@ pub trait Backend: Send + Sync {
     fn ready(&self) -> bool;
     /// Run one request on `model` (a name from [`Backend::models`]).
     fn infer(&self, model: &str, request: InferRequest) -> BoxFuture<'_, Result<InferResponse, InferError>>;
+    /// Run one request on `version` of `model` (one of its metadata's versions; `None`:
+    /// the default one). A backend serving one version per model need not override it.
+    fn infer_version(&self, model: &str, version: Option<&str>, request: InferRequest) -> BoxFuture<'_, Result<InferResponse, InferError>> {
+        let _ = version;
+        self.infer(model, request)
+    }
     /// Triton's statistics extension: `{"model_stats": [...]}` for `model`, or for
     /// every model when `None`; `Err` when the backend keeps none.
     fn statistics(&self, model: Option<&str>) -> Result<Value, String> {
@@ -285,7 +291,7 @@ impl Api {
             let known: Vec<&str> = self.models.iter().map(|m| m.name.as_str()).collect();
             return ApiResponse::error(StatusCode::NOT_FOUND, &format!("unknown model {model:?} (served: {})", known.join(", ")));
         };
-        let rest = match rest {
+        let (version, rest) = match rest {
             ["versions", version, rest @ ..] => {
                 if !metadata.versions.iter().any(|v| v == version) {
                     return ApiResponse::error(
@@ -293,9 +299,9 @@ impl Api {
                         &format!("model {model:?} has no version {version:?} (versions: {})", metadata.versions.join(", ")),
                     );
                 }
-                rest
+                (Some(*version), rest)
             }
-            rest => rest,
+            rest => (None, rest),
         };
         let get = request.method == Method::GET || request.method == Method::HEAD;
         match rest {
@@ -308,7 +314,7 @@ impl Api {
                     ApiResponse::json(StatusCode::OK, &json!({ "name": metadata.name, "platform": metadata.platform, "max_batch_size": 0 }))
                 }
             },
-            ["infer"] if request.method == Method::POST => self.infer(request, metadata).await,
+            ["infer"] if request.method == Method::POST => self.infer(request, metadata, version).await,
             [] | ["ready"] | ["config"] | ["stats"] | ["infer"] => {
                 ApiResponse::error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this route")
             }
@@ -337,7 +343,7 @@ impl Api {
         }
     }
 
-    async fn infer(&self, request: &ApiRequest, metadata: &ModelMetadata) -> ApiResponse {
+    async fn infer(&self, request: &ApiRequest, metadata: &ModelMetadata, version: Option<&str>) -> ApiResponse {
         if request.body.len() > self.max_body {
             return ApiResponse::error(
                 StatusCode::PAYLOAD_TOO_LARGE,
@@ -374,7 +380,7 @@ impl Api {
         }
         let requested = decoded.outputs.clone();
         let all_binary = decoded.parameters.get("binary_data_output").and_then(Value::as_bool).unwrap_or(false);
-        match self.backend.infer(&metadata.name, decoded).await {
+        match self.backend.infer_version(&metadata.name, version, decoded).await {
             Ok(response) => match kserve::encode_response(&response, &requested, all_binary) {
                 Ok(encoded) => {
                     let mut headers = HeaderMap::new();

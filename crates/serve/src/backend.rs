@@ -355,10 +355,36 @@ impl EngineBackend {
         Submission { stream: model.stream, sent_at: now, deadline, priority, input_size: 0, expected_tokens: 0 }
     }
 
-    async fn run(&self, model: &str, request: InferRequest) -> Result<InferResponse, InferError> {
-        let Some(served) = self.models.iter().find(|m| m.name == model) else {
+    /// Every served version of `model`, lowest first.
+    fn versions_of<'a>(&'a self, model: &'a str) -> impl Iterator<Item = &'a ServedModel> + 'a {
+        let mut versions: Vec<&ServedModel> = self.models.iter().filter(|m| m.name == model).collect();
+        versions.sort_by_key(|m| (m.description.version.parse::<u64>().unwrap_or(0), m.description.version.clone()));
+        versions.into_iter()
+    }
+
+    /// The version of each model a request without a version runs: the highest.
+    fn default_versions(&self) -> Vec<&ServedModel> {
+        let mut names: Vec<&str> = self.models.iter().map(|m| m.name.as_str()).collect();
+        names.dedup();
+        let mut seen = Vec::new();
+        for name in names {
+            if !seen.iter().any(|m: &&ServedModel| m.name == name) {
+                if let Some(latest) = self.versions_of(name).last() {
+                    seen.push(latest);
+                }
+            }
+        }
+        seen
+    }
+
+    async fn run(&self, model: &str, version: Option<&str>, request: InferRequest) -> Result<InferResponse, InferError> {
+        let found = match version {
+            Some(version) => self.versions_of(model).find(|m| m.description.version == version),
+            None => self.versions_of(model).last(),
+        };
+        let Some(served) = found else {
             let names: Vec<&str> = self.models.iter().map(|m| m.name.as_str()).collect();
-            return Err(InferError::Invalid(format!("unknown model {model:?} (served: {})", names.join(", "))));
+            return Err(InferError::Invalid(format!("unknown model {model:?} version {version:?} (served: {})", names.join(", "))));
         };
         let payload = served.codec.decode(&request).map_err(InferError::Invalid)?;
         let program = &self.programs[served.entry as usize];
@@ -412,8 +438,16 @@ impl EngineBackend {
 }
 
 impl Backend for EngineBackend {
+    /// One entry per model name, listing every version served (each version of a
+    /// repository model is a stream of its own).
     fn models(&self) -> Vec<ModelMetadata> {
-        self.models.iter().map(ServedModel::metadata).collect()
+        let mut merged: Vec<ModelMetadata> = Vec::new();
+        for model in self.default_versions() {
+            let mut metadata = model.metadata();
+            metadata.versions = self.versions_of(&model.name).map(|m| m.description.version.clone()).collect();
+            merged.push(metadata);
+        }
+        merged
     }
 
     fn ready(&self) -> bool {
@@ -421,8 +455,12 @@ impl Backend for EngineBackend {
     }
 
     fn infer(&self, model: &str, request: InferRequest) -> BoxFuture<'_, Result<InferResponse, InferError>> {
-        let model = model.to_string();
-        Box::pin(async move { self.run(&model, request).await })
+        self.infer_version(model, None, request)
+    }
+
+    fn infer_version(&self, model: &str, version: Option<&str>, request: InferRequest) -> BoxFuture<'_, Result<InferResponse, InferError>> {
+        let (model, version) = (model.to_string(), version.map(str::to_string));
+        Box::pin(async move { self.run(&model, version.as_deref(), request).await })
     }
 
     fn repository_index(&self) -> Vec<serde_json::Value> {

@@ -6,9 +6,10 @@
 //! each configuration from its ONNX graph as Triton's auto-complete does, and for each
 //! model that can be served builds:
 //!
-//! - **a stage and a stream** as `yardmaster_formats::model_repository::stages` makes
-//!   them (the simulator makes the same ones): the latest served version's file is the
-//!   one variant, `max_batch_size` bounds the batch, `instance_group`'s count starts
+//! - **a stage and a stream per served version** as
+//!   `yardmaster_formats::model_repository::stages` makes them (the simulator makes the
+//!   same ones; the latest version's are named after the model, the others
+//!   `model:version`): the version's file is the one variant, `max_batch_size` bounds the batch, `instance_group`'s count starts
 //!   that many replicas (the policy may scale to four times that), the stream has the
 //!   model's SLO, and the latency profile is *measured* on this server's device — a
 //!   `profile.toml` beside the model (written by `yardmaster profile`) if there is one,
@@ -87,7 +88,7 @@ pub struct LoadedRepository {
     pub served: ServedPipeline,
     /// The models that do not, each with the reason.
     pub refused: Vec<RefusedModel>,
-    /// Things the operator should know (fields ignored, versions not served).
+    /// Things the operator should know (configuration fields ignored).
     pub warnings: Vec<String>,
     /// Policy parameters from the models' `dynamic_batching`.
     pub params: Vec<Param>,
@@ -155,8 +156,8 @@ pub fn load(
         if let Some(warning) = entry.ignored_fields_warning() {
             warnings.push(warning);
         }
-        match prepare(entry, context, options, progress, &mut warnings) {
-            Ok(model) => prepared.push(model),
+        match prepare(entry, context, options, progress) {
+            Ok(versions) => prepared.extend(versions),
             Err(reason) => refused.push(RefusedModel { name: entry.name.clone(), reason }),
         }
     }
@@ -201,42 +202,40 @@ pub fn load(
     Ok(LoadedRepository { served, refused, warnings, params })
 }
 
-/// Build one model's stage, stream, codec and parameters, profiling it if needed.
+/// Build the stage, stream, codec and parameters of each served version of a model,
+/// profiling them if needed; the latest version last.
 fn prepare(
     entry: &ModelEntry,
     context: &WorkerContext,
     options: &RepositoryOptions,
     progress: &mut dyn FnMut(&str),
-    warnings: &mut Vec<String>,
-) -> Result<Prepared, String> {
+) -> Result<Vec<Prepared>, String> {
     let config = &entry.config;
-    let version = entry.versions.last().ok_or("no version to serve")?;
-    if entry.versions.len() > 1 {
-        let all: Vec<String> = entry.versions.iter().map(|v| v.version.to_string()).collect();
-        warnings.push(format!(
-            "model {:?}: its version_policy selects versions {}; this server serves the latest, {}",
-            entry.name,
-            all.join(", "),
-            version.version
-        ));
+    let mut prepared = Vec::with_capacity(entry.versions.len());
+    for version in &entry.versions {
+        let in_version = |e: String| if entry.versions.len() > 1 { format!("version {}: {e}", version.version) } else { e };
+        let file = version.model_file.as_ref().ok_or_else(|| in_version("the version has no model file".into()))?;
+        let codec = codec(config, file).map_err(in_version)?;
+        let spec = ModelSpec::new(ModelKey::new(&entry.name, version.version.to_string()), file);
+        let profile = profiled_stage(entry, version, &spec, &codec, context, options, progress).map_err(in_version)?;
+        let device = if context.runtime.device() == Device::Cpu { DeviceKind::Cpu } else { DeviceKind::Gpu };
+        let (stage, stream) = model_stage(entry, version.version, profile, 0, device, options.threads);
+        let description =
+            ModelDescription { version: version.version.to_string(), platform: PLATFORM.into(), config: Some(config.to_triton_json()) };
+        let model = ServedModel { name: entry.name.clone(), stream: 0, entry: 0, codec: Codec::Tensors(codec.clone()), description };
+        let program: Arc<dyn StageProgram> = Arc::new(TensorProgram { name: stage.name.clone() });
+        prepared.push(Prepared {
+            stages: vec![PreparedStage { stage, spec, program }],
+            stream,
+            model,
+            codec: Some(codec),
+            params: Vec::new(),
+        });
     }
-    let file = version.model_file.as_ref().ok_or("the version has no model file")?;
-    let codec = codec(config, file)?;
-    let spec = ModelSpec::new(ModelKey::new(&entry.name, version.version.to_string()), file);
-    let profile = profiled_stage(entry, version, &spec, &codec, context, options, progress)?;
-    let device = if context.runtime.device() == Device::Cpu { DeviceKind::Cpu } else { DeviceKind::Gpu };
-    let (stage, stream) = model_stage(entry, profile, 0, device, options.threads);
-    let description =
-        ModelDescription { version: version.version.to_string(), platform: PLATFORM.into(), config: Some(config.to_triton_json()) };
-    let model = ServedModel { name: entry.name.clone(), stream: 0, entry: 0, codec: Codec::Tensors(codec.clone()), description };
-    let program: Arc<dyn StageProgram> = Arc::new(TensorProgram { name: entry.name.clone() });
-    Ok(Prepared {
-        stages: vec![PreparedStage { stage, spec, program }],
-        stream,
-        model,
-        codec: Some(codec),
-        params: dynamic_batching_params(&entry.name, config),
-    })
+    if let Some(latest) = prepared.last_mut() {
+        latest.params = dynamic_batching_params(&entry.name, config);
+    }
+    Ok(prepared)
 }
 
 /// An ensemble as a chain of stages: each step a stage of its own running the step's
@@ -246,7 +245,8 @@ fn prepare_ensemble(entry: &ModelEntry, models: &[Prepared]) -> Result<Prepared,
     let config = &entry.config;
     let names = |tensors: &[TensorConfig]| tensors.iter().map(|t| t.name.clone()).collect::<Vec<_>>();
     let codec = tensor_codec(config, &names(&config.input), &names(&config.output))?;
-    let served = |name: &str| models.iter().find(|m| m.model.name == name && m.codec.is_some());
+    // The latest version of a model is the stage named after it.
+    let served = |name: &str| models.iter().find(|m| m.codec.is_some() && m.stages[0].stage.name == name);
     let (chain, stream) = ensemble_stages(entry, &|name| served(name).map(|m| m.stages[0].stage.clone()))?;
     let mut stages = Vec::with_capacity(chain.len());
     for (stage, k) in chain.into_iter().zip(ensemble_order(config)?) {

@@ -44,6 +44,7 @@ dynamic_batching {
   max_queue_delay_microseconds: 100
 }
 instance_group [ { count: 2 kind: KIND_CPU } ]
+version_policy: { all { } }
 parameters { key: "yardmaster.slo_ms" value: { string_value: "250" } }
 "#;
     model("add_cfg", 1, None, Some(&bytes));
@@ -146,11 +147,12 @@ fn a_triton_repository_serves_its_good_models_to_tritonclient_and_perf_analyzer_
     let nudenet = &seen["models"]["nudenet"];
     assert_eq!(nudenet["outputs"]["output0"]["shape"], serde_json::json!([1, 22, 2100]), "boxes and classes at 320×320: {seen}");
     let documented = &seen["models"]["add_cfg"];
-    assert_eq!(documented["metadata"]["versions"], serde_json::json!(["2"]), "the latest version serves: {seen}");
+    assert_eq!(documented["metadata"]["versions"], serde_json::json!(["1", "2"]), "version_policy all: {seen}");
+    assert_eq!(documented["oldest_version_outputs"]["y"]["data"], serde_json::json!([1.0, 2.0, 3.0, 4.0]), "version 1 answers: {seen}");
     assert_eq!(documented["config"]["max_batch_size"], 8);
     assert_eq!(documented["config"]["dynamic_batching"]["preferred_batch_size"], serde_json::json!([4, 8]));
     assert_eq!(documented["config"]["instance_group"][0]["count"], 2);
-    let stats = &documented["stats"]["model_stats"][0];
+    let stats = documented["stats"]["model_stats"].as_array().unwrap().iter().find(|s| s["version"] == "2").unwrap();
     assert_eq!(stats["name"], "add_cfg");
     assert!(stats["inference_stats"]["success"]["count"].as_u64().unwrap() >= 1, "{stats}");
     assert_eq!(seen["wrong_shape"]["status"], "400", "a wrong shape is refused: {seen}");
@@ -161,7 +163,7 @@ fn a_triton_repository_serves_its_good_models_to_tritonclient_and_perf_analyzer_
     let (garbage, reason) = state("garbage").unwrap();
     assert_eq!(garbage, "UNAVAILABLE");
     assert!(reason.as_str().unwrap().contains("malformed ONNX"), "{reason}");
-    assert_eq!(index.len(), 10, "every model folder is listed: {seen}");
+    assert_eq!(index.len(), 11, "every model folder is listed, each version of add_cfg: {seen}");
     assert!(seen["load"]["message"].as_str().unwrap().contains("does not load or unload"), "{seen}");
     let (status, body) = http_get(&server.address, "/v2/models/garbage");
     assert_eq!(status, 404, "a refused model is not served: {body}");

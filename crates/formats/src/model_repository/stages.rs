@@ -99,14 +99,33 @@ pub fn profile_stage_from_text(text: &str, source: &str) -> Result<StageDef, Str
     Ok(pipeline.stages.remove(0))
 }
 
-/// The stage and stream of `entry` served as stage and stream `index`, from its
-/// measured `profile` (whose first variant is kept), running `threads` intra-op
-/// threads per worker on `device`.
-pub fn model_stage(entry: &ModelEntry, mut profile: StageDef, index: u32, device: DeviceKind, threads: usize) -> (StageDef, StreamDef) {
+/// The name of the stage and stream serving `version` of `entry`: the model's name for
+/// its latest served version (what a request without a version runs), `model:version`
+/// for the others.
+pub fn version_stage_name(entry: &ModelEntry, version: u64) -> String {
+    let latest = entry.versions.last().map(|v| v.version);
+    if latest == Some(version) {
+        entry.name.clone()
+    } else {
+        format!("{}:{version}", entry.name)
+    }
+}
+
+/// The stage and stream of `version` of `entry` served as stage and stream `index`,
+/// from its measured `profile` (whose first variant is kept), running `threads`
+/// intra-op threads per worker on `device`.
+pub fn model_stage(
+    entry: &ModelEntry,
+    version: u64,
+    mut profile: StageDef,
+    index: u32,
+    device: DeviceKind,
+    threads: usize,
+) -> (StageDef, StreamDef) {
     let config = &entry.config;
-    let version = entry.versions.last().map_or(0, |v| v.version);
     let count = u32::try_from(config.instance_count()).unwrap_or(u32::MAX).clamp(1, MAX_STARTING_REPLICAS);
-    profile.name = entry.name.clone();
+    let name = version_stage_name(entry, version);
+    profile.name = name.clone();
     profile.max_batch = config.max_batch_size.max(1);
     profile.replicas = count;
     profile.min_replicas = 1;
@@ -118,7 +137,7 @@ pub fn model_stage(entry: &ModelEntry, mut profile: StageDef, index: u32, device
     profile.variants.truncate(1);
     profile.variants[0].name = format!("{}:{version}", entry.name);
     profile.variants[0].fan_out.clear();
-    let stream = StreamDef { name: entry.name.clone(), entry: index, slo_ns: (entry.settings.slo_ms * 1e6) as u64 };
+    let stream = StreamDef { name, entry: index, slo_ns: (entry.settings.slo_ms * 1e6) as u64 };
     (profile, stream)
 }
 
@@ -230,7 +249,7 @@ pub fn simulated_repository(dirs: &[PathBuf], store: &ProfileStore) -> Result<Si
         let Some(version) = entry.versions.last() else { continue };
         match store.find(entry, version) {
             Ok(Some((profile, _))) => {
-                let (stage, stream) = model_stage(entry, profile, stages.len() as u32, DeviceKind::Cpu, store.threads);
+                let (stage, stream) = model_stage(entry, version.version, profile, stages.len() as u32, DeviceKind::Cpu, store.threads);
                 stages.push(stage);
                 streams.push(stream);
                 params.extend(dynamic_batching_params(&entry.name, &entry.config));
