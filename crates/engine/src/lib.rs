@@ -22,6 +22,7 @@
 
 #![warn(missing_docs)]
 
+pub mod bound;
 mod exec;
 pub mod hosts;
 pub mod metrics;
@@ -226,6 +227,8 @@ pub struct Engine<C: Clock, X: Executor> {
     /// it has one, or has never lost one). Arrivals at such a stage fail at once.
     unserved: Vec<Option<String>>,
     observer: Option<CallObserver>,
+    /// The optimal bound's capacity (see [`bound`]), for the current `max_workers`.
+    capacity_bound: f64,
 }
 
 impl<C: Clock, X: Executor> Engine<C, X> {
@@ -344,7 +347,9 @@ impl<C: Clock, X: Executor> Engine<C, X> {
             stats: EngineStats::default(),
             unserved: Vec::new(),
             observer: None,
+            capacity_bound: f64::NAN,
         };
+        engine.capacity_bound = bound::capacity_bound(&engine.state.pipeline, engine.state.pipeline.max_workers);
         engine.unserved = vec![None; engine.state.stages.len()];
         for (worker, stage, variant, start) in provision {
             engine.executor.provision(worker, stage, variant, start);
@@ -427,6 +432,15 @@ impl<C: Clock, X: Executor> Engine<C, X> {
     pub fn set_max_workers(&mut self, max_workers: u32) {
         self.state.pipeline.max_workers = max_workers;
         self.state.hosts.set_max_workers(max_workers);
+        self.now();
+        self.capacity_bound = bound::capacity_bound(&self.state.pipeline, max_workers);
+        self.update_capacity();
+    }
+
+    /// The optimal goodput bound's capacity: the most end-to-end requests per second
+    /// any decisions could serve on this cluster (see [`bound`]).
+    pub fn capacity_bound(&self) -> f64 {
+        self.capacity_bound
     }
 
     /// The accounting (every metric).
@@ -1306,9 +1320,9 @@ impl<C: Clock, X: Executor> Engine<C, X> {
     }
 
     /// The pipeline's capacity in end-to-end requests per second with the serving
-    /// workers: the slowest stage, each worker running full batches (at the stage's
-    /// current batch limit) of its variant, divided by the pieces per request that
-    /// reach the stage.
+    /// workers as they are now: the slowest stage, each worker running full batches (at
+    /// the stage's current batch limit) of its variant, divided by the pieces per
+    /// request that reach the stage. (The optimal bound uses [`Engine::capacity_bound`].)
     pub fn capacity(&self) -> f64 {
         let pipeline = &self.state.pipeline;
         let pieces = pieces_per_request(pipeline);
@@ -1337,10 +1351,13 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         }
     }
 
+    /// Give the accounting the optimal bound's capacity (the cluster's bound: goodput can
+    /// never exceed it) and the serving workers' capacity (reported per window).
     fn update_capacity(&mut self) {
-        let capacity = self.capacity();
         let now = self.state.now;
-        self.accounting.set_capacity(now, capacity);
+        self.accounting.set_capacity(now, self.capacity_bound);
+        let serving = self.capacity();
+        self.accounting.set_serving_capacity(now, serving);
     }
 }
 

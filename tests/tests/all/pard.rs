@@ -144,7 +144,7 @@ fn naive_collapses_under_sustained_overload_and_pard_does_not() {
         let windows = &o.report.windows[25..50];
         windows.iter().map(|w| w.outcomes.on_time).sum::<u64>() as f64 / 25.0
     };
-    let capacity = out[0].report.windows[30].capacity.expect("capacity known");
+    let capacity = out[0].report.windows[30].serving_capacity.expect("capacity known");
     assert!((capacity - R0).abs() < 0.05 * R0, "planned capacity {capacity}");
     assert!(late_goodput(&out[1]) < 0.1 * capacity, "naive {}", late_goodput(&out[1]));
     assert!(late_goodput(&out[0]) >= 0.8 * capacity, "PARD {}", late_goodput(&out[0]));

@@ -114,3 +114,25 @@ fn a_captured_trace_replays_to_the_same_report() {
     assert_eq!(summary_json(&original[0]), summary_json(&replayed[0]));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn goodput_never_exceeds_the_optimal_bound() {
+    // Below, near and far above capacity, steady and bursty, on a chain and a DAG, with
+    // policies that scale, drop and batch differently: the bound is an upper bound.
+    let cases: [(&str, &str, f64); 3] =
+        [("vision-chain", "twitter", 1_500.0), ("vision-chain", "azure-functions", 4_000.0), ("traffic-dag", "poisson", 200.0)];
+    for (pipeline, workload, rate) in cases {
+        let workload = WorkloadSpec::Preset { name: workload.into(), rate };
+        for outcome in simulate(pipeline, workload, 4, 3, &["fifo", "edf", "pard"]) {
+            let s = &outcome.report.summary;
+            assert!(
+                s.overall.goodput <= s.optimal_goodput * (1.0 + 1e-9),
+                "{pipeline} at {rate}/s, {}: goodput {} over the bound {}",
+                outcome.report.policy,
+                s.overall.goodput,
+                s.optimal_goodput
+            );
+            assert!(s.goodput_of_optimal <= 1.0 + 1e-9);
+        }
+    }
+}

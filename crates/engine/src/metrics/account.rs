@@ -10,8 +10,9 @@
 //!   dropped or failed;
 //! - [`Accounting::workers_changed`]: the number of active workers changed
 //!   (GPU-seconds, utilisation);
-//! - [`Accounting::set_capacity`]: the caller's estimate of what the cluster can
-//!   serve, in requests per second (optimal goodput bound).
+//! - [`Accounting::set_capacity`]: the most the cluster can serve, in requests per
+//!   second (the optimal goodput bound's capacity; the engine gives its
+//!   `capacity_bound`).
 //!
 //! Every call is O(1) amortised and allocates nothing beyond amortised growth of
 //! vectors and maps (the one exception: the first time a new drop or failure reason
@@ -299,8 +300,10 @@ pub struct Summary {
     pub overall: Stats,
     /// Metrics per stream.
     pub streams: BTreeMap<u32, Stats>,
-    /// Optimal goodput bound over the run, req/s: the per-window bound
-    /// min(offered rate, capacity) averaged over the windows, weighted by duration.
+    /// Optimal goodput bound over the run, req/s: the most requests any schedule could
+    /// complete (arrivals before a window boundary plus what the capacity serves after
+    /// it, at the least over the boundaries) over the elapsed time. No run's goodput
+    /// exceeds it.
     pub optimal_goodput: f64,
     /// `overall.goodput / optimal_goodput` (0 when the bound is 0).
     pub goodput_of_optimal: f64,
@@ -339,11 +342,17 @@ pub struct Window {
     /// Mean accuracy of the requests that completed in the window (0 when none did).
     #[serde(default)]
     pub accuracy: f64,
-    /// Mean capacity (req/s) given by the caller over the part of the window for
+    /// Mean capacity bound (req/s) given by the caller over the part of the window for
     /// which one was set; `None` before the first [`Accounting::set_capacity`].
     pub capacity: Option<f64>,
-    /// Optimal goodput bound, req/s: min(offered rate, capacity), or the offered rate
-    /// when no capacity is known.
+    /// Mean capacity of the workers serving during the window, req/s, as given to
+    /// [`Accounting::set_serving_capacity`] (what a fixed plan provisioned; `None` when
+    /// never given).
+    #[serde(default)]
+    pub serving_capacity: Option<f64>,
+    /// The window's share of the bound, req/s: min(offered rate, capacity), or the
+    /// offered rate when no capacity is known (for plots; the run's bound,
+    /// [`Summary::optimal_goodput`], also counts what a backlog lets later windows serve).
     pub optimal: f64,
 }
 
@@ -448,14 +457,22 @@ struct Integrals {
     capacity_ns: f64,
     /// Time during which a capacity was known (ns).
     capacity_known_ns: u64,
+    /// ∫ serving capacity dt over the time one was known (req/s · ns).
+    serving_ns: f64,
+    /// Time during which a serving capacity was known (ns).
+    serving_known_ns: u64,
 }
 
 impl Integrals {
-    fn accrue(&mut self, dt: u64, workers: u32, capacity: Option<f64>) {
+    fn accrue(&mut self, dt: u64, workers: u32, capacity: Option<f64>, serving: Option<f64>) {
         self.worker_ns += f64::from(workers) * dt as f64;
         if let Some(c) = capacity {
             self.capacity_ns += c * dt as f64;
             self.capacity_known_ns += dt;
+        }
+        if let Some(c) = serving {
+            self.serving_ns += c * dt as f64;
+            self.serving_known_ns += dt;
         }
     }
 }
@@ -496,6 +513,7 @@ impl OpenWindow {
     fn to_window(&self, integrals: &Integrals, until: u64) -> Window {
         let duration = until.saturating_sub(self.start);
         let capacity = (integrals.capacity_known_ns > 0).then(|| integrals.capacity_ns / integrals.capacity_known_ns as f64);
+        let serving_capacity = (integrals.serving_known_ns > 0).then(|| integrals.serving_ns / integrals.serving_known_ns as f64);
         let offered_rate = per_second(self.offered as f64, duration);
         Window {
             start: self.start,
@@ -506,6 +524,7 @@ impl OpenWindow {
             active_workers: ratio(integrals.worker_ns, duration as f64),
             accuracy: ratio(self.accuracy_sum, self.outcomes.completed() as f64),
             capacity,
+            serving_capacity,
             optimal: optimal_bound(offered_rate, capacity),
         }
     }
@@ -520,10 +539,9 @@ struct Series {
     clock: u64,
     workers: u32,
     capacity: Option<f64>,
+    serving: Option<f64>,
     /// ∫ active workers dt since `start` (worker·ns).
     gpu_ns: f64,
-    /// Σ optimal bound × duration (s) over the closed windows: requests.
-    optimal_closed: f64,
     closed: Vec<Window>,
     open: OpenWindow,
 }
@@ -537,8 +555,8 @@ impl Series {
             clock: start,
             workers: 0,
             capacity: None,
+            serving: None,
             gpu_ns: 0.0,
-            optimal_closed: 0.0,
             closed: Vec::new(),
             open: OpenWindow::new(start, start.saturating_add(window)),
         }
@@ -560,7 +578,7 @@ impl Series {
         let dt = to - self.clock;
         self.clock = to;
         self.gpu_ns += f64::from(self.workers) * dt as f64;
-        self.open.integrals.accrue(dt, self.workers, self.capacity);
+        self.open.integrals.accrue(dt, self.workers, self.capacity, self.serving);
     }
 
     /// Close the open window at the clock and open the next one, which ends on the
@@ -568,17 +586,9 @@ impl Series {
     fn close(&mut self) {
         let end = self.clock;
         let window = self.open.to_window(&self.open.integrals, end);
-        self.optimal_closed += window.optimal * window.duration_s();
         self.closed.push(window);
         let k = (end - self.start) / self.window + 1;
         self.open.restart(end, self.start.saturating_add(k.saturating_mul(self.window)));
-    }
-
-    /// The open window as it would be closed at `until` (≥ clock, ≤ its end).
-    fn peek_open(&self, until: u64) -> Window {
-        let mut integrals = self.open.integrals;
-        integrals.accrue(until.saturating_sub(self.clock), self.workers, self.capacity);
-        self.open.to_window(&integrals, until)
     }
 
     /// GPU·ns since start, up to `now` (≥ clock).
@@ -586,11 +596,27 @@ impl Series {
         self.gpu_ns + f64::from(self.workers) * now.saturating_sub(self.clock) as f64
     }
 
-    /// Σ optimal bound × duration (s) up to `now` (≥ clock): windows after the open
-    /// one have no arrivals, hence a bound of 0.
+    /// The most requests any schedule could complete by `now` (≥ clock): completions
+    /// by then are at most the requests that arrived before some window boundary `s`
+    /// plus what the capacity could serve from `s` to `now`, for every `s` (a queue
+    /// served at the capacity; the unknown capacity of a window counts as unbounded).
+    /// Unlike the sum of the windows' `min(offered, capacity)`, this counts the backlog
+    /// a burst leaves for later windows, so no run's completions exceed it.
     fn optimal_until(&self, now: u64) -> f64 {
-        let open = self.peek_open(now.min(self.open.end));
-        self.optimal_closed + open.optimal * open.duration_s()
+        let windows = self.windows_until(now);
+        let mut capacity_after = vec![0.0f64; windows.len() + 1];
+        for (k, w) in windows.iter().enumerate().rev() {
+            capacity_after[k] = capacity_after[k + 1] + w.capacity.map_or(f64::INFINITY, |c| c * w.duration_s());
+        }
+        let mut arrived = 0.0;
+        let mut bound = f64::INFINITY;
+        for (k, after) in capacity_after.iter().enumerate() {
+            bound = bound.min(arrived + after);
+            if let Some(w) = windows.get(k) {
+                arrived += w.offered as f64;
+            }
+        }
+        bound
     }
 
     /// Every window from start up to `now`, the last one partial.
@@ -793,6 +819,14 @@ impl Accounting {
     pub fn set_capacity(&mut self, at: u64, req_per_sec: f64) {
         self.series.advance(at);
         self.series.capacity = (!req_per_sec.is_nan()).then(|| req_per_sec.max(0.0));
+    }
+
+    /// From `at` on, the workers serving now can do `req_per_sec` requests per second
+    /// (reported per window; the bound uses [`Accounting::set_capacity`]). A negative
+    /// value counts as 0; NaN as unknown.
+    pub fn set_serving_capacity(&mut self, at: u64, req_per_sec: f64) {
+        self.series.advance(at);
+        self.series.serving = (!req_per_sec.is_nan()).then(|| req_per_sec.max(0.0));
     }
 
     /// Every metric from start up to `now` (taken as the latest time seen if earlier).
@@ -1079,19 +1113,43 @@ mod tests {
     }
 
     #[test]
-    fn run_bound_is_weighted_by_window_duration() {
-        // Two-second windows: 4 arrivals then 2; capacity 1.5 req/s.
+    fn the_serving_capacity_is_reported_beside_the_bound_and_does_not_change_it() {
+        let mut a = Accounting::new(S);
+        a.set_capacity(0, 10.0);
+        a.set_serving_capacity(0, 2.0);
+        a.set_serving_capacity(500 * MS, 4.0);
+        for t in 0..5 {
+            a.arrival(t * 100 * MS, 0);
+        }
+        let w = &a.windows_until(S)[0];
+        assert_eq!((w.capacity, w.serving_capacity), (Some(10.0), Some(3.0)));
+        assert_close!(a.summary(S).optimal_goodput, 5.0);
+    }
+
+    #[test]
+    fn the_run_bound_counts_what_a_backlog_lets_later_windows_serve() {
+        // Two-second windows: 4 arrivals then 2; capacity 1.5 req/s, 3 per window.
         let mut a = Accounting::new(2 * S);
         a.set_capacity(0, 1.5);
         for t in [0, 500, 1000, 1500, 2000, 3000] {
             a.arrival(t * MS, 0);
         }
         let w = a.windows_until(4 * S);
-        assert_eq!((w[0].optimal, w[1].optimal), (1.5, 1.0));
-        // (1.5 req/s × 2 s + 1 req/s × 2 s) / 4 s.
-        assert_close!(a.summary(4 * S).optimal_goodput, 1.25);
+        assert_eq!((w[0].optimal, w[1].optimal), (1.5, 1.0), "per window: min(offered, capacity)");
+        // The first window can serve 3 of its 4; the fourth waits and is served in the
+        // second window with its 2: 6 in 4 s, where the windows' sum says 5.
+        assert_close!(a.summary(4 * S).optimal_goodput, 1.5);
         a.arrival(4 * S, 0);
-        assert_close!(a.summary(4 * S).optimal_goodput, 1.25);
+        assert_close!(a.summary(4 * S).optimal_goodput, 1.5);
+        // A lone burst: 6 arrivals at once, then nothing for 8 s; 3 per window.
+        let mut burst = Accounting::new(2 * S);
+        burst.set_capacity(0, 1.5);
+        for _ in 0..6 {
+            burst.arrival(0, 0);
+        }
+        // Served over two windows; by the end of the first, only 3 fit.
+        assert_close!(burst.summary(10 * S).optimal_goodput, 6.0 / 10.0);
+        assert_close!(burst.summary(2 * S).optimal_goodput, 3.0 / 2.0);
     }
 
     #[test]

@@ -58,7 +58,7 @@ impl PardMetrics {
 /// Seconds whose offered rate exceeds the cluster's planned capacity in that window
 /// ("periods requiring dropping").
 pub fn overload_windows(windows: &[Window]) -> Vec<bool> {
-    windows.iter().map(|w| w.capacity.is_some_and(|c| w.offered_rate() > c)).collect()
+    windows.iter().map(|w| w.serving_capacity.is_some_and(|c| w.offered_rate() > c)).collect()
 }
 
 /// The metrics of `outcome` on `pipeline`, with the workload's overload windows.
@@ -130,7 +130,7 @@ mod tests {
             offered,
             outcomes: Outcomes { on_time, late: 0, dropped, failed: 0 },
             active_workers: 1.0,
-            capacity,
+            serving_capacity: capacity,
             optimal: 0.0,
             ..Window::default()
         }
