@@ -187,7 +187,11 @@ fn decode_step(s: &mut DecoderSession, batch: usize, context: usize, spread: boo
     times[times.len() / 2]
 }
 
+/// A measurement, run by hand (`cargo test -p yardmaster-dataplane --test all
+/// decode_step_latency -- --ignored --nocapture`): wall-clock ratios are not a unit
+/// test's business on a shared machine, where other tests run beside it.
 #[test]
+#[ignore = "a timing measurement, run by hand"]
 fn decode_step_latency_by_batch_size() {
     let mut s = session();
     println!("| batch | context 128 | context 512 | 512 with half the rows at 16 | tokens/s at 128 |");
