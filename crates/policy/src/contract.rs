@@ -14,6 +14,7 @@
 //! `wit/README.md` describes how a new version is added.
 
 pub(crate) mod convert;
+mod imports;
 pub mod v0_1_0;
 pub mod v0_2_0;
 mod version;

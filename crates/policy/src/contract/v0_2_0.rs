@@ -13,7 +13,7 @@
 
 use std::borrow::Cow;
 
-use wasmtime::component::{HasSelf, InstancePre, Linker, TypedFunc};
+use wasmtime::component::TypedFunc;
 use wasmtime::Store;
 
 use super::ContractVersion;
@@ -37,34 +37,7 @@ pub const VERSION: ContractVersion = ContractVersion::new(0, 2, 0);
 /// The name of the exported policy interface in a component of this version.
 const POLICY_EXPORT: &str = "yardmaster:policy/policy@0.2.0";
 
-/// Add this version's imports (`yardmaster:policy/host@0.2.0`) to a linker.
-pub(crate) fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
-    Scheduler::add_to_linker::<HostState, HasSelf<HostState>>(linker, |state| state)
-}
-
-impl yardmaster::policy::types::Host for HostState {}
-
-impl yardmaster::policy::host::Host for HostState {
-    fn now(&mut self) -> wasmtime::Result<u64> {
-        self.host_now()
-    }
-
-    fn log(&mut self, level: Level, message: String) -> wasmtime::Result<()> {
-        self.host_log(level_into_latest(level), message)
-    }
-
-    fn profile(&mut self, stage: u32, variant: u32, batch: u32) -> wasmtime::Result<Option<u64>> {
-        self.host_profile(stage, variant, batch)
-    }
-
-    fn emit(&mut self, name: String, value: f64) -> wasmtime::Result<()> {
-        self.host_emit(name, value)
-    }
-
-    fn random(&mut self) -> wasmtime::Result<u64> {
-        self.host_random()
-    }
-}
+super::imports::version_imports!();
 
 // Conversions between this version's types and the latest ones (the identity while
 // 0.2.0 is the latest; see the module docs).
@@ -88,18 +61,6 @@ fn actions_into_latest(actions: Vec<Action>) -> Vec<latest::Action> {
 /// This version's log level as the latest one.
 fn level_into_latest(level: Level) -> latest::Level {
     level
-}
-
-/// A component of this version, linked and ready to instantiate.
-pub(crate) struct Linked {
-    pre: SchedulerPre<HostState>,
-}
-
-impl Linked {
-    /// Check that the linked component has this version's exports.
-    pub(crate) fn new(instance_pre: InstancePre<HostState>) -> wasmtime::Result<Self> {
-        Ok(Self { pre: SchedulerPre::new(instance_pre)? })
-    }
 }
 
 /// The typed `handle` export, called with the fast event lowering.
