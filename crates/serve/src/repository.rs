@@ -137,15 +137,6 @@ pub fn load(
 ) -> Result<LoadedRepository, String> {
     let mut repository = scan(dirs).map_err(|e| e.to_string())?;
     repository.complete_from_graphs();
-    // A complete configuration is still checked against its graph: a model whose
-    // configuration contradicts what it computes is refused now, not at its first request.
-    for result in repository.models.values_mut() {
-        if let Ok(entry) = result {
-            if let Err(e) = entry.complete_from_graph() {
-                *result = Err(e);
-            }
-        }
-    }
     let mut refused: Vec<RefusedModel> =
         repository.errors().map(|e| RefusedModel { name: e.model.clone(), reason: e.message.clone() }).collect();
     let mut warnings = Vec::new();

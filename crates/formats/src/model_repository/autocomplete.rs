@@ -21,8 +21,7 @@
 //!   (or its `reshape`, which is what the model sees) are compared with the rest.
 //!
 //! [`ModelEntry::complete_from_graph`] does this for a scanned model from its served
-//! versions' files; [`Repository::complete_from_graphs`] for every model of a scan that
-//! is waiting for it ([`ModelConfig::from_graph`]).
+//! versions' files; [`Repository::complete_from_graphs`] for every model of a scan.
 
 use super::config::{Backend, DynamicBatching, ModelConfig, TensorConfig};
 use super::onnx_graph::{read_graph_signature, GraphSignature, TensorSignature};
@@ -190,15 +189,14 @@ impl ModelEntry {
 
 impl Repository {
     /// Complete, from their ONNX graphs, the configurations of the models that leave
-    /// something to the graph ([`ModelConfig::from_graph`]). A model whose graph cannot
-    /// be read or contradicts its configuration becomes an error for that model (and so
-    /// does an ensemble that steps into it); the others are unchanged.
+    /// something to the graph ([`ModelConfig::from_graph`]), and check the complete ones
+    /// against theirs. A model whose graph cannot be read or contradicts its
+    /// configuration becomes an error for that model (and so does an ensemble that
+    /// steps into it), so a model refused here is not one that would fail at its first
+    /// request; the others are unchanged.
     pub fn complete_from_graphs(&mut self) {
         for result in self.models.values_mut() {
             let Ok(entry) = result else { continue };
-            if entry.config.from_graph.is_none() {
-                continue;
-            }
             if let Err(e) = entry.complete_from_graph() {
                 *result = Err(e);
             }
@@ -427,7 +425,7 @@ mod tests {
         let partial = ok("partial");
         assert_eq!(partial.max_batch_size, 32);
         assert_eq!(tensor(&partial.output, "y"), (F, vec![4]));
-        assert_eq!(ok("listed"), listed_before, "a complete configuration is not read against the graph by the repository pass");
+        assert_eq!(ok("listed"), listed_before, "a complete configuration that agrees with its graph is unchanged");
         assert_eq!(
             err("wrong"),
             format!(
