@@ -364,17 +364,13 @@ impl EngineBackend {
 
     /// The version of each model a request without a version runs: the highest.
     fn default_versions(&self) -> Vec<&ServedModel> {
-        let mut names: Vec<&str> = self.models.iter().map(|m| m.name.as_str()).collect();
-        names.dedup();
-        let mut seen = Vec::new();
-        for name in names {
-            if !seen.iter().any(|m: &&ServedModel| m.name == name) {
-                if let Some(latest) = self.versions_of(name).last() {
-                    seen.push(latest);
-                }
+        let mut names: Vec<&str> = Vec::new();
+        for model in &self.models {
+            if !names.contains(&model.name.as_str()) {
+                names.push(&model.name);
             }
         }
-        seen
+        names.into_iter().filter_map(|name| self.versions_of(name).last()).collect()
     }
 
     async fn run(&self, model: &str, version: Option<&str>, request: InferRequest) -> Result<InferResponse, InferError> {

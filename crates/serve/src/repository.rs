@@ -288,9 +288,10 @@ fn tensor_codec(config: &ModelConfig, inputs: &[String], outputs: &[String]) -> 
     let declare = |kind: &str, name: &str, declared: &[TensorConfig]| -> Result<TensorDecl, String> {
         let tensor =
             declared.iter().find(|t| t.name == name).ok_or_else(|| format!("the graph's {kind} {name:?} is not in the configuration"))?;
-        let datatype = wire_type(tensor.data_type)
-            .filter(|t| element_type(*t).is_some())
-            .ok_or_else(|| format!("{kind} {name:?} is {}, which the data plane does not carry", tensor.data_type.triton_name()))?;
+        let datatype = wire_type(tensor.data_type);
+        if element_type(datatype).is_none() {
+            return Err(format!("{kind} {name:?} is {}, which the data plane does not carry", tensor.data_type.triton_name()));
+        }
         if tensor.reshape.is_some() {
             return Err(format!("{kind} {name:?}: `reshape` is not supported"));
         }
@@ -311,8 +312,8 @@ fn tensor_codec(config: &ModelConfig, inputs: &[String], outputs: &[String]) -> 
 }
 
 /// The wire type of a configuration's element type.
-fn wire_type(data_type: DataType) -> Option<WireType> {
-    Some(match data_type {
+fn wire_type(data_type: DataType) -> WireType {
+    match data_type {
         DataType::Bool => WireType::Bool,
         DataType::Uint8 => WireType::U8,
         DataType::Uint16 => WireType::U16,
@@ -327,7 +328,7 @@ fn wire_type(data_type: DataType) -> Option<WireType> {
         DataType::Fp64 => WireType::F64,
         DataType::String => WireType::Bytes,
         DataType::Bf16 => WireType::Bf16,
-    })
+    }
 }
 
 /// The model's profile (one stage, one measured variant): beside it or cached, else

@@ -219,12 +219,11 @@ pub async fn load_repository(dirs: Vec<PathBuf>, context: WorkerContext) -> Resu
     .await
     .context("loading the model repository")?
     .map_err(|e| anyhow!(e))?;
+    // Plain lines beside the progress lines (the log would print each twice).
     for warning in &loaded.warnings {
-        tracing::warn!("{warning}");
         eprintln!("warning: {warning}");
     }
     for reason in &loaded.refused {
-        tracing::error!("not served: {reason}");
         eprintln!("not served: {reason}");
     }
     Ok(loaded)

@@ -79,11 +79,7 @@ pub fn cached_profile_path(dir: &Path, sha256: &str, device: &str, threads: usiz
 /// The hex SHA-256 of a file.
 pub fn sha256_of(path: &Path) -> Result<String, String> {
     let bytes = std::fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
-    Ok(hex_digest(&Sha256::digest(&bytes)))
-}
-
-fn hex_digest(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    Ok(hex::encode(Sha256::digest(&bytes)))
 }
 
 /// The first stage of a profile file (the output of `yardmaster profile`, a
