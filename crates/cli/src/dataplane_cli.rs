@@ -69,6 +69,17 @@ pub enum DataplaneCommand {
         /// Intra-op threads on both sides.
         #[arg(long, default_value_t = 1)]
         threads: usize,
+        /// Device for both sides: auto, cpu, or cuda[:N].
+        #[arg(long, default_value = "auto", value_parser = parse_device)]
+        device: DevicePreference,
+    },
+    /// The device the data plane would run on and why, and every GPU the CUDA driver
+    /// sees with its free and total memory (read through the driver, so it counts what
+    /// every process on the GPU holds).
+    Devices {
+        /// Device preference to decide for: auto, cpu, or cuda[:N].
+        #[arg(long, default_value = "auto", value_parser = parse_device)]
+        device: DevicePreference,
     },
 }
 
@@ -128,8 +139,9 @@ pub fn profile(args: &ProfileArgs) -> ExitCode {
 /// Run `yardmaster dataplane …`.
 pub fn run(command: DataplaneCommand) -> ExitCode {
     match command {
-        DataplaneCommand::Bench { model, batch, shapes, runs, rounds, threads } => {
-            let runtime = match Runtime::global() {
+        DataplaneCommand::Devices { device } => devices(device),
+        DataplaneCommand::Bench { model, batch, shapes, runs, rounds, threads, device } => {
+            let runtime = match Runtime::init(RuntimeConfig { library: None, device }) {
                 Ok(runtime) => runtime,
                 Err(error) => return fail(error),
             };
@@ -156,5 +168,31 @@ pub fn run(command: DataplaneCommand) -> ExitCode {
                 Err(error) => fail(error),
             }
         }
+    }
+}
+
+/// Run `yardmaster dataplane devices`.
+fn devices(preference: DevicePreference) -> ExitCode {
+    match yardmaster_dataplane::device::discover_gpus() {
+        Ok(gpus) => {
+            for gpu in gpus {
+                println!(
+                    "gpu {}: {}, {} MiB used of {} MiB ({} MiB free)",
+                    gpu.ordinal,
+                    gpu.name,
+                    (gpu.total_bytes - gpu.free_bytes) >> 20,
+                    gpu.total_bytes >> 20,
+                    gpu.free_bytes >> 20
+                );
+            }
+        }
+        Err(why) => println!("no GPU: {why}"),
+    }
+    match Runtime::init(RuntimeConfig { library: None, device: preference }) {
+        Ok(runtime) => {
+            print_device(&runtime);
+            ExitCode::SUCCESS
+        }
+        Err(error) => fail(error),
     }
 }

@@ -148,12 +148,22 @@ async fn run_serve(args: &ServeArgs) -> Result<()> {
     if let Some(path) = &config.capture {
         println!("capturing a trace into {}", path.display());
     }
-    match args.serve_for {
-        Some(seconds) => tokio::time::sleep(Duration::from_secs_f64(seconds.max(0.0))).await,
-        None => {
-            println!("stop with Ctrl-C");
-            tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")?;
+    if args.serve_for.is_none() {
+        println!("stop with Ctrl-C (or SIGTERM)");
+    }
+    let serve_for = async {
+        match args.serve_for {
+            Some(seconds) => tokio::time::sleep(Duration::from_secs_f64(seconds.max(0.0))).await,
+            None => std::future::pending().await,
         }
+    };
+    // Ctrl-C, or SIGTERM (what service managers and `kill` send), stops gracefully, and so
+    // does the end of --for.
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("listening for SIGTERM")?;
+    tokio::select! {
+        () = serve_for => {}
+        interrupted = tokio::signal::ctrl_c() => interrupted.context("waiting for Ctrl-C")?,
+        _ = terminate.recv() => {}
     }
     eprintln!("stopping: no new requests; requests in flight finish or fail");
     let summary = server.summary();

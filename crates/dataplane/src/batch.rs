@@ -36,50 +36,11 @@ pub struct Stacked {
 /// Stack `requests` (each one tensor per input, without batch dimension) into one batch.
 pub fn stack(specs: &[InputSpec], requests: &[&[Tensor]], pad_value: f32) -> Result<Stacked> {
     let n = requests.len();
-    if n == 0 {
-        return Err(DataplaneError::Batch("an empty batch".into()));
-    }
-    for (i, request) in requests.iter().enumerate() {
-        if request.len() != specs.len() {
-            return Err(DataplaneError::Batch(format!("request {i} has {} tensors, the model takes {}", request.len(), specs.len())));
-        }
-    }
+    check_requests(specs, requests)?;
     let mut padded = false;
     let mut inputs = Vec::with_capacity(specs.len());
     for (k, spec) in specs.iter().enumerate() {
-        match spec.max_batch() {
-            Some(fixed) if fixed != n => {
-                return Err(DataplaneError::Batch(format!(
-                    "input {:?} has a fixed batch dimension of {fixed}: the model cannot run a batch of {n}",
-                    spec.name
-                )))
-            }
-            _ => {}
-        }
-        let rank = spec.dims.len().saturating_sub(1);
-        let mut target = vec![0usize; rank];
-        for (i, request) in requests.iter().enumerate() {
-            let shape = &request[k].shape;
-            if shape.len() != rank {
-                return Err(DataplaneError::Batch(format!(
-                    "request {i}: input {:?} has rank {}, the model wants {rank} (without the batch dimension)",
-                    spec.name,
-                    shape.len()
-                )));
-            }
-            for (d, (&size, want)) in shape.iter().zip(&spec.dims[1..]).enumerate() {
-                if let Some(fixed) = want {
-                    if size != *fixed {
-                        return Err(DataplaneError::Batch(format!(
-                            "request {i}: input {:?} dimension {} is {size}, the model fixes it at {fixed}",
-                            spec.name,
-                            d + 1
-                        )));
-                    }
-                }
-                target[d] = target[d].max(size);
-            }
-        }
+        let target = batch_shape(spec, k, requests)?;
         let item: usize = target.iter().product();
         let mut data = Vec::with_capacity(item * n);
         for request in requests {
@@ -93,12 +54,79 @@ pub fn stack(specs: &[InputSpec], requests: &[&[Tensor]], pad_value: f32) -> Res
                 copy_padded(tensor, &target, &mut data[start..]);
             }
         }
-        let mut shape = Vec::with_capacity(rank + 1);
+        let mut shape = Vec::with_capacity(target.len() + 1);
         shape.push(n);
         shape.extend_from_slice(&target);
         inputs.push(Tensor { shape, data });
     }
     Ok(Stacked { inputs, batch: n, padded })
+}
+
+/// A batch of one request without copying it: each input's shape with a batch dimension
+/// of 1 in front, beside a view of the request's own data (checked as [`stack`] checks).
+pub fn single<'a>(specs: &[InputSpec], request: &'a [Tensor]) -> Result<Vec<(Vec<usize>, &'a [f32])>> {
+    check_requests(specs, &[request])?;
+    specs
+        .iter()
+        .enumerate()
+        .map(|(k, spec)| {
+            let mut shape = vec![1];
+            shape.extend(batch_shape(spec, k, &[request])?);
+            Ok((shape, request[k].data.as_slice()))
+        })
+        .collect()
+}
+
+fn check_requests(specs: &[InputSpec], requests: &[&[Tensor]]) -> Result<()> {
+    if requests.is_empty() {
+        return Err(DataplaneError::Batch("an empty batch".into()));
+    }
+    for (i, request) in requests.iter().enumerate() {
+        if request.len() != specs.len() {
+            return Err(DataplaneError::Batch(format!("request {i} has {} tensors, the model takes {}", request.len(), specs.len())));
+        }
+    }
+    Ok(())
+}
+
+/// The shape (without the batch dimension) input `k` takes for `requests`: the largest
+/// size of each dimension, after checking ranks, fixed dimensions and a fixed batch size.
+fn batch_shape(spec: &InputSpec, k: usize, requests: &[&[Tensor]]) -> Result<Vec<usize>> {
+    let n = requests.len();
+    match spec.max_batch() {
+        Some(fixed) if fixed != n => {
+            return Err(DataplaneError::Batch(format!(
+                "input {:?} has a fixed batch dimension of {fixed}: the model cannot run a batch of {n}",
+                spec.name
+            )))
+        }
+        _ => {}
+    }
+    let rank = spec.dims.len().saturating_sub(1);
+    let mut target = vec![0usize; rank];
+    for (i, request) in requests.iter().enumerate() {
+        let shape = &request[k].shape;
+        if shape.len() != rank {
+            return Err(DataplaneError::Batch(format!(
+                "request {i}: input {:?} has rank {}, the model wants {rank} (without the batch dimension)",
+                spec.name,
+                shape.len()
+            )));
+        }
+        for (d, (&size, want)) in shape.iter().zip(&spec.dims[1..]).enumerate() {
+            if let Some(fixed) = want {
+                if size != *fixed {
+                    return Err(DataplaneError::Batch(format!(
+                        "request {i}: input {:?} dimension {} is {size}, the model fixes it at {fixed}",
+                        spec.name,
+                        d + 1
+                    )));
+                }
+            }
+            target[d] = target[d].max(size);
+        }
+    }
+    Ok(target)
 }
 
 /// Copy `source` into the top-left corner of a `target`-shaped, pre-filled buffer.

@@ -17,7 +17,7 @@ use crate::cache::ModelCache;
 use crate::error::{DataplaneError, Result};
 use crate::profile::{request_shapes, synthetic};
 use crate::runtime::Runtime;
-use crate::session::{ModelSession, ModelSpec};
+use crate::session::{register_device, BatchTiming, ModelSession, ModelSpec};
 use crate::tensor::Tensor;
 use crate::worker::{Job, Request, Worker, WorkerContext, WorkerEvent};
 
@@ -57,6 +57,13 @@ pub struct BenchReport {
     pub cold_start: Duration,
     /// Median replica start from the host-memory cache.
     pub warm_start: Duration,
+    /// The device both sides ran on.
+    pub device: String,
+    /// Where a served batch's time goes (mean over one round of `run_batch` on the
+    /// benchmark's thread): stacking, ONNX Runtime's `Run`, splitting the outputs.
+    pub served_breakdown: BatchTiming,
+    /// The plain loop's mean time per batch.
+    pub plain_batch: Duration,
 }
 
 impl BenchReport {
@@ -68,12 +75,17 @@ impl BenchReport {
     /// A human-readable summary.
     pub fn render(&self) -> String {
         format!(
-            "batch {}: plain ONNX Runtime Run loop {:.1} req/s, served through a worker {:.1} req/s, ratio {:.3} (per round {:?})\nreplica start: cold {:.1} ms, warm {:.1} ms ({:.1}x faster)\n",
+            "{}, batch {}: plain ONNX Runtime Run loop {:.1} req/s, served through a worker {:.1} req/s, ratio {:.3} (per round {:?})\nserved batch: stack {:.3} ms, Run {:.3} ms, split {:.3} ms; plain Run {:.3} ms\nreplica start: cold {:.1} ms, warm {:.1} ms ({:.1}x faster)\n",
+            self.device,
             self.batch,
             self.plain_rps,
             self.served_rps,
             self.ratio(),
             self.round_ratios.iter().map(|r| (r * 1000.0).round() / 1000.0).collect::<Vec<_>>(),
+            self.served_breakdown.stack.as_secs_f64() * 1e3,
+            self.served_breakdown.run.as_secs_f64() * 1e3,
+            self.served_breakdown.split.as_secs_f64() * 1e3,
+            self.plain_batch.as_secs_f64() * 1e3,
             self.cold_start.as_secs_f64() * 1e3,
             self.warm_start.as_secs_f64() * 1e3,
             self.cold_start.as_secs_f64() / self.warm_start.as_secs_f64()
@@ -94,7 +106,8 @@ pub fn served_vs_plain(runtime: &Arc<Runtime>, spec: &ModelSpec, options: &Bench
     cold.sort();
     warm.sort();
 
-    // The plain side: ONNX Runtime directly, one pre-stacked batch, `Run` in a loop.
+    // The plain side: ONNX Runtime directly, one pre-stacked batch, `Run` in a loop, on
+    // the same device with the same execution provider options as the workers.
     let mut builder = Session::builder(runtime.environment())
         .map_err(DataplaneError::ort)?
         .with_optimization_level(GraphOptimizationLevel::All)
@@ -102,6 +115,7 @@ pub fn served_vs_plain(runtime: &Arc<Runtime>, spec: &ModelSpec, options: &Bench
     if options.threads > 0 {
         builder = builder.with_intra_threads(options.threads).map_err(DataplaneError::ort)?;
     }
+    let mut builder = register_device(builder, runtime)?;
     let mut plain = builder.commit_from_file(&spec.path).map_err(DataplaneError::ort)?;
     let probe = ModelSession::start(runtime, &cache, spec, options.threads)?.session;
     let shapes = request_shapes(probe.inputs(), options.shapes.as_deref())?;
@@ -111,7 +125,7 @@ pub fn served_vs_plain(runtime: &Arc<Runtime>, spec: &ModelSpec, options: &Bench
     let stacked = batch::stack(probe.inputs(), &refs, 0.0)?;
     let names: Vec<String> = probe.inputs().iter().map(|i| i.name.clone()).collect();
     let outputs: Vec<String> = probe.outputs().to_vec();
-    drop(probe);
+    let mut probe = probe;
     let mut plain_run = || -> Result<f32> {
         let mut values = Vec::with_capacity(names.len());
         for (name, tensor) in names.iter().zip(&stacked.inputs) {
@@ -171,6 +185,21 @@ pub fn served_vs_plain(runtime: &Arc<Runtime>, spec: &ModelSpec, options: &Bench
         plain_time += plain_round;
         served_time += served_round;
     }
+    // Where a served batch's time goes, on a session like the worker's (warm, from the
+    // cache), outside the timed rounds.
+    for _ in 0..3 {
+        probe.run_batch(&refs, None)?;
+    }
+    let mut sum = BatchTiming::default();
+    for _ in 0..options.runs.max(1) {
+        probe.run_batch(&refs, None)?;
+        let t = probe.last_timing();
+        sum.stack += t.stack;
+        sum.run += t.run;
+        sum.split += t.split;
+    }
+    let runs = options.runs.max(1) as u32;
+    let served_breakdown = BatchTiming { stack: sum.stack / runs, run: sum.run / runs, split: sum.split / runs };
     let requests_done = (options.runs * options.rounds.max(1) * options.batch) as f64;
     Ok(BenchReport {
         batch: options.batch,
@@ -179,5 +208,8 @@ pub fn served_vs_plain(runtime: &Arc<Runtime>, spec: &ModelSpec, options: &Bench
         round_ratios,
         cold_start: cold[cold.len() / 2],
         warm_start: warm[warm.len() / 2],
+        device: runtime.device().to_string(),
+        served_breakdown,
+        plain_batch: plain_time / (options.runs * options.rounds.max(1)).max(1) as u32,
     })
 }

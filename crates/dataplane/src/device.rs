@@ -101,6 +101,26 @@ pub fn discover_gpus() -> Result<Vec<GpuInfo>, String> {
     Ok(gpus)
 }
 
+/// Free and total memory of one GPU now, bytes, as the CUDA driver reports them (what
+/// every process on the GPU holds is counted as used).
+#[cfg(feature = "cuda")]
+pub fn gpu_memory(ordinal: u32) -> Result<(u64, u64), String> {
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err("no CUDA driver library (libcuda) on this machine".into());
+    }
+    let context = std::panic::catch_unwind(|| cudarc::driver::CudaContext::new(ordinal as usize))
+        .map_err(|_| "the CUDA driver failed to initialise".to_string())?
+        .map_err(|e| format!("GPU {ordinal}: {e}"))?;
+    let (free, total) = context.mem_get_info().map_err(|e| format!("GPU {ordinal}: {e}"))?;
+    Ok((free as u64, total as u64))
+}
+
+/// Free and total memory of one GPU; this build has no CUDA support.
+#[cfg(not(feature = "cuda"))]
+pub fn gpu_memory(_ordinal: u32) -> Result<(u64, u64), String> {
+    Err("built without the `cuda` feature".into())
+}
+
 /// The GPUs the CUDA driver can see; this build has no CUDA support.
 #[cfg(not(feature = "cuda"))]
 pub fn discover_gpus() -> Result<Vec<GpuInfo>, String> {
@@ -145,5 +165,112 @@ pub fn choose(preference: DevicePreference) -> DeviceChoice {
     DeviceChoice {
         device: Device::Cuda(wanted),
         reason: format!("{} with {} MiB free of {} MiB", gpu.name, gpu.free_bytes >> 20, gpu.total_bytes >> 20),
+    }
+}
+
+/// How cuDNN picks a convolution algorithm on the GPU (`YARDMASTER_CUDA_CONV_ALGO`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ConvAlgorithmSearch {
+    /// Benchmark every algorithm on the first run of each new input shape: the fastest
+    /// steady state, but that first run is slow (ONNX Runtime's own default).
+    Exhaustive,
+    /// cuDNN's heuristic: no benchmarking, so a new image size costs no first-run stall
+    /// (the default here: a server sees many shapes, and a policy's profile must hold
+    /// from the first request).
+    #[default]
+    Heuristic,
+    /// cuDNN's default algorithm (least workspace memory).
+    Default,
+}
+
+/// How the GPU's memory arena grows (`YARDMASTER_CUDA_ARENA`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ArenaGrowth {
+    /// By what is asked for: a replica holds about what it uses, so the memory a policy
+    /// is told a replica needs is what it takes (the default here).
+    #[default]
+    SameAsRequested,
+    /// In powers of two (ONNX Runtime's own default): fewer allocations, up to twice the
+    /// memory.
+    NextPowerOfTwo,
+}
+
+/// Options of the CUDA execution provider that Yardmaster sets on every GPU session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CudaOptions {
+    /// cuDNN convolution algorithm search.
+    pub conv_algorithm_search: ConvAlgorithmSearch,
+    /// Memory arena growth.
+    pub arena_growth: ArenaGrowth,
+}
+
+impl CudaOptions {
+    /// The options from `YARDMASTER_CUDA_CONV_ALGO` (`exhaustive`, `heuristic`,
+    /// `default`) and `YARDMASTER_CUDA_ARENA` (`same-as-requested`,
+    /// `next-power-of-two`); unset variables keep the defaults, a bad value is an error
+    /// naming the variable.
+    pub fn from_env() -> Result<CudaOptions, String> {
+        let read = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        let mut options = CudaOptions::default();
+        if let Some(raw) = read("YARDMASTER_CUDA_CONV_ALGO") {
+            options.conv_algorithm_search = match raw.as_str() {
+                "exhaustive" => ConvAlgorithmSearch::Exhaustive,
+                "heuristic" => ConvAlgorithmSearch::Heuristic,
+                "default" => ConvAlgorithmSearch::Default,
+                other => return Err(format!("YARDMASTER_CUDA_CONV_ALGO={other:?}: expected exhaustive, heuristic or default")),
+            };
+        }
+        if let Some(raw) = read("YARDMASTER_CUDA_ARENA") {
+            options.arena_growth = match raw.as_str() {
+                "same-as-requested" => ArenaGrowth::SameAsRequested,
+                "next-power-of-two" => ArenaGrowth::NextPowerOfTwo,
+                other => return Err(format!("YARDMASTER_CUDA_ARENA={other:?}: expected same-as-requested or next-power-of-two")),
+            };
+        }
+        Ok(options)
+    }
+}
+
+impl std::fmt::Display for CudaOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let conv = match self.conv_algorithm_search {
+            ConvAlgorithmSearch::Exhaustive => "exhaustive",
+            ConvAlgorithmSearch::Heuristic => "heuristic",
+            ConvAlgorithmSearch::Default => "default",
+        };
+        let arena = match self.arena_growth {
+            ArenaGrowth::SameAsRequested => "same-as-requested",
+            ArenaGrowth::NextPowerOfTwo => "next-power-of-two",
+        };
+        write!(f, "cuDNN conv search {conv}, arena {arena}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn preferences_parse_and_bad_ones_say_what_is_expected() {
+        assert_eq!("auto".parse::<DevicePreference>(), Ok(DevicePreference::Auto));
+        assert_eq!("cuda".parse::<DevicePreference>(), Ok(DevicePreference::Cuda(0)));
+        assert_eq!("cuda:3".parse::<DevicePreference>(), Ok(DevicePreference::Cuda(3)));
+        assert!("gpu".parse::<DevicePreference>().unwrap_err().contains("expected auto, cpu, cuda or cuda:N"));
+    }
+
+    #[test]
+    fn cuda_options_come_from_the_environment_and_refuse_unknown_values() {
+        // One test owns both variables (tests run in threads of one process).
+        std::env::set_var("YARDMASTER_CUDA_CONV_ALGO", "exhaustive");
+        std::env::set_var("YARDMASTER_CUDA_ARENA", "next-power-of-two");
+        let options = CudaOptions::from_env().unwrap();
+        assert_eq!(options.conv_algorithm_search, ConvAlgorithmSearch::Exhaustive);
+        assert_eq!(options.arena_growth, ArenaGrowth::NextPowerOfTwo);
+        std::env::set_var("YARDMASTER_CUDA_CONV_ALGO", "fastest");
+        let error = CudaOptions::from_env().unwrap_err();
+        assert!(error.contains("YARDMASTER_CUDA_CONV_ALGO=\"fastest\""), "{error}");
+        std::env::remove_var("YARDMASTER_CUDA_CONV_ALGO");
+        std::env::remove_var("YARDMASTER_CUDA_ARENA");
+        assert_eq!(CudaOptions::from_env().unwrap(), CudaOptions::default());
     }
 }

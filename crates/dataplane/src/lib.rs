@@ -32,6 +32,6 @@ pub use device::{Device, DevicePreference};
 pub use error::{DataplaneError, Result};
 pub use pool::{ModelCatalog, WorkerPool};
 pub use runtime::{Runtime, RuntimeConfig};
-pub use session::{ModelSession, ModelSpec, StartKind};
+pub use session::{BatchTiming, ModelSession, ModelSpec, StartKind};
 pub use tensor::{ElementType, Tensor};
 pub use worker::{Job, Request, RequestOutput, Worker, WorkerContext, WorkerEvent};

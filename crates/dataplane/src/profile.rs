@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::batch::InputSpec;
 use crate::cache::ModelCache;
+use crate::device::{self, Device};
 use crate::error::{DataplaneError, Result};
 use crate::runtime::Runtime;
 use crate::session::{ModelSession, ModelSpec};
@@ -71,7 +72,15 @@ pub struct ProfileReport {
     pub cold_start_ms: f64,
     /// Median replica start from the host-memory cache, ms.
     pub warm_start_ms: f64,
-    /// Size of the model in the cache (optimised graph and weights), MiB, rounded up.
+    /// Size of the model in the host-memory cache (optimised graph and weights), MiB,
+    /// rounded up.
+    pub cached_mib: u64,
+    /// GPU memory one replica holds once it has run the largest batch (weights, its
+    /// arena, cuDNN/cuBLAS workspaces), MiB, rounded up, as the CUDA driver's free-memory
+    /// figure fell; `None` on the CPU.
+    pub gpu_mib: Option<u64>,
+    /// The memory a replica needs, as the profile tells a policy (`memory_mib`): GPU
+    /// memory on a GPU, the cached model on the CPU.
     pub memory_mib: u64,
 }
 
@@ -145,6 +154,11 @@ pub fn profile(runtime: &Runtime, spec: &ModelSpec, options: &ProfileOptions) ->
         warm.push(ModelSession::start(runtime, &cache, spec, options.threads)?.took);
         memory_bytes = cache.bytes();
     }
+    let gpu_free = |device: Device| match device {
+        Device::Cuda(ordinal) => device::gpu_memory(ordinal).ok().map(|(free, _)| free),
+        Device::Cpu => None,
+    };
+    let free_before = gpu_free(runtime.device());
     let mut session = ModelSession::start(runtime, &ModelCache::default(), spec, options.threads)?.session;
     let shapes = request_shapes(session.inputs(), options.shapes.as_deref())?;
     let mut batches = options.batches.clone();
@@ -175,6 +189,11 @@ pub fn profile(runtime: &Runtime, spec: &ModelSpec, options: &ProfileOptions) ->
             samples: samples.len(),
         });
     }
+    // The session is still alive and has run the largest batch: what the GPU lost since
+    // just before it started is what one replica holds.
+    let gpu_mib = free_before.zip(gpu_free(runtime.device())).map(|(before, after)| before.saturating_sub(after).div_ceil(1 << 20));
+    drop(session);
+    let cached_mib = memory_bytes.div_ceil(1 << 20);
     Ok(ProfileReport {
         spec: spec.clone(),
         device: runtime.device().to_string(),
@@ -183,7 +202,9 @@ pub fn profile(runtime: &Runtime, spec: &ModelSpec, options: &ProfileOptions) ->
         points,
         cold_start_ms: median(cold).as_secs_f64() * 1e3,
         warm_start_ms: median(warm).as_secs_f64() * 1e3,
-        memory_mib: memory_bytes.div_ceil(1 << 20),
+        cached_mib,
+        gpu_mib,
+        memory_mib: gpu_mib.unwrap_or(cached_mib),
     })
 }
 
@@ -234,8 +255,11 @@ impl ProfileReport {
         }
         let _ = writeln!(
             out,
-            "replica start: cold {:.1} ms, warm {:.1} ms; cached model {} MiB",
-            self.cold_start_ms, self.warm_start_ms, self.memory_mib
+            "replica start: cold {:.1} ms, warm {:.1} ms; cached model {} MiB{}",
+            self.cold_start_ms,
+            self.warm_start_ms,
+            self.cached_mib,
+            self.gpu_mib.map(|mib| format!("; GPU memory per replica {mib} MiB")).unwrap_or_default()
         );
         out
     }
@@ -265,7 +289,12 @@ impl ProfileReport {
         let points: Vec<String> = self.points.iter().map(|p| format!("[{}, {:.4}, {:.4}]", p.batch, p.mean_ms, p.p99_ms)).collect();
         let _ = writeln!(out, "# [batch, mean_ms, p99_ms]");
         let _ = writeln!(out, "profile_ms = [{}]", points.join(", "));
-        let _ = writeln!(out, "memory_mib = {}", self.memory_mib);
+        let _ = writeln!(
+            out,
+            "memory_mib = {}  # {}",
+            self.memory_mib,
+            if self.gpu_mib.is_some() { "GPU memory one replica holds" } else { "the model as cached in host memory" }
+        );
         let _ = writeln!(out, "cold_start_ms = {:.3}", self.cold_start_ms);
         let _ = writeln!(out, "warm_start_ms = {:.3}", self.warm_start_ms);
         out

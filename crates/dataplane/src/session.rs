@@ -40,6 +40,30 @@ impl ModelSpec {
     }
 }
 
+/// What the host-memory cache keeps for a warm start (`YARDMASTER_WARM_START`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WarmStart {
+    /// The graph as ONNX Runtime optimised it for this device: a warm start skips the
+    /// optimiser too (`optimized-graph`, the default).
+    #[default]
+    OptimizedGraph,
+    /// The model file's bytes: a warm start skips the disk and optimises again
+    /// (`model`).
+    Model,
+}
+
+impl WarmStart {
+    /// `YARDMASTER_WARM_START` (`optimized-graph` or `model`); unset keeps the default,
+    /// a bad value is an error naming the variable.
+    pub fn from_env() -> std::result::Result<WarmStart, String> {
+        match std::env::var("YARDMASTER_WARM_START").ok().filter(|v| !v.is_empty()).as_deref() {
+            None | Some("optimized-graph") => Ok(WarmStart::OptimizedGraph),
+            Some("model") => Ok(WarmStart::Model),
+            Some(other) => Err(format!("YARDMASTER_WARM_START={other:?}: expected optimized-graph or model")),
+        }
+    }
+}
+
 /// How a session was started.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StartKind {
@@ -63,6 +87,7 @@ pub struct ModelSession {
     device: Device,
     /// Fill value for padded batch elements.
     pub pad_value: f32,
+    last_timing: BatchTiming,
 }
 
 impl std::fmt::Debug for ModelSession {
@@ -106,6 +131,12 @@ impl ModelSession {
 
     fn cold(runtime: &Runtime, cache: &ModelCache, key: CacheKey, spec: &ModelSpec, threads: usize) -> Result<ModelSession> {
         let bytes = read(&spec.path)?;
+        if runtime.warm_start() == WarmStart::Model {
+            let session =
+                builder(runtime, threads, GraphOptimizationLevel::All)?.commit_from_memory(&bytes).map_err(|e| load_error(spec, e))?;
+            cache.insert(key, CachedModel { bytes: bytes.into(), optimized: false });
+            return Self::wrap(session, spec, threads, runtime.device());
+        }
         static COLD_STARTS: AtomicU64 = AtomicU64::new(0);
         let optimized_path = std::env::temp_dir().join(format!(
             "yardmaster-optimized-{}-{}-{}.onnx",
@@ -115,12 +146,21 @@ impl ModelSession {
         ));
         // ONNX Runtime warns that a graph saved after layout optimisation is tied to this
         // machine; the cache lives in this process only, so that is what is wanted.
-        let mut builder = builder(runtime, threads, GraphOptimizationLevel::All)?
+        let mut saving = builder(runtime, threads, GraphOptimizationLevel::All)?
             .with_optimized_model_path(&optimized_path)
             .map_err(DataplaneError::ort)?
             .with_log_level(ort::logging::LogLevel::Error)
             .map_err(DataplaneError::ort)?;
-        let session = builder.commit_from_memory(&bytes).map_err(|e| load_error(spec, e))?;
+        let session = match saving.commit_from_memory(&bytes) {
+            Ok(session) => session,
+            // An execution provider may refuse to write its optimised graph (nodes it
+            // compiled cannot be saved): start without it, and the cache keeps the file.
+            Err(error) => {
+                tracing::debug!("model {}: optimised graph not saved ({error}); caching the file instead", spec.key);
+                let _ = std::fs::remove_file(&optimized_path);
+                builder(runtime, threads, GraphOptimizationLevel::All)?.commit_from_memory(&bytes).map_err(|e| load_error(spec, e))?
+            }
+        };
         let cached = match std::fs::read(&optimized_path) {
             Ok(optimized) => CachedModel { bytes: optimized.into(), optimized: true },
             Err(_) => CachedModel { bytes: bytes.into(), optimized: false },
@@ -175,7 +215,18 @@ impl ModelSession {
             outputs.push(output.name().to_string());
             output_types.push(element);
         }
-        Ok(ModelSession { session, spec: spec.clone(), inputs, input_types, outputs, output_types, threads, device, pad_value: 0.0 })
+        Ok(ModelSession {
+            session,
+            spec: spec.clone(),
+            inputs,
+            input_types,
+            outputs,
+            output_types,
+            threads,
+            device,
+            pad_value: 0.0,
+            last_timing: BatchTiming::default(),
+        })
     }
 
     /// The element type of each input, in the order of [`ModelSession::inputs`].
@@ -222,28 +273,50 @@ impl ModelSession {
     /// With `options`, the run stops early when they are terminated
     /// ([`DataplaneError::Aborted`]).
     pub fn run(&mut self, inputs: &[Tensor], options: Option<&RunOptions>) -> Result<Vec<Tensor>> {
-        self.run_with(inputs, options, |shape, data| Ok(Tensor { shape: shape.to_vec(), data: data.to_vec() }))
+        let views: Vec<(Vec<usize>, &[f32])> = inputs.iter().map(|t| (t.shape.clone(), t.data.as_slice())).collect();
+        self.run_with(&views, options, |shape, data| Ok(Tensor { shape: shape.to_vec(), data: data.to_vec() }))
     }
 
     /// Run a batch of requests (each one tensor per input, without batch dimension):
-    /// stack, run, split. Returns each request's outputs, in order.
+    /// stack, run, split. Returns each request's outputs, in order. A batch of one runs
+    /// on views of the request's own tensors (no stacking copy); outputs are split
+    /// straight from ONNX Runtime's buffers (one copy per request).
     pub fn run_batch(&mut self, requests: &[&[Tensor]], options: Option<&RunOptions>) -> Result<Vec<Vec<Tensor>>> {
-        let stacked = batch::stack(&self.inputs, requests, self.pad_value)?;
-        let n = stacked.batch;
-        // Split straight from ONNX Runtime's output buffers (one copy per request).
-        let per_output = self.run_with(&stacked.inputs, options, |shape, data| batch::split_slice(shape, data, n))?;
+        let begin = Instant::now();
+        let stacked;
+        let views: Vec<(Vec<usize>, &[f32])> = if let [request] = requests {
+            batch::single(&self.inputs, request)?
+        } else {
+            stacked = batch::stack(&self.inputs, requests, self.pad_value)?;
+            stacked.inputs.iter().map(|t| (t.shape.clone(), t.data.as_slice())).collect()
+        };
+        let n = requests.len();
+        let stacked_at = Instant::now();
+        let mut ran_at = None;
+        let per_output = self.run_with(&views, options, |shape, data| {
+            ran_at.get_or_insert_with(Instant::now);
+            batch::split_slice(shape, data, n)
+        })?;
         let mut per_request: Vec<Vec<Tensor>> = (0..n).map(|_| Vec::with_capacity(per_output.len())).collect();
         for output in per_output {
             for (request, tensor) in per_request.iter_mut().zip(output) {
                 request.push(tensor);
             }
         }
+        let done = Instant::now();
+        let ran_at = ran_at.unwrap_or(done);
+        self.last_timing = BatchTiming { stack: stacked_at - begin, run: ran_at - stacked_at, split: done - ran_at };
         Ok(per_request)
+    }
+
+    /// Where the last [`ModelSession::run_batch`] spent its time.
+    pub fn last_timing(&self) -> BatchTiming {
+        self.last_timing
     }
 
     fn run_with<T>(
         &mut self,
-        inputs: &[Tensor],
+        inputs: &[(Vec<usize>, &[f32])],
         options: Option<&RunOptions>,
         mut take: impl FnMut(&[usize], &[f32]) -> Result<T>,
     ) -> Result<Vec<T>> {
@@ -251,8 +324,8 @@ impl ModelSession {
             return Err(DataplaneError::Invalid(format!("{} inputs given, the model takes {}", inputs.len(), self.inputs.len())));
         }
         let mut values: Vec<(&str, SessionInputValue<'_>)> = Vec::with_capacity(inputs.len());
-        for ((spec, &element), tensor) in self.inputs.iter().zip(&self.input_types).zip(inputs) {
-            values.push((spec.name.as_str(), input_value(element, tensor)?));
+        for ((spec, &element), (shape, data)) in self.inputs.iter().zip(&self.input_types).zip(inputs) {
+            values.push((spec.name.as_str(), input_value(element, shape, data)?));
         }
         let result = match options {
             Some(options) => self.session.run_with_options(values, options),
@@ -270,6 +343,19 @@ impl ModelSession {
         }
         Ok(taken)
     }
+}
+
+/// Where one batch's time went: stacking the requests' inputs, ONNX Runtime's `Run`
+/// (with the device copies it makes), and splitting the outputs per request (the first
+/// output's split is counted here, the rest too).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchTiming {
+    /// Checking and stacking the inputs.
+    pub stack: Duration,
+    /// ONNX Runtime's `Run`, until the first output is read.
+    pub run: Duration,
+    /// Copying the outputs out, per request.
+    pub split: Duration,
 }
 
 /// The data plane's element type for one of ONNX Runtime's, if it feeds that type.
@@ -290,24 +376,25 @@ fn element_type(ty: TensorElementType) -> Option<ElementType> {
 
 /// One input as ONNX Runtime takes it: a view of the `f32` data, or a copy cast to the
 /// model's element type.
-fn input_value(element: ElementType, tensor: &Tensor) -> Result<SessionInputValue<'_>> {
+fn input_value<'a>(element: ElementType, shape: &[usize], data: &'a [f32]) -> Result<SessionInputValue<'a>> {
     fn owned<T: ort::value::PrimitiveTensorElementType + std::fmt::Debug + Clone + 'static>(
-        tensor: &Tensor,
+        shape: &[usize],
+        data: &[f32],
         cast: impl Fn(f32) -> T,
     ) -> Result<SessionInputValue<'static>> {
-        let data: Vec<T> = tensor.data.iter().map(|&v| cast(v)).collect();
-        Ok(ort::value::Tensor::from_array((tensor.shape.clone(), data)).map_err(DataplaneError::ort)?.into())
+        let data: Vec<T> = data.iter().map(|&v| cast(v)).collect();
+        Ok(ort::value::Tensor::from_array((shape.to_vec(), data)).map_err(DataplaneError::ort)?.into())
     }
     Ok(match element {
-        ElementType::F32 => TensorRef::from_array_view((tensor.shape.clone(), tensor.data.as_slice())).map_err(DataplaneError::ort)?.into(),
-        ElementType::I8 => owned(tensor, |v| v as i8)?,
-        ElementType::I16 => owned(tensor, |v| v as i16)?,
-        ElementType::I32 => owned(tensor, |v| v as i32)?,
-        ElementType::I64 => owned(tensor, |v| v as i64)?,
-        ElementType::U8 => owned(tensor, |v| v as u8)?,
-        ElementType::U16 => owned(tensor, |v| v as u16)?,
-        ElementType::U32 => owned(tensor, |v| v as u32)?,
-        ElementType::Bool => owned(tensor, |v| v != 0.0)?,
+        ElementType::F32 => TensorRef::from_array_view((shape.to_vec(), data)).map_err(DataplaneError::ort)?.into(),
+        ElementType::I8 => owned(shape, data, |v| v as i8)?,
+        ElementType::I16 => owned(shape, data, |v| v as i16)?,
+        ElementType::I32 => owned(shape, data, |v| v as i32)?,
+        ElementType::I64 => owned(shape, data, |v| v as i64)?,
+        ElementType::U8 => owned(shape, data, |v| v as u8)?,
+        ElementType::U16 => owned(shape, data, |v| v as u16)?,
+        ElementType::U32 => owned(shape, data, |v| v as u32)?,
+        ElementType::Bool => owned(shape, data, |v| v != 0.0)?,
     })
 }
 
@@ -349,24 +436,43 @@ fn builder(runtime: &Runtime, threads: usize, level: GraphOptimizationLevel) -> 
     if threads > 0 {
         builder = builder.with_intra_threads(threads).map_err(DataplaneError::ort)?;
     }
-    register_device(builder, runtime.device())
+    register_device(builder, runtime)
 }
 
-/// Add the execution provider of `device` to a session being built (nothing for the
-/// CPU, and nothing in a build without the `cuda` feature).
+/// Add the execution provider of the runtime's device to a session being built, with
+/// the runtime's CUDA options on a GPU (nothing for the CPU, and nothing in a build
+/// without the `cuda` feature).
 #[cfg(feature = "cuda")]
-pub(crate) fn register_device(builder: SessionBuilder, device: Device) -> Result<SessionBuilder> {
-    match device {
+pub(crate) fn register_device(builder: SessionBuilder, runtime: &Runtime) -> Result<SessionBuilder> {
+    use crate::device::{ArenaGrowth, ConvAlgorithmSearch};
+    use ort::ep::{cuda, ArenaExtendStrategy};
+    match runtime.device() {
         Device::Cpu => Ok(builder),
-        Device::Cuda(ordinal) => builder
-            .with_execution_providers([ort::ep::CUDA::default().with_device_id(ordinal as i32).build().error_on_failure()])
-            .map_err(DataplaneError::ort),
+        Device::Cuda(ordinal) => {
+            let options = runtime.cuda_options();
+            let search = match options.conv_algorithm_search {
+                ConvAlgorithmSearch::Exhaustive => cuda::ConvAlgorithmSearch::Exhaustive,
+                ConvAlgorithmSearch::Heuristic => cuda::ConvAlgorithmSearch::Heuristic,
+                ConvAlgorithmSearch::Default => cuda::ConvAlgorithmSearch::Default,
+            };
+            let arena = match options.arena_growth {
+                ArenaGrowth::SameAsRequested => ArenaExtendStrategy::SameAsRequested,
+                ArenaGrowth::NextPowerOfTwo => ArenaExtendStrategy::NextPowerOfTwo,
+            };
+            let provider = ort::ep::CUDA::default()
+                .with_device_id(ordinal as i32)
+                .with_conv_algorithm_search(search)
+                .with_arena_extend_strategy(arena)
+                .build()
+                .error_on_failure();
+            builder.with_execution_providers([provider]).map_err(DataplaneError::ort)
+        }
     }
 }
 
-/// Add the execution provider of `device` (the CPU's: nothing to add).
+/// Add the execution provider of the runtime's device (the CPU's: nothing to add).
 #[cfg(not(feature = "cuda"))]
-pub(crate) fn register_device(builder: SessionBuilder, _device: Device) -> Result<SessionBuilder> {
+pub(crate) fn register_device(builder: SessionBuilder, _runtime: &Runtime) -> Result<SessionBuilder> {
     Ok(builder)
 }
 

@@ -35,7 +35,7 @@
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::mpsc::Receiver;
+use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -348,11 +348,14 @@ impl OnnxExecutor {
             watchdog: Mutex::new(WatchdogConfig::default()),
             replaced: Mutex::default(),
         });
+        let finishers = start_finishers(&shared);
         let mut groups = Vec::with_capacity(placements.len());
         for (index, placement) in placements.into_iter().enumerate() {
             let pump_shared = Arc::clone(&shared);
             let events = placement.events;
-            let spawned = std::thread::Builder::new().name(format!("yardmaster-pump-{index}")).spawn(move || pump(&pump_shared, events));
+            let finishers = finishers.clone();
+            let spawned =
+                std::thread::Builder::new().name(format!("yardmaster-pump-{index}")).spawn(move || pump(&pump_shared, events, &finishers));
             if let Err(error) = spawned {
                 tracing::error!("starting the event pump of worker group {index}: {error}; its workers' results will not arrive");
             }
@@ -618,8 +621,47 @@ fn start_failure(worker: u32, error: &str) -> String {
     format!("worker {worker} could not start: {error}")
 }
 
-/// The event pump of one placement: runs until every sender of `events` is gone.
-fn pump(shared: &Shared, events: Receiver<WorkerEvent>) {
+/// A finished job whose outputs are still to be folded into its requests.
+struct Finishing {
+    record: JobRecord,
+    worker: u32,
+    outputs: Result<Vec<Vec<Tensor>>, String>,
+    duration: u64,
+}
+
+/// Threads that fold finished jobs' outputs into their requests (a stage's
+/// post-processing and the next stage's pre-processing: for PP-OCR, box finding, crops
+/// and resizing) and report the jobs to the engine. Jobs of all workers are folded in
+/// parallel, so a fast device is not held back by one thread doing every request's CPU
+/// work; one per core, at most 8. They end when every pump has ended.
+fn start_finishers(shared: &Arc<Shared>) -> mpsc::Sender<Finishing> {
+    let (sender, receiver) = mpsc::channel::<Finishing>();
+    let receiver = Arc::new(Mutex::new(receiver));
+    let count = std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(2, 8);
+    for index in 0..count {
+        let (shared, receiver) = (Arc::clone(shared), Arc::clone(&receiver));
+        let spawned =
+            std::thread::Builder::new().name(format!("yardmaster-finish-{index}")).spawn(move || loop {
+                let Ok(Finishing { record, worker, outputs, duration }) = lock(&receiver).recv() else { return };
+                let ids: Vec<u64> = record.shares.iter().map(|s| s.id).chain(record.refused.iter().map(|(id, _)| *id)).collect();
+                let (stage, begin) = (record.stage, Instant::now());
+                let result = guarded("finishing a job", || Ok(shared.finish(record, outputs, duration))).unwrap_or_else(|error| {
+                    JobResult { worker, duration, items: ids.iter().map(|&id| item(id, Some(error.clone()))).collect() }
+                });
+                tracing::debug!(stage, requests = ids.len(), fold_ms = begin.elapsed().as_secs_f64() * 1e3, "job folded");
+                shared.report(result);
+            });
+        if let Err(error) = spawned {
+            tracing::error!("starting finisher thread {index}: {error}");
+        }
+    }
+    sender
+}
+
+/// The event pump of one placement: runs until every sender of `events` is gone. A
+/// finished job is claimed here, in the order of the worker's events, and folded by the
+/// finishers.
+fn pump(shared: &Shared, events: Receiver<WorkerEvent>, finishers: &mpsc::Sender<Finishing>) {
     while let Ok(event) = events.recv() {
         match event {
             WorkerEvent::Ready { worker, model, kind, took } => {
@@ -639,14 +681,21 @@ fn pump(shared: &Shared, events: Receiver<WorkerEvent>) {
             }
             WorkerEvent::Finished { worker, job, duration, result } => {
                 let Some(record) = shared.claim(job) else { continue };
-                let ids: Vec<u64> = record.shares.iter().map(|s| s.id).chain(record.refused.iter().map(|(id, _)| *id)).collect();
+                tracing::debug!(
+                    worker,
+                    job,
+                    stage = record.stage,
+                    requests = record.shares.len(),
+                    duration_ms = duration.as_secs_f64() * 1e3,
+                    "job finished"
+                );
                 let outputs =
                     result.map(|outputs| outputs.into_iter().map(|o| o.outputs).collect()).map_err(|e| format!("worker {worker}: {e}"));
-                let duration = duration.as_nanos() as u64;
-                let result = guarded("finishing a job", || Ok(shared.finish(record, outputs, duration))).unwrap_or_else(|error| {
-                    JobResult { worker, duration, items: ids.iter().map(|&id| item(id, Some(error.clone()))).collect() }
-                });
-                shared.report(result);
+                let finishing = Finishing { record, worker, outputs, duration: duration.as_nanos() as u64 };
+                if let Err(mpsc::SendError(Finishing { record, .. })) = finishers.send(finishing) {
+                    // No finisher thread could start: fail the job rather than lose it.
+                    shared.report(record.failed("the server could not fold the job's outputs (no finisher thread)"));
+                }
             }
             WorkerEvent::Aborted { .. } => {}
             WorkerEvent::Reconfigured { worker, model, threads, took } => {

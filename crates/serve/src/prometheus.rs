@@ -288,6 +288,31 @@ pub fn render_arms<C: Clock, X: Executor>(arms: &Arms<C, X>) -> String {
     out.finish()
 }
 
+/// The GPU's memory as the CUDA driver reports it (read through `cudarc` in this
+/// process, so no second CUDA context is made): `yardmaster_gpu_memory_used_bytes` and
+/// `yardmaster_gpu_memory_total_bytes`, labelled by GPU; nothing when the data plane
+/// runs on the CPU.
+pub fn render_gpu_memory(device: yardmaster_dataplane::Device) -> String {
+    let yardmaster_dataplane::Device::Cuda(ordinal) = device else { return String::new() };
+    let mut out = Exposition::new();
+    let gpu = ordinal.to_string();
+    match yardmaster_dataplane::device::gpu_memory(ordinal) {
+        Ok((free, total)) => {
+            let labels = [("gpu", gpu.as_str())];
+            out.sample(
+                "yardmaster_gpu_memory_used_bytes",
+                "gauge",
+                "GPU memory in use (every process on the GPU), bytes.",
+                &labels,
+                total.saturating_sub(free) as f64,
+            );
+            out.sample("yardmaster_gpu_memory_total_bytes", "gauge", "GPU memory in all, bytes.", &labels, total as f64);
+            out.finish()
+        }
+        Err(why) => format!("# GPU {gpu} memory unavailable: {why}\n"),
+    }
+}
+
 fn render_one<C: Clock, X: Executor>(out: &mut Exposition, engine: &Engine<C, X>, arm: &str) {
     let state = engine.state();
     let summary = engine.accounting().summary(state.now());

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{anyhow, Context, Result};
+use yardmaster_dataplane::ocr::OcrModels;
 use yardmaster_dataplane::{ModelCache, ModelCatalog, Runtime, RuntimeConfig, WorkerContext};
 
 use super::ab::Arms;
@@ -89,8 +90,12 @@ impl Server {
             handle.capture(Some(recorder)).map_err(|e| anyhow!(e))?;
         }
         let metrics_handle = handle.clone();
-        let renderer: MetricsRenderer =
-            Arc::new(move || metrics_handle.inspect_arms(prometheus::render_arms).unwrap_or_else(|e| format!("# {e}\n")));
+        let gpu = ort.device();
+        let renderer: MetricsRenderer = Arc::new(move || {
+            let mut text = metrics_handle.inspect_arms(prometheus::render_arms).unwrap_or_else(|e| format!("# {e}\n"));
+            text.push_str(&prometheus::render_gpu_memory(gpu));
+            text
+        });
         let api = Arc::new(
             Api::new(Arc::new(backend))
                 .with_metrics(renderer)
@@ -234,9 +239,21 @@ pub fn served_pipeline(name: &str, context: &WorkerContext) -> Result<ServedPipe
     match name {
         "ocr" => ServedPipeline::ocr(context),
         "tiny" => ServedPipeline::tiny_in_assets(),
-        other => Err(format!("pipeline {other:?} cannot be served here: this server knows `ocr` (PP-OCR) and `tiny` (`llm-tiny` is served by `LlmServer`, which `yardmaster serve --pipeline llm-tiny` starts)")),
+        file if file.ends_with(".toml") => ocr_pipeline_file(file, context),
+        other => Err(format!("pipeline {other:?} cannot be served here: this server knows `ocr` (PP-OCR), `tiny`, and a PP-OCR pipeline file (`.toml` with stages det, cls, rec) (`llm-tiny` is served by `LlmServer`, which `yardmaster serve --pipeline llm-tiny` starts)")),
     }
     .map_err(|e| anyhow!(e))
+}
+
+/// The PP-OCR pipeline with the operator's own stage settings and profiles (e.g.
+/// measured on this machine's GPU with `yardmaster profile`): a pipeline file whose
+/// stages are `det`, `cls` and `rec`.
+fn ocr_pipeline_file(file: &str, context: &WorkerContext) -> std::result::Result<ServedPipeline, String> {
+    let text = std::fs::read_to_string(file).map_err(|e| format!("reading the pipeline file {file}: {e}"))?;
+    let pipeline = yardmaster_formats::pipeline::from_toml(&text, file).map_err(|e| e.to_string())?;
+    let models = OcrModels::from_assets().map_err(|e| e.to_string())?;
+    ServedPipeline::ocr_with(pipeline, models, context)
+        .map_err(|e| format!("pipeline file {file}: {e} (a pipeline file is served as PP-OCR: stages det, cls, rec)"))
 }
 
 /// A shipped policy by name, or a `.wasm` file (refused with the reason when it is not

@@ -326,3 +326,32 @@ fn a_client_that_goes_away_cancels_its_request() {
     }
     actor.shutdown("test over");
 }
+
+#[test]
+fn a_pipeline_file_serves_pp_ocr_with_its_own_profiles_and_refuses_other_stages() {
+    let scratch = Scratch::new("pipeline-file");
+    std::fs::create_dir_all(&scratch.0).unwrap();
+    let context = context();
+    // The preset with the detector's profile of another machine (as scripts/gpu-check.sh
+    // writes one from `yardmaster profile` on a GPU).
+    let preset = yardmaster_formats::presets::OCR_PRESET;
+    let measured = preset.replace(
+        "profile_ms = [[1, 160.4, 191.7], [2, 336.0, 486.4], [4, 737.6, 923.7]]",
+        "profile_ms = [[1, 4.0, 5.0], [2, 6.0, 7.5], [4, 10.0, 12.0], [8, 18.0, 21.0]]",
+    );
+    assert_ne!(measured, preset, "the preset's detector profile changed: update this test");
+    let file = scratch.0.join("ocr-measured.toml");
+    std::fs::write(&file, measured.replace("max_batch = 4", "max_batch = 8")).unwrap();
+    let served = yardmaster::serve::server::served_pipeline(file.to_str().unwrap(), &context).unwrap_or_else(|e| panic!("{e}"));
+    let det = &served.pipeline.stages[0];
+    assert_eq!((det.name.as_str(), det.max_batch), ("det", 8));
+    assert_eq!(det.variants[0].profile.mean(8), 18_000_000, "the file's own points, in nanoseconds");
+    assert_eq!(served.models[0].name, "ocr");
+
+    let other = scratch.0.join("other.toml");
+    std::fs::write(&other, preset.replace("name = \"det\"", "name = \"detect\"").replace("\"det\"", "\"detect\"")).unwrap();
+    let error = yardmaster::serve::server::served_pipeline(other.to_str().unwrap(), &context).unwrap_err().to_string();
+    assert!(error.contains("stage \"detect\" is not an OCR stage") && error.contains("other.toml"), "{error}");
+    let missing = yardmaster::serve::server::served_pipeline("/nonexistent/ocr.toml", &context).unwrap_err().to_string();
+    assert!(missing.contains("reading the pipeline file /nonexistent/ocr.toml"), "{missing}");
+}

@@ -109,7 +109,7 @@ impl DecoderSession {
         if threads > 0 {
             builder = builder.with_intra_threads(threads).map_err(DataplaneError::ort)?;
         }
-        builder = register_device(builder, runtime.device())?;
+        builder = register_device(builder, runtime)?;
         let session = builder.commit_from_file(path).map_err(load_error)?;
         let described = session.metadata().map_err(DataplaneError::ort)?.custom(METADATA_KEY);
         let found = described.as_deref().map(DecoderConfig::parse).transpose()?;

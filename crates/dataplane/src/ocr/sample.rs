@@ -7,15 +7,25 @@ use ab_glyph::{Font, FontVec, PxScale, ScaleFont};
 use super::image::RgbImage;
 use crate::error::{DataplaneError, Result};
 
-/// The font rendered with.
+/// The font rendered with, unless `YARDMASTER_FONT` names another file.
 pub const FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
+
+/// The font file to render with: `YARDMASTER_FONT`, else [`FONT`].
+pub fn font_path() -> std::path::PathBuf {
+    std::env::var_os("YARDMASTER_FONT").filter(|v| !v.is_empty()).map_or_else(|| FONT.into(), Into::into)
+}
 
 /// `lines` rendered in black on white, `px` pixels high, starting at (`left`, `top`),
 /// one line every `1.8 * px` pixels, in an image of `width` × `height`.
 pub fn render_text(lines: &[&str], px: f32, width: usize, height: usize, left: f32, top: f32) -> Result<RgbImage> {
-    let bytes =
-        std::fs::read(FONT).map_err(|e| DataplaneError::Invalid(format!("{FONT}: {e} (scripts/setup.sh installs fonts-dejavu-core)")))?;
-    let font = FontVec::try_from_vec(bytes).map_err(|e| DataplaneError::Invalid(format!("{FONT}: {e}")))?;
+    let path = font_path();
+    let bytes = std::fs::read(&path).map_err(|e| {
+        DataplaneError::Invalid(format!(
+            "{}: {e} (scripts/setup.sh installs fonts-dejavu-core; YARDMASTER_FONT names another font file)",
+            path.display()
+        ))
+    })?;
+    let font = FontVec::try_from_vec(bytes).map_err(|e| DataplaneError::Invalid(format!("{}: {e}", path.display())))?;
     let scaled = font.as_scaled(PxScale::from(px));
     let mut image = RgbImage::filled(width, height, [255, 255, 255]);
     for (n, line) in lines.iter().enumerate() {

@@ -77,8 +77,12 @@ impl LlmServer {
         let (actor, service) = LlmStack::start(served, policy, options).map_err(|e| anyhow!(e))?;
         let handle = service.handle().clone();
         let metrics_handle = handle.clone();
-        let renderer: MetricsRenderer =
-            Arc::new(move || metrics_handle.inspect_arms(prometheus::render_arms).unwrap_or_else(|e| format!("# {e}\n")));
+        let gpu = ort.device();
+        let renderer: MetricsRenderer = Arc::new(move || {
+            let mut text = metrics_handle.inspect_arms(prometheus::render_arms).unwrap_or_else(|e| format!("# {e}\n"));
+            text.push_str(&prometheus::render_gpu_memory(gpu));
+            text
+        });
         let backend = LlmBackend::new(service, &streams);
         let api = Arc::new(
             Api::new(Arc::new(backend))
