@@ -4,7 +4,7 @@
 # the parts scripts/gpu-pack.sh prepared, and writes every result into one folder.
 #
 #   bash scripts/gpu-check.sh --parts DIR --out DIR [--expect cuda|cpu] [--quick] [--budget S]
-#                             [--experiments]
+#                             [--experiments] [--stacking] [--skip 'GLOB…']
 #
 # Steps (each under a time limit; one failing does not stop the others):
 #   unpack    reassemble the parts, check every SHA-256, decompress
@@ -17,7 +17,9 @@
 #             Runtime CUDA Run loop, recogniser at batch 1, 24 (the pipeline's largest)
 #             and 64, detector at 1 and 8 (the pipeline's largest); with --experiments
 #             also the provider's options against the defaults (arena growth, what a
-#             warm start keeps, cuDNN's convolution search)
+#             warm start keeps, cuDNN's convolution search) and batches stacked in
+#             host memory against the default of stacking on the device (--stacking
+#             runs only that comparison)
 #   profile-* `yardmaster profile` of each PP-OCR model on the GPU
 #   serve     `yardmaster serve` (the OCR pipeline, with the profiles just measured)
 #             under `yardmaster load` of rendered three-line pages at two rates
@@ -29,10 +31,12 @@
 # measurement (for the dry run on a small machine). --budget (default 480 s) caps the
 # whole run: a step gets at most what is left of it, and steps are skipped once it is
 # spent, so the summary and results are written before the machine's own limit.
+# --skip leaves out the steps whose names match any of its globs (e.g. 'tests bench-*'
+# for a run that only profiles and serves).
 # Results: OUT/summary.txt (PASS/FAIL per step with its key line) and
 # OUT/results.tar.gz (every log, profile and metrics scrape).
 set -uo pipefail
-parts="" out="" expect=cuda quick=0 budget=480 experiments=0
+parts="" out="" expect=cuda quick=0 budget=480 experiments=0 stacking=0 skip=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --parts) parts=$2; shift 2 ;;
@@ -40,7 +44,9 @@ while [ $# -gt 0 ]; do
         --expect) expect=$2; shift 2 ;;
         --quick) quick=1; shift ;;
         --experiments) experiments=1; shift ;;
+        --stacking) stacking=1; shift ;;
         --budget) budget=$2; shift 2 ;;
+        --skip) skip=$2; shift 2 ;;
         -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
         *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -63,7 +69,12 @@ record() { # record STATUS STEP LINE
 step() { # step NAME SECONDS COMMAND…: run, log to results/NAME.log, record PASS/FAIL
     local name=$1 limit=$2; shift 2
     local log=$results/$name.log t0=$(date +%s)
-    local left=$(( budget - (t0 - began) - 15 ))
+    local left=$(( budget - (t0 - began) - 15 )) pattern patterns
+    read -ra patterns <<<"$skip" # split on spaces, without expanding the globs
+    for pattern in "${patterns[@]}"; do
+        # shellcheck disable=SC2254 # the pattern is a glob on purpose
+        case "$name" in $pattern) record SKIP "$name" "--skip $pattern"; return 1 ;; esac
+    done
     if [ $left -lt 10 ]; then record SKIP "$name" "the ${budget}s budget is spent"; return 1; fi
     [ "$limit" -gt "$left" ] && limit=$left
     printf '\n===== %s (limit %ss)\n' "$name" "$limit"
@@ -189,6 +200,14 @@ if [ $experiments = 1 ]; then
     step bench-det-b8-exhaustive 60 env YARDMASTER_CUDA_CONV_ALGO=exhaustive \
         "$bin/yardmaster" dataplane bench --model "$det" --shape 3x736x736 --batch 8 $large --device "$expect"
 fi
+if [ $experiments = 1 ] || [ $stacking = 1 ]; then
+    # Batches stacked in host memory (ONNX Runtime copies them) against the default of
+    # copying each request straight into device memory.
+    step bench-rec-b$big-stack-host 60 env YARDMASTER_CUDA_STACK=host \
+        "$bin/yardmaster" dataplane bench --model "$rec" --shape 3x48x320 --batch $big $large --device "$expect"
+    step bench-det-b8-stack-host 60 env YARDMASTER_CUDA_STACK=host \
+        "$bin/yardmaster" dataplane bench --model "$det" --shape 3x736x736 --batch 8 $large --device "$expect"
+fi
 
 # --- profiles of the PP-OCR models on the device ----------------------------------------------
 mkdir -p "$results/profiles"
@@ -288,7 +307,16 @@ for stage in sorted(set(runs) | set(folds)):
             mean_n = sum(n for n, _ in rows) / len(rows)
             mean_ms = sum(ms for _, ms in rows) / len(rows)
             print(f"stage {stage} {name}: {len(rows)} jobs, {mean_n:.1f} requests each, mean {mean_ms:.2f} ms, max {max(ms for _, ms in rows):.2f} ms")
+# Per batch size: a job whose size differs from the one before may pay for new plans
+# (ONNX Runtime's CUDA convolutions re-plan on a shape change), so show each size.
+for stage in sorted(runs):
+    sizes = collections.defaultdict(list)
+    for n, ms in runs[stage]:
+        sizes[n].append(ms)
+    print(f"stage {stage} by batch: " + ", ".join(
+        f"{n}: {len(v)}× median {sorted(v)[len(v) // 2]:.1f} ms" for n, v in sorted(sizes.items())))
 PY
+    grep -E "worker ready|worker failed|scal" "$results/server.log" | sed 's/\x1b\[[0-9;]*m//g' | cut -c1-200
     return $rc
 }
 export rates span

@@ -64,6 +64,10 @@ pub struct BenchReport {
     pub served_breakdown: BatchTiming,
     /// The plain loop's mean time per batch.
     pub plain_batch: Duration,
+    /// The served side's mean time per batch, handing the job over to the result back.
+    pub served_batch: Duration,
+    /// Of that, the mean time the worker spent in the batch itself (as it reports it).
+    pub worker_batch: Duration,
 }
 
 impl BenchReport {
@@ -75,13 +79,15 @@ impl BenchReport {
     /// A human-readable summary.
     pub fn render(&self) -> String {
         format!(
-            "{}, batch {}: plain ONNX Runtime Run loop {:.1} req/s, served through a worker {:.1} req/s, ratio {:.3} (per round {:?})\nserved batch: stack {:.3} ms, Run {:.3} ms, split {:.3} ms; plain Run {:.3} ms\nreplica start: cold {:.1} ms, warm {:.1} ms ({:.1}x faster)\n",
+            "{}, batch {}: plain ONNX Runtime Run loop {:.1} req/s, served through a worker {:.1} req/s, ratio {:.3} (per round {:?})\nserved batch: {:.3} ms round trip, {:.3} ms in the worker (on this thread: stack {:.3} ms, Run {:.3} ms, split {:.3} ms); plain Run {:.3} ms\nreplica start: cold {:.1} ms, warm {:.1} ms ({:.1}x faster)\n",
             self.device,
             self.batch,
             self.plain_rps,
             self.served_rps,
             self.ratio(),
             self.round_ratios.iter().map(|r| (r * 1000.0).round() / 1000.0).collect::<Vec<_>>(),
+            self.served_batch.as_secs_f64() * 1e3,
+            self.worker_batch.as_secs_f64() * 1e3,
             self.served_breakdown.stack.as_secs_f64() * 1e3,
             self.served_breakdown.run.as_secs_f64() * 1e3,
             self.served_breakdown.split.as_secs_f64() * 1e3,
@@ -153,10 +159,14 @@ pub fn served_vs_plain(runtime: &Arc<Runtime>, spec: &ModelSpec, options: &Bench
             requests: requests.iter().enumerate().map(|(i, inputs)| Request { id: i as u64, inputs: inputs.clone() }).collect(),
         })
         .collect();
+    let in_worker = std::cell::Cell::new(Duration::ZERO);
     let serve = |job: Job| -> Result<()> {
         worker.start(job)?;
         match events.recv().map_err(|_| DataplaneError::WorkerGone(0))? {
-            WorkerEvent::Finished { result, .. } => result.map(|_| ()),
+            WorkerEvent::Finished { result, duration, .. } => {
+                in_worker.set(in_worker.get() + duration);
+                result.map(|_| ())
+            }
             other => Err(DataplaneError::Invalid(format!("unexpected {other:?}"))),
         }
     };
@@ -165,6 +175,7 @@ pub fn served_vs_plain(runtime: &Arc<Runtime>, spec: &ModelSpec, options: &Bench
         plain_run()?;
         serve(jobs[0].clone())?;
     }
+    in_worker.set(Duration::ZERO);
     let (mut plain_time, mut served_time) = (Duration::ZERO, Duration::ZERO);
     let mut round_ratios = Vec::new();
     for _ in 0..options.rounds.max(1) {
@@ -201,6 +212,7 @@ pub fn served_vs_plain(runtime: &Arc<Runtime>, spec: &ModelSpec, options: &Bench
     let runs = options.runs.max(1) as u32;
     let served_breakdown = BatchTiming { stack: sum.stack / runs, run: sum.run / runs, split: sum.split / runs };
     let requests_done = (options.runs * options.rounds.max(1) * options.batch) as f64;
+    let batches = (options.runs * options.rounds.max(1)).max(1) as u32;
     Ok(BenchReport {
         batch: options.batch,
         plain_rps: requests_done / plain_time.as_secs_f64(),
@@ -210,6 +222,8 @@ pub fn served_vs_plain(runtime: &Arc<Runtime>, spec: &ModelSpec, options: &Bench
         warm_start: warm[warm.len() / 2],
         device: runtime.device().to_string(),
         served_breakdown,
-        plain_batch: plain_time / (options.runs * options.rounds.max(1)).max(1) as u32,
+        plain_batch: plain_time / batches,
+        served_batch: served_time / batches,
+        worker_batch: in_worker.get() / batches,
     })
 }

@@ -196,19 +196,47 @@ pub enum ArenaGrowth {
 }
 
 /// Options of the CUDA execution provider that Yardmaster sets on every GPU session.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CudaOptions {
     /// cuDNN convolution algorithm search.
     pub conv_algorithm_search: ConvAlgorithmSearch,
     /// Memory arena growth.
     pub arena_growth: ArenaGrowth,
+    /// How many ONNX Runtime sessions one loaded model keeps on the GPU, each bound to
+    /// the input shapes it last ran (`YARDMASTER_CUDA_SHAPE_SESSIONS`, 1–64). ONNX
+    /// Runtime's CUDA convolutions rebuild their cuDNN plans whenever a session's input
+    /// shape changes — measured on an H100 at 0.1–1.5 s per change for the PP-OCR
+    /// models, against 3–30 ms for the batch itself — so a server whose batch sizes vary
+    /// keeps a session per recent shape instead of re-planning one session.
+    pub shape_sessions: usize,
+    /// Whether a batch of large requests (1 MiB and more each, such as images) is
+    /// stacked straight into GPU memory, each request copied into its slot of a device
+    /// tensor (`YARDMASTER_CUDA_STACK=device`, the default), or always stacked in host
+    /// memory that ONNX Runtime then copies (`host`). Smaller requests are stacked on the
+    /// host either way.
+    pub stack_on_device: bool,
+}
+
+/// The default of [`CudaOptions::shape_sessions`]: one per batch size up to 8.
+pub const DEFAULT_SHAPE_SESSIONS: usize = 8;
+
+impl Default for CudaOptions {
+    fn default() -> Self {
+        CudaOptions {
+            conv_algorithm_search: ConvAlgorithmSearch::default(),
+            arena_growth: ArenaGrowth::default(),
+            shape_sessions: DEFAULT_SHAPE_SESSIONS,
+            stack_on_device: true,
+        }
+    }
 }
 
 impl CudaOptions {
     /// The options from `YARDMASTER_CUDA_CONV_ALGO` (`exhaustive`, `heuristic`,
-    /// `default`) and `YARDMASTER_CUDA_ARENA` (`same-as-requested`,
-    /// `next-power-of-two`); unset variables keep the defaults, a bad value is an error
-    /// naming the variable.
+    /// `default`), `YARDMASTER_CUDA_ARENA` (`same-as-requested`, `next-power-of-two`)
+    /// `YARDMASTER_CUDA_SHAPE_SESSIONS` (1–64) and `YARDMASTER_CUDA_STACK` (`device`,
+    /// `host`); unset variables keep the defaults, a bad value is an error naming the
+    /// variable.
     pub fn from_env() -> Result<CudaOptions, String> {
         let read = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
         let mut options = CudaOptions::default();
@@ -227,6 +255,19 @@ impl CudaOptions {
                 other => return Err(format!("YARDMASTER_CUDA_ARENA={other:?}: expected same-as-requested or next-power-of-two")),
             };
         }
+        if let Some(raw) = read("YARDMASTER_CUDA_SHAPE_SESSIONS") {
+            options.shape_sessions = match raw.parse::<usize>() {
+                Ok(n @ 1..=64) => n,
+                _ => return Err(format!("YARDMASTER_CUDA_SHAPE_SESSIONS={raw:?}: expected a whole number from 1 to 64")),
+            };
+        }
+        if let Some(raw) = read("YARDMASTER_CUDA_STACK") {
+            options.stack_on_device = match raw.as_str() {
+                "device" => true,
+                "host" => false,
+                other => return Err(format!("YARDMASTER_CUDA_STACK={other:?}: expected device or host")),
+            };
+        }
         Ok(options)
     }
 }
@@ -242,7 +283,12 @@ impl std::fmt::Display for CudaOptions {
             ArenaGrowth::SameAsRequested => "same-as-requested",
             ArenaGrowth::NextPowerOfTwo => "next-power-of-two",
         };
-        write!(f, "cuDNN conv search {conv}, arena {arena}")
+        let stack = if self.stack_on_device { "device" } else { "host" };
+        write!(
+            f,
+            "cuDNN conv search {conv}, arena {arena}, up to {} sessions per model (one per input shape), batches stacked on the {stack}",
+            self.shape_sessions
+        )
     }
 }
 
@@ -263,9 +309,18 @@ mod tests {
         // One test owns both variables (tests run in threads of one process).
         std::env::set_var("YARDMASTER_CUDA_CONV_ALGO", "exhaustive");
         std::env::set_var("YARDMASTER_CUDA_ARENA", "next-power-of-two");
+        std::env::set_var("YARDMASTER_CUDA_SHAPE_SESSIONS", "3");
+        std::env::set_var("YARDMASTER_CUDA_STACK", "host");
         let options = CudaOptions::from_env().unwrap();
         assert_eq!(options.conv_algorithm_search, ConvAlgorithmSearch::Exhaustive);
         assert_eq!(options.arena_growth, ArenaGrowth::NextPowerOfTwo);
+        assert_eq!(options.shape_sessions, 3);
+        assert!(!options.stack_on_device);
+        std::env::remove_var("YARDMASTER_CUDA_STACK");
+        std::env::set_var("YARDMASTER_CUDA_SHAPE_SESSIONS", "0");
+        let error = CudaOptions::from_env().unwrap_err();
+        assert!(error.contains("YARDMASTER_CUDA_SHAPE_SESSIONS=\"0\""), "{error}");
+        std::env::remove_var("YARDMASTER_CUDA_SHAPE_SESSIONS");
         std::env::set_var("YARDMASTER_CUDA_CONV_ALGO", "fastest");
         let error = CudaOptions::from_env().unwrap_err();
         assert!(error.contains("YARDMASTER_CUDA_CONV_ALGO=\"fastest\""), "{error}");

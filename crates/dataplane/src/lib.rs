@@ -15,6 +15,8 @@ pub mod batch;
 pub mod bench;
 pub mod cache;
 pub mod device;
+#[cfg(feature = "cuda")]
+mod device_batch;
 pub mod error;
 pub mod llm;
 pub mod ocr;
@@ -33,5 +35,5 @@ pub use error::{DataplaneError, Result};
 pub use pool::{ModelCatalog, WorkerPool};
 pub use runtime::{Runtime, RuntimeConfig};
 pub use session::{BatchTiming, ModelSession, ModelSpec, StartKind};
-pub use tensor::{ElementType, Tensor};
+pub use tensor::{ElementType, SharedElements, Tensor, TensorData};
 pub use worker::{Job, Request, RequestOutput, Worker, WorkerContext, WorkerEvent};

@@ -4,6 +4,7 @@
 //! times, memory), so a simulated cluster uses the numbers the real worker measured.
 
 use std::fmt::Write as _;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::batch::InputSpec;
@@ -141,7 +142,7 @@ fn median(mut values: Vec<Duration>) -> Duration {
 }
 
 /// Profile `spec` on `runtime`'s device.
-pub fn profile(runtime: &Runtime, spec: &ModelSpec, options: &ProfileOptions) -> Result<ProfileReport> {
+pub fn profile(runtime: &Arc<Runtime>, spec: &ModelSpec, options: &ProfileOptions) -> Result<ProfileReport> {
     if options.batches.is_empty() || options.iterations == 0 {
         return Err(DataplaneError::Invalid("give at least one batch size and one iteration".into()));
     }
@@ -189,8 +190,9 @@ pub fn profile(runtime: &Runtime, spec: &ModelSpec, options: &ProfileOptions) ->
             samples: samples.len(),
         });
     }
-    // The session is still alive and has run the largest batch: what the GPU lost since
-    // just before it started is what one replica holds.
+    // The model is still loaded and has run every batch size (on a GPU, each on a
+    // session of its own, as a serving replica does): what the GPU lost since just
+    // before it started is what one replica holds.
     let gpu_mib = free_before.zip(gpu_free(runtime.device())).map(|(before, after)| before.saturating_sub(after).div_ceil(1 << 20));
     drop(session);
     let cached_mib = memory_bytes.div_ceil(1 << 20);

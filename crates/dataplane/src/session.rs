@@ -6,6 +6,19 @@
 //! those bytes with optimisation off, so it skips both the disk and the optimiser.
 //! ONNX Runtime fixes a session's intra-op thread count when the session is built, so a
 //! new thread count means a new session — a warm start from the cache.
+//!
+//! On a GPU a loaded model may hold several ONNX Runtime sessions, each bound to the
+//! input shapes it last ran ([`crate::device::CudaOptions::shape_sessions`]): ONNX
+//! Runtime's CUDA convolutions rebuild their cuDNN plans whenever a session's input
+//! shape changes, which costs far more than the batch itself, so a batch runs on the
+//! session that last ran its shapes, or on a new one while there is room, or else on
+//! the least recently used.
+//!
+//! A batch of one runs on views of the request's own tensors. Larger batches are
+//! stacked into buffers the session keeps — on a GPU, batches of large requests
+//! straight into device memory ([`crate::device::CudaOptions::stack_on_device`]).
+//! Outputs are views of ONNX Runtime's own output buffers, split per request without a
+//! copy.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,7 +35,7 @@ use crate::cache::{CacheKey, CachedModel, ModelCache, ModelKey};
 use crate::device::Device;
 use crate::error::{DataplaneError, Result};
 use crate::runtime::Runtime;
-use crate::tensor::{ElementType, Tensor};
+use crate::tensor::{ElementType, SharedElements, Tensor, TensorData};
 
 /// A model variant and the file it loads from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,9 +86,45 @@ pub enum StartKind {
     Warm,
 }
 
+/// One ONNX Runtime session of a model and the input shapes it last ran.
+struct ShapedSession {
+    session: Session,
+    /// The shapes of its last run (`None`: it has not run yet).
+    shapes: Option<Vec<Vec<usize>>>,
+    /// When it last ran, on its model's clock of runs.
+    last_used: u64,
+    /// Device tensors its batches are stacked into on a GPU (see [`crate::device_batch`]).
+    #[cfg(feature = "cuda")]
+    device_inputs: Option<crate::device_batch::DeviceInputs>,
+}
+
+impl ShapedSession {
+    fn new(session: Session) -> Self {
+        ShapedSession {
+            session,
+            shapes: None,
+            last_used: 0,
+            #[cfg(feature = "cuda")]
+            device_inputs: None,
+        }
+    }
+}
+
+/// What another session of the same model is built from.
+struct SessionSource {
+    runtime: Arc<Runtime>,
+    model: Arc<CachedModel>,
+}
+
 /// A loaded session of one model variant on one device.
 pub struct ModelSession {
-    session: Session,
+    /// The first is built when the model is loaded, the rest as new shapes arrive.
+    sessions: Vec<ShapedSession>,
+    /// The most sessions kept (1 on the CPU, where a shape change costs nothing).
+    shape_sessions: usize,
+    source: SessionSource,
+    /// Runs so far (orders the sessions by last use).
+    runs: u64,
     spec: ModelSpec,
     inputs: Vec<InputSpec>,
     /// Element type of each input.
@@ -88,6 +137,15 @@ pub struct ModelSession {
     /// Fill value for padded batch elements.
     pub pad_value: f32,
     last_timing: BatchTiming,
+    /// One buffer per input that batches are stacked into, kept from batch to batch.
+    stack_buffers: Vec<Vec<f32>>,
+    /// Whether batches are stacked straight into GPU memory (turned off for good after
+    /// a failure there, with a warning).
+    #[cfg(feature = "cuda")]
+    stack_on_device: bool,
+    /// The GPU copier, opened at the first batch stacked on the device.
+    #[cfg(feature = "cuda")]
+    stager: Option<crate::device_batch::DeviceStager>,
 }
 
 impl std::fmt::Debug for ModelSession {
@@ -111,7 +169,7 @@ impl ModelSession {
     /// Start a session of `spec` with `threads` intra-op threads (0: ONNX Runtime's
     /// default): warm when the cache holds the model for this device, cold otherwise
     /// (and the cold start fills the cache).
-    pub fn start(runtime: &Runtime, cache: &ModelCache, spec: &ModelSpec, threads: usize) -> Result<Started> {
+    pub fn start(runtime: &Arc<Runtime>, cache: &ModelCache, spec: &ModelSpec, threads: usize) -> Result<Started> {
         let begin = Instant::now();
         let key = CacheKey { model: spec.key.clone(), device: runtime.device() };
         let (session, kind) = match cache.get(&key) {
@@ -122,20 +180,21 @@ impl ModelSession {
     }
 
     /// Start from the file, bypassing the cache entirely (neither reads nor fills it).
-    pub fn from_file(runtime: &Runtime, spec: &ModelSpec, threads: usize) -> Result<ModelSession> {
+    pub fn from_file(runtime: &Arc<Runtime>, spec: &ModelSpec, threads: usize) -> Result<ModelSession> {
         let bytes = read(&spec.path)?;
         let mut builder = builder(runtime, threads, GraphOptimizationLevel::All)?;
         let session = builder.commit_from_memory(&bytes).map_err(|e| load_error(spec, e))?;
-        Self::wrap(session, spec, threads, runtime.device())
+        Self::wrap(session, spec, threads, runtime, Arc::new(CachedModel { bytes: bytes.into(), optimized: false }))
     }
 
-    fn cold(runtime: &Runtime, cache: &ModelCache, key: CacheKey, spec: &ModelSpec, threads: usize) -> Result<ModelSession> {
+    fn cold(runtime: &Arc<Runtime>, cache: &ModelCache, key: CacheKey, spec: &ModelSpec, threads: usize) -> Result<ModelSession> {
         let bytes = read(&spec.path)?;
         if runtime.warm_start() == WarmStart::Model {
             let session =
                 builder(runtime, threads, GraphOptimizationLevel::All)?.commit_from_memory(&bytes).map_err(|e| load_error(spec, e))?;
-            cache.insert(key, CachedModel { bytes: bytes.into(), optimized: false });
-            return Self::wrap(session, spec, threads, runtime.device());
+            let bytes: Arc<[u8]> = bytes.into();
+            cache.insert(key, CachedModel { bytes: Arc::clone(&bytes), optimized: false });
+            return Self::wrap(session, spec, threads, runtime, Arc::new(CachedModel { bytes, optimized: false }));
         }
         static COLD_STARTS: AtomicU64 = AtomicU64::new(0);
         let optimized_path = std::env::temp_dir().join(format!(
@@ -166,18 +225,18 @@ impl ModelSession {
             Err(_) => CachedModel { bytes: bytes.into(), optimized: false },
         };
         let _ = std::fs::remove_file(&optimized_path);
+        let source = Arc::new(CachedModel { bytes: Arc::clone(&cached.bytes), optimized: cached.optimized });
         cache.insert(key, cached);
-        Self::wrap(session, spec, threads, runtime.device())
+        Self::wrap(session, spec, threads, runtime, source)
     }
 
-    fn from_cache(runtime: &Runtime, spec: &ModelSpec, cached: &Arc<CachedModel>, threads: usize) -> Result<ModelSession> {
-        let level = if cached.optimized { GraphOptimizationLevel::Disable } else { GraphOptimizationLevel::All };
-        let mut builder = builder(runtime, threads, level)?;
-        let session = builder.commit_from_memory(&cached.bytes).map_err(|e| load_error(spec, e))?;
-        Self::wrap(session, spec, threads, runtime.device())
+    fn from_cache(runtime: &Arc<Runtime>, spec: &ModelSpec, cached: &Arc<CachedModel>, threads: usize) -> Result<ModelSession> {
+        let session = build_from(runtime, spec, cached, threads)?;
+        Self::wrap(session, spec, threads, runtime, Arc::clone(cached))
     }
 
-    fn wrap(session: Session, spec: &ModelSpec, threads: usize, device: Device) -> Result<ModelSession> {
+    fn wrap(session: Session, spec: &ModelSpec, threads: usize, runtime: &Arc<Runtime>, model: Arc<CachedModel>) -> Result<ModelSession> {
+        let device = runtime.device();
         let mut inputs = Vec::new();
         let mut input_types = Vec::new();
         for input in session.inputs() {
@@ -215,8 +274,15 @@ impl ModelSession {
             outputs.push(output.name().to_string());
             output_types.push(element);
         }
+        let shape_sessions = match device {
+            Device::Cpu => 1,
+            Device::Cuda(_) => runtime.cuda_options().shape_sessions.max(1),
+        };
         Ok(ModelSession {
-            session,
+            sessions: vec![ShapedSession::new(session)],
+            shape_sessions,
+            source: SessionSource { runtime: Arc::clone(runtime), model },
+            runs: 0,
             spec: spec.clone(),
             inputs,
             input_types,
@@ -226,6 +292,11 @@ impl ModelSession {
             device,
             pad_value: 0.0,
             last_timing: BatchTiming::default(),
+            stack_buffers: Vec::new(),
+            #[cfg(feature = "cuda")]
+            stack_on_device: matches!(device, Device::Cuda(_)) && runtime.cuda_options().stack_on_device,
+            #[cfg(feature = "cuda")]
+            stager: None,
         })
     }
 
@@ -266,7 +337,63 @@ impl ModelSession {
 
     /// A custom metadata value of the model (e.g. the recogniser's `character` list).
     pub fn custom_metadata(&self, key: &str) -> Result<Option<String>> {
-        Ok(self.session.metadata().map_err(DataplaneError::ort)?.custom(key))
+        Ok(self.sessions[0].session.metadata().map_err(DataplaneError::ort)?.custom(key))
+    }
+
+    /// How many ONNX Runtime sessions the model holds now (one per recent input shape,
+    /// up to [`ModelSession::shape_sessions`]).
+    pub fn session_count(&self) -> usize {
+        self.sessions.len()
+    }
+
+    /// The most sessions the model keeps, one per input shape (1 on the CPU).
+    pub fn shape_sessions(&self) -> usize {
+        self.shape_sessions
+    }
+
+    /// Keep at most `limit` sessions (at least 1) from now on; sessions over the limit
+    /// are closed, least recently used first.
+    pub fn set_shape_sessions(&mut self, limit: usize) {
+        self.shape_sessions = limit.max(1);
+        while self.sessions.len() > self.shape_sessions {
+            let oldest = self.least_recently_used();
+            self.sessions.remove(oldest);
+        }
+    }
+
+    fn least_recently_used(&self) -> usize {
+        (0..self.sessions.len()).min_by_key(|&i| self.sessions[i].last_used).unwrap_or(0)
+    }
+
+    /// The session to run `shapes` on: the one that last ran them, else one that has
+    /// not run yet, else a new one while there is room, else the least recently used
+    /// (which then rebuilds its plans for the new shapes).
+    fn session_for(&mut self, shapes: Vec<Vec<usize>>) -> usize {
+        self.runs += 1;
+        let index = if let Some(i) = self.sessions.iter().position(|s| s.shapes.as_ref() == Some(&shapes)) {
+            i
+        } else if let Some(i) = self.sessions.iter().position(|s| s.shapes.is_none()) {
+            i
+        } else if self.sessions.len() < self.shape_sessions {
+            match build_from(&self.source.runtime, &self.spec, &self.source.model, self.threads) {
+                Ok(session) => {
+                    tracing::debug!(model = %self.spec.key, sessions = self.sessions.len() + 1, ?shapes, "another session for new input shapes");
+                    self.sessions.push(ShapedSession::new(session));
+                    self.sessions.len() - 1
+                }
+                Err(error) => {
+                    tracing::warn!(model = %self.spec.key, "no further session for new input shapes ({error}); reusing one");
+                    self.shape_sessions = self.sessions.len();
+                    self.least_recently_used()
+                }
+            }
+        } else {
+            self.least_recently_used()
+        };
+        let chosen = &mut self.sessions[index];
+        chosen.shapes = Some(shapes);
+        chosen.last_used = self.runs;
+        index
     }
 
     /// Run already-batched inputs (one tensor per model input), returning every output.
@@ -274,39 +401,82 @@ impl ModelSession {
     /// ([`DataplaneError::Aborted`]).
     pub fn run(&mut self, inputs: &[Tensor], options: Option<&RunOptions>) -> Result<Vec<Tensor>> {
         let views: Vec<(Vec<usize>, &[f32])> = inputs.iter().map(|t| (t.shape.clone(), t.data.as_slice())).collect();
-        self.run_with(&views, options, |shape, data| Ok(Tensor { shape: shape.to_vec(), data: data.to_vec() }))
+        self.run_with(&views, options)
     }
 
     /// Run a batch of requests (each one tensor per input, without batch dimension):
     /// stack, run, split. Returns each request's outputs, in order. A batch of one runs
-    /// on views of the request's own tensors (no stacking copy); outputs are split
-    /// straight from ONNX Runtime's buffers (one copy per request).
+    /// on views of the request's own tensors (no stacking copy); larger batches are
+    /// stacked into buffers the session keeps. Each request's outputs are views of
+    /// ONNX Runtime's output buffers (no copy), freed when the last view is.
     pub fn run_batch(&mut self, requests: &[&[Tensor]], options: Option<&RunOptions>) -> Result<Vec<Vec<Tensor>>> {
         let begin = Instant::now();
-        let stacked;
-        let views: Vec<(Vec<usize>, &[f32])> = if let [request] = requests {
-            batch::single(&self.inputs, request)?
-        } else {
-            stacked = batch::stack(&self.inputs, requests, self.pad_value)?;
-            stacked.inputs.iter().map(|t| (t.shape.clone(), t.data.as_slice())).collect()
-        };
-        let n = requests.len();
-        let stacked_at = Instant::now();
-        let mut ran_at = None;
-        let per_output = self.run_with(&views, options, |shape, data| {
-            ran_at.get_or_insert_with(Instant::now);
-            batch::split_slice(shape, data, n)
-        })?;
-        let mut per_request: Vec<Vec<Tensor>> = (0..n).map(|_| Vec::with_capacity(per_output.len())).collect();
-        for output in per_output {
-            for (request, tensor) in per_request.iter_mut().zip(output) {
-                request.push(tensor);
+        #[cfg(feature = "cuda")]
+        if requests.len() > 1 && self.stack_on_device {
+            match self.run_stacked_on_device(requests, options, begin) {
+                Ok(Some(outputs)) => return Ok(outputs),
+                Ok(None) => {}
+                Err(DataplaneError::Aborted) => return Err(DataplaneError::Aborted),
+                Err(error) => {
+                    tracing::warn!(model = %self.spec.key, "stacking batches on the host from now on: {error}");
+                    self.stack_on_device = false;
+                }
             }
         }
-        let done = Instant::now();
-        let ran_at = ran_at.unwrap_or(done);
-        self.last_timing = BatchTiming { stack: stacked_at - begin, run: ran_at - stacked_at, split: done - ran_at };
+        let mut buffers = std::mem::take(&mut self.stack_buffers);
+        let outputs = (|| {
+            let views: Vec<(Vec<usize>, &[f32])> = if let [request] = requests {
+                batch::single(&self.inputs, request)?
+            } else {
+                let (shapes, _) = batch::stack_into(&self.inputs, requests, self.pad_value, &mut buffers)?;
+                shapes.into_iter().zip(&buffers).map(|(shape, data)| (shape, data.as_slice())).collect()
+            };
+            let stacked_at = Instant::now();
+            let outputs = self.run_with(&views, options)?;
+            Ok((stacked_at, outputs))
+        })();
+        self.stack_buffers = buffers;
+        let (stacked_at, outputs) = outputs?;
+        let ran_at = Instant::now();
+        let per_request = batch::split(outputs, requests.len())?;
+        self.last_timing = BatchTiming { stack: stacked_at - begin, run: ran_at - stacked_at, split: ran_at.elapsed() };
         Ok(per_request)
+    }
+
+    /// [`ModelSession::run_batch`] with each request copied straight into device memory;
+    /// `None` where the batch does not qualify (padding, or an input that is not `f32`).
+    #[cfg(feature = "cuda")]
+    fn run_stacked_on_device(
+        &mut self,
+        requests: &[&[Tensor]],
+        options: Option<&RunOptions>,
+        begin: Instant,
+    ) -> Result<Option<Vec<Vec<Tensor>>>> {
+        let Device::Cuda(ordinal) = self.device else { return Ok(None) };
+        if self.input_types.iter().any(|&t| t != ElementType::F32) {
+            return Ok(None);
+        }
+        let (shapes, padded) = batch::shapes(&self.inputs, requests)?;
+        let request_bytes: usize = shapes.iter().map(|shape| shape[1..].iter().product::<usize>()).sum::<usize>() * 4;
+        if padded || request_bytes < crate::device_batch::MIN_REQUEST_BYTES {
+            return Ok(None);
+        }
+        if self.stager.is_none() {
+            self.stager = Some(crate::device_batch::DeviceStager::new(ordinal)?);
+        }
+        let index = self.session_for(shapes.clone());
+        let shaped = &mut self.sessions[index];
+        let stager = self.stager.as_ref().expect("opened above");
+        stager.stage(&shaped.session, &shapes, requests, &mut shaped.device_inputs)?;
+        let stacked_at = Instant::now();
+        let device_inputs = shaped.device_inputs.as_ref().expect("staged above");
+        let values: Vec<(&str, SessionInputValue<'_>)> =
+            self.inputs.iter().zip(device_inputs.tensors()).map(|(spec, tensor)| (spec.name.as_str(), tensor.into())).collect();
+        let outputs = run_session(&mut shaped.session, &self.outputs, &self.output_types, values, options)?;
+        let ran_at = Instant::now();
+        let per_request = batch::split(outputs, requests.len())?;
+        self.last_timing = BatchTiming { stack: stacked_at - begin, run: ran_at - stacked_at, split: ran_at.elapsed() };
+        Ok(Some(per_request))
     }
 
     /// Where the last [`ModelSession::run_batch`] spent its time.
@@ -314,35 +484,42 @@ impl ModelSession {
         self.last_timing
     }
 
-    fn run_with<T>(
-        &mut self,
-        inputs: &[(Vec<usize>, &[f32])],
-        options: Option<&RunOptions>,
-        mut take: impl FnMut(&[usize], &[f32]) -> Result<T>,
-    ) -> Result<Vec<T>> {
+    fn run_with(&mut self, inputs: &[(Vec<usize>, &[f32])], options: Option<&RunOptions>) -> Result<Vec<Tensor>> {
         if inputs.len() != self.inputs.len() {
             return Err(DataplaneError::Invalid(format!("{} inputs given, the model takes {}", inputs.len(), self.inputs.len())));
         }
+        let index = self.session_for(inputs.iter().map(|(shape, _)| shape.clone()).collect());
         let mut values: Vec<(&str, SessionInputValue<'_>)> = Vec::with_capacity(inputs.len());
         for ((spec, &element), (shape, data)) in self.inputs.iter().zip(&self.input_types).zip(inputs) {
             values.push((spec.name.as_str(), input_value(element, shape, data)?));
         }
-        let result = match options {
-            Some(options) => self.session.run_with_options(values, options),
-            None => self.session.run(values),
-        };
-        let outputs = match result {
-            Ok(outputs) => outputs,
-            Err(error) if error.to_string().contains("terminate") => return Err(DataplaneError::Aborted),
-            Err(error) => return Err(DataplaneError::ort(error)),
-        };
-        let mut taken = Vec::with_capacity(self.outputs.len());
-        for (name, &element) in self.outputs.iter().zip(&self.output_types) {
-            let value = outputs.get(name).ok_or_else(|| DataplaneError::Ort(format!("output {name:?} missing")))?;
-            taken.push(read_output(value, element, &mut take)?);
-        }
-        Ok(taken)
+        run_session(&mut self.sessions[index].session, &self.outputs, &self.output_types, values, options)
     }
+}
+
+/// Run `session` on `values` and read every output, in the order of `outputs`.
+fn run_session(
+    session: &mut Session,
+    outputs: &[String],
+    output_types: &[ElementType],
+    values: Vec<(&str, SessionInputValue<'_>)>,
+    options: Option<&RunOptions>,
+) -> Result<Vec<Tensor>> {
+    let result = match options {
+        Some(options) => session.run_with_options(values, options),
+        None => session.run(values),
+    };
+    let mut produced = match result {
+        Ok(produced) => produced,
+        Err(error) if error.to_string().contains("terminate") => return Err(DataplaneError::Aborted),
+        Err(error) => return Err(DataplaneError::ort(error)),
+    };
+    let mut taken = Vec::with_capacity(outputs.len());
+    for (name, &element) in outputs.iter().zip(output_types) {
+        let value = produced.remove(name).ok_or_else(|| DataplaneError::Ort(format!("output {name:?} missing")))?;
+        taken.push(read_output(value, element)?);
+    }
+    Ok(taken)
 }
 
 /// Where one batch's time went: stacking the requests' inputs, ONNX Runtime's `Run`
@@ -400,32 +577,62 @@ fn input_value<'a>(element: ElementType, shape: &[usize], data: &'a [f32]) -> Re
 
 /// Read one output as `f32` elements and hand them to `take` (straight from ONNX
 /// Runtime's buffer for `float32`, through a cast otherwise).
-fn read_output<T>(value: &DynValue, element: ElementType, take: &mut impl FnMut(&[usize], &[f32]) -> Result<T>) -> Result<T> {
-    fn cast<E: ort::value::PrimitiveTensorElementType + Copy + std::fmt::Debug, T>(
+/// An `f32` output of ONNX Runtime, held so tensors can view its buffer without a copy.
+struct OrtElements {
+    /// Keeps the buffer alive.
+    _value: DynValue,
+    data: *const f32,
+    len: usize,
+}
+
+// SAFETY: the buffer is only read, and stays where it is while `_value` (which is Send
+// and Sync itself) lives.
+unsafe impl Send for OrtElements {}
+unsafe impl Sync for OrtElements {}
+
+impl SharedElements for OrtElements {
+    fn elements(&self) -> &[f32] {
+        // SAFETY: `data` and `len` describe the tensor buffer `_value` owns (see `read_output`).
+        unsafe { std::slice::from_raw_parts(self.data, self.len) }
+    }
+}
+
+/// An output as a host tensor: `f32` outputs as a view of ONNX Runtime's own buffer,
+/// other element types cast into a new one.
+fn read_output(value: DynValue, element: ElementType) -> Result<Tensor> {
+    fn cast<E: ort::value::PrimitiveTensorElementType + Copy + std::fmt::Debug>(
         value: &DynValue,
         to_f32: impl Fn(E) -> f32,
-        take: &mut impl FnMut(&[usize], &[f32]) -> Result<T>,
-    ) -> Result<T> {
+    ) -> Result<Tensor> {
         let (shape, data) = value.try_extract_tensor::<E>().map_err(DataplaneError::ort)?;
         let shape: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
-        let data: Vec<f32> = data.iter().map(|&v| to_f32(v)).collect();
-        take(&shape, &data)
+        Ok(Tensor { shape, data: data.iter().map(|&v| to_f32(v)).collect::<Vec<f32>>().into() })
     }
     match element {
         ElementType::F32 => {
             let (shape, data) = value.try_extract_tensor::<f32>().map_err(DataplaneError::ort)?;
             let shape: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
-            take(&shape, data)
+            let (pointer, len) = (data.as_ptr(), data.len());
+            let buffer: Arc<dyn SharedElements> = Arc::new(OrtElements { _value: value, data: pointer, len });
+            let data =
+                TensorData::view(buffer, 0..len).ok_or_else(|| DataplaneError::Ort("an output's buffer is shorter than itself".into()))?;
+            Ok(Tensor { shape, data })
         }
-        ElementType::I8 => cast(value, |v: i8| v as f32, take),
-        ElementType::I16 => cast(value, |v: i16| v as f32, take),
-        ElementType::I32 => cast(value, |v: i32| v as f32, take),
-        ElementType::I64 => cast(value, |v: i64| v as f32, take),
-        ElementType::U8 => cast(value, |v: u8| v as f32, take),
-        ElementType::U16 => cast(value, |v: u16| v as f32, take),
-        ElementType::U32 => cast(value, |v: u32| v as f32, take),
-        ElementType::Bool => cast(value, |v: bool| if v { 1.0 } else { 0.0 }, take),
+        ElementType::I8 => cast(&value, |v: i8| v as f32),
+        ElementType::I16 => cast(&value, |v: i16| v as f32),
+        ElementType::I32 => cast(&value, |v: i32| v as f32),
+        ElementType::I64 => cast(&value, |v: i64| v as f32),
+        ElementType::U8 => cast(&value, |v: u8| v as f32),
+        ElementType::U16 => cast(&value, |v: u16| v as f32),
+        ElementType::U32 => cast(&value, |v: u32| v as f32),
+        ElementType::Bool => cast(&value, |v: bool| if v { 1.0 } else { 0.0 }),
     }
+}
+
+/// A session of `spec` from bytes held in memory (its optimised graph, or the file).
+fn build_from(runtime: &Runtime, spec: &ModelSpec, model: &CachedModel, threads: usize) -> Result<Session> {
+    let level = if model.optimized { GraphOptimizationLevel::Disable } else { GraphOptimizationLevel::All };
+    builder(runtime, threads, level)?.commit_from_memory(&model.bytes).map_err(|e| load_error(spec, e))
 }
 
 fn builder(runtime: &Runtime, threads: usize, level: GraphOptimizationLevel) -> Result<SessionBuilder> {

@@ -270,13 +270,53 @@ impl Shared {
             Ok(outputs) => outputs.into_iter(),
             Err(error) => return record.failed(&error),
         };
-        let mut items = Vec::with_capacity(record.shares.len() + record.refused.len());
-        for share in &record.shares {
-            let mine: Vec<Vec<Tensor>> = outputs.by_ref().take(share.elements).collect();
-            items.push(item(share.id, self.apply(share.id, record.stage, mine).err()));
-        }
+        let each: Vec<(u64, Vec<Vec<Tensor>>)> =
+            record.shares.iter().map(|share| (share.id, outputs.by_ref().take(share.elements).collect())).collect();
+        let mut items = self.apply_all(record.stage, each);
         items.extend(record.refused.into_iter().map(|(id, e)| item(id, Some(e))));
         JobResult { worker: record.worker, duration, items }
+    }
+
+    /// Applies each request's outputs of a job of `stage`, in parallel over up to one
+    /// thread per core when the job holds several requests (a batch of eight PP-OCR
+    /// pages is eight box searches and crop sets, which one thread would do in turn
+    /// while the worker waits for the job's report). Items come back in `each`'s order.
+    fn apply_all(&self, stage: u32, each: Vec<(u64, Vec<Vec<Tensor>>)>) -> Vec<ItemResult> {
+        let count = each.len();
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(count);
+        if threads <= 1 {
+            return each.into_iter().map(|(id, outputs)| item(id, self.apply(id, stage, outputs).err())).collect();
+        }
+        // Every thread, this one included, takes the next request until none is left; a
+        // helper that cannot start leaves its share to the others.
+        let ids: Vec<u64> = each.iter().map(|(id, _)| *id).collect();
+        let pending: Vec<Mutex<Option<Vec<Vec<Tensor>>>>> = each.into_iter().map(|(_, outputs)| Mutex::new(Some(outputs))).collect();
+        let done: Vec<Mutex<Option<ItemResult>>> = (0..count).map(|_| Mutex::new(None)).collect();
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let work = || loop {
+            let index = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let Some(&id) = ids.get(index) else { return };
+            let Some(outputs) = lock(&pending[index]).take() else { continue };
+            let result = item(id, self.apply(id, stage, outputs).err());
+            *lock(&done[index]) = Some(result);
+        };
+        std::thread::scope(|scope| {
+            for helper in 1..threads {
+                if let Err(error) = std::thread::Builder::new().name(format!("yardmaster-fold-{helper}")).spawn_scoped(scope, work) {
+                    tracing::debug!("starting a fold helper: {error}; the others take its share");
+                    break;
+                }
+            }
+            work();
+        });
+        done.into_iter()
+            .zip(ids)
+            .map(|(slot, id)| {
+                slot.into_inner()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .unwrap_or_else(|| item(id, Some("the request's outputs were not folded".to_string())))
+            })
+            .collect()
     }
 
     fn apply(&self, id: u64, stage: u32, outputs: Vec<Vec<Tensor>>) -> Result<(), String> {

@@ -158,7 +158,7 @@ pub fn unpad_map(map: &Tensor, height: usize, width: usize) -> Result<Tensor> {
     for row in map.data.chunks_exact(mw).take(height) {
         data.extend_from_slice(&row[..width]);
     }
-    Ok(Tensor { shape: vec![1, height, width], data })
+    Ok(Tensor { shape: vec![1, height, width], data: data.into() })
 }
 
 /// Sort boxes top to bottom, and left to right within a line (tops within 10 px).

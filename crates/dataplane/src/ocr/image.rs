@@ -134,6 +134,6 @@ impl RgbImage {
                 }
             }
         }
-        Tensor { shape: vec![3, h, out_width], data }
+        Tensor { shape: vec![3, h, out_width], data: data.into() }
     }
 }

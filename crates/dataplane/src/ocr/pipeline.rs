@@ -1,6 +1,8 @@
 //! The PP-OCR pipeline: detection → direction classification → recognition, each stage a
 //! session of its own running batches, with the pre- and post-processing between them.
 
+use std::sync::Arc;
+
 use super::cls::{self, ClsOptions, Direction};
 use super::det::{self, DetOptions, TextBox};
 use super::image::RgbImage;
@@ -72,7 +74,7 @@ pub struct OcrPipeline {
 
 impl OcrPipeline {
     /// Load the three sessions (through the cache) with `threads` intra-op threads each.
-    pub fn load(runtime: &Runtime, cache: &ModelCache, models: &OcrModels, threads: usize) -> Result<Self> {
+    pub fn load(runtime: &Arc<Runtime>, cache: &ModelCache, models: &OcrModels, threads: usize) -> Result<Self> {
         let det = ModelSession::start(runtime, cache, &models.det, threads)?.session;
         let cls = ModelSession::start(runtime, cache, &models.cls, threads)?.session;
         let rec = ModelSession::start(runtime, cache, &models.rec, threads)?.session;

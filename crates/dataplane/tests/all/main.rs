@@ -8,4 +8,5 @@ mod common;
 mod gpu;
 mod llm;
 mod ocr;
+mod sessions;
 mod worker;

@@ -858,7 +858,7 @@ impl<'a> Reader<'a> {
             return Err(FrameError::Truncated { field: "tensor data", needed: usize::try_from(bytes).unwrap_or(usize::MAX), available });
         }
         let raw = self.take(bytes as usize, "tensor data")?;
-        Ok(Tensor { shape, data: get_f32s(raw) })
+        Ok(Tensor { shape, data: get_f32s(raw).into() })
     }
 
     fn error(&mut self) -> Result<DataplaneError, FrameError> {
@@ -926,10 +926,10 @@ mod tests {
 
     #[test]
     fn encode_refuses_what_decode_would_refuse() {
-        let deep = Tensor { shape: vec![1; MAX_RANK + 1], data: vec![0.0] };
+        let deep = Tensor { shape: vec![1; MAX_RANK + 1], data: vec![0.0].into() };
         let job = Job { id: 1, requests: vec![Request { id: 1, inputs: vec![deep] }] };
         assert!(matches!(encode(&Message::Start { worker: 0, job }), Err(FrameError::Limit { what: "tensor rank", .. })));
-        let wrong = Tensor { shape: vec![3], data: vec![0.0] };
+        let wrong = Tensor { shape: vec![3], data: vec![0.0].into() };
         let job = Job { id: 1, requests: vec![Request { id: 1, inputs: vec![wrong] }] };
         assert!(matches!(encode(&Message::Start { worker: 0, job }), Err(FrameError::Invalid { what: "tensor", .. })));
     }

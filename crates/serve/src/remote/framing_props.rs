@@ -264,7 +264,7 @@ fn hostile_counts_are_refused_before_allocating() {
         worker: 1,
         job: 2,
         duration: Duration::ZERO,
-        result: Ok(vec![RequestOutput { id: 3, outputs: vec![Tensor { shape: vec![], data: vec![1.0] }] }]),
+        result: Ok(vec![RequestOutput { id: 3, outputs: vec![Tensor { shape: vec![], data: vec![1.0].into() }] }]),
     }))
     .unwrap();
     let rank_at = frame.len() - 4 - 1;
