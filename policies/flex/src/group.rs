@@ -623,8 +623,10 @@ impl FlexGroup {
         let fits = |d: Instant| info.largest_batch_within(d.saturating_sub(start), limit) as usize;
         let (from, size) = match self.settings.batch_mode {
             BatchMode::Prefix => {
+                // Counting stops at the batch limit: a decision costs O(batch), not
+                // O(queue), however long the queue grows under overload.
                 let first = merged().next()?;
-                (0, merged().count().min(fits(first.0)))
+                (0, merged().take(fits(first.0)).count())
             }
             BatchMode::Largest => {
                 // The infeasible requests sit at the front of the queue.

@@ -7,6 +7,7 @@ mod architecture;
 mod conformance;
 mod containment;
 mod dataplane_profile;
+mod decision_cost;
 mod languages;
 mod loading;
 mod loki_planner;
