@@ -409,6 +409,9 @@ mod loki {
         children: Vec<Task>,
     }
 
+    /// Workers per task of an imported application (its JSON names no cluster size).
+    const WORKERS_PER_TASK: u32 = 8;
+
     /// Build the pipeline: one stage per task (a task named by several parents, like
     /// `sink`, is one fan-in stage), variants from the task's list.
     pub fn import(json: &str, profiles: &LokiProfiles) -> Result<Pipeline, String> {
@@ -431,12 +434,22 @@ mod loki {
                 }
             }
         }
-        let replicas = stages.len() as u32;
+        // Loki's application JSON names no cluster size: eight workers per task, said
+        // once, and every task may scale up to all of them.
+        let max_workers = stages.len() as u32 * WORKERS_PER_TASK;
+        tracing::warn!(
+            application = %app.name,
+            max_workers,
+            "Loki's application names no cluster size: {WORKERS_PER_TASK} workers per task; batches up to the largest profiled size"
+        );
+        for stage in &mut stages {
+            stage.max_replicas = stage.max_replicas.min(max_workers);
+        }
         Ok(Pipeline {
             name: app.name.clone(),
             stages,
             streams: vec![StreamDef { name: app.name, entry: 0, slo_ns: (app.slo_ms * MS) as u64 }],
-            max_workers: replicas * 8,
+            max_workers,
             hosts: Vec::new(),
         })
     }
@@ -448,23 +461,36 @@ mod loki {
         let mut variants = Vec::new();
         let mut missing = None;
         for model in &task.model_variants {
-            let profile = if task.task == "sink" {
+            let sink = task.task == "sink";
+            let profile = if sink {
                 Profile::Linear { alpha_ns: 0.0, beta_ns: 0.0 }
             } else {
                 match profiles.profile(model) {
                     Ok(profile) => profile,
                     Err(error) => {
-                        // A variant with no published profile is left out; a task left
-                        // with none is refused.
+                        // A variant with no published profile is left out (never given
+                        // a made-up one); a task left with none is refused.
                         tracing::warn!(task = %task.task, %error, "leaving out a variant");
                         missing = Some(error);
                         continue;
                     }
                 }
             };
+            // Likewise a variant with no published accuracy: it would otherwise count
+            // as perfectly accurate.
+            let accuracy = match profiles.accuracy.get(model) {
+                Some(&accuracy) => accuracy,
+                None if sink => 1.0,
+                None => {
+                    let error = format!("no published accuracy of {model:?}");
+                    tracing::warn!(task = %task.task, %error, "leaving out a variant");
+                    missing = Some(error);
+                    continue;
+                }
+            };
             variants.push(VariantDef {
                 name: model.clone(),
-                accuracy: profiles.accuracy.get(model).copied().unwrap_or(1.0),
+                accuracy,
                 profile,
                 memory_bytes: 1 << 30,
                 fan_out: Vec::new(),
@@ -477,6 +503,16 @@ mod loki {
         }
         // Loki lists variants from cheapest to most accurate; keep that order.
         let id = stages.len() as u32;
+        // The largest batch any variant was measured at: batches beyond the data would
+        // run on extrapolated latencies.
+        let measured_batch = variants
+            .iter()
+            .filter_map(|v| match &v.profile {
+                Profile::Points(points) => points.iter().map(|p| p.batch).max(),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(1);
         ids.insert(task.task.clone(), id);
         stages.push(StageDef {
             name: task.task.clone(),
@@ -484,10 +520,11 @@ mod loki {
             successors: Vec::new(),
             predecessors: Vec::new(),
             variants,
-            max_batch: 16,
+            max_batch: measured_batch,
             replicas: 1,
             min_replicas: 1,
-            max_replicas: 8,
+            // The application names no per-task limit: the cluster's is the only one.
+            max_replicas: u32::MAX,
             device: DeviceKind::Gpu,
             threads: 1,
             parallel_fraction: None,
@@ -638,17 +675,29 @@ mod tests {
         let cars = yolov5x.fan_out_to(1);
         assert!(cars > 10.0 && cars < 30.0, "yolov5x yields many cars per frame: {cars}");
         assert!(detector.variants[0].profile.mean(1) > 0);
-        // The serving system's version of the app names face models with no published
-        // profile: refused with the model named, or accepted with a fallback profile.
+        // Caps come from the data: batches up to the largest profiled size (64), and
+        // every task may scale to the whole (stated) cluster.
+        assert!(
+            p.stages.iter().filter(|s| s.name != "sink").all(|s| s.max_batch == 64),
+            "{:?}",
+            p.stages.iter().map(|s| s.max_batch).collect::<Vec<_>>()
+        );
+        assert!(p.stages.iter().all(|s| s.max_replicas == p.max_workers));
+        // A task whose variants have no published profile is refused with the model
+        // named, never given a made-up one.
+        let unprofiled = r#"{"appName": "x", "latencySLOInMSec": 100, "root": {"task": "t", "model_variants": ["nope"]}}"#;
+        let error = from_loki_app(unprofiled, &profiles, "unprofiled").unwrap_err().to_string();
+        assert!(error.contains("no profile of \"nope\""), "{error}");
+        // The serving system's version of the app names its classifiers "eb0" … "eb6",
+        // profiled under those names but with no accuracy published for them: refused,
+        // with or without a fallback profile (an explicit opt-in for latencies, which
+        // does not make up accuracies).
         let serving = std::fs::read_to_string(dir.join("traces__apps__traffic_analysis.json")).unwrap();
         let error = from_loki_app(&serving, &profiles, "serving").unwrap_err().to_string();
-        assert!(error.contains("no profile of \"vgg16\""), "{error}");
+        assert!(error.contains("no published accuracy of \"eb"), "{error}");
         let mut with_fallback = profiles;
         with_fallback.fallback = Some(Profile::Linear { alpha_ns: 2e6, beta_ns: 5e6 });
-        let p = from_loki_app(&serving, &with_fallback, "serving").unwrap();
-        assert_eq!(p.streams[0].slo_ns, 500_000_000);
-        let eb0 = &p.stages[1].variants[0];
-        assert_eq!(eb0.name, "eb0");
-        assert!(eb0.profile.mean(1) > 1_000_000, "eb0 has its measured profile (ms): {}", eb0.profile.mean(1));
+        let error = from_loki_app(&serving, &with_fallback, "serving").unwrap_err().to_string();
+        assert!(error.contains("no published accuracy of \"eb"), "{error}");
     }
 }
