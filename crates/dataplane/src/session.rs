@@ -547,6 +547,7 @@ fn element_type(ty: TensorElementType) -> Option<ElementType> {
         TensorElementType::Uint16 => ElementType::U16,
         TensorElementType::Uint32 => ElementType::U32,
         TensorElementType::Bool => ElementType::Bool,
+        TensorElementType::Float16 => ElementType::F16,
         _ => return None,
     })
 }
@@ -572,6 +573,7 @@ fn input_value<'a>(element: ElementType, shape: &[usize], data: &'a [f32]) -> Re
         ElementType::U16 => owned(shape, data, |v| v as u16)?,
         ElementType::U32 => owned(shape, data, |v| v as u32)?,
         ElementType::Bool => owned(shape, data, |v| v != 0.0)?,
+        ElementType::F16 => owned(shape, data, half::f16::from_f32)?,
     })
 }
 
@@ -626,6 +628,7 @@ fn read_output(value: DynValue, element: ElementType) -> Result<Tensor> {
         ElementType::U16 => cast(&value, |v: u16| v as f32),
         ElementType::U32 => cast(&value, |v: u32| v as f32),
         ElementType::Bool => cast(&value, |v: bool| if v { 1.0 } else { 0.0 }),
+        ElementType::F16 => cast(&value, |v: half::f16| v.to_f32()),
     }
 }
 

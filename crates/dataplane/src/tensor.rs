@@ -3,9 +3,9 @@
 //!
 //! Elements travel as `f32` whatever the model's element type ([`ElementType`]): a
 //! session casts them to the model's type on the way in and back on the way out. That
-//! is exact for every value of the 8- and 16-bit integer types, booleans, and integers
-//! of magnitude up to 2^24 (token ids, byte values, class indices); the server refuses
-//! an input element it could not carry exactly.
+//! is exact for every value of the 8- and 16-bit integer types, booleans, half-precision
+//! floats, and integers of magnitude up to 2^24 (token ids, byte values, class
+//! indices); the server refuses an input element it could not carry exactly.
 //!
 //! A tensor's elements ([`TensorData`]) are either its own `Vec` or a view of a buffer
 //! shared with other tensors: a batch's outputs are split per request as views of the
@@ -224,6 +224,9 @@ pub enum ElementType {
     U32,
     /// `bool` (0 or 1).
     Bool,
+    /// `float16` (IEEE half precision; every half value is an `f32` value, so it
+    /// travels exactly both ways).
+    F16,
 }
 
 /// The largest integer magnitude an `f32` carries exactly: 2^24.
@@ -235,6 +238,7 @@ impl ElementType {
         let integer = value.fract() == 0.0;
         match self {
             ElementType::F32 => true,
+            ElementType::F16 => half::f16::from_f64(value).to_f64() == value || value.is_nan(),
             ElementType::Bool => value == 0.0 || value == 1.0,
             ElementType::I8 => integer && (-128.0..=127.0).contains(&value),
             ElementType::I16 => integer && (-32_768.0..=32_767.0).contains(&value),

@@ -28,7 +28,7 @@
 //! schedule every step.
 //!
 //! A model that cannot be served (malformed configuration, unreadable graph, element
-//! types the data plane does not carry — FP16, FP64, UINT64, strings —, a failed
+//! types the data plane does not carry — FP64, UINT64, BF16, strings —, a failed
 //! profile, an ensemble step without its model) is refused with the reason and the
 //! others still serve.
 

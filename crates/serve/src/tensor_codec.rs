@@ -10,11 +10,13 @@
 //! off on the way in and put back on every output. `-1` in a declared dimension takes
 //! any size.
 //!
-//! Element types: FP32, the 8- to 32-bit integers, INT64 and BOOL. The data plane
+//! Element types: FP32, FP16, the 8- to 32-bit integers, INT64 and BOOL. The data plane
 //! carries elements as `f32` and ONNX Runtime gets them in the model's own type
 //! (`yardmaster_dataplane::ElementType`), so an integer input element must be exactly
 //! representable there — every 8- and 16-bit value, integers up to 2^24 in magnitude —
-//! or the request is refused naming the element.
+//! or the request is refused naming the element; every FP16 value is. FP64, UINT64,
+//! BF16 and BYTES tensors of repository models are refused at load: `f32` would round
+//! them.
 
 use yardmaster_dataplane::{ElementType, Tensor as PlaneTensor};
 
@@ -45,6 +47,7 @@ pub fn element_type(datatype: DataType) -> Option<ElementType> {
         DataType::U16 => ElementType::U16,
         DataType::U32 => ElementType::U32,
         DataType::Bool => ElementType::Bool,
+        DataType::F16 => ElementType::F16,
         _ => return None,
     })
 }
@@ -123,6 +126,7 @@ fn carried(tensor: &Tensor, datatype: DataType) -> Result<Vec<f32>, String> {
             DataType::I32 => i32::from_le_bytes(chunk.try_into().expect("4 bytes")) as f64,
             DataType::U32 => u32::from_le_bytes(chunk.try_into().expect("4 bytes")) as f64,
             DataType::I64 => i64::from_le_bytes(chunk.try_into().expect("8 bytes")) as f64,
+            DataType::F16 => half::f16::from_le_bytes(chunk.try_into().expect("2 bytes")).to_f64(),
             _ => unreachable!("element_type accepted it"),
         };
         if !element.carries_exactly(value) {
@@ -151,6 +155,7 @@ fn wire_bytes(values: &[f32], datatype: DataType) -> Vec<u8> {
             DataType::I32 => bytes.extend_from_slice(&(r as i32).to_le_bytes()),
             DataType::U32 => bytes.extend_from_slice(&(r as u32).to_le_bytes()),
             DataType::I64 => bytes.extend_from_slice(&(r as i64).to_le_bytes()),
+            DataType::F16 => bytes.extend_from_slice(&half::f16::from_f32(v).to_le_bytes()),
             _ => unreachable!("element_type accepted it"),
         }
     }
@@ -206,6 +211,25 @@ mod tests {
         assert_eq!(out[0].name, "y");
         let fixed = codec(false);
         assert_eq!(fixed.decode(&request(vec![1, 3, 4])).unwrap()[0].shape, vec![3, 4]);
+    }
+
+    #[test]
+    fn half_precision_travels_exactly_both_ways() {
+        let codec = TensorCodec {
+            inputs: vec![TensorDecl { name: "x".into(), shape: vec![-1, 4], datatype: DataType::F16 }],
+            outputs: vec![TensorDecl { name: "y".into(), shape: vec![-1, 4], datatype: DataType::F16 }],
+            batching: true,
+        };
+        // Values only half precision holds exactly: a subnormal, the largest, a fraction.
+        let values = [half::f16::from_bits(1), half::f16::MAX, half::f16::from_f32(-0.333), half::f16::from_f32(2049.0)];
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let input = Tensor::raw("x", DataType::F16, vec![1, 4], bytes.clone()).unwrap();
+        let tensors = codec.decode(&InferRequest { inputs: vec![input], ..InferRequest::default() }).unwrap();
+        let expected: Vec<f32> = values.iter().map(|v| v.to_f32()).collect();
+        assert_eq!(tensors[0].data.as_slice(), expected.as_slice());
+        let out = codec.encode(tensors).unwrap();
+        assert_eq!(out[0].datatype, DataType::F16);
+        assert_eq!(out[0].data, TensorData::Raw(bytes), "the same bytes come back");
     }
 
     #[test]

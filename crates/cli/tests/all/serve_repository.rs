@@ -49,6 +49,8 @@ parameters { key: "yardmaster.slo_ms" value: { string_value: "250" } }
 "#;
     model("add_cfg", 1, None, Some(&bytes));
     model("add_cfg", 2, Some(documented), Some(&bytes));
+    // The same graph in half precision, no configuration: FP16 in and out.
+    model("add_half", 1, None, Some(&yardmaster::serve::tiny_model::bytes_in(yardmaster::serve::tiny_model::Precision::Half)));
     // Bad ones.
     model("bad_config", 1, Some("name: \"bad_config\"\nmax_batch_size: [ 8\n"), Some(&bytes));
     model("no_file", 1, None, None);
@@ -130,12 +132,16 @@ fn a_triton_repository_serves_its_good_models_to_tritonclient_and_perf_analyzer_
     let models = repository(&dir);
     let (server, stderr) = serve_repository(&dir, &models);
 
-    let seen = run_client("triton_repository.py", &[&server.address, "add", "add_cfg", "magika", "nudenet", "add_twice"]);
+    let seen = run_client("triton_repository.py", &[&server.address, "add", "add_cfg", "magika", "nudenet", "add_twice", "add_half"]);
     let add = &seen["models"]["add"];
     assert_eq!(add["metadata"]["platform"], "onnxruntime_onnx", "{seen}");
     assert_eq!(add["metadata"]["inputs"][0]["shape"], serde_json::json!([-1, 4]), "batching: [-1] + dims: {seen}");
     assert!(add["config"]["max_batch_size"].as_u64().unwrap() > 0, "completed from the graph: {seen}");
     assert_eq!(add["outputs"]["y"]["data"], serde_json::json!([1.0, 2.0, 3.0, 4.0]), "y = x + 1: {seen}");
+    let half = &seen["models"]["add_half"];
+    assert_eq!(half["metadata"]["inputs"][0]["datatype"], "FP16", "{seen}");
+    assert_eq!(half["metadata"]["outputs"][0]["datatype"], "FP16", "{seen}");
+    assert_eq!(half["outputs"]["y"]["data"], serde_json::json!([1.0, 2.0, 3.0, 4.0]), "half precision in and out: {seen}");
     let magika = &seen["models"]["magika"];
     assert_eq!(magika["metadata"]["inputs"][0]["datatype"], "INT32", "{seen}");
     assert_eq!(magika["outputs"]["target_label"]["shape"], serde_json::json!([1, 214]), "{seen}");
@@ -163,7 +169,7 @@ fn a_triton_repository_serves_its_good_models_to_tritonclient_and_perf_analyzer_
     let (garbage, reason) = state("garbage").unwrap();
     assert_eq!(garbage, "UNAVAILABLE");
     assert!(reason.as_str().unwrap().contains("malformed ONNX"), "{reason}");
-    assert_eq!(index.len(), 11, "every model folder is listed, each version of add_cfg: {seen}");
+    assert_eq!(index.len(), 12, "every model folder is listed, each version of add_cfg: {seen}");
     assert!(seen["load"]["message"].as_str().unwrap().contains("does not load or unload"), "{seen}");
     let (status, body) = http_get(&server.address, "/v2/models/garbage");
     assert_eq!(status, 404, "a refused model is not served: {body}");
