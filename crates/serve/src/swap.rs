@@ -13,10 +13,13 @@
 //! ([`yardmaster_policy::Arm::swap`]); that hand-over is the pause the engine sees, and it
 //! is measured there. The retired instance comes back and is dropped here.
 //!
-//! A candidate that faults in its pre-replay is not refused: a fresh instance of it
-//! goes in by the plain hand-over (initialised and replayed at the swap), where the
-//! arm's failure mode applies to its fault as to any other — so a policy that traps
-//! at once is swapped in and falls back, as the admin API has always answered.
+//! A candidate that faults in its preparation — traps, runs past its deadline, or
+//! refuses in `init`, or faults while the held requests are replayed into it — is
+//! refused: the call answers with the reason and the running policy is untouched, so
+//! a swap cannot make things worse than they are. The candidate of an A/B run and a
+//! shadow are tried the same way first (prepared from the control arm's snapshot, off
+//! the engine's thread) and refused likewise. A fault after that, at the hand-over or
+//! later, is the arm's failure mode's to handle, as for any policy.
 //!
 //! Swaps are serialised: one at a time per server. A shadow policy
 //! ([`yardmaster_policy::Shadow`]) is prepared the same way and started with
@@ -127,7 +130,7 @@ pub struct SwapSummary {
     /// Microseconds the engine was held to copy the held requests for the snapshot.
     pub snapshot_us: f64,
     /// Microseconds of the new policy's `init` and the replay of the snapshot, on the
-    /// caller's thread (0 when it faulted there).
+    /// caller's thread.
     pub pre_replay_us: f64,
 }
 
@@ -136,8 +139,8 @@ struct Prepared {
     candidate: Candidate,
     /// The engine's time taking the snapshot.
     snapshot: Duration,
-    /// `init` and the replay of the snapshot (none when it faulted).
-    pre_replay: Option<Duration>,
+    /// `init` and the replay of the snapshot.
+    pre_replay: Duration,
 }
 
 /// The running policy, as `GET /admin/policies` lists it.
@@ -211,9 +214,10 @@ impl<C: Clock, X: Executor> Swapper<C, X> {
     }
 
     /// Swap the policy in from `source` (blocking: call it off any async runtime's
-    /// worker threads). A policy that is refused leaves the running one untouched; a
-    /// policy that faults during its preparation or the hand-over is swapped in and
-    /// the arm's failure mode applies (the summary says so).
+    /// worker threads). A policy that is refused — unreadable, invalid, or faulting
+    /// while it is prepared — leaves the running one untouched; one that faults at the
+    /// hand-over itself is swapped in and the arm's failure mode applies (the summary
+    /// says so).
     pub fn swap(&self, source: &PolicySource) -> Result<SwapSummary, SwapError> {
         self.swap_arm(source, None)
     }
@@ -247,7 +251,7 @@ impl<C: Clock, X: Executor> Swapper<C, X> {
             pause_us: outcome.pause.as_secs_f64() * 1e6,
             prepare_us: prepare.as_secs_f64() * 1e6,
             snapshot_us: prepared.snapshot.as_secs_f64() * 1e6,
-            pre_replay_us: prepared.pre_replay.map_or(0.0, |d| d.as_secs_f64() * 1e6),
+            pre_replay_us: prepared.pre_replay.as_secs_f64() * 1e6,
         };
         match &summary.fault {
             None => {
@@ -277,8 +281,7 @@ impl<C: Clock, X: Executor> Swapper<C, X> {
     /// arm), off the engine's thread: one visit to the engine copies what the arm
     /// holds ([`yardmaster_engine::Engine::handover_snapshot`]), then the candidate is
     /// instantiated, initialised and replayed the copy here. A candidate that faults
-    /// in the pre-replay is replaced by a fresh, unprepared instance (see the module
-    /// docs).
+    /// there is refused (see the module docs).
     fn prepare_swap(&self, module: &Arc<PolicyModule>, arm: Option<&str>) -> Result<Prepared, SwapError> {
         let label = arm.map(str::to_string);
         type Taken = ((u64, Option<Arc<dyn ProfileSource>>), HandoverSnapshot, Duration);
@@ -296,16 +299,26 @@ impl<C: Clock, X: Executor> Swapper<C, X> {
             Ok((inputs, snapshot, started.elapsed()))
         })?;
         let ((seed, profiles), snapshot, hold) = taken.map_err(SwapError::Conflict)?;
-        let mut candidate = self.instantiate(module, seed, profiles.clone())?;
+        let mut candidate = self.instantiate(module, seed, profiles)?;
         let held = snapshot.held();
         match candidate.pre_replay(snapshot) {
-            Ok(took) => Ok(Prepared { candidate, snapshot: hold, pre_replay: Some(took) }),
+            Ok(took) => Ok(Prepared { candidate, snapshot: hold, pre_replay: took }),
             Err(fault) => {
-                tracing::warn!(policy = %module.name(), %fault, held, "the new policy faulted while being prepared: it goes in by the plain hand-over");
-                let candidate = self.instantiate(module, seed, profiles)?;
-                Ok(Prepared { candidate, snapshot: hold, pre_replay: None })
+                tracing::warn!(policy = %module.name(), %fault, held, "refused: the new policy faulted while being prepared");
+                Err(SwapError::Refused(format!(
+                    "{} faulted while being prepared ({} held requests replayed into it): it {fault}; the running policy is untouched",
+                    module.name(),
+                    held
+                )))
             }
         }
+    }
+
+    /// Try `module` as [`Swapper::prepare_swap`] prepares a swap, on the control
+    /// arm's snapshot, and throw the trial instance away: an A/B candidate or a shadow
+    /// that would fault at once is refused before it reaches the engine.
+    fn try_out(&self, module: &Arc<PolicyModule>) -> Result<(), SwapError> {
+        self.prepare_swap(module, None).map(drop)
     }
 
     /// Start the policy from `source` as a shadow of the live one (replacing a shadow
@@ -314,6 +327,7 @@ impl<C: Clock, X: Executor> Swapper<C, X> {
     pub fn start_shadow(&self, source: &PolicySource) -> Result<ShadowReport, SwapError> {
         let _serial = self.one_at_a_time.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let (module, candidate) = self.prepare(source)?;
+        self.try_out(&module)?;
         if let Some(old) = self.handle.shadow(Some(candidate))? {
             tracing::info!(shadow = %old.policy, "a shadow was replaced");
         }
@@ -328,6 +342,7 @@ impl<C: Clock, X: Executor> Swapper<C, X> {
     pub fn start_ab(&self, source: &PolicySource, label: Option<&str>, split: Split) -> Result<AbStatus, SwapError> {
         let _serial = self.one_at_a_time.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let (module, candidate) = self.prepare(source)?;
+        self.try_out(&module)?;
         let label = match label {
             Some(label) => label.to_string(),
             None => {

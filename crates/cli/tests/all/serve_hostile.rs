@@ -85,11 +85,25 @@ async fn a_hostile_arm_is_contained_and_the_other_arm_serves_on() {
         ("recurse", true, false),
         ("membomb", true, false),
         ("trap", true, false),
-        ("trap-init", true, false),
         ("flood", true, false),
         ("invalid", false, true),
         ("poach", false, false),
     ];
+    // A candidate that traps in `init` never becomes an arm: it is refused with the
+    // reason, and the server goes on with its one arm.
+    {
+        let server = Server::start(&config("trap-init"), Vec::new()).await.unwrap();
+        let (address, admin_address) = (server.address(), server.admin_address().unwrap());
+        let body = format!(r#"{{"path":"{}","share":0.5,"arm":"hostile"}}"#, fixtures::HOSTILE);
+        let reply = admin(admin_address, Method::POST, "/admin/ab", body).await;
+        let reason = String::from_utf8_lossy(&reply.body).into_owned();
+        assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{reason}");
+        assert!(reason.contains("faulted while being prepared") && reason.contains("trap"), "{reason}");
+        let arms = json(&admin(admin_address, Method::GET, "/admin/policies", String::new()).await);
+        assert_eq!(arms["arms"].as_array().map(Vec::len), Some(1), "no candidate arm: {arms}");
+        assert!(infer(address).await.iter().all(|(status, _)| *status == StatusCode::OK), "the one arm serves");
+        server.stop().await;
+    }
     for (mode, falls_back, may_drop) in cases {
         let server = Server::start(&config(mode), Vec::new()).await.unwrap();
         let (address, admin_address) = (server.address(), server.admin_address().unwrap());

@@ -53,6 +53,17 @@ async fn post(address: SocketAddr, path: &str, body: Bytes) -> Reply {
     client.request(Method::POST, path, &headers(), body).await.unwrap()
 }
 
+/// [`post`], sent once more if the scheduler expired it: on a test machine whose cores
+/// other tests share, a 2 s deadline can pass in the queue, which is the scheduler
+/// doing its job; this test checks the tokens a completed request returns.
+async fn post_until_served(address: SocketAddr, path: &str, body: Bytes) -> Reply {
+    let reply = post(address, path, body.clone()).await;
+    if reply.status == StatusCode::SERVICE_UNAVAILABLE && String::from_utf8_lossy(&reply.body).contains("expired") {
+        return post(address, path, body).await;
+    }
+    reply
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_ids_in_generated_ids_out_over_http1_and_http3() {
     let state = std::env::temp_dir().join(format!("yardmaster-llm-http-{}", std::process::id()));
@@ -81,7 +92,7 @@ async fn token_ids_in_generated_ids_out_over_http1_and_http3() {
         .iter()
         .map(|(model, p, n)| {
             let (path, body) = (format!("/v2/models/{model}/infer"), body(p, Some(*n)));
-            tokio::spawn(async move { post(address, &path, body).await })
+            tokio::spawn(async move { post_until_served(address, &path, body).await })
         })
         .collect();
     for (task, want) in tasks.into_iter().zip(&expected) {
