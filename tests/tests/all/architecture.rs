@@ -14,8 +14,15 @@ use serde_json::Value;
 fn dependency_closure() -> BTreeMap<String, BTreeSet<String>> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    // Only the dependencies of this machine's platform: those of other targets (e.g.
+    // `half`'s for GPU shader targets) were never downloaded here.
+    let rustc = Command::new(std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into())).arg("-vV").output().expect("rustc runs");
+    let host = String::from_utf8_lossy(&rustc.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("host: ").map(str::to_string))
+        .expect("rustc -vV names the host");
     let output = Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--offline"])
+        .args(["metadata", "--format-version", "1", "--offline", "--filter-platform", &host])
         .current_dir(root)
         .output()
         .expect("cargo metadata runs");
