@@ -159,6 +159,21 @@ impl Event {
 }
 
 impl Action {
+    /// Every name [`Action::kind`] gives (metrics export each from the start, at zero).
+    pub const KINDS: &'static [&'static str] = &[
+        "drop",
+        "dispatch",
+        "preempt",
+        "evict",
+        "scale",
+        "set-variant",
+        "set-routes",
+        "set-batch-limit",
+        "set-threads",
+        "defer",
+        "set-timer",
+    ];
+
     /// A short name of the action's kind, for metrics and reports.
     pub fn kind(&self) -> &'static str {
         match self {

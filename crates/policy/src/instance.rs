@@ -42,6 +42,11 @@ pub enum PolicyFault {
 }
 
 impl PolicyFault {
+    /// Every name [`PolicyFault::kind`] gives (metrics export each from the start, at
+    /// zero).
+    pub const KINDS: &'static [&'static str] =
+        &["timeout", "out-of-fuel", "out-of-memory", "stack-overflow", "watchdog", "too-many-actions", "init-refused", "trap"];
+
     /// A short name of the fault's kind, for metrics.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -346,4 +351,25 @@ pub(crate) fn check_action_count(actions: Vec<Action>, max_actions: usize) -> Re
         return Err(PolicyFault::TooManyActions(actions.len(), max_actions));
     }
     Ok(actions)
+}
+
+#[cfg(test)]
+mod fault_kind_tests {
+    use super::*;
+
+    #[test]
+    fn every_fault_kind_is_listed() {
+        let faults = [
+            PolicyFault::Timeout(Duration::ZERO),
+            PolicyFault::OutOfFuel(1),
+            PolicyFault::OutOfMemory(1),
+            PolicyFault::StackOverflow,
+            PolicyFault::Watchdog(Duration::ZERO),
+            PolicyFault::TooManyActions(2, 1),
+            PolicyFault::InitRefused(String::new()),
+            PolicyFault::Trap(String::new()),
+        ];
+        let kinds: Vec<&str> = faults.iter().map(PolicyFault::kind).collect();
+        assert_eq!(kinds, PolicyFault::KINDS);
+    }
 }

@@ -207,6 +207,30 @@ pub enum Rejection {
 }
 
 impl Rejection {
+    /// Every name [`Rejection::kind`] gives (metrics export each from the start, at
+    /// zero).
+    pub const KINDS: &'static [&'static str] = &[
+        "unknown-request",
+        "wrong-stage",
+        "request-reused",
+        "unknown-worker",
+        "worker-busy",
+        "empty-batch",
+        "batch-over-limit",
+        "unknown-stage",
+        "unknown-variant",
+        "replicas-out-of-range",
+        "over-capacity",
+        "nothing-to-preempt",
+        "not-resident",
+        "sequence-running",
+        "bad-routes",
+        "bad-batch-limit",
+        "bad-threads",
+        "in-the-past",
+        "bad-placement",
+    ];
+
     /// A short name of the reason, for metrics.
     pub fn kind(&self) -> &'static str {
         match self {

@@ -4,13 +4,15 @@
 //! labelled by the arm. Rendered on scrape from the engine's own accounting, so the
 //! numbers are the ones the simulator reports (one definition of every metric).
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use super::ab::Arms;
 use yardmaster_engine::metrics::{Percentiles, Stats, Summary};
 use yardmaster_engine::{Clock, Engine, EngineStats, Executor};
 use yardmaster_policy::arm::SWAP_PAUSE_BUCKETS_US;
-use yardmaster_policy::ArmStats;
+use yardmaster_policy::contract::Action;
+use yardmaster_policy::{ArmStats, PolicyFault, Rejection};
 
 /// What one arm's metrics are rendered from.
 pub struct ArmMetrics<'a> {
@@ -222,31 +224,33 @@ pub fn render_arm(out: &mut Exposition, metrics: &ArmMetrics<'_>) {
         swaps.total.as_secs_f64(),
     );
     out.sample("yardmaster_policy_swap_pause_max_seconds", "gauge", "Longest swap pause so far.", &labels, swaps.max.as_secs_f64());
-    for (kind, count) in &policy.faults {
+    // Every kind from the start, at zero, so `rate()` and alerts see the series before
+    // the first event (and a kind missing from a list still shows once it occurs).
+    for (kind, count) in every_kind(PolicyFault::KINDS, &policy.faults) {
         out.sample(
             "yardmaster_policy_faults_total",
             "counter",
             "Policy faults (traps, timeouts, memory), by kind.",
             &[("arm", arm), ("kind", kind)],
-            *count as f64,
+            count as f64,
         );
     }
-    for (kind, count) in &policy.accepted {
+    for (kind, count) in every_kind(Action::KINDS, &policy.accepted) {
         out.sample(
             "yardmaster_policy_actions_accepted_total",
             "counter",
             "Policy actions applied, by kind.",
             &[("arm", arm), ("kind", kind)],
-            *count as f64,
+            count as f64,
         );
     }
-    for (reason, count) in &policy.rejected {
+    for (reason, count) in every_kind(Rejection::KINDS, &policy.rejected) {
         out.sample(
             "yardmaster_policy_actions_rejected_total",
             "counter",
             "Policy actions refused by validation, by reason.",
             &[("arm", arm), ("reason", reason)],
-            *count as f64,
+            count as f64,
         );
     }
     let engine = metrics.engine;
@@ -261,6 +265,14 @@ pub fn render_arm(out: &mut Exposition, metrics: &ArmMetrics<'_>) {
     out.histogram("yardmaster_batch_size", "Requests per batch started on a worker.", &labels, &buckets, engine.batch_items as f64);
     out.sample("yardmaster_preemptions_total", "counter", "Running batches preempted.", &labels, engine.preemptions as f64);
     out.sample("yardmaster_expired_total", "counter", "Requests the host expired past their deadline.", &labels, engine.expired as f64);
+}
+
+/// Each of `known` with its count in `counts` (0 when absent), then any other kind
+/// `counts` holds.
+fn every_kind<'a>(known: &'a [&'static str], counts: &'a BTreeMap<&'static str, u64>) -> impl Iterator<Item = (&'static str, u64)> + 'a {
+    let listed = known.iter().map(|kind| (*kind, counts.get(kind).copied().unwrap_or(0)));
+    let others = counts.iter().filter(|(kind, _)| !known.contains(kind)).map(|(kind, count)| (*kind, *count));
+    listed.chain(others)
 }
 
 /// The whole exposition of one engine, whose policy arm is named `arm`; call it on
@@ -341,6 +353,26 @@ fn render_one<C: Clock, X: Executor>(out: &mut Exposition, engine: &Engine<C, X>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_fault_and_action_series_is_there_from_the_start() {
+        let mut policy = ArmStats::default();
+        policy.faults.insert("trap", 2);
+        policy.faults.insert("a-kind-not-listed", 1);
+        let (summary, engine) = (Summary::default(), EngineStats::default());
+        let mut out = Exposition::new();
+        render_arm(&mut out, &ArmMetrics { arm: "a", streams: &[], summary: &summary, policy: &policy, engine: &engine });
+        let text = out.finish();
+        for line in [
+            "yardmaster_policy_faults_total{arm=\"a\",kind=\"trap\"} 2",
+            "yardmaster_policy_faults_total{arm=\"a\",kind=\"timeout\"} 0",
+            "yardmaster_policy_faults_total{arm=\"a\",kind=\"a-kind-not-listed\"} 1",
+            "yardmaster_policy_actions_accepted_total{arm=\"a\",kind=\"dispatch\"} 0",
+            "yardmaster_policy_actions_rejected_total{arm=\"a\",reason=\"over-capacity\"} 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+        }
+    }
 
     #[test]
     fn families_are_declared_once_and_labels_escaped() {
