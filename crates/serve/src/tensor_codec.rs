@@ -186,6 +186,12 @@ mod tests {
     use super::*;
     use crate::kserve::TensorData;
 
+    /// A batching codec of one input and one output of `width` elements.
+    fn one_to_one(input: (&str, DataType), output: (&str, DataType), width: i64) -> TensorCodec {
+        let decl = |(name, datatype): (&str, DataType)| TensorDecl { name: name.into(), shape: vec![-1, width], datatype };
+        TensorCodec { inputs: vec![decl(input)], outputs: vec![decl(output)], batching: true }
+    }
+
     fn codec(batching: bool) -> TensorCodec {
         let shape = if batching { vec![-1, 3, -1] } else { vec![1, 3, 4] };
         TensorCodec {
@@ -215,11 +221,7 @@ mod tests {
 
     #[test]
     fn half_precision_travels_exactly_both_ways() {
-        let codec = TensorCodec {
-            inputs: vec![TensorDecl { name: "x".into(), shape: vec![-1, 4], datatype: DataType::F16 }],
-            outputs: vec![TensorDecl { name: "y".into(), shape: vec![-1, 4], datatype: DataType::F16 }],
-            batching: true,
-        };
+        let codec = one_to_one(("x", DataType::F16), ("y", DataType::F16), 4);
         // Values only half precision holds exactly: a subnormal, the largest, a fraction.
         let values = [half::f16::from_bits(1), half::f16::MAX, half::f16::from_f32(-0.333), half::f16::from_f32(2049.0)];
         let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -256,11 +258,7 @@ mod tests {
 
     #[test]
     fn integer_tensors_travel_as_exact_values_and_come_back_in_their_type() {
-        let codec = TensorCodec {
-            inputs: vec![TensorDecl { name: "ids".into(), shape: vec![-1, 3], datatype: DataType::I64 }],
-            outputs: vec![TensorDecl { name: "n".into(), shape: vec![-1, 3], datatype: DataType::I32 }],
-            batching: true,
-        };
+        let codec = one_to_one(("ids", DataType::I64), ("n", DataType::I32), 3);
         let ids = |values: &[i64]| {
             let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
             InferRequest { inputs: vec![Tensor::raw("ids", DataType::I64, vec![1, 3], bytes).unwrap()], ..InferRequest::default() }
