@@ -84,6 +84,13 @@ fn a_batch_of_n_equals_n_single_runs_recogniser() {
 }
 
 #[test]
+fn a_batch_of_large_requests_equals_single_runs_detector() {
+    // 1.2 MB per request: on a GPU these batches are stacked straight into device
+    // memory (requests of 1 MiB and more), on the CPU in host memory.
+    batch_equals_single_runs(common::model(assets::DET_MODEL, "det"), &[3, 320, 320], 2);
+}
+
+#[test]
 fn requests_of_different_sizes_are_padded_into_one_batch() {
     let (tx, events) = mpsc::channel();
     let worker = Worker::provision(1, common::model(assets::REC_MODEL, "rec"), 1, context(), tx);
