@@ -20,6 +20,7 @@ mod device_batch;
 pub mod error;
 pub mod llm;
 pub mod ocr;
+pub mod parallel;
 pub mod pool;
 pub mod profile;
 pub mod proto;

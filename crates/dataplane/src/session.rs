@@ -411,9 +411,14 @@ impl ModelSession {
     /// ONNX Runtime's output buffers (no copy), freed when the last view is.
     pub fn run_batch(&mut self, requests: &[&[Tensor]], options: Option<&RunOptions>) -> Result<Vec<Vec<Tensor>>> {
         let begin = Instant::now();
+        // A batch of several requests: its shapes, worked out once for either path.
+        let batched = match requests {
+            [_] => None,
+            _ => Some(batch::shapes(&self.inputs, requests)?),
+        };
         #[cfg(feature = "cuda")]
-        if requests.len() > 1 && self.stack_on_device {
-            match self.run_stacked_on_device(requests, options, begin) {
+        if let (Some((shapes, false)), true) = (&batched, self.stack_on_device) {
+            match self.run_stacked_on_device(requests, shapes, options, begin) {
                 Ok(Some(outputs)) => return Ok(outputs),
                 Ok(None) => {}
                 Err(DataplaneError::Aborted) => return Err(DataplaneError::Aborted),
@@ -425,11 +430,13 @@ impl ModelSession {
         }
         let mut buffers = std::mem::take(&mut self.stack_buffers);
         let outputs = (|| {
-            let views: Vec<(Vec<usize>, &[f32])> = if let [request] = requests {
-                batch::single(&self.inputs, request)?
-            } else {
-                let (shapes, _) = batch::stack_into(&self.inputs, requests, self.pad_value, &mut buffers)?;
-                shapes.into_iter().zip(&buffers).map(|(shape, data)| (shape, data.as_slice())).collect()
+            let views: Vec<(Vec<usize>, &[f32])> = match &batched {
+                Some((shapes, _)) => {
+                    batch::fill(requests, shapes, self.pad_value, &mut buffers);
+                    shapes.iter().cloned().zip(&buffers).map(|(shape, data)| (shape, data.as_slice())).collect()
+                }
+                // A batch of one: no shapes were worked out above.
+                None => batch::single(&self.inputs, requests[0])?,
             };
             let stacked_at = Instant::now();
             let outputs = self.run_with(&views, options)?;
@@ -443,12 +450,14 @@ impl ModelSession {
         Ok(per_request)
     }
 
-    /// [`ModelSession::run_batch`] with each request copied straight into device memory;
-    /// `None` where the batch does not qualify (padding, or an input that is not `f32`).
+    /// [`ModelSession::run_batch`] with each request copied straight into device memory,
+    /// for a batch of `shapes` that needs no padding; `None` where the batch does not
+    /// qualify (small requests, or an input that is not `f32`).
     #[cfg(feature = "cuda")]
     fn run_stacked_on_device(
         &mut self,
         requests: &[&[Tensor]],
+        shapes: &[Vec<usize>],
         options: Option<&RunOptions>,
         begin: Instant,
     ) -> Result<Option<Vec<Vec<Tensor>>>> {
@@ -456,18 +465,17 @@ impl ModelSession {
         if self.input_types.iter().any(|&t| t != ElementType::F32) {
             return Ok(None);
         }
-        let (shapes, padded) = batch::shapes(&self.inputs, requests)?;
         let request_bytes: usize = shapes.iter().map(|shape| shape[1..].iter().product::<usize>()).sum::<usize>() * 4;
-        if padded || request_bytes < crate::device_batch::MIN_REQUEST_BYTES {
+        if request_bytes < crate::device_batch::MIN_REQUEST_BYTES {
             return Ok(None);
         }
         if self.stager.is_none() {
             self.stager = Some(crate::device_batch::DeviceStager::new(ordinal)?);
         }
-        let index = self.session_for(shapes.clone());
+        let index = self.session_for(shapes.to_vec());
         let shaped = &mut self.sessions[index];
         let stager = self.stager.as_ref().expect("opened above");
-        stager.stage(&shaped.session, &shapes, requests, &mut shaped.device_inputs)?;
+        stager.stage(&shaped.session, shapes, requests, &mut shaped.device_inputs)?;
         let stacked_at = Instant::now();
         let device_inputs = shaped.device_inputs.as_ref().expect("staged above");
         let values: Vec<(&str, SessionInputValue<'_>)> =

@@ -284,31 +284,16 @@ impl Shared {
     fn apply_all(&self, stage: u32, each: Vec<(u64, Vec<Vec<Tensor>>)>) -> Vec<ItemResult> {
         let count = each.len();
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(count);
-        if threads <= 1 {
-            return each.into_iter().map(|(id, outputs)| item(id, self.apply(id, stage, outputs).err())).collect();
-        }
-        // Every thread, this one included, takes the next request until none is left; a
-        // helper that cannot start leaves its share to the others.
         let ids: Vec<u64> = each.iter().map(|(id, _)| *id).collect();
-        let pending: Vec<Mutex<Option<Vec<Vec<Tensor>>>>> = each.into_iter().map(|(_, outputs)| Mutex::new(Some(outputs))).collect();
         let done: Vec<Mutex<Option<ItemResult>>> = (0..count).map(|_| Mutex::new(None)).collect();
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        let work = || loop {
-            let index = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let Some(&id) = ids.get(index) else { return };
-            let Some(outputs) = lock(&pending[index]).take() else { continue };
-            let result = item(id, self.apply(id, stage, outputs).err());
-            *lock(&done[index]) = Some(result);
-        };
-        std::thread::scope(|scope| {
-            for helper in 1..threads {
-                if let Err(error) = std::thread::Builder::new().name(format!("yardmaster-fold-{helper}")).spawn_scoped(scope, work) {
-                    tracing::debug!("starting a fold helper: {error}; the others take its share");
-                    break;
-                }
-            }
-            work();
-        });
+        yardmaster_dataplane::parallel::each(
+            each.into_iter().enumerate().collect(),
+            threads,
+            "yardmaster-fold",
+            |(index, (id, outputs))| {
+                *lock(&done[index]) = Some(item(id, self.apply(id, stage, outputs).err()));
+            },
+        );
         done.into_iter()
             .zip(ids)
             .map(|(slot, id)| {
