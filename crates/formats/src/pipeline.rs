@@ -442,8 +442,12 @@ mod loki {
             max_workers,
             "Loki's application names no cluster size: {WORKERS_PER_TASK} workers per task; batches up to the largest profiled size"
         );
+        let largest_batch = stages.iter().map(|s| s.max_batch).max().unwrap_or(0).max(1);
         for stage in &mut stages {
-            stage.max_replicas = stage.max_replicas.min(max_workers);
+            stage.max_replicas = max_workers;
+            if stage.max_batch == 0 {
+                stage.max_batch = largest_batch;
+            }
         }
         Ok(Pipeline {
             name: app.name.clone(),
@@ -504,7 +508,8 @@ mod loki {
         // Loki lists variants from cheapest to most accurate; keep that order.
         let id = stages.len() as u32;
         // The largest batch any variant was measured at: batches beyond the data would
-        // run on extrapolated latencies.
+        // run on extrapolated latencies. A task without measured points (the sink) is
+        // given the application's largest by `import` (0 until then).
         let measured_batch = variants
             .iter()
             .filter_map(|v| match &v.profile {
@@ -512,7 +517,7 @@ mod loki {
                 _ => None,
             })
             .max()
-            .unwrap_or(1);
+            .unwrap_or(0);
         ids.insert(task.task.clone(), id);
         stages.push(StageDef {
             name: task.task.clone(),
@@ -523,8 +528,9 @@ mod loki {
             max_batch: measured_batch,
             replicas: 1,
             min_replicas: 1,
-            // The application names no per-task limit: the cluster's is the only one.
-            max_replicas: u32::MAX,
+            // The application names no per-task limit: `import` gives every task the
+            // whole cluster once its size is known.
+            max_replicas: 1,
             device: DeviceKind::Gpu,
             threads: 1,
             parallel_fraction: None,
