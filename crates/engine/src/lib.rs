@@ -27,6 +27,7 @@ mod exec;
 pub mod hosts;
 pub mod metrics;
 pub mod pipeline;
+mod reconfigure;
 mod state;
 
 use std::cmp::Reverse;
@@ -38,6 +39,7 @@ pub use exec::{
 };
 pub use metrics::Outcome;
 pub use pipeline::{Pipeline, Profile, StageDef, StreamDef, VariantDef};
+pub use reconfigure::{keeps_places, ReconfigureOutcome};
 pub use state::{ClusterState, Origin, Piece, PieceState, WorkerEntry, WorkerPhase};
 
 use crate::metrics::{Accounting, BatchRecord, RequestEnd};
@@ -1362,10 +1364,13 @@ impl<C: Clock, X: Executor> Engine<C, X> {
 }
 
 /// Mean pieces per end-to-end request reaching each stage, with each stage's first
-/// variant's fan-out (fan-in stages count one merged piece).
+/// variant's fan-out (fan-in stages count one merged piece); streams entering at an
+/// offline stage count none.
 pub fn pieces_per_request(pipeline: &Pipeline) -> Vec<f64> {
     let mut pieces = vec![0.0f64; pipeline.stages.len()];
-    for stream in &pipeline.streams {
+    // A stream entering at an offline stage (no replica allowed: a model taken out of
+    // service) brings no request.
+    for stream in pipeline.streams.iter().filter(|s| pipeline.stages[s.entry as usize].max_replicas > 0) {
         pieces[stream.entry as usize] = 1.0;
     }
     // Stages in topological order (the pipeline is validated acyclic).

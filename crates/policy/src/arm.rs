@@ -555,6 +555,38 @@ impl Arm {
         (output, report, retired)
     }
 
+    /// Give the arm a new configuration — the cluster changed under it (models loaded
+    /// or unloaded while serving) — and hand it over to an instance initialised with
+    /// it, by the same hand-over the failure modes use (every held request, the idle
+    /// workers and the latest snapshot replayed, so nothing is lost): a fresh instance
+    /// of the component while the primary answers (a native primary is initialised
+    /// again), a fresh fallback while the fallback answers. A closed arm only takes the
+    /// configuration. The arm keeps its name and seed. A fault of the new instance
+    /// applies the failure mode as for any fault. Returns the hand-over's actions and
+    /// the retired instance (for the caller to drop off the hot path).
+    pub fn reconfigure(&mut self, config: Config, view: &dyn ClusterView) -> (ArmOutput, Option<Box<dyn PolicyInstance>>) {
+        let (arm, seed) = (std::mem::take(&mut self.config.arm), self.config.seed);
+        self.config = Config { arm, seed, ..config };
+        match self.state {
+            ArmState::Closed => (ArmOutput::default(), None),
+            ArmState::Fallback => {
+                let retired = self.instance.take();
+                let fallback = self.fallback();
+                (self.hand_over(fallback, ArmState::Fallback, Vec::new(), view), retired)
+            }
+            ArmState::Primary => {
+                let retired = self.instance.take();
+                match (self.reloadable.is_some(), retired) {
+                    (false, Some(native)) => (self.hand_over(native, ArmState::Primary, Vec::new(), view), None),
+                    (_, retired) => match self.fresh_primary() {
+                        Ok(instance) => (self.hand_over(instance, ArmState::Primary, Vec::new(), view), retired),
+                        Err(fault) => (self.fault(fault, Vec::new(), view), retired),
+                    },
+                }
+            }
+        }
+    }
+
     /// Make a candidate prepared from a snapshot of this arm answer: validate what it
     /// did in the pre-replay against the arm as it is now, and tell it what changed
     /// since the snapshot, in one call.

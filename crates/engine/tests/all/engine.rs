@@ -12,10 +12,10 @@ use yardmaster_policy::{Arm, FailureMode, NativePolicy};
 
 /// An executor that records what it is asked and lets the test finish jobs.
 #[derive(Default)]
-struct TestExecutor {
-    started: Vec<BatchJob>,
+pub(crate) struct TestExecutor {
+    pub(crate) started: Vec<BatchJob>,
     aborted: Vec<u32>,
-    provisioned: Vec<u32>,
+    pub(crate) provisioned: Vec<u32>,
     /// Where each provisioned worker starts.
     starts: Vec<(u32, WorkerStart)>,
     retired: Vec<u32>,
@@ -44,7 +44,7 @@ impl Executor for TestExecutor {
     }
 }
 
-const MS: u64 = 1_000_000;
+pub(crate) const MS: u64 = 1_000_000;
 
 /// A seeded random source for the randomized tests (splitmix64).
 struct TestRng(u64);

@@ -4,3 +4,4 @@
 //! `yardmaster_formats`.
 
 mod engine;
+mod reconfigure;
