@@ -66,6 +66,20 @@ pub struct ServeArgs {
     /// directories; overrides the file's `model_repository`; see docs/model-repository.md).
     #[arg(long = "model-repository", value_name = "DIR")]
     pub model_repository: Vec<PathBuf>,
+    /// Whether models load and unload while serving: `none` (the default: the
+    /// repository is read once), `explicit` (clients load and unload with
+    /// `POST /v2/repository/models/{m}/load` and `…/unload`) or `poll` (as explicit,
+    /// and the repository is followed: new and changed models load, removed ones
+    /// unload) (overrides the file's `model_control_mode`).
+    #[arg(long = "model-control-mode", value_name = "MODE")]
+    pub model_control_mode: Option<yardmaster::serve::model_control::ControlMode>,
+    /// With `explicit` or `poll`: a model to load at start (repeat for several; none
+    /// given: every model) (overrides the file's `load_model`).
+    #[arg(long = "load-model", value_name = "MODEL")]
+    pub load_model: Vec<String>,
+    /// With `poll`: seconds between two reads of the repository (default 15).
+    #[arg(long = "repository-poll-secs", value_name = "SECONDS")]
+    pub repository_poll_secs: Option<f64>,
     /// Policy: a shipped name or a `.wasm` file (overrides the file's `policy`).
     #[arg(long)]
     pub policy: Option<String>,
@@ -97,6 +111,15 @@ pub fn serve_config(args: &ServeArgs) -> Result<ServeConfig> {
     }
     if !args.model_repository.is_empty() {
         config.model_repository = args.model_repository.clone();
+    }
+    if let Some(mode) = args.model_control_mode {
+        config.model_control_mode = mode;
+    }
+    if !args.load_model.is_empty() {
+        config.load_model = args.load_model.clone();
+    }
+    if let Some(seconds) = args.repository_poll_secs {
+        config.repository_poll_secs = seconds;
     }
     if let Some(policy) = &args.policy {
         config.policy = policy.clone();

@@ -95,6 +95,17 @@ impl WorkerPool {
         w.worker.set_model(self.catalog.get(w.stage, variant)?.clone())
     }
 
+    /// Give `stage` the models of `variants` (a model loaded again while serving, from
+    /// a new file): workers provisioned from now on load them; running ones keep the
+    /// session they have until they retire.
+    pub fn set_models(&mut self, stage: u32, variants: Vec<ModelSpec>) {
+        let index = stage as usize;
+        if self.catalog.stages.len() <= index {
+            self.catalog.stages.resize(index + 1, Vec::new());
+        }
+        self.catalog.stages[index] = variants;
+    }
+
     /// Number of workers.
     pub fn len(&self) -> usize {
         self.workers.len()

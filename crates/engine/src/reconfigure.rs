@@ -141,6 +141,12 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         Ok(ReconfigureOutcome { pause, replayed, failed, retired })
     }
 
+    /// Replace the policy parameters (the models' own settings change as models are
+    /// loaded and unloaded); policy instances started from now on get them.
+    pub fn set_params(&mut self, params: Vec<yardmaster_policy::contract::Param>) {
+        self.options.params = params;
+    }
+
     /// End every request of `stream` still in flight as failed with `error` (a model
     /// unloaded whose requests did not drain in time). Returns how many ended.
     pub fn fail_stream(&mut self, stream: u32, error: &str) -> usize {

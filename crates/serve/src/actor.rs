@@ -39,6 +39,8 @@ pub type OnEnd = Box<dyn FnOnce(Ended) + Send>;
 pub type Inspect<C, X> = Box<dyn FnOnce(&ArmEngine<C, X>) + Send>;
 /// A question about every arm, answered on the actor thread.
 pub type InspectArms<C, X> = Box<dyn FnOnce(&Arms<C, X>) + Send>;
+/// A change to the arms, made on the actor thread between two event batches.
+pub type UpdateArms<C, X> = Box<dyn FnOnce(&mut Arms<C, X>) + Send>;
 /// Called on the actor thread with what a swap did, or why there was none.
 pub type OnSwap = Box<dyn FnOnce(Result<SwapOutcome, String>) + Send>;
 /// Called on the actor thread with where an A/B run stands, or why a command was refused.
@@ -86,6 +88,8 @@ pub enum Message<C: Clock, X: Executor> {
     Inspect(Inspect<C, X>),
     /// Read every arm on the actor thread.
     InspectArms(InspectArms<C, X>),
+    /// Change the arms on the actor thread (models loaded or unloaded while serving).
+    Update(UpdateArms<C, X>),
     /// Start or end an A/B run.
     Ab {
         /// What to do.
@@ -239,6 +243,16 @@ impl<C: Clock, X: Executor> ActorHandle<C, X> {
         answer.recv().map_err(|_| ActorStopped)
     }
 
+    /// Run `change` on every arm, on the actor thread between two event batches, and
+    /// return its answer; what it ends goes out with the batch's other ends.
+    pub fn update<T: Send + 'static>(&self, change: impl FnOnce(&mut Arms<C, X>) -> T + Send + 'static) -> Result<T, ActorStopped> {
+        let (reply, answer) = mpsc::sync_channel(1);
+        self.send(Message::Update(Box::new(move |arms| {
+            let _ = reply.send(change(arms));
+        })))?;
+        answer.recv().map_err(|_| ActorStopped)
+    }
+
     /// Run `question` on the control arm's engine, on the actor thread, and return
     /// its answer.
     pub fn inspect<T: Send + 'static>(&self, question: impl FnOnce(&ArmEngine<C, X>) -> T + Send + 'static) -> Result<T, ActorStopped> {
@@ -344,6 +358,7 @@ fn run<C: Clock, X: Executor>(mut arms: Arms<C, X>, clock: C, receiver: Receiver
                 Message::WorkerLost(worker, reason) => arms.worker_lost(worker, &reason),
                 Message::Inspect(question) => question(arms.main()),
                 Message::InspectArms(question) => question(&arms),
+                Message::Update(change) => change(&mut arms),
                 Message::Swap { arm: None, candidate, done } => done(Ok(arms.main_mut().swap(candidate))),
                 Message::Swap { arm: Some(label), candidate, done } => match arms.engine_mut(&label) {
                     Some(engine) => done(Ok(engine.swap(candidate))),

@@ -83,6 +83,19 @@ pub enum InferError {
     Unavailable(String),
 }
 
+/// Why a model could not be loaded or unloaded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ControlError {
+    /// The request cannot be carried out: unknown model, bad configuration, a model
+    /// that fails to load, no model control (400).
+    Refused(String),
+    /// The server's state forbids it now: an A/B run or a shadow in progress, an
+    /// ensemble still using the model (409).
+    Conflict(String),
+    /// It failed part-way (500).
+    Failed(String),
+}
+
 /// A boxed future, for the object-safe [`Backend`].
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -105,6 +118,22 @@ pub trait Backend: Send + Sync {
     fn statistics(&self, model: Option<&str>) -> Result<Value, String> {
         let _ = model;
         Err("this server keeps no model statistics".into())
+    }
+    /// Changes whenever the models served change (loaded or unloaded while serving):
+    /// the API reads [`Backend::models`] again when it differs from the last read.
+    fn generation(&self) -> u64 {
+        0
+    }
+    /// Triton's repository extension: load (or load again) `model`; `parameters` is the
+    /// request body's `parameters` object (`Null` when none).
+    fn load_model(&self, model: &str, parameters: Value) -> BoxFuture<'_, Result<(), ControlError>> {
+        let (model, _) = (model.to_string(), parameters);
+        Box::pin(async move { Err(ControlError::Refused(format!("cannot load model {model:?}: this server does not load models while serving"))) })
+    }
+    /// Triton's repository extension: unload `model` (its requests drain first).
+    fn unload_model(&self, model: &str, parameters: Value) -> BoxFuture<'_, Result<(), ControlError>> {
+        let (model, _) = (model.to_string(), parameters);
+        Box::pin(async move { Err(ControlError::Refused(format!("cannot unload model {model:?}: this server does not unload models while serving"))) })
     }
     /// Triton's repository index: every model with its version, `state` (`READY` or
     /// `UNAVAILABLE`) and, when unavailable, the `reason`.
@@ -169,8 +198,9 @@ pub type MetricsRenderer = Arc<dyn Fn() -> String + Send + Sync>;
 /// The client API.
 pub struct Api {
     backend: Arc<dyn Backend>,
-    /// The backend's models, read once: every request looks its model up here.
-    models: Vec<ModelMetadata>,
+    /// The backend's models with the generation they were read at: every request looks
+    /// its model up here, read again when the backend's generation moves on.
+    models: std::sync::RwLock<(u64, Arc<Vec<ModelMetadata>>)>,
     metrics: Option<MetricsRenderer>,
     max_body: usize,
     admission: Admission,
@@ -207,11 +237,26 @@ impl Admission {
 }
 
 impl Api {
-    /// An API answered by `backend` (whose models are read once, here).
+    /// An API answered by `backend` (whose models are read here, and again whenever
+    /// its generation changes).
     pub fn new(backend: Arc<dyn Backend>) -> Self {
-        let models = backend.models();
+        let models = std::sync::RwLock::new((backend.generation(), Arc::new(backend.models())));
         let admission = Admission { limit: DEFAULT_MAX_IN_FLIGHT, in_flight: Arc::default(), refused: AtomicU64::new(0) };
         Self { backend, models, metrics: None, max_body: DEFAULT_MAX_BODY, admission }
+    }
+
+    /// The backend's models as of its current generation.
+    fn models(&self) -> Arc<Vec<ModelMetadata>> {
+        let generation = self.backend.generation();
+        {
+            let cached = self.models.read().unwrap_or_else(|p| p.into_inner());
+            if cached.0 == generation {
+                return Arc::clone(&cached.1);
+            }
+        }
+        let fresh = Arc::new(self.backend.models());
+        *self.models.write().unwrap_or_else(|p| p.into_inner()) = (generation, Arc::clone(&fresh));
+        fresh
     }
 
     /// Admit at most `requests` inference requests at once; more get 503.
@@ -269,26 +314,48 @@ impl Api {
                 &json!({
                     "name": "yardmaster",
                     "version": env!("CARGO_PKG_VERSION"),
-                    "extensions": ["binary_tensor_data", "schedule_policy", "model_configuration", "statistics"],
+                    "extensions": ["binary_tensor_data", "schedule_policy", "model_configuration", "statistics", "model_repository", "model_repository(unload_dependents)"],
                 }),
             ),
             ["v2", "models", "stats"] if get => self.statistics(None),
             ["v2", "repository", "index"] if request.method == Method::POST => self.repository_index(&request),
-            ["v2", "repository", "models", model, action @ ("load" | "unload")] if request.method == Method::POST => ApiResponse::error(
-                StatusCode::BAD_REQUEST,
-                &format!(
-                    "cannot {action} model {model:?}: this server does not load or unload models while serving (model control mode: none); change the repository and restart"
-                ),
-            ),
+            ["v2", "repository", "models", model, action @ ("load" | "unload")] if request.method == Method::POST => {
+                self.model_control(&request, model, action).await
+            }
             ["v2", "models", model, rest @ ..] => self.model_route(&request, model, rest).await,
             ["v2", ..] | ["metrics"] => ApiResponse::error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this route"),
             _ => ApiResponse::error(StatusCode::NOT_FOUND, &format!("no route {} {}", request.method, request.path)),
         }
     }
 
+    /// `POST /v2/repository/models/{m}/load` or `…/unload`, with an optional body
+    /// `{"parameters": {…}}`.
+    async fn model_control(&self, request: &ApiRequest, model: &str, action: &str) -> ApiResponse {
+        let parameters = if request.body.is_empty() {
+            Value::Null
+        } else {
+            match serde_json::from_slice::<Value>(&request.body) {
+                Ok(body) => body.get("parameters").cloned().unwrap_or(Value::Null),
+                Err(e) => return ApiResponse::error(StatusCode::BAD_REQUEST, &format!("the {action} request is not valid JSON: {e}")),
+            }
+        };
+        let done = if action == "load" {
+            self.backend.load_model(model, parameters).await
+        } else {
+            self.backend.unload_model(model, parameters).await
+        };
+        match done {
+            Ok(()) => ApiResponse::empty(StatusCode::OK),
+            Err(ControlError::Refused(reason)) => ApiResponse::error(StatusCode::BAD_REQUEST, &reason),
+            Err(ControlError::Conflict(reason)) => ApiResponse::error(StatusCode::CONFLICT, &reason),
+            Err(ControlError::Failed(reason)) => ApiResponse::error(StatusCode::INTERNAL_SERVER_ERROR, &reason),
+        }
+    }
+
     async fn model_route(&self, request: &ApiRequest, model: &str, rest: &[&str]) -> ApiResponse {
-        let Some(metadata) = self.models.iter().find(|m| m.name == model) else {
-            let known: Vec<&str> = self.models.iter().map(|m| m.name.as_str()).collect();
+        let models = self.models();
+        let Some(metadata) = models.iter().find(|m| m.name == model) else {
+            let known: Vec<&str> = models.iter().map(|m| m.name.as_str()).collect();
             return ApiResponse::error(StatusCode::NOT_FOUND, &format!("unknown model {model:?} (served: {})", known.join(", ")));
         };
         let (version, rest) = match rest {

@@ -13,14 +13,15 @@
 //! caller's future is dropped first (the client went away), a guard cancels the
 //! request in the engine.
 
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use serde_json::Map;
 use tokio::sync::oneshot;
 use yardmaster_dataplane::ocr::RgbImage;
 
 use super::actor::ActorHandle;
-use super::api::{Backend, BoxFuture, InferError, ModelMetadata, TensorSpec};
+use super::api::{Backend, BoxFuture, ControlError, InferError, ModelMetadata, TensorSpec};
 use super::executor::{ServeHandle, WorkerBoard};
 use super::kserve::{DataType, InferRequest, InferResponse, Tensor, TensorData};
 use super::payload::{OcrDocument, Parcel, Payload, PayloadStore, Prepared};
@@ -291,21 +292,45 @@ impl ServedModel {
 /// The engine's answer for one request: how it ended, and its payload when it completed.
 type Answer = (Outcome, Option<Parcel>);
 
+/// What the backend serves: replaced whole by model control as models are loaded
+/// and unloaded while serving ([`EngineBackend::replace_models`]).
+#[derive(Default)]
+pub struct ModelTables {
+    /// The program of every stage (a request's entry-stage inputs are made with it).
+    pub programs: Vec<Arc<dyn StageProgram>>,
+    /// The models served, one per version.
+    pub models: Vec<Arc<ServedModel>>,
+    /// Repository models not served, `(name, reason)`, for the repository index.
+    pub unavailable: Vec<(String, String)>,
+    /// Models being unloaded: new requests for them are refused while theirs drain.
+    pub unloading: Vec<String>,
+}
+
+/// Loads and unloads models while serving (Triton's model control), for the client
+/// API's `POST /v2/repository/models/{m}/load` and `…/unload`.
+pub trait ModelController: Send + Sync {
+    /// Load (or load again) `model` from the repository; `Ok` once it serves.
+    fn load(&self, model: &str, parameters: &serde_json::Value) -> Result<(), ControlError>;
+    /// Unload `model` once its requests have drained (or failed after the timeout).
+    fn unload(&self, model: &str, parameters: &serde_json::Value) -> Result<(), ControlError>;
+}
+
 /// The KServe backend over the serving actor.
 pub struct EngineBackend {
     handle: ServeHandle,
     clock: MonotonicClock,
     store: PayloadStore,
     board: WorkerBoard,
-    programs: Vec<Arc<dyn StageProgram>>,
-    models: Vec<ServedModel>,
-    /// Repository models not served, with the reason.
-    unavailable: Vec<(String, String)>,
+    tables: RwLock<ModelTables>,
+    /// Counts replacements of `tables`, so the API knows when to read the models again.
+    generation: AtomicU64,
+    /// Model control, when the server loads and unloads models while serving.
+    control: OnceLock<Arc<dyn ModelController>>,
 }
 
 impl std::fmt::Debug for EngineBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EngineBackend").field("models", &self.models).finish()
+        f.debug_struct("EngineBackend").field("models", &self.tables().models).finish()
     }
 }
 
@@ -321,19 +346,38 @@ impl EngineBackend {
         programs: Vec<Arc<dyn StageProgram>>,
         models: Vec<ServedModel>,
     ) -> Self {
-        Self { handle, clock, store, board, programs, models, unavailable: Vec::new() }
+        let models = models.into_iter().map(Arc::new).collect();
+        let tables = ModelTables { programs, models, unavailable: Vec::new(), unloading: Vec::new() };
+        Self { handle, clock, store, board, tables: RwLock::new(tables), generation: AtomicU64::new(0), control: OnceLock::new() }
     }
 
     /// Models of the repository that are not served, `(name, reason)`, for the
     /// repository index.
-    pub fn with_unavailable(mut self, unavailable: Vec<(String, String)>) -> Self {
-        self.unavailable = unavailable;
+    pub fn with_unavailable(self, unavailable: Vec<(String, String)>) -> Self {
+        self.change_tables(|tables| tables.unavailable = unavailable);
         self
     }
 
+    /// Load and unload models with `control` (once; later calls are ignored).
+    pub fn set_controller(&self, control: Arc<dyn ModelController>) {
+        let _ = self.control.set(control);
+    }
+
     /// The served models.
-    pub fn served(&self) -> &[ServedModel] {
-        &self.models
+    pub fn served(&self) -> Vec<Arc<ServedModel>> {
+        self.tables().models.clone()
+    }
+
+    /// What is served now.
+    pub fn tables(&self) -> RwLockReadGuard<'_, ModelTables> {
+        self.tables.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Change what is served (model control); the API reads the models again.
+    pub fn change_tables(&self, change: impl FnOnce(&mut ModelTables)) {
+        let mut tables: RwLockWriteGuard<'_, ModelTables> = self.tables.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+        change(&mut tables);
+        self.generation.fetch_add(1, Ordering::AcqRel);
     }
 
     /// The payload store (requests in flight hold one entry each).
@@ -355,35 +399,24 @@ impl EngineBackend {
         Submission { stream: model.stream, sent_at: now, deadline, priority, input_size: 0, expected_tokens: 0 }
     }
 
-    /// Every served version of `model`, lowest first.
-    fn versions_of<'a>(&'a self, model: &'a str) -> impl Iterator<Item = &'a ServedModel> + 'a {
-        let mut versions: Vec<&ServedModel> = self.models.iter().filter(|m| m.name == model).collect();
-        versions.sort_by_key(|m| (m.description.version.parse::<u64>().unwrap_or(0), m.description.version.clone()));
-        versions.into_iter()
-    }
-
-    /// The version of each model a request without a version runs: the highest.
-    fn default_versions(&self) -> Vec<&ServedModel> {
-        let mut names: Vec<&str> = Vec::new();
-        for model in &self.models {
-            if !names.contains(&model.name.as_str()) {
-                names.push(&model.name);
-            }
-        }
-        names.into_iter().filter_map(|name| self.versions_of(name).last()).collect()
-    }
-
     async fn run(&self, model: &str, version: Option<&str>, request: InferRequest) -> Result<InferResponse, InferError> {
-        let found = match version {
-            Some(version) => self.versions_of(model).find(|m| m.description.version == version),
-            None => self.versions_of(model).last(),
-        };
-        let Some(served) = found else {
-            let names: Vec<&str> = self.models.iter().map(|m| m.name.as_str()).collect();
-            return Err(InferError::Invalid(format!("unknown model {model:?} version {version:?} (served: {})", names.join(", "))));
+        let (served, program) = {
+            let tables = self.tables();
+            if tables.unloading.iter().any(|m| m == model) {
+                return Err(InferError::Unavailable(format!("model {model:?} is being unloaded")));
+            }
+            let found = match version {
+                Some(version) => versions_of(&tables.models, model).find(|m| m.description.version == version),
+                None => versions_of(&tables.models, model).last(),
+            };
+            let Some(served) = found.cloned() else {
+                let names: Vec<&str> = tables.models.iter().map(|m| m.name.as_str()).collect();
+                return Err(InferError::Invalid(format!("unknown model {model:?} version {version:?} (served: {})", names.join(", "))));
+            };
+            let program = tables.programs.get(served.entry as usize).cloned();
+            (served, program.ok_or_else(|| InferError::Failed(format!("model {model:?} has no entry stage program")))?)
         };
         let payload = served.codec.decode(&request).map_err(InferError::Invalid)?;
-        let program = &self.programs[served.entry as usize];
         let elements = program.inputs(&payload).map_err(InferError::Invalid)?;
         let parcel = Parcel { payload, prepared: Some(Prepared { stage: served.entry, elements }) };
 
@@ -411,7 +444,7 @@ impl EngineBackend {
         };
         let key = request.schedule.split_key.as_deref().map(|k| super::ab::key_hash(k.as_bytes()));
         self.handle
-            .submit_keyed(self.submission(served, &request), key, admitted, ended)
+            .submit_keyed(self.submission(&served, &request), key, admitted, ended)
             .map_err(|stopped| InferError::Unavailable(stopped.to_string()))?;
         let (outcome, parcel) = answer.await.map_err(|_| InferError::Unavailable("the scheduling engine stopped".into()))?;
         guard.disarm();
@@ -433,17 +466,62 @@ impl EngineBackend {
     }
 }
 
+/// Every served version of `model` in `models`, lowest first.
+fn versions_of<'a>(models: &'a [Arc<ServedModel>], model: &'a str) -> impl Iterator<Item = &'a Arc<ServedModel>> + 'a {
+    let mut versions: Vec<&Arc<ServedModel>> = models.iter().filter(|m| m.name == model).collect();
+    versions.sort_by_key(|m| (m.description.version.parse::<u64>().unwrap_or(0), m.description.version.clone()));
+    versions.into_iter()
+}
+
+/// The version of each model a request without a version runs: the highest.
+fn default_versions(models: &[Arc<ServedModel>]) -> Vec<&Arc<ServedModel>> {
+    let mut names: Vec<&str> = Vec::new();
+    for model in models {
+        if !names.contains(&model.name.as_str()) {
+            names.push(&model.name);
+        }
+    }
+    names.into_iter().filter_map(|name| versions_of(models, name).last()).collect()
+}
+
 impl Backend for EngineBackend {
     /// One entry per model name, listing every version served (each version of a
     /// repository model is a stream of its own).
     fn models(&self) -> Vec<ModelMetadata> {
+        let tables = self.tables();
         let mut merged: Vec<ModelMetadata> = Vec::new();
-        for model in self.default_versions() {
+        for model in default_versions(&tables.models) {
             let mut metadata = model.metadata();
-            metadata.versions = self.versions_of(&model.name).map(|m| m.description.version.clone()).collect();
+            metadata.versions = versions_of(&tables.models, &model.name).map(|m| m.description.version.clone()).collect();
             merged.push(metadata);
         }
         merged
+    }
+
+    fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    fn load_model(&self, model: &str, parameters: serde_json::Value) -> BoxFuture<'_, Result<(), ControlError>> {
+        let model = model.to_string();
+        let control = self.control.get().cloned();
+        Box::pin(async move {
+            let control = control.ok_or_else(|| ControlError::Refused(not_controlled("load", &model)))?;
+            tokio::task::spawn_blocking(move || control.load(&model, &parameters))
+                .await
+                .map_err(|e| ControlError::Failed(format!("the load stopped: {e}")))?
+        })
+    }
+
+    fn unload_model(&self, model: &str, parameters: serde_json::Value) -> BoxFuture<'_, Result<(), ControlError>> {
+        let model = model.to_string();
+        let control = self.control.get().cloned();
+        Box::pin(async move {
+            let control = control.ok_or_else(|| ControlError::Refused(not_controlled("unload", &model)))?;
+            tokio::task::spawn_blocking(move || control.unload(&model, &parameters))
+                .await
+                .map_err(|e| ControlError::Failed(format!("the unload stopped: {e}")))?
+        })
     }
 
     fn ready(&self) -> bool {
@@ -460,11 +538,12 @@ impl Backend for EngineBackend {
     }
 
     fn repository_index(&self) -> Vec<serde_json::Value> {
-        let ready = self
+        let tables = self.tables();
+        let ready = tables
             .models
             .iter()
             .map(|m| serde_json::json!({ "name": m.name, "version": m.description.version, "state": "READY", "reason": "" }));
-        let unavailable = self
+        let unavailable = tables
             .unavailable
             .iter()
             .map(|(name, reason)| serde_json::json!({ "name": name, "version": "", "state": "UNAVAILABLE", "reason": reason }));
@@ -475,6 +554,7 @@ impl Backend for EngineBackend {
 
     fn statistics(&self, model: Option<&str>) -> Result<serde_json::Value, String> {
         let models: Vec<(String, String, u32)> = self
+            .tables()
             .models
             .iter()
             .filter(|m| model.is_none_or(|name| m.name == name))
@@ -506,6 +586,13 @@ impl Backend for EngineBackend {
             models.iter().zip(per_stream).map(|((name, version, _), totals)| totals.to_triton(name, version)).collect();
         Ok(serde_json::json!({ "model_stats": stats }))
     }
+}
+
+/// Why a load or unload is refused by a server that does not control its models.
+fn not_controlled(action: &str, model: &str) -> String {
+    format!(
+        "cannot {action} model {model:?}: this server does not load or unload models while serving (model control mode: none); start it with --model-control-mode explicit or poll"
+    )
 }
 
 /// One model's counters summed over the arms, for Triton's statistics extension.

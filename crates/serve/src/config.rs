@@ -9,6 +9,10 @@
 //! pipeline = "ocr"            # a preset name or a pipeline .toml file
 //! model_repository = ["models/"]  # instead: serve every model of these Triton model
 //!                             # repositories (see docs/model-repository.md)
+//! model_control_mode = "none" # none, explicit (load/unload on request) or poll
+//! load_model = []             # explicit/poll: the models loaded at start (none: all)
+//! repository_poll_secs = 15   # poll: how often the repository is read again
+//! unload_timeout_secs = 30    # how long an unloaded model's requests may drain
 //! policy = "edf"              # a shipped policy name or a .wasm file
 //! params = { }                # policy parameters, key = "value"
 //! tbt_ms = 100                # LLM pipelines: the time between tokens promised to
@@ -143,6 +147,14 @@ pub struct ServeConfig {
     pub pipeline: String,
     /// Triton model repositories to serve instead of `pipeline` (none: serve `pipeline`).
     pub model_repository: Vec<PathBuf>,
+    /// Whether models load and unload while serving (Triton's model control mode).
+    pub model_control_mode: super::model_control::ControlMode,
+    /// With model control: the models loaded at start (empty: every model).
+    pub load_model: Vec<String>,
+    /// Poll mode: seconds between two reads of the repository.
+    pub repository_poll_secs: f64,
+    /// Seconds an unloaded model's requests may drain before they fail.
+    pub unload_timeout_secs: f64,
     /// Policy: shipped name or `.wasm` file.
     pub policy: String,
     /// Policy parameters.
@@ -180,6 +192,10 @@ impl Default for ServeConfig {
             http3: true,
             pipeline: "ocr".into(),
             model_repository: Vec::new(),
+            model_control_mode: super::model_control::ControlMode::None,
+            load_model: Vec::new(),
+            repository_poll_secs: 15.0,
+            unload_timeout_secs: 30.0,
             policy: "edf".into(),
             params: BTreeMap::new(),
             tbt_ms: None,
@@ -260,6 +276,19 @@ impl ServeConfig {
             bail!("max_in_flight must be at least 1: 0 would refuse every request");
         }
         self.watchdog.validate().map_err(|e| anyhow::anyhow!(e))?;
+        use super::model_control::ControlMode;
+        if self.model_control_mode != ControlMode::None && self.model_repository.is_empty() {
+            bail!("model_control_mode = \"{}\" needs a model repository (model_repository or --model-repository)", self.model_control_mode);
+        }
+        if !self.load_model.is_empty() && self.model_control_mode == ControlMode::None {
+            bail!("load_model names models to load at start under model control: set model_control_mode to explicit or poll (with none, every model loads)");
+        }
+        if !(self.repository_poll_secs.is_finite() && self.repository_poll_secs >= 0.1) {
+            bail!("repository_poll_secs must be at least 0.1 (got {})", self.repository_poll_secs);
+        }
+        if !(self.unload_timeout_secs.is_finite() && self.unload_timeout_secs >= 0.0) {
+            bail!("unload_timeout_secs must be 0 or more (got {})", self.unload_timeout_secs);
+        }
         Ok(())
     }
 

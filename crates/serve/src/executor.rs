@@ -36,10 +36,10 @@
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{self, Receiver};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
-use yardmaster_dataplane::{Job, Request, Tensor, WorkerEvent};
+use yardmaster_dataplane::{Job, ModelSpec, Request, Tensor, WorkerEvent};
 
 use super::actor::{Actor, ActorHandle};
 use super::payload::{PayloadStore, Prepared};
@@ -85,19 +85,32 @@ pub enum WorkerStatus {
 #[derive(Debug, Clone, Default)]
 pub struct WorkerBoard {
     workers: Arc<Mutex<HashMap<u32, (u32, WorkerStatus)>>>,
-    stages: u32,
+    /// The stages that must have a worker ready (offline ones need none).
+    online: Arc<Mutex<Vec<u32>>>,
 }
 
 impl WorkerBoard {
     /// A board for a pipeline of `stages` stages.
     pub fn new(stages: u32) -> Self {
-        Self { workers: Arc::default(), stages }
+        Self { workers: Arc::default(), online: Arc::new(Mutex::new((0..stages).collect())) }
     }
 
-    /// Whether every stage has a worker ready.
+    /// The stages that must have a worker ready for [`WorkerBoard::ready`] (models
+    /// loaded or unloaded while serving).
+    pub fn set_online(&self, stages: Vec<u32>) {
+        *lock(&self.online) = stages;
+    }
+
+    /// Whether every online stage has a worker ready.
     pub fn ready(&self) -> bool {
+        let online = lock(&self.online).clone();
+        self.stages_ready(&online)
+    }
+
+    /// Whether each of `stages` has a worker ready.
+    pub fn stages_ready(&self, stages: &[u32]) -> bool {
         let workers = lock(&self.workers);
-        (0..self.stages).all(|stage| workers.values().any(|(s, status)| *s == stage && *status == WorkerStatus::Ready))
+        stages.iter().all(|&stage| workers.values().any(|(s, status)| *s == stage && *status == WorkerStatus::Ready))
     }
 
     /// A worker's status.
@@ -200,16 +213,33 @@ struct JobTable {
     running: HashMap<u32, u64>,
 }
 
-/// The worker groups, shared by the executor (on the actor thread) and the watchdog.
-type Groups = Vec<Mutex<Box<dyn Workers>>>;
+/// One group of workers, locked for each operation.
+type Group = Arc<Mutex<Box<dyn Workers>>>;
 
-/// What the actor thread, the event pumps and the watchdog share.
-struct Shared {
+/// The worker groups, shared by the executor (on the actor thread) and the watchdog.
+/// Groups are only added (models loaded while serving), never removed.
+type Groups = RwLock<Vec<Group>>;
+
+/// What the executor knows of each stage; replaced whole when models are loaded or
+/// unloaded while serving ([`OnnxExecutor::serve_pipeline`]).
+struct StageTable {
     programs: Vec<Arc<dyn StageProgram>>,
     /// Each stage's successor, when it has exactly one (its inputs are prepared ahead).
     next_stage: Vec<Option<u32>>,
     /// Stage → group.
     stage_group: Vec<usize>,
+}
+
+impl StageTable {
+    fn new(pipeline: &Pipeline, programs: Vec<Arc<dyn StageProgram>>, stage_group: Vec<usize>) -> Self {
+        let next_stage = pipeline.stages.iter().map(|s| if let [next] = s.successors[..] { Some(next) } else { None }).collect();
+        Self { programs, next_stage, stage_group }
+    }
+}
+
+/// What the actor thread, the event pumps and the watchdog share.
+struct Shared {
+    stages: RwLock<StageTable>,
     store: PayloadStore,
     board: WorkerBoard,
     jobs: Mutex<JobTable>,
@@ -221,6 +251,18 @@ struct Shared {
 }
 
 impl Shared {
+    /// The program of `stage`.
+    fn program(&self, stage: u32) -> Result<Arc<dyn StageProgram>, String> {
+        let table = read(&self.stages);
+        table.programs.get(stage as usize).cloned().ok_or_else(|| format!("stage {stage} is not served here"))
+    }
+
+    /// The group serving `stage`.
+    fn group(&self, groups: &Groups, stage: u32) -> Option<Group> {
+        let index = *read(&self.stages).stage_group.get(stage as usize)?;
+        read(groups).get(index).cloned()
+    }
+
     fn claim(&self, job: u64) -> Option<JobRecord> {
         let mut jobs = lock(&self.jobs);
         let record = jobs.records.remove(&job)?;
@@ -249,7 +291,7 @@ impl Shared {
         match parcel.prepared.take() {
             Some(prepared) if prepared.stage == stage => Ok(prepared.elements),
             _ => {
-                let program = &self.programs[stage as usize];
+                let program = self.program(stage)?;
                 guarded(program.name(), || program.inputs(&parcel.payload))
             }
         }
@@ -308,13 +350,14 @@ impl Shared {
         let slot = self.store.slot(id).ok_or_else(|| format!("no data is held for request {id}"))?;
         let mut guard = lock(&slot);
         let parcel = guard.as_mut().ok_or_else(|| format!("request {id} has already been answered"))?;
-        let program = &self.programs[stage as usize];
+        let program = self.program(stage)?;
         guarded(program.name(), || program.apply(&mut parcel.payload, outputs))?;
         parcel.prepared = None;
-        if let Some(next) = self.next_stage[stage as usize] {
+        let next = read(&self.stages).next_stage.get(stage as usize).copied().flatten();
+        if let Some(next) = next {
             // A failure here shows again, as the request's error, when the next stage
             // makes the inputs itself.
-            let program = &self.programs[next as usize];
+            let Ok(program) = self.program(next) else { return Ok(()) };
             if let Ok(elements) = guarded(program.name(), || program.inputs(&parcel.payload)) {
                 parcel.prepared = Some(Prepared { stage: next, elements });
             }
@@ -331,12 +374,14 @@ pub struct OnnxExecutor {
     /// `profiles[stage][variant]`, for the watchdog.
     profiles: Vec<Vec<Profile>>,
     shared: Arc<Shared>,
+    /// Where the pumps of groups added later send finished jobs.
+    finishers: mpsc::Sender<Finishing>,
     next_job: u64,
 }
 
 impl std::fmt::Debug for OnnxExecutor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OnnxExecutor").field("groups", &self.groups.len()).field("workers", &self.worker_stage.len()).finish()
+        f.debug_struct("OnnxExecutor").field("groups", &read(&self.groups).len()).field("workers", &self.worker_stage.len()).finish()
     }
 }
 
@@ -355,7 +400,6 @@ impl OnnxExecutor {
         board: WorkerBoard,
         placements: Vec<Placement>,
     ) -> Self {
-        let next_stage = pipeline.stages.iter().map(|s| if let [next] = s.successors[..] { Some(next) } else { None }).collect();
         let mut stage_group = vec![0; pipeline.stages.len()];
         for (index, placement) in placements.iter().enumerate() {
             for &stage in &placement.stages {
@@ -363,9 +407,7 @@ impl OnnxExecutor {
             }
         }
         let shared = Arc::new(Shared {
-            programs,
-            next_stage,
-            stage_group,
+            stages: RwLock::new(StageTable::new(pipeline, programs, stage_group)),
             store,
             board,
             jobs: Mutex::default(),
@@ -376,17 +418,9 @@ impl OnnxExecutor {
         let finishers = start_finishers(&shared);
         let mut groups = Vec::with_capacity(placements.len());
         for (index, placement) in placements.into_iter().enumerate() {
-            let pump_shared = Arc::clone(&shared);
-            let events = placement.events;
-            let finishers = finishers.clone();
-            let spawned =
-                std::thread::Builder::new().name(format!("yardmaster-pump-{index}")).spawn(move || pump(&pump_shared, events, &finishers));
-            if let Err(error) = spawned {
-                tracing::error!("starting the event pump of worker group {index}: {error}; its workers' results will not arrive");
-            }
-            groups.push(Mutex::new(placement.workers));
+            groups.push(start_group(&shared, &finishers, index, placement));
         }
-        let groups = Arc::new(groups);
+        let groups = Arc::new(RwLock::new(groups));
         // The watchdog holds weak references: it ends once the executor is dropped.
         let (watched, watched_groups) = (Arc::downgrade(&shared), Arc::downgrade(&groups));
         let config_of = watched.clone();
@@ -405,7 +439,7 @@ impl OnnxExecutor {
             tracing::error!("starting the watchdog: {error}; stalled jobs will not be noticed");
         }
         let profiles = pipeline.stages.iter().map(|s| s.variants.iter().map(|v| v.profile.clone()).collect()).collect();
-        let mut executor = Self { groups, worker_stage: HashMap::new(), profiles, shared, next_job: 1 };
+        let mut executor = Self { groups, worker_stage: HashMap::new(), profiles, shared, finishers, next_job: 1 };
         for (worker, stage) in pipeline.initial_workers() {
             // The engine seats these workers itself; here they only need to run.
             executor.provision(worker, stage, 0, WorkerStart { host: 0, slot: worker, warm: false });
@@ -429,9 +463,60 @@ impl OnnxExecutor {
         *lock(&self.shared.watchdog) = config;
     }
 
-    fn group_of(&self, worker: u32) -> Option<MutexGuard<'_, Box<dyn Workers>>> {
+    fn group_of(&self, worker: u32) -> Option<Group> {
         let (stage, _) = *self.worker_stage.get(&worker)?;
-        self.groups.get(self.shared.stage_group[stage as usize]).map(lock)
+        self.shared.group(&self.groups, stage)
+    }
+
+    /// Serve `pipeline` from now on (models loaded or unloaded while serving; the
+    /// engine is reconfigured right after, see `yardmaster_engine::Engine::reconfigure`):
+    /// it keeps every stage of the one served and may add some after them, `programs`
+    /// is the program of every stage, `placements` hold the workers of the added
+    /// stages (each in exactly one), and `models` give existing stages new model files
+    /// (a model loaded again), which their groups load for workers provisioned from
+    /// now on.
+    pub fn serve_pipeline(
+        &mut self,
+        pipeline: &Pipeline,
+        programs: Vec<Arc<dyn StageProgram>>,
+        placements: Vec<Placement>,
+        models: Vec<(u32, Vec<ModelSpec>)>,
+    ) -> Result<(), String> {
+        let served = read(&self.shared.stages).stage_group.clone();
+        if programs.len() != pipeline.stages.len() || pipeline.stages.len() < served.len() {
+            return Err(format!(
+                "{} stage programs for {} stages ({} served)",
+                programs.len(),
+                pipeline.stages.len(),
+                served.len()
+            ));
+        }
+        let mut owner: Vec<Option<usize>> = served.iter().map(|&g| Some(g)).collect();
+        owner.resize(pipeline.stages.len(), None);
+        for (stage, variants) in models {
+            let group = self.shared.group(&self.groups, stage).ok_or_else(|| format!("stage {stage} is not served here"))?;
+            lock(&group).set_models(stage, variants).map_err(|e| e.to_string())?;
+        }
+        let mut groups = write(&self.groups);
+        for placement in placements {
+            let index = groups.len();
+            for &stage in &placement.stages {
+                match owner.get_mut(stage as usize) {
+                    Some(slot @ None) => *slot = Some(index),
+                    _ => return Err(format!("a new worker group names stage {stage}, which is served already or does not exist")),
+                }
+            }
+            groups.push(start_group(&self.shared, &self.finishers, index, placement));
+        }
+        drop(groups);
+        let stage_group = owner
+            .into_iter()
+            .enumerate()
+            .map(|(stage, group)| group.ok_or_else(|| format!("stage {stage} is placed on no worker group")))
+            .collect::<Result<Vec<usize>, String>>()?;
+        *write(&self.shared.stages) = StageTable::new(pipeline, programs, stage_group);
+        self.profiles = pipeline.stages.iter().map(|s| s.variants.iter().map(|v| v.profile.clone()).collect()).collect();
+        Ok(())
     }
 
     /// The profiled p99 of a batch of `batch` on `worker`'s variant.
@@ -483,8 +568,8 @@ fn check_stalls(shared: &Shared, groups: &Groups, now: Instant) {
 
 /// Replace a stalled worker by a fresh one under the same id.
 fn restart(shared: &Shared, groups: &Groups, worker: u32, stage: u32, variant: u32) {
-    let Some(group) = groups.get(shared.stage_group[stage as usize]) else { return };
-    let mut group = lock(group);
+    let Some(group) = shared.group(groups, stage) else { return };
+    let mut group = lock(&group);
     group.abort(worker);
     *lock(&shared.replaced).entry(worker).or_default() += 1;
     shared.board.set(worker, stage, WorkerStatus::Loading);
@@ -563,7 +648,7 @@ impl Executor for OnnxExecutor {
             jobs.running.insert(job.worker, id);
         }
         let handed = match self.group_of(job.worker) {
-            Some(mut group) => group.start(job.worker, Job { id, requests }).map_err(|e| e.to_string()),
+            Some(group) => lock(&group).start(job.worker, Job { id, requests }).map_err(|e| e.to_string()),
             None => Err(format!("worker {} is unknown to the executor", job.worker)),
         };
         if let Err(error) = handed {
@@ -585,16 +670,17 @@ impl Executor for OnnxExecutor {
         // Claimed here, the job's result (if it still comes) is ignored: the engine has
         // taken its requests back.
         self.shared.claim_running(worker);
-        if let Some(mut group) = self.group_of(worker) {
-            group.abort(worker);
+        if let Some(group) = self.group_of(worker) {
+            lock(&group).abort(worker);
         }
     }
 
     fn provision(&mut self, worker: u32, stage: u32, variant: u32, _start: WorkerStart) {
         self.worker_stage.insert(worker, (stage, variant));
         self.shared.board.set(worker, stage, WorkerStatus::Loading);
-        let Some(group) = self.groups.get(self.shared.stage_group[stage as usize]) else { return };
-        if let Err(error) = lock(group).provision(worker, stage, variant) {
+        let Some(group) = self.shared.group(&self.groups, stage) else { return };
+        let provisioned = lock(&group).provision(worker, stage, variant);
+        if let Err(error) = provisioned {
             tracing::error!(worker, stage, variant, "worker could not be provisioned: {error}; it is reported lost");
             self.shared.board.set(worker, stage, WorkerStatus::Failed(error.to_string()));
             // The engine counts it as starting until told: a stage whose only workers
@@ -607,15 +693,16 @@ impl Executor for OnnxExecutor {
         // The next `Retired` of this id is this retirement's (or the replaced
         // instance's, which is gone as well).
         lock(&self.shared.replaced).remove(&worker);
-        if let Some(mut group) = self.group_of(worker) {
-            group.retire(worker);
+        if let Some(group) = self.group_of(worker) {
+            lock(&group).retire(worker);
         }
         self.worker_stage.remove(&worker);
     }
 
     fn set_threads(&mut self, worker: u32, threads: u32) {
-        if let Some(mut group) = self.group_of(worker) {
-            if let Err(error) = group.set_threads(worker, threads) {
+        if let Some(group) = self.group_of(worker) {
+            let changed = lock(&group).set_threads(worker, threads);
+            if let Err(error) = changed {
                 tracing::warn!(worker, threads, "changing a worker's threads failed: {error}");
             }
         }
@@ -623,7 +710,7 @@ impl Executor for OnnxExecutor {
 
     fn set_variant(&mut self, worker: u32, variant: u32) {
         let changed = match self.group_of(worker) {
-            Some(mut group) => group.set_variant(worker, variant).map_err(|error| {
+            Some(group) => lock(&group).set_variant(worker, variant).map_err(|error| {
                 tracing::warn!(worker, variant, "changing a worker's variant failed: {error}; it keeps its model");
             }),
             None => Err(()),
@@ -640,6 +727,28 @@ impl Executor for OnnxExecutor {
         // stages, so the engine never has anything resident here.
         tracing::debug!(worker, sequence, "evict ignored: no resident sequences on ONNX workers");
     }
+}
+
+/// A group of workers ready for the executor, its event pump started.
+fn start_group(shared: &Arc<Shared>, finishers: &mpsc::Sender<Finishing>, index: usize, placement: Placement) -> Group {
+    let pump_shared = Arc::clone(shared);
+    let events = placement.events;
+    let finishers = finishers.clone();
+    let spawned = std::thread::Builder::new().name(format!("yardmaster-pump-{index}")).spawn(move || pump(&pump_shared, events, &finishers));
+    if let Err(error) = spawned {
+        tracing::error!("starting the event pump of worker group {index}: {error}; its workers' results will not arrive");
+    }
+    Arc::new(Mutex::new(placement.workers))
+}
+
+/// A read lock that survives a panic elsewhere (see [`lock`]).
+fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A write lock that survives a panic elsewhere (see [`lock`]).
+fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn start_failure(worker: u32, error: &str) -> String {

@@ -10,7 +10,8 @@
 //! live traffic as a simulator trace, [`prometheus`] renders `/metrics`, and
 //! [`client`] and [`load`] are the project's own client and load generator. [`swap`]
 //! swaps the policy on the running engine, triggered by the [`admin`] API and the
-//! [`watch`]ed directory.
+//! [`watch`]ed directory. A served Triton model [`repository`] loads and unloads
+//! models while serving through [`model_control`].
 
 pub mod ab;
 pub mod actor;
@@ -28,6 +29,7 @@ pub mod kserve;
 pub mod listeners;
 pub mod llm;
 pub mod load;
+pub mod model_control;
 pub mod payload;
 pub mod prometheus;
 pub mod remote;

@@ -42,7 +42,7 @@ use yardmaster_engine::pipeline::{StageDef, StreamDef};
 use yardmaster_formats::model_repository::config::{Backend, DataType, TensorConfig};
 use yardmaster_formats::model_repository::repository::PROFILE_SHAPES_PARAMETER;
 use yardmaster_formats::model_repository::stages::{
-    dynamic_batching_params, ensemble_order, ensemble_stages, link_chain, model_stage, profile_stage_from_text, repository_pipeline,
+    dynamic_batching_params, ensemble_order, ensemble_stages, model_stage, profile_stage_from_text, repository_pipeline,
     sha256_of, ProfileSource, ProfileStore, PROFILE_FILE,
 };
 use yardmaster_formats::model_repository::{read_graph_signature, scan, ModelConfig, ModelEntry, ModelVersion};
@@ -92,6 +92,8 @@ pub struct LoadedRepository {
     pub warnings: Vec<String>,
     /// Policy parameters from the models' `dynamic_batching`.
     pub params: Vec<Param>,
+    /// Each model version and ensemble served, as prepared (for model control).
+    pub(crate) prepared: Vec<Prepared>,
 }
 
 /// A model of the repository that is not served, and why.
@@ -109,19 +111,24 @@ impl std::fmt::Display for RefusedModel {
     }
 }
 
-/// One model (or ensemble) ready to serve: its stages, a chain, and its stream.
-struct Prepared {
-    stages: Vec<PreparedStage>,
-    stream: StreamDef,
-    model: ServedModel,
+/// One model version (or ensemble) ready to serve: its stages, a chain, and its
+/// stream. Kept while the model is loaded, so a change elsewhere in the repository
+/// does not prepare it again.
+#[derive(Clone)]
+pub(crate) struct Prepared {
+    pub(crate) stages: Vec<PreparedStage>,
+    pub(crate) stream: StreamDef,
+    pub(crate) model: ServedModel,
     /// A plain model's tensors, which an ensemble step maps to.
-    codec: Option<TensorCodec>,
-    params: Vec<Param>,
+    pub(crate) codec: Option<TensorCodec>,
+    pub(crate) params: Vec<Param>,
+    /// The models an ensemble's steps run (empty for a plain model).
+    pub(crate) steps: Vec<String>,
 }
 
 /// One stage of a prepared model: its engine stage, its model file and its program.
 #[derive(Clone)]
-struct PreparedStage {
+pub(crate) struct PreparedStage {
     stage: StageDef,
     spec: ModelSpec,
     program: Arc<dyn StageProgram>,
@@ -135,7 +142,26 @@ pub fn load(
     options: &RepositoryOptions,
     progress: &mut dyn FnMut(&str),
 ) -> Result<LoadedRepository, String> {
+    load_selected(dirs, context, options, &|_| true, progress)
+}
+
+/// Why a model of the repository is not loaded under model control.
+pub const NOT_LOADED: &str = "not loaded (load it with POST /v2/repository/models/{m}/load)";
+
+/// [`load`], for the models `select` accepts only; the others are listed as not
+/// loaded ([`NOT_LOADED`]).
+pub fn load_selected(
+    dirs: &[PathBuf],
+    context: &WorkerContext,
+    options: &RepositoryOptions,
+    select: &dyn Fn(&str) -> bool,
+    progress: &mut dyn FnMut(&str),
+) -> Result<LoadedRepository, String> {
     let mut repository = scan(dirs).map_err(|e| e.to_string())?;
+    let skipped: Vec<String> = repository.models.keys().filter(|name| !select(name)).cloned().collect();
+    for name in &skipped {
+        repository.models.remove(name);
+    }
     repository.complete_from_graphs();
     let mut refused: Vec<RefusedModel> =
         repository.errors().map(|e| RefusedModel { name: e.model.clone(), reason: e.message.clone() }).collect();
@@ -158,6 +184,7 @@ pub fn load(
             Err(reason) => refused.push(RefusedModel { name: entry.name.clone(), reason }),
         }
     }
+    refused.extend(skipped.into_iter().map(|name| RefusedModel { name, reason: NOT_LOADED.into() }));
     refused.sort_by(|a, b| a.name.cmp(&b.name));
     if prepared.is_empty() {
         let mut message =
@@ -167,35 +194,97 @@ pub fn load(
         }
         return Err(message);
     }
-    let mut stages = Vec::new();
-    let mut streams = Vec::new();
+    let params = prepared.iter().flat_map(|p| p.params.clone()).collect();
+    let served = assemble(&prepared, None)?;
+    Ok(LoadedRepository { served, refused, warnings, params, prepared })
+}
+
+/// The pipeline serving `prepared` (plain models before the ensembles made of them).
+///
+/// Stages and streams have places named after them. With `previous` (the pipeline
+/// served until now), every place it has keeps its index: a model served again takes
+/// its old places back, new ones are added after, and the places of models no longer
+/// served stay as offline stages (no replica allowed, no edges) whose streams get no
+/// request — so stage and stream ids never move under a running engine (see
+/// `yardmaster_engine::Engine::reconfigure`).
+pub(crate) fn assemble(prepared: &[Prepared], previous: Option<&ServedPipeline>) -> Result<ServedPipeline, String> {
+    let mut stages: Vec<StageDef> = Vec::new();
+    let mut streams: Vec<StreamDef> = Vec::new();
     let mut catalog = ModelCatalog::default();
     let mut programs: Vec<Arc<dyn StageProgram>> = Vec::new();
-    let mut models = Vec::new();
-    let mut params = Vec::new();
-    for p in prepared {
-        // A model's stages form a chain from its entry, numbered from here.
-        let entry = stages.len() as u32;
-        for prepared_stage in p.stages {
-            stages.push(prepared_stage.stage);
-            catalog.stages.push(vec![prepared_stage.spec]);
-            programs.push(prepared_stage.program);
+    if let Some(previous) = previous {
+        for stage in &previous.pipeline.stages {
+            stages.push(StageDef {
+                replicas: 0,
+                min_replicas: 0,
+                max_replicas: 0,
+                successors: Vec::new(),
+                predecessors: Vec::new(),
+                ..stage.clone()
+            });
         }
-        link_chain(&mut stages, entry as usize);
-        let stream = streams.len() as u32;
-        streams.push(StreamDef { entry, ..p.stream });
-        models.push(ServedModel { stream, entry, ..p.model });
-        params.extend(p.params);
+        streams = previous.pipeline.streams.clone();
+        catalog = previous.catalog.clone();
+        programs = previous.programs.clone();
+    }
+    let mut models = Vec::new();
+    for p in prepared {
+        let mut places = Vec::with_capacity(p.stages.len());
+        for prepared_stage in &p.stages {
+            let place = match stages.iter().position(|s| s.name == prepared_stage.stage.name) {
+                Some(place) => {
+                    stages[place] = prepared_stage.stage.clone();
+                    catalog.stages[place] = vec![prepared_stage.spec.clone()];
+                    programs[place] = prepared_stage.program.clone();
+                    place
+                }
+                None => {
+                    stages.push(prepared_stage.stage.clone());
+                    catalog.stages.push(vec![prepared_stage.spec.clone()]);
+                    programs.push(prepared_stage.program.clone());
+                    stages.len() - 1
+                }
+            };
+            places.push(place);
+        }
+        link(&mut stages, &places);
+        let entry = places[0] as u32;
+        let stream = match streams.iter().position(|s| s.name == p.stream.name) {
+            Some(place) if streams[place].entry != entry => {
+                return Err(format!(
+                    "model {:?} now starts at stage {:?}, not {:?}: an entry stage cannot change while serving (restart the server)",
+                    p.model.name, stages[entry as usize].name, stages[streams[place].entry as usize].name
+                ))
+            }
+            Some(place) => {
+                streams[place] = StreamDef { entry, ..p.stream.clone() };
+                place
+            }
+            None => {
+                streams.push(StreamDef { entry, ..p.stream.clone() });
+                streams.len() - 1
+            }
+        };
+        models.push(ServedModel { stream: stream as u32, entry, ..p.model.clone() });
     }
     let pipeline = repository_pipeline(stages, streams)?;
     let served = ServedPipeline { pipeline, catalog, programs, models };
     served.check()?;
-    Ok(LoadedRepository { served, refused, warnings, params })
+    Ok(served)
+}
+
+/// Chain the stages at `places` in that order (a model's stages: one, or an
+/// ensemble's steps).
+fn link(stages: &mut [StageDef], places: &[usize]) {
+    for (i, &place) in places.iter().enumerate() {
+        stages[place].predecessors = if i > 0 { vec![places[i - 1] as u32] } else { Vec::new() };
+        stages[place].successors = places.get(i + 1).map(|&next| vec![next as u32]).unwrap_or_default();
+    }
 }
 
 /// Build the stage, stream, codec and parameters of each served version of a model,
 /// profiling them if needed; the latest version last.
-fn prepare(
+pub(crate) fn prepare(
     entry: &ModelEntry,
     context: &WorkerContext,
     options: &RepositoryOptions,
@@ -221,6 +310,7 @@ fn prepare(
             model,
             codec: Some(codec),
             params: Vec::new(),
+            steps: Vec::new(),
         });
     }
     if let Some(latest) = prepared.last_mut() {
@@ -232,7 +322,7 @@ fn prepare(
 /// An ensemble as a chain of stages: each step a stage of its own running the step's
 /// model (with that model's profile), in an order where every step comes after the
 /// steps whose outputs it reads; the request's tensors travel by name between them.
-fn prepare_ensemble(entry: &ModelEntry, models: &[Prepared]) -> Result<Prepared, String> {
+pub(crate) fn prepare_ensemble(entry: &ModelEntry, models: &[Prepared]) -> Result<Prepared, String> {
     let config = &entry.config;
     let names = |tensors: &[TensorConfig]| tensors.iter().map(|t| t.name.clone()).collect::<Vec<_>>();
     let codec = tensor_codec(config, &names(&config.input), &names(&config.output))?;
@@ -271,7 +361,8 @@ fn prepare_ensemble(entry: &ModelEntry, models: &[Prepared]) -> Result<Prepared,
     let version = entry.versions.last().map_or_else(|| "1".to_string(), |v| v.version.to_string());
     let description = ModelDescription { version, platform: "ensemble".into(), config: Some(config.to_triton_json()) };
     let model = ServedModel { name: entry.name.clone(), stream: 0, entry: 0, codec: Codec::Ensemble(codec), description };
-    Ok(Prepared { stages, stream, model, codec: None, params: Vec::new() })
+    let steps = config.ensemble_steps.iter().map(|s| s.model_name.clone()).collect();
+    Ok(Prepared { stages, stream, model, codec: None, params: Vec::new(), steps })
 }
 
 /// The codec of a completed configuration, with tensors in the graph's order.

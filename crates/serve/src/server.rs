@@ -20,6 +20,7 @@ use super::capture::Recorder;
 use super::config::{RemotePlacement, ServeConfig};
 use super::executor::{Placement, ServeActor, ServeHandle};
 use super::listeners::Listeners;
+use super::model_control::{ControlMode, ControlSettings, ModelControl};
 use super::prometheus;
 use super::remote::pool::{RemoteConfig, RemotePool};
 use super::remote::transport::Fingerprint;
@@ -43,6 +44,10 @@ pub struct Server {
     pub device: String,
     actor: ServeActor,
     admin: Admin,
+    /// Model control, when models load and unload while serving.
+    control: Option<Arc<ModelControl>>,
+    /// Stops the repository poll (poll mode).
+    stop_polling: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Server {
@@ -58,10 +63,14 @@ impl Server {
         let context = WorkerContext { runtime: ort.clone(), cache: Arc::new(ModelCache::default()) };
         let mut options = config.engine_options();
         let mut unavailable = Vec::new();
+        let mut prepared = None;
         let served = if config.model_repository.is_empty() {
             served_pipeline(&config.pipeline, &context)?
         } else {
-            let loaded = load_repository(config.model_repository.clone(), context.clone()).await?;
+            let selected = config.load_model.clone();
+            let select = move |name: &str| selected.is_empty() || selected.iter().any(|m| m == name);
+            let loaded = load_repository(config.model_repository.clone(), context.clone(), Box::new(select)).await?;
+            prepared = Some(loaded.prepared);
             for param in loaded.params {
                 // The operator's own parameters win over the models' configurations.
                 if !options.params.iter().any(|p| p.key == param.key) {
@@ -78,9 +87,28 @@ impl Server {
         let policy = policy_choice(&config.policy)?;
         let policy_name = policy.name.clone();
         let sandbox = policy.sandbox.clone();
-        let (actor, backend) = ServingStack::start(served, policy, options, context, placements).map_err(|e| anyhow!(e))?;
-        let backend = backend.with_unavailable(unavailable);
+        let kept = prepared.as_ref().map(|_| served.clone());
+        let (actor, backend) = ServingStack::start(served, policy, options, context.clone(), placements).map_err(|e| anyhow!(e))?;
+        let backend = Arc::new(backend.with_unavailable(unavailable));
         let handle = actor.handle();
+        let stop_polling = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let control = match (config.model_control_mode, kept, prepared) {
+            (ControlMode::None, _, _) | (_, None, _) | (_, _, None) => None,
+            (mode, Some(served), Some(prepared)) => {
+                let settings = ControlSettings {
+                    dirs: config.model_repository.clone(),
+                    options: RepositoryOptions::default(),
+                    operator_params: config.policy_params(),
+                    unload_timeout: std::time::Duration::from_secs_f64(config.unload_timeout_secs),
+                };
+                let control = Arc::new(ModelControl::new(settings, context, handle.clone(), backend.clone(), served, prepared));
+                backend.set_controller(control.clone());
+                if mode == ControlMode::Poll {
+                    start_polling(control.clone(), config.repository_poll_secs, stop_polling.clone());
+                }
+                Some(control)
+            }
+        };
         let watchdog = config.watchdog;
         handle.inspect(move |engine| engine.executor().borrow().set_watchdog(watchdog)).map_err(|e| anyhow!(e))?;
         if let Some(path) = &config.capture {
@@ -97,14 +125,14 @@ impl Server {
             text
         });
         let api = Arc::new(
-            Api::new(Arc::new(backend))
+            Api::new(backend)
                 .with_metrics(renderer)
                 .with_max_body(config.max_body_bytes)
                 .with_max_in_flight(config.max_in_flight),
         );
         let listeners = Listeners::start(&config.listen_options(), api).await?;
         let admin = Admin::start(&config.admin, Arc::new(Swapper::new(handle.clone(), sandbox))).await?;
-        Ok(Server { listeners, handle, policy: policy_name, models, device, actor, admin })
+        Ok(Server { listeners, handle, policy: policy_name, models, device, actor, admin, control, stop_polling })
     }
 
     /// The address clients use (TCP and UDP share the port).
@@ -132,8 +160,14 @@ impl Server {
         self.handle.inspect_arms(summary).unwrap_or_else(|e| e.to_string())
     }
 
+    /// Model control, when models load and unload while serving.
+    pub fn model_control(&self) -> Option<&Arc<ModelControl>> {
+        self.control.as_ref()
+    }
+
     /// Stop accepting, end the capture, fail what is in flight once, stop the engine.
     pub async fn stop(self) {
+        self.stop_polling.store(true, std::sync::atomic::Ordering::Release);
         self.admin.stop().await;
         self.listeners.stop().await;
         let _ = self.handle.capture(None);
@@ -214,12 +248,38 @@ pub async fn remote_placement(remote: &RemotePlacement, served: &ServedPipeline)
     Ok(Placement { stages, workers: Box::new(pool), events })
 }
 
-/// Load the model repositories `dirs` (profiling models on first load, off the async
-/// threads), printing progress, the warnings and the refused models on stderr.
-pub async fn load_repository(dirs: Vec<PathBuf>, context: WorkerContext) -> Result<LoadedRepository> {
+/// Read the repository again every `seconds` on a thread of its own (poll mode),
+/// printing each change on stderr, until `stop` is set.
+fn start_polling(control: Arc<ModelControl>, seconds: f64, stop: Arc<std::sync::atomic::AtomicBool>) {
+    let period = std::time::Duration::from_secs_f64(seconds);
+    let spawned = std::thread::Builder::new().name("yardmaster-repository-poll".into()).spawn(move || loop {
+        let until = std::time::Instant::now() + period;
+        while std::time::Instant::now() < until {
+            if stop.load(std::sync::atomic::Ordering::Acquire) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50).min(period));
+        }
+        for line in control.poll() {
+            eprintln!("repository poll: {line}");
+        }
+    });
+    if let Err(error) = spawned {
+        tracing::error!("starting the repository poll: {error}; the repository will not be followed");
+    }
+}
+
+/// Load the models `select` accepts from the repositories `dirs` (profiling models on
+/// first load, off the async threads), printing progress, the warnings and the refused
+/// models on stderr.
+pub async fn load_repository(
+    dirs: Vec<PathBuf>,
+    context: WorkerContext,
+    select: Box<dyn Fn(&str) -> bool + Send>,
+) -> Result<LoadedRepository> {
     let loaded = tokio::task::spawn_blocking(move || {
         let options = RepositoryOptions::default();
-        repository::load(&dirs, &context, &options, &mut |line| eprintln!("{line}"))
+        repository::load_selected(&dirs, &context, &options, &*select, &mut |line| eprintln!("{line}"))
     })
     .await
     .context("loading the model repository")?

@@ -32,6 +32,7 @@ pub const TINY_MODEL: &str = "tiny";
 
 /// A pipeline ready to serve: the engine's description, the model of every (stage,
 /// variant), the program around every stage, and the models clients see.
+#[derive(Clone)]
 pub struct ServedPipeline {
     /// Stages, profiles, streams.
     pub pipeline: Pipeline,

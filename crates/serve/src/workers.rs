@@ -4,7 +4,7 @@
 //! on a remote host looks to the engine exactly like a local one. Events of every
 //! worker, local or remote, arrive as [`yardmaster_dataplane::WorkerEvent`]s.
 
-use yardmaster_dataplane::{Job, Result, WorkerPool};
+use yardmaster_dataplane::{DataplaneError, Job, ModelSpec, Result, WorkerPool};
 
 /// A group of workers addressed by engine worker id.
 pub trait Workers: Send {
@@ -21,6 +21,12 @@ pub trait Workers: Send {
     fn set_threads(&mut self, worker: u32, threads: u32) -> Result<()>;
     /// Change a worker's variant (same stage); `Reconfigured` follows.
     fn set_variant(&mut self, worker: u32, variant: u32) -> Result<()>;
+    /// Give `stage` new models (a model loaded again while serving): workers
+    /// provisioned from now on load them. Groups whose models are fixed refuse.
+    fn set_models(&mut self, stage: u32, variants: Vec<ModelSpec>) -> Result<()> {
+        let _ = variants;
+        Err(DataplaneError::Invalid(format!("this worker group cannot change the models of stage {stage}")))
+    }
 }
 
 impl Workers for WorkerPool {
@@ -41,5 +47,9 @@ impl Workers for WorkerPool {
     }
     fn set_variant(&mut self, worker: u32, variant: u32) -> Result<()> {
         WorkerPool::set_variant(self, worker, variant)
+    }
+    fn set_models(&mut self, stage: u32, variants: Vec<ModelSpec>) -> Result<()> {
+        WorkerPool::set_models(self, stage, variants);
+        Ok(())
     }
 }

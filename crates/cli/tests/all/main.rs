@@ -14,6 +14,7 @@ mod serve_faults;
 mod serve_hostile;
 mod serve_llm;
 mod serve_llm_http;
+mod serve_model_control;
 mod serve_overload;
 mod serve_policies;
 mod serve_remote;

@@ -94,8 +94,9 @@ fn asset(relative: &str) -> PathBuf {
     path
 }
 
-/// Start `yardmaster serve --model-repository` on a free port; stderr goes to a file.
-fn serve_repository(dir: &Path, models: &Path) -> (Server, PathBuf) {
+/// Start `yardmaster serve --model-repository` on a free port with `extra` flags;
+/// stderr goes to a file.
+pub(crate) fn serve_repository_with(dir: &Path, models: &Path, extra: &[&str]) -> (Server, PathBuf) {
     let config = dir.join("serve.toml");
     std::fs::write(&config, "listen = \"127.0.0.1:0\"\npolicy = \"edf\"\nstate_dir = \"state\"\n").unwrap();
     let stderr = dir.join("stderr.txt");
@@ -104,6 +105,7 @@ fn serve_repository(dir: &Path, models: &Path) -> (Server, PathBuf) {
         .arg(&config)
         .arg("--model-repository")
         .arg(models)
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(&stderr).unwrap())
         .spawn()
@@ -119,6 +121,11 @@ fn serve_repository(dir: &Path, models: &Path) -> (Server, PathBuf) {
     };
     std::thread::spawn(move || for _ in lines {});
     (Server { child, address, certificate: dir.join("state/tls/cert.pem"), dir: dir.to_path_buf() }, stderr)
+}
+
+/// Start `yardmaster serve --model-repository` on a free port; stderr goes to a file.
+fn serve_repository(dir: &Path, models: &Path) -> (Server, PathBuf) {
+    serve_repository_with(dir, models, &[])
 }
 
 /// Triton's perf_analyzer, as `scripts/setup.sh --deps` installs it.
