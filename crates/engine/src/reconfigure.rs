@@ -11,7 +11,8 @@
 //!
 //! [`Engine::reconfigure`] applies the new pipeline between two event batches: it
 //! takes workers off stages whose replica bound fell (starting and idle ones at once,
-//! busy ones after their job), fails what is still queued at a stage going offline,
+//! busy ones after their job), drops (with the reason) what is still queued at a
+//! stage going offline and fails later arrivals there,
 //! provisions the initial workers of a stage coming online (the policy sees them as
 //! `worker-added` when they are ready), and hands the policy arm over to an instance
 //! initialised with the new configuration ([`yardmaster_policy::Arm::reconfigure`]),
@@ -32,7 +33,7 @@ pub struct ReconfigureOutcome {
     pub pause: std::time::Duration,
     /// Requests the policy held at the hand-over, replayed into the new instance.
     pub replayed: usize,
-    /// Requests failed because their stage went offline.
+    /// Requests dropped because their stage went offline.
     pub failed: usize,
     /// The instance that answered before, for the caller to drop off the hot path.
     pub retired: Option<Box<dyn PolicyInstance>>,
@@ -85,7 +86,12 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         self.now();
         let old_stages = self.state.stages.len();
         for def in &pipeline.stages[old_stages..] {
-            self.state.stages.push(StageEntry { batch_limit: def.max_batch, replicas: 0, window: StageWindow::default(), routes: Vec::new() });
+            self.state.stages.push(StageEntry {
+                batch_limit: def.max_batch,
+                replicas: 0,
+                window: StageWindow::default(),
+                routes: Vec::new(),
+            });
             self.state.queued_order.push(Default::default());
             self.unserved.push(None);
         }
@@ -111,7 +117,7 @@ impl<C: Clock, X: Executor> Engine<C, X> {
                     if let Some(origin) = self.state.pieces.get(&id).map(|p| p.request.origin) {
                         failed += 1;
                         let now = self.state.now;
-                        self.end_origin(origin, Outcome::Failed { error: error.clone() }, now, EndReason::Failed);
+                        self.end_origin(origin, Outcome::Dropped { reason: error.clone() }, now, EndReason::Failed);
                     }
                 }
             }

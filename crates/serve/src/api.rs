@@ -128,12 +128,16 @@ pub trait Backend: Send + Sync {
     /// request body's `parameters` object (`Null` when none).
     fn load_model(&self, model: &str, parameters: Value) -> BoxFuture<'_, Result<(), ControlError>> {
         let (model, _) = (model.to_string(), parameters);
-        Box::pin(async move { Err(ControlError::Refused(format!("cannot load model {model:?}: this server does not load models while serving"))) })
+        Box::pin(async move {
+            Err(ControlError::Refused(format!("cannot load model {model:?}: this server does not load models while serving")))
+        })
     }
     /// Triton's repository extension: unload `model` (its requests drain first).
     fn unload_model(&self, model: &str, parameters: Value) -> BoxFuture<'_, Result<(), ControlError>> {
         let (model, _) = (model.to_string(), parameters);
-        Box::pin(async move { Err(ControlError::Refused(format!("cannot unload model {model:?}: this server does not unload models while serving"))) })
+        Box::pin(async move {
+            Err(ControlError::Refused(format!("cannot unload model {model:?}: this server does not unload models while serving")))
+        })
     }
     /// Triton's repository index: every model with its version, `state` (`READY` or
     /// `UNAVAILABLE`) and, when unavailable, the `reason`.

@@ -484,12 +484,7 @@ impl OnnxExecutor {
     ) -> Result<(), String> {
         let served = read(&self.shared.stages).stage_group.clone();
         if programs.len() != pipeline.stages.len() || pipeline.stages.len() < served.len() {
-            return Err(format!(
-                "{} stage programs for {} stages ({} served)",
-                programs.len(),
-                pipeline.stages.len(),
-                served.len()
-            ));
+            return Err(format!("{} stage programs for {} stages ({} served)", programs.len(), pipeline.stages.len(), served.len()));
         }
         let mut owner: Vec<Option<usize>> = served.iter().map(|&g| Some(g)).collect();
         owner.resize(pipeline.stages.len(), None);
@@ -734,7 +729,8 @@ fn start_group(shared: &Arc<Shared>, finishers: &mpsc::Sender<Finishing>, index:
     let pump_shared = Arc::clone(shared);
     let events = placement.events;
     let finishers = finishers.clone();
-    let spawned = std::thread::Builder::new().name(format!("yardmaster-pump-{index}")).spawn(move || pump(&pump_shared, events, &finishers));
+    let spawned =
+        std::thread::Builder::new().name(format!("yardmaster-pump-{index}")).spawn(move || pump(&pump_shared, events, &finishers));
     if let Err(error) = spawned {
         tracing::error!("starting the event pump of worker group {index}: {error}; its workers' results will not arrive");
     }

@@ -184,7 +184,10 @@ impl ModelControl {
             let again = prepare_ensemble(entry, &plain).map_err(|reason| {
                 ControlError::Conflict(format!("model {model:?} would break ensemble {name:?} ({reason}); unload the ensemble first"))
             })?;
-            loaded.insert(name.clone(), LoadedModel { prepared: vec![again], steps: dependent.steps.clone(), fingerprint: dependent.fingerprint.clone() });
+            loaded.insert(
+                name.clone(),
+                LoadedModel { prepared: vec![again], steps: dependent.steps.clone(), fingerprint: dependent.fingerprint.clone() },
+            );
         }
         if let Some(warning) = entry.ignored_fields_warning() {
             tracing::warn!("{warning}");
@@ -245,9 +248,13 @@ impl ModelControl {
                 arms.slots().iter().map(|slot| streams.iter().map(|&s| slot.engine.in_flight_of(s)).sum::<usize>()).sum::<usize>()
             })
         };
+        let mut quiet = 0;
         loop {
             let left = in_flight(streams.to_vec()).map_err(|e| ControlError::Failed(e.to_string()))?;
-            if left == 0 {
+            // Twice quiet, a few milliseconds apart: a request that passed the
+            // unloading check just before it was set has reached the engine by then.
+            quiet = if left == 0 { quiet + 1 } else { 0 };
+            if quiet == 2 {
                 break;
             }
             if Instant::now() >= until {
@@ -266,7 +273,8 @@ impl ModelControl {
             }
             std::thread::sleep(Duration::from_millis(5));
         }
-        let next: BTreeMap<String, &LoadedModel> = state.loaded.iter().filter(|(n, _)| !gone.contains(n)).map(|(n, m)| (n.clone(), m)).collect();
+        let next: BTreeMap<String, &LoadedModel> =
+            state.loaded.iter().filter(|(n, _)| !gone.contains(n)).map(|(n, m)| (n.clone(), m)).collect();
         if next.is_empty() {
             return Err(ControlError::Refused(format!(
                 "model {:?} is the last one served: a server serves at least one model (load another first)",
@@ -309,7 +317,13 @@ impl ModelControl {
     /// Serve `next` instead of `served`: new stages get worker groups, stages loaded
     /// again their new model files, the engine and its policy the new cluster; then the
     /// client API serves the new set of models.
-    fn apply(&self, served: &ServedPipeline, next: &ServedPipeline, why: &str, models: &BTreeMap<String, &LoadedModel>) -> Result<(), ControlError> {
+    fn apply(
+        &self,
+        served: &ServedPipeline,
+        next: &ServedPipeline,
+        why: &str,
+        models: &BTreeMap<String, &LoadedModel>,
+    ) -> Result<(), ControlError> {
         let old = served.pipeline.stages.len();
         let mut placements = Vec::new();
         for stage in old..next.pipeline.stages.len() {
@@ -345,7 +359,8 @@ impl ModelControl {
             .map_err(|e| ControlError::Failed(e.to_string()))??;
         tracing::info!(why = %why, pause_us = outcome.pause.as_secs_f64() * 1e6, replayed = outcome.replayed, failed = outcome.failed, "the policy was handed the new cluster");
         drop(outcome.retired);
-        let online: Vec<u32> = (0..next.pipeline.stages.len() as u32).filter(|&s| next.pipeline.stages[s as usize].max_replicas > 0).collect();
+        let online: Vec<u32> =
+            (0..next.pipeline.stages.len() as u32).filter(|&s| next.pipeline.stages[s as usize].max_replicas > 0).collect();
         self.backend.board().set_online(online);
         let (programs, served_models) = (next.programs.clone(), next.models.iter().cloned().map(Arc::new).collect());
         self.backend.change_tables(|t| {

@@ -42,8 +42,8 @@ use yardmaster_engine::pipeline::{StageDef, StreamDef};
 use yardmaster_formats::model_repository::config::{Backend, DataType, TensorConfig};
 use yardmaster_formats::model_repository::repository::PROFILE_SHAPES_PARAMETER;
 use yardmaster_formats::model_repository::stages::{
-    dynamic_batching_params, ensemble_order, ensemble_stages, model_stage, profile_stage_from_text, repository_pipeline,
-    sha256_of, ProfileSource, ProfileStore, PROFILE_FILE,
+    dynamic_batching_params, ensemble_order, ensemble_stages, model_stage, profile_stage_from_text, repository_pipeline, sha256_of,
+    ProfileSource, ProfileStore, PROFILE_FILE,
 };
 use yardmaster_formats::model_repository::{read_graph_signature, scan, ModelConfig, ModelEntry, ModelVersion};
 use yardmaster_policy::contract::{DeviceKind, Param};

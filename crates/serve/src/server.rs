@@ -125,10 +125,7 @@ impl Server {
             text
         });
         let api = Arc::new(
-            Api::new(backend)
-                .with_metrics(renderer)
-                .with_max_body(config.max_body_bytes)
-                .with_max_in_flight(config.max_in_flight),
+            Api::new(backend).with_metrics(renderer).with_max_body(config.max_body_bytes).with_max_in_flight(config.max_in_flight),
         );
         let listeners = Listeners::start(&config.listen_options(), api).await?;
         let admin = Admin::start(&config.admin, Arc::new(Swapper::new(handle.clone(), sandbox))).await?;

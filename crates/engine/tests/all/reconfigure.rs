@@ -48,7 +48,8 @@ fn finish(engine: &mut Engine<ManualClock, TestExecutor>, clock: &ManualClock) {
     clock.set(clock.now() + 5 * MS);
     let jobs = std::mem::take(&mut engine.executor_mut().started);
     for job in jobs {
-        let items = job.items.iter().map(|i| ItemResult { id: i.id, error: None, tokens: 0, finished: true, fan_out: Vec::new() }).collect();
+        let items =
+            job.items.iter().map(|i| ItemResult { id: i.id, error: None, tokens: 0, finished: true, fan_out: Vec::new() }).collect();
         engine.job_finished(JobResult { worker: job.worker, duration: MS, items });
     }
     engine.flush();
@@ -93,7 +94,13 @@ fn a_model_added_taken_offline_and_brought_back_loses_no_request() {
     let mut expected = queued.clone();
     expected.push(late);
     assert_eq!(ended.keys().copied().collect::<Vec<_>>(), expected);
-    let failed = ended.values().filter(|o| matches!(o, Outcome::Failed { error } if error.contains("out of service"))).count();
+    let failed = ended
+        .values()
+        .filter(|o| match o {
+            Outcome::Dropped { reason: error } | Outcome::Failed { error } => error.contains("out of service"),
+            Outcome::Completed => false,
+        })
+        .count();
     assert!(outcome.failed > 0, "some were still queued");
     assert_eq!(failed, outcome.failed + 1, "the queued ones and the late one failed with the reason: {ended:?}");
     let completed = ended.values().filter(|o| **o == Outcome::Completed).count();
@@ -110,6 +117,19 @@ fn a_model_added_taken_offline_and_brought_back_loses_no_request() {
     let ended = engine.take_ended();
     assert_eq!(ended.len(), 1);
     assert_eq!((ended[0].id, &ended[0].outcome), (back, &Outcome::Completed));
+
+    // A drain that runs out of time fails what is left of the stream, once each.
+    let left: Vec<u64> = (0..3).map(|_| engine.submit(Submission { stream: 1, ..Default::default() })).collect();
+    engine.flush();
+    assert_eq!(engine.in_flight_of(1), 3);
+    assert_eq!(engine.fail_stream(1, "model m1 was unloaded"), 3);
+    assert_eq!(engine.in_flight_of(1), 0);
+    finish(&mut engine, &clock);
+    let ended = engine.take_ended();
+    let mut ids: Vec<u64> = ended.iter().map(|e| e.id).collect();
+    ids.sort();
+    assert_eq!(ids, left);
+    assert!(ended.iter().all(|e| matches!(&e.outcome, Outcome::Failed { error } if error == "model m1 was unloaded")), "{ended:?}");
 }
 
 #[test]
