@@ -1,21 +1,32 @@
 //! The conformance harness: `yardmaster policy check FILE.wasm`.
 //!
 //! It runs any policy on the real engine ([`yardmaster_engine::Engine`], the one the
-//! simulator and the server run) over a small scripted cluster ([`scripted`]) and a
-//! scripted workload that covers every event kind — arrivals on a two-stage chain and
-//! an LLM stage, idle workers, finished batches, frames, ticks, timers, a worker added
-//! and removed, a cancelled request — and checks that:
+//! simulator and the server run) through two scripted scenarios ([`Scenario`]):
+//! - the *cluster* scenario: a small cluster ([`scripted`]) and a scripted workload
+//!   that covers every event kind — arrivals on a two-stage chain and an LLM stage,
+//!   idle workers, finished batches, frames, ticks, timers, a worker added and
+//!   removed, a cancelled request;
+//! - the *repository* scenario ([`repository`]): a cluster as a model repository is
+//!   served — three independent one-stage models, each its own stream, and a
+//!   two-step ensemble — with arrivals on every stream, changed under the running
+//!   engine: a model unloaded while its requests are queued (its stage offline), a
+//!   new model appended, the first loaded again.
+//!
+//! In each it checks that:
 //! - every action the policy returns is valid (none rejected);
 //! - the policy never faults (trap, overrun, memory);
 //! - no request is lost: every request ends exactly once (completed, dropped,
-//!   cancelled or refused) by the end of the run, and none is left for the host to
+//!   cancelled, refused, dropped by the host because its model was unloaded while it
+//!   was queued, or failed) by the end of the run, and none is left for the host to
 //!   expire;
 //! - its decisions are deterministic: two simulated runs give the same actions.
 //!
-//! It reports the decision cost per event kind: wall time (serve mode) and fuel
-//! (simulate mode, i.e. instructions, which is what a simulation replay spends).
+//! It reports the decision cost per event kind in the cluster scenario: wall time
+//! (serve mode) and fuel (simulate mode, i.e. instructions, which is what a
+//! simulation replay spends).
 
 pub mod bench;
+pub mod repository;
 pub mod scripted;
 #[cfg(test)]
 mod tests;
@@ -27,7 +38,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use scripted::{Fate, Harness, MS};
-use yardmaster_engine::{ClusterState, PieceState, Submission, WorkerPhase};
+use yardmaster_engine::{ClusterState, PieceState, Pipeline, Submission, WorkerPhase};
 use yardmaster_policy::contract::{Action, Config, Param};
 use yardmaster_policy::{Arm, ArmOutput, FailureMode, Limits, LoadError, Mode, NativePolicy, PolicyLoader, PolicyModule, Sandbox};
 
@@ -38,7 +49,8 @@ pub struct CheckOptions {
     pub limits: Limits,
     /// Seed of the arrival script and of the policy's random source.
     pub seed: u64,
-    /// Requests in the script.
+    /// Requests in each scenario's script (at least 10 in the cluster scenario and 40
+    /// in the repository scenario).
     pub requests: u32,
     /// Policy parameters.
     pub params: Vec<Param>,
@@ -68,7 +80,7 @@ pub struct KindCost {
 /// Outcome counts of one run.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Outcomes {
-    /// Requests in the script.
+    /// Requests in the run's script.
     pub requests: u32,
     /// Completed within their deadline.
     pub on_time: u32,
@@ -80,19 +92,82 @@ pub struct Outcomes {
     pub cancelled: u32,
     /// Refused by a closed arm.
     pub refused: u32,
-    /// Failed otherwise (a stage left without workers).
+    /// Dropped by the host because their model was unloaded while they were queued
+    /// (repository scenario).
+    pub unloaded: u32,
+    /// Failed otherwise (a stage left without workers, or out of service when they
+    /// arrived).
     pub failed: u32,
 }
 
-/// What a check found.
+/// A scripted run the check makes (see the crate's docs).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Scenario {
+    /// The check's cluster ([`scripted::CLUSTER`]) through every event kind.
+    #[default]
+    Cluster,
+    /// The repository cluster ([`repository`]), reconfigured while it serves.
+    Repository,
+}
+
+impl Scenario {
+    /// Every scenario, in the order the check runs them.
+    pub const ALL: [Scenario; 2] = [Scenario::Cluster, Scenario::Repository];
+
+    /// Its short name (`cluster`, `repository`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::Cluster => "cluster",
+            Scenario::Repository => "repository",
+        }
+    }
+
+    /// What it runs, in one line.
+    pub fn summary(self) -> String {
+        match self {
+            Scenario::Cluster => "a two-stage vision chain and an LLM stage, every event kind".into(),
+            Scenario::Repository => {
+                let changes: Vec<String> = repository::RECONFIGURATIONS.iter().map(|r| format!("{} at {} ms", r.why, r.at / MS)).collect();
+                format!(
+                    "{} independent models and a {}-step ensemble; {}",
+                    repository::MODELS.len(),
+                    repository::ENSEMBLE_STEPS.len(),
+                    changes.join(", ")
+                )
+            }
+        }
+    }
+
+    /// The cluster it starts on.
+    pub fn pipeline(self) -> Pipeline {
+        match self {
+            Scenario::Cluster => scripted::pipeline(),
+            Scenario::Repository => repository::pipeline(),
+        }
+    }
+
+    /// Its requests, sorted by send time.
+    fn arrivals(self, options: &CheckOptions) -> Vec<Submission> {
+        match self {
+            Scenario::Cluster => arrival_script(options),
+            Scenario::Repository => repository::arrivals(options),
+        }
+    }
+
+    /// What it does to the cluster besides sending requests, in time order.
+    fn script(self) -> Vec<(u64, Scripted)> {
+        match self {
+            Scenario::Cluster => vec![(300 * MS, Scripted::Cancel), (400 * MS, Scripted::AddWorker), (700 * MS, Scripted::RemoveWorker)],
+            Scenario::Repository => repository::RECONFIGURATIONS.iter().map(|r| (r.at, Scripted::Reconfigure(*r))).collect(),
+        }
+    }
+}
+
+/// What one scenario's runs found.
 #[derive(Debug, Clone, Default)]
-pub struct CheckReport {
-    /// The policy's label.
-    pub policy: String,
-    /// SHA-256 of the component (none for native policies).
-    pub sha256: Option<String>,
-    /// Whether compiled code came from the cache.
-    pub from_cache: bool,
+pub struct ScenarioReport {
+    /// The scenario.
+    pub scenario: Scenario,
     /// Outcome counts (from the first simulated run).
     pub outcomes: Outcomes,
     /// Requests the policy lost — the host expired them, held past their deadline and
@@ -102,20 +177,23 @@ pub struct CheckReport {
     pub rejected: Vec<String>,
     /// Faults the policy hit.
     pub faults: Vec<String>,
-    /// Other violations (a request ending twice, a run that never settles).
+    /// Other violations (a request ending twice, a run that never settles, a
+    /// reconfiguration the engine refused).
     pub violations: Vec<String>,
     /// Whether two simulated runs made identical decisions (None for native runs).
     pub deterministic: Option<bool>,
-    /// Decision cost by call kind.
-    pub costs: BTreeMap<&'static str, KindCost>,
     /// Total events delivered.
     pub events: u64,
     /// Total actions accepted.
     pub actions: u64,
+    /// The cluster changes the run made, each with what the engine did (requests
+    /// queued at a stage going offline dropped, requests replayed into the policy's
+    /// new instance).
+    pub reconfigurations: Vec<String>,
 }
 
-impl CheckReport {
-    /// Whether the policy conforms.
+impl ScenarioReport {
+    /// Whether the policy conforms in this scenario.
     pub fn passed(&self) -> bool {
         self.lost.is_empty()
             && self.rejected.is_empty()
@@ -124,19 +202,17 @@ impl CheckReport {
             && self.deterministic != Some(false)
     }
 
-    /// A human-readable report.
+    /// A human-readable report of this scenario (no decision costs).
     pub fn render(&self) -> String {
         let mut out = String::new();
         let verdict = if self.passed() { "PASS" } else { "FAIL" };
-        let _ = writeln!(out, "{verdict}  {}", self.policy);
-        if let Some(sha) = &self.sha256 {
-            let _ = writeln!(out, "  sha256      {sha}{}", if self.from_cache { " (compiled code from cache)" } else { "" });
-        }
+        let _ = writeln!(out, "  scenario    {}: {} — {verdict}", self.scenario.name(), self.scenario.summary());
         let o = &self.outcomes;
+        let unloaded = if o.unloaded > 0 { format!("{} unloaded, ", o.unloaded) } else { String::new() };
         let failed = if o.failed > 0 { format!("{} failed, ", o.failed) } else { String::new() };
         let _ = writeln!(
             out,
-            "  requests    {} : {} on time, {} late, {} dropped, {} cancelled, {} refused, {failed}{} lost",
+            "  requests    {} : {} on time, {} late, {} dropped, {} cancelled, {} refused, {unloaded}{failed}{} lost",
             o.requests,
             o.on_time,
             o.late,
@@ -145,6 +221,9 @@ impl CheckReport {
             o.refused,
             self.lost.len()
         );
+        for line in &self.reconfigurations {
+            let _ = writeln!(out, "  reconfigured {line}");
+        }
         let _ = writeln!(out, "  events      {}   actions accepted {}", self.events, self.actions);
         if let Some(d) = self.deterministic {
             let _ = writeln!(
@@ -153,7 +232,114 @@ impl CheckReport {
                 if d { "identical decisions in two simulated runs" } else { "DIFFERENT decisions in two simulated runs" }
             );
         }
-        let _ = writeln!(out, "  decision cost per event:");
+        for (title, list) in [
+            ("faults", &self.faults),
+            ("rejected actions", &self.rejected),
+            ("lost requests", &self.lost),
+            ("violations", &self.violations),
+        ] {
+            if !list.is_empty() {
+                let _ = writeln!(out, "  {title} in the {} scenario ({}):", self.scenario.name(), list.len());
+                for line in list.iter().take(10) {
+                    let _ = writeln!(out, "    - {line}");
+                }
+                if list.len() > 10 {
+                    let _ = writeln!(out, "    … and {} more", list.len() - 10);
+                }
+            }
+        }
+        out
+    }
+}
+
+/// What a check found. The findings at the top (outcomes to actions) are the cluster
+/// scenario's, the first and the one that covers every event kind; `repository`
+/// holds the repository scenario's.
+#[derive(Debug, Clone, Default)]
+pub struct CheckReport {
+    /// The policy's label.
+    pub policy: String,
+    /// SHA-256 of the component (none for native policies).
+    pub sha256: Option<String>,
+    /// Whether compiled code came from the cache.
+    pub from_cache: bool,
+    /// Outcome counts (from the first simulated run of the cluster scenario).
+    pub outcomes: Outcomes,
+    /// Requests the policy lost in the cluster scenario — the host expired them, held
+    /// past their deadline and its grace, or they never ended — with where they were.
+    pub lost: Vec<String>,
+    /// Rejected actions in the cluster scenario, with reasons.
+    pub rejected: Vec<String>,
+    /// Faults the policy hit in the cluster scenario.
+    pub faults: Vec<String>,
+    /// Other violations in the cluster scenario (a request ending twice, a run that
+    /// never settles).
+    pub violations: Vec<String>,
+    /// Whether two simulated runs of the cluster scenario made identical decisions
+    /// (None for native runs).
+    pub deterministic: Option<bool>,
+    /// Decision cost by call kind (cluster scenario).
+    pub costs: BTreeMap<&'static str, KindCost>,
+    /// Events delivered in the cluster scenario.
+    pub events: u64,
+    /// Actions accepted in the cluster scenario.
+    pub actions: u64,
+    /// What the repository scenario found.
+    pub repository: ScenarioReport,
+}
+
+impl CheckReport {
+    /// A report of the cluster scenario's and the repository scenario's findings,
+    /// with the cluster scenario's decision costs.
+    fn of(cluster: ScenarioReport, repository: ScenarioReport, costs: BTreeMap<&'static str, KindCost>) -> Self {
+        let ScenarioReport { outcomes, lost, rejected, faults, violations, deterministic, events, actions, .. } = cluster;
+        Self { outcomes, lost, rejected, faults, violations, deterministic, costs, events, actions, repository, ..Self::default() }
+    }
+
+    /// The cluster scenario's findings, as a scenario report.
+    pub fn cluster(&self) -> ScenarioReport {
+        ScenarioReport {
+            scenario: Scenario::Cluster,
+            outcomes: self.outcomes.clone(),
+            lost: self.lost.clone(),
+            rejected: self.rejected.clone(),
+            faults: self.faults.clone(),
+            violations: self.violations.clone(),
+            deterministic: self.deterministic,
+            events: self.events,
+            actions: self.actions,
+            reconfigurations: Vec::new(),
+        }
+    }
+
+    /// Every scenario's findings, in the order the check ran them.
+    pub fn scenarios(&self) -> [ScenarioReport; 2] {
+        [self.cluster(), self.repository.clone()]
+    }
+
+    /// Whether the policy conforms: it passed every scenario.
+    pub fn passed(&self) -> bool {
+        self.scenarios().iter().all(ScenarioReport::passed)
+    }
+
+    /// A human-readable report: the verdict, each scenario's findings, then the
+    /// decision cost per event kind.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let verdict = if self.passed() { "PASS" } else { "FAIL" };
+        let _ = writeln!(out, "{verdict}  {}", self.policy);
+        if let Some(sha) = &self.sha256 {
+            let _ = writeln!(out, "  sha256      {sha}{}", if self.from_cache { " (compiled code from cache)" } else { "" });
+        }
+        let scenarios = self.scenarios();
+        let failed: Vec<&str> = scenarios.iter().filter(|s| !s.passed()).map(|s| s.scenario.name()).collect();
+        if !failed.is_empty() {
+            let _ = writeln!(out, "  failed in   {} scenario{}", failed.join(" and "), if failed.len() > 1 { "s" } else { "" });
+        }
+        for scenario in &scenarios {
+            out.push_str(&scenario.render());
+        }
+        let _ = writeln!(out, "  decision cost per event (cluster scenario):");
         let _ = writeln!(out, "    {:<15} {:>7} {:>8} {:>12} {:>12}", "call kind", "calls", "events", "ns/event", "fuel/event");
         for (kind, cost) in &self.costs {
             let events = cost.events.max(1);
@@ -167,27 +353,12 @@ impl CheckReport {
                 if cost.fuel > 0 { format!("{}", cost.fuel / events) } else { "-".into() }
             );
         }
-        for (title, list) in [
-            ("faults", &self.faults),
-            ("rejected actions", &self.rejected),
-            ("lost requests", &self.lost),
-            ("violations", &self.violations),
-        ] {
-            if !list.is_empty() {
-                let _ = writeln!(out, "  {title} ({}):", list.len());
-                for line in list.iter().take(10) {
-                    let _ = writeln!(out, "    - {line}");
-                }
-                if list.len() > 10 {
-                    let _ = writeln!(out, "    … and {} more", list.len() - 10);
-                }
-            }
-        }
         out
     }
 }
 
-/// Check a policy component.
+/// Check a policy component: each scenario twice in simulate mode (the second run for
+/// determinism), and the cluster scenario once more in serve mode for its wall time.
 pub fn check_component(name: &str, bytes: &[u8], options: &CheckOptions) -> Result<CheckReport, LoadError> {
     let simulate = Sandbox::new(Mode::Simulate, options.limits.clone()).expect("wasm engine");
     let serve = Sandbox::new(Mode::Serve, options.limits.clone()).expect("wasm engine");
@@ -196,46 +367,65 @@ pub fn check_component(name: &str, bytes: &[u8], options: &CheckOptions) -> Resu
     let sim_module = sim_loader.load(name, bytes)?;
     let serve_module = serve_loader.load(name, bytes)?;
 
-    let start = |sandbox: &Sandbox, module: &Arc<PolicyModule>| {
-        let sandbox = sandbox.clone();
-        let module = module.clone();
-        move |config: Config, view: &ClusterState| {
-            Arm::start_wasm(name, config, &sandbox, module.clone(), FailureMode::FailOpen, None, view)
-        }
-    };
-    let first = run(&start(&simulate, &sim_module), options);
-    let second = run(&start(&simulate, &sim_module), options);
-    let timed = run(&start(&serve, &serve_module), options);
+    let simulated = component_arm(name, &simulate, &sim_module);
+    let (cluster, costs) = simulated_twice(Scenario::Cluster, &simulated, options);
+    let (repository, _) = simulated_twice(Scenario::Repository, &simulated, options);
+    let timed = run(Scenario::Cluster, &component_arm(name, &serve, &serve_module), options);
 
-    let mut report = first.report;
+    let mut report = CheckReport::of(cluster, repository, costs);
     report.policy = format!("{name} ({} bytes)", bytes.len());
     report.sha256 = Some(sim_module.sha256_hex());
     report.from_cache = sim_module.from_cache();
-    report.deterministic = Some(first.actions == second.actions);
-    for (kind, cost) in timed.report.costs {
+    for (kind, cost) in timed.costs {
         report.costs.entry(kind).or_default().wall = cost.wall;
     }
     Ok(report)
 }
 
-/// Check an SDK policy compiled into the host.
+/// Check an SDK policy compiled into the host (each scenario once).
 pub fn check_native<P: yardmaster_sdk::Policy + Send>(name: &str, options: &CheckOptions) -> CheckReport {
     let max_actions = options.limits.max_actions;
     let seed = options.seed;
-    let result = run(
-        &|config: Config, view: &ClusterState| {
-            let instance = Box::new(NativePolicy::<P>::new(name, seed, max_actions));
-            Arm::start(name, config, instance, FailureMode::FailOpen, view)
-        },
-        options,
-    );
-    let mut report = result.report;
+    let start = |config: Config, view: &ClusterState| {
+        let instance = Box::new(NativePolicy::<P>::new(name, seed, max_actions));
+        Arm::start(name, config, instance, FailureMode::FailOpen, view)
+    };
+    let cluster = run(Scenario::Cluster, &start, options);
+    let repository = run(Scenario::Repository, &start, options);
+    let mut report = CheckReport::of(cluster.report, repository.report, cluster.costs);
     report.policy = format!("{name} (native)");
     report
 }
 
+/// How a check starts a component's arm.
+type StartArm<'a> = Box<dyn Fn(Config, &ClusterState) -> (Arm, ArmOutput) + 'a>;
+
+/// Start arms of a loaded component in `sandbox`.
+fn component_arm<'a>(name: &'a str, sandbox: &Sandbox, module: &Arc<PolicyModule>) -> StartArm<'a> {
+    let sandbox = sandbox.clone();
+    let module = module.clone();
+    Box::new(move |config: Config, view: &ClusterState| {
+        Arm::start_wasm(name, config, &sandbox, module.clone(), FailureMode::FailOpen, None, view)
+    })
+}
+
+/// Run `scenario` twice with arms `start` gives: the first run's findings and costs,
+/// with whether the second decided the same.
+fn simulated_twice(
+    scenario: Scenario,
+    start: &dyn Fn(Config, &ClusterState) -> (Arm, ArmOutput),
+    options: &CheckOptions,
+) -> (ScenarioReport, BTreeMap<&'static str, KindCost>) {
+    let first = run(scenario, start, options);
+    let second = run(scenario, start, options);
+    let mut report = first.report;
+    report.deterministic = Some(first.actions == second.actions);
+    (report, first.costs)
+}
+
 struct RunResult {
-    report: CheckReport,
+    report: ScenarioReport,
+    costs: BTreeMap<&'static str, KindCost>,
     actions: Vec<Action>,
     /// The run's engine and what it observed (for the crate's tests).
     #[cfg_attr(not(test), allow(dead_code))]
@@ -251,6 +441,8 @@ enum Scripted {
     AddWorker,
     /// The host loses a `classify` worker.
     RemoveWorker,
+    /// The host serves a changed repository.
+    Reconfigure(repository::Reconfiguration),
 }
 
 /// Most policy calls of one run.
@@ -260,19 +452,22 @@ const MAX_CALLS: usize = 100_000;
 /// caused (as in the simulator).
 const MAX_CAUSED_ROUNDS: u32 = 4;
 
-/// One scripted run on the engine.
-fn run(start: &dyn Fn(Config, &ClusterState) -> (Arm, ArmOutput), options: &CheckOptions) -> RunResult {
-    let mut harness = Harness::start(options.params.clone(), options.seed, start);
-    let mut report = CheckReport::default();
+/// One scripted run of `scenario` on the engine. Requests sent at an instant reach
+/// the engine before what the script does to the cluster then.
+fn run(scenario: Scenario, start: &dyn Fn(Config, &ClusterState) -> (Arm, ArmOutput), options: &CheckOptions) -> RunResult {
+    let mut harness = Harness::start_on(scenario.pipeline(), options.params.clone(), options.seed, start);
+    let mut report = ScenarioReport { scenario, ..ScenarioReport::default() };
 
-    let mut arrivals = arrival_script(options);
+    let mut arrivals = scenario.arrivals(options);
+    let requests = arrivals.len() as u32;
     let last_deadline = arrivals.iter().map(|s| s.deadline).max().unwrap_or(0);
     // Ticks go on a second past the last deadline; a policy still holding requests
     // then runs until the engine expires them (5 s after their deadline).
     let ticks_until = last_deadline + 1_000 * MS;
     let stop_at = last_deadline + harness.engine().options().expiry_grace + 2_000 * MS;
     arrivals.reverse(); // popped from the back, in time order
-    let mut scripted = vec![(700 * MS, Scripted::RemoveWorker), (400 * MS, Scripted::AddWorker), (300 * MS, Scripted::Cancel)];
+    let mut scripted = scenario.script();
+    scripted.reverse();
 
     let mut caused_rounds = 0;
     loop {
@@ -295,7 +490,7 @@ fn run(start: &dyn Fn(Config, &ClusterState) -> (Arm, ArmOutput), options: &Chec
         }
         while scripted.last().is_some_and(|s| s.0 <= next) {
             let (_, what) = scripted.pop().expect("checked");
-            scripted_event(&mut harness, what);
+            scripted_event(&mut harness, what, &mut report);
         }
         harness.wake();
         harness.flush();
@@ -306,6 +501,7 @@ fn run(start: &dyn Fn(Config, &ClusterState) -> (Arm, ArmOutput), options: &Chec
     }
 
     let mut log = Vec::new();
+    let mut costs: BTreeMap<&'static str, KindCost> = BTreeMap::new();
     for call in harness.calls() {
         if let Some(fault) = &call.output.fault {
             report.faults.push(fault.to_string());
@@ -318,7 +514,7 @@ fn run(start: &dyn Fn(Config, &ClusterState) -> (Arm, ArmOutput), options: &Chec
             continue;
         }
         report.events += call.events.len() as u64;
-        let cost = report.costs.entry(call.kind).or_default();
+        let cost = costs.entry(call.kind).or_default();
         cost.calls += 1;
         cost.events += call.events.len() as u64;
         if let Some(last) = call.cost {
@@ -327,7 +523,7 @@ fn run(start: &dyn Fn(Config, &ClusterState) -> (Arm, ArmOutput), options: &Chec
         }
     }
 
-    let mut outcomes = Outcomes { requests: options.requests, ..Outcomes::default() };
+    let mut outcomes = Outcomes { requests, ..Outcomes::default() };
     for (_, fate) in harness.fates() {
         match fate {
             Fate::Completed { late: false } => outcomes.on_time += 1,
@@ -335,6 +531,7 @@ fn run(start: &dyn Fn(Config, &ClusterState) -> (Arm, ArmOutput), options: &Chec
             Fate::Dropped => outcomes.dropped += 1,
             Fate::Cancelled => outcomes.cancelled += 1,
             Fate::Refused => outcomes.refused += 1,
+            Fate::Unloaded => outcomes.unloaded += 1,
             Fate::Failed => outcomes.failed += 1,
             Fate::Expired => {} // lost
         }
@@ -344,11 +541,12 @@ fn run(start: &dyn Fn(Config, &ClusterState) -> (Arm, ArmOutput), options: &Chec
     report.outcomes = outcomes;
     report.violations.extend(harness.violations().iter().cloned());
     report.actions = harness.arm().stats().accepted_total();
-    RunResult { report, actions: log, harness }
+    RunResult { report, costs, actions: log, harness }
 }
 
-/// Act on the cluster as the script says, through the engine's own operations.
-fn scripted_event(harness: &mut Harness, what: Scripted) {
+/// Act on the cluster as the script says, through the engine's own operations; a
+/// reconfiguration is noted in `report` (a violation if the engine refuses it).
+fn scripted_event(harness: &mut Harness, what: Scripted, report: &mut ScenarioReport) {
     const CLASSIFY: u32 = 1;
     let state = harness.engine().state();
     match what {
@@ -378,6 +576,19 @@ fn scripted_event(harness: &mut Harness, what: Scripted) {
                 harness.worker_lost(id, "removed by the conformance script");
             }
         }
+        Scripted::Reconfigure(change) => match harness.reconfigure(change.served.pipeline(), change.why) {
+            Ok(outcome) => report.reconfigurations.push(format!(
+                "{:>5} ms  {}: {} queued request{} dropped, {} replayed into a new instance",
+                change.at / MS,
+                change.why,
+                outcome.failed,
+                if outcome.failed == 1 { "" } else { "s" },
+                outcome.replayed
+            )),
+            Err(error) => {
+                report.violations.push(format!("the engine refused the script's change at {} ms ({}): {error}", change.at / MS, change.why))
+            }
+        },
     }
 }
 

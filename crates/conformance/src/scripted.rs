@@ -1,7 +1,8 @@
 //! The world `policy check` runs a policy in: the real engine ([`Engine`]) on a
-//! [`ManualClock`], over a small cluster ([`pipeline`]) whose workers are scripted
-//! ([`ScriptedExecutor`]: a job takes its profiled time, a frame of the LLM stage
-//! generates tokens, a provisioned worker is ready after its start-up time).
+//! [`ManualClock`], over a small cluster ([`pipeline`], or the repository cluster of
+//! [`crate::repository`]) whose workers are scripted ([`ScriptedExecutor`]: a job
+//! takes its profiled time, a frame of the LLM stage generates tokens, a provisioned
+//! worker is ready after its start-up time).
 //!
 //! [`Harness`] moves the engine through time and keeps what the check reports: every
 //! policy call (its events, the arm's answer and its cost, seen through
@@ -16,9 +17,9 @@ use std::sync::{Arc, Mutex};
 use yardmaster_engine::metrics::Outcome;
 use yardmaster_engine::{
     BatchJob, CallSeen, Clock, ClusterState, Ended, Engine, EngineOptions, Executor, ItemResult, JobResult, ManualClock, PieceState,
-    Pipeline, Submission, WorkerStart,
+    Pipeline, ReconfigureOutcome, Submission, WorkerStart,
 };
-use yardmaster_policy::contract::{Config, Event, EvictMode, Param, StageKind};
+use yardmaster_policy::contract::{Action, Config, Event, EvictMode, Param, StageKind};
 use yardmaster_policy::{Arm, ArmOutput, CallCost};
 
 /// Milliseconds in nanoseconds.
@@ -147,6 +148,17 @@ impl ScriptedExecutor {
         Self { clock, pipeline, jobs: BTreeMap::new(), starting: BTreeMap::new() }
     }
 
+    /// Serve `pipeline` from now on (the engine was reconfigured): profiles and
+    /// start-up times of new jobs and workers come from it.
+    pub fn set_pipeline(&mut self, pipeline: Pipeline) {
+        self.pipeline = pipeline;
+    }
+
+    /// The pipeline whose profiles the workers follow.
+    pub fn pipeline(&self) -> &Pipeline {
+        &self.pipeline
+    }
+
     /// When the next job finishes or worker is ready, if any.
     pub fn next_time(&self) -> Option<u64> {
         self.jobs.values().map(|(at, _)| *at).chain(self.starting.values().copied()).min()
@@ -228,11 +240,15 @@ pub enum Fate {
     },
     /// The policy dropped it.
     Dropped,
+    /// The host dropped it: its model was taken out of service (unloaded) while it
+    /// was queued ([`Harness::reconfigure`]).
+    Unloaded,
     /// The script cancelled it ([`Harness::cancel`]).
     Cancelled,
     /// A closed arm refused it.
     Refused,
-    /// It failed otherwise (a stage left without workers).
+    /// It failed otherwise: its stage was left without workers, or was out of
+    /// service (its model unloaded) when it arrived.
     Failed,
     /// The policy held it past its deadline and the expiry grace, and the host
     /// expired it: the policy lost it.
@@ -281,6 +297,8 @@ pub struct Harness {
     cancelled: BTreeSet<u64>,
     /// Requests a closed arm handed back to fail.
     refused: BTreeSet<u64>,
+    /// Requests the policy dropped (accepted drop actions).
+    dropped: BTreeSet<u64>,
     /// Where each request the host expired was just before.
     expiring: BTreeMap<u64, String>,
     violations: Vec<String>,
@@ -290,8 +308,18 @@ impl Harness {
     /// Start the engine on the check's cluster ([`pipeline`]) with the policy's
     /// `params` and `seed`, asking `start_arm` for the arm.
     pub fn start(params: Vec<Param>, seed: u64, start_arm: impl FnOnce(Config, &ClusterState) -> (Arm, ArmOutput)) -> Self {
+        Self::start_on(pipeline(), params, seed, start_arm)
+    }
+
+    /// Start the engine on `pipeline` with the policy's `params` and `seed`, asking
+    /// `start_arm` for the arm.
+    pub fn start_on(
+        pipeline: Pipeline,
+        params: Vec<Param>,
+        seed: u64,
+        start_arm: impl FnOnce(Config, &ClusterState) -> (Arm, ArmOutput),
+    ) -> Self {
         let clock = ManualClock::default();
-        let pipeline = pipeline();
         let executor = ScriptedExecutor::new(clock.clone(), pipeline.clone());
         let mut first = ArmOutput::default();
         let mut engine = Engine::new(clock.clone(), executor, pipeline, engine_options(params, seed), |config, view| {
@@ -312,6 +340,7 @@ impl Harness {
             ended: BTreeMap::new(),
             cancelled: BTreeSet::new(),
             refused: BTreeSet::new(),
+            dropped: BTreeSet::new(),
             expiring: BTreeMap::new(),
             violations: Vec::new(),
         };
@@ -414,6 +443,22 @@ impl Harness {
     pub fn worker_lost(&mut self, worker: u32, reason: &str) {
         self.engine.worker_lost(worker, reason);
         self.sync();
+    }
+
+    /// The host serves a changed cluster from now on ([`Engine::reconfigure`]): the
+    /// workers learn its profiles first (the engine provisions the workers of a stage
+    /// added or brought back online as it reconfigures). Requests queued at a stage going
+    /// offline, which the host drops, end as [`Fate::Unloaded`]. `Err`: the engine
+    /// refused the pipeline, and nothing changed.
+    pub fn reconfigure(&mut self, pipeline: Pipeline, why: &str) -> Result<ReconfigureOutcome, String> {
+        let served = self.engine.executor().pipeline().clone();
+        self.engine.executor_mut().set_pipeline(pipeline.clone());
+        let outcome = self.engine.reconfigure(pipeline, why);
+        if outcome.is_err() {
+            self.engine.executor_mut().set_pipeline(served);
+        }
+        self.sync();
+        outcome
     }
 
     /// Deliver the gathered events to the policy and apply its answer.
@@ -548,6 +593,8 @@ impl Harness {
         let seen = std::mem::take(&mut *self.seen.lock().expect("observer"));
         for call in seen {
             self.refused.extend(call.output.refused.iter().copied());
+            let drops = call.output.actions.iter().filter_map(|a| if let Action::Drop(d) = a { Some(d.request) } else { None });
+            self.dropped.extend(drops);
             self.calls.push(call);
         }
         let grace = self.engine.options().expiry_grace;
@@ -558,8 +605,10 @@ impl Harness {
                 // The policy cannot drop a request at or after its expiry: the engine
                 // expires it before the policy's next call.
                 Outcome::Dropped { .. } if ended.at >= ended.deadline.saturating_add(grace) => Fate::Expired,
-                Outcome::Dropped { .. } => Fate::Dropped,
-                // Pieces of this cluster keep their request's id (it has no fan-out).
+                Outcome::Dropped { .. } if self.dropped.contains(&ended.id) => Fate::Dropped,
+                // Neither the client, nor the expiry, nor the policy: a model unloaded.
+                Outcome::Dropped { .. } => Fate::Unloaded,
+                // Pieces of the check's clusters keep their request's id (neither fans out).
                 Outcome::Failed { .. } if self.refused.contains(&ended.id) => Fate::Refused,
                 Outcome::Failed { .. } => Fate::Failed,
             };

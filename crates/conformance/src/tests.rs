@@ -8,7 +8,7 @@ use yardmaster_policy::{Arm, ArmOutput, FailureMode, NativePolicy, Rejection};
 use yardmaster_sdk::{Ctx, EndReason, Policy, Request, RequestId, StageId, WorkerId};
 
 use super::scripted::{Fate, Harness, MS};
-use super::{check_native, run, CheckOptions};
+use super::{check_native, component_arm, run, simulated_twice, CheckOptions, Scenario};
 
 /// Start a native `P` as the arm.
 fn native<P: Policy + Send>(name: &'static str) -> impl FnOnce(Config, &ClusterState) -> (Arm, ArmOutput) {
@@ -196,6 +196,7 @@ fn requests_a_policy_holds_are_expired_by_the_engine_and_reported_lost() {
 #[test]
 fn the_script_reaches_the_policy_as_every_event_kind_of_the_engine() {
     let result = run(
+        Scenario::Cluster,
         &|config: Config, view: &ClusterState| {
             Arm::start("edf", config, Box::new(NativePolicy::<policy_edf::Edf>::new("edf", 7, 10_000)), FailureMode::FailOpen, view)
         },
@@ -218,7 +219,8 @@ fn two_runs_are_identical() {
     let start = |config: Config, view: &ClusterState| {
         Arm::start("edf", config, Box::new(NativePolicy::<policy_edf::Edf>::new("edf", 7, 10_000)), FailureMode::FailOpen, view)
     };
-    let (first, second) = (run(&start, &CheckOptions::default()), run(&start, &CheckOptions::default()));
+    let (first, second) =
+        (run(Scenario::Cluster, &start, &CheckOptions::default()), run(Scenario::Cluster, &start, &CheckOptions::default()));
     assert_eq!(first.actions, second.actions);
     assert_eq!(first.report.outcomes, second.report.outcomes);
 }
@@ -242,4 +244,161 @@ fn the_cluster_has_the_shape_the_check_promises() {
     assert_eq!(pipeline.stages[2].variants[0].profile.mean(2), 3 * MS + MS / 2);
     assert_eq!(pipeline.stages[2].variants[0].profile.tail(1), 4_062_500);
     assert_eq!(super::scripted::engine_options(Vec::new(), 7).tick_interval, 100 * MS);
+}
+
+// The repository scenario: independent models and an ensemble, reconfigured while
+// serving.
+
+/// First come, first served per stage; and, like a policy that keeps a floor of one
+/// replica everywhere, on every tick it scales each stage it knows no worker of to one
+/// replica — an offline stage included, which the engine refuses.
+#[derive(Default)]
+struct Floor {
+    held: Vec<(RequestId, StageId)>,
+}
+
+impl Policy for Floor {
+    fn init(_ctx: &mut Ctx) -> Result<Self, String> {
+        Ok(Self::default())
+    }
+
+    fn on_arrival(&mut self, _ctx: &mut Ctx, request: Request) {
+        self.held.push((request.id, request.stage));
+    }
+
+    fn on_request_ended(&mut self, _ctx: &mut Ctx, request: RequestId, _reason: EndReason) {
+        self.held.retain(|(id, _)| *id != request);
+    }
+
+    fn on_tick(&mut self, ctx: &mut Ctx, _snapshot: yardmaster_sdk::Snapshot) {
+        let bare: Vec<StageId> =
+            ctx.config().stages.iter().map(|s| s.id).filter(|&id| !ctx.workers().any(|w| w.info.stage == id)).collect();
+        for stage in bare {
+            ctx.scale(stage, 1, None);
+        }
+    }
+
+    fn on_events_done(&mut self, ctx: &mut Ctx) {
+        serve_in_order(ctx, &mut self.held);
+    }
+}
+
+#[test]
+fn the_repository_cluster_has_the_shape_the_check_promises() {
+    use super::repository::{self, Served, RECONFIGURATIONS};
+    use yardmaster_engine::keeps_places;
+
+    let start = repository::pipeline();
+    let names: Vec<&str> = start.stages.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["yolo", "resnet", "bert", "caption/1:resnet", "caption/2:bert"]);
+    let streams: Vec<(&str, u32, u64)> = start.streams.iter().map(|s| (s.name.as_str(), s.entry, s.slo_ns)).collect();
+    assert_eq!(streams, [("yolo", 0, 200 * MS), ("resnet", 1, 100 * MS), ("bert", 2, 50 * MS), ("caption", 3, 300 * MS)]);
+    // Three independent one-stage models; the ensemble a chain of two, entered at its first.
+    for stage in &start.stages[..3] {
+        assert!(stage.successors.is_empty() && stage.predecessors.is_empty(), "{}", stage.name);
+    }
+    assert_eq!((start.stages[3].successors.clone(), start.stages[4].predecessors.clone()), (vec![4], vec![3]));
+    assert!(start.stages[3].predecessors.is_empty() && start.stages[4].successors.is_empty());
+    let bounds: Vec<(u32, u32, u32, u32)> =
+        start.stages.iter().map(|s| (s.max_batch, s.replicas, s.min_replicas, s.max_replicas)).collect();
+    assert_eq!(bounds, [(4, 2, 1, 8), (8, 1, 1, 4), (1, 1, 1, 4), (4, 1, 1, 4), (1, 1, 1, 4)], "bert takes no batch");
+    assert_eq!(start.max_workers, 24, "every stage at its most replicas");
+    assert_eq!(start.stages[1].variants[0].profile.mean(8), 10 * MS);
+    assert_eq!(start.stages[4].variants[0].profile.mean(1), 6 * MS);
+
+    // yolo offline (its places kept), whisper appended, yolo back.
+    let [unloaded, loaded, reloaded] = RECONFIGURATIONS.map(|r| r.served.pipeline());
+    let yolo = |p: &yardmaster_engine::Pipeline| (p.stages[0].replicas, p.stages[0].min_replicas, p.stages[0].max_replicas);
+    assert_eq!((yolo(&unloaded), unloaded.max_workers), ((0, 0, 0), 16));
+    assert_eq!((loaded.stages.len(), loaded.streams.len(), loaded.max_workers), (6, 5, 20));
+    assert_eq!((loaded.stages[5].name.as_str(), loaded.streams[4].entry, loaded.streams[4].slo_ns), ("whisper", 5, 1_000 * MS));
+    assert_eq!((yolo(&reloaded), reloaded.max_workers), ((2, 1, 8), 28));
+    let mut served = start.clone();
+    for next in [&unloaded, &loaded, &reloaded] {
+        keeps_places(&served, next).expect("stages and streams are only added");
+        served = next.clone();
+    }
+    assert_eq!(Served::START.online_streams(), [0, 1, 2, 3]);
+    assert_eq!(RECONFIGURATIONS[1].served.online_streams(), [1, 2, 3, 4], "yolo's stream is out of service");
+
+    // Arrivals on every stream, in time order; whisper's only once it is loaded; at the
+    // unload, more of yolo's than its two workers take in one batch each.
+    let arrivals = repository::arrivals(&CheckOptions::default());
+    assert_eq!(arrivals.len(), 240);
+    assert!(arrivals.windows(2).all(|w| w[0].sent_at <= w[1].sent_at));
+    let streams: std::collections::BTreeSet<u32> = arrivals.iter().map(|s| s.stream).collect();
+    assert_eq!(streams.into_iter().collect::<Vec<_>>(), [0, 1, 2, 3, 4]);
+    assert!(arrivals.iter().filter(|s| s.stream == 4).all(|s| s.sent_at > repository::LOAD_AT));
+    let burst = arrivals.iter().filter(|s| s.stream == 0 && s.sent_at == repository::UNLOAD_AT).count();
+    assert!(burst > 2 * 4, "{burst}");
+    assert!(arrivals.iter().all(|s| s.deadline == s.sent_at + loaded.streams[s.stream as usize].slo_ns));
+}
+
+#[test]
+fn models_unloaded_loaded_and_loaded_again_lose_no_request() {
+    use super::repository::RECONFIGURATIONS;
+
+    let result = run(
+        Scenario::Repository,
+        &|config: Config, view: &ClusterState| {
+            Arm::start("edf", config, Box::new(NativePolicy::<policy_edf::Edf>::new("edf", 7, 10_000)), FailureMode::FailOpen, view)
+        },
+        &CheckOptions::default(),
+    );
+    let report = &result.report;
+    assert!(report.passed(), "{}", report.render());
+    assert_eq!(report.reconfigurations.len(), RECONFIGURATIONS.len(), "{}", report.render());
+    assert!(report.reconfigurations[0].contains("model yolo unloaded"), "{:?}", report.reconfigurations);
+    // Requests queued at yolo when it went offline were dropped by the host, those sent
+    // to it while offline failed: all ended, none lost.
+    let harness = &result.harness;
+    let unloaded = harness.count(Fate::Unloaded);
+    assert!(unloaded > 0 && report.reconfigurations[0].contains(&format!(": {unloaded} queued requests dropped")), "{}", report.render());
+    assert!(harness.count(Fate::Failed) > 0, "{}", report.render());
+    assert_eq!(harness.fates().count(), harness.submitted());
+    assert_eq!(report.outcomes.unloaded as usize, unloaded);
+    let o = &report.outcomes;
+    assert_eq!(o.on_time + o.late + o.dropped + o.cancelled + o.refused + o.unloaded + o.failed, o.requests);
+    assert!(o.on_time > 0);
+    // The engine, the workers and the policy all serve the last pipeline: whisper has
+    // its worker, yolo its two again.
+    let engine = harness.engine();
+    assert_eq!(engine.executor().pipeline().stages.len(), 6, "the scripted workers learned the new stage");
+    assert_eq!(harness.arm().config().stages.len(), 6);
+    assert_eq!(harness.arm().config().stages[0].max_replicas, 8);
+    let replicas: Vec<u32> = engine.state().stages().iter().map(|s| s.replicas).collect();
+    assert_eq!(replicas, [2, 1, 1, 1, 1, 1]);
+    assert_eq!(engine.in_flight(), 0);
+}
+
+#[test]
+fn a_policy_that_scales_an_offline_stage_is_rejected_and_reported_for_that_scenario() {
+    let report = check_native::<Floor>("floor", &CheckOptions::default());
+    assert!(!report.passed());
+    assert!(report.cluster().passed(), "every stage of the cluster has a worker: {}", report.render());
+    let repository = &report.repository;
+    assert!(repository.rejected.iter().any(|r| r == "scale rejected: 1 replicas outside [0, 0] for stage 0"), "{}", report.render());
+    assert!(repository.lost.is_empty() && repository.faults.is_empty() && repository.violations.is_empty(), "{}", report.render());
+    let text = report.render();
+    assert!(text.contains("failed in   repository scenario"), "{text}");
+    assert!(text.contains("rejected actions in the repository scenario"), "{text}");
+    assert!(text.contains("scenario    cluster: ") && text.contains("scenario    repository: "), "{text}");
+}
+
+#[test]
+fn every_shipped_policy_passes_the_repository_scenario() {
+    let options = CheckOptions::default();
+    let sandbox = yardmaster_policy::Sandbox::new(yardmaster_policy::Mode::Simulate, options.limits.clone()).expect("wasm engine");
+    let loader = yardmaster_policy::PolicyLoader::new(sandbox.clone(), None);
+    let mut failed = Vec::new();
+    for artifact in yardmaster_policy_artifacts::SHIPPED {
+        let module = loader.load(artifact.name, artifact.bytes).expect("a shipped policy loads");
+        let (report, _) = simulated_twice(Scenario::Repository, &component_arm(artifact.name, &sandbox, &module), &options);
+        assert_eq!(report.deterministic, Some(true), "{}", artifact.name);
+        assert_eq!(report.reconfigurations.len(), 3, "{}: {}", artifact.name, report.render());
+        if !report.passed() {
+            failed.push(format!("{}:\n{}", artifact.name, report.render()));
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
 }

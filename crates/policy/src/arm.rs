@@ -567,6 +567,9 @@ impl Arm {
     pub fn reconfigure(&mut self, config: Config, view: &dyn ClusterView) -> (ArmOutput, Option<Box<dyn PolicyInstance>>) {
         let (arm, seed) = (std::mem::take(&mut self.config.arm), self.config.seed);
         self.config = Config { arm, seed, ..config };
+        // The latest snapshot describes the cluster before the change (no entry for a
+        // stage just added): the next tick brings one of the new cluster.
+        self.last_snapshot = None;
         match self.state {
             ArmState::Closed => (ArmOutput::default(), None),
             ArmState::Fallback => {

@@ -480,7 +480,7 @@ impl Policy for Flex {
     }
 
     fn on_batch_done(&mut self, _ctx: &mut Ctx, outcome: BatchOutcome) {
-        self.busy.remove(&outcome.worker);
+        let ours = self.busy.remove(&outcome.worker);
         let ids: Vec<RequestId> = outcome.results.iter().map(|r| r.id).collect();
         // Requests that ran on this worker leave the policy's hands (an iteration
         // worker's unfinished sequences come back under `Resident` below).
@@ -490,7 +490,13 @@ impl Policy for Flex {
                 self.ran.insert(*id, entry);
             }
         }
-        self.finished.push((outcome.worker, ids));
+        // A batch this instance never dispatched — one a previous instance started
+        // before a hand-over (a swap, a reconfiguration) — ends nothing of the group's:
+        // the batch the group planned for the worker meanwhile is still to be
+        // dispatched when the worker is idle.
+        if ours {
+            self.finished.push((outcome.worker, ids));
+        }
     }
 
     fn on_tick(&mut self, ctx: &mut Ctx, _snapshot: Snapshot) {

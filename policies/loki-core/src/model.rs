@@ -7,7 +7,8 @@
 //! under a microsecond) are left out of the tree: they cost nothing, get one worker
 //! and are served first come, first served.
 
-use yardmaster_sdk::{Config, LatencyTable, StageId, VariantId};
+use yardmaster_sdk::helpers::is_offline;
+use yardmaster_sdk::{Config, LatencyTable, StageId, Stream, VariantId};
 
 /// Default allowed batch sizes `B`.
 pub const DEFAULT_BATCHES: &[u32] = &[1, 2, 4, 8, 16, 32, 64];
@@ -73,11 +74,13 @@ pub struct PipelineModel {
 const PSEUDO_LATENCY_NS: u64 = 1_000;
 
 impl PipelineModel {
-    /// Build the model from the policy configuration (the first stream's entry is
-    /// the root and its SLO the pipeline's), allowing `batches` (capped per stage by
-    /// its `max-batch`).
+    /// Build the model from the policy configuration (the entry of the first stream
+    /// whose entry stage is online is the root and its SLO the pipeline's; a stage is
+    /// offline while its model is out of service), allowing `batches` (capped per
+    /// stage by its `max-batch`).
     pub fn from_config(config: &Config, latency: &LatencyTable, batches: &[u32]) -> Result<Self, String> {
-        let stream = config.streams.first().ok_or("Loki needs a stream")?;
+        let online = |stream: &&Stream| config.stages.iter().any(|s| s.id == stream.entry && !is_offline(s));
+        let stream = config.streams.iter().find(online).or(config.streams.first()).ok_or("Loki needs a stream")?;
         let stage_count = config.stages.iter().map(|s| s.id as usize + 1).max().unwrap_or(0);
         let mut pseudo = Vec::new();
         for stage in &config.stages {
@@ -386,5 +389,24 @@ mod tests {
         assert_eq!(factors[0][1], vec![3.0, 1.0]);
         assert_eq!(multiplier(&model, &factors, 1, &[1, 0], 1), 1.0);
         assert_eq!(multiplier(&model, &factors, 0, &[1, 0], 1), 3.0);
+    }
+
+    #[test]
+    fn the_tree_is_rooted_at_the_first_stream_whose_model_is_in_service() {
+        // The toy chain beside an independent model with a stream of its own.
+        let mut config = toy::chain();
+        let profile = toy::linear(3.0, 1.0, &[1, 2, 4]);
+        config.stages.push(toy::stage(2, "other", vec![], vec![], vec![toy::variant(0, "v", 1.0, profile, 1.0)], 4));
+        config.streams.push(Stream { id: 1, name: "other".into(), entry: 2, slo: 300_000_000 });
+        let build = |config: &Config| PipelineModel::from_config(config, &LatencyTable::from_config(config), &[1, 2, 4]).unwrap();
+        let served = build(&config);
+        assert_eq!((served.tasks.len(), served.tasks[0].stage, served.slo_ms), (2, 0, 200.0));
+        // The chain's model unloaded (its entry offline): the other model's stream roots
+        // the tree, and no task of an offline stage is planned.
+        config.stages[0].min_replicas = 0;
+        config.stages[0].max_replicas = 0;
+        let unloaded = build(&config);
+        assert_eq!((unloaded.tasks.len(), unloaded.tasks[0].stage, unloaded.slo_ms), (1, 2, 300.0));
+        assert_eq!(unloaded.task_of(0), None);
     }
 }

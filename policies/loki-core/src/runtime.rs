@@ -164,6 +164,8 @@ pub struct Runtime {
     /// that never came, are forgotten after `SCALE_PATIENCE_NS`).
     scaled_up_at: BTreeMap<StageId, Instant>,
     routing: Routing,
+    /// Whether `routing` was rebuilt since it was last sent to the host.
+    routes_unsent: bool,
     /// The Resource Manager's MILP in progress, advanced one slice per call.
     job: Option<Box<PlanJob>>,
     stats: RuntimeStats,
@@ -230,6 +232,7 @@ impl Runtime {
             requested,
             scaled_up_at: BTreeMap::new(),
             routing: Routing::default(),
+            routes_unsent: false,
             job: None,
             stats: RuntimeStats::default(),
             model,
@@ -416,7 +419,7 @@ impl Runtime {
         self.plan_demand = estimate;
         self.last_plan = Some(ctx.now());
         self.reconcile(ctx);
-        self.balance(ctx);
+        self.balance();
     }
 
     /// Bring the workers in line with the plan: switch variants where a stage has
@@ -509,8 +512,9 @@ impl Runtime {
     }
 
     /// Rebuild the routing tables (MostAccurateFirst, or planned load for the
-    /// Proteus-like baseline) and publish them.
-    fn balance(&mut self, ctx: &mut Ctx) {
+    /// Proteus-like baseline); [`Runtime::send_routes`] publishes them once the call's
+    /// events are all handled.
+    fn balance(&mut self) {
         let factors = self.factors();
         let mut list = Vec::new();
         for (&id, a) in &self.workers {
@@ -533,6 +537,17 @@ impl Runtime {
             PlannerKind::Proteus => planned_load_routing(&self.model, &list),
             _ => most_accurate_first(&self.model, &list, self.demand.estimate(), tick_s, self.settings.ties),
         };
+        self.routes_unsent = true;
+    }
+
+    /// Send the routing tables to the host if they were rebuilt since last sent. Once
+    /// per call, after its events: a table built on one event of a call may name a
+    /// worker a later event of the same call removed (several workers removed at
+    /// once), which the host would refuse.
+    fn send_routes(&mut self, ctx: &mut Ctx) {
+        if !std::mem::take(&mut self.routes_unsent) {
+            return;
+        }
         let to_routes =
             |table: &Vec<(WorkerId, f64)>| -> Vec<Route> { table.iter().map(|&(worker, weight)| Route { worker, weight }).collect() };
         if !self.routing.front.is_empty() {
@@ -690,7 +705,7 @@ impl Runtime {
             self.advance_job(ctx);
         } else {
             self.reconcile(ctx);
-            self.balance(ctx);
+            self.balance();
         }
     }
 
@@ -699,7 +714,7 @@ impl Runtime {
         self.workers.insert(worker.id, assigned);
         self.queues.entry(worker.id).or_default();
         self.reconcile(ctx);
-        self.balance(ctx);
+        self.balance();
         // Requests that found no worker of their task.
         let tasks: Vec<usize> = self.orphans.keys().copied().collect();
         for task in tasks {
@@ -716,7 +731,7 @@ impl Runtime {
         self.worker_factors.remove(&worker);
         let waiting = self.queues.remove(&worker).unwrap_or_default();
         self.reconcile(ctx);
-        self.balance(ctx);
+        self.balance();
         if let Some(task) = assigned.task {
             for q in waiting {
                 self.enqueue(task, q);
@@ -817,7 +832,9 @@ impl Runtime {
 
 impl<F: Flavour> Policy for LokiPolicy<F> {
     fn init(ctx: &mut Ctx) -> Result<Self, String> {
-        Ok(Self { runtime: Runtime::new(ctx, F::PLANNER, F::DROP)?, flavour: PhantomData })
+        let mut runtime = Runtime::new(ctx, F::PLANNER, F::DROP)?;
+        runtime.send_routes(ctx);
+        Ok(Self { runtime, flavour: PhantomData })
     }
 
     fn on_arrival(&mut self, _ctx: &mut Ctx, request: Request) {
@@ -846,6 +863,7 @@ impl<F: Flavour> Policy for LokiPolicy<F> {
 
     fn on_events_done(&mut self, ctx: &mut Ctx) {
         self.runtime.flush_telemetry();
+        self.runtime.send_routes(ctx);
         self.runtime.dispatch(ctx);
     }
 }

@@ -6,7 +6,7 @@
 //! than `low_utilisation` (50 %) of the time for `down_intervals` (2) intervals in a
 //! row gives one back. FIFO per stage, nothing dropped.
 
-use yardmaster_sdk::helpers::{ScaledFifo, ScalingRule, StageFifo};
+use yardmaster_sdk::helpers::{replica_bounds, ScaledFifo, ScalingRule, StageFifo};
 use yardmaster_sdk::{Ctx, Instant, Snapshot};
 
 /// Per-stage state of the scale-down rule.
@@ -47,8 +47,8 @@ impl ScalingRule for ReactiveRule {
         let n = config.stages.iter().map(|s| s.id as usize + 1).max().unwrap_or(0);
         let mut bounds = vec![(r_min, r_max); n];
         for s in &config.stages {
-            let low = r_min.max(s.min_replicas);
-            bounds[s.id as usize] = (low, r_max.min(s.max_replicas).max(low));
+            // An offline stage (its model out of service) gets (0, 0).
+            bounds[s.id as usize] = replica_bounds(s, r_min, r_max);
         }
         let (period, down_interval) = ((period_s * 1e9) as u64, (down_interval_s * 1e9) as u64);
         Ok(Self {

@@ -2,12 +2,12 @@
 //! spec's Uniform-QPS, after the QUART repository's legacy scaler). Every `period_s`
 //! (3 s) it sets **every** stage to `r = ⌈λ₁·max_i t_i / utilisation⌉` replicas,
 //! clamped to `[r_min, r_max]`, where `λ₁` is the arrival rate at the entry stages
-//! over the last period and `t_i` a stage's profiled service time. It scales up at
-//! once and down only `cooldown_s` (6 min) after its last scale-up. FIFO per stage,
-//! nothing dropped.
+//! over the last period and `t_i` a stage's profiled service time; offline stages
+//! (models out of service) are left out. It scales up at once and down only
+//! `cooldown_s` (6 min) after its last scale-up. FIFO per stage, nothing dropped.
 
-use yardmaster_sdk::helpers::{ScaledFifo, ScalingRule, SlidingWindow, StageFifo};
-use yardmaster_sdk::{Ctx, Instant, Request, Snapshot};
+use yardmaster_sdk::helpers::{is_offline, ScaledFifo, ScalingRule, SlidingWindow, StageFifo};
+use yardmaster_sdk::{Ctx, Instant, Request, Snapshot, StageId};
 
 /// Uniform QPS-driven scaling of the whole pipeline; FIFO per stage.
 pub type QuartUniform = ScaledFifo<UniformRule>;
@@ -17,6 +17,8 @@ pub type QuartUniform = ScaledFifo<UniformRule>;
 pub struct UniformRule {
     entry_arrivals: SlidingWindow,
     entry: Vec<bool>,
+    /// The stages it scales: every stage but the offline ones (models out of service).
+    stages: Vec<StageId>,
     slowest_s: f64,
     utilisation: f64,
     r_min: u32,
@@ -44,16 +46,20 @@ impl ScalingRule for UniformRule {
             entry[stage.id as usize] = stage.predecessors.is_empty();
         }
         let slowest_s = config.stages.iter().filter_map(|s| ctx.latency().mean(s.id, 0, 1)).max().map_or(0.01, |ns| ns as f64 / 1e9);
-        let room = (config.max_workers / n.max(1) as u32).max(1);
-        let low = config.stages.iter().map(|s| s.min_replicas).max().unwrap_or(1);
-        let high = config.stages.iter().map(|s| s.max_replicas).min().unwrap_or(1);
+        // An offline stage allows no replica: it is left out of the uniform count.
+        let online: Vec<_> = config.stages.iter().filter(|s| !is_offline(s)).collect();
+        let room = (config.max_workers / online.len().max(1) as u32).max(1);
+        let low = online.iter().map(|s| s.min_replicas).max().unwrap_or(1);
+        let high = online.iter().map(|s| s.max_replicas).min().unwrap_or(1);
         let r_max: u32 = ctx.param_or::<u32>("r_max", 8)?.min(high).min(room).max(low);
         let r_min: u32 = ctx.param_or::<u32>("r_min", 1)?.max(low).min(r_max);
-        let current = config.stages.iter().map(|s| config.workers.iter().filter(|w| w.stage == s.id).count() as u32).max().unwrap_or(1);
+        let current = online.iter().map(|s| config.workers.iter().filter(|w| w.stage == s.id).count() as u32).max().unwrap_or(1);
+        let stages = online.iter().map(|s| s.id).collect();
         let period = (period_s * 1e9) as u64;
         Ok(Self {
             entry_arrivals: SlidingWindow::new(period),
             entry,
+            stages,
             slowest_s,
             utilisation,
             r_min,
@@ -92,8 +98,7 @@ impl ScalingRule for UniformRule {
             self.last_up = Some(now);
         }
         self.current = next;
-        let stages: Vec<u32> = ctx.config().stages.iter().map(|s| s.id).collect();
-        for stage in stages {
+        for &stage in &self.stages {
             ctx.scale(stage, next, None);
         }
     }

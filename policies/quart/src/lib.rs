@@ -29,7 +29,7 @@ pub mod smoother;
 pub mod telemetry;
 pub mod view;
 
-use yardmaster_sdk::helpers::StageFifo;
+use yardmaster_sdk::helpers::{replica_bounds, StageFifo};
 use yardmaster_sdk::{BatchOutcome, Ctx, EndReason, Instant, Level, Policy, Request, RequestId, Snapshot, Worker, WorkerId};
 
 use corrector::Corrector;
@@ -245,8 +245,8 @@ impl Policy for Quart {
             }
             let plan = &mut plans[i];
             plan.service = ServiceModel::anchored(base_times[i], params.base_cores, params.cpu_serial_share);
-            let low = params.r_min.max(stage.min_replicas);
-            plan.bounds = (low, params.r_max.min(stage.max_replicas).max(low));
+            // An offline stage (its model out of service) gets (0, 0): never scaled up.
+            plan.bounds = replica_bounds(stage, params.r_min, params.r_max);
             plan.predecessors = stage.predecessors.iter().map(|&p| p as usize).collect();
             let mut neighbours: Vec<usize> = stage.predecessors.iter().chain(&stage.successors).map(|&s| s as usize).collect();
             neighbours.sort_unstable();
@@ -313,7 +313,12 @@ impl Policy for Quart {
     }
 
     fn on_tick(&mut self, ctx: &mut Ctx, snapshot: Snapshot) {
-        if ctx.now() >= self.next_control {
+        // A snapshot taken before this instance was configured (the one a hand-over
+        // replays) may describe another cluster — before a model was loaded or
+        // unloaded, without the replicas starting since — so replica counts and
+        // placements wait for a fresh one.
+        let stale = snapshot.at < ctx.config().now;
+        if !stale && ctx.now() >= self.next_control {
             self.next_control = ctx.now() + self.params.control_period;
             self.control(ctx, &snapshot);
         }

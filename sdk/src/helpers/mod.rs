@@ -29,6 +29,8 @@
 //!   (iteration-level) policy, service classes, KV footprints, frame plans, the
 //!   workers to plan frames for and the paused sequences to continue.
 //! * [`RankedLlm`]: a whole LLM baseline policy given a [`Ranking`] (FCFS, EDF, SJF).
+//! * [`replica_bounds`] and [`is_offline`]: a policy's replica limits narrowed to a
+//!   stage's, an offline stage (its model out of service) allowing none.
 //!
 //! Everything here is plain `std` Rust, so it behaves the same compiled
 //! natively and for WebAssembly.
@@ -48,6 +50,7 @@ pub mod pipeline_policy;
 pub mod quantile;
 pub mod queueing;
 pub mod ranked;
+pub mod replicas;
 pub mod stage_fifo;
 pub mod stage_graph;
 pub mod window;
@@ -73,6 +76,7 @@ pub use pipeline_policy::{planned_replicas, BrokeredPipeline, PipelineRule};
 pub use quantile::{P2Quantile, WindowQuantile};
 pub use queueing::{erlang_c, mmc_min_servers, mmc_sojourn};
 pub use ranked::{RankedLlm, Ranking};
+pub use replicas::{is_offline, replica_bounds};
 pub use stage_fifo::StageFifo;
 pub use stage_graph::StageGraph;
 pub use window::{CountWindow, LinearWeightedWindow, SlidingWindow};

@@ -142,20 +142,21 @@ impl NexusPlan {
 
     /// Replicas of every stage for `rate`, clamped to each stage's `bounds` (min, max)
     /// and, when the total exceeds `max_workers`, scaled down in proportion (each
-    /// stage keeping at least its minimum).
+    /// stage keeping at least its minimum, and at least one). An offline stage (its
+    /// model out of service: a maximum of 0) gets none.
     pub fn replicas(&self, rate: f64, bounds: &[(u32, u32)], max_workers: u32) -> Vec<u32> {
+        let bound = |s: usize| bounds.get(s).copied().unwrap_or((1, u32::MAX));
         let mut wanted: Vec<u32> = (0..self.batch.len())
-            .map(|s| {
-                let (lo, hi) = bounds.get(s).copied().unwrap_or((1, u32::MAX));
-                self.workers(s as StageId, rate).clamp(lo.max(1), hi.max(lo.max(1)))
+            .map(|s| match bound(s) {
+                (_, 0) => 0,
+                (lo, hi) => self.workers(s as StageId, rate).clamp(lo.max(1), hi.max(lo.max(1))),
             })
             .collect();
         let total: u32 = wanted.iter().sum();
         if total > max_workers && total > 0 {
             let factor = max_workers as f64 / total as f64;
-            for (s, w) in wanted.iter_mut().enumerate() {
-                let lo = bounds.get(s).map_or(1, |b| b.0.max(1));
-                *w = ((*w as f64 * factor).floor() as u32).max(lo);
+            for (s, w) in wanted.iter_mut().enumerate().filter(|(s, _)| bound(*s).1 > 0) {
+                *w = ((*w as f64 * factor).floor() as u32).max(bound(s).0.max(1));
             }
         }
         wanted
@@ -331,6 +332,10 @@ mod tests {
         // Over the cluster size: scaled down in proportion, at least one each.
         let capped = plan.replicas(1e6, &[(1, 1000); 3], 10);
         assert!(capped.iter().sum::<u32>() <= 10 && capped.iter().all(|&n| n >= 1), "{capped:?}");
+        // An offline stage (its model out of service) gets none, capped or not.
+        let offline = [(1, 1000), (0, 0), (1, 1000)];
+        assert_eq!(plan.replicas(100.0, &offline, 100)[1], 0);
+        assert_eq!(plan.replicas(1e6, &offline, 10)[1], 0);
     }
 
     #[test]
