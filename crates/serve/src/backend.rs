@@ -410,12 +410,13 @@ impl EngineBackend {
                 None => versions_of(&tables.models, model).last(),
             };
             let Some(served) = found.cloned() else {
-                // The API checked the model against its metadata: it was unloaded since.
                 let names: Vec<&str> = tables.models.iter().map(|m| m.name.as_str()).collect();
-                return Err(InferError::Unavailable(format!(
-                    "model {model:?} version {version:?} is not served now (served: {})",
-                    names.join(", ")
-                )));
+                let gone = tables.unavailable.iter().any(|(name, _)| name == model);
+                if gone {
+                    // Unloaded since the API checked the model against its metadata.
+                    return Err(InferError::Unavailable(format!("model {model:?} is not served now (served: {})", names.join(", "))));
+                }
+                return Err(InferError::Invalid(format!("unknown model {model:?} version {version:?} (served: {})", names.join(", "))));
             };
             let program = tables.programs.get(served.entry as usize).cloned();
             (served, program.ok_or_else(|| InferError::Failed(format!("model {model:?} has no entry stage program")))?)
