@@ -21,6 +21,10 @@
 #             host memory against the default of stacking on the device (--stacking
 #             runs only that comparison)
 #   profile-* `yardmaster profile` of each PP-OCR model on the GPU
+#   repository `yardmaster serve --model-repository` of Magika, NudeNet and an ensemble
+#             under explicit model control: start to ready with a cold profile (measured
+#             on the device) and with the cached one, inferences, 20 unload/load cycles
+#             of NudeNet with the GPU memory before and after
 #   serve     `yardmaster serve` (the OCR pipeline, with the profiles just measured)
 #             under `yardmaster load` of rendered three-line pages at two rates
 #             (YARDMASTER_GPU_RATES, default "50 200"), GPU memory from the server's
@@ -322,6 +326,87 @@ PY
 export rates span
 export -f serve_under_load
 step serve 120 serve_under_load
+
+# --- a model repository on the device, models loaded and unloaded ------------------------------
+serve_repository() {
+    local port=18100 repo=$work/repository
+    rm -rf "$repo" && mkdir -p "$repo/magika/1" "$repo/nudenet/1"
+    cp "$work/payload/assets/magika-1.0.3/model.onnx" "$repo/magika/1/"
+    cp "$work/payload/assets/nudenet-3.4.2/320n.onnx" "$repo/nudenet/1/model.onnx"
+    cat >"$repo/nudenet/config.pbtxt" <<'PBTXT'
+name: "nudenet"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [ { name: "images" data_type: TYPE_FP32 dims: [ 3, 320, 320 ] } ]
+output [ { name: "output0" data_type: TYPE_FP32 dims: [ 22, -1 ] } ]
+instance_group [ { count: 1 kind: KIND_GPU } ]
+PBTXT
+    export YARDMASTER_ASSETS=$work/assets-repository   # a fresh profile cache
+    rm -rf "$YARDMASTER_ASSETS"
+    local rc=0 start
+    for round in cold cached; do
+        start=$(date +%s.%N)
+        "$bin/yardmaster" serve --model-repository "$repo" --model-control-mode explicit --listen 127.0.0.1:$port \
+            --for 300 >"$results/repository-$round.log" 2>&1 &
+        local server=$!
+        python3 - "$port" "$round" "$start" <<'PY' || rc=1
+import json, sys, time, urllib.request
+port, round_, start = sys.argv[1], sys.argv[2], float(sys.argv[3])
+base = f"http://127.0.0.1:{port}"
+def call(path, body=None):
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(base + path, data=data, method="GET" if body is None and not path.startswith("/v2/repository") else "POST")
+    with urllib.request.urlopen(request, timeout=120) as answer:
+        return answer.status, answer.read()
+for _ in range(1200):
+    try:
+        if call("/v2/health/ready")[0] == 200:
+            break
+    except Exception:
+        pass
+    time.sleep(0.1)
+else:
+    sys.exit("not ready in 120 s")
+print(f"{round_}: start to ready {time.time() - start:.2f} s")
+def gpu_memory():
+    text = call("/metrics")[1].decode()
+    return [line for line in text.splitlines() if line.startswith("yardmaster_gpu_memory_used")]
+def infer(model, name, datatype, shape, value):
+    n = 1
+    for d in shape:
+        n *= d
+    t0 = time.time()
+    status, body = call(f"/v2/models/{model}/infer", {"inputs": [{"name": name, "datatype": datatype, "shape": shape, "data": [value] * n}]})
+    return status, (time.time() - t0) * 1e3, json.loads(body)["outputs"][0]["shape"]
+meta = json.loads(call("/v2/models/magika")[1])
+width = meta["inputs"][0]["shape"][1]
+for model, args in (("magika", ("bytes", "INT32", [1, width], 7)), ("nudenet", ("images", "FP32", [1, 3, 320, 320], 0.5))):
+    runs = [infer(model, *args) for _ in range(5)]
+    print(f"{round_}: {model} status {runs[-1][0]} shape {runs[-1][2]} latency ms {[round(r[1], 1) for r in runs]}")
+if round_ == "cached":
+    print("gpu memory before cycles:", gpu_memory())
+    t0 = time.time()
+    for cycle in range(20):
+        call("/v2/repository/models/nudenet/unload", {})
+        call("/v2/repository/models/nudenet/load", {})
+    print(f"20 unload/load cycles of nudenet: {time.time() - t0:.2f} s")
+    for _ in range(600):
+        try:
+            if call("/v2/models/nudenet/ready")[0] == 200:
+                break
+        except Exception:
+            pass
+        time.sleep(0.1)
+    print("nudenet after cycles:", infer("nudenet", "images", "FP32", [1, 3, 320, 320], 0.5)[:2])
+    print("gpu memory after cycles:", gpu_memory())
+PY
+        kill -TERM $server; wait $server
+        grep -E "profil|not served|warning" "$results/repository-$round.log" | sed 's/\x1b\[[0-9;]*m//g' | cut -c1-200 | head -8
+    done
+    return $rc
+}
+export -f serve_repository
+step repository 150 serve_repository
 if [ $experiments = 1 ]; then
     mkdir -p "$results/serve-default" && mv "$results"/metrics-*.txt "$results/server.log" "$results/serve-default/"
     rates=${YARDMASTER_GPU_ALT_RATES:-50}

@@ -84,6 +84,14 @@ for model in ch_PP-OCRv4_det_infer.onnx ch_ppocr_mobile_v2.0_cls_infer.onnx ch_P
     cp "$src" "$stage/assets/rapidocr-1.4.4/"
 done
 
+# Two real models no one here trained, for the model-repository step.
+for model in magika-1.0.3/model.onnx nudenet-3.4.2/320n.onnx; do
+    src=$assets/$model
+    [ -f "$src" ] || { echo "error: $src is missing: run bash scripts/setup.sh --deps first" >&2; exit 1; }
+    mkdir -p "$stage/assets/$(dirname "$model")"
+    xz -T0 -9 -c "$src" >"$stage/assets/$model.xz"
+done
+
 font=/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf
 [ -f "$font" ] || { echo "error: $font is missing: run bash scripts/setup.sh --deps first" >&2; exit 1; }
 cp "$font" "$stage/assets/"   # the tests and `yardmaster load --text` render pages with it
