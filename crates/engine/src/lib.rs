@@ -1005,6 +1005,16 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         let started = std::time::Instant::now();
         self.now();
         let (output, report, retired) = self.arm.swap(candidate, &self.state);
+        self.apply_handover(output);
+        let pause = started.elapsed();
+        self.arm.record_swap_pause(pause);
+        SwapOutcome { report, pause, retired }
+    }
+
+    /// Apply what a hand-over to a new policy instance answered (a swap, a
+    /// reconfiguration): the observer sees it as a call without events, and workers it
+    /// left idle are announced at once.
+    fn apply_handover(&mut self, output: ArmOutput) {
         if let Some(observe) = &mut self.observer {
             observe(&CallSeen { events: &[], output: &output, cost: self.arm.last_cost() });
         }
@@ -1013,9 +1023,6 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         if settle {
             self.flush();
         }
-        let pause = started.elapsed();
-        self.arm.record_swap_pause(pause);
-        SwapOutcome { report, pause, retired }
     }
 
     /// What a swap candidate is prepared from off the engine's thread (see

@@ -25,7 +25,7 @@ use yardmaster_policy::PolicyInstance;
 use super::metrics::Outcome;
 use super::pipeline::Pipeline;
 use super::state::{PieceState, StageEntry, StageWindow};
-use super::{bound, CallSeen, Clock, Engine, Executor};
+use super::{bound, Clock, Engine, Executor};
 
 /// What [`Engine::reconfigure`] did.
 pub struct ReconfigureOutcome {
@@ -135,14 +135,7 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         let replayed = self.arm.ledger().len();
         let config = self.reconfigured_policy_config();
         let (output, retired) = self.arm.reconfigure(config, &self.state);
-        if let Some(observe) = &mut self.observer {
-            observe(&CallSeen { events: &[], output: &output, cost: self.arm.last_cost() });
-        }
-        let settle = !output.idle_again.is_empty();
-        self.apply(output);
-        if settle {
-            self.flush();
-        }
+        self.apply_handover(output);
         let pause = started.elapsed();
         Ok(ReconfigureOutcome { pause, replayed, failed, retired })
     }
