@@ -105,6 +105,12 @@ pub trait Backend: Send + Sync {
     fn models(&self) -> Vec<ModelMetadata>;
     /// Whether the server takes requests.
     fn ready(&self) -> bool;
+    /// Whether `model` takes requests (`GET /v2/models/{m}/ready`); the server's
+    /// readiness unless the backend knows better.
+    fn model_ready(&self, model: &str) -> bool {
+        let _ = model;
+        self.ready()
+    }
     /// Run one request on `model` (a name from [`Backend::models`]).
     fn infer(&self, model: &str, request: InferRequest) -> BoxFuture<'_, Result<InferResponse, InferError>>;
     /// Run one request on `version` of `model` (one of its metadata's versions; `None`:
@@ -377,7 +383,9 @@ impl Api {
         let get = request.method == Method::GET || request.method == Method::HEAD;
         match rest {
             [] if get => ApiResponse::json(StatusCode::OK, &metadata_json(metadata)),
-            ["ready"] if get => ApiResponse::empty(if self.backend.ready() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }),
+            ["ready"] if get => {
+                ApiResponse::empty(if self.backend.model_ready(&metadata.name) { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE })
+            }
             ["stats"] if get => self.statistics(Some(&metadata.name)),
             ["config"] if get => match &metadata.config {
                 Some(config) => ApiResponse::json(StatusCode::OK, config),

@@ -251,6 +251,9 @@ pub struct ServedModel {
     pub stream: u32,
     /// The stream's entry stage.
     pub entry: u32,
+    /// Every stage its requests pass through (the entry first): it is ready when each
+    /// has a worker ready.
+    pub stages: Vec<u32>,
     /// Its tensors.
     pub codec: Codec,
     /// How it describes itself: version, platform, configuration.
@@ -531,6 +534,13 @@ impl Backend for EngineBackend {
 
     fn ready(&self) -> bool {
         self.board.ready()
+    }
+
+    /// Ready when every stage of the model's default version has a worker ready (a model
+    /// just loaded serves once its workers have started).
+    fn model_ready(&self, model: &str) -> bool {
+        let stages = versions_of(&self.tables().models, model).last().map(|m| m.stages.clone());
+        stages.is_some_and(|stages| self.board.stages_ready(&stages))
     }
 
     fn infer(&self, model: &str, request: InferRequest) -> BoxFuture<'_, Result<InferResponse, InferError>> {

@@ -265,7 +265,8 @@ pub(crate) fn assemble(prepared: &[Prepared], previous: Option<&ServedPipeline>)
                 streams.len() - 1
             }
         };
-        models.push(ServedModel { stream: stream as u32, entry, ..p.model.clone() });
+        let stages = places.iter().map(|&p| p as u32).collect();
+        models.push(ServedModel { stream: stream as u32, entry, stages, ..p.model.clone() });
     }
     let pipeline = repository_pipeline(stages, streams)?;
     let served = ServedPipeline { pipeline, catalog, programs, models };
@@ -302,7 +303,14 @@ pub(crate) fn prepare(
         let (stage, stream) = model_stage(entry, version.version, profile, 0, device, options.threads);
         let description =
             ModelDescription { version: version.version.to_string(), platform: PLATFORM.into(), config: Some(config.to_triton_json()) };
-        let model = ServedModel { name: entry.name.clone(), stream: 0, entry: 0, codec: Codec::Tensors(codec.clone()), description };
+        let model = ServedModel {
+            name: entry.name.clone(),
+            stream: 0,
+            entry: 0,
+            stages: Vec::new(),
+            codec: Codec::Tensors(codec.clone()),
+            description,
+        };
         let program: Arc<dyn StageProgram> = Arc::new(TensorProgram { name: stage.name.clone() });
         prepared.push(Prepared {
             stages: vec![PreparedStage { stage, spec, program }],
@@ -360,7 +368,8 @@ pub(crate) fn prepare_ensemble(entry: &ModelEntry, models: &[Prepared]) -> Resul
     }
     let version = entry.versions.last().map_or_else(|| "1".to_string(), |v| v.version.to_string());
     let description = ModelDescription { version, platform: "ensemble".into(), config: Some(config.to_triton_json()) };
-    let model = ServedModel { name: entry.name.clone(), stream: 0, entry: 0, codec: Codec::Ensemble(codec), description };
+    let model =
+        ServedModel { name: entry.name.clone(), stream: 0, entry: 0, stages: Vec::new(), codec: Codec::Ensemble(codec), description };
     let steps = config.ensemble_steps.iter().map(|s| s.model_name.clone()).collect();
     Ok(Prepared { stages, stream, model, codec: None, params: Vec::new(), steps })
 }

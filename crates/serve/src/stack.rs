@@ -82,6 +82,7 @@ impl ServedPipeline {
             name: OCR_MODEL.into(),
             stream: 0,
             entry,
+            stages: (0..pipeline.stages.len() as u32).collect(),
             codec: Codec::OcrImage,
             description: ModelDescription::default(),
         }];
@@ -105,6 +106,7 @@ impl ServedPipeline {
             name: TINY_MODEL.into(),
             stream: 0,
             entry: pipeline.streams[0].entry,
+            stages: vec![pipeline.streams[0].entry],
             codec,
             description: ModelDescription::default(),
         }];

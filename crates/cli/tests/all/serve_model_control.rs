@@ -119,6 +119,17 @@ fn tritonclient_loads_and_unloads_and_a_hundred_cycles_lose_nothing() {
         }
     }
     let late = rss_kib(pid);
+    // A model unloaded is unknown; loaded again, it is ready once its worker is.
+    let ready = || super::serve_end_to_end::http_get(&server.address, "/v2/models/add/ready").0;
+    assert_eq!(http_post(&server.address, "/v2/repository/models/add/unload", "").0, 200);
+    assert_eq!(ready(), 404);
+    assert_eq!(http_post(&server.address, "/v2/repository/models/add/load", "").0, 200);
+    let mut waited = 0;
+    while ready() != 200 {
+        assert!(waited < 200, "add never became ready after its load");
+        std::thread::sleep(Duration::from_millis(50));
+        waited += 1;
+    }
     stop.store(true, Ordering::Release);
     let steady = steady.join().expect("the steady client saw only right answers");
     let moving = coming_and_going.join().expect("the other client saw only right answers");
