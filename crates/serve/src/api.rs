@@ -96,6 +96,14 @@ pub enum ControlError {
     Failed(String),
 }
 
+impl std::fmt::Display for ControlError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ControlError::Refused(reason) | ControlError::Conflict(reason) | ControlError::Failed(reason) => f.write_str(reason),
+        }
+    }
+}
+
 /// A boxed future, for the object-safe [`Backend`].
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 

@@ -511,25 +511,11 @@ impl Backend for EngineBackend {
     }
 
     fn load_model(&self, model: &str, parameters: serde_json::Value) -> BoxFuture<'_, Result<(), ControlError>> {
-        let model = model.to_string();
-        let control = self.control.get().cloned();
-        Box::pin(async move {
-            let control = control.ok_or_else(|| ControlError::Refused(not_controlled("load", &model)))?;
-            tokio::task::spawn_blocking(move || control.load(&model, &parameters))
-                .await
-                .map_err(|e| ControlError::Failed(format!("the load stopped: {e}")))?
-        })
+        self.control_model("load", model, parameters, |control, model, parameters| control.load(model, parameters))
     }
 
     fn unload_model(&self, model: &str, parameters: serde_json::Value) -> BoxFuture<'_, Result<(), ControlError>> {
-        let model = model.to_string();
-        let control = self.control.get().cloned();
-        Box::pin(async move {
-            let control = control.ok_or_else(|| ControlError::Refused(not_controlled("unload", &model)))?;
-            tokio::task::spawn_blocking(move || control.unload(&model, &parameters))
-                .await
-                .map_err(|e| ControlError::Failed(format!("the unload stopped: {e}")))?
-        })
+        self.control_model("unload", model, parameters, |control, model, parameters| control.unload(model, parameters))
     }
 
     fn ready(&self) -> bool {
@@ -600,6 +586,27 @@ impl Backend for EngineBackend {
         let stats: Vec<serde_json::Value> =
             models.iter().zip(per_stream).map(|((name, version, _), totals)| totals.to_triton(name, version)).collect();
         Ok(serde_json::json!({ "model_stats": stats }))
+    }
+}
+
+impl EngineBackend {
+    /// Run a load or unload (`action`) through model control on a blocking thread (it
+    /// may profile a model), or refuse it when the server does not control its models.
+    fn control_model(
+        &self,
+        action: &'static str,
+        model: &str,
+        parameters: serde_json::Value,
+        call: fn(&dyn ModelController, &str, &serde_json::Value) -> Result<(), ControlError>,
+    ) -> BoxFuture<'_, Result<(), ControlError>> {
+        let model = model.to_string();
+        let control = self.control.get().cloned();
+        Box::pin(async move {
+            let control = control.ok_or_else(|| ControlError::Refused(not_controlled(action, &model)))?;
+            tokio::task::spawn_blocking(move || call(&*control, &model, &parameters))
+                .await
+                .map_err(|e| ControlError::Failed(format!("the {action} stopped: {e}")))?
+        })
     }
 }
 

@@ -134,7 +134,7 @@ impl ModelControl {
             let entry = loaded.entry(name.clone()).or_insert_with(|| LoadedModel {
                 prepared: Vec::new(),
                 steps: p.steps.clone(),
-                fingerprint: settings.dirs.iter().map(|d| d.join(&name)).find(|d| d.is_dir()).map(|d| fingerprint(&d)).unwrap_or_default(),
+                fingerprint: model_dir(&settings.dirs, &name).map(|d| fingerprint(&d)).unwrap_or_default(),
             });
             entry.prepared.push(p);
         }
@@ -174,13 +174,12 @@ impl ModelControl {
             self.backend.change_tables(|t| set_unavailable(&mut t.unavailable, model, &reason));
             refused(reason)
         })?;
-        loaded.insert(model.to_string(), prepared);
         // Ensembles running the model are made again of its new stages.
+        let others = state.loaded.iter().filter(|(name, _)| name.as_str() != model).map(|(_, m)| m);
+        let plain = plain_prepared(others.chain([&prepared]));
+        loaded.insert(model.to_string(), prepared);
         for (name, dependent) in state.loaded.iter().filter(|(_, m)| m.steps.iter().any(|s| s == model)) {
             let Some(Ok(entry)) = repository.models.get(name) else { continue };
-            let mut plain: BTreeMap<String, &LoadedModel> = state.loaded.iter().map(|(n, m)| (n.clone(), m)).collect();
-            plain.insert(model.to_string(), &loaded[model]);
-            let plain: Vec<Prepared> = plain.values().filter(|m| m.steps.is_empty()).flat_map(|m| m.prepared.clone()).collect();
             let again = prepare_ensemble(entry, &plain).map_err(|reason| {
                 ControlError::Conflict(format!("model {model:?} would break ensemble {name:?} ({reason}); unload the ensemble first"))
             })?;
@@ -306,8 +305,7 @@ impl ModelControl {
             if let Some(missing) = steps.iter().find(|s| !loaded.contains_key(*s)) {
                 return Err(format!("its step model {missing:?} is not loaded: load it first"));
             }
-            let plain: Vec<Prepared> = loaded.values().filter(|m| m.steps.is_empty()).flat_map(|m| m.prepared.clone()).collect();
-            let ensemble = prepare_ensemble(entry, &plain)?;
+            let ensemble = prepare_ensemble(entry, &plain_prepared(loaded.values()))?;
             return Ok(LoadedModel { prepared: vec![ensemble], steps, fingerprint });
         }
         let prepared = prepare(entry, &self.context, &self.settings.options, &mut |line| tracing::info!("{line}"))?;
@@ -379,7 +377,7 @@ impl ModelControl {
         for (name, found) in &repository.models {
             let dir = match found {
                 Ok(entry) => entry.dir.clone(),
-                Err(_) => match self.settings.dirs.iter().map(|d| d.join(name)).find(|d| d.is_dir()) {
+                Err(_) => match model_dir(&self.settings.dirs, name) {
                     Some(dir) => dir,
                     None => continue,
                 },
@@ -393,13 +391,13 @@ impl ModelControl {
             }
             lines.push(match self.load_model(name) {
                 Ok(()) => format!("model {name}: loaded"),
-                Err(error) => format!("model {name}: {}", control_reason(&error)),
+                Err(error) => format!("model {name}: {error}"),
             });
         }
         for name in loaded.keys().filter(|n| !repository.models.contains_key(*n)) {
             lines.push(match self.unload_model(name, true) {
                 Ok(()) => format!("model {name}: removed from the repository, unloaded"),
-                Err(error) => format!("model {name}: {}", control_reason(&error)),
+                Err(error) => format!("model {name}: {error}"),
             });
         }
         lines
@@ -422,18 +420,21 @@ impl ModelController for ModelControl {
     }
 }
 
-/// The reason in a control error.
-pub fn control_reason(error: &ControlError) -> &str {
-    match error {
-        ControlError::Refused(reason) | ControlError::Conflict(reason) | ControlError::Failed(reason) => reason,
-    }
-}
-
 /// Plain models' versions first, then ensembles, each in name order.
 fn ordered(models: &BTreeMap<String, &LoadedModel>) -> Vec<Prepared> {
-    let plain = models.values().filter(|m| m.steps.is_empty());
-    let ensembles = models.values().filter(|m| !m.steps.is_empty());
-    plain.chain(ensembles).flat_map(|m| m.prepared.iter().cloned()).collect()
+    let ensembles = models.values().filter(|m| !m.steps.is_empty()).flat_map(|m| m.prepared.iter().cloned());
+    plain_prepared(models.values().copied()).into_iter().chain(ensembles).collect()
+}
+
+/// Every version of the plain models (not ensembles) among `models`: what ensembles
+/// are made of.
+fn plain_prepared<'a>(models: impl Iterator<Item = &'a LoadedModel>) -> Vec<Prepared> {
+    models.filter(|m| m.steps.is_empty()).flat_map(|m| m.prepared.iter().cloned()).collect()
+}
+
+/// The folder of model `name` in the repository directories `dirs`, if there is one.
+fn model_dir(dirs: &[PathBuf], name: &str) -> Option<PathBuf> {
+    dirs.iter().map(|d| d.join(name)).find(|d| d.is_dir())
 }
 
 fn set_unavailable(unavailable: &mut Vec<(String, String)>, model: &str, reason: &str) {

@@ -42,8 +42,8 @@ use yardmaster_engine::pipeline::{StageDef, StreamDef};
 use yardmaster_formats::model_repository::config::{Backend, DataType, TensorConfig};
 use yardmaster_formats::model_repository::repository::PROFILE_SHAPES_PARAMETER;
 use yardmaster_formats::model_repository::stages::{
-    dynamic_batching_params, ensemble_order, ensemble_stages, model_stage, profile_stage_from_text, repository_pipeline, sha256_of,
-    ProfileSource, ProfileStore, PROFILE_FILE,
+    dynamic_batching_params, ensemble_order, ensemble_stages, link_places, model_stage, profile_stage_from_text, repository_pipeline,
+    sha256_of, ProfileSource, ProfileStore, PROFILE_FILE,
 };
 use yardmaster_formats::model_repository::{read_graph_signature, scan, ModelConfig, ModelEntry, ModelVersion};
 use yardmaster_policy::contract::{DeviceKind, Param};
@@ -247,7 +247,7 @@ pub(crate) fn assemble(prepared: &[Prepared], previous: Option<&ServedPipeline>)
             };
             places.push(place);
         }
-        link(&mut stages, &places);
+        link_places(&mut stages, &places);
         let entry = places[0] as u32;
         let stream = match streams.iter().position(|s| s.name == p.stream.name) {
             Some(place) if streams[place].entry != entry => {
@@ -272,15 +272,6 @@ pub(crate) fn assemble(prepared: &[Prepared], previous: Option<&ServedPipeline>)
     let served = ServedPipeline { pipeline, catalog, programs, models };
     served.check()?;
     Ok(served)
-}
-
-/// Chain the stages at `places` in that order (a model's stages: one, or an
-/// ensemble's steps).
-fn link(stages: &mut [StageDef], places: &[usize]) {
-    for (i, &place) in places.iter().enumerate() {
-        stages[place].predecessors = if i > 0 { vec![places[i - 1] as u32] } else { Vec::new() };
-        stages[place].successors = places.get(i + 1).map(|&next| vec![next as u32]).unwrap_or_default();
-    }
 }
 
 /// Build the stage, stream, codec and parameters of each served version of a model,

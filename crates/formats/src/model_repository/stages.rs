@@ -213,10 +213,16 @@ pub fn ensemble_stages(entry: &ModelEntry, stage_of: &dyn Fn(&str) -> Option<Sta
 
 /// Link consecutive stages of `stages[from..]` into a chain (each feeding the next).
 pub fn link_chain(stages: &mut [StageDef], from: usize) {
-    let end = stages.len();
-    for (i, stage) in stages.iter_mut().enumerate().skip(from) {
-        stage.predecessors = if i > from { vec![(i - 1) as u32] } else { Vec::new() };
-        stage.successors = if i + 1 < end { vec![(i + 1) as u32] } else { Vec::new() };
+    let places: Vec<usize> = (from..stages.len()).collect();
+    link_places(stages, &places);
+}
+
+/// Chain the stages at `places`, in that order (a model's stages wherever they sit:
+/// one, or an ensemble's steps), each feeding the next.
+pub fn link_places(stages: &mut [StageDef], places: &[usize]) {
+    for (i, &place) in places.iter().enumerate() {
+        stages[place].predecessors = if i > 0 { vec![places[i - 1] as u32] } else { Vec::new() };
+        stages[place].successors = places.get(i + 1).map(|&next| vec![next as u32]).unwrap_or_default();
     }
 }
 
