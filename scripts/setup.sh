@@ -148,5 +148,8 @@ fi
 say "Building yardmaster (release; the first build takes about 10 minutes)"
 cargo build --release -p yardmaster
 
+say "Laying out the shipped model repositories (PP-OCR and the trivial model) in the assets folder"
+./target/release/yardmaster repository lay-out
+
 say "Main job: conformance check of the shipped policies, then serving PP-OCR under a short load"
 exec ./target/release/yardmaster

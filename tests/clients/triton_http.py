@@ -27,7 +27,8 @@ def main() -> None:
     for binary in (False, True):
         inputs = []
         for spec in metadata["inputs"]:
-            shape = [d if d >= 0 else 4 for d in spec["shape"]]
+            # One item per request: a leading dimension of any size is 1, others 4.
+            shape = [d if d >= 0 else (1 if i == 0 else 4) for i, d in enumerate(spec["shape"])]
             data = (np.arange(int(np.prod(shape))) % 7).astype(NUMPY[spec["datatype"]]).reshape(shape)
             tensor = httpclient.InferInput(spec["name"], shape, spec["datatype"])
             tensor.set_data_from_numpy(data, binary_data=binary)

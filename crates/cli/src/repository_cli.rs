@@ -2,6 +2,9 @@
 //! will (`yardmaster_formats::model_repository`), complete each configuration from its
 //! ONNX graph where `config.pbtxt` leaves it out, and print what each model would be —
 //! or why it cannot be served. Exits 1 if any model is refused.
+//!
+//! `yardmaster repository lay-out [ocr|tiny]`: write a shipped repository into the
+//! assets folder (what `yardmaster serve --pipeline NAME` serves) and print its folder.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -9,6 +12,8 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 use yardmaster::formats::model_repository::config::{Backend, TensorConfig};
 use yardmaster::formats::model_repository::{scan, ModelEntry};
+use yardmaster::serve::builtin_repository::BuiltinRepository;
+use yardmaster::serve::repository::default_profile_cache;
 
 /// Model repositories (Triton's layout: `DIR/<model>/config.pbtxt`,
 /// `DIR/<model>/<version>/model.onnx`).
@@ -16,8 +21,20 @@ use yardmaster::formats::model_repository::{scan, ModelEntry};
 pub enum RepositoryCommand {
     /// Read repositories and print every model's effective configuration (completed
     /// from its ONNX graph where config.pbtxt is absent or partial), or why it cannot be
-    /// served; exits 1 if any model is refused. Serving a repository is planned.
+    /// served; exits 1 if any model is refused.
     Check(CheckArgs),
+    /// Write a shipped repository (`ocr`: PP-OCR as an ensemble of built-in steps;
+    /// `tiny`: the trivial model) into the assets folder, with its shipped CPU
+    /// profiles in the profile cache, and print its folder. `yardmaster serve
+    /// --pipeline NAME` does this itself; the set-up script does it for both.
+    LayOut(LayOutArgs),
+}
+
+/// Arguments of `repository lay-out`.
+#[derive(Args)]
+pub struct LayOutArgs {
+    /// Which shipped repositories (all when none is named): ocr, tiny.
+    names: Vec<String>,
 }
 
 /// Arguments of `repository check`.
@@ -34,7 +51,41 @@ pub struct CheckArgs {
 
 /// Run a `repository` subcommand.
 pub fn run(command: RepositoryCommand) -> ExitCode {
-    let RepositoryCommand::Check(args) = command;
+    match command {
+        RepositoryCommand::Check(args) => check(args),
+        RepositoryCommand::LayOut(args) => lay_out(args),
+    }
+}
+
+/// `repository lay-out`.
+fn lay_out(args: LayOutArgs) -> ExitCode {
+    let mut chosen = Vec::new();
+    for name in &args.names {
+        match BuiltinRepository::from_name(name) {
+            Some(repository) => chosen.push(repository),
+            None => {
+                eprintln!("error: no shipped repository {name:?} (shipped: ocr, tiny)");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    if chosen.is_empty() {
+        chosen = BuiltinRepository::ALL.to_vec();
+    }
+    for repository in chosen {
+        match repository.lay_out(&default_profile_cache()) {
+            Ok(dir) => println!("{}: {}", repository.name(), dir.display()),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+/// `repository check`.
+fn check(args: CheckArgs) -> ExitCode {
     let mut repository = match scan(&args.dirs) {
         Ok(repository) => repository,
         Err(e) => {
@@ -98,6 +149,9 @@ fn print_entry(entry: &ModelEntry) {
     config.output.iter().for_each(|t| tensor("output", t));
     for step in &config.ensemble_steps {
         println!("          step   {}", step.model_name);
+    }
+    if let Some(program) = entry.settings.program {
+        println!("          runs the built-in program {} (served as an ensemble step only)", program.name());
     }
     if let Some(warning) = entry.ignored_fields_warning() {
         println!("          warning: {warning}");

@@ -320,8 +320,9 @@ async fn run_load(args: &LoadArgs) -> Result<()> {
 }
 
 /// A request body for `model`, made from its metadata: every input filled with a
-/// small constant tensor (variable dimensions taken as 8; an image-like UINT8 input
-/// [-1,-1,3] as 64×64×3).
+/// small constant tensor (a leading dimension of any size taken as 1 — one item per
+/// request —, other variable dimensions as 8; an image-like UINT8 input [-1,-1,3] as
+/// 64×64×3).
 async fn synthesise_body(address: SocketAddr, model: &str) -> Result<Bytes> {
     let mut client = Http1Client::connect(address)
         .await
@@ -345,11 +346,15 @@ fn body_from_metadata(metadata: &Value) -> Result<Value> {
         let image = datatype == "UINT8" && declared.len() == 3 && declared[2] == 3;
         let shape: Vec<i64> = declared
             .iter()
-            .map(|&d| {
+            .enumerate()
+            .map(|(i, &d)| {
                 if d >= 0 {
                     d
                 } else if image {
                     64
+                } else if i == 0 {
+                    // A batching model's leading dimension: one item per request.
+                    1
                 } else {
                     8
                 }
@@ -374,11 +379,11 @@ mod tests {
     #[test]
     fn synthetic_bodies_follow_the_metadata() {
         let metadata = json!({"name": "m", "inputs": [
-            {"name": "x", "datatype": "FP32", "shape": [-1, 4]},
+            {"name": "x", "datatype": "FP32", "shape": [-1, 4, -1]},
             {"name": "image", "datatype": "UINT8", "shape": [-1, -1, 3]},
         ]});
         let body = body_from_metadata(&metadata).unwrap();
-        assert_eq!(body["inputs"][0]["shape"], json!([8, 4]));
+        assert_eq!(body["inputs"][0]["shape"], json!([1, 4, 8]));
         assert_eq!(body["inputs"][0]["data"].as_array().unwrap().len(), 32);
         assert_eq!(body["inputs"][1]["shape"], json!([64, 64, 3]));
         let request = yardmaster::serve::kserve::decode_request(&serde_json::to_vec(&body).unwrap(), None).unwrap();

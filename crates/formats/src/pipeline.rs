@@ -32,6 +32,43 @@ pub fn from_loki_app(json: &str, profiles: &LokiProfiles, source_name: &str) -> 
 
 pub use loki::LokiProfiles;
 
+/// One stage of a pipeline as a one-stage pipeline file in our TOML format (what
+/// `yardmaster profile` writes and a model repository's profile cache holds): the
+/// stage's batch stage settings and variants, without its edges; `slo_ms` is the
+/// file's SLO. [`from_toml`] reads it back to the same stage.
+pub fn stage_to_toml(stage: &StageDef, slo_ms: f64) -> String {
+    use std::fmt::Write as _;
+    let ms = |ns: f64| ns / MS;
+    let mut out = String::new();
+    let _ = writeln!(out, "name = {}\nslo_ms = {slo_ms}\n", toml_string(&stage.name));
+    let _ = writeln!(out, "[[stage]]\nname = {}", toml_string(&stage.name));
+    let _ = writeln!(out, "max_batch = {}\nreplicas = {}", stage.max_batch, stage.replicas);
+    let _ = writeln!(out, "min_replicas = {}\nmax_replicas = {}", stage.min_replicas, stage.max_replicas);
+    let device = if stage.device == DeviceKind::Cpu { "cpu" } else { "gpu" };
+    let _ = writeln!(out, "device = \"{device}\"\nthreads = {}", stage.threads);
+    for variant in &stage.variants {
+        let _ = writeln!(out, "\n[[stage.variant]]\nname = {}\naccuracy = {}", toml_string(&variant.name), variant.accuracy);
+        match &variant.profile {
+            Profile::Linear { alpha_ns, beta_ns } => {
+                let _ = writeln!(out, "alpha_ms = {}\nbeta_ms = {}", ms(*alpha_ns), ms(*beta_ns));
+            }
+            Profile::Points(points) => {
+                let points: Vec<String> =
+                    points.iter().map(|p| format!("[{}, {}, {}]", p.batch, ms(p.mean as f64), ms(p.tail as f64))).collect();
+                let _ = writeln!(out, "# [batch, mean_ms, p99_ms]\nprofile_ms = [{}]", points.join(", "));
+            }
+        }
+        let _ = writeln!(out, "memory_mib = {}", variant.memory_bytes >> 20);
+        let _ = writeln!(out, "cold_start_ms = {}\nwarm_start_ms = {}", ms(variant.cold_start_ns as f64), ms(variant.warm_start_ns as f64));
+    }
+    out
+}
+
+/// A TOML basic string.
+fn toml_string(text: &str) -> String {
+    toml::Value::String(text.to_string()).to_string()
+}
+
 mod toml_format {
     //! The serde shape of our TOML pipeline files.
 
@@ -549,6 +586,20 @@ mod loki {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_stage_written_as_toml_reads_back_the_same() {
+        for (text, name) in [(crate::presets::OCR_PRESET, "ocr"), (crate::presets::TINY_PRESET, "tiny")] {
+            let pipeline = from_toml(text, name).unwrap();
+            for stage in &pipeline.stages {
+                let written = stage_to_toml(stage, 123.0);
+                let back = from_toml(&written, "written").unwrap_or_else(|e| panic!("{e}\n{written}"));
+                let expected = StageDef { successors: Vec::new(), predecessors: Vec::new(), ..stage.clone() };
+                assert_eq!(back.stages, vec![expected], "{written}");
+                assert_eq!(back.streams[0].slo_ns, 123_000_000);
+            }
+        }
+    }
     use super::*;
 
     const TOML: &str = r#"

@@ -120,7 +120,7 @@ pub struct InlineTiny;
 
 impl Backend for InlineTiny {
     fn models(&self) -> Vec<ModelMetadata> {
-        let spec = |name: &str| TensorSpec { name: name.into(), datatype: DataType::F32, shape: vec![4] };
+        let spec = |name: &str| TensorSpec { name: name.into(), datatype: DataType::F32, shape: vec![-1, 4] };
         vec![ModelMetadata {
             name: "tiny".into(),
             versions: vec!["1".into()],
@@ -140,7 +140,7 @@ impl Backend for InlineTiny {
         Box::pin(async move {
             let x = request.inputs.first().and_then(Tensor::as_f32).ok_or_else(|| InferError::Invalid("x must be FP32".into()))?;
             let y: Vec<f32> = x.iter().map(|v| v + 1.0).collect();
-            let output = Tensor::f32("y", vec![y.len() as u64], &y).map_err(|e| InferError::Invalid(e.0))?;
+            let output = Tensor::f32("y", vec![1, y.len() as u64], &y).map_err(|e| InferError::Invalid(e.0))?;
             Ok(InferResponse {
                 model_name: model,
                 model_version: None,
@@ -154,7 +154,7 @@ impl Backend for InlineTiny {
 
 /// The trivial model's request body.
 fn body() -> Bytes {
-    Bytes::from_static(br#"{"inputs":[{"name":"x","shape":[4],"datatype":"FP32","data":[1,2,3,4]}]}"#)
+    Bytes::from_static(br#"{"inputs":[{"name":"x","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]}]}"#)
 }
 
 enum Client {

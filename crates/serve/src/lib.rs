@@ -19,6 +19,7 @@ pub mod admin;
 pub mod api;
 pub mod backend;
 pub mod bench;
+pub mod builtin_repository;
 pub mod capture;
 pub mod client;
 pub mod config;

@@ -43,15 +43,15 @@ use yardmaster_formats::model_repository::config::{Backend, DataType, TensorConf
 use yardmaster_formats::model_repository::repository::PROFILE_SHAPES_PARAMETER;
 use yardmaster_formats::model_repository::stages::{
     dynamic_batching_params, ensemble_order, ensemble_stages, link_places, model_stage, profile_stage_from_text, repository_pipeline,
-    sha256_of, ProfileSource, ProfileStore, PROFILE_FILE,
+    sha256_of, ProfileSource, ProfileStore, StepModel, PROFILE_FILE,
 };
-use yardmaster_formats::model_repository::{read_graph_signature, scan, ModelConfig, ModelEntry, ModelVersion};
+use yardmaster_formats::model_repository::{read_graph_signature, scan, BuiltinProgram, ModelConfig, ModelEntry, ModelVersion};
 use yardmaster_policy::contract::{DeviceKind, Param};
 
-use super::backend::{Codec, ModelDescription, ServedModel};
+use super::backend::{ocr_names, Codec, ModelDescription, ServedModel};
 use super::kserve::DataType as WireType;
 use super::stack::ServedPipeline;
-use super::stages::{EnsembleStepProgram, StageProgram, TensorProgram};
+use super::stages::{builtin_program, EnsembleStepProgram, StageProgram, TensorProgram};
 use super::tensor_codec::{element_type, TensorCodec, TensorDecl};
 
 /// The size a dimension of any size is profiled at, unless the configuration says.
@@ -117,13 +117,17 @@ impl std::fmt::Display for RefusedModel {
 #[derive(Clone)]
 pub(crate) struct Prepared {
     pub(crate) stages: Vec<PreparedStage>,
-    pub(crate) stream: StreamDef,
+    /// Its stream; `None` for a model running a built-in program, which serves only
+    /// as a step of an ensemble.
+    pub(crate) stream: Option<StreamDef>,
     pub(crate) model: ServedModel,
     /// A plain model's tensors, which an ensemble step maps to.
     pub(crate) codec: Option<TensorCodec>,
     pub(crate) params: Vec<Param>,
     /// The models an ensemble's steps run (empty for a plain model).
     pub(crate) steps: Vec<String>,
+    /// The built-in program a plain model runs, if any.
+    pub(crate) builtin: Option<BuiltinProgram>,
 }
 
 /// One stage of a prepared model: its engine stage, its model file and its program.
@@ -229,6 +233,8 @@ pub(crate) fn assemble(prepared: &[Prepared], previous: Option<&ServedPipeline>)
     }
     let mut models = Vec::new();
     for p in prepared {
+        // A model running a built-in program has places only as its ensemble's step.
+        let Some(own_stream) = &p.stream else { continue };
         let mut places = Vec::with_capacity(p.stages.len());
         for prepared_stage in &p.stages {
             let place = match stages.iter().position(|s| s.name == prepared_stage.stage.name) {
@@ -249,7 +255,7 @@ pub(crate) fn assemble(prepared: &[Prepared], previous: Option<&ServedPipeline>)
         }
         link_places(&mut stages, &places);
         let entry = places[0] as u32;
-        let stream = match streams.iter().position(|s| s.name == p.stream.name) {
+        let stream = match streams.iter().position(|s| s.name == own_stream.name) {
             Some(place) if streams[place].entry != entry => {
                 return Err(format!(
                     "model {:?} now starts at stage {:?}, not {:?}: an entry stage cannot change while serving (restart the server)",
@@ -257,11 +263,11 @@ pub(crate) fn assemble(prepared: &[Prepared], previous: Option<&ServedPipeline>)
                 ))
             }
             Some(place) => {
-                streams[place] = StreamDef { entry, ..p.stream.clone() };
+                streams[place] = StreamDef { entry, ..own_stream.clone() };
                 place
             }
             None => {
-                streams.push(StreamDef { entry, ..p.stream.clone() });
+                streams.push(StreamDef { entry, ..own_stream.clone() });
                 streams.len() - 1
             }
         };
@@ -283,8 +289,11 @@ pub(crate) fn prepare(
     progress: &mut dyn FnMut(&str),
 ) -> Result<Vec<Prepared>, String> {
     let config = &entry.config;
-    let mut prepared = Vec::with_capacity(entry.versions.len());
-    for version in &entry.versions {
+    let builtin = entry.settings.program;
+    // A model running a built-in program is one ensemble's step: its latest version only.
+    let versions = if builtin.is_some() { &entry.versions[entry.versions.len().saturating_sub(1)..] } else { &entry.versions[..] };
+    let mut prepared = Vec::with_capacity(versions.len());
+    for version in versions {
         let in_version = |e: String| if entry.versions.len() > 1 { format!("version {}: {e}", version.version) } else { e };
         let file = version.model_file.as_ref().ok_or_else(|| in_version("the version has no model file".into()))?;
         let codec = codec(config, file).map_err(in_version)?;
@@ -302,14 +311,18 @@ pub(crate) fn prepare(
             codec: Codec::Tensors(codec.clone()),
             description,
         };
-        let program: Arc<dyn StageProgram> = Arc::new(TensorProgram { name: stage.name.clone() });
+        let program: Arc<dyn StageProgram> = match builtin {
+            Some(builtin) => builtin_program(builtin, &spec, context).map_err(in_version)?,
+            None => Arc::new(TensorProgram { name: stage.name.clone() }),
+        };
         prepared.push(Prepared {
             stages: vec![PreparedStage { stage, spec, program }],
-            stream,
+            stream: builtin.is_none().then_some(stream),
             model,
             codec: Some(codec),
             params: Vec::new(),
             steps: Vec::new(),
+            builtin,
         });
     }
     if let Some(latest) = prepared.last_mut() {
@@ -323,11 +336,22 @@ pub(crate) fn prepare(
 /// steps whose outputs it reads; the request's tensors travel by name between them.
 pub(crate) fn prepare_ensemble(entry: &ModelEntry, models: &[Prepared]) -> Result<Prepared, String> {
     let config = &entry.config;
-    let names = |tensors: &[TensorConfig]| tensors.iter().map(|t| t.name.clone()).collect::<Vec<_>>();
-    let codec = tensor_codec(config, &names(&config.input), &names(&config.output))?;
     // The latest version of a model is the stage named after it.
     let served = |name: &str| models.iter().find(|m| m.codec.is_some() && m.stages[0].stage.name == name);
-    let (chain, stream) = ensemble_stages(entry, &|name| served(name).map(|m| m.stages[0].stage.clone()))?;
+    let step_model = |name: &str| served(name).map(|m| StepModel { stage: m.stages[0].stage.clone(), builtin: m.builtin.is_some() });
+    let (chain, stream) = ensemble_stages(entry, &step_model)?;
+    let builtin_steps = config.ensemble_steps.iter().filter(|s| served(&s.model_name).is_some_and(|m| m.builtin.is_some())).count();
+    let codec = match builtin_steps {
+        0 => {
+            let names = |tensors: &[TensorConfig]| tensors.iter().map(|t| t.name.clone()).collect::<Vec<_>>();
+            Codec::Ensemble(tensor_codec(config, &names(&config.input), &names(&config.output))?)
+        }
+        n if n == config.ensemble_steps.len() => {
+            check_builtin_ensemble(config, &|name| served(name).and_then(|m| m.builtin))?;
+            Codec::OcrImage
+        }
+        _ => return Err("its steps mix built-in programs and plain models (an ensemble's steps are all one or all the other)".into()),
+    };
     let mut stages = Vec::with_capacity(chain.len());
     for (stage, k) in chain.into_iter().zip(ensemble_order(config)?) {
         let step = &config.ensemble_steps[k];
@@ -342,27 +366,75 @@ pub(crate) fn prepare_ensemble(entry: &ModelEntry, models: &[Prepared]) -> Resul
                 step.model_name
             ));
         }
-        let step_codec = model.codec.as_ref().expect("a plain model");
-        let inputs = step_codec
-            .inputs
-            .iter()
-            .map(|t| {
-                step.input_map
-                    .get(&t.name)
-                    .cloned()
-                    .ok_or_else(|| format!("step {} leaves input {:?} of {:?} unmapped", k + 1, t.name, step.model_name))
-            })
-            .collect::<Result<Vec<String>, String>>()?;
-        let outputs = step_codec.outputs.iter().map(|t| step.output_map.get(&t.name).cloned()).collect();
-        let program = Arc::new(EnsembleStepProgram { name: stage.name.clone(), inputs, outputs });
+        let program: Arc<dyn StageProgram> = if model.builtin.is_some() {
+            model.stages[0].program.clone()
+        } else {
+            let step_codec = model.codec.as_ref().expect("a plain model");
+            let inputs = step_codec
+                .inputs
+                .iter()
+                .map(|t| {
+                    step.input_map
+                        .get(&t.name)
+                        .cloned()
+                        .ok_or_else(|| format!("step {} leaves input {:?} of {:?} unmapped", k + 1, t.name, step.model_name))
+                })
+                .collect::<Result<Vec<String>, String>>()?;
+            let outputs = step_codec.outputs.iter().map(|t| step.output_map.get(&t.name).cloned()).collect();
+            Arc::new(EnsembleStepProgram { name: stage.name.clone(), inputs, outputs })
+        };
         stages.push(PreparedStage { stage, spec: model.stages[0].spec.clone(), program });
     }
     let version = entry.versions.last().map_or_else(|| "1".to_string(), |v| v.version.to_string());
     let description = ModelDescription { version, platform: "ensemble".into(), config: Some(config.to_triton_json()) };
-    let model =
-        ServedModel { name: entry.name.clone(), stream: 0, entry: 0, stages: Vec::new(), codec: Codec::Ensemble(codec), description };
+    let model = ServedModel { name: entry.name.clone(), stream: 0, entry: 0, stages: Vec::new(), codec, description };
     let steps = config.ensemble_steps.iter().map(|s| s.model_name.clone()).collect();
-    Ok(Prepared { stages, stream, model, codec: None, params: Vec::new(), steps })
+    Ok(Prepared { stages, stream: Some(stream), model, codec: None, params: Vec::new(), steps, builtin: None })
+}
+
+/// Check an ensemble whose steps all run built-in programs (`program_of` gives each
+/// step model's): each step maps exactly its program's own tensors, and the ensemble
+/// takes what the OCR codec reads (`image`) and gives what it writes (`texts`, `scores`,
+/// `boxes`), as the ensemble's own tensors of those names.
+fn check_builtin_ensemble(config: &ModelConfig, program_of: &dyn Fn(&str) -> Option<BuiltinProgram>) -> Result<(), String> {
+    let sorted = |names: Vec<&str>| {
+        let mut names: Vec<String> = names.into_iter().map(str::to_string).collect();
+        names.sort();
+        names
+    };
+    for (k, step) in config.ensemble_steps.iter().enumerate() {
+        let program = program_of(&step.model_name).expect("every step runs a built-in program");
+        for (kind, map, expected) in [("input_map", &step.input_map, program.inputs()), ("output_map", &step.output_map, program.outputs())]
+        {
+            let keys = sorted(map.keys().map(String::as_str).collect());
+            if keys != sorted(expected.to_vec()) {
+                return Err(format!(
+                    "step {} runs the built-in program {}: its {kind} maps {keys:?}; the program's tensors are {expected:?}",
+                    k + 1,
+                    program.name()
+                ));
+            }
+        }
+    }
+    let inputs = sorted(config.input.iter().map(|t| t.name.as_str()).collect());
+    let outputs = sorted(config.output.iter().map(|t| t.name.as_str()).collect());
+    let codec_inputs = sorted(vec![ocr_names::IMAGE]);
+    let codec_outputs = sorted(vec![ocr_names::TEXTS, ocr_names::SCORES, ocr_names::BOXES]);
+    if inputs != codec_inputs || outputs != codec_outputs {
+        return Err(format!(
+            "an ensemble of built-in OCR steps takes {codec_inputs:?} and gives {codec_outputs:?}; this one declares inputs {inputs:?} and outputs {outputs:?}"
+        ));
+    }
+    // The codec's tensors keep their names from the ensemble to the program.
+    let codec_tensors = [ocr_names::IMAGE, ocr_names::TEXTS, ocr_names::SCORES, ocr_names::BOXES];
+    for step in &config.ensemble_steps {
+        if let Some((key, value)) =
+            step.input_map.iter().chain(&step.output_map).find(|(key, value)| codec_tensors.contains(&key.as_str()) && key != value)
+        {
+            return Err(format!("step {:?} maps {key:?} to {value:?}: the OCR tensors keep their names", step.model_name));
+        }
+    }
+    Ok(())
 }
 
 /// The codec of a completed configuration, with tensors in the graph's order.
@@ -444,7 +516,10 @@ fn profiled_stage(
     }
     progress(&format!("model {}: profiling on {} (first load; cached afterwards) …", entry.name, context.runtime.device()));
     let largest = entry.config.max_batch_size.clamp(1, 8) as usize;
-    let batches: Vec<usize> = std::iter::successors(Some(1usize), |b| Some(b * 2)).take_while(|b| *b <= largest).collect();
+    // A request gives the model `items` elements: a batch of b requests is b·items elements.
+    let items = entry.settings.items_per_request.max(1) as usize;
+    let batches: Vec<usize> =
+        std::iter::successors(Some(1usize), |b| Some(b * 2)).take_while(|b| *b <= largest).map(|b| b * items).collect();
     let profile_options = ProfileOptions {
         batches,
         shapes: Some(profile_shapes(entry, codec)?),
@@ -453,12 +528,15 @@ fn profiled_stage(
         threads: options.threads,
         start_repeats: 1,
     };
-    let report = profile(&context.runtime, spec, &profile_options).map_err(|e| {
+    let mut report = profile(&context.runtime, spec, &profile_options).map_err(|e| {
         format!(
             "could not be profiled: {e} (measure it yourself with `yardmaster profile` and put the output in {})",
             entry.dir.join(PROFILE_FILE).display()
         )
     })?;
+    for point in &mut report.points {
+        point.batch /= items;
+    }
     let text = report.to_pipeline_toml();
     let cached = store.cached_profile_path(&sha256_of(&spec.path)?);
     if std::fs::create_dir_all(&options.profile_cache).and_then(|()| std::fs::write(&cached, &text)).is_err() {

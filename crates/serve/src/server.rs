@@ -10,12 +10,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{anyhow, Context, Result};
-use yardmaster_dataplane::ocr::OcrModels;
 use yardmaster_dataplane::{ModelCache, ModelCatalog, Runtime, RuntimeConfig, WorkerContext};
 
 use super::ab::Arms;
 use super::admin::Admin;
 use super::api::{Api, MetricsRenderer};
+use super::builtin_repository::BuiltinRepository;
 use super::capture::Recorder;
 use super::config::{RemotePlacement, ServeConfig};
 use super::executor::{Placement, ServeActor, ServeHandle};
@@ -27,7 +27,8 @@ use super::remote::transport::Fingerprint;
 use super::repository::{self, LoadedRepository, RepositoryOptions};
 use super::stack::{PolicyChoice, ServedPipeline, ServingStack};
 use super::swap::Swapper;
-use yardmaster_engine::{Clock, Executor};
+use yardmaster_engine::pipeline::StageDef;
+use yardmaster_engine::{Clock, Executor, Pipeline};
 use yardmaster_policy::{FailureMode, Limits, Mode, PolicyLoader, Sandbox};
 
 /// A running server.
@@ -62,24 +63,34 @@ impl Server {
         let device = format!("{} ({})", choice.device, choice.reason);
         let context = WorkerContext { runtime: ort.clone(), cache: Arc::new(ModelCache::default()) };
         let mut options = config.engine_options();
-        let mut unavailable = Vec::new();
-        let mut prepared = None;
-        let served = if config.model_repository.is_empty() {
-            served_pipeline(&config.pipeline, &context)?
+        // `--pipeline` serves a shipped repository, laid out in the assets folder.
+        let (dirs, overlay) = if config.model_repository.is_empty() {
+            let choice = pipeline_choice(&config.pipeline)?;
+            (vec![choice.dir], choice.overlay)
         } else {
-            let selected = config.load_model.clone();
-            let select = move |name: &str| selected.is_empty() || selected.iter().any(|m| m == name);
-            let loaded = load_repository(config.model_repository.clone(), context.clone(), Box::new(select)).await?;
-            prepared = Some(loaded.prepared);
-            for param in loaded.params {
-                // The operator's own parameters win over the models' configurations.
-                if !options.params.iter().any(|p| p.key == param.key) {
-                    options.params.push(param);
-                }
-            }
-            unavailable = loaded.refused.into_iter().map(|r| (r.name, r.reason)).collect();
-            loaded.served
+            (config.model_repository.clone(), None)
         };
+        if overlay.is_some() && config.model_control_mode != ControlMode::None {
+            return Err(anyhow!(
+                "a pipeline file's stage settings cannot be kept across model loads: serve it with --model-control-mode none"
+            ));
+        }
+        let selected = config.load_model.clone();
+        let select = move |name: &str| selected.is_empty() || selected.iter().any(|m| m == name);
+        let loaded = load_repository(dirs.clone(), context.clone(), Box::new(select)).await?;
+        let mut prepared = Some(loaded.prepared);
+        for param in loaded.params {
+            // The operator's own parameters win over the models' configurations.
+            if !options.params.iter().any(|p| p.key == param.key) {
+                options.params.push(param);
+            }
+        }
+        let unavailable: Vec<(String, String)> = loaded.refused.into_iter().map(|r| (r.name, r.reason)).collect();
+        let mut served = loaded.served;
+        if let Some((pipeline, file)) = &overlay {
+            overlay_pipeline(&mut served, pipeline, file).map_err(|e| anyhow!(e))?;
+            prepared = None;
+        }
         let models: Vec<String> = served.models.iter().map(|m| m.name.clone()).collect();
         for remote in &config.remote {
             placements.push(remote_placement(remote, &served).await?);
@@ -96,7 +107,7 @@ impl Server {
             (ControlMode::None, _, _) | (_, None, _) | (_, _, None) => None,
             (mode, Some(served), Some(prepared)) => {
                 let settings = ControlSettings {
-                    dirs: config.model_repository.clone(),
+                    dirs,
                     options: RepositoryOptions::default(),
                     operator_params: config.policy_params(),
                     unload_timeout: std::time::Duration::from_secs_f64(config.unload_timeout_secs),
@@ -291,26 +302,83 @@ pub async fn load_repository(
     Ok(loaded)
 }
 
-/// The pipeline by name: `ocr` (PP-OCR, the default) or `tiny` (the trivial model).
-pub fn served_pipeline(name: &str, context: &WorkerContext) -> Result<ServedPipeline> {
-    match name {
-        "ocr" => ServedPipeline::ocr(context),
-        "tiny" => ServedPipeline::tiny_in_assets(),
-        file if file.ends_with(".toml") => ocr_pipeline_file(file, context),
-        other => Err(format!("pipeline {other:?} cannot be served here: this server knows `ocr` (PP-OCR), `tiny`, and a PP-OCR pipeline file (`.toml` with stages det, cls, rec) (`llm-tiny` is served by `LlmServer`, which `yardmaster serve --pipeline llm-tiny` starts)")),
-    }
-    .map_err(|e| anyhow!(e))
+/// What `--pipeline` names: the repository to serve and, for a pipeline file, the
+/// stages it lays over PP-OCR's.
+#[derive(Debug, Clone)]
+pub struct PipelineChoice {
+    /// The shipped repository served.
+    pub repository: BuiltinRepository,
+    /// Its folder, laid out in the assets folder.
+    pub dir: PathBuf,
+    /// A pipeline file's stages and SLO, laid over the repository's, and the file.
+    pub overlay: Option<(Pipeline, String)>,
 }
 
-/// The PP-OCR pipeline with the operator's own stage settings and profiles (e.g.
-/// measured on this machine's GPU with `yardmaster profile`): a pipeline file whose
-/// stages are `det`, `cls` and `rec`.
-fn ocr_pipeline_file(file: &str, context: &WorkerContext) -> std::result::Result<ServedPipeline, String> {
-    let text = std::fs::read_to_string(file).map_err(|e| format!("reading the pipeline file {file}: {e}"))?;
-    let pipeline = yardmaster_formats::pipeline::from_toml(&text, file).map_err(|e| e.to_string())?;
-    let models = OcrModels::from_assets().map_err(|e| e.to_string())?;
-    ServedPipeline::ocr_with(pipeline, models, context)
-        .map_err(|e| format!("pipeline file {file}: {e} (a pipeline file is served as PP-OCR: stages det, cls, rec)"))
+/// The shipped repository `--pipeline NAME` serves, laid out in the assets folder:
+/// `ocr` (PP-OCR, the default), `tiny` (the trivial model), or a pipeline file
+/// (`.toml`) whose stages `det`, `cls`, `rec` give PP-OCR's stages the operator's own
+/// settings and profiles (e.g. measured on this machine's GPU with `yardmaster profile`).
+pub fn pipeline_choice(name: &str) -> Result<PipelineChoice> {
+    let (repository, overlay) = match name {
+        file if file.ends_with(".toml") => {
+            let text = std::fs::read_to_string(file).with_context(|| format!("reading the pipeline file {file}"))?;
+            let pipeline = yardmaster_formats::pipeline::from_toml(&text, file).map_err(|e| anyhow!(e.to_string()))?;
+            (BuiltinRepository::Ocr, Some((pipeline, file.to_string())))
+        }
+        other => match BuiltinRepository::from_name(other) {
+            Some(repository) => (repository, None),
+            None => return Err(anyhow!("pipeline {other:?} cannot be served here: this server knows `ocr` (PP-OCR), `tiny`, and a PP-OCR pipeline file (`.toml` with stages det, cls, rec); serve your own models with --model-repository DIR (`llm-tiny` is served by `LlmServer`, which `yardmaster serve --pipeline llm-tiny` starts)")),
+        },
+    };
+    let dir = repository.lay_out(&repository::default_profile_cache()).map_err(|e| anyhow!(e))?;
+    Ok(PipelineChoice { repository, dir, overlay })
+}
+
+/// Lay the stages and SLO of the pipeline file `file` over `served`: each of its
+/// stages replaces the settings, variants and profiles of the served stage of the same
+/// name (keeping its edges and model); its first stream's SLO becomes the SLO of every
+/// served stream. A stage the file names that is not served is refused.
+pub fn overlay_pipeline(served: &mut ServedPipeline, file: &Pipeline, source: &str) -> std::result::Result<(), String> {
+    let names: Vec<String> = served.pipeline.stages.iter().map(|s| s.name.clone()).collect();
+    for stage in &file.stages {
+        let place = names.iter().position(|n| *n == stage.name).ok_or_else(|| {
+            format!(
+                "pipeline file {source}: stage {:?} is not served (a pipeline file is served as PP-OCR: stages {})",
+                stage.name,
+                names.join(", ")
+            )
+        })?;
+        let served_stage = &mut served.pipeline.stages[place];
+        let spec = served.catalog.stages[place][0].clone();
+        *served_stage = StageDef {
+            successors: std::mem::take(&mut served_stage.successors),
+            predecessors: std::mem::take(&mut served_stage.predecessors),
+            ..stage.clone()
+        };
+        served.catalog.stages[place] = vec![spec; stage.variants.len()];
+    }
+    if let Some(stream) = file.streams.first() {
+        for served_stream in &mut served.pipeline.streams {
+            served_stream.slo_ns = stream.slo_ns;
+        }
+    }
+    served.pipeline.max_workers = served.pipeline.stages.iter().map(|s| s.max_replicas).sum();
+    served.pipeline.validate(source).map_err(|e| e.to_string())?;
+    served.check()
+}
+
+/// The pipeline `--pipeline NAME` serves (see [`pipeline_choice`]), loaded on
+/// `context`'s device (profiling its models there on first use).
+pub fn served_pipeline(name: &str, context: &WorkerContext) -> Result<ServedPipeline> {
+    let choice = pipeline_choice(name)?;
+    let options = RepositoryOptions::default();
+    let loaded = repository::load(std::slice::from_ref(&choice.dir), context, &options, &mut |line| tracing::info!("{line}"))
+        .map_err(|e| anyhow!(e))?;
+    let mut served = loaded.served;
+    if let Some((pipeline, file)) = &choice.overlay {
+        overlay_pipeline(&mut served, pipeline, file).map_err(|e| anyhow!(e))?;
+    }
+    Ok(served)
 }
 
 /// A shipped policy by name, or a `.wasm` file (refused with the reason when it is not

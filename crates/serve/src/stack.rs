@@ -3,22 +3,22 @@
 //! the running engine actor and the KServe [`EngineBackend`] out
 //! ([`ServingStack::start`]).
 //!
-//! Two pipelines ship: PP-OCR text recognition ([`ServedPipeline::ocr`], the default,
-//! preset `crates/formats/presets/ocr.toml`) and a one-stage trivial model for measuring the
-//! server's own overhead ([`ServedPipeline::tiny`], preset `crates/formats/presets/tiny.toml`).
+//! Every pipeline served is a model repository's (`super::repository`); two ship
+//! ([`BuiltinRepository`]): PP-OCR text recognition ([`ServedPipeline::ocr`], the
+//! default) and a one-stage trivial model for measuring the server's own overhead
+//! ([`ServedPipeline::tiny`]).
 
 use std::path::Path;
 use std::sync::Arc;
 
-use yardmaster_dataplane::ocr::rec::Dictionary;
-use yardmaster_dataplane::ocr::{OcrModels, OcrOptions};
-use yardmaster_dataplane::{ModelCatalog, ModelKey, ModelSession, ModelSpec, WorkerContext, WorkerPool};
+use yardmaster_dataplane::{ModelCatalog, WorkerContext, WorkerPool};
 
-use super::backend::{Codec, EngineBackend, ModelDescription, ServedModel};
+use super::backend::{EngineBackend, ServedModel};
+use super::builtin_repository::BuiltinRepository;
 use super::executor::{check_placements, OnnxExecutor, Placement, ServeActor, WorkerBoard};
 use super::payload::PayloadStore;
-use super::stages::{ClsProgram, DetProgram, RecProgram, StageProgram, TensorProgram};
-use super::tiny_model;
+use super::repository::default_profile_cache;
+use super::stages::StageProgram;
 use yardmaster_engine::{Engine, EngineOptions, MonotonicClock, Pipeline, SharedExecutor};
 use yardmaster_policy::contract::StageKind;
 use yardmaster_policy::{Arm, FailureMode, Limits, Mode, PolicyLoader, PolicyModule, Sandbox};
@@ -51,74 +51,16 @@ impl std::fmt::Debug for ServedPipeline {
 }
 
 impl ServedPipeline {
-    /// PP-OCR with the models the set-up script installs, on the preset pipeline.
+    /// PP-OCR: the shipped `ocr` repository, laid out in the assets folder and loaded
+    /// (see [`BuiltinRepository`]).
     pub fn ocr(context: &WorkerContext) -> Result<Self, String> {
-        let pipeline = yardmaster_formats::pipeline::from_toml(OCR_PRESET, "ocr preset").map_err(|e| e.to_string())?;
-        let models = OcrModels::from_assets().map_err(|e| e.to_string())?;
-        Self::ocr_with(pipeline, models, context)
+        BuiltinRepository::Ocr.serve(&yardmaster_dataplane::assets::assets_dir(), &default_profile_cache(), context)
     }
 
-    /// PP-OCR on `pipeline` (stages named `det`, `cls`, `rec`, a chain, one variant
-    /// each) with `models`. Reads the recogniser's dictionary from its metadata (which
-    /// also leaves the recogniser in the model cache, so its worker starts warm).
-    pub fn ocr_with(pipeline: Pipeline, models: OcrModels, context: &WorkerContext) -> Result<Self, String> {
-        let rec = ModelSession::start(&context.runtime, &context.cache, &models.rec, 1).map_err(|e| e.to_string())?.session;
-        let dictionary = Dictionary::from_session(&rec).map_err(|e| e.to_string())?;
-        let options = OcrOptions::default();
-        let mut programs: Vec<Arc<dyn StageProgram>> = Vec::new();
-        let mut catalog = ModelCatalog::default();
-        for stage in &pipeline.stages {
-            let (program, spec): (Arc<dyn StageProgram>, &ModelSpec) = match stage.name.as_str() {
-                "det" => (Arc::new(DetProgram { options }), &models.det),
-                "cls" => (Arc::new(ClsProgram { options }), &models.cls),
-                "rec" => (Arc::new(RecProgram { options, dictionary: dictionary.clone() }), &models.rec),
-                other => return Err(format!("pipeline {:?}: stage {other:?} is not an OCR stage (det, cls, rec)", pipeline.name)),
-            };
-            programs.push(program);
-            catalog.stages.push(vec![spec.clone(); stage.variants.len()]);
-        }
-        let entry = pipeline.streams[0].entry;
-        let models = vec![ServedModel {
-            name: OCR_MODEL.into(),
-            stream: 0,
-            entry,
-            stages: (0..pipeline.stages.len() as u32).collect(),
-            codec: Codec::OcrImage,
-            description: ModelDescription::default(),
-        }];
-        let served = Self { pipeline, catalog, programs, models };
-        served.check()?;
-        Ok(served)
-    }
-
-    /// The trivial pipeline: `y = x + 1` on 4 floats, its model written to `dir` on
-    /// first use (see [`tiny_model`]).
-    pub fn tiny(dir: &Path) -> Result<Self, String> {
-        let pipeline = yardmaster_formats::pipeline::from_toml(TINY_PRESET, "tiny preset").map_err(|e| e.to_string())?;
-        let path = tiny_model::ensure(dir).map_err(|e| format!("writing the trivial model to {}: {e}", dir.display()))?;
-        let spec = ModelSpec::new(ModelKey::new(TINY_MODEL, "add"), path);
-        let catalog = ModelCatalog { stages: vec![vec![spec; pipeline.stages[0].variants.len()]] };
-        let programs: Vec<Arc<dyn StageProgram>> = vec![Arc::new(TensorProgram { name: TINY_MODEL.into() })];
-        let shape = vec![tiny_model::WIDTH];
-        let codec =
-            Codec::Fp32 { inputs: vec![(tiny_model::INPUT.into(), shape.clone())], outputs: vec![(tiny_model::OUTPUT.into(), shape)] };
-        let models = vec![ServedModel {
-            name: TINY_MODEL.into(),
-            stream: 0,
-            entry: pipeline.streams[0].entry,
-            stages: vec![pipeline.streams[0].entry],
-            codec,
-            description: ModelDescription::default(),
-        }];
-        let served = Self { pipeline, catalog, programs, models };
-        served.check()?;
-        Ok(served)
-    }
-
-    /// The trivial pipeline with its model in the assets folder
-    /// (`yardmaster_dataplane::assets::assets_dir`), where `yardmaster serve` keeps it.
-    pub fn tiny_in_assets() -> Result<Self, String> {
-        Self::tiny(&yardmaster_dataplane::assets::assets_dir())
+    /// The trivial model (`y = x + 1` on `[batch, 4]` floats): the shipped `tiny`
+    /// repository laid out under `dir`, its profile cached there too.
+    pub fn tiny(dir: &Path, context: &WorkerContext) -> Result<Self, String> {
+        BuiltinRepository::Tiny.serve(dir, &dir.join("profiles"), context)
     }
 
     /// Check that the executor can serve it: a chain of batch stages (one request id

@@ -10,13 +10,20 @@
 //! - [`DetProgram`]: image → detector input; probability map → text boxes and crops.
 //! - [`ClsProgram`]: crops → classifier inputs; verdicts → crops turned upright.
 //! - [`RecProgram`]: crops → recogniser inputs; CTC outputs → lines of text.
-//! - [`TensorProgram`]: the payload's tensors in, the model's outputs back (the trivial
-//!   benchmark pipeline).
+//! - [`TensorProgram`]: the payload's tensors in, the model's outputs back (a
+//!   repository's models).
+//! - [`EnsembleStepProgram`]: a step of an ensemble, its tensors carried by name.
+//!
+//! The OCR programs are the built-in programs a repository model names with
+//! `yardmaster.program` ([`builtin_program`]).
 
+use std::sync::Arc;
 use yardmaster_dataplane::ocr::pipeline::assemble;
 use yardmaster_dataplane::ocr::rec::Dictionary;
 use yardmaster_dataplane::ocr::{cls, det, rec, OcrOptions};
-use yardmaster_dataplane::Tensor;
+
+use yardmaster_dataplane::{ModelSession, ModelSpec, Tensor, WorkerContext};
+use yardmaster_formats::model_repository::BuiltinProgram;
 
 use super::payload::{OcrDocument, Payload};
 
@@ -153,6 +160,22 @@ impl StageProgram for RecProgram {
         document.lines = assemble(document.boxes.clone(), document.directions.clone(), texts, &self.options.rec);
         Ok(())
     }
+}
+
+/// The stage program of a model that runs a built-in program (`yardmaster.program`),
+/// around its model `spec`. The recogniser's dictionary is read from the model's
+/// metadata (which leaves the model in `context`'s cache, so its worker starts warm).
+pub fn builtin_program(program: BuiltinProgram, spec: &ModelSpec, context: &WorkerContext) -> Result<Arc<dyn StageProgram>, String> {
+    let options = OcrOptions::default();
+    Ok(match program {
+        BuiltinProgram::OcrDet => Arc::new(DetProgram { options }),
+        BuiltinProgram::OcrCls => Arc::new(ClsProgram { options }),
+        BuiltinProgram::OcrRec => {
+            let session = ModelSession::start(&context.runtime, &context.cache, spec, 1).map_err(|e| e.to_string())?.session;
+            let dictionary = Dictionary::from_session(&session).map_err(|e| e.to_string())?;
+            Arc::new(RecProgram { options, dictionary })
+        }
+    })
 }
 
 /// A model fed the payload's tensors as they are: one element per request, whose

@@ -8,6 +8,7 @@ mod common;
 mod fuzz_corpus;
 mod repository_check;
 mod serve_ab;
+mod serve_builtin;
 mod serve_end_to_end;
 mod serve_executor;
 mod serve_faults;

@@ -16,7 +16,7 @@ use yardmaster::serve::config::ServeConfig;
 use yardmaster::serve::server::Server;
 
 const TOKEN: &str = "test-admin-token";
-const TINY_BODY: &[u8] = br#"{"inputs":[{"name":"x","shape":[4],"datatype":"FP32","data":[1,2,3,4]}]}"#;
+const TINY_BODY: &[u8] = br#"{"inputs":[{"name":"x","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]}]}"#;
 
 fn config() -> ServeConfig {
     let mut config = ServeConfig {

@@ -122,7 +122,7 @@ fn tritonclient_aioquic_and_prometheus_talk_to_the_server() {
 
     let (host, port) = server.address.rsplit_once(':').unwrap();
     let body = server.dir.join("infer.json");
-    std::fs::write(&body, r#"{"inputs":[{"name":"x","shape":[4],"datatype":"FP32","data":[1,2,3,4]}]}"#).unwrap();
+    std::fs::write(&body, r#"{"inputs":[{"name":"x","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]}]}"#).unwrap();
     let cert = server.certificate.to_str().unwrap();
     let h3 = run_client("h3_infer.py", &[host, port, cert, "/v2/models/tiny/infer", body.to_str().unwrap()]);
     assert_eq!(h3["status"], 200, "{h3}");

@@ -66,7 +66,7 @@ fn image_tensor(image: &RgbImage) -> Tensor {
 }
 
 fn tiny_input(values: [f32; 4]) -> Tensor {
-    Tensor::f32("x", vec![4], &values).unwrap()
+    Tensor::f32("x", vec![1, 4], &values).unwrap()
 }
 
 fn normalised(text: &str) -> String {
@@ -93,6 +93,10 @@ fn counts(actor: &ServeActor) -> (u64, u64, u64, u64, usize) {
 fn images_are_read_through_the_whole_stack() {
     let context = context();
     let served = ServedPipeline::ocr(&context).unwrap_or_else(|e| panic!("{e}"));
+    let stages: Vec<&str> = served.pipeline.stages.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(stages, ["det", "cls", "rec"], "the shipped repository's steps keep their models' names");
+    let models: Vec<&str> = served.models.iter().map(|m| m.name.as_str()).collect();
+    assert_eq!(models, ["ocr"], "the steps are not addressable alone");
     let (actor, backend) = start(served, Vec::new());
     let rt = runtime();
     let pages: [(&[&str], usize, usize); 2] =
@@ -136,7 +140,7 @@ fn images_are_read_through_the_whole_stack() {
 #[test]
 fn concurrent_tiny_requests_end_once_each_and_are_batched() {
     let dir = Scratch::new("batched");
-    let served = ServedPipeline::tiny(&dir.0).unwrap();
+    let served = ServedPipeline::tiny(&dir.0, &context()).unwrap();
     let (actor, backend) = start(served, Vec::new());
     let rt = runtime();
     let answers = bounded(&rt, 60, async {
@@ -170,7 +174,7 @@ fn concurrent_tiny_requests_end_once_each_and_are_batched() {
 #[test]
 fn one_request_at_a_time_measures_the_overhead_beyond_the_model() {
     let dir = Scratch::new("latency");
-    let served = ServedPipeline::tiny(&dir.0).unwrap();
+    let served = ServedPipeline::tiny(&dir.0, &context()).unwrap();
     let (actor, backend) = start(served, Vec::new());
     let rt = runtime();
     let mut took = Vec::new();
@@ -192,7 +196,7 @@ fn one_request_at_a_time_measures_the_overhead_beyond_the_model() {
 #[test]
 fn an_impossible_deadline_is_dropped_with_its_reason() {
     let dir = Scratch::new("deadline");
-    let served = ServedPipeline::tiny(&dir.0).unwrap();
+    let served = ServedPipeline::tiny(&dir.0, &context()).unwrap();
     let (actor, backend) = start(served, Vec::new());
     let rt = runtime();
     let answer = bounded(&rt, 30, backend.infer("tiny", request(vec![tiny_input([1.0; 4])], Some(1))));
@@ -210,13 +214,13 @@ fn an_impossible_deadline_is_dropped_with_its_reason() {
 #[test]
 fn malformed_requests_are_refused_with_the_reason() {
     let dir = Scratch::new("malformed");
-    let served = ServedPipeline::tiny(&dir.0).unwrap();
+    let served = ServedPipeline::tiny(&dir.0, &context()).unwrap();
     let (actor, backend) = start(served, Vec::new());
     let rt = runtime();
     let cases = [
         ("tiny", vec![Tensor::f32("z", vec![4], &[0.0; 4]).unwrap()], "no input \"z\""),
         ("tiny", vec![Tensor::raw("x", DataType::I32, vec![4], vec![0; 16]).unwrap()], "must be FP32"),
-        ("tiny", vec![Tensor::f32("x", vec![2, 2], &[0.0; 4]).unwrap()], "must have shape [4]"),
+        ("tiny", vec![Tensor::f32("x", vec![2, 2], &[0.0; 4]).unwrap()], "must have shape [-1, 4]"),
         ("tiny", vec![], "input \"x\" is missing"),
         ("nope", vec![tiny_input([0.0; 4])], "unknown model \"nope\""),
     ];
@@ -234,7 +238,7 @@ fn malformed_requests_are_refused_with_the_reason() {
 #[test]
 fn a_worker_that_cannot_start_fails_requests_with_the_error() {
     let dir = Scratch::new("missing");
-    let mut served = ServedPipeline::tiny(&dir.0).unwrap();
+    let mut served = ServedPipeline::tiny(&dir.0, &context()).unwrap();
     let missing = dir.0.join("no-such-model.onnx");
     served.catalog.stages[0][0] = ModelSpec::new(ModelKey::new("tiny", "missing"), &missing);
     let (actor, backend) = start(served, Vec::new());
@@ -296,7 +300,7 @@ impl Workers for Stalled {
 #[test]
 fn a_client_that_goes_away_cancels_its_request() {
     let dir = Scratch::new("cancel");
-    let served = ServedPipeline::tiny(&dir.0).unwrap();
+    let served = ServedPipeline::tiny(&dir.0, &context()).unwrap();
     let (sender, events) = mpsc::channel();
     let jobs = Arc::new(Mutex::new(Vec::new()));
     let stalled = Stalled { jobs: Arc::clone(&jobs), _events: sender };
@@ -347,11 +351,13 @@ fn a_pipeline_file_serves_pp_ocr_with_its_own_profiles_and_refuses_other_stages(
     assert_eq!((det.name.as_str(), det.max_batch), ("det", 8));
     assert_eq!(det.variants[0].profile.mean(8), 18_000_000, "the file's own points, in nanoseconds");
     assert_eq!(served.models[0].name, "ocr");
+    let cls = &served.pipeline.stages[1];
+    assert_eq!((cls.name.as_str(), cls.successors.clone(), cls.predecessors.clone()), ("cls", vec![2], vec![0]), "edges kept");
 
     let other = scratch.0.join("other.toml");
     std::fs::write(&other, preset.replace("name = \"det\"", "name = \"detect\"").replace("\"det\"", "\"detect\"")).unwrap();
     let error = yardmaster::serve::server::served_pipeline(other.to_str().unwrap(), &context).unwrap_err().to_string();
-    assert!(error.contains("stage \"detect\" is not an OCR stage") && error.contains("other.toml"), "{error}");
+    assert!(error.contains("stage \"detect\" is not served") && error.contains("other.toml"), "{error}");
     let missing = yardmaster::serve::server::served_pipeline("/nonexistent/ocr.toml", &context).unwrap_err().to_string();
     assert!(missing.contains("reading the pipeline file /nonexistent/ocr.toml"), "{missing}");
 }

@@ -149,7 +149,7 @@ impl Running {
 }
 
 fn body(x: [f32; 4]) -> Bytes {
-    Bytes::from(format!(r#"{{"inputs":[{{"name":"x","shape":[4],"datatype":"FP32","data":[{},{},{},{}]}}]}}"#, x[0], x[1], x[2], x[3]))
+    Bytes::from(format!(r#"{{"inputs":[{{"name":"x","shape":[1,4],"datatype":"FP32","data":[{},{},{},{}]}}]}}"#, x[0], x[1], x[2], x[3]))
 }
 
 fn json_headers() -> HeaderMap {
@@ -287,7 +287,7 @@ impl StageProgram for Misshapen {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_onnx_runtime_call_ends_its_request_with_the_reason_and_serving_goes_on() {
     let dir = Scratch::new("ort-fails");
-    let mut served = ServedPipeline::tiny(&dir.0).unwrap();
+    let mut served = ServedPipeline::tiny(&dir.0, &context()).unwrap();
     let model = dir.0.join("broadcast.onnx");
     std::fs::write(&model, broadcast_model()).unwrap();
     served.catalog.stages[0][0] = ModelSpec::new(ModelKey::new("tiny", "broadcast"), &model);
@@ -356,7 +356,7 @@ type HoldingProbes = (Arc<Mutex<Vec<u64>>>, Arc<Mutex<Vec<u32>>>);
 
 impl Holding {
     fn placement(dir: &Scratch) -> (Placement, HoldingProbes) {
-        let catalog = ServedPipeline::tiny(&dir.0).unwrap().catalog;
+        let catalog = ServedPipeline::tiny(&dir.0, &context()).unwrap().catalog;
         let (pool, events) = WorkerPool::new(context(), catalog, 1);
         let (held, provisions) = (Arc::default(), Arc::default());
         let workers = Holding { pool, held: Arc::clone(&held), provisions: Arc::clone(&provisions) };
@@ -395,7 +395,7 @@ async fn the_watchdog_fails_a_hung_job_and_restarts_its_worker() {
     let dir = Scratch::new("hang");
     let (placement, (held, provisions)) = Holding::placement(&dir);
     let watchdog = WatchdogConfig { min_ms: 400, ..WatchdogConfig::default() };
-    let server = Running::start(&dir, ServedPipeline::tiny(&dir.0).unwrap(), vec![placement], watchdog).await;
+    let server = Running::start(&dir, ServedPipeline::tiny(&dir.0, &context()).unwrap(), vec![placement], watchdog).await;
     served_normally(server.address, 4).await;
 
     let begin = Instant::now();
@@ -430,7 +430,7 @@ async fn a_client_that_disconnects_mid_request_ends_it_once_and_serving_goes_on(
     // keeps its worker until the watchdog ends it. Its late failure must not count
     // again for the request the client cancelled.
     let watchdog = WatchdogConfig { min_ms: 500, ..WatchdogConfig::default() };
-    let server = Running::start(&dir, ServedPipeline::tiny(&dir.0).unwrap(), vec![placement], watchdog).await;
+    let server = Running::start(&dir, ServedPipeline::tiny(&dir.0, &context()).unwrap(), vec![placement], watchdog).await;
     served_normally(server.address, 2).await;
 
     // HTTP/1.1: the request is sent, then the connection closed without reading.
@@ -551,7 +551,7 @@ async fn a_node_that_dies_mid_request_fails_its_requests_once_and_later_ones_at_
     let node = NodeProcess::start(&dir);
     // The only stage's worker lives on the node (the model file is the one the
     // controller wrote: same machine, same path).
-    let served = ServedPipeline::tiny(&dir.0).unwrap();
+    let served = ServedPipeline::tiny(&dir.0, &context()).unwrap();
     let mut config = RemoteConfig::new(node.address, node.pin, served.catalog.clone());
     config.idle_timeout = NODE_IDLE;
     let (pool, events) = RemotePool::connect(config).await.unwrap();
@@ -572,7 +572,7 @@ async fn a_node_that_dies_mid_request_fails_its_requests_once_and_later_ones_at_
         .map(|i| {
             tokio::spawn(async move {
                 let body = format!(
-                    r#"{{"parameters":{{"timeout":30000000}},"inputs":[{{"name":"x","shape":[4],"datatype":"FP32","data":[{},0,0,0]}}]}}"#,
+                    r#"{{"parameters":{{"timeout":30000000}},"inputs":[{{"name":"x","shape":[1,4],"datatype":"FP32","data":[{},0,0,0]}}]}}"#,
                     10 + i
                 );
                 let reply = infer_h1_body(address, Bytes::from(body)).await;

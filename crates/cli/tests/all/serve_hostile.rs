@@ -17,7 +17,7 @@ use yardmaster::serve::server::Server;
 use yardmaster_policy_artifacts::fixtures;
 
 const TOKEN: &str = "test-admin-token";
-const TINY_BODY: &[u8] = br#"{"inputs":[{"name":"x","shape":[4],"datatype":"FP32","data":[1,2,3,4]}]}"#;
+const TINY_BODY: &[u8] = br#"{"inputs":[{"name":"x","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]}]}"#;
 const REQUESTS: usize = 120;
 
 /// The trivial pipeline under `edf`; `mode` is read by the hostile fixture only.

@@ -41,7 +41,7 @@ ensemble_scheduling {
 }
 
 /// One HTTP/1.1 POST; the status and body.
-fn http_post(address: &str, path: &str, body: &str) -> (u16, String) {
+pub(crate) fn http_post(address: &str, path: &str, body: &str) -> (u16, String) {
     let mut stream = std::net::TcpStream::connect(address).unwrap();
     stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     write!(

@@ -28,7 +28,7 @@ const MAX_IN_FLIGHT: usize = 64;
 const RSS_LIMIT_MIB: f64 = 4096.0;
 
 fn body() -> Bytes {
-    Bytes::from_static(br#"{"inputs":[{"name":"x","shape":[4],"datatype":"FP32","data":[1,2,3,4]}]}"#)
+    Bytes::from_static(br#"{"inputs":[{"name":"x","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]}]}"#)
 }
 
 /// Resident memory of this process (server and load generator), MiB.

@@ -51,7 +51,7 @@ async fn exercise(policy: &str, pipeline: &str, body: Bytes, headers: HeaderMap,
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reference_policies_schedule_the_trivial_model_live() {
-    let body = Bytes::from_static(br#"{"inputs":[{"name":"x","shape":[4],"datatype":"FP32","data":[1,2,3,4]}]}"#);
+    let body = Bytes::from_static(br#"{"inputs":[{"name":"x","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]}]}"#);
     for policy in ["pard", "flex", "quart", "loki", "edf", "fifo"] {
         exercise(policy, "tiny", body.clone(), HeaderMap::new(), 24).await;
     }

@@ -24,7 +24,7 @@ use yardmaster::serve::server::Server;
 use yardmaster_policy_artifacts::fixtures;
 
 const TOKEN: &str = "test-admin-token";
-const TINY_BODY: &[u8] = br#"{"inputs":[{"name":"x","shape":[4],"datatype":"FP32","data":[1,2,3,4]}]}"#;
+const TINY_BODY: &[u8] = br#"{"inputs":[{"name":"x","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]}]}"#;
 
 fn config(policy: &str, params: &[(&str, &str)]) -> ServeConfig {
     let mut config = ServeConfig {

@@ -42,5 +42,6 @@ pub use config::ModelConfig;
 pub use onnx_graph::{graph_signature, read_graph_signature, GraphError, GraphSignature, TensorSignature};
 pub use pbtxt::ParseError;
 pub use repository::{
-    scan, scan_model, ModelEntry, ModelError, ModelSettings, ModelVersion, Repository, RepositoryError, SloSource, DEFAULT_SLO_MS,
+    scan, scan_model, BuiltinProgram, ModelEntry, ModelError, ModelSettings, ModelVersion, Repository, RepositoryError, SloSource,
+    DEFAULT_SLO_MS,
 };

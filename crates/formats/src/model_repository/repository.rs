@@ -32,6 +32,23 @@ pub const SLO_PARAMETER: &str = "yardmaster.slo_ms";
 /// profiled with: `3x320x320,2048`, one shape per input in the graph's order.
 pub const PROFILE_SHAPES_PARAMETER: &str = "yardmaster.profile_shapes";
 
+/// The parameter in `config.pbtxt` that runs one of Yardmaster's built-in stage
+/// programs around the model (see [`BuiltinProgram`]): `ocr-det`, `ocr-cls`, `ocr-rec`.
+pub const PROGRAM_PARAMETER: &str = "yardmaster.program";
+
+/// The parameter in `config.pbtxt` that caps the replicas the policy may scale the
+/// model's stage to (by default four times `instance_group`'s count).
+pub const MAX_REPLICAS_PARAMETER: &str = "yardmaster.max_replicas";
+
+/// The parameter in `config.pbtxt` that says how many batch elements one request gives
+/// the model on average (e.g. the text lines of an image); the model is profiled at
+/// that many elements per request.
+pub const ITEMS_PER_REQUEST_PARAMETER: &str = "yardmaster.items_per_request";
+
+/// Every `yardmaster.*` parameter a `config.pbtxt` may give.
+pub const KNOWN_PARAMETERS: [&str; 5] =
+    [SLO_PARAMETER, PROFILE_SHAPES_PARAMETER, PROGRAM_PARAMETER, MAX_REPLICAS_PARAMETER, ITEMS_PER_REQUEST_PARAMETER];
+
 /// Yardmaster's settings file beside `config.pbtxt`.
 pub const SETTINGS_FILE: &str = "yardmaster.toml";
 
@@ -103,6 +120,81 @@ pub struct ModelSettings {
     /// Per-request input shapes to profile the model with (the `yardmaster.profile_shapes`
     /// parameter); `None`: the declared shapes, with a size chosen for dimensions of any size.
     pub profile_shapes: Option<Vec<Vec<usize>>>,
+    /// The built-in stage program run around the model (`yardmaster.program`); such a
+    /// model is served only as a step of an ensemble.
+    pub program: Option<BuiltinProgram>,
+    /// The most replicas of its stage (`yardmaster.max_replicas`); `None`: four times
+    /// `instance_group`'s count.
+    pub max_replicas: Option<u32>,
+    /// Batch elements one request gives the model (`yardmaster.items_per_request`, 1
+    /// by default): what it is profiled at.
+    pub items_per_request: u32,
+}
+
+impl ModelSettings {
+    /// The settings of a model that gives none: the default SLO, nothing else.
+    pub fn defaults() -> ModelSettings {
+        ModelSettings {
+            slo_ms: DEFAULT_SLO_MS,
+            slo_source: SloSource::Default,
+            profile_shapes: None,
+            program: None,
+            max_replicas: None,
+            items_per_request: 1,
+        }
+    }
+}
+
+/// A built-in stage program: Yardmaster's own pre- and post-processing around a
+/// model, named by the `yardmaster.program` parameter. A model that runs one is
+/// served only as a step of an ensemble (its requests are images and text lines, not
+/// the model's tensors), and a step of one ensemble only; the step's stage keeps the
+/// model's name. In the ensemble's step, `input_map` and `output_map` map the
+/// program's own tensors ([`BuiltinProgram::inputs`], [`BuiltinProgram::outputs`]) to
+/// the ensemble's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BuiltinProgram {
+    /// PP-OCR text detection: an image in, the text boxes and their crops out.
+    OcrDet,
+    /// PP-OCR direction classification: crops in, crops turned upright out.
+    OcrCls,
+    /// PP-OCR recognition: crops in, lines of text with scores and boxes out.
+    OcrRec,
+}
+
+impl BuiltinProgram {
+    /// Every built-in program.
+    pub const ALL: [BuiltinProgram; 3] = [BuiltinProgram::OcrDet, BuiltinProgram::OcrCls, BuiltinProgram::OcrRec];
+
+    /// Its name in `yardmaster.program`.
+    pub fn name(self) -> &'static str {
+        match self {
+            BuiltinProgram::OcrDet => "ocr-det",
+            BuiltinProgram::OcrCls => "ocr-cls",
+            BuiltinProgram::OcrRec => "ocr-rec",
+        }
+    }
+
+    /// The program named `name`.
+    pub fn from_name(name: &str) -> Option<BuiltinProgram> {
+        Self::ALL.into_iter().find(|p| p.name() == name)
+    }
+
+    /// The tensors it reads (the keys of its step's `input_map`).
+    pub fn inputs(self) -> &'static [&'static str] {
+        match self {
+            BuiltinProgram::OcrDet => &["image"],
+            BuiltinProgram::OcrCls | BuiltinProgram::OcrRec => &["crops"],
+        }
+    }
+
+    /// The tensors it writes (the keys of its step's `output_map`).
+    pub fn outputs(self) -> &'static [&'static str] {
+        match self {
+            BuiltinProgram::OcrDet | BuiltinProgram::OcrCls => &["crops"],
+            BuiltinProgram::OcrRec => &["texts", "scores", "boxes"],
+        }
+    }
 }
 
 /// Where a model's SLO came from.
@@ -263,10 +355,30 @@ fn settings(dir: &Path, config: &ModelConfig) -> Result<ModelSettings, String> {
             Err(format!("{place}: the SLO must be a positive number of milliseconds, not {slo}"))
         }
     };
-    let known = [SLO_PARAMETER, PROFILE_SHAPES_PARAMETER];
-    if let Some(key) = config.parameters.keys().find(|k| k.starts_with("yardmaster.") && !known.contains(&k.as_str())) {
-        return Err(format!("config.pbtxt: unknown Yardmaster parameter {key:?} (known: {})", known.join(", ")));
+    if let Some(key) = config.parameters.keys().find(|k| k.starts_with("yardmaster.") && !KNOWN_PARAMETERS.contains(&k.as_str())) {
+        return Err(format!("config.pbtxt: unknown Yardmaster parameter {key:?} (known: {})", KNOWN_PARAMETERS.join(", ")));
     }
+    let program = match config.parameters.get(PROGRAM_PARAMETER) {
+        Some(name) => Some(BuiltinProgram::from_name(name.trim()).ok_or_else(|| {
+            let known: Vec<&str> = BuiltinProgram::ALL.iter().map(|p| p.name()).collect();
+            format!("config.pbtxt parameter {PROGRAM_PARAMETER} = {name:?}: no such built-in program (known: {})", known.join(", "))
+        })?),
+        None => None,
+    };
+    if program.is_some() && config.backend == Backend::Ensemble {
+        return Err(format!("config.pbtxt: an ensemble cannot run a built-in program ({PROGRAM_PARAMETER} belongs on its step models)"));
+    }
+    let count_parameter = |key: &str| -> Result<Option<u32>, String> {
+        match config.parameters.get(key) {
+            Some(text) => match text.trim().parse::<u32>() {
+                Ok(n) if n > 0 => Ok(Some(n)),
+                _ => Err(format!("config.pbtxt parameter {key} = {text:?}: expected a whole number of at least 1")),
+            },
+            None => Ok(None),
+        }
+    };
+    let max_replicas = count_parameter(MAX_REPLICAS_PARAMETER)?;
+    let items_per_request = count_parameter(ITEMS_PER_REQUEST_PARAMETER)?.unwrap_or(1);
     let profile_shapes = match config.parameters.get(PROFILE_SHAPES_PARAMETER) {
         Some(text) => Some(parse_shapes(text).map_err(|e| format!("config.pbtxt parameter {PROFILE_SHAPES_PARAMETER} = {text:?}: {e}"))?),
         None => None,
@@ -295,7 +407,7 @@ fn settings(dir: &Path, config: &ModelConfig) -> Result<ModelSettings, String> {
         (None, Some(slo_ms)) => (slo_ms, SloSource::SettingsFile(file)),
         (None, None) => (DEFAULT_SLO_MS, SloSource::Default),
     };
-    Ok(ModelSettings { slo_ms, slo_source, profile_shapes })
+    Ok(ModelSettings { slo_ms, slo_source, profile_shapes, program, max_replicas, items_per_request })
 }
 
 /// Shapes written `3x320x320,2048`: one per input, dimensions joined by `x`, each at least 1.
@@ -331,6 +443,13 @@ pub(super) fn check_ensembles(models: &mut BTreeMap<String, Result<ModelEntry, M
                         let served: Vec<String> = target.versions.iter().map(|v| v.version.to_string()).collect();
                         Some(format!("version {}, which is not served (served: {})", step.model_version, served.join(", ")))
                     }
+                    Some(Ok(target)) if target.settings.program.is_some() && first_user(models, &step.model_name) != Some(name) => {
+                        Some(format!(
+                            "which runs the built-in program {} and is already a step of ensemble {:?} (such a model serves one ensemble)",
+                            target.settings.program.map_or("", |p| p.name()),
+                            first_user(models, &step.model_name).unwrap_or_default()
+                        ))
+                    }
                     Some(Ok(_)) if reaches(models, &step.model_name, name, 0) => {
                         Some("which leads back to this ensemble (a cycle)".to_string())
                     }
@@ -352,6 +471,14 @@ pub(super) fn check_ensembles(models: &mut BTreeMap<String, Result<ModelEntry, M
             None => return,
         }
     }
+}
+
+/// The first ensemble (by name) that can be served and has a step running `model`.
+fn first_user<'a>(models: &'a BTreeMap<String, Result<ModelEntry, ModelError>>, model: &str) -> Option<&'a str> {
+    models.iter().find_map(|(name, entry)| match entry {
+        Ok(entry) if entry.config.ensemble_steps.iter().any(|s| s.model_name == model) => Some(name.as_str()),
+        _ => None,
+    })
 }
 
 /// Whether the steps of ensemble `from`, followed through nested ensembles, reach `to`.
@@ -431,12 +558,12 @@ mod tests {
         assert_eq!(plain.config_file, None);
         assert_eq!(plain.config.from_graph, Some(FromGraph::Everything));
         assert_eq!(plain.config.name, "plain");
-        assert_eq!(plain.settings, ModelSettings { slo_ms: DEFAULT_SLO_MS, slo_source: SloSource::Default, profile_shapes: None });
+        assert_eq!(plain.settings, ModelSettings::defaults());
 
         let latest2 = ok(&repo, "latest2");
         assert_eq!(versions(latest2), [3, 10], "versions are ordered as numbers");
         assert_eq!(latest2.config.name, "latest2", "a config without name takes the folder's");
-        assert_eq!(latest2.settings, ModelSettings { slo_ms: 250.0, slo_source: SloSource::Parameter, profile_shapes: None });
+        assert_eq!(latest2.settings, ModelSettings { slo_ms: 250.0, slo_source: SloSource::Parameter, ..ModelSettings::defaults() });
         assert_eq!(versions(ok(&repo, "every")), [1, 2]);
         assert_eq!(versions(ok(&repo, "pick")), [1, 3], "version 2 has no model, but it is not served");
         assert_eq!(versions(ok(&repo, "few")), [4], "latest 5 serves what there is");
@@ -445,7 +572,11 @@ mod tests {
         let tuned = ok(&repo, "tuned");
         assert_eq!(
             tuned.settings,
-            ModelSettings { slo_ms: 75.0, slo_source: SloSource::SettingsFile(dir.0.join("tuned/yardmaster.toml")), profile_shapes: None }
+            ModelSettings {
+                slo_ms: 75.0,
+                slo_source: SloSource::SettingsFile(dir.0.join("tuned/yardmaster.toml")),
+                ..ModelSettings::defaults()
+            }
         );
         assert_eq!(tuned.config.max_batch_size, 8);
         assert_eq!(tuned.config.instance_count(), 2);
@@ -585,5 +716,42 @@ mod tests {
         assert!(err(&repo, "loop_a").contains("a cycle"), "{}", err(&repo, "loop_a"));
         assert!(err(&repo, "loop_b").contains("loop_a"), "{}", err(&repo, "loop_b"));
         assert!(err(&repo, "no_version").contains("has no version folders"));
+    }
+
+    #[test]
+    fn yardmaster_parameters_are_read_and_a_builtin_step_serves_one_ensemble() {
+        let dir = TempDir::new("builtin");
+        let param = |key: &str, value: &str| format!("parameters {{ key: \"{key}\" value {{ string_value: \"{value}\" }} }}\n");
+        let step = format!(
+            "{}{}{}",
+            param(PROGRAM_PARAMETER, "ocr-rec"),
+            param(MAX_REPLICAS_PARAMETER, "3"),
+            param(ITEMS_PER_REQUEST_PARAMETER, "5")
+        );
+        dir.onnx("rec", &[1]).file("rec/config.pbtxt", &step);
+        dir.onnx("bad_program", &[1]).file("bad_program/config.pbtxt", param(PROGRAM_PARAMETER, "ocr-all"));
+        dir.onnx("zero_replicas", &[1]).file("zero_replicas/config.pbtxt", param(MAX_REPLICAS_PARAMETER, "0"));
+        dir.onnx("half_item", &[1]).file("half_item/config.pbtxt", param(ITEMS_PER_REQUEST_PARAMETER, "0.5"));
+        let ensemble = |program: Option<&str>| {
+            let extra = program.map(|p| param(PROGRAM_PARAMETER, p)).unwrap_or_default();
+            format!("platform: \"ensemble\"\nensemble_scheduling {{ step {{ model_name: \"rec\" }} }}\n{extra}")
+        };
+        dir.folder("a_first/1").file("a_first/config.pbtxt", ensemble(None));
+        dir.folder("b_second/1").file("b_second/config.pbtxt", ensemble(None));
+        dir.folder("c_programmed/1").file("c_programmed/config.pbtxt", ensemble(Some("ocr-det")));
+
+        let repo = scan(&[&dir.0]).unwrap();
+        let settings = &ok(&repo, "rec").settings;
+        assert_eq!((settings.program, settings.max_replicas, settings.items_per_request), (Some(BuiltinProgram::OcrRec), Some(3), 5));
+        assert!(err(&repo, "bad_program").contains("no such built-in program (known: ocr-det, ocr-cls, ocr-rec)"));
+        assert!(err(&repo, "zero_replicas").contains("yardmaster.max_replicas = \"0\": expected a whole number of at least 1"));
+        assert!(err(&repo, "half_item").contains("yardmaster.items_per_request"));
+        ok(&repo, "a_first");
+        assert!(
+            err(&repo, "b_second").contains("runs the built-in program ocr-rec and is already a step of ensemble \"a_first\""),
+            "{}",
+            err(&repo, "b_second")
+        );
+        assert!(err(&repo, "c_programmed").contains("an ensemble cannot run a built-in program"));
     }
 }

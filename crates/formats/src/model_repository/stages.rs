@@ -125,7 +125,7 @@ pub fn model_stage(
     profile.max_batch = config.max_batch_size.max(1);
     profile.replicas = count;
     profile.min_replicas = 1;
-    profile.max_replicas = count.saturating_mul(MAX_REPLICA_FACTOR);
+    profile.max_replicas = entry.settings.max_replicas.unwrap_or_else(|| count.saturating_mul(MAX_REPLICA_FACTOR)).max(count);
     profile.device = device;
     profile.threads = threads.max(1) as u32;
     profile.successors.clear();
@@ -192,19 +192,34 @@ pub fn ensemble_order(config: &ModelConfig) -> Result<Vec<usize>, String> {
     Ok(order)
 }
 
+/// A step model's stage as [`ensemble_stages`] needs it.
+#[derive(Debug, Clone)]
+pub struct StepModel {
+    /// The model's own stage.
+    pub stage: StageDef,
+    /// Whether it runs a built-in program (and so serves only as this step).
+    pub builtin: bool,
+}
+
 /// The stages of an ensemble served as a chain: one per step, in [`ensemble_order`],
-/// each a copy of its step model's stage (`stage_of(model)`) named
+/// each a copy of its step model's stage (`step_model(model)`) named
 /// `<ensemble>/<n>:<model>`, its batch bound the smaller of the model's and the
-/// ensemble's; and the ensemble's stream.
-pub fn ensemble_stages(entry: &ModelEntry, stage_of: &dyn Fn(&str) -> Option<StageDef>) -> Result<(Vec<StageDef>, StreamDef), String> {
+/// ensemble's; and the ensemble's stream. A step running a built-in program is the
+/// model's only stage: it keeps the model's name and batch bound (its requests are
+/// images, which the ensemble does not batch; the program batches their parts).
+pub fn ensemble_stages(entry: &ModelEntry, step_model: &dyn Fn(&str) -> Option<StepModel>) -> Result<(Vec<StageDef>, StreamDef), String> {
     let config = &entry.config;
     let mut stages = Vec::new();
     for (i, k) in ensemble_order(config)?.into_iter().enumerate() {
         let step = &config.ensemble_steps[k];
-        let mut stage =
-            stage_of(&step.model_name).ok_or_else(|| format!("step {} runs model {:?}, which is not served", k + 1, step.model_name))?;
-        stage.name = format!("{}/{}:{}", entry.name, i + 1, step.model_name);
-        stage.max_batch = stage.max_batch.min(config.max_batch_size.max(1));
+        let StepModel { mut stage, builtin } =
+            step_model(&step.model_name).ok_or_else(|| format!("step {} runs model {:?}, which is not served", k + 1, step.model_name))?;
+        if builtin {
+            stage.name = step.model_name.clone();
+        } else {
+            stage.name = format!("{}/{}:{}", entry.name, i + 1, step.model_name);
+            stage.max_batch = stage.max_batch.min(config.max_batch_size.max(1));
+        }
         stages.push(stage);
     }
     let stream = StreamDef { name: entry.name.clone(), entry: 0, slo_ns: (entry.settings.slo_ms * 1e6) as u64 };
@@ -247,11 +262,18 @@ pub fn simulated_repository(dirs: &[PathBuf], store: &ProfileStore) -> Result<Si
     let (mut stages, mut streams, mut params) = (Vec::new(), Vec::new(), Vec::new());
     let (ensembles, models): (Vec<&ModelEntry>, Vec<&ModelEntry>) =
         repository.ready().partition(|e| e.config.backend == super::config::Backend::Ensemble);
+    // Models running a built-in program serve only as ensemble steps.
+    let mut step_models: Vec<StepModel> = Vec::new();
     for entry in models {
         let Some(version) = entry.versions.last() else { continue };
         match store.find(entry, version) {
             Ok(Some((profile, _))) => {
                 let (stage, stream) = model_stage(entry, version.version, profile, stages.len() as u32, DeviceKind::Cpu, store.threads);
+                if entry.settings.program.is_some() {
+                    step_models.push(StepModel { stage, builtin: true });
+                    continue;
+                }
+                step_models.push(StepModel { stage: stage.clone(), builtin: false });
                 stages.push(stage);
                 streams.push(stream);
                 params.extend(dynamic_batching_params(&entry.name, &entry.config));
@@ -266,10 +288,9 @@ pub fn simulated_repository(dirs: &[PathBuf], store: &ProfileStore) -> Result<Si
             Err(e) => problems.push(format!("model {:?}: {e}", entry.name)),
         }
     }
-    let simulated = stages.clone();
-    let stage_of = |model: &str| simulated.iter().find(|s| s.name == model).cloned();
+    let step_model = |model: &str| step_models.iter().find(|s| s.stage.name == model).cloned();
     for entry in ensembles {
-        match ensemble_stages(entry, &stage_of) {
+        match ensemble_stages(entry, &step_model) {
             Ok((chain, stream)) => {
                 let from = stages.len();
                 stages.extend(chain);
