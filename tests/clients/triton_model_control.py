@@ -5,7 +5,8 @@ Usage: triton_model_control.py HOST:PORT
 The repository holds `add` (y = x + 1), `keep` (the same graph) and the ensemble
 `twice` (`add` then `keep`). Unloading `add` alone is refused while `twice` runs it;
 with `unload_dependents` both go; loading them again serves them again; loading a model
-the repository lacks is refused. Prints one JSON line with what it saw; exits
+the repository lacks is refused; `keep` loads with a configuration in the request, a
+malformed one is refused, and a plain load reads the folder's again. Prints one JSON line with what it saw; exits
 non-zero on any unexpected answer.
 """
 import json
@@ -49,6 +50,20 @@ def main() -> None:
     seen["add_again"] = infer(client, "add")
     seen["twice_again"] = infer(client, "twice")
     seen["load_missing"] = refusal(lambda: client.load_model("no_such_model"))
+    # A configuration in the load request, as Triton's client sends it: this load only.
+    config = client.get_model_config("keep")
+    seen["keep_batch_before"] = config["max_batch_size"]
+    config["max_batch_size"] = 2
+    config["parameters"] = {"yardmaster.slo_ms": {"string_value": "321"}}
+    client.load_model("keep", config=json.dumps(config))
+    changed = client.get_model_config("keep")
+    seen["keep_configured"] = {"max_batch_size": changed["max_batch_size"], "parameters": changed.get("parameters")}
+    seen["keep_configured_infer"] = infer(client, "keep")
+    seen["twice_after_config"] = infer(client, "twice")
+    seen["bad_config"] = refusal(lambda: client.load_model("keep", config=json.dumps({"max_batch_size": "many"})))
+    seen["keep_after_bad_config"] = client.get_model_config("keep")["max_batch_size"]
+    client.load_model("keep")
+    seen["keep_batch_reloaded"] = client.get_model_config("keep")["max_batch_size"]
     print(json.dumps(seen))
 
 

@@ -31,7 +31,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use yardmaster_dataplane::{ModelSpec, WorkerContext, WorkerPool};
 use yardmaster_formats::model_repository::config::Backend as Platform;
-use yardmaster_formats::model_repository::{scan, ModelEntry, Repository};
+use yardmaster_formats::model_repository::config_json::JSON_SOURCE;
+use yardmaster_formats::model_repository::{scan, scan_model_with, ModelConfig, ModelEntry, Repository};
 use yardmaster_policy::contract::Param;
 
 use super::api::ControlError;
@@ -152,21 +153,41 @@ impl ModelControl {
 
     /// Load (or load again) `model`: see the module docs.
     pub fn load_model(&self, model: &str) -> Result<(), ControlError> {
+        self.load_model_configured(model, None)
+    }
+
+    /// Load (or load again) `model`, configured by `config` — a configuration in
+    /// Triton's JSON, as `POST …/load` may carry — instead of its `config.pbtxt` when
+    /// given. The configuration holds for this load only: a later load without one
+    /// reads the folder's again, as Triton does. A configuration that cannot be read is
+    /// refused with the reason, and the model stays as it was.
+    pub fn load_model_configured(&self, model: &str, config: Option<&str>) -> Result<(), ControlError> {
         let mut state = self.lock();
         let repository = self.read_repository()?;
-        let entry = match repository.models.get(model) {
-            Some(Ok(entry)) => entry,
-            Some(Err(error)) => {
+        let no_model = || {
+            ControlError::Refused(format!(
+                "no model {model:?} in {}",
+                self.settings.dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ")
+            ))
+        };
+        let configured;
+        let entry = match (config, repository.models.get(model)) {
+            (Some(json), _) => {
+                let dir = model_dir(&self.settings.dirs, model).ok_or_else(no_model)?;
+                let refused = |reason: &str| ControlError::Refused(format!("model {model:?}: {JSON_SOURCE}: {reason}"));
+                let config = ModelConfig::from_triton_json(json, model).map_err(|e| refused(&e.message))?;
+                let mut entry = scan_model_with(&dir, model, config).map_err(|e| refused(&e.message))?;
+                entry.complete_from_graph().map_err(|e| refused(&e.message))?;
+                configured = entry;
+                &configured
+            }
+            (None, Some(Ok(entry))) => entry,
+            (None, Some(Err(error))) => {
                 let reason = error.message.clone();
                 self.backend.change_tables(|t| set_unavailable(&mut t.unavailable, model, &reason));
                 return Err(ControlError::Refused(format!("model {model:?} cannot be served: {reason}")));
             }
-            None => {
-                return Err(ControlError::Refused(format!(
-                    "no model {model:?} in {}",
-                    self.settings.dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ")
-                )))
-            }
+            (None, None) => return Err(no_model()),
         };
         let mut loaded = BTreeMap::new();
         let refused = |reason: String| ControlError::Refused(format!("model {model:?} cannot be served: {reason}"));
@@ -406,12 +427,24 @@ impl ModelControl {
 
 impl ModelController for ModelControl {
     fn load(&self, model: &str, parameters: &serde_json::Value) -> Result<(), ControlError> {
-        if parameters.get("config").is_some() || parameters.get("file:").is_some() {
+        let files = parameters.as_object().into_iter().flatten().any(|(key, _)| key.starts_with("file:"));
+        if files {
             return Err(ControlError::Refused(format!(
-                "model {model:?}: a configuration or files in the load request are not supported; change the repository's folder and load it"
+                "model {model:?}: model files in the load request are not supported; put them in the repository's folder and load it"
             )));
         }
-        self.load_model(model)
+        let config = match parameters.get("config") {
+            None | Some(serde_json::Value::Null) => None,
+            // Triton's clients send the configuration as a string of JSON.
+            Some(serde_json::Value::String(text)) => Some(text.clone()),
+            Some(object @ serde_json::Value::Object(_)) => Some(object.to_string()),
+            Some(other) => {
+                return Err(ControlError::Refused(format!(
+                    "model {model:?}: parameters.config must be the configuration as a JSON string, not {other}"
+                )))
+            }
+        };
+        self.load_model_configured(model, config.as_deref())
     }
 
     fn unload(&self, model: &str, parameters: &serde_json::Value) -> Result<(), ControlError> {

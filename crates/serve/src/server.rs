@@ -327,7 +327,7 @@ pub fn pipeline_choice(name: &str) -> Result<PipelineChoice> {
         }
         other => match BuiltinRepository::from_name(other) {
             Some(repository) => (repository, None),
-            None => return Err(anyhow!("pipeline {other:?} cannot be served here: this server knows `ocr` (PP-OCR), `tiny`, and a PP-OCR pipeline file (`.toml` with stages det, cls, rec); serve your own models with --model-repository DIR (`llm-tiny` is served by `LlmServer`, which `yardmaster serve --pipeline llm-tiny` starts)")),
+            None => return Err(anyhow!("pipeline {other:?} cannot be served here: this server knows `ocr` (PP-OCR), `tiny`, and a PP-OCR pipeline file (`.toml` with stages det, cls, rec); serve your own models with --model-repository DIR (and `llm-tiny`, the tiny decoder, with `yardmaster serve --pipeline llm-tiny`)")),
         },
     };
     let dir = repository.lay_out(&repository::default_profile_cache()).map_err(|e| anyhow!(e))?;

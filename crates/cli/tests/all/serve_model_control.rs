@@ -85,6 +85,16 @@ fn tritonclient_loads_and_unloads_and_a_hundred_cycles_lose_nothing() {
     assert_eq!(seen["add_again"], serde_json::json!([1.0, 2.0, 3.0, 4.0]));
     assert_eq!(seen["twice_again"], serde_json::json!([2.0, 3.0, 4.0, 5.0]));
     assert_eq!(seen["load_missing"]["status"], "400", "{seen}");
+    let before = seen["keep_batch_before"].as_u64().unwrap();
+    assert_ne!(before, 2, "{seen}");
+    assert_eq!(seen["keep_configured"]["max_batch_size"], 2, "the request's configuration serves: {seen}");
+    assert_eq!(seen["keep_configured"]["parameters"]["yardmaster.slo_ms"]["string_value"], "321", "{seen}");
+    assert_eq!(seen["keep_configured_infer"], serde_json::json!([1.0, 2.0, 3.0, 4.0]));
+    assert_eq!(seen["twice_after_config"], serde_json::json!([2.0, 3.0, 4.0, 5.0]), "the ensemble follows its step: {seen}");
+    assert_eq!(seen["bad_config"]["status"], "400", "{seen}");
+    assert!(seen["bad_config"]["message"].as_str().unwrap().contains("max_batch_size: expected an integer"), "{seen}");
+    assert_eq!(seen["keep_after_bad_config"], 2, "a refused configuration changes nothing: {seen}");
+    assert_eq!(seen["keep_batch_reloaded"].as_u64(), Some(before), "a plain load reads config.pbtxt again: {seen}");
 
     // 100 cycles of `add` while `keep` serves under load and clients keep asking
     // for `add` too.

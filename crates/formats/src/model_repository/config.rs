@@ -270,8 +270,15 @@ impl ModelConfig {
     /// The file's `name`, when given, must be `model`.
     pub fn from_pbtxt(text: &str, file: &str, model: &str) -> Result<ModelConfig, ParseError> {
         let tree = pbtxt::parse(text, file)?;
-        let mut reader = Reader { file, ignored: BTreeSet::new() };
-        let mut config = reader.model_config(&tree, model)?;
+        Self::from_tree(&tree, file, model, false)
+    }
+
+    /// Read the configuration out of a parsed text-format tree (from `config.pbtxt`, or
+    /// from JSON: `super::config_json`, where enum values and integers may be strings, as
+    /// protobuf's JSON writes them); `file` names its source in errors.
+    pub(super) fn from_tree(tree: &pbtxt::Message, file: &str, model: &str, from_json: bool) -> Result<ModelConfig, ParseError> {
+        let mut reader = Reader { file, ignored: BTreeSet::new(), from_json };
+        let mut config = reader.model_config(tree, model)?;
         config.ignored_fields = reader.ignored.into_iter().collect();
         Ok(config)
     }
@@ -306,6 +313,8 @@ impl Serialize for ModelConfig {
 struct Reader<'a> {
     file: &'a str,
     ignored: BTreeSet<String>,
+    /// The tree came from JSON: strings stand for enum values and integers too.
+    from_json: bool,
 }
 
 /// Tracks the singular fields of one message, so that one given twice is refused.
@@ -342,11 +351,18 @@ impl Reader<'_> {
         self.error(field.value_pos, format!("{}: expected {what}, found {}", join(path, &field.name), field.value.describe()))
     }
 
+    /// An integer; from JSON, a string of one too (protobuf's JSON writes 64-bit
+    /// integers so).
     fn int(&self, path: &str, field: &Field, min: i128, max: i128) -> Result<i128, ParseError> {
-        match field.value {
-            Value::Int(i) if (min..=max).contains(&i) => Ok(i),
-            Value::Int(i) => Err(self.error(field.value_pos, format!("{}: {i} is out of range ({min} to {max})", join(path, &field.name)))),
-            _ => Err(self.expected(path, field, "an integer")),
+        let value = match &field.value {
+            Value::Int(i) => *i,
+            Value::Str(text) if self.from_json => text.trim().parse::<i128>().map_err(|_| self.expected(path, field, "an integer"))?,
+            _ => return Err(self.expected(path, field, "an integer")),
+        };
+        if (min..=max).contains(&value) {
+            Ok(value)
+        } else {
+            Err(self.error(field.value_pos, format!("{}: {value} is out of range ({min} to {max})", join(path, &field.name))))
         }
     }
 
@@ -375,9 +391,11 @@ impl Reader<'_> {
         }
     }
 
+    /// An enum value: an identifier, or from JSON a string (as protobuf's JSON writes it).
     fn ident<'f>(&self, path: &str, field: &'f Field, one_of: &[&str]) -> Result<&'f str, ParseError> {
         match &field.value {
             Value::Ident(i) if one_of.contains(&i.as_str()) => Ok(i),
+            Value::Str(i) if self.from_json && one_of.contains(&i.as_str()) => Ok(i),
             _ => Err(self.expected(path, field, &format!("one of {}", one_of.join(", ")))),
         }
     }
@@ -674,7 +692,9 @@ impl Reader<'_> {
                 }
                 "kind" => {
                     seen.once(self, &path, field)?;
-                    if matches!(&field.value, Value::Ident(k) if k == "KIND_MODEL") {
+                    if matches!(&field.value, Value::Ident(k) if k == "KIND_MODEL")
+                        || matches!(&field.value, Value::Str(k) if self.from_json && k == "KIND_MODEL")
+                    {
                         return Err(self
                             .error(field.value_pos, format!("{path}.kind KIND_MODEL is not served: use KIND_CPU, KIND_GPU or KIND_AUTO")));
                     }

@@ -30,6 +30,7 @@
 
 pub mod autocomplete;
 pub mod config;
+pub mod config_json;
 pub mod onnx_graph;
 pub mod pbtxt;
 pub mod repository;
@@ -42,6 +43,6 @@ pub use config::ModelConfig;
 pub use onnx_graph::{graph_signature, read_graph_signature, GraphError, GraphSignature, TensorSignature};
 pub use pbtxt::ParseError;
 pub use repository::{
-    scan, scan_model, BuiltinProgram, ModelEntry, ModelError, ModelSettings, ModelVersion, Repository, RepositoryError, SloSource,
-    DEFAULT_SLO_MS,
+    scan, scan_model, scan_model_with, BuiltinProgram, ModelEntry, ModelError, ModelSettings, ModelVersion, Repository, RepositoryError,
+    SloSource, DEFAULT_SLO_MS,
 };

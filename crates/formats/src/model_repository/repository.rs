@@ -277,6 +277,18 @@ pub fn scan_model(dir: &Path, name: &str) -> Result<ModelEntry, ModelError> {
     } else {
         (ModelConfig::without_file(name), None)
     };
+    entry_with(dir, name, config, config_file)
+}
+
+/// Read one model folder `dir`, whose model is named `name`, with `config` instead of
+/// its `config.pbtxt` (a configuration given in the load request).
+pub fn scan_model_with(dir: &Path, name: &str, config: ModelConfig) -> Result<ModelEntry, ModelError> {
+    entry_with(dir, name, config, None)
+}
+
+/// The entry of the model `name` in `dir` configured by `config` (read from `config_file`).
+fn entry_with(dir: &Path, name: &str, config: ModelConfig, config_file: Option<PathBuf>) -> Result<ModelEntry, ModelError> {
+    let fail = |message: String| ModelError { model: name.into(), message };
     let versions = served_versions(dir, &config).map_err(fail)?;
     let settings = settings(dir, &config).map_err(fail)?;
     Ok(ModelEntry { name: name.into(), dir: dir.to_path_buf(), config_file, config, versions, settings })
