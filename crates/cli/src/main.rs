@@ -270,13 +270,30 @@ impl Default for CheckArgs {
 }
 
 fn main() -> ExitCode {
+    // Commands that print and exit end quietly on a closed stdout (`… | head`), as Unix
+    // tools do; the servers (`serve`, `node`, the main job) keep ignoring SIGPIPE, so a
+    // closed log pipe never stops them.
+    if !matches!(std::env::args().nth(1).as_deref(), None | Some("serve" | "node")) {
+        // SAFETY: the signal's default disposition is set before any thread starts.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("YARDMASTER_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // Help and version go to stdout, which may already be closed: print what fits.
+        Err(e) if matches!(e.kind(), clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion) => {
+            let _ = std::io::Write::write_all(&mut std::io::stdout(), e.render().to_string().as_bytes());
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => e.exit(),
+    };
     match cli.command {
         None => main_job(),
         Some(Command::Sim(SimCommand::Compare { policies, sim })) => sim_compare(&policies, &sim),

@@ -240,10 +240,10 @@ pub struct LoadArgs {
     /// default is the ocr pipeline's SLO).
     #[arg(long, default_value_t = 3000.0)]
     pub slo_ms: f64,
-    /// The infer request body (KServe v2 JSON); synthesised from the model's metadata
-    /// when absent.
-    #[arg(long)]
-    pub body: Option<PathBuf>,
+    /// The infer request body, KServe v2 JSON: given inline (starting with `{`) or as
+    /// a file holding it; synthesised from the model's metadata when absent.
+    #[arg(long, value_name = "JSON|FILE")]
+    pub body: Option<String>,
     /// For the ocr model: send an image of these lines of text (separated by `|`),
     /// rendered with the DejaVu Sans font, instead of a synthetic body.
     #[arg(long, conflicts_with = "body")]
@@ -265,7 +265,7 @@ async fn run_load(args: &LoadArgs) -> Result<()> {
         bail!("the workload has no arrivals in {} s", args.duration);
     }
     let (body, json_length) = match (&args.body, &args.text) {
-        (Some(path), _) => (Bytes::from(std::fs::read(path).with_context(|| format!("reading {}", path.display()))?), None),
+        (Some(body), _) => (request_body(body)?, None),
         (None, Some(text)) => {
             let lines: Vec<&str> = text.split('|').collect();
             let (body, json_length) = ocr_body(&lines)?;
@@ -317,6 +317,20 @@ async fn run_load(args: &LoadArgs) -> Result<()> {
     }
     print!("{}", report.render());
     Ok(())
+}
+
+/// The `--body` argument's request: the JSON itself when it starts with `{`, else the
+/// file it names (checked to hold JSON either way, so a typo is caught before the run).
+fn request_body(argument: &str) -> Result<Bytes> {
+    let (bytes, source) = if argument.trim_start().starts_with('{') {
+        (argument.as_bytes().to_vec(), "the --body JSON".to_string())
+    } else {
+        let bytes = std::fs::read(argument)
+            .with_context(|| format!("reading the request body file {argument} (--body takes a file or the JSON itself)"))?;
+        (bytes, format!("the request body file {argument}"))
+    };
+    serde_json::from_slice::<Value>(&bytes).with_context(|| format!("{source} is not JSON"))?;
+    Ok(Bytes::from(bytes))
 }
 
 /// A request body for `model`, made from its metadata: every input filled with a
@@ -375,6 +389,21 @@ fn body_from_metadata(metadata: &Value) -> Result<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_body_is_the_json_itself_or_a_file_holding_it() {
+        let json = r#"{"inputs":[{"name":"x","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]}]}"#;
+        assert_eq!(request_body(json).unwrap(), Bytes::from(json));
+        let file = std::env::temp_dir().join(format!("yardmaster-body-{}.json", std::process::id()));
+        std::fs::write(&file, json).unwrap();
+        assert_eq!(request_body(file.to_str().unwrap()).unwrap(), Bytes::from(json));
+        std::fs::write(&file, "not json").unwrap();
+        assert!(format!("{:#}", request_body(file.to_str().unwrap()).unwrap_err()).contains("is not JSON"));
+        std::fs::remove_file(&file).unwrap();
+        let missing = format!("{:#}", request_body("/nonexistent/body.json").unwrap_err());
+        assert!(missing.contains("--body takes a file or the JSON itself"), "{missing}");
+        assert!(format!("{:#}", request_body("{not json").unwrap_err()).contains("the --body JSON is not JSON"));
+    }
 
     #[test]
     fn synthetic_bodies_follow_the_metadata() {

@@ -309,14 +309,18 @@ pub struct TraceArrivals<R> {
     /// Ids whose entry arrival has been seen.
     seen: HashSet<u64>,
     previous: u64,
+    /// When the first request arrived: a replay starts there.
+    origin: Option<u64>,
 }
 
 /// The workload a trace recorded: each request's first arrival record (its entry
-/// stage), as an [`Arrival`] at the recorded time, in the trace's order. Other
-/// records are skipped; malformed lines and entry arrivals earlier than the previous
-/// one are errors (with their line numbers).
+/// stage), as an [`Arrival`], in the trace's order, timed from the first request's
+/// arrival — the idle time a capture holds before its first request (a server up
+/// before any client) is not replayed, so rates per second are the traffic's own.
+/// Other records are skipped; malformed lines and entry arrivals earlier than the
+/// previous one are errors (with their line numbers).
 pub fn arrivals_from_trace<R: BufRead>(reader: TraceReader<R>) -> TraceArrivals<R> {
-    TraceArrivals { reader, seen: HashSet::new(), previous: 0 }
+    TraceArrivals { reader, seen: HashSet::new(), previous: 0, origin: None }
 }
 
 impl<R: BufRead> Iterator for TraceArrivals<R> {
@@ -334,8 +338,9 @@ impl<R: BufRead> Iterator for TraceArrivals<R> {
                 return Some(Err(TraceError::new(self.reader.line(), kind)));
             }
             self.previous = record.at;
+            let origin = *self.origin.get_or_insert(record.at);
             return Some(Ok(Arrival {
-                at: record.at,
+                at: record.at - origin,
                 stream: record.stream,
                 input_size: record.input_size,
                 expected_tokens: record.expected_tokens,
@@ -529,15 +534,16 @@ mod tests {
     }
 
     #[test]
-    fn arrivals_are_each_ids_first_arrival() {
+    fn arrivals_are_each_ids_first_arrival_from_the_first_request_on() {
         let text = write_trace(&sample_records());
         let arrivals: Vec<Arrival> = arrivals_from_trace(TraceReader::new(text.as_bytes()).unwrap()).collect::<Result<_, _>>().unwrap();
+        // Recorded at 5, 7 and 95 ns: the 5 ns before the first request are not replayed.
         assert_eq!(
             arrivals,
             [
-                Arrival { at: 5, stream: 1, input_size: 10, expected_tokens: 1 },
-                Arrival { at: 7, stream: 2, input_size: 20, expected_tokens: 2 },
-                Arrival { at: 95, stream: 0, input_size: 30, expected_tokens: 3 },
+                Arrival { at: 0, stream: 1, input_size: 10, expected_tokens: 1 },
+                Arrival { at: 2, stream: 2, input_size: 20, expected_tokens: 2 },
+                Arrival { at: 90, stream: 0, input_size: 30, expected_tokens: 3 },
             ]
         );
     }
@@ -549,12 +555,12 @@ mod tests {
         text.push_str("{\"kind\":\"arrival\"}\n");
         let results: Vec<_> = arrivals_from_trace(TraceReader::new(text.as_bytes()).unwrap()).collect();
         assert_eq!(results.len(), 4);
-        assert_eq!(results[0].as_ref().unwrap().at, 10);
+        assert_eq!(results[0].as_ref().unwrap().at, 0, "timed from the first request");
         let disorder = results[1].as_ref().unwrap_err();
         assert_eq!(disorder.line, 3);
         assert!(matches!(disorder.kind, TraceErrorKind::OutOfOrder { at: 4, previous: 10 }), "{disorder}");
         // The later stage's arrival of id 1 (at 3) is not an entry, so not out of order.
-        assert_eq!(results[2].as_ref().unwrap().at, 12);
+        assert_eq!(results[2].as_ref().unwrap().at, 2);
         assert_eq!(results[3].as_ref().unwrap_err().line, 6);
     }
 
@@ -580,7 +586,9 @@ mod tests {
             .collect();
         let text = write_trace(&records);
         let replayed: Vec<Arrival> = arrivals_from_trace(TraceReader::new(text.as_bytes()).unwrap()).collect::<Result<_, _>>().unwrap();
-        assert_eq!(replayed, workload);
+        let first = workload[0].at;
+        let shifted: Vec<Arrival> = workload.iter().map(|a| Arrival { at: a.at - first, ..*a }).collect();
+        assert_eq!(replayed, shifted);
     }
 
     #[test]

@@ -448,6 +448,21 @@ async fn the_node_binary_serves_jobs_and_its_death_ends_them() {
     let noticed = killed_at.elapsed();
     eprintln!("the node's death ended the job after {noticed:?}");
     assert!(noticed < Duration::from_secs(10), "noticed after {noticed:?} with a 2 s idle timeout");
+    // Every worker of the lost node is reported lost at once, the idle one too (not at
+    // its next job).
+    let mut lost = Vec::new();
+    for _ in 0..2 {
+        match next(&events) {
+            WorkerEvent::StartFailed { worker, error } => {
+                assert!(error.to_string().contains("connection to the node lost"), "{error}");
+                lost.push(worker);
+            }
+            other => panic!("expected each worker reported lost, got {other:?}"),
+        }
+    }
+    lost.sort();
+    assert_eq!(lost, [1, 2], "the idle worker 1 and the busy worker 2");
+    assert!(killed_at.elapsed() < Duration::from_secs(10));
 }
 
 // ---------------------------------------------------------------------------------
