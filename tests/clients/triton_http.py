@@ -8,6 +8,7 @@ with what it saw; exits non-zero on any failure.
 """
 import json
 import sys
+import time
 
 import numpy as np
 import tritonclient.http as httpclient
@@ -19,7 +20,11 @@ def main() -> None:
     url, model = sys.argv[1], sys.argv[2]
     client = httpclient.InferenceServerClient(url=url, network_timeout=60.0)
     assert client.is_server_live(), "server not live"
-    assert client.is_server_ready(), "server not ready"
+    # The server listens before its workers are up: wait for readiness, as clients do.
+    deadline = time.monotonic() + 60
+    while not client.is_server_ready():
+        assert time.monotonic() < deadline, "server not ready after 60 s"
+        time.sleep(0.1)
     server = client.get_server_metadata()
     metadata = client.get_model_metadata(model)
     assert client.is_model_ready(model), f"model {model} not ready"

@@ -52,12 +52,15 @@ pub enum Codec {
     /// An ensemble's tensors, as its configuration declares them: carried by name
     /// from step to step.
     Ensemble(TensorCodec),
-    /// FP32 tensors of fixed shapes in, the last stage's outputs out.
-    Fp32 {
-        /// Input names and shapes, in the model's order.
-        inputs: Vec<(String, Vec<usize>)>,
-        /// Output names and shapes, in the model's order.
-        outputs: Vec<(String, Vec<usize>)>,
+    /// A model that runs a built-in program and serves only as a step of `ensemble`:
+    /// its metadata and configuration are its own (its graph's tensors, so Triton's
+    /// tools can read an ensemble's composing models), but a request for it is refused,
+    /// naming the ensemble to send it to.
+    BuiltinStep {
+        /// The model's own tensors.
+        codec: TensorCodec,
+        /// The ensemble it is a step of.
+        ensemble: String,
     },
 }
 
@@ -77,17 +80,12 @@ fn spec(name: &str, datatype: DataType, shape: &[i64]) -> TensorSpec {
     TensorSpec { name: name.into(), datatype, shape: shape.to_vec() }
 }
 
-fn fixed(shape: &[usize]) -> Vec<i64> {
-    shape.iter().map(|&d| d as i64).collect()
-}
-
 impl Codec {
     /// Input specs, for metadata.
     pub fn inputs(&self) -> Vec<TensorSpec> {
         match self {
             Codec::OcrImage => vec![spec(ocr_names::IMAGE, DataType::U8, &[-1, -1, 3])],
-            Codec::Fp32 { inputs, .. } => inputs.iter().map(|(n, s)| spec(n, DataType::F32, &fixed(s))).collect(),
-            Codec::Tensors(codec) | Codec::Ensemble(codec) => codec.input_specs(),
+            Codec::Tensors(codec) | Codec::Ensemble(codec) | Codec::BuiltinStep { codec, .. } => codec.input_specs(),
         }
     }
 
@@ -99,8 +97,7 @@ impl Codec {
                 spec(ocr_names::SCORES, DataType::F32, &[-1]),
                 spec(ocr_names::BOXES, DataType::F32, &[-1, 4, 2]),
             ],
-            Codec::Fp32 { outputs, .. } => outputs.iter().map(|(n, s)| spec(n, DataType::F32, &fixed(s))).collect(),
-            Codec::Tensors(codec) | Codec::Ensemble(codec) => codec.output_specs(),
+            Codec::Tensors(codec) | Codec::Ensemble(codec) | Codec::BuiltinStep { codec, .. } => codec.output_specs(),
         }
     }
 
@@ -116,24 +113,14 @@ impl Codec {
                 let tensor = input(ocr_names::IMAGE)?;
                 Ok(Payload::Ocr(OcrDocument::new(decode_image(tensor)?)))
             }
-            Codec::Fp32 { inputs, .. } => {
-                let mut tensors = Vec::with_capacity(inputs.len());
-                for (name, shape) in inputs {
-                    let tensor = input(name)?;
-                    let values = tensor.as_f32().ok_or_else(|| format!("input {name:?} must be FP32, got {}", tensor.datatype.name()))?;
-                    let got: Vec<usize> = tensor.shape.iter().map(|&d| d as usize).collect();
-                    if &got != shape {
-                        return Err(format!("input {name:?} must have shape {shape:?}, got {:?}", tensor.shape));
-                    }
-                    tensors.push(yardmaster_dataplane::Tensor::new(got, values).map_err(|e| format!("input {name:?}: {e}"))?);
-                }
-                Ok(Payload::Tensors(tensors))
-            }
             Codec::Tensors(codec) => Ok(Payload::Tensors(codec.decode(request)?)),
             Codec::Ensemble(codec) => {
                 let tensors = codec.decode(request)?;
                 Ok(Payload::Named(codec.inputs.iter().map(|t| t.name.clone()).zip(tensors).collect()))
             }
+            Codec::BuiltinStep { ensemble, .. } => Err(format!(
+                "this model runs a built-in program and serves only as a step of ensemble {ensemble:?}: send the request to {ensemble:?}"
+            )),
         }
     }
 
@@ -150,16 +137,6 @@ impl Codec {
                     Tensor::f32(ocr_names::SCORES, vec![n], &scores).map_err(|e| e.0)?,
                     Tensor::f32(ocr_names::BOXES, vec![n, 4, 2], &boxes).map_err(|e| e.0)?,
                 ])
-            }
-            (Codec::Fp32 { outputs, .. }, Payload::Tensors(tensors)) => {
-                if tensors.len() != outputs.len() {
-                    return Err(format!("the pipeline produced {} outputs, the model declares {}", tensors.len(), outputs.len()));
-                }
-                outputs
-                    .iter()
-                    .zip(tensors)
-                    .map(|((name, _), t)| Tensor::f32(name, t.shape.iter().map(|&d| d as u64).collect(), &t.data).map_err(|e| e.0))
-                    .collect()
             }
             (Codec::Tensors(codec), Payload::Tensors(tensors)) => codec.encode(tensors),
             (Codec::Ensemble(codec), Payload::Named(mut tensors)) => {
@@ -179,7 +156,7 @@ impl Codec {
                 },
                 match self {
                     Codec::OcrImage => "text lines",
-                    Codec::Fp32 { .. } | Codec::Tensors(_) => "tensors",
+                    Codec::Tensors(_) | Codec::BuiltinStep { .. } => "tensors",
                     Codec::Ensemble(_) => "named tensors",
                 }
             )),
@@ -781,17 +758,5 @@ mod tests {
             let error = codec.decode(&request(vec![tensor])).unwrap_err();
             assert!(error.contains(reason), "{error:?} should say {reason:?}");
         }
-    }
-
-    #[test]
-    fn fp32_inputs_keep_their_shape_and_outputs_their_names() {
-        let codec = Codec::Fp32 { inputs: vec![("x".into(), vec![4])], outputs: vec![("y".into(), vec![4])] };
-        let payload = codec.decode(&request(vec![Tensor::f32("x", vec![4], &[1.0, 2.0, 3.0, 4.0]).unwrap()])).unwrap();
-        let error = codec.decode(&request(vec![Tensor::f32("x", vec![2, 2], &[0.0; 4]).unwrap()])).unwrap_err();
-        assert!(error.contains("must have shape [4]"), "{error}");
-        let outputs = codec.encode(payload).unwrap();
-        assert_eq!(outputs[0].name, "y");
-        assert_eq!(outputs[0].as_f32().unwrap(), vec![1.0, 2.0, 3.0, 4.0]);
-        assert!(codec.encode(Payload::Ocr(OcrDocument::new(RgbImage::filled(1, 1, [0; 3])))).is_err());
     }
 }

@@ -274,6 +274,16 @@ pub(crate) fn assemble(prepared: &[Prepared], previous: Option<&ServedPipeline>)
         let stages = places.iter().map(|&p| p as u32).collect();
         models.push(ServedModel { stream: stream as u32, entry, stages, ..p.model.clone() });
     }
+    // A model running a built-in program is described as itself (Triton's tools read
+    // an ensemble's composing models), on its ensemble's stream, but not served alone.
+    for p in prepared.iter().filter(|p| p.stream.is_none()) {
+        let Some(place) = stages.iter().position(|s| s.name == p.model.name) else { continue };
+        let Some(ensemble) = models.iter().find(|m| m.stages.contains(&(place as u32))) else { continue };
+        let Codec::Tensors(codec) = &p.model.codec else { continue };
+        let codec = Codec::BuiltinStep { codec: codec.clone(), ensemble: ensemble.name.clone() };
+        let (stream, entry) = (ensemble.stream, place as u32);
+        models.push(ServedModel { stream, entry, stages: vec![entry], codec, ..p.model.clone() });
+    }
     let pipeline = repository_pipeline(stages, streams)?;
     let served = ServedPipeline { pipeline, catalog, programs, models };
     served.check()?;

@@ -15,6 +15,7 @@ use yardmaster_dataplane::{ModelCache, ModelCatalog, Runtime, RuntimeConfig, Wor
 use super::ab::Arms;
 use super::admin::Admin;
 use super::api::{Api, MetricsRenderer};
+use super::backend::Codec;
 use super::builtin_repository::BuiltinRepository;
 use super::capture::Recorder;
 use super::config::{RemotePlacement, ServeConfig};
@@ -91,7 +92,9 @@ impl Server {
             overlay_pipeline(&mut served, pipeline, file).map_err(|e| anyhow!(e))?;
             prepared = None;
         }
-        let models: Vec<String> = served.models.iter().map(|m| m.name.clone()).collect();
+        // The models clients send requests to (a built-in step is described, not served).
+        let models: Vec<String> =
+            served.models.iter().filter(|m| !matches!(m.codec, Codec::BuiltinStep { .. })).map(|m| m.name.clone()).collect();
         for remote in &config.remote {
             placements.push(remote_placement(remote, &served).await?);
         }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use yardmaster_dataplane::{ModelCatalog, WorkerContext, WorkerPool};
 
-use super::backend::{EngineBackend, ServedModel};
+use super::backend::{Codec, EngineBackend, ServedModel};
 use super::builtin_repository::BuiltinRepository;
 use super::executor::{check_placements, OnnxExecutor, Placement, ServeActor, WorkerBoard};
 use super::payload::PayloadStore;
@@ -100,7 +100,7 @@ impl ServedPipeline {
             let Some(stream) = self.pipeline.streams.get(model.stream as usize) else {
                 return Err(format!("model {:?} feeds stream {}, which pipeline {name:?} lacks", model.name, model.stream));
             };
-            if stream.entry != model.entry {
+            if stream.entry != model.entry && !matches!(model.codec, Codec::BuiltinStep { .. }) {
                 return Err(format!(
                     "model {:?}: stream {:?} enters at stage {}, not {}",
                     model.name, stream.name, stream.entry, model.entry

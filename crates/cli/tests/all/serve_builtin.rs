@@ -1,8 +1,8 @@
 //! The shipped PP-OCR repository (`crates/serve/repositories/ocr`): an ensemble of
 //! three built-in steps, served as any repository is. Laid out in a folder of its own,
 //! beside ensembles that misuse built-in steps — each refused naming the model and the
-//! reason while `ocr` serves; a model running a built-in program is not addressable
-//! alone; the simulator reads the same repository.
+//! reason while `ocr` serves; a model running a built-in program is described but
+//! refuses requests of its own; the simulator reads the same repository.
 
 use std::path::Path;
 use std::process::Command;
@@ -10,7 +10,7 @@ use std::process::Command;
 use yardmaster::serve::builtin_repository::BuiltinRepository;
 use yardmaster::serve::repository::default_profile_cache;
 
-use super::serve_end_to_end::{http_get, scratch};
+use super::serve_end_to_end::{http_get, scratch, toolchain};
 use super::serve_model_control::http_post;
 use super::serve_repository::serve_repository_with;
 
@@ -78,8 +78,30 @@ fn the_shipped_ocr_repository_serves_as_any_repository_and_misused_builtin_steps
     let names: Vec<&str> = answer["outputs"].as_array().unwrap().iter().map(|o| o["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["texts", "scores", "boxes"], "{answer}");
     assert_eq!(answer["outputs"][0]["shape"], serde_json::json!([0]), "a blank page has no line: {answer}");
-    let (status, body) = http_get(&server.address, "/v2/models/det");
-    assert_eq!(status, 404, "a model running a built-in program serves only as its ensemble's step: {body}");
+    // A model running a built-in program is described (Triton's tools read an
+    // ensemble's composing models) but serves only as its ensemble's step.
+    let (status, body) = http_get(&server.address, "/v2/models/det/config");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"max_batch_size\":4") && body.contains("ocr-det"), "{body}");
+    let (status, body) = http_post(
+        &server.address,
+        "/v2/models/det/infer",
+        r#"{"inputs":[{"name":"x","shape":[1,3,1,1],"datatype":"FP32","data":[0,0,0]}]}"#,
+    );
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("serves only as a step of ensemble") && body.contains("ocr"), "{body}");
+
+    // Triton's perf_analyzer reads the ensemble and its composing models' configurations
+    // and statistics, and drives it with random images: no error at two concurrencies.
+    let perf = Command::new(toolchain("perf/bin/perf_analyzer-run"))
+        .args(["-m", "ocr", "-u", &server.address, "-i", "http", "--shape", "image:128,128,3", "--concurrency-range", "1:2"])
+        .args(["--measurement-interval", "1500", "--stability-percentage", "60", "--max-trials", "10"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&perf.stdout).into_owned() + &String::from_utf8_lossy(&perf.stderr);
+    assert!(perf.status.success(), "perf_analyzer failed:\n{text}");
+    assert!(text.contains("Composing models:") && text.contains("det, version: 1"), "{text}");
+    assert_eq!(text.matches("Request concurrency:").count(), 2, "{text}");
 
     let log = std::fs::read_to_string(&stderr).unwrap();
     for (model, reason) in [

@@ -95,8 +95,8 @@ fn images_are_read_through_the_whole_stack() {
     let served = ServedPipeline::ocr(&context).unwrap_or_else(|e| panic!("{e}"));
     let stages: Vec<&str> = served.pipeline.stages.iter().map(|s| s.name.as_str()).collect();
     assert_eq!(stages, ["det", "cls", "rec"], "the shipped repository's steps keep their models' names");
-    let models: Vec<&str> = served.models.iter().map(|m| m.name.as_str()).collect();
-    assert_eq!(models, ["ocr"], "the steps are not addressable alone");
+    let models: Vec<(&str, u32)> = served.models.iter().map(|m| (m.name.as_str(), m.stream)).collect();
+    assert_eq!(models, [("ocr", 0), ("cls", 0), ("det", 0), ("rec", 0)], "the steps are described, on the ensemble's stream");
     let (actor, backend) = start(served, Vec::new());
     let rt = runtime();
     let pages: [(&[&str], usize, usize); 2] =
