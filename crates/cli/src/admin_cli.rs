@@ -54,6 +54,9 @@ pub enum AdminCommand {
         /// The arm to swap during an A/B run (default: the control arm).
         #[arg(long)]
         arm: Option<String>,
+        /// The policy's own settings.
+        #[command(flatten)]
+        settings: PolicySettingsArgs,
     },
     /// Run a candidate policy as a shadow of the live one (its actions are checked and
     /// counted, never executed), read its report, or stop it.
@@ -68,11 +71,70 @@ pub enum ShadowCommand {
     Start {
         /// A policy component file, or the name of a shipped policy.
         policy: String,
+        /// The policy's own settings.
+        #[command(flatten)]
+        settings: PolicySettingsArgs,
     },
     /// What the shadow did so far.
     Report,
     /// Stop the shadow and print its final report.
     Stop,
+}
+
+/// A policy's own settings for `admin swap`, `admin shadow start` and `ab start`; what
+/// is not given stays as the running policy's arm has it.
+#[derive(clap::Args, Clone, Default)]
+pub struct PolicySettingsArgs {
+    /// A parameter for the policy, KEY=VALUE (repeatable), over the server's own.
+    #[arg(long = "param", value_name = "KEY=VALUE")]
+    pub params: Vec<String>,
+    /// The deadline of one decision, in milliseconds (default 5; raise it for a Python
+    /// or JavaScript policy).
+    #[arg(long)]
+    pub deadline_ms: Option<f64>,
+    /// The most linear memory the policy may grow to, in MiB (default 64).
+    #[arg(long)]
+    pub memory_mib: Option<u64>,
+    /// What the arm does when the policy faults: fail-open (the built-in fallback
+    /// takes over), fail-closed, or reload.
+    #[arg(long)]
+    pub failure: Option<String>,
+}
+
+impl PolicySettingsArgs {
+    /// The settings as the admin API's query parameters (empty when none is given).
+    fn query(&self) -> Result<String> {
+        let mut pairs = Vec::new();
+        for param in &self.params {
+            if !param.contains('=') {
+                bail!("--param {param:?}: write KEY=VALUE");
+            }
+            pairs.push(format!("param={}", percent_encoded(param)));
+        }
+        if let Some(ms) = self.deadline_ms {
+            pairs.push(format!("deadline_ms={ms}"));
+        }
+        if let Some(mib) = self.memory_mib {
+            pairs.push(format!("memory_mib={mib}"));
+        }
+        if let Some(failure) = &self.failure {
+            pairs.push(format!("failure={}", percent_encoded(failure)));
+        }
+        Ok(pairs.join("&"))
+    }
+}
+
+/// `text` with every byte but letters, digits and `-_.~=` escaped as `%XX`.
+fn percent_encoded(text: &str) -> String {
+    text.bytes()
+        .map(|b| if b.is_ascii_alphanumeric() || b"-_.~=".contains(&b) { (b as char).to_string() } else { format!("%{b:02X}") })
+        .collect()
+}
+
+/// `path` with the settings' query appended, if any.
+fn with_settings(path: String, settings: &PolicySettingsArgs) -> Result<String> {
+    let query = settings.query()?;
+    Ok(if query.is_empty() { path } else { with_query(&path, &query) })
 }
 
 /// Arguments of `yardmaster ab`.
@@ -107,6 +169,9 @@ pub enum AbCommand {
         /// The candidate arm's name (default: the policy's name).
         #[arg(long)]
         arm: Option<String>,
+        /// The candidate's own settings.
+        #[command(flatten)]
+        settings: PolicySettingsArgs,
     },
     /// Where the run stands: its arms, their workers and requests in flight.
     Status,
@@ -164,13 +229,13 @@ async fn admin_call(address: SocketAddr, method: Method, path: &str, headers: &H
 async fn call_ab(args: &AbArgs) -> Result<ExitCode> {
     let mut headers = auth_headers(&args.token)?;
     let (method, path, body) = match &args.command {
-        AbCommand::Start { policy, share, by, arm } => {
+        AbCommand::Start { policy, share, by, arm, settings } => {
             let (method, path, body) = swap_request(policy, "/admin/ab", &mut headers)?;
             let mut query = format!("share={share}&by={by}");
             if let Some(arm) = arm {
                 query.push_str(&format!("&arm={arm}"));
             }
-            (method, with_query(&path, &query), body)
+            (method, with_settings(with_query(&path, &query), settings)?, body)
         }
         AbCommand::Status | AbCommand::Report { .. } => (Method::GET, "/admin/ab".to_string(), Bytes::new()),
         AbCommand::Promote => (Method::POST, "/admin/ab/promote".to_string(), Bytes::new()),
@@ -214,14 +279,18 @@ async fn call(args: &AdminArgs) -> Result<ExitCode> {
     let mut headers = auth_headers(&args.token)?;
     let (method, path, body) = match &args.command {
         AdminCommand::List => (Method::GET, "/admin/policies".to_string(), Bytes::new()),
-        AdminCommand::Swap { policy, arm } => {
+        AdminCommand::Swap { policy, arm, settings } => {
             let (method, path, body) = swap_request(policy, "/admin/swap", &mut headers)?;
-            match arm {
-                Some(arm) => (method, with_query(&path, &format!("arm={arm}")), body),
-                None => (method, path, body),
-            }
+            let path = match arm {
+                Some(arm) => with_query(&path, &format!("arm={arm}")),
+                None => path,
+            };
+            (method, with_settings(path, settings)?, body)
         }
-        AdminCommand::Shadow(ShadowCommand::Start { policy }) => swap_request(policy, "/admin/shadow", &mut headers)?,
+        AdminCommand::Shadow(ShadowCommand::Start { policy, settings }) => {
+            let (method, path, body) = swap_request(policy, "/admin/shadow", &mut headers)?;
+            (method, with_settings(path, settings)?, body)
+        }
         AdminCommand::Shadow(ShadowCommand::Report) => (Method::GET, "/admin/shadow".to_string(), Bytes::new()),
         AdminCommand::Shadow(ShadowCommand::Stop) => (Method::DELETE, "/admin/shadow".to_string(), Bytes::new()),
     };
@@ -279,6 +348,15 @@ fn print_arm(arm: &Value) {
         arm["max_swap_pause_us"].as_f64().unwrap_or(0.0),
         arm["fallbacks"],
         arm["held"],
+    );
+    let params: Vec<String> =
+        arm["params"].as_object().into_iter().flatten().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default())).collect();
+    println!(
+        "  deadline {} ms, memory {} MiB, {}; params: {}",
+        arm["deadline_ms"].as_f64().map_or_else(|| "-".into(), |ms| format!("{ms}")),
+        arm["memory_mib"].as_u64().map_or_else(|| "-".into(), |mib| mib.to_string()),
+        arm["failure"].as_str().unwrap_or("?"),
+        if params.is_empty() { "none".into() } else { params.join(", ") }
     );
 }
 

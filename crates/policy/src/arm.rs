@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
-use super::contract::{Action, Config, Event, Request, Snapshot, Worker};
+use super::contract::{Action, Config, Event, Param, Request, Snapshot, Worker};
 use super::instance::{PolicyFault, PolicyInstance, ProfileSource, WasmPolicy};
 use super::loader::PolicyModule;
 use super::native::NativePolicy;
@@ -67,6 +67,16 @@ impl std::str::FromStr for FailureMode {
             "reload" => Ok(Self::Reload),
             other => Err(format!("unknown failure mode {other:?} (fail-open, fail-closed, reload)")),
         }
+    }
+}
+
+impl std::fmt::Display for FailureMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::FailOpen => "fail-open",
+            Self::FailClosed => "fail-closed",
+            Self::Reload => "reload",
+        })
     }
 }
 
@@ -200,6 +210,10 @@ pub struct Candidate {
     instance: Box<dyn PolicyInstance>,
     source: Option<Reloadable>,
     prepared: Option<PreReplay>,
+    /// Parameters the operator gave this policy, over the arm's.
+    params: Vec<Param>,
+    /// The failure mode the operator gave it, instead of the arm's.
+    failure: Option<FailureMode>,
 }
 
 /// What the arm needs to know at the swap about a candidate's pre-replay.
@@ -255,13 +269,27 @@ impl Candidate {
     ) -> Result<Self, PolicyFault> {
         let instance = WasmPolicy::instantiate(sandbox, module.clone(), seed, profiles.clone())?;
         let source = Reloadable { sandbox: sandbox.clone(), module, profiles };
-        Ok(Self { instance: Box::new(instance), source: Some(source), prepared: None })
+        Ok(Self { instance: Box::new(instance), source: Some(source), prepared: None, params: Vec::new(), failure: None })
+    }
+
+    /// Give the candidate its own settings: `params` over the arm's parameters (a key
+    /// given here replaces the arm's), and a failure mode instead of the arm's. They
+    /// are used from its `init` on and stay with the arm it takes over.
+    pub fn with_settings(mut self, params: Vec<Param>, failure: Option<FailureMode>) -> Self {
+        self.params = params;
+        self.failure = failure;
+        self
+    }
+
+    /// `config` with the candidate's parameters over its own.
+    pub(crate) fn configure(&self, config: &Config) -> Config {
+        Config { params: merged_params(&config.params, &self.params), ..config.clone() }
     }
 
     /// An already built instance (native policies, tests). Under `reload` the arm
     /// cannot start a fresh copy of it and serves with the fallback instead.
     pub fn native(instance: Box<dyn PolicyInstance>) -> Self {
-        Self { instance, source: None, prepared: None }
+        Self { instance, source: None, prepared: None, params: Vec::new(), failure: None }
     }
 
     /// Initialise the candidate with the snapshot's configuration and replay the
@@ -276,6 +304,7 @@ impl Candidate {
         }
         let started = Instant::now();
         let HandoverSnapshot { arm, config, held, ledger } = snapshot;
+        let config = self.configure(&config);
         let now = config.now;
         let mut actions = self.instance.init(&config, now)?;
         if !held.is_empty() {
@@ -372,6 +401,8 @@ pub struct Arm {
     /// Requests the answering instance may still hold though they left the arm
     /// before a prepared hand-over, with how many uses of each to forgive.
     stale: HashMap<u64, u32>,
+    /// The parameters the arm was given (the server's), without its policy's own.
+    base_params: Vec<Param>,
     /// Workers of dispatches emptied by forgiving, for the answer being accepted.
     idle_again: Vec<u32>,
 }
@@ -421,7 +452,8 @@ impl Arm {
         mode: FailureMode,
         view: &dyn ClusterView,
     ) -> (Self, ArmOutput) {
-        let mut arm = Self::empty(name, config, mode);
+        let mut arm = Self::empty(name, config, candidate.failure.unwrap_or(mode));
+        arm.config = candidate.configure(&arm.config);
         arm.reloadable = candidate.source;
         let output = arm.hand_over(candidate.instance, ArmState::Primary, Vec::new(), view);
         (arm, output)
@@ -432,7 +464,13 @@ impl Arm {
         self.mode
     }
 
+    /// The limits its policy component runs under (`None` for a native policy).
+    pub fn limits(&self) -> Option<&super::sandbox::Limits> {
+        self.reloadable.as_ref().map(|r| r.sandbox.limits())
+    }
+
     fn empty(name: &str, config: Config, mode: FailureMode) -> Self {
+        let base_params = config.params.clone();
         Self {
             name: name.into(),
             config,
@@ -447,6 +485,7 @@ impl Arm {
             reload_attempts: 0,
             retry_at: None,
             healthy_since: 0,
+            base_params,
             stale: HashMap::default(),
             idle_again: Vec::new(),
         }
@@ -507,6 +546,8 @@ impl Arm {
         let mut config = self.config.clone();
         config.now = view.now();
         config.workers = view.serving_workers();
+        // A candidate starts from the server's parameters, not the running policy's own.
+        config.params = self.base_params.clone();
         let (ledger, held) = self.ledger.snapshot();
         HandoverSnapshot { arm: self.name.clone(), config, held, ledger }
     }
@@ -529,7 +570,11 @@ impl Arm {
         let from = retired.as_ref().map(|i| i.label()).unwrap_or_else(|| "closed".into());
         let to = candidate.label();
         let replayed = self.ledger.len();
-        let Candidate { instance, source, prepared } = candidate;
+        self.config = candidate.configure(&Config { params: self.base_params.clone(), ..self.config.clone() });
+        let Candidate { instance, source, prepared, failure, .. } = candidate;
+        if let Some(mode) = failure {
+            self.mode = mode;
+        }
         self.reloadable = source;
         self.reload_attempts = 0;
         self.retry_at = None;
@@ -566,7 +611,10 @@ impl Arm {
     /// the retired instance (for the caller to drop off the hot path).
     pub fn reconfigure(&mut self, config: Config, view: &dyn ClusterView) -> (ArmOutput, Option<Box<dyn PolicyInstance>>) {
         let (arm, seed) = (std::mem::take(&mut self.config.arm), self.config.seed);
-        self.config = Config { arm, seed, ..config };
+        // The running policy keeps the parameters it was given over the server's.
+        let own: Vec<Param> = self.config.params.iter().filter(|p| !self.base_params.contains(p)).cloned().collect();
+        self.base_params = config.params.clone();
+        self.config = Config { arm, seed, params: merged_params(&config.params, &own), ..config };
         // The latest snapshot describes the cluster before the change (no entry for a
         // stage just added): the next tick brings one of the new cluster.
         self.last_snapshot = None;
@@ -969,4 +1017,12 @@ impl Arm {
 fn backoff(attempt: u32) -> Duration {
     let (first, max) = RELOAD_BACKOFF;
     first.saturating_mul(1u32 << attempt.saturating_sub(1).min(16)).min(max)
+}
+
+/// `base` with `over` laid on it: a key `over` gives replaces `base`'s, new keys are
+/// added after.
+pub(crate) fn merged_params(base: &[Param], over: &[Param]) -> Vec<Param> {
+    let mut params: Vec<Param> = base.iter().filter(|p| !over.iter().any(|o| o.key == p.key)).cloned().collect();
+    params.extend(over.iter().cloned());
+    params
 }

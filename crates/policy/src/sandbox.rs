@@ -154,6 +154,12 @@ impl Sandbox {
         Ok(Self { engine, mode, limits, _ticker: ticker })
     }
 
+    /// The same sandbox (the same engine, so components compiled for one run in the
+    /// other) with other limits: a swapped-in policy's own deadline or memory limit.
+    pub fn with_limits(&self, limits: Limits) -> Sandbox {
+        Sandbox { limits, ..self.clone() }
+    }
+
     /// The wasmtime engine.
     pub fn engine(&self) -> &Engine {
         &self.engine

@@ -66,6 +66,7 @@ impl Shadow {
     /// requests the live arm holds (`held`, in arrival order), the idle workers and the
     /// latest snapshot, so it starts from what the live policy knows.
     pub fn start(candidate: Candidate, config: &Config, held: Vec<Request>, snapshot: Option<Snapshot>, view: &dyn ClusterView) -> Self {
+        let config = &candidate.configure(config);
         let (instance, module) = candidate.into_parts();
         let report = ShadowReport {
             policy: module.as_ref().map_or_else(|| instance.label(), |m| m.name().to_string()),

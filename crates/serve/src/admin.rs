@@ -44,7 +44,7 @@ use tokio::task::JoinHandle;
 use super::ab::{Split, SplitBy};
 use super::config::{AdminConfig, ADMIN_TOKEN_ENV};
 use super::executor::OnnxExecutor;
-use super::swap::{AbEnd, PolicySource, SwapError, Swapper};
+use super::swap::{AbEnd, PolicySettings, PolicySource, SwapError, Swapper};
 use super::watch::Watcher;
 use yardmaster_engine::MonotonicClock;
 
@@ -96,20 +96,21 @@ impl AdminApi {
                 }
             }
             (&Method::POST, "/admin/swap") => {
-                let source = match swap_source(query, headers, &body) {
-                    Ok(source) => source,
+                let (source, settings) = match swap_source(query, headers, &body).and_then(|s| Ok((s, policy_settings(query, &body)?))) {
+                    Ok(request) => request,
                     Err(message) => return error(StatusCode::BAD_REQUEST, &message),
                 };
                 let (swapper, arm) = (self.swapper.clone(), query_value(query, "arm").map(str::to_string));
-                answer_with(tokio::task::spawn_blocking(move || swapper.swap_arm(&source, arm.as_deref())).await)
+                answer_with(tokio::task::spawn_blocking(move || swapper.swap_arm(&source, arm.as_deref(), &settings)).await)
             }
             (&Method::POST, "/admin/shadow") => {
-                let source = match swap_source(query, headers, &body) {
-                    Ok(source) => source,
+                let (source, settings) = match swap_source(query, headers, &body).and_then(|s| Ok((s, policy_settings(query, &body)?))) {
+                    Ok(request) => request,
                     Err(message) => return error(StatusCode::BAD_REQUEST, &message),
                 };
                 let swapper = self.swapper.clone();
-                let started = tokio::task::spawn_blocking(move || swapper.start_shadow(&source).map(|report| json!({ "shadow": report })));
+                let started =
+                    tokio::task::spawn_blocking(move || swapper.start_shadow(&source, &settings).map(|report| json!({ "shadow": report })));
                 answer_with(started.await)
             }
             (&Method::GET | &Method::DELETE, "/admin/shadow") => {
@@ -123,12 +124,13 @@ impl AdminApi {
                 }
             }
             (&Method::POST, "/admin/ab") => {
-                let (source, label, split) = match ab_request(query, headers, &body) {
-                    Ok(request) => request,
-                    Err(message) => return error(StatusCode::BAD_REQUEST, &message),
-                };
+                let (source, label, split, settings) =
+                    match ab_request(query, headers, &body).and_then(|(s, l, sp)| Ok((s, l, sp, policy_settings(query, &body)?))) {
+                        Ok(request) => request,
+                        Err(message) => return error(StatusCode::BAD_REQUEST, &message),
+                    };
                 let swapper = self.swapper.clone();
-                answer_with(tokio::task::spawn_blocking(move || swapper.start_ab(&source, label.as_deref(), split)).await)
+                answer_with(tokio::task::spawn_blocking(move || swapper.start_ab(&source, label.as_deref(), split, &settings)).await)
             }
             (&Method::GET, "/admin/ab") => {
                 let swapper = self.swapper.clone();
@@ -193,6 +195,62 @@ fn ab_request(query: Option<&str>, headers: &http::HeaderMap, body: &Bytes) -> R
         }
     }
     Ok((source, label, Split::new(share, by)?))
+}
+
+/// The policy's own settings a swap, A/B or shadow call gives ([`PolicySettings`]): JSON
+/// fields `params` (an object), `deadline_ms`, `memory_mib`, `failure`, or query
+/// parameters of those names (`param=key=value`, repeatable) when the body is the
+/// component itself.
+fn policy_settings(query: Option<&str>, body: &Bytes) -> Result<PolicySettings, String> {
+    let json: Option<Value> = (body.first() == Some(&b'{')).then(|| serde_json::from_slice(body).ok()).flatten();
+    let field = |key: &str| -> Vec<String> {
+        let mut values: Vec<String> = query
+            .into_iter()
+            .flat_map(|q| q.split('&'))
+            .filter_map(|pair| pair.strip_prefix(key)?.strip_prefix('='))
+            .map(percent_decoded)
+            .collect();
+        match (key, json.as_ref()) {
+            ("param", Some(json)) => {
+                if let Some(params) = json.get("params").and_then(Value::as_object) {
+                    values.extend(params.iter().map(|(k, v)| format!("{k}={}", v.as_str().map_or_else(|| v.to_string(), str::to_string))));
+                }
+            }
+            (_, Some(json)) => {
+                if let Some(value) = json.get(key) {
+                    values.push(value.as_str().map_or_else(|| value.to_string(), str::to_string));
+                }
+            }
+            (_, None) => {}
+        }
+        values
+    };
+    PolicySettings::from_fields(&field)
+}
+
+/// A query value with its `%XX` escapes and `+` (a space) decoded.
+fn percent_decoded(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => {
+                match std::str::from_utf8(&bytes[i + 1..i + 3]).ok().and_then(|hex| u8::from_str_radix(hex, 16).ok()) {
+                    Some(byte) => {
+                        out.push(byte);
+                        i += 3;
+                        continue;
+                    }
+                    None => out.push(b'%'),
+                }
+            }
+            b'+' => out.push(b' '),
+            byte => out.push(byte),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// What `POST /admin/swap` asks for: JSON `{"path"}` / `{"shipped"}`, or the bytes.
@@ -301,6 +359,33 @@ mod tests {
         assert!(constant_time_eq(b"abc", b"abc"));
         assert!(!constant_time_eq(b"abc", b"abd"));
         assert!(!constant_time_eq(b"abc", b"abcd"));
+    }
+
+    #[test]
+    fn policy_settings_come_as_json_fields_or_query_parameters() {
+        let json =
+            Bytes::from_static(br#"{"shipped":"edf","params":{"slack_ms":"3","n":4},"deadline_ms":20,"memory_mib":32,"failure":"reload"}"#);
+        let settings = policy_settings(None, &json).unwrap();
+        let params: Vec<(&str, &str)> = settings.params.iter().map(|p| (p.key.as_str(), p.value.as_str())).collect();
+        assert_eq!(params, [("n", "4"), ("slack_ms", "3")]);
+        assert_eq!((settings.deadline_ms, settings.memory_mib), (Some(20.0), Some(32)));
+        assert_eq!(settings.failure, Some(yardmaster_policy::FailureMode::Reload));
+        let query = Some("name=x&param=a%3Db=c+d&param=k=v&deadline_ms=7.5&failure=fail-closed");
+        let settings = policy_settings(query, &Bytes::from_static(b"\0asm")).unwrap();
+        let params: Vec<(&str, &str)> = settings.params.iter().map(|p| (p.key.as_str(), p.value.as_str())).collect();
+        assert_eq!(params, [("a", "b=c d"), ("k", "v")]);
+        assert_eq!((settings.deadline_ms, settings.failure), (Some(7.5), Some(yardmaster_policy::FailureMode::FailClosed)));
+        assert_eq!(policy_settings(None, &Bytes::from_static(b"\0asm")).unwrap(), PolicySettings::default());
+        for (query, says) in [
+            ("deadline_ms=0", "above 0"),
+            ("deadline_ms=soon", "not a number"),
+            ("memory_mib=0", "1 to 4096"),
+            ("failure=panic", "unknown failure mode"),
+            ("param=novalue", "key=value"),
+        ] {
+            let error = policy_settings(Some(query), &Bytes::from_static(b"\0asm")).unwrap_err();
+            assert!(error.contains(says), "{query}: {error}");
+        }
     }
 
     #[test]

@@ -15,6 +15,8 @@
 //! unload_timeout_secs = 30    # how long an unloaded model's requests may drain
 //! policy = "edf"              # a shipped policy name or a .wasm file
 //! params = { }                # policy parameters, key = "value"
+//!                             # (or a [policy] table: name, params, and the policy's
+//!                             # deadline_ms = 5, memory_mib = 64, failure = "fail-open")
 //! tbt_ms = 100                # LLM pipelines: the time between tokens promised to
 //!                             # latency-sensitive streams (default: params.tbt_ms, else 100)
 //! device = "auto"             # auto (CUDA when present, else CPU), cpu, cuda or cuda:N
@@ -58,6 +60,8 @@ use super::listeners::{ListenOptions, TlsSource};
 use super::watchdog::WatchdogConfig;
 use yardmaster_engine::EngineOptions;
 use yardmaster_policy::contract::Param;
+
+use super::swap::PolicySettings;
 
 /// The default listen address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8000";
@@ -159,6 +163,10 @@ pub struct ServeConfig {
     pub policy: String,
     /// Policy parameters.
     pub params: BTreeMap<String, String>,
+    /// The policy's decision deadline, memory limit and failure mode (the `[policy]`
+    /// table's `deadline_ms`, `memory_mib`, `failure`; its parameters are `params`).
+    #[serde(skip)]
+    pub policy_settings: PolicySettings,
     /// LLM pipelines: the time between tokens promised to latency-sensitive streams, in
     /// milliseconds (the timeline LLM goodput is measured against); `None`: the
     /// policy's `tbt_ms` parameter if given, else 100.
@@ -198,6 +206,7 @@ impl Default for ServeConfig {
             unload_timeout_secs: 30.0,
             policy: "edf".into(),
             params: BTreeMap::new(),
+            policy_settings: PolicySettings::default(),
             tbt_ms: None,
             device: "auto".into(),
             max_body_bytes: super::api::DEFAULT_MAX_BODY,
@@ -212,11 +221,50 @@ impl Default for ServeConfig {
     }
 }
 
+/// The `[policy]` table: the policy's name, parameters and own settings.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PolicyTable {
+    name: Option<String>,
+    params: Option<toml::Table>,
+    deadline_ms: Option<f64>,
+    memory_mib: Option<u64>,
+    failure: Option<String>,
+}
+
 impl ServeConfig {
     /// Parse a configuration; relative paths in it are taken from `base` (the file's
     /// directory).
     pub fn parse(text: &str, base: &Path) -> Result<ServeConfig> {
-        let mut config: ServeConfig = toml::from_str(text).map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end()))?;
+        let mut table: toml::Table = toml::from_str(text).map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_end()))?;
+        let policy_settings = match table.remove("policy") {
+            // `[policy]`: the policy's name and parameters, and its own settings.
+            Some(toml::Value::Table(policy)) => {
+                let policy: PolicyTable = policy.try_into().map_err(|e| anyhow::anyhow!("[policy]: {}", e.to_string().trim_end()))?;
+                if let Some(name) = policy.name {
+                    table.insert("policy".into(), toml::Value::String(name));
+                }
+                if let Some(params) = policy.params {
+                    if table.contains_key("params") {
+                        bail!("the policy parameters are given twice: in `params` and in [policy] params; keep one");
+                    }
+                    table.insert("params".into(), toml::Value::Table(params));
+                }
+                let failure =
+                    policy.failure.map(|f| f.parse()).transpose().map_err(|e: String| anyhow::anyhow!("[policy] failure: {e}"))?;
+                let settings =
+                    PolicySettings { params: Vec::new(), deadline_ms: policy.deadline_ms, memory_mib: policy.memory_mib, failure };
+                settings.limits(&yardmaster_policy::Limits::default()).map_err(|e| anyhow::anyhow!("[policy] {e}"))?;
+                settings
+            }
+            Some(name) => {
+                table.insert("policy".into(), name);
+                PolicySettings::default()
+            }
+            None => PolicySettings::default(),
+        };
+        let mut config: ServeConfig = table.try_into().map_err(|e: toml::de::Error| anyhow::anyhow!("{}", e.to_string().trim_end()))?;
+        config.policy_settings = policy_settings;
         let resolve = |p: &mut PathBuf| {
             if p.is_relative() {
                 *p = base.join(&*p);
@@ -379,6 +427,26 @@ mod tests {
         assert!(format!("{error:#}").contains("not a SHA-256"), "{error:#}");
         let error = ServeConfig::parse("[admin]\ntokn = \"x\"\n", Path::new(".")).unwrap_err();
         assert!(format!("{error:#}").contains("tokn"), "{error:#}");
+    }
+
+    #[test]
+    fn a_policy_table_gives_the_name_parameters_and_settings() {
+        let text = "[policy]\nname = \"fifo\"\nparams = { slack = \"2\" }\ndeadline_ms = 20\nmemory_mib = 32\nfailure = \"reload\"\n";
+        let config = ServeConfig::parse(text, Path::new(".")).unwrap();
+        assert_eq!((config.policy.as_str(), config.params["slack"].as_str()), ("fifo", "2"));
+        let settings = &config.policy_settings;
+        assert_eq!((settings.deadline_ms, settings.memory_mib), (Some(20.0), Some(32)));
+        assert_eq!(settings.failure, Some(yardmaster_policy::FailureMode::Reload));
+        assert_eq!(ServeConfig::parse("policy = \"fifo\"", Path::new(".")).unwrap().policy_settings, PolicySettings::default());
+        for (text, says) in [
+            ("[policy]\nfailure = \"panic\"", "unknown failure mode"),
+            ("[policy]\ndeadline_ms = 0", "above 0"),
+            ("[policy]\nspeed = 1", "unknown field"),
+            ("params = { a = \"1\" }\n[policy]\nparams = { b = \"2\" }", "given twice"),
+        ] {
+            let error = ServeConfig::parse(text, Path::new(".")).unwrap_err().to_string();
+            assert!(error.contains(says), "{text}: {error}");
+        }
     }
 
     #[test]

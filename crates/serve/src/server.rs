@@ -98,9 +98,15 @@ impl Server {
         for remote in &config.remote {
             placements.push(remote_placement(remote, &served).await?);
         }
-        let policy = policy_choice(&config.policy)?;
+        let mut policy = policy_choice(&config.policy)?;
+        // The operator's own deadline, memory limit and failure mode for the policy.
+        let settings = &config.policy_settings;
+        policy.sandbox = policy.sandbox.with_limits(settings.limits(policy.sandbox.limits()).map_err(|e| anyhow!("[policy] {e}"))?);
+        if let Some(failure) = settings.failure {
+            policy.failure = failure;
+        }
         let policy_name = policy.name.clone();
-        let sandbox = policy.sandbox.clone();
+        let (sandbox, failure) = (policy.sandbox.clone(), policy.failure);
         let kept = prepared.as_ref().map(|_| served.clone());
         let (actor, backend) = ServingStack::start(served, policy, options, context.clone(), placements).map_err(|e| anyhow!(e))?;
         let backend = Arc::new(backend.with_unavailable(unavailable));
@@ -142,7 +148,7 @@ impl Server {
             Api::new(backend).with_metrics(renderer).with_max_body(config.max_body_bytes).with_max_in_flight(config.max_in_flight),
         );
         let listeners = Listeners::start(&config.listen_options(), api).await?;
-        let admin = Admin::start(&config.admin, Arc::new(Swapper::new(handle.clone(), sandbox))).await?;
+        let admin = Admin::start(&config.admin, Arc::new(Swapper::new(handle.clone(), sandbox, failure))).await?;
         Ok(Server { listeners, handle, policy: policy_name, models, device, actor, admin, control, stop_polling })
     }
 

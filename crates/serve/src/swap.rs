@@ -37,8 +37,10 @@ use serde::Serialize;
 use super::ab::{AbReport, AbStatus, Split};
 use super::actor::{AbCommand, ActorHandle, ActorStopped};
 use yardmaster_engine::{Clock, Executor};
+use yardmaster_policy::contract::Param;
 use yardmaster_policy::{
-    ArmState, Candidate, Handover, HandoverSnapshot, LoadError, PolicyLoader, PolicyModule, ProfileSource, Sandbox, ShadowReport,
+    ArmState, Candidate, FailureMode, Handover, HandoverSnapshot, Limits, LoadError, PolicyLoader, PolicyModule, ProfileSource, Sandbox,
+    ShadowReport,
 };
 
 /// Where the new policy comes from.
@@ -55,6 +57,75 @@ pub enum PolicySource {
     File(PathBuf),
     /// A policy shipped with Yardmaster, by name.
     Shipped(String),
+}
+
+/// The operator's settings for a policy swapped in, or started as an A/B candidate or
+/// a shadow: its own parameters over the server's, its decision deadline and memory
+/// limit, and the failure mode of its arm. What is not given is the server's (its
+/// configuration's `params` and `[policy]` settings), whatever the policy before had.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PolicySettings {
+    /// Parameters, over the server's (a key given here replaces the server's).
+    pub params: Vec<Param>,
+    /// Serve-mode deadline of one decision (an event batch), in milliseconds.
+    pub deadline_ms: Option<f64>,
+    /// Largest linear memory, in MiB.
+    pub memory_mib: Option<u64>,
+    /// What the arm does when the policy faults.
+    pub failure: Option<FailureMode>,
+}
+
+/// The longest decision deadline a policy may be given.
+pub const MAX_DEADLINE_MS: f64 = 10_000.0;
+
+/// The largest memory limit a policy may be given (4 GiB: a 32-bit linear memory).
+pub const MAX_MEMORY_MIB: u64 = 4096;
+
+impl PolicySettings {
+    /// `base` with these settings' deadline and memory limit; a deadline longer than
+    /// the tick deadline raises that too. Out-of-range values are refused with the reason.
+    pub fn limits(&self, base: &Limits) -> Result<Limits, String> {
+        let mut limits = base.clone();
+        if let Some(ms) = self.deadline_ms {
+            if !(ms.is_finite() && ms > 0.0 && ms <= MAX_DEADLINE_MS) {
+                return Err(format!("deadline_ms {ms}: give a number of milliseconds above 0 and at most {MAX_DEADLINE_MS}"));
+            }
+            limits.event_deadline = Duration::from_secs_f64(ms / 1e3);
+            limits.tick_deadline = limits.tick_deadline.max(limits.event_deadline);
+        }
+        if let Some(mib) = self.memory_mib {
+            if !(1..=MAX_MEMORY_MIB).contains(&mib) {
+                return Err(format!("memory_mib {mib}: give 1 to {MAX_MEMORY_MIB} MiB"));
+            }
+            limits.memory_bytes = (mib as usize) << 20;
+        }
+        Ok(limits)
+    }
+
+    /// The settings a call gives as fields (JSON or query parameters, read by
+    /// `field`; `param` may repeat, each `key=value`). Malformed values are refused.
+    pub fn from_fields(field: &dyn Fn(&str) -> Vec<String>) -> Result<Self, String> {
+        let one = |key: &str| field(key).into_iter().next();
+        let params = field("param")
+            .into_iter()
+            .map(|pair| match pair.split_once('=') {
+                Some((key, value)) if !key.trim().is_empty() => Ok(Param { key: key.trim().into(), value: value.into() }),
+                _ => Err(format!("param {pair:?}: write key=value")),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let deadline_ms = match one("deadline_ms") {
+            Some(text) => Some(text.parse::<f64>().map_err(|_| format!("deadline_ms {text:?} is not a number of milliseconds"))?),
+            None => None,
+        };
+        let memory_mib = match one("memory_mib") {
+            Some(text) => Some(text.parse::<u64>().map_err(|_| format!("memory_mib {text:?} is not a whole number of MiB"))?),
+            None => None,
+        };
+        let failure = one("failure").map(|text| text.parse::<FailureMode>()).transpose()?;
+        let settings = PolicySettings { params, deadline_ms, memory_mib, failure };
+        settings.limits(&Limits::default())?;
+        Ok(settings)
+    }
 }
 
 /// Why a swap did not happen.
@@ -168,6 +239,14 @@ pub struct PolicyReport {
     pub faults: BTreeMap<String, u64>,
     /// Requests the policy holds now.
     pub held: usize,
+    /// Its serve-mode decision deadline (ms), for a component.
+    pub deadline_ms: Option<f64>,
+    /// The linear memory it may grow to (MiB), for a component.
+    pub memory_mib: Option<u64>,
+    /// What the arm does when it faults: `fail-open`, `fail-closed`, `reload`.
+    pub failure: String,
+    /// The parameters it was initialised with (the server's, and its own over them).
+    pub params: BTreeMap<String, String>,
 }
 
 /// The name of an arm state in the admin API and logs.
@@ -183,19 +262,22 @@ pub fn state_name(state: ArmState) -> &'static str {
 pub struct Swapper<C: Clock, X: Executor> {
     handle: ActorHandle<C, X>,
     loader: PolicyLoader,
+    /// The failure mode of a policy given none (the server's).
+    failure: FailureMode,
     one_at_a_time: Mutex<()>,
 }
 
 impl<C: Clock, X: Executor> Swapper<C, X> {
     /// A swapper for the engine behind `handle`, compiling for `sandbox` (the one the
     /// running policy uses) with the default on-disk cache of compiled policies.
-    pub fn new(handle: ActorHandle<C, X>, sandbox: Sandbox) -> Self {
-        Self::with_loader(handle, PolicyLoader::new(sandbox, PolicyLoader::default_cache_dir()))
+    /// A policy given no settings runs under `sandbox`'s limits and `failure`.
+    pub fn new(handle: ActorHandle<C, X>, sandbox: Sandbox, failure: FailureMode) -> Self {
+        Self::with_loader(handle, PolicyLoader::new(sandbox, PolicyLoader::default_cache_dir()), failure)
     }
 
     /// A swapper compiling with `loader`.
-    pub fn with_loader(handle: ActorHandle<C, X>, loader: PolicyLoader) -> Self {
-        Self { handle, loader, one_at_a_time: Mutex::new(()) }
+    pub fn with_loader(handle: ActorHandle<C, X>, loader: PolicyLoader, failure: FailureMode) -> Self {
+        Self { handle, loader, failure, one_at_a_time: Mutex::new(()) }
     }
 
     /// Read, check and compile a policy without swapping it in.
@@ -219,16 +301,18 @@ impl<C: Clock, X: Executor> Swapper<C, X> {
     /// hand-over itself is swapped in and the arm's failure mode applies (the summary
     /// says so).
     pub fn swap(&self, source: &PolicySource) -> Result<SwapSummary, SwapError> {
-        self.swap_arm(source, None)
+        self.swap_arm(source, None, &PolicySettings::default())
     }
 
     /// Swap the policy of the arm labelled `arm` (`None`: the control arm, the only
     /// one outside an A/B run); otherwise as [`Swapper::swap`].
-    pub fn swap_arm(&self, source: &PolicySource, arm: Option<&str>) -> Result<SwapSummary, SwapError> {
+    /// The policy comes with the operator's `settings` (its own parameters, deadline,
+    /// memory limit, failure mode), which it keeps in that arm.
+    pub fn swap_arm(&self, source: &PolicySource, arm: Option<&str>, settings: &PolicySettings) -> Result<SwapSummary, SwapError> {
         let _serial = self.one_at_a_time.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let started = Instant::now();
         let module = self.load(source)?;
-        let prepared = self.prepare_swap(&module, arm)?;
+        let prepared = self.prepare_swap(&module, arm, settings)?;
         let prepare = started.elapsed();
         let outcome = self.handle.swap_arm(arm.map(str::to_string), prepared.candidate)?.map_err(SwapError::Conflict)?;
         let report = outcome.report;
@@ -265,15 +349,26 @@ impl<C: Clock, X: Executor> Swapper<C, X> {
     }
 
     /// Load and instantiate a policy for the engine's arm, off the engine's thread.
-    fn prepare(&self, source: &PolicySource) -> Result<(Arc<PolicyModule>, Candidate), SwapError> {
+    fn prepare(&self, source: &PolicySource, settings: &PolicySettings) -> Result<(Arc<PolicyModule>, Candidate), SwapError> {
         let module = self.load(source)?;
         let (seed, profiles) = self.handle.inspect(|engine| engine.arm().candidate_inputs())?;
-        let candidate = self.instantiate(&module, seed, profiles)?;
+        let candidate = self.instantiate(&module, seed, profiles, settings)?;
         Ok((module, candidate))
     }
 
-    fn instantiate(&self, module: &Arc<PolicyModule>, seed: u64, profiles: Option<Arc<dyn ProfileSource>>) -> Result<Candidate, SwapError> {
-        Candidate::wasm(self.loader.sandbox(), module.clone(), seed, profiles)
+    /// An instance of `module` in a sandbox with `settings`' limits, carrying its
+    /// parameters and failure mode.
+    fn instantiate(
+        &self,
+        module: &Arc<PolicyModule>,
+        seed: u64,
+        profiles: Option<Arc<dyn ProfileSource>>,
+        settings: &PolicySettings,
+    ) -> Result<Candidate, SwapError> {
+        let base = self.loader.sandbox();
+        let sandbox = base.with_limits(settings.limits(base.limits()).map_err(SwapError::Refused)?);
+        Candidate::wasm(&sandbox, module.clone(), seed, profiles)
+            .map(|candidate| candidate.with_settings(settings.params.clone(), Some(settings.failure.unwrap_or(self.failure))))
             .map_err(|fault| SwapError::Refused(format!("{} cannot be instantiated: it {fault}", module.name())))
     }
 
@@ -282,7 +377,7 @@ impl<C: Clock, X: Executor> Swapper<C, X> {
     /// holds ([`yardmaster_engine::Engine::handover_snapshot`]), then the candidate is
     /// instantiated, initialised and replayed the copy here. A candidate that faults
     /// there is refused (see the module docs).
-    fn prepare_swap(&self, module: &Arc<PolicyModule>, arm: Option<&str>) -> Result<Prepared, SwapError> {
+    fn prepare_swap(&self, module: &Arc<PolicyModule>, arm: Option<&str>, settings: &PolicySettings) -> Result<Prepared, SwapError> {
         let label = arm.map(str::to_string);
         type Taken = ((u64, Option<Arc<dyn ProfileSource>>), HandoverSnapshot, Duration);
         let taken = self.handle.inspect_arms(move |arms| -> Result<Taken, String> {
@@ -299,7 +394,7 @@ impl<C: Clock, X: Executor> Swapper<C, X> {
             Ok((inputs, snapshot, started.elapsed()))
         })?;
         let ((seed, profiles), snapshot, hold) = taken.map_err(SwapError::Conflict)?;
-        let mut candidate = self.instantiate(module, seed, profiles)?;
+        let mut candidate = self.instantiate(module, seed, profiles, settings)?;
         let held = snapshot.held();
         match candidate.pre_replay(snapshot) {
             Ok(took) => Ok(Prepared { candidate, snapshot: hold, pre_replay: took }),
@@ -317,17 +412,17 @@ impl<C: Clock, X: Executor> Swapper<C, X> {
     /// Try `module` as [`Swapper::prepare_swap`] prepares a swap, on the control
     /// arm's snapshot, and throw the trial instance away: an A/B candidate or a shadow
     /// that would fault at once is refused before it reaches the engine.
-    fn try_out(&self, module: &Arc<PolicyModule>) -> Result<(), SwapError> {
-        self.prepare_swap(module, None).map(drop)
+    fn try_out(&self, module: &Arc<PolicyModule>, settings: &PolicySettings) -> Result<(), SwapError> {
+        self.prepare_swap(module, None, settings).map(drop)
     }
 
     /// Start the policy from `source` as a shadow of the live one (replacing a shadow
     /// already running); its first report (after `init` and the replay of what the
     /// live policy holds).
-    pub fn start_shadow(&self, source: &PolicySource) -> Result<ShadowReport, SwapError> {
+    pub fn start_shadow(&self, source: &PolicySource, settings: &PolicySettings) -> Result<ShadowReport, SwapError> {
         let _serial = self.one_at_a_time.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let (module, candidate) = self.prepare(source)?;
-        self.try_out(&module)?;
+        let (module, candidate) = self.prepare(source, settings)?;
+        self.try_out(&module, settings)?;
         if let Some(old) = self.handle.shadow(Some(candidate))? {
             tracing::info!(shadow = %old.policy, "a shadow was replaced");
         }
@@ -339,10 +434,16 @@ impl<C: Clock, X: Executor> Swapper<C, X> {
     /// Start an A/B run with the policy from `source` as the candidate arm `label`
     /// (default: the policy's name, with `-b` when the control runs a policy of that
     /// name), given `split`'s share of requests and workers.
-    pub fn start_ab(&self, source: &PolicySource, label: Option<&str>, split: Split) -> Result<AbStatus, SwapError> {
+    pub fn start_ab(
+        &self,
+        source: &PolicySource,
+        label: Option<&str>,
+        split: Split,
+        settings: &PolicySettings,
+    ) -> Result<AbStatus, SwapError> {
         let _serial = self.one_at_a_time.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let (module, candidate) = self.prepare(source)?;
-        self.try_out(&module)?;
+        let (module, candidate) = self.prepare(source, settings)?;
+        self.try_out(&module, settings)?;
         let label = match label {
             Some(label) => label.to_string(),
             None => {
@@ -409,6 +510,10 @@ impl<C: Clock, X: Executor> Swapper<C, X> {
                         fallbacks: stats.fallbacks,
                         faults: stats.faults.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
                         held: arm.ledger().len(),
+                        deadline_ms: arm.limits().map(|l| l.event_deadline.as_secs_f64() * 1e3),
+                        memory_mib: arm.limits().map(|l| (l.memory_bytes >> 20) as u64),
+                        failure: arm.failure_mode().to_string(),
+                        params: arm.config().params.iter().map(|p| (p.key.clone(), p.value.clone())).collect(),
                     }
                 })
                 .collect()

@@ -178,6 +178,68 @@ async fn a_swap_to_a_policy_that_traps_at_once_is_refused_and_the_running_one_ke
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_swapped_in_policy_runs_with_its_own_parameters_limits_and_failure_mode() {
+    let mut served = config("edf", &[("slack", "1")]);
+    served.policy_settings.deadline_ms = Some(8.0);
+    let server = Server::start(&served, Vec::new()).await.unwrap();
+    let (address, admin) = (server.address(), server.admin_address().unwrap());
+    let arm = policies(admin).await;
+    assert_eq!((arm["deadline_ms"].as_f64(), arm["failure"].as_str()), (Some(8.0), Some("fail-open")), "the [policy] settings: {arm}");
+    // The candidate's own parameter reaches its init: the hostile fixture refuses to start.
+    let hostile = Bytes::from(std::fs::read(fixtures::HOSTILE).unwrap());
+    let reply = admin_call(admin, Some(TOKEN), Method::POST, "/admin/swap?name=hostile&param=mode%3Drefuse-init", hostile).await;
+    let reason = String::from_utf8_lossy(&reply.body).into_owned();
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{reason}");
+    assert!(reason.contains("refuses to start"), "{reason}");
+    // Its memory limit holds from instantiation on: 1 MiB is less than fifo starts with.
+    let reply =
+        admin_call(admin, Some(TOKEN), Method::POST, "/admin/swap", Bytes::from_static(br#"{"shipped":"fifo","memory_mib":1}"#)).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", String::from_utf8_lossy(&reply.body));
+    // Settings that fit: shown by the list, kept by the arm, and requests served.
+    let body = br#"{"shipped":"fifo","params":{"note":"mine","slack":"2"},"deadline_ms":25,"memory_mib":32,"failure":"reload"}"#;
+    let reply = admin_call(admin, Some(TOKEN), Method::POST, "/admin/swap", Bytes::from_static(body)).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", String::from_utf8_lossy(&reply.body));
+    let arm = policies(admin).await;
+    assert_eq!(
+        (arm["policy"].as_str(), arm["deadline_ms"].as_f64(), arm["memory_mib"].as_u64()),
+        (Some("fifo"), Some(25.0), Some(32)),
+        "{arm}"
+    );
+    assert_eq!(arm["failure"], "reload");
+    // Its own over the server's (which include the tiny model's dynamic_batching).
+    assert_eq!((arm["params"]["note"].as_str(), arm["params"]["slack"].as_str()), (Some("mine"), Some("2")), "{arm}");
+    assert_eq!(arm["params"]["tiny.max_queue_delay_us"], "0", "{arm}");
+    assert!(infer(address, 10).await.iter().all(|s| *s == StatusCode::OK));
+    // A policy swapped in without settings gets the server's, not the last policy's.
+    swap_shipped(admin, "edf").await;
+    let arm = policies(admin).await;
+    assert_eq!(
+        (arm["deadline_ms"].as_f64(), arm["memory_mib"].as_u64(), arm["failure"].as_str()),
+        (Some(8.0), Some(64), Some("fail-open")),
+        "{arm}"
+    );
+    assert_eq!((arm["params"]["slack"].as_str(), arm["params"].get("note")), (Some("1"), None), "{arm}");
+    // Malformed settings are refused before anything is loaded.
+    let reply =
+        admin_call(admin, Some(TOKEN), Method::POST, "/admin/swap", Bytes::from_static(br#"{"shipped":"fifo","failure":"panic"}"#)).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    assert!(json(&reply)["error"].as_str().unwrap().contains("unknown failure mode"));
+    // A shadow and an A/B candidate get theirs the same way.
+    let hostile = Bytes::from(std::fs::read(fixtures::HOSTILE).unwrap());
+    let reply = admin_call(admin, Some(TOKEN), Method::POST, "/admin/shadow?name=hostile&param=mode%3Drefuse-init", hostile).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", String::from_utf8_lossy(&reply.body));
+    let body = br#"{"shipped":"fifo","share":0.5,"failure":"fail-closed","deadline_ms":12}"#;
+    let reply = admin_call(admin, Some(TOKEN), Method::POST, "/admin/ab", Bytes::from_static(body)).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", String::from_utf8_lossy(&reply.body));
+    let reply = admin_call(admin, Some(TOKEN), Method::GET, "/admin/policies", Bytes::new()).await;
+    let candidate = json(&reply)["arms"][1].clone();
+    assert_eq!((candidate["failure"].as_str(), candidate["deadline_ms"].as_f64()), (Some("fail-closed"), Some(12.0)), "{candidate}");
+    let reply = admin_call(admin, Some(TOKEN), Method::POST, "/admin/ab/rollback", Bytes::new()).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", String::from_utf8_lossy(&reply.body));
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_policy_is_refused_with_the_loader_s_reason_and_the_running_one_untouched() {
     let server = Server::start(&config("edf", &[]), Vec::new()).await.unwrap();
     let admin = server.admin_address().unwrap();
@@ -284,10 +346,14 @@ async fn the_admin_command_lists_and_swaps() {
     let admin = server.admin_address().unwrap();
     let (ok, out, err) = admin_cli(admin, TOKEN, &["swap", "fifo"]).await;
     assert!(ok && out.starts_with("swapped in fifo (sha256 ") && out.contains("the engine paused"), "{out}{err}");
-    let (ok, out, err) = admin_cli(admin, TOKEN, &["swap", fixtures::HOSTILE]).await;
+    let settings = ["--param", "mode=hold", "--param", "note=a b&c", "--deadline-ms", "9", "--memory-mib", "48", "--failure", "reload"];
+    let (ok, out, err) = admin_cli(admin, TOKEN, &[&["swap", fixtures::HOSTILE][..], &settings].concat()).await;
     assert!(ok && out.contains("swapped in hostile"), "a file is sent and named after its stem: {out}{err}");
     let (ok, out, err) = admin_cli(admin, TOKEN, &["list"]).await;
     assert!(ok && out.contains("policy hostile (sha256 ") && out.contains(", primary,") && out.contains("2 swaps"), "{out}{err}");
+    assert!(out.contains("deadline 9 ms, memory 48 MiB, reload") && out.contains("note=a b&c"), "its own settings: {out}");
+    let (ok, _, err) = admin_cli(admin, TOKEN, &["swap", "fifo", "--param", "novalue"]).await;
+    assert!(!ok && err.contains("KEY=VALUE"), "{err}");
     let (ok, _, err) = admin_cli(admin, TOKEN, &["swap", "no-such-policy"]).await;
     assert!(!ok && err.contains("400") && err.contains("no shipped policy named"), "{err}");
     let (ok, out, err) = admin_cli(admin, TOKEN, &["shadow", "start", "fifo"]).await;
