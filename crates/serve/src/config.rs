@@ -30,7 +30,7 @@
 //! key = "key.pem"
 //!
 //! [admin]                     # optional: the admin API (docs/swap.md)
-//! listen = "127.0.0.1:8001"   # its own address
+//! listen = "127.0.0.1:8003"   # its own address
 //! token = "…"                 # bearer token (or env YARDMASTER_ADMIN_TOKEN); none: no admin API
 //! watch_dir = "policies/"     # optional: swap in a .wasm that appears here
 //! watch_sha256 = ["…"]        # optional: only files with these SHA-256s
@@ -88,8 +88,9 @@ pub struct RemotePlacement {
     pub pin: String,
 }
 
-/// The default admin API address.
-pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:8001";
+/// The default admin API address: port 8003, off the ports Triton's tools expect
+/// (HTTP 8000, gRPC 8001, metrics 8002).
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:8003";
 
 /// The environment variable the admin token is read from when the file has none.
 pub const ADMIN_TOKEN_ENV: &str = "YARDMASTER_ADMIN_TOKEN";

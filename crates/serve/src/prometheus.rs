@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use super::ab::Arms;
-use yardmaster_engine::metrics::{Percentiles, Stats, Summary};
+use yardmaster_engine::metrics::{Histogram, Stats};
 use yardmaster_engine::{Clock, Engine, EngineStats, Executor};
 use yardmaster_policy::arm::SWAP_PAUSE_BUCKETS_US;
 use yardmaster_policy::contract::Action;
@@ -18,15 +18,29 @@ use yardmaster_policy::{ArmStats, PolicyFault, Rejection};
 pub struct ArmMetrics<'a> {
     /// The arm's name (the `arm` label).
     pub arm: &'a str,
-    /// Stream names, by stream index.
-    pub streams: &'a [String],
-    /// The accounting's summary.
-    pub summary: &'a Summary,
+    /// Every stream of the pipeline, whether or not a request came yet.
+    pub streams: Vec<StreamMetrics<'a>>,
     /// The policy arm's counters.
     pub policy: &'a ArmStats,
     /// The engine's counters.
     pub engine: &'a EngineStats,
 }
+
+/// One stream's metrics.
+pub struct StreamMetrics<'a> {
+    /// Its name (the `stream` label).
+    pub name: &'a str,
+    /// Its SLO (ns): the latency histograms' buckets are fractions and multiples of it.
+    pub slo_ns: u64,
+    /// The accounting's totals; `None` before its first request (every series at 0).
+    pub stats: Option<&'a Stats>,
+    /// The latency and queueing delay of its completed requests (ns).
+    pub distributions: Option<(&'a Histogram, &'a Histogram)>,
+}
+
+/// The latency histograms' bucket bounds, as fractions and multiples of the stream's
+/// SLO: fine below it (where "how close to the SLO" is read), coarse above.
+pub const SLO_BUCKETS: [f64; 9] = [0.1, 0.25, 0.5, 0.75, 0.9, 1.0, 1.5, 2.0, 4.0];
 
 /// Writes metric families, each with its HELP and TYPE lines once and all its samples
 /// together (the text format requires a family's lines to be one group), in the order
@@ -62,18 +76,6 @@ impl Exposition {
     /// One sample of `name` (declared with `kind` and `help` the first time).
     pub fn sample(&mut self, name: &'static str, kind: &str, help: &str, labels: &[(&str, &str)], value: f64) {
         write_sample(self.family(name, kind, help), name, "", labels, value);
-    }
-
-    /// A summary in seconds from nanosecond percentiles and a count.
-    pub fn summary(&mut self, name: &'static str, help: &str, labels: &[(&str, &str)], p: &Percentiles, count: u64) {
-        let text = self.family(name, "summary", help);
-        for (q, v) in [("0.5", p.p50), ("0.9", p.p90), ("0.95", p.p95), ("0.99", p.p99)] {
-            let mut with_quantile = labels.to_vec();
-            with_quantile.push(("quantile", q));
-            write_sample(text, name, "", &with_quantile, v as f64 / 1e9);
-        }
-        write_sample(text, name, "_sum", labels, p.mean * count as f64 / 1e9);
-        write_sample(text, name, "_count", labels, count as f64);
     }
 
     /// A histogram from per-bucket counts (not cumulative) with their upper bounds;
@@ -132,16 +134,16 @@ fn number(value: f64) -> String {
     }
 }
 
-/// Add one arm's metrics to `out`.
+/// Add one arm's metrics to `out`: per stream, counters of requests by outcome (so
+/// `rate()` of the on-time counter is goodput) and histograms of latency and queueing
+/// delay with buckets fitted to the stream's SLO, every series present from the start;
+/// no aggregate series beside the per-stream ones (`sum` them).
 pub fn render_arm(out: &mut Exposition, metrics: &ArmMetrics<'_>) {
     let arm = metrics.arm;
-    let mut groups: Vec<(String, &Stats)> = vec![("all".into(), &metrics.summary.overall)];
-    for (index, stats) in &metrics.summary.streams {
-        let name = metrics.streams.get(*index as usize).cloned().unwrap_or_else(|| index.to_string());
-        groups.push((name, stats));
-    }
-    for (stream, stats) in &groups {
-        let labels = [("arm", arm), ("stream", stream.as_str())];
+    let zero = Stats::default();
+    for stream in &metrics.streams {
+        let stats = stream.stats.unwrap_or(&zero);
+        let labels = [("arm", arm), ("stream", stream.name)];
         out.sample("yardmaster_requests_arrived_total", "counter", "Requests received.", &labels, stats.arrivals as f64);
         for (outcome, count) in [
             ("on_time", stats.outcomes.on_time),
@@ -149,38 +151,36 @@ pub fn render_arm(out: &mut Exposition, metrics: &ArmMetrics<'_>) {
             ("dropped", stats.outcomes.dropped),
             ("failed", stats.outcomes.failed),
         ] {
-            let labels = [("arm", arm), ("stream", stream.as_str()), ("outcome", outcome)];
+            let labels = [("arm", arm), ("stream", stream.name), ("outcome", outcome)];
             out.sample("yardmaster_requests_ended_total", "counter", "Requests ended, by outcome.", &labels, count as f64);
         }
-        out.summary(
+        let (latency, queue_delay) = match stream.distributions {
+            Some((latency, queue_delay)) => (Some(latency), Some(queue_delay)),
+            None => (None, None),
+        };
+        slo_histogram(
+            out,
             "yardmaster_request_latency_seconds",
-            "End-to-end latency of completed requests.",
+            "End-to-end latency of completed requests (buckets: fractions and multiples of the stream's SLO).",
             &labels,
-            &stats.latency,
-            stats.completed,
+            stream.slo_ns,
+            latency,
         );
-        out.summary(
+        slo_histogram(
+            out,
             "yardmaster_queue_delay_seconds",
-            "Time completed requests spent queued, over every stage.",
+            "Time completed requests spent queued, over every stage (buckets as the latency's).",
             &labels,
-            &stats.queue_delay,
-            stats.completed,
+            stream.slo_ns,
+            queue_delay,
         );
         out.sample(
-            "yardmaster_goodput_requests_per_second",
-            "gauge",
-            "Requests completed within their SLO per second since start.",
+            "yardmaster_tokens_on_time_total",
+            "counter",
+            "Tokens of requests completed within their SLO (LLM pipelines).",
             &labels,
-            stats.goodput,
+            stats.tokens_on_time as f64,
         );
-        out.sample(
-            "yardmaster_token_goodput_per_second",
-            "gauge",
-            "Tokens of on-time requests per second since start.",
-            &labels,
-            stats.token_goodput,
-        );
-        out.sample("yardmaster_slo_attainment_ratio", "gauge", "On-time requests over ended requests.", &labels, stats.slo_attainment);
         out.sample("yardmaster_accelerator_seconds_total", "counter", "Worker time spent on batches.", &labels, stats.accelerator_s);
         out.sample(
             "yardmaster_invalid_accelerator_seconds_total",
@@ -267,6 +267,22 @@ pub fn render_arm(out: &mut Exposition, metrics: &ArmMetrics<'_>) {
     out.sample("yardmaster_expired_total", "counter", "Requests the host expired past their deadline.", &labels, engine.expired as f64);
 }
 
+/// A histogram in seconds of the nanosecond values in `values` (none: every bucket at
+/// 0), its bounds [`SLO_BUCKETS`] × `slo_ns`.
+fn slo_histogram(out: &mut Exposition, name: &'static str, help: &str, labels: &[(&str, &str)], slo_ns: u64, values: Option<&Histogram>) {
+    let mut buckets = Vec::with_capacity(SLO_BUCKETS.len() + 1);
+    let mut below = 0;
+    for fraction in SLO_BUCKETS {
+        let bound_ns = (slo_ns as f64 * fraction) as u64;
+        let at_most = values.map_or(0, |h| h.count_at_most(bound_ns));
+        buckets.push((bound_ns as f64 / 1e9, at_most - below));
+        below = at_most;
+    }
+    let (count, sum) = values.map_or((0, 0.0), |h| (h.count(), h.mean() * h.count() as f64 / 1e9));
+    buckets.push((f64::INFINITY, count - below));
+    out.histogram(name, help, labels, &buckets, sum);
+}
+
 /// Each of `known` with its count in `counts` (0 when absent), then any other kind
 /// `counts` holds.
 fn every_kind<'a>(known: &'a [&'static str], counts: &'a BTreeMap<&'static str, u64>) -> impl Iterator<Item = (&'static str, u64)> + 'a {
@@ -327,9 +343,21 @@ pub fn render_gpu_memory(device: yardmaster_dataplane::Device) -> String {
 
 fn render_one<C: Clock, X: Executor>(out: &mut Exposition, engine: &Engine<C, X>, arm: &str) {
     let state = engine.state();
-    let summary = engine.accounting().summary(state.now());
-    let streams: Vec<String> = state.pipeline().streams.iter().map(|s| s.name.clone()).collect();
-    let metrics = ArmMetrics { arm, streams: &streams, summary: &summary, policy: engine.arm().stats(), engine: engine.stats() };
+    let accounting = engine.accounting();
+    let summary = accounting.summary(state.now());
+    let streams = state
+        .pipeline()
+        .streams
+        .iter()
+        .enumerate()
+        .map(|(index, stream)| StreamMetrics {
+            name: &stream.name,
+            slo_ns: stream.slo_ns,
+            stats: summary.streams.get(&(index as u32)),
+            distributions: accounting.stream_distributions(index as u32),
+        })
+        .collect();
+    let metrics = ArmMetrics { arm, streams, policy: engine.arm().stats(), engine: engine.stats() };
     render_arm(out, &metrics);
     let policy = engine.arm().module().map_or_else(|| engine.arm().instance_label(), |m| m.name().to_string());
     let sha256 = engine.arm().module().map(|m| m.sha256_hex()).unwrap_or_default();
@@ -359,9 +387,10 @@ mod tests {
         let mut policy = ArmStats::default();
         policy.faults.insert("trap", 2);
         policy.faults.insert("a-kind-not-listed", 1);
-        let (summary, engine) = (Summary::default(), EngineStats::default());
+        let engine = EngineStats::default();
         let mut out = Exposition::new();
-        render_arm(&mut out, &ArmMetrics { arm: "a", streams: &[], summary: &summary, policy: &policy, engine: &engine });
+        let quiet = StreamMetrics { name: "s", slo_ns: 200_000_000, stats: None, distributions: None };
+        render_arm(&mut out, &ArmMetrics { arm: "a", streams: vec![quiet], policy: &policy, engine: &engine });
         let text = out.finish();
         for line in [
             "yardmaster_policy_faults_total{arm=\"a\",kind=\"trap\"} 2",
@@ -369,6 +398,9 @@ mod tests {
             "yardmaster_policy_faults_total{arm=\"a\",kind=\"a-kind-not-listed\"} 1",
             "yardmaster_policy_actions_accepted_total{arm=\"a\",kind=\"dispatch\"} 0",
             "yardmaster_policy_actions_rejected_total{arm=\"a\",reason=\"over-capacity\"} 0",
+            "yardmaster_requests_ended_total{arm=\"a\",stream=\"s\",outcome=\"on_time\"} 0",
+            "yardmaster_request_latency_seconds_bucket{arm=\"a\",stream=\"s\",le=\"0.2\"} 0",
+            "yardmaster_request_latency_seconds_count{arm=\"a\",stream=\"s\"} 0",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
         }
@@ -379,15 +411,37 @@ mod tests {
         let mut out = Exposition::new();
         out.sample("m_total", "counter", "Help.", &[("a", "x\"y")], 1.0);
         out.sample("m_total", "counter", "Help.", &[("a", "z")], 2.5);
-        let p = Percentiles { mean: 2e6, p50: 1_000_000, p90: 2_000_000, p95: 3_000_000, p99: 4_000_000, max: 5_000_000 };
-        out.summary("lat_seconds", "Latency.", &[("arm", "main")], &p, 10);
         let text = out.finish();
         assert_eq!(text.matches("# TYPE m_total counter").count(), 1);
         assert!(text.contains("m_total{a=\"x\\\"y\"} 1\n"), "{text}");
         assert!(text.contains("m_total{a=\"z\"} 2.5\n"));
-        assert!(text.contains("lat_seconds{arm=\"main\",quantile=\"0.99\"} 0.004\n"), "{text}");
-        assert!(text.contains("lat_seconds_sum{arm=\"main\"} 0.02\n"), "{text}");
-        assert!(text.contains("lat_seconds_count{arm=\"main\"} 10\n"));
+    }
+
+    #[test]
+    fn latency_histograms_have_buckets_fitted_to_the_slo() {
+        let mut latency = Histogram::new();
+        // SLO 100 ms: 10 requests at 20 ms, 5 at 95 ms, 2 at 300 ms, 1 at 1 s.
+        for (ms, n) in [(20u64, 10), (95, 5), (300, 2), (1_000, 1)] {
+            for _ in 0..n {
+                latency.record(ms * 1_000_000);
+            }
+        }
+        let stats = Stats { arrivals: 18, ..Stats::default() };
+        let stream = StreamMetrics { name: "m", slo_ns: 100_000_000, stats: Some(&stats), distributions: Some((&latency, &latency)) };
+        let (policy, engine) = (ArmStats::default(), EngineStats::default());
+        let mut out = Exposition::new();
+        render_arm(&mut out, &ArmMetrics { arm: "a", streams: vec![stream], policy: &policy, engine: &engine });
+        let text = out.finish();
+        let bucket = |le: &str| {
+            let prefix = format!("yardmaster_request_latency_seconds_bucket{{arm=\"a\",stream=\"m\",le=\"{le}\"}} ");
+            text.lines().find_map(|l| l.strip_prefix(&prefix)).unwrap_or_else(|| panic!("no bucket {le}:\n{text}")).to_string()
+        };
+        assert_eq!(bucket("0.025"), "10", "at 25 % of the SLO");
+        assert_eq!(bucket("0.1"), "15", "at the SLO");
+        assert_eq!(bucket("0.4"), "17");
+        assert_eq!(bucket("+Inf"), "18");
+        assert!(text.contains("# TYPE yardmaster_request_latency_seconds histogram"), "{text}");
+        assert!(!text.contains("stream=\"all\""), "no aggregate beside its parts");
     }
 
     #[test]

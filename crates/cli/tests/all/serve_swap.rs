@@ -143,9 +143,9 @@ async fn swaps_while_requests_flow_answer_every_request_exactly_once() {
     assert_eq!(arm["sha256"].as_str().unwrap().len(), 64);
     assert_eq!(metric(address, "yardmaster_policy_swaps_total").await, swaps as f64);
     assert_eq!(metric(address, "yardmaster_policy_swap_pause_seconds_count").await, swaps as f64);
-    let arrived = metric(address, "yardmaster_requests_arrived_total{arm=\"edf\",stream=\"all\"}").await;
-    let ended = metric(address, "yardmaster_requests_ended_total{arm=\"edf\",stream=\"all\",outcome=\"on_time\"}").await
-        + metric(address, "yardmaster_requests_ended_total{arm=\"edf\",stream=\"all\",outcome=\"late\"}").await;
+    let arrived = metric(address, "yardmaster_requests_arrived_total{arm=\"edf\",stream=\"tiny\"}").await;
+    let ended = metric(address, "yardmaster_requests_ended_total{arm=\"edf\",stream=\"tiny\",outcome=\"on_time\"}").await
+        + metric(address, "yardmaster_requests_ended_total{arm=\"edf\",stream=\"tiny\",outcome=\"late\"}").await;
     assert_eq!((arrived, ended), ((clients * per_client) as f64, (clients * per_client) as f64), "each request ended once");
     let summary = server.summary();
     server.stop().await;

@@ -881,6 +881,12 @@ impl Accounting {
         &self.overall.latency
     }
 
+    /// The latency and queueing delay (ns) of the completed requests of `stream`;
+    /// `None` before its first request.
+    pub fn stream_distributions(&self, stream: u32) -> Option<(&Histogram, &Histogram)> {
+        self.streams.get(&stream).map(|t| (&t.latency, &t.queue_delay))
+    }
+
     /// Requests holding accelerator time that is not yet settled.
     pub fn in_flight(&self) -> usize {
         self.in_flight.len()

@@ -176,6 +176,12 @@ impl Histogram {
         *self = Self { counts: std::mem::take(&mut self.counts), ..Self::new() };
     }
 
+    /// How many values are at most `value` (to the histogram's bucket precision: a
+    /// bucket counts when the value it reports is at most `value`).
+    pub fn count_at_most(&self, value: u64) -> u64 {
+        self.counts.iter().enumerate().filter(|(index, _)| self.representative(*index) <= value).map(|(_, &n)| n).sum()
+    }
+
     /// The cumulative distribution: for each non-empty bucket in increasing order, its
     /// reported value and the fraction of all values at or below that bucket. The last
     /// point has fraction 1.
