@@ -151,9 +151,25 @@ perf_tools() {
     fi
 }
 
+# A real Prometheus server, for the test that scrapes a running server and evaluates
+# the queries and rules docs/prometheus/ ships (Debian's prometheus, which brings promtool).
+prometheus_tools() {
+    say "Prometheus (Debian: prometheus)"
+    if command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1; then
+        echo "already installed: $(prometheus --version 2>&1 | head -n 1)"
+    elif command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+        (DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 \
+            || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1; }) \
+            && echo "installed: $(prometheus --version 2>&1 | head -n 1)" || echo "could not install prometheus with apt-get: its test will fail"
+    else
+        echo "no prometheus and no apt-get as root: install Debian's prometheus for its test"
+    fi
+}
+
 python_tools
 node_tools
 client_tools
 perf_tools
+prometheus_tools
 say "Example policies (policy-examples/build/)"
 bash policy-examples/build.sh

@@ -19,6 +19,7 @@ mod serve_llm_http;
 mod serve_model_control;
 mod serve_overload;
 mod serve_policies;
+mod serve_prometheus;
 mod serve_remote;
 mod serve_repository;
 mod serve_swap;

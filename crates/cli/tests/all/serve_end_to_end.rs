@@ -39,7 +39,7 @@ pub(crate) fn scratch(name: &str) -> PathBuf {
 
 /// Start the server on a free port with `pipeline` and `extra` config lines, and wait
 /// for its "listening on" line.
-fn serve(name: &str, pipeline: &str, extra: &str) -> Server {
+pub(crate) fn serve(name: &str, pipeline: &str, extra: &str) -> Server {
     let dir = scratch(name);
     let config = dir.join("serve.toml");
     std::fs::write(
