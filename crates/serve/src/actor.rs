@@ -632,7 +632,8 @@ mod tests {
         assert!((share - 0.3).abs() < 0.04, "the candidate got {share} of the requests");
         assert_eq!(report.control.requests + report.candidate.requests, 2000);
         let metrics = handle.inspect_arms(crate::prometheus::render_arms).unwrap();
-        assert!(metrics.contains("arm=\"fifo\"") && metrics.contains("arm=\"edf\""), "every metric is labelled by arm");
+        assert!(metrics.contains("arm=\"primary\"") && metrics.contains("arm=\"candidate\""), "every metric is labelled by arm");
+        assert!(metrics.contains("name=\"fifo\"") && metrics.contains("name=\"edf\""), "the info series names the arms");
 
         // Promote while requests are in flight: every one still ends exactly once.
         let results = offer(&handle, 500, 4000.0);

@@ -295,16 +295,28 @@ fn every_kind<'a>(known: &'a [&'static str], counts: &'a BTreeMap<&'static str, 
 /// the actor thread (through `ActorHandle::inspect`).
 pub fn render_engine<C: Clock, X: Executor>(engine: &Engine<C, X>, arm: &str) -> String {
     let mut out = Exposition::new();
-    render_one(&mut out, engine, arm);
+    render_one(&mut out, engine, arm, arm);
     out.finish()
 }
 
+/// The `arm` label of the arm in place `index`: `primary` for the arm serving
+/// everything (and the control of an A/B run), `candidate` for the second arm of a run.
+/// Stable across swaps and promotions, so dashboards and alerts keep their series; the
+/// arm's name and policy are on `yardmaster_policy_info`.
+pub fn stable_arm_label(index: usize) -> &'static str {
+    if index == 0 {
+        "primary"
+    } else {
+        "candidate"
+    }
+}
+
 /// The exposition of every arm of a server (two during an A/B run), each series
-/// labelled with its arm.
+/// labelled with its stable arm label ([`stable_arm_label`]).
 pub fn render_arms<C: Clock, X: Executor>(arms: &Arms<C, X>) -> String {
     let mut out = Exposition::new();
-    for slot in arms.slots() {
-        render_one(&mut out, &slot.engine, &slot.label);
+    for (index, slot) in arms.slots().iter().enumerate() {
+        render_one(&mut out, &slot.engine, stable_arm_label(index), &slot.label);
     }
     out.sample(
         "yardmaster_ab_running",
@@ -341,7 +353,8 @@ pub fn render_gpu_memory(device: yardmaster_dataplane::Device) -> String {
     }
 }
 
-fn render_one<C: Clock, X: Executor>(out: &mut Exposition, engine: &Engine<C, X>, arm: &str) {
+/// One engine's series, labelled `arm`; `name` is the arm's own name (on the info series).
+fn render_one<C: Clock, X: Executor>(out: &mut Exposition, engine: &Engine<C, X>, arm: &str, name: &str) {
     let state = engine.state();
     let accounting = engine.accounting();
     let summary = accounting.summary(state.now());
@@ -365,8 +378,8 @@ fn render_one<C: Clock, X: Executor>(out: &mut Exposition, engine: &Engine<C, X>
     out.sample(
         "yardmaster_policy_info",
         "gauge",
-        "The policy the arm runs (its name and SHA-256) and its state; always 1.",
-        &[("arm", arm), ("policy", &policy), ("sha256", &sha256), ("state", state)],
+        "The arm's name, the policy it runs (its name and SHA-256) and its state; always 1.",
+        &[("arm", arm), ("name", name), ("policy", &policy), ("sha256", &sha256), ("state", state)],
         1.0,
     );
     out.sample(

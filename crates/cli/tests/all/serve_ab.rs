@@ -143,8 +143,11 @@ async fn an_ab_run_splits_labels_swaps_and_promotes_on_the_real_server() {
     assert!((share - 0.3).abs() < 0.07, "the candidate got {share} of the requests");
     assert_eq!(report["differences"].as_array().unwrap().len(), 3);
     let text = metrics(address).await;
-    for arm in ["edf", "fifo"] {
+    // Stable arm labels (the series go on across swaps and promotions), the arms'
+    // names on the info series.
+    for (arm, name) in [("primary", "edf"), ("candidate", "fifo")] {
         assert!(text.contains(&format!("yardmaster_requests_arrived_total{{arm=\"{arm}\"")), "{arm} has its series:\n{text}");
+        assert!(text.contains(&format!("yardmaster_policy_info{{arm=\"{arm}\",name=\"{name}\"")), "{name} is named:\n{text}");
     }
     assert!(text.contains("yardmaster_ab_running 1"));
 
@@ -166,7 +169,11 @@ async fn an_ab_run_splits_labels_swaps_and_promotes_on_the_real_server() {
     let arms = view["status"]["arms"].as_array().unwrap();
     assert_eq!((arms.len(), arms[0]["arm"].as_str(), &arms[0]["workers"]), (1, Some("fifo"), &serde_json::json!([1])));
     assert!(requests(&view["report"], "candidate") > 240, "the last run's report stays: {view}");
-    assert!(metrics(address).await.contains("yardmaster_ab_running 0"));
+    let text = metrics(address).await;
+    assert!(text.contains("yardmaster_ab_running 0"));
+    // The winner's series go on as `primary`: a dashboard needs no change.
+    assert!(text.contains("yardmaster_policy_info{arm=\"primary\",name=\"fifo\""), "{text}");
+    assert!(text.contains("yardmaster_requests_arrived_total{arm=\"primary\"") && !text.contains("arm=\"candidate\""), "{text}");
 
     // A split by key keeps each key on one arm.
     ok(admin, Method::POST, "/admin/ab?by=key&arm=b", r#"{"shipped":"edf","share":0.5}"#).await;

@@ -153,7 +153,7 @@ fn tritonclient_aioquic_and_prometheus_talk_to_the_server() {
     }
     let on_time = text
         .lines()
-        .find(|l| l.starts_with("yardmaster_requests_ended_total{arm=\"edf\",stream=\"tiny\",outcome=\"on_time\"}"))
+        .find(|l| l.starts_with("yardmaster_requests_ended_total{arm=\"primary\",stream=\"tiny\",outcome=\"on_time\"}"))
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse::<f64>().ok())
         .expect("an on-time counter for the whole arm");

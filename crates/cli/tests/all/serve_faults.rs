@@ -686,7 +686,7 @@ async fn a_full_disk_stops_the_capture_with_one_log_line_and_serving_goes_on() {
     let metrics = String::from_utf8(get_h1(address, "/metrics").await.body.to_vec()).unwrap();
     let on_time = metrics
         .lines()
-        .find(|l| l.starts_with("yardmaster_requests_ended_total{arm=\"edf\",stream=\"tiny\",outcome=\"on_time\"}"))
+        .find(|l| l.starts_with("yardmaster_requests_ended_total{arm=\"primary\",stream=\"tiny\",outcome=\"on_time\"}"))
         .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .unwrap_or_else(|| panic!("an on-time counter: {metrics}"));
     assert_eq!(on_time, 24.0, "{metrics}");

@@ -138,7 +138,7 @@ async fn a_hostile_arm_is_contained_and_the_other_arm_serves_on() {
         if !falls_back {
             let rejected: f64 = text
                 .lines()
-                .filter(|l| l.starts_with("yardmaster_policy_actions_rejected_total{arm=\"hostile\""))
+                .filter(|l| l.starts_with("yardmaster_policy_actions_rejected_total{arm=\"candidate\""))
                 .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
                 .sum();
             assert!(rejected > 0.0, "{mode}: the bad actions were rejected and counted");
@@ -146,7 +146,7 @@ async fn a_hostile_arm_is_contained_and_the_other_arm_serves_on() {
         // The host stops a runaway call near its deadline (5 ms for events, 50 ms for
         // init and ticks, plus the epoch ticker's millisecond); loaded debug builds
         // get slack here, tests/tests/all/containment.rs holds the tight bound.
-        let longest = sample(&text, "yardmaster_policy_decision_max_seconds{arm=\"hostile\"}");
+        let longest = sample(&text, "yardmaster_policy_decision_max_seconds{arm=\"candidate\"}");
         assert!(longest < 0.25, "{mode}: the longest call took {longest} s");
         eprintln!("{mode}: arm {expected}, longest call {:.2} ms, {candidate} of {REQUESTS} requests on the hostile arm", longest * 1e3);
         server.stop().await;

@@ -132,7 +132,7 @@ async fn token_ids_in_generated_ids_out_over_http1_and_http3() {
     let completed: f64 = metrics
         .lines()
         .filter(|l| {
-            l.starts_with("yardmaster_requests_ended_total{arm=\"calm\",stream=")
+            l.starts_with("yardmaster_requests_ended_total{arm=\"primary\",stream=")
                 && (l.contains("outcome=\"on_time\"") || l.contains("outcome=\"late\""))
         })
         .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())

@@ -143,9 +143,9 @@ async fn swaps_while_requests_flow_answer_every_request_exactly_once() {
     assert_eq!(arm["sha256"].as_str().unwrap().len(), 64);
     assert_eq!(metric(address, "yardmaster_policy_swaps_total").await, swaps as f64);
     assert_eq!(metric(address, "yardmaster_policy_swap_pause_seconds_count").await, swaps as f64);
-    let arrived = metric(address, "yardmaster_requests_arrived_total{arm=\"edf\",stream=\"tiny\"}").await;
-    let ended = metric(address, "yardmaster_requests_ended_total{arm=\"edf\",stream=\"tiny\",outcome=\"on_time\"}").await
-        + metric(address, "yardmaster_requests_ended_total{arm=\"edf\",stream=\"tiny\",outcome=\"late\"}").await;
+    let arrived = metric(address, "yardmaster_requests_arrived_total{arm=\"primary\",stream=\"tiny\"}").await;
+    let ended = metric(address, "yardmaster_requests_ended_total{arm=\"primary\",stream=\"tiny\",outcome=\"on_time\"}").await
+        + metric(address, "yardmaster_requests_ended_total{arm=\"primary\",stream=\"tiny\",outcome=\"late\"}").await;
     assert_eq!((arrived, ended), ((clients * per_client) as f64, (clients * per_client) as f64), "each request ended once");
     let summary = server.summary();
     server.stop().await;
@@ -311,7 +311,7 @@ async fn a_shadow_policy_is_fed_the_live_events_and_its_actions_are_counted_not_
     assert!(report["events"].as_u64().unwrap() >= 30, "the shadow saw the arrivals: {report}");
     assert!(report["accepted"]["dispatch"].as_u64().unwrap() > 0, "{report}");
     // Only the live policy's dispatches ran.
-    let live = metric(address, "yardmaster_policy_actions_accepted_total{arm=\"edf\",kind=\"dispatch\"}").await;
+    let live = metric(address, "yardmaster_policy_actions_accepted_total{arm=\"primary\",kind=\"dispatch\"}").await;
     assert_eq!(metric(address, "yardmaster_batches_total").await, live);
 
     // A shadow that traps is stopped and reported; serving goes on.
