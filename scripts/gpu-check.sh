@@ -358,14 +358,17 @@ def call(path, body=None):
     request = urllib.request.Request(base + path, data=data, method="GET" if body is None and not path.startswith("/v2/repository") else "POST")
     with urllib.request.urlopen(request, timeout=120) as answer:
         return answer.status, answer.read()
-for _ in range(1200):
-    try:
-        if call("/v2/health/ready")[0] == 200:
-            break
-    except Exception:
-        pass
-    time.sleep(0.1)
-else:
+def answers_ok(path, tries):
+    """Whether GET path answers 200 within tries × 0.1 s."""
+    for _ in range(tries):
+        try:
+            if call(path)[0] == 200:
+                return True
+        except Exception:
+            pass
+        time.sleep(0.1)
+    return False
+if not answers_ok("/v2/health/ready", 1200):
     sys.exit("not ready in 120 s")
 print(f"{round_}: start to ready {time.time() - start:.2f} s")
 def gpu_memory():
@@ -390,13 +393,7 @@ if round_ == "cached":
         call("/v2/repository/models/nudenet/unload", {})
         call("/v2/repository/models/nudenet/load", {})
     print(f"20 unload/load cycles of nudenet: {time.time() - t0:.2f} s")
-    for _ in range(600):
-        try:
-            if call("/v2/models/nudenet/ready")[0] == 200:
-                break
-        except Exception:
-            pass
-        time.sleep(0.1)
+    answers_ok("/v2/models/nudenet/ready", 600)
     print("nudenet after cycles:", infer("nudenet", "images", "FP32", [1, 3, 320, 320], 0.5)[:2])
     print("gpu memory after cycles:", gpu_memory())
 PY

@@ -1042,7 +1042,8 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         self.now();
         let held = self.arm.ledger().in_arrival_order();
         let snapshot = self.arm.last_snapshot().cloned();
-        let shadow = Shadow::start(candidate, self.arm.config(), held, snapshot, &self.state);
+        // A shadow starts from the server's parameters (and its own), as a swap would.
+        let shadow = Shadow::start(candidate, &self.arm.base_config(), held, snapshot, &self.state);
         self.shadow.replace(shadow).map(|old| old.report())
     }
 

@@ -403,6 +403,9 @@ pub struct Arm {
     stale: HashMap<u64, u32>,
     /// The parameters the arm was given (the server's), without its policy's own.
     base_params: Vec<Param>,
+    /// The parameters its policy was given over the server's (a swap's or A/B
+    /// candidate's own); `config.params` is the two merged.
+    policy_params: Vec<Param>,
     /// Workers of dispatches emptied by forgiving, for the answer being accepted.
     idle_again: Vec<u32>,
 }
@@ -453,7 +456,7 @@ impl Arm {
         view: &dyn ClusterView,
     ) -> (Self, ArmOutput) {
         let mut arm = Self::empty(name, config, candidate.failure.unwrap_or(mode));
-        arm.config = candidate.configure(&arm.config);
+        arm.set_policy_params(candidate.params);
         arm.reloadable = candidate.source;
         let output = arm.hand_over(candidate.instance, ArmState::Primary, Vec::new(), view);
         (arm, output)
@@ -462,6 +465,18 @@ impl Arm {
     /// What the arm does when its policy faults.
     pub fn failure_mode(&self) -> FailureMode {
         self.mode
+    }
+
+    /// Give its policy `params` over the server's parameters.
+    fn set_policy_params(&mut self, params: Vec<Param>) {
+        self.config.params = merged_params(&self.base_params, &params);
+        self.policy_params = params;
+    }
+
+    /// The arm's configuration with the server's parameters only: what a policy about
+    /// to replace or shadow the running one starts from (before its own parameters).
+    pub fn base_config(&self) -> Config {
+        Config { params: self.base_params.clone(), ..self.config.clone() }
     }
 
     /// The limits its policy component runs under (`None` for a native policy).
@@ -486,6 +501,7 @@ impl Arm {
             retry_at: None,
             healthy_since: 0,
             base_params,
+            policy_params: Vec::new(),
             stale: HashMap::default(),
             idle_again: Vec::new(),
         }
@@ -543,11 +559,10 @@ impl Arm {
     /// workers serving now, and a copy of the held requests in arrival order. Costs
     /// one sequential copy of the ledger.
     pub fn handover_snapshot(&self, view: &dyn ClusterView) -> HandoverSnapshot {
-        let mut config = self.config.clone();
+        // A candidate starts from the server's parameters, not the running policy's own.
+        let mut config = self.base_config();
         config.now = view.now();
         config.workers = view.serving_workers();
-        // A candidate starts from the server's parameters, not the running policy's own.
-        config.params = self.base_params.clone();
         let (ledger, held) = self.ledger.snapshot();
         HandoverSnapshot { arm: self.name.clone(), config, held, ledger }
     }
@@ -570,8 +585,8 @@ impl Arm {
         let from = retired.as_ref().map(|i| i.label()).unwrap_or_else(|| "closed".into());
         let to = candidate.label();
         let replayed = self.ledger.len();
-        self.config = candidate.configure(&Config { params: self.base_params.clone(), ..self.config.clone() });
-        let Candidate { instance, source, prepared, failure, .. } = candidate;
+        let Candidate { instance, source, prepared, params, failure } = candidate;
+        self.set_policy_params(params);
         if let Some(mode) = failure {
             self.mode = mode;
         }
@@ -611,10 +626,11 @@ impl Arm {
     /// the retired instance (for the caller to drop off the hot path).
     pub fn reconfigure(&mut self, config: Config, view: &dyn ClusterView) -> (ArmOutput, Option<Box<dyn PolicyInstance>>) {
         let (arm, seed) = (std::mem::take(&mut self.config.arm), self.config.seed);
-        // The running policy keeps the parameters it was given over the server's.
-        let own: Vec<Param> = self.config.params.iter().filter(|p| !self.base_params.contains(p)).cloned().collect();
         self.base_params = config.params.clone();
-        self.config = Config { arm, seed, params: merged_params(&config.params, &own), ..config };
+        self.config = Config { arm, seed, ..config };
+        // The running policy keeps the parameters it was given over the server's.
+        let own = std::mem::take(&mut self.policy_params);
+        self.set_policy_params(own);
         // The latest snapshot describes the cluster before the change (no entry for a
         // stage just added): the next tick brings one of the new cluster.
         self.last_snapshot = None;

@@ -16,11 +16,10 @@
 use std::path::{Path, PathBuf};
 
 use yardmaster_dataplane::assets;
+use yardmaster_dataplane::WorkerContext;
 use yardmaster_formats::model_repository::stages::{cached_profile_path, sha256_of};
 use yardmaster_formats::pipeline::{from_toml, stage_to_toml};
 use yardmaster_formats::presets::{OCR_PRESET, TINY_PRESET};
-
-use yardmaster_dataplane::WorkerContext;
 
 use super::repository::RepositoryOptions;
 use super::stack::ServedPipeline;
@@ -71,11 +70,6 @@ impl BuiltinRepository {
     /// Where it is laid out under the assets folder `assets`.
     pub fn dir_in(self, assets: &Path) -> PathBuf {
         assets.join("repositories").join(self.name())
-    }
-
-    /// Where it is laid out in the assets folder (`yardmaster_dataplane::assets::assets_dir`).
-    pub fn dir(self) -> PathBuf {
-        self.dir_in(&assets::assets_dir())
     }
 
     /// Lay it out in the assets folder, its profiles in `profile_cache`; see
@@ -132,9 +126,7 @@ impl BuiltinRepository {
         }
         Ok(dir)
     }
-}
 
-impl BuiltinRepository {
     /// Lay it out under `assets_folder` ([`BuiltinRepository::lay_out_in`]) and load it
     /// as `yardmaster serve --pipeline NAME` does, on `context`'s device.
     pub fn serve(self, assets_folder: &Path, profile_cache: &Path, context: &WorkerContext) -> Result<ServedPipeline, String> {

@@ -67,7 +67,8 @@ impl Server {
         // `--pipeline` serves a shipped repository, laid out in the assets folder.
         let (dirs, overlay) = if config.model_repository.is_empty() {
             let choice = pipeline_choice(&config.pipeline)?;
-            (vec![choice.dir], choice.overlay)
+            let dir = choice.repository.lay_out(&repository::default_profile_cache()).map_err(|e| anyhow!(e))?;
+            (vec![dir], choice.overlay)
         } else {
             (config.model_repository.clone(), None)
         };
@@ -317,14 +318,12 @@ pub async fn load_repository(
 pub struct PipelineChoice {
     /// The shipped repository served.
     pub repository: BuiltinRepository,
-    /// Its folder, laid out in the assets folder.
-    pub dir: PathBuf,
     /// A pipeline file's stages and SLO, laid over the repository's, and the file.
     pub overlay: Option<(Pipeline, String)>,
 }
 
-/// The shipped repository `--pipeline NAME` serves, laid out in the assets folder:
-/// `ocr` (PP-OCR, the default), `tiny` (the trivial model), or a pipeline file
+/// The shipped repository `--pipeline NAME` serves (laid out in the assets folder by
+/// [`BuiltinRepository::lay_out`]): `ocr` (PP-OCR, the default), `tiny` (the trivial model), or a pipeline file
 /// (`.toml`) whose stages `det`, `cls`, `rec` give PP-OCR's stages the operator's own
 /// settings and profiles (e.g. measured on this machine's GPU with `yardmaster profile`).
 pub fn pipeline_choice(name: &str) -> Result<PipelineChoice> {
@@ -339,8 +338,7 @@ pub fn pipeline_choice(name: &str) -> Result<PipelineChoice> {
             None => return Err(anyhow!("pipeline {other:?} cannot be served here: this server knows `ocr` (PP-OCR), `tiny`, and a PP-OCR pipeline file (`.toml` with stages det, cls, rec); serve your own models with --model-repository DIR (and `llm-tiny`, the tiny decoder, with `yardmaster serve --pipeline llm-tiny`)")),
         },
     };
-    let dir = repository.lay_out(&repository::default_profile_cache()).map_err(|e| anyhow!(e))?;
-    Ok(PipelineChoice { repository, dir, overlay })
+    Ok(PipelineChoice { repository, overlay })
 }
 
 /// Lay the stages and SLO of the pipeline file `file` over `served`: each of its
@@ -380,10 +378,8 @@ pub fn overlay_pipeline(served: &mut ServedPipeline, file: &Pipeline, source: &s
 /// `context`'s device (profiling its models there on first use).
 pub fn served_pipeline(name: &str, context: &WorkerContext) -> Result<ServedPipeline> {
     let choice = pipeline_choice(name)?;
-    let options = RepositoryOptions::default();
-    let loaded = repository::load(std::slice::from_ref(&choice.dir), context, &options, &mut |line| tracing::info!("{line}"))
-        .map_err(|e| anyhow!(e))?;
-    let mut served = loaded.served;
+    let assets = yardmaster_dataplane::assets::assets_dir();
+    let mut served = choice.repository.serve(&assets, &repository::default_profile_cache(), context).map_err(|e| anyhow!(e))?;
     if let Some((pipeline, file)) = &choice.overlay {
         overlay_pipeline(&mut served, pipeline, file).map_err(|e| anyhow!(e))?;
     }
