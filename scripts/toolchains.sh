@@ -79,7 +79,7 @@ node_tools() {
 
 client_tools() {
     local dir=$TOOLCHAINS/clients
-    local wanted="tritonclient[http]==$TRITONCLIENT aioquic==$AIOQUIC prometheus-client==$PROMETHEUS_CLIENT"
+    local wanted="tritonclient[http,grpc]==$TRITONCLIENT aioquic==$AIOQUIC prometheus-client==$PROMETHEUS_CLIENT"
     say "Independent clients for the serving tests (PyPI: $wanted)"
     if installed "$dir" "$wanted"; then echo "already installed"; return; fi
     command -v python3 >/dev/null || { echo "no python3: the serving tests with Python clients will fail"; return; }

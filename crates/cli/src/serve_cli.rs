@@ -57,6 +57,13 @@ pub struct ServeArgs {
     /// Listen address (overrides the file's `listen`); port 0 picks a free port.
     #[arg(long)]
     pub listen: Option<SocketAddr>,
+    /// Where KServe v2 over gRPC listens (overrides the file's `grpc_listen`; default:
+    /// the listen address's host on the next port, 8001 beside 8000 as Triton).
+    #[arg(long = "grpc-listen", value_name = "ADDRESS", conflicts_with = "no_grpc")]
+    pub grpc_listen: Option<SocketAddr>,
+    /// Serve no gRPC (overrides the file's `grpc`).
+    #[arg(long = "no-grpc")]
+    pub no_grpc: bool,
     /// Pipeline to serve: `ocr`, `tiny`, or `llm-tiny` (the tiny decoder, scheduled by
     /// `calm` unless --policy says otherwise) (overrides the file's `pipeline`).
     #[arg(long)]
@@ -103,6 +110,13 @@ pub fn serve_config(args: &ServeArgs) -> Result<ServeConfig> {
         Some(path) => ServeConfig::load(path)?,
         None => ServeConfig::default(),
     };
+    if let Some(grpc) = args.grpc_listen {
+        config.grpc = true;
+        config.grpc_listen = Some(grpc);
+    }
+    if args.no_grpc {
+        config.grpc = false;
+    }
     if let Some(listen) = args.listen {
         config.listen = listen;
     }
@@ -448,6 +462,10 @@ async fn run_main_job() -> Result<()> {
     if std::net::TcpListener::bind(config.listen).is_err() {
         eprintln!("{} is taken; using a free port", config.listen);
         config.listen.set_port(0);
+    }
+    if let Some(grpc) = config.grpc_address().filter(|a| a.port() != 0 && std::net::TcpListener::bind(a).is_err()) {
+        eprintln!("{grpc} (gRPC) is taken; using a free port");
+        config.grpc_listen = Some(std::net::SocketAddr::new(grpc.ip(), 0));
     }
     let server = Server::start(&config, Vec::new()).await?;
     print!("{}", server.banner());

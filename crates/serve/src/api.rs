@@ -104,6 +104,63 @@ impl std::fmt::Display for ControlError {
     }
 }
 
+/// Why a request was not answered with a result, as a status and a reason: what every
+/// transport reports in its own terms (HTTP status, gRPC code).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// The HTTP status that stands for it.
+    pub status: StatusCode,
+    /// The reason, for the client.
+    pub reason: String,
+}
+
+impl Refusal {
+    fn new(status: StatusCode, reason: impl Into<String>) -> Self {
+        Self { status, reason: reason.into() }
+    }
+}
+
+/// One served model, looked up by name (and version) in the models of the backend's
+/// current generation.
+#[derive(Debug, Clone)]
+pub struct ServedModel {
+    models: Arc<Vec<ModelMetadata>>,
+    index: usize,
+    version: Option<String>,
+}
+
+impl ServedModel {
+    /// The model's metadata.
+    pub fn metadata(&self) -> &ModelMetadata {
+        &self.models[self.index]
+    }
+
+    /// The version asked for (`None`: the default one).
+    pub fn version(&self) -> Option<&str> {
+        self.version.as_deref()
+    }
+
+    /// The configuration `GET …/config` and gRPC's `ModelConfig` give: the model's
+    /// effective one, or a minimal one when it has none.
+    pub fn config(&self) -> Value {
+        let metadata = self.metadata();
+        match &metadata.config {
+            Some(config) => config.clone(),
+            None => json!({ "name": metadata.name, "platform": metadata.platform, "max_batch_size": 0 }),
+        }
+    }
+}
+
+/// The protocol extensions the server metadata announces.
+pub const EXTENSIONS: [&str; 6] = [
+    "binary_tensor_data",
+    "schedule_policy",
+    "model_configuration",
+    "statistics",
+    "model_repository",
+    "model_repository(unload_dependents)",
+];
+
 /// A boxed future, for the object-safe [`Backend`].
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -234,7 +291,8 @@ struct Admission {
 
 /// One admitted request's place under the cap, given back when dropped (answered, or
 /// abandoned by its client).
-struct Admitted(Arc<AtomicUsize>);
+#[derive(Debug)]
+pub struct Admitted(Arc<AtomicUsize>);
 
 impl Drop for Admitted {
     fn drop(&mut self) {
@@ -329,11 +387,7 @@ impl Api {
             }
             ["v2"] if get => ApiResponse::json(
                 StatusCode::OK,
-                &json!({
-                    "name": "yardmaster",
-                    "version": env!("CARGO_PKG_VERSION"),
-                    "extensions": ["binary_tensor_data", "schedule_policy", "model_configuration", "statistics", "model_repository", "model_repository(unload_dependents)"],
-                }),
+                &json!({ "name": "yardmaster", "version": env!("CARGO_PKG_VERSION"), "extensions": EXTENSIONS }),
             ),
             ["v2", "models", "stats"] if get => self.statistics(None),
             ["v2", "repository", "index"] if request.method == Method::POST => self.repository_index(&request),
@@ -370,24 +424,69 @@ impl Api {
         }
     }
 
-    async fn model_route(&self, request: &ApiRequest, model: &str, rest: &[&str]) -> ApiResponse {
+    /// The model `name` (at `version`, when given) among those served now; 404 when
+    /// there is no such model or version.
+    pub fn served_model(&self, name: &str, version: Option<&str>) -> Result<ServedModel, Refusal> {
         let models = self.models();
-        let Some(metadata) = models.iter().find(|m| m.name == model) else {
+        let Some(index) = models.iter().position(|m| m.name == name) else {
             let known: Vec<&str> = models.iter().map(|m| m.name.as_str()).collect();
-            return ApiResponse::error(StatusCode::NOT_FOUND, &format!("unknown model {model:?} (served: {})", known.join(", ")));
+            return Err(Refusal::new(StatusCode::NOT_FOUND, format!("unknown model {name:?} (served: {})", known.join(", "))));
         };
-        let (version, rest) = match rest {
-            ["versions", version, rest @ ..] => {
-                if !metadata.versions.iter().any(|v| v == version) {
-                    return ApiResponse::error(
-                        StatusCode::NOT_FOUND,
-                        &format!("model {model:?} has no version {version:?} (versions: {})", metadata.versions.join(", ")),
-                    );
-                }
-                (Some(*version), rest)
+        if let Some(version) = version {
+            let versions = &models[index].versions;
+            if !versions.iter().any(|v| v == version) {
+                return Err(Refusal::new(
+                    StatusCode::NOT_FOUND,
+                    format!("model {name:?} has no version {version:?} (versions: {})", versions.join(", ")),
+                ));
             }
+        }
+        Ok(ServedModel { models, index, version: version.map(str::to_string) })
+    }
+
+    /// What answers the requests (health, statistics, the repository calls).
+    pub fn backend(&self) -> &dyn Backend {
+        self.backend.as_ref()
+    }
+
+    /// Take a place under the admission cap for one inference request, or refuse it
+    /// (503) when the server already holds its limit.
+    pub fn admit(&self) -> Result<Admitted, Refusal> {
+        self.admission.enter().ok_or_else(|| {
+            Refusal::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "overloaded: the server already holds its limit of {} requests in flight (max_in_flight); retry later",
+                    self.admission.limit
+                ),
+            )
+        })
+    }
+
+    /// Run a decoded, admitted request on `model`: its inputs are checked against the
+    /// model's metadata, then the backend answers it. The caller encodes the response
+    /// (and picks the outputs the request asked for).
+    pub async fn run_inference(&self, model: &ServedModel, request: InferRequest) -> Result<InferResponse, Refusal> {
+        let metadata = model.metadata();
+        check_inputs(&request, metadata).map_err(|message| Refusal::new(StatusCode::BAD_REQUEST, message))?;
+        self.backend.infer_version(&metadata.name, model.version(), request).await.map_err(|error| match error {
+            InferError::Invalid(message) => Refusal::new(StatusCode::BAD_REQUEST, message),
+            InferError::Dropped(reason) => Refusal::new(StatusCode::SERVICE_UNAVAILABLE, format!("dropped by the scheduler: {reason}")),
+            InferError::Failed(error) => Refusal::new(StatusCode::INTERNAL_SERVER_ERROR, format!("failed: {error}")),
+            InferError::Unavailable(reason) => Refusal::new(StatusCode::SERVICE_UNAVAILABLE, reason),
+        })
+    }
+
+    async fn model_route(&self, request: &ApiRequest, model: &str, rest: &[&str]) -> ApiResponse {
+        let (version, rest) = match rest {
+            ["versions", version, rest @ ..] => (Some(*version), rest),
             rest => (None, rest),
         };
+        let served = match self.served_model(model, version) {
+            Ok(served) => served,
+            Err(refusal) => return ApiResponse::error(refusal.status, &refusal.reason),
+        };
+        let metadata = served.metadata();
         let get = request.method == Method::GET || request.method == Method::HEAD;
         match rest {
             [] if get => ApiResponse::json(StatusCode::OK, &metadata_json(metadata)),
@@ -395,13 +494,8 @@ impl Api {
                 ApiResponse::empty(if self.backend.model_ready(&metadata.name) { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE })
             }
             ["stats"] if get => self.statistics(Some(&metadata.name)),
-            ["config"] if get => match &metadata.config {
-                Some(config) => ApiResponse::json(StatusCode::OK, config),
-                None => {
-                    ApiResponse::json(StatusCode::OK, &json!({ "name": metadata.name, "platform": metadata.platform, "max_batch_size": 0 }))
-                }
-            },
-            ["infer"] if request.method == Method::POST => self.infer(request, metadata, version).await,
+            ["config"] if get => ApiResponse::json(StatusCode::OK, &served.config()),
+            ["infer"] if request.method == Method::POST => self.infer(request, &served).await,
             [] | ["ready"] | ["config"] | ["stats"] | ["infer"] => {
                 ApiResponse::error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this route")
             }
@@ -430,21 +524,16 @@ impl Api {
         }
     }
 
-    async fn infer(&self, request: &ApiRequest, metadata: &ModelMetadata, version: Option<&str>) -> ApiResponse {
+    async fn infer(&self, request: &ApiRequest, model: &ServedModel) -> ApiResponse {
         if request.body.len() > self.max_body {
             return ApiResponse::error(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 &format!("body of {} bytes exceeds the limit of {}", request.body.len(), self.max_body),
             );
         }
-        let Some(_admitted) = self.admission.enter() else {
-            return ApiResponse::error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                &format!(
-                    "overloaded: the server already holds its limit of {} requests in flight (max_in_flight); retry later",
-                    self.admission.limit
-                ),
-            );
+        let _admitted = match self.admit() {
+            Ok(admitted) => admitted,
+            Err(refusal) => return ApiResponse::error(refusal.status, &refusal.reason),
         };
         let json_length = match request.headers.get(kserve::HEADER_CONTENT_LENGTH) {
             None => None,
@@ -462,12 +551,9 @@ impl Api {
         if decoded.schedule.split_key.is_none() {
             decoded.schedule.split_key = request.headers.get(super::ab::KEY_HEADER).and_then(|v| v.to_str().ok()).map(str::to_string);
         }
-        if let Err(message) = check_inputs(&decoded, metadata) {
-            return ApiResponse::error(StatusCode::BAD_REQUEST, &message);
-        }
         let requested = decoded.outputs.clone();
         let all_binary = decoded.parameters.get("binary_data_output").and_then(Value::as_bool).unwrap_or(false);
-        match self.backend.infer_version(&metadata.name, version, decoded).await {
+        match self.run_inference(model, decoded).await {
             Ok(response) => match kserve::encode_response(&response, &requested, all_binary) {
                 Ok(encoded) => {
                     let mut headers = HeaderMap::new();
@@ -480,12 +566,7 @@ impl Api {
                 }
                 Err(e) => ApiResponse::error(StatusCode::BAD_REQUEST, &e.0),
             },
-            Err(InferError::Invalid(message)) => ApiResponse::error(StatusCode::BAD_REQUEST, &message),
-            Err(InferError::Dropped(reason)) => {
-                ApiResponse::error(StatusCode::SERVICE_UNAVAILABLE, &format!("dropped by the scheduler: {reason}"))
-            }
-            Err(InferError::Failed(error)) => ApiResponse::error(StatusCode::INTERNAL_SERVER_ERROR, &format!("failed: {error}")),
-            Err(InferError::Unavailable(reason)) => ApiResponse::error(StatusCode::SERVICE_UNAVAILABLE, &reason),
+            Err(refusal) => ApiResponse::error(refusal.status, &refusal.reason),
         }
     }
 }

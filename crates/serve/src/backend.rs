@@ -15,6 +15,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use yardmaster_formats::model_repository::stages::step_stage_model;
 
 use serde_json::Map;
 use tokio::sync::oneshot;
@@ -531,28 +532,50 @@ impl Backend for EngineBackend {
     }
 
     fn statistics(&self, model: Option<&str>) -> Result<serde_json::Value, String> {
-        let models: Vec<(String, String, u32)> = self
-            .tables()
+        // A model of one stage runs its own requests and, as a step, its ensembles':
+        // both count as its executions (as in Triton), the step runs as successes whose
+        // times are the ensemble's.
+        // (An ensemble step runs a copy of the model's latest version in a stage of its
+        // own, named after the model: those count for that version.)
+        let tables = self.tables();
+        let latest: Vec<&Arc<ServedModel>> = default_versions(&tables.models);
+        let models: Vec<(String, String, u32, Option<u32>, bool)> = tables
             .models
             .iter()
             .filter(|m| model.is_none_or(|name| m.name == name))
-            .map(|m| (m.name.clone(), m.description.version.clone(), m.stream))
+            .map(|m| {
+                let single = (m.stages.len() == 1).then_some(m.entry);
+                let is_latest = latest.iter().any(|l| Arc::ptr_eq(l, m));
+                (m.name.clone(), m.description.version.clone(), m.stream, single, is_latest)
+            })
             .collect();
+        drop(tables);
         if models.is_empty() {
             return Err(format!("unknown model {:?}", model.unwrap_or_default()));
         }
-        let streams: Vec<u32> = models.iter().map(|(_, _, stream)| *stream).collect();
+        let wanted: Vec<(String, u32, Option<u32>, bool)> =
+            models.iter().map(|(name, _, stream, stage, latest)| (name.clone(), *stream, *stage, *latest)).collect();
         let per_stream = self
             .handle
             .inspect_arms(move |arms| {
-                streams
+                wanted
                     .iter()
-                    .map(|stream| {
+                    .map(|(name, stream, stage, latest)| {
                         let mut total = StreamTotals::default();
                         for slot in arms.slots() {
-                            let summary = slot.engine.accounting().summary(slot.engine.state().now());
+                            let accounting = slot.engine.accounting();
+                            let summary = accounting.summary(slot.engine.state().now());
                             if let Some(stats) = summary.streams.get(stream) {
                                 total.add(stats);
+                            }
+                            let Some(own) = stage else { continue };
+                            let stages = &slot.engine.state().pipeline().stages;
+                            let steps = (0..stages.len() as u32)
+                                .filter(|&s| *latest && step_stage_model(&stages[s as usize].name) == Some(name.as_str()));
+                            for s in std::iter::once(*own).chain(steps) {
+                                if let Some(work) = accounting.stage_work().get(&s) {
+                                    total.add_stage(work, *stream);
+                                }
                             }
                         }
                         total
@@ -561,7 +584,7 @@ impl Backend for EngineBackend {
             })
             .map_err(|e| e.to_string())?;
         let stats: Vec<serde_json::Value> =
-            models.iter().zip(per_stream).map(|((name, version, _), totals)| totals.to_triton(name, version)).collect();
+            models.iter().zip(per_stream).map(|((name, version, ..), totals)| totals.to_triton(name, version)).collect();
         Ok(serde_json::json!({ "model_stats": stats }))
     }
 }
@@ -602,6 +625,12 @@ struct StreamTotals {
     latency_ns: f64,
     queue_ns: f64,
     compute_ns: f64,
+    /// Items the model's stage ran for other streams (as a step of an ensemble).
+    step_runs: u64,
+    /// Batches its stage ran, when it is a model of one stage.
+    batches: Option<u64>,
+    /// Its stage's accelerator time (all the runs), when it is a model of one stage.
+    stage_compute_ns: Option<f64>,
 }
 
 impl StreamTotals {
@@ -613,24 +642,35 @@ impl StreamTotals {
         self.compute_ns += stats.accelerator_s * 1e9;
     }
 
+    /// The work of the model's own stage: the runs it made for ensembles, its batches
+    /// and its accelerator time.
+    fn add_stage(&mut self, work: &yardmaster_engine::metrics::StageWork, own_stream: u32) {
+        self.step_runs += work.items_for_others(own_stream);
+        *self.batches.get_or_insert(0) += work.batches;
+        *self.stage_compute_ns.get_or_insert(0.0) += work.busy_ns as f64;
+    }
+
     /// Triton's `ModelStatistics`: successes with their end-to-end time, failures
-    /// (dropped or failed), time queued and time computing. Yardmaster counts requests:
-    /// `execution_count` is the requests completed, not the batches.
+    /// (dropped or failed), time queued and time computing. The requests run as a step
+    /// of an ensemble count as successes and inferences too (their times are in the
+    /// ensemble's statistics); `execution_count` is the batches of a model of one
+    /// stage, else the requests completed.
     fn to_triton(self, name: &str, version: &str) -> serde_json::Value {
         let duration = |count: u64, ns: f64| serde_json::json!({ "count": count, "ns": ns.max(0.0) as u64 });
+        let runs = self.completed + self.step_runs;
         serde_json::json!({
             "name": name,
             "version": version,
             "last_inference": 0,
-            "inference_count": self.completed,
-            "execution_count": self.completed,
+            "inference_count": runs,
+            "execution_count": self.batches.unwrap_or(self.completed),
             "inference_stats": {
-                "success": duration(self.completed, self.latency_ns),
+                "success": duration(runs, self.latency_ns),
                 "fail": duration(self.failed, 0.0),
-                "queue": duration(self.completed, self.queue_ns),
-                "compute_input": duration(self.completed, 0.0),
-                "compute_infer": duration(self.completed, self.compute_ns),
-                "compute_output": duration(self.completed, 0.0),
+                "queue": duration(runs, self.queue_ns),
+                "compute_input": duration(runs, 0.0),
+                "compute_infer": duration(runs, self.stage_compute_ns.unwrap_or(self.compute_ns)),
+                "compute_output": duration(runs, 0.0),
                 "cache_hit": duration(0, 0.0),
                 "cache_miss": duration(0, 0.0),
             },

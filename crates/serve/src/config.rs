@@ -1,11 +1,14 @@
 //! The server's configuration file (`yardmaster serve --config FILE`, TOML). Every key
 //! has a default, so an empty file — or no file — serves the default PP-OCR pipeline
-//! with the `edf` policy on `127.0.0.1:8000` (HTTP/1.1 on TCP and HTTP/3 on UDP).
+//! with the `edf` policy on `127.0.0.1:8000` (HTTP/1.1 on TCP and HTTP/3 on UDP) and
+//! `127.0.0.1:8001` (gRPC).
 //!
 //! ```toml
 //! listen = "127.0.0.1:8000"   # TCP for HTTP/1.1 and UDP for HTTP/3, same port
 //! http1 = true
 //! http3 = true
+//! grpc = true                 # KServe v2 over gRPC (tritonclient.grpc, perf_analyzer -i grpc)
+//! grpc_listen = "127.0.0.1:8001"  # default: listen's host, the next port (0 when listen's is 0)
 //! pipeline = "ocr"            # a preset name or a pipeline .toml file
 //! model_repository = ["models/"]  # instead: serve every model of these Triton model
 //!                             # repositories (see docs/model-repository.md)
@@ -148,6 +151,10 @@ pub struct ServeConfig {
     pub http1: bool,
     /// Serve HTTP/3.
     pub http3: bool,
+    /// Serve KServe v2 over gRPC.
+    pub grpc: bool,
+    /// Where gRPC listens; `None`: [`ServeConfig::grpc_address`]'s default.
+    pub grpc_listen: Option<SocketAddr>,
     /// Pipeline preset or file.
     pub pipeline: String,
     /// Triton model repositories to serve instead of `pipeline` (none: serve `pipeline`).
@@ -199,6 +206,8 @@ impl Default for ServeConfig {
             listen: DEFAULT_LISTEN.parse().expect("the default address parses"),
             http1: true,
             http3: true,
+            grpc: true,
+            grpc_listen: None,
             pipeline: "ocr".into(),
             model_repository: Vec::new(),
             model_control_mode: super::model_control::ControlMode::None,
@@ -318,6 +327,14 @@ impl ServeConfig {
         }
         self.device_preference()?;
         self.admin.validate()?;
+        if let Some(grpc) = self.grpc_address() {
+            if grpc.port() != 0 && grpc == self.listen && self.http1 {
+                bail!("grpc_listen {grpc} is the HTTP/1.1 address: give gRPC a port of its own");
+            }
+            if grpc.port() != 0 && grpc == self.admin.listen && self.admin.effective_token().is_some() {
+                bail!("grpc_listen {grpc} is the admin API's address: give one of them another port");
+            }
+        }
         if self.max_body_bytes < 1024 {
             bail!("max_body_bytes must be at least 1024 (got {})", self.max_body_bytes);
         }
@@ -373,13 +390,27 @@ impl ServeConfig {
         assets.join("serve")
     }
 
+    /// Where gRPC listens, when it is on: `grpc_listen`, or by default `listen`'s host
+    /// on the next port (8001 beside 8000, as Triton), or a free port when `listen`'s
+    /// port is 0.
+    pub fn grpc_address(&self) -> Option<SocketAddr> {
+        if !self.grpc {
+            return None;
+        }
+        Some(self.grpc_listen.unwrap_or_else(|| {
+            let mut address = self.listen;
+            address.set_port(if address.port() == 0 { 0 } else { address.port().saturating_add(1) });
+            address
+        }))
+    }
+
     /// The listener settings.
     pub fn listen_options(&self) -> ListenOptions {
         let tls = match &self.tls {
             Some(files) => TlsSource::Files { cert: files.cert.clone(), key: files.key.clone() },
             None => TlsSource::SelfSigned(self.state_dir().join("tls")),
         };
-        ListenOptions { address: self.listen, http1: self.http1, http3: self.http3, tls }
+        ListenOptions { address: self.listen, http1: self.http1, http3: self.http3, tls, grpc: self.grpc_address() }
     }
 }
 
@@ -414,6 +445,19 @@ mod tests {
         assert!(format!("{error:#}").contains("nothing would listen"), "{error:#}");
         let error = ServeConfig::parse("listen = \"nowhere\"", Path::new(".")).unwrap_err();
         assert!(format!("{error:#}").contains("listen") || format!("{error:#}").contains("address"), "{error:#}");
+    }
+
+    #[test]
+    fn grpc_listens_beside_http_by_default_and_refuses_a_taken_address() {
+        let default = ServeConfig::parse("", Path::new(".")).unwrap();
+        assert_eq!(default.grpc_address(), Some("127.0.0.1:8001".parse().unwrap()));
+        let free = ServeConfig::parse("listen = \"127.0.0.1:0\"", Path::new(".")).unwrap();
+        assert_eq!(free.grpc_address(), Some("127.0.0.1:0".parse().unwrap()));
+        let moved = ServeConfig::parse("listen = \"0.0.0.0:9000\"\ngrpc_listen = \"0.0.0.0:9500\"", Path::new(".")).unwrap();
+        assert_eq!(moved.grpc_address(), Some("0.0.0.0:9500".parse().unwrap()));
+        assert_eq!(ServeConfig::parse("grpc = false", Path::new(".")).unwrap().grpc_address(), None);
+        let error = ServeConfig::parse("grpc_listen = \"127.0.0.1:8000\"", Path::new(".")).unwrap_err();
+        assert!(format!("{error:#}").contains("a port of its own"), "{error:#}");
     }
 
     #[test]

@@ -245,6 +245,25 @@ pub struct Schedule {
     pub split_key: Option<String>,
 }
 
+impl Schedule {
+    /// The schedule-policy parameters among a request's `parameters` (whatever the
+    /// transport that carried them).
+    pub fn from_parameters(parameters: &Map<String, Value>) -> Result<Schedule, ProtocolError> {
+        Ok(Schedule {
+            priority: optional_uint(parameters, "priority")?
+                .map(|p| u32::try_from(p).map_err(|_| ProtocolError(format!("\"priority\" {p} is too large"))))
+                .transpose()?
+                .filter(|p| *p > 0),
+            timeout_us: optional_uint(parameters, "timeout")?.filter(|t| *t > 0),
+            split_key: match parameters.get("split_key") {
+                None | Some(Value::Null) => None,
+                Some(Value::String(key)) => Some(key.clone()),
+                Some(other) => return error(format!("\"split_key\" must be a string, got {other}")),
+            },
+        })
+    }
+}
+
 /// A decoded inference request.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct InferRequest {
@@ -314,18 +333,7 @@ pub fn decode_request(body: &[u8], json_length: Option<usize>) -> Result<InferRe
         Some(other) => return error(format!("\"id\" must be a string, got {other}")),
     };
     let parameters = take_parameters(&mut object, "request")?;
-    let schedule = Schedule {
-        priority: optional_uint(&parameters, "priority")?
-            .map(|p| u32::try_from(p).map_err(|_| ProtocolError(format!("\"priority\" {p} is too large"))))
-            .transpose()?
-            .filter(|p| *p > 0),
-        timeout_us: optional_uint(&parameters, "timeout")?.filter(|t| *t > 0),
-        split_key: match parameters.get("split_key") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(key)) => Some(key.clone()),
-            Some(other) => return error(format!("\"split_key\" must be a string, got {other}")),
-        },
-    };
+    let schedule = Schedule::from_parameters(&parameters)?;
     let Some(Value::Array(raw_inputs)) = object.remove("inputs") else {
         return error("request needs an \"inputs\" array");
     };
@@ -440,7 +448,9 @@ fn decode_input(index: usize, raw: Value, binary: &mut &[u8]) -> Result<Tensor, 
     }
 }
 
-fn split_length_prefixed(name: &str, mut bytes: &[u8]) -> Result<Vec<Vec<u8>>, ProtocolError> {
+/// `BYTES` elements laid out as the binary extension lays them: each a 4-byte
+/// little-endian length and that many bytes.
+pub fn split_length_prefixed(name: &str, mut bytes: &[u8]) -> Result<Vec<Vec<u8>>, ProtocolError> {
     let mut items = Vec::new();
     while !bytes.is_empty() {
         if bytes.len() < 4 {
@@ -568,11 +578,7 @@ pub fn encode_response(response: &InferResponse, requested: &[RequestedOutput], 
     }
     let mut binary = Vec::new();
     let mut outputs = Vec::new();
-    for tensor in &response.outputs {
-        let wanted = requested.iter().find(|r| r.name == tensor.name);
-        if !requested.is_empty() && wanted.is_none() {
-            continue;
-        }
+    for (tensor, wanted) in requested_outputs(response, requested)? {
         let as_binary = all_binary || wanted.is_some_and(|r| r.binary);
         let mut out = Map::new();
         out.insert("name".into(), Value::String(tensor.name.clone()));
@@ -589,14 +595,30 @@ pub fn encode_response(response: &InferResponse, requested: &[RequestedOutput], 
         }
         outputs.push(Value::Object(out));
     }
-    if let Some(missing) = requested.iter().find(|r| !response.outputs.iter().any(|t| t.name == r.name)) {
-        return error(format!("the model has no output {:?}", missing.name));
-    }
     object.insert("outputs".into(), Value::Array(outputs));
     let mut bytes = serde_json::to_vec(&Value::Object(object)).expect("JSON values serialise");
     let json_length = (!binary.is_empty()).then_some(bytes.len());
     bytes.extend_from_slice(&binary);
     Ok(EncodedBody { bytes, json_length })
+}
+
+/// The outputs of `response` a request asked for (all when it named none), each with
+/// how it was asked for; an error names an output asked for that the model lacks.
+pub fn requested_outputs<'r>(
+    response: &'r InferResponse,
+    requested: &'r [RequestedOutput],
+) -> Result<Vec<(&'r Tensor, Option<&'r RequestedOutput>)>, ProtocolError> {
+    if let Some(missing) = requested.iter().find(|r| !response.outputs.iter().any(|t| t.name == r.name)) {
+        return error(format!("the model has no output {:?}", missing.name));
+    }
+    Ok(response
+        .outputs
+        .iter()
+        .filter_map(|tensor| {
+            let wanted = requested.iter().find(|r| r.name == tensor.name);
+            (requested.is_empty() || wanted.is_some()).then_some((tensor, wanted))
+        })
+        .collect())
 }
 
 /// The error body the protocol specifies: `{"error": "..."}`.

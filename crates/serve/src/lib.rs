@@ -1,6 +1,6 @@
 //! The live server. The client API speaks the KServe v2 / Open Inference Protocol
-//! ([`kserve`] is the codec, [`api`] the routes) over HTTP/1.1 ([`http1`]) and HTTP/3
-//! ([`http3`], TLS from [`tls`]). [`actor`] runs the engine on a thread of its own and
+//! ([`kserve`] is the codec, [`api`] the routes) over HTTP/1.1 ([`http1`]), HTTP/3
+//! ([`http3`], TLS from [`tls`]) and gRPC ([`grpc`]). [`actor`] runs the engine on a thread of its own and
 //! is how everything else reaches it. [`stack`] builds the serving stack: the engine
 //! actor with the ONNX Runtime [`executor`] (stage [`stages`] programs around the
 //! models, request data in the [`payload`] store, workers behind [`workers`], stalled
@@ -24,6 +24,7 @@ pub mod capture;
 pub mod client;
 pub mod config;
 pub mod executor;
+pub mod grpc;
 pub mod http1;
 pub mod http3;
 pub mod kserve;

@@ -1,7 +1,8 @@
 //! Bringing the client API up on its sockets: HTTP/1.1 on a TCP port and HTTP/3 on the
 //! UDP port of the same number (so one `--listen` address serves both, as browsers and
 //! Triton clients expect), with TLS for HTTP/3 from a configured certificate or a
-//! self-signed one generated on first run. Stopping is one call that lets open
+//! self-signed one generated on first run, and gRPC on a TCP port of its own (by
+//! default the next one, as Triton's 8000 and 8001). Stopping is one call that lets open
 //! connections finish their current request.
 
 use std::net::SocketAddr;
@@ -13,7 +14,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::api::Api;
-use super::{http1, http3, tls};
+use super::{grpc, http1, http3, tls};
 
 /// Where the certificate for HTTP/3 comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,6 +41,8 @@ pub struct ListenOptions {
     pub http3: bool,
     /// The HTTP/3 certificate.
     pub tls: TlsSource,
+    /// Where gRPC listens (port 0: a free one), when it is on.
+    pub grpc: Option<SocketAddr>,
 }
 
 /// The running listeners.
@@ -52,6 +55,8 @@ pub struct Listeners {
     pub certificate: Option<PathBuf>,
     /// Whether that certificate was generated at this start.
     pub certificate_generated: bool,
+    /// Where gRPC listens, when enabled.
+    pub grpc: Option<SocketAddr>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -85,9 +90,15 @@ impl Listeners {
             http3_address = Some(endpoint.local_addr()?);
             certificate = Some(identity.certificate_path.clone());
             certificate_generated = identity.generated;
-            tasks.push(tokio::spawn(http3::serve(endpoint, api, shutdown)));
+            tasks.push(tokio::spawn(http3::serve(endpoint, api.clone(), shutdown.clone())));
         }
-        Ok(Listeners { http1: http1_address, http3: http3_address, certificate, certificate_generated, stop, tasks })
+        let mut grpc_address = None;
+        if let Some(address) = options.grpc {
+            let listener = tokio::net::TcpListener::bind(address).await.with_context(|| format!("binding gRPC on TCP {address}"))?;
+            grpc_address = Some(listener.local_addr()?);
+            tasks.push(tokio::spawn(grpc::serve(listener, api, shutdown)));
+        }
+        Ok(Listeners { http1: http1_address, http3: http3_address, certificate, certificate_generated, grpc: grpc_address, stop, tasks })
     }
 
     /// Stop accepting, let open connections finish, and wait for the listeners.

@@ -206,8 +206,9 @@ pub fn banner(listeners: &Listeners, models: &[String], policy: &str, device: &s
         let how = if listeners.certificate_generated { "generated self-signed" } else { "certificate" };
         transports.push(format!("HTTP/3 over UDP ({how}: {})", cert.display()));
     }
+    let grpc = listeners.grpc.map(|grpc| format!("; gRPC on {grpc}")).unwrap_or_default();
     format!(
-        "serving {} with policy {policy} on {device}\nlistening on {address} ({})\nmetrics at http://{address}/metrics\n",
+        "serving {} with policy {policy} on {device}\nlistening on {address} ({}){grpc}\nmetrics at http://{address}/metrics\n",
         models.join(", "),
         transports.join("; ")
     )

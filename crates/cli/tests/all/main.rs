@@ -13,6 +13,7 @@ mod serve_builtin;
 mod serve_end_to_end;
 mod serve_executor;
 mod serve_faults;
+mod serve_grpc;
 mod serve_hostile;
 mod serve_llm;
 mod serve_llm_http;

@@ -18,8 +18,18 @@ use serde_json::Value;
 pub(crate) struct Server {
     pub(crate) child: Child,
     pub(crate) address: String,
+    /// Where gRPC listens (from the same banner line).
+    pub(crate) grpc: Option<String>,
     pub(crate) certificate: PathBuf,
     pub(crate) dir: PathBuf,
+}
+
+/// The HTTP address and the gRPC one (when on) of the banner's "listening on …" line.
+pub(crate) fn listening_addresses(line: &str) -> Option<(String, Option<String>)> {
+    let rest = line.strip_prefix("listening on ")?;
+    let address = rest.split_whitespace().next()?.to_string();
+    let grpc = rest.split("gRPC on ").nth(1).and_then(|g| g.split_whitespace().next()).map(str::to_string);
+    Some((address, grpc))
 }
 
 impl Drop for Server {
@@ -55,14 +65,14 @@ pub(crate) fn serve(name: &str, pipeline: &str, extra: &str) -> Server {
         .spawn()
         .expect("the yardmaster binary starts");
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let address = loop {
+    let (address, grpc) = loop {
         let line = lines.next().expect("serve printed its address before exiting").unwrap();
-        if let Some(rest) = line.strip_prefix("listening on ") {
-            break rest.split_whitespace().next().unwrap().to_string();
+        if let Some(addresses) = listening_addresses(&line) {
+            break addresses;
         }
     };
     std::thread::spawn(move || for _ in lines {});
-    Server { child, address, certificate: dir.join("state/tls/cert.pem"), dir }
+    Server { child, address, grpc, certificate: dir.join("state/tls/cert.pem"), dir }
 }
 
 /// A program of the toolchains `scripts/setup.sh --deps` installs

@@ -89,6 +89,7 @@ impl Running {
             http1: true,
             http3: true,
             tls: TlsSource::SelfSigned(dir.0.join("tls")),
+            grpc: None,
         };
         let listeners = Listeners::start(&options, Arc::clone(&api)).await.unwrap();
         let address = listeners.http1.unwrap();

@@ -13,10 +13,10 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use super::serve_end_to_end::{http_get, run_client, scratch, toolchain, Server};
+use super::serve_end_to_end::{http_get, listening_addresses, run_client, scratch, toolchain, Server};
 
 /// Lay out the test repository under `dir/models`; returns it.
-fn repository(dir: &Path) -> PathBuf {
+pub(crate) fn repository(dir: &Path) -> PathBuf {
     let tiny = yardmaster::serve::tiny_model::ensure(dir).expect("the tiny model is written");
     let models = dir.join("models");
     let model = |name: &str, version: u32, config: Option<&str>, file: Option<&[u8]>| {
@@ -111,16 +111,16 @@ pub(crate) fn serve_repository_with(dir: &Path, models: &Path, extra: &[&str]) -
         .spawn()
         .expect("the yardmaster binary starts");
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let address = loop {
+    let (address, grpc) = loop {
         let Some(line) = lines.next() else {
             panic!("serve exited before listening:\n{}", std::fs::read_to_string(&stderr).unwrap_or_default());
         };
-        if let Some(rest) = line.unwrap().strip_prefix("listening on ") {
-            break rest.split_whitespace().next().unwrap().to_string();
+        if let Some(addresses) = listening_addresses(&line.unwrap()) {
+            break addresses;
         }
     };
     std::thread::spawn(move || for _ in lines {});
-    (Server { child, address, certificate: dir.join("state/tls/cert.pem"), dir: dir.to_path_buf() }, stderr)
+    (Server { child, address, grpc, certificate: dir.join("state/tls/cert.pem"), dir: dir.to_path_buf() }, stderr)
 }
 
 /// Start `yardmaster serve --model-repository` on a free port; stderr goes to a file.
@@ -129,7 +129,7 @@ fn serve_repository(dir: &Path, models: &Path) -> (Server, PathBuf) {
 }
 
 /// Triton's perf_analyzer, as `scripts/setup.sh --deps` installs it.
-fn perf_analyzer() -> PathBuf {
+pub(crate) fn perf_analyzer() -> PathBuf {
     toolchain("perf/bin/perf_analyzer-run")
 }
 

@@ -712,6 +712,28 @@ pub struct Accounting {
     failure_reasons: Reasons,
     /// Goodput by LLM service class (inactive unless the engine activates it).
     llm: LlmGoodput,
+    /// The work each stage did: its model's executions, whoever's requests they served.
+    stage_work: BTreeMap<u32, StageWork>,
+}
+
+/// What one stage's workers ran: batches, their accelerator time, and the items they
+/// served per stream (a model that is a step of an ensemble serves the ensemble's
+/// stream as well as its own) — Triton's per-model execution statistics.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StageWork {
+    /// Batches that finished (preempted ones are not counted).
+    pub batches: u64,
+    /// Their accelerator time, ns.
+    pub busy_ns: u64,
+    /// Items served, by the stream of the request each belonged to.
+    pub items_by_stream: BTreeMap<u32, u64>,
+}
+
+impl StageWork {
+    /// Items served for streams other than `stream`.
+    pub fn items_for_others(&self, stream: u32) -> u64 {
+        self.items_by_stream.iter().filter(|(s, _)| **s != stream).map(|(_, n)| n).sum()
+    }
 }
 
 impl Default for Accounting {
@@ -741,7 +763,24 @@ impl Accounting {
             drop_reasons: Reasons::default(),
             failure_reasons: Reasons::default(),
             llm: LlmGoodput::default(),
+            stage_work: BTreeMap::new(),
         }
+    }
+
+    /// A batch of `stage` finished after `duration` ns, serving one item per entry of
+    /// `streams` (the stream of that item's request).
+    pub fn stage_ran(&mut self, stage: u32, duration: u64, streams: impl IntoIterator<Item = u32>) {
+        let work = self.stage_work.entry(stage).or_default();
+        work.batches += 1;
+        work.busy_ns += duration;
+        for stream in streams {
+            *work.items_by_stream.entry(stream).or_insert(0) += 1;
+        }
+    }
+
+    /// The work of every stage that ran a batch so far.
+    pub fn stage_work(&self) -> &BTreeMap<u32, StageWork> {
+        &self.stage_work
     }
 
     /// Start of the accounting (ns).
@@ -1277,5 +1316,18 @@ mod tests {
         assert!(recent.get(1).is_some() && recent.get(2).is_some());
         recent.insert(2 * SETTLE_HORIZON, 3, settled);
         assert!(recent.get(1).is_none() && recent.get(2).is_some());
+    }
+
+    #[test]
+    fn stage_work_counts_batches_time_and_items_per_stream() {
+        let mut a = Accounting::new(1000 * MS);
+        a.stage_ran(2, 10 * MS, [0, 0, 5]);
+        a.stage_ran(2, 4 * MS, [5]);
+        a.stage_ran(3, MS, []);
+        let work = &a.stage_work()[&2];
+        assert_eq!((work.batches, work.busy_ns), (2, 14 * MS));
+        assert_eq!(work.items_by_stream, BTreeMap::from([(0, 2), (5, 2)]));
+        assert_eq!((work.items_for_others(0), work.items_for_others(5), work.items_for_others(9)), (2, 2, 4));
+        assert_eq!(a.stage_work()[&3].batches, 1);
     }
 }

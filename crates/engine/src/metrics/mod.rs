@@ -28,6 +28,8 @@ pub mod account;
 pub mod histogram;
 pub mod llm_goodput;
 
-pub use account::{Accounting, BatchRecord, Class, Outcome, Outcomes, Percentiles, RequestEnd, Stats, Summary, Window, DEFAULT_WINDOW};
+pub use account::{
+    Accounting, BatchRecord, Class, Outcome, Outcomes, Percentiles, RequestEnd, StageWork, Stats, Summary, Window, DEFAULT_WINDOW,
+};
 pub use histogram::Histogram;
 pub use llm_goodput::{ClassGoodput, LlmGoodput, LlmGoodputSummary};

@@ -217,13 +217,26 @@ pub fn ensemble_stages(entry: &ModelEntry, step_model: &dyn Fn(&str) -> Option<S
         if builtin {
             stage.name = step.model_name.clone();
         } else {
-            stage.name = format!("{}/{}:{}", entry.name, i + 1, step.model_name);
+            stage.name = step_stage_name(&entry.name, i + 1, &step.model_name);
             stage.max_batch = stage.max_batch.min(config.max_batch_size.max(1));
         }
         stages.push(stage);
     }
     let stream = StreamDef { name: entry.name.clone(), entry: 0, slo_ns: (entry.settings.slo_ms * 1e6) as u64 };
     Ok((stages, stream))
+}
+
+/// The name of an ensemble's step stage that runs a copy of a served model:
+/// `ENSEMBLE/N:MODEL` (N counts the steps in data order from 1).
+pub fn step_stage_name(ensemble: &str, step: usize, model: &str) -> String {
+    format!("{ensemble}/{step}:{model}")
+}
+
+/// The model a step stage runs, when `stage` is named as [`step_stage_name`] names one.
+pub fn step_stage_model(stage: &str) -> Option<&str> {
+    let (ensemble_and_step, model) = stage.rsplit_once(':')?;
+    let (_, step) = ensemble_and_step.rsplit_once('/')?;
+    step.parse::<usize>().ok().map(|_| model)
 }
 
 /// Link consecutive stages of `stages[from..]` into a chain (each feeding the next).
@@ -313,6 +326,16 @@ mod tests {
     use crate::model_repository::test_dir::TempDir;
 
     const PROFILE: &str = "name = \"m\"\nslo_ms = 10\n[[stage]]\nname = \"m\"\nmax_batch = 8\n[[stage.variant]]\nname = \"v\"\nprofile_ms = [[1, 1.0, 1.5], [8, 4.0, 5.0]]\nmemory_mib = 12\ncold_start_ms = 300\nwarm_start_ms = 30\n";
+
+    #[test]
+    fn step_stage_names_read_back_their_model() {
+        let name = step_stage_name("add_twice", 2, "add_cfg");
+        assert_eq!(name, "add_twice/2:add_cfg");
+        assert_eq!(step_stage_model(&name), Some("add_cfg"));
+        for plain in ["det", "add_cfg", "a:b", "x/y:z"] {
+            assert_eq!(step_stage_model(plain), None, "{plain}");
+        }
+    }
 
     #[test]
     fn a_repository_with_profiles_becomes_one_stage_and_stream_per_model() {

@@ -1,0 +1,268 @@
+//! KServe v2 over gRPC: the `inference.GRPCInferenceService` that Triton's gRPC
+//! clients (`tritonclient.grpc`, `perf_analyzer -i grpc`) speak, answered by the same
+//! [`Api`] as HTTP — the same models, admission cap, input checks, backend and
+//! refusals — so a request is scheduled alike whichever transport carried it.
+//!
+//! Calls served: health (`ServerLive`, `ServerReady`, `ModelReady`), metadata
+//! (`ServerMetadata`, `ModelMetadata`), inference (`ModelInfer`, and
+//! `ModelStreamInfer`, one response per request on the stream, matched by id),
+//! Triton's extensions `ModelConfig`, `ModelStatistics`, `RepositoryIndex`,
+//! `RepositoryModelLoad` and `RepositoryModelUnload`. Others (shared memory, trace and
+//! log settings) answer `UNIMPLEMENTED`. Refusals map HTTP's statuses to gRPC codes:
+//! 400 `INVALID_ARGUMENT`, 404 `NOT_FOUND`, 409 `FAILED_PRECONDITION`, 503
+//! `UNAVAILABLE` (dropped by the policy, over the admission cap, not ready), 500
+//! `INTERNAL`; the message is the same reason. The A/B split key comes from the
+//! `split_key` request parameter or the `x-yardmaster-key` metadata entry.
+//!
+//! The protocol's `.proto` files live in `proto/` (written for Yardmaster from the
+//! published protocol) and are compiled by the build script with no `protoc`.
+
+mod convert;
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use http::StatusCode;
+use serde_json::Value;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Status, Streaming};
+
+use super::api::{Api, ControlError, Refusal, ServedModel, EXTENSIONS};
+use proto::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
+use proto::*;
+
+/// The protocol's messages and service, generated from `proto/` by the build script.
+#[allow(missing_docs, clippy::all)]
+pub mod proto {
+    include!(concat!(env!("OUT_DIR"), "/inference.rs"));
+}
+
+/// The default gRPC port, as Triton's tools expect (HTTP 8000, gRPC 8001, metrics 8002).
+pub const DEFAULT_PORT: u16 = 8001;
+
+/// Serve the gRPC protocol on `listener` until `shutdown` turns true; requests in
+/// progress finish first.
+pub async fn serve(listener: TcpListener, api: Arc<Api>, mut shutdown: watch::Receiver<bool>) {
+    let service = GrpcInferenceServiceServer::new(InferenceService { api: Arc::clone(&api) })
+        .max_decoding_message_size(api.max_body())
+        .max_encoding_message_size(usize::MAX);
+    let incoming = TcpListenerStream::new(listener).map(|stream| {
+        if let Ok(stream) = &stream {
+            let _ = stream.set_nodelay(true);
+        }
+        stream
+    });
+    let stop = async move {
+        let _ = shutdown.wait_for(|stop| *stop).await;
+    };
+    if let Err(error) = tonic::transport::Server::builder().add_service(service).serve_with_incoming_shutdown(incoming, stop).await {
+        tracing::warn!("the gRPC listener stopped: {error}");
+    }
+}
+
+/// The gRPC service over the client API.
+struct InferenceService {
+    api: Arc<Api>,
+}
+
+/// The gRPC status that stands for a refusal's HTTP status.
+fn status_of(refusal: Refusal) -> Status {
+    let code = match refusal.status {
+        StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE => tonic::Code::InvalidArgument,
+        StatusCode::NOT_FOUND => tonic::Code::NotFound,
+        StatusCode::CONFLICT => tonic::Code::FailedPrecondition,
+        StatusCode::SERVICE_UNAVAILABLE => tonic::Code::Unavailable,
+        _ => tonic::Code::Internal,
+    };
+    Status::new(code, refusal.reason)
+}
+
+fn control_status(error: ControlError) -> Status {
+    match error {
+        ControlError::Refused(reason) => Status::invalid_argument(reason),
+        ControlError::Conflict(reason) => Status::failed_precondition(reason),
+        ControlError::Failed(reason) => Status::internal(reason),
+    }
+}
+
+/// `""` (the protocol's "not given") as `None`.
+fn given(text: &str) -> Option<&str> {
+    (!text.is_empty()).then_some(text)
+}
+
+impl InferenceService {
+    fn model(&self, name: &str, version: &str) -> Result<ServedModel, Status> {
+        self.api.served_model(name, given(version)).map_err(status_of)
+    }
+
+    /// One inference, from the protocol's request to its response: admitted under the
+    /// cap, decoded, run, encoded.
+    async fn infer(api: &Api, request: ModelInferRequest, split_key: Option<String>) -> Result<ModelInferResponse, Status> {
+        let _admitted = api.admit().map_err(status_of)?;
+        let model = api.served_model(&request.model_name, given(&request.model_version)).map_err(status_of)?;
+        let mut decoded = convert::infer_request(request).map_err(|e| Status::invalid_argument(e.0))?;
+        if decoded.schedule.split_key.is_none() {
+            decoded.schedule.split_key = split_key;
+        }
+        let requested = decoded.outputs.clone();
+        let response = api.run_inference(&model, decoded).await.map_err(status_of)?;
+        convert::infer_response(&response, &requested).map_err(|e| Status::invalid_argument(e.0))
+    }
+}
+
+fn split_key<T>(request: &Request<T>) -> Option<String> {
+    request.metadata().get(super::ab::KEY_HEADER).and_then(|v| v.to_str().ok()).map(str::to_string)
+}
+
+type ResponseStream = Pin<Box<dyn Stream<Item = Result<ModelStreamInferResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl GrpcInferenceService for InferenceService {
+    async fn server_live(&self, _: Request<ServerLiveRequest>) -> Result<Response<ServerLiveResponse>, Status> {
+        Ok(Response::new(ServerLiveResponse { live: true }))
+    }
+
+    async fn server_ready(&self, _: Request<ServerReadyRequest>) -> Result<Response<ServerReadyResponse>, Status> {
+        Ok(Response::new(ServerReadyResponse { ready: self.api.backend().ready() }))
+    }
+
+    async fn model_ready(&self, request: Request<ModelReadyRequest>) -> Result<Response<ModelReadyResponse>, Status> {
+        let request = request.into_inner();
+        let ready = match self.api.served_model(&request.name, given(&request.version)) {
+            Ok(model) => self.api.backend().model_ready(&model.metadata().name),
+            Err(_) => false,
+        };
+        Ok(Response::new(ModelReadyResponse { ready }))
+    }
+
+    async fn server_metadata(&self, _: Request<ServerMetadataRequest>) -> Result<Response<ServerMetadataResponse>, Status> {
+        Ok(Response::new(ServerMetadataResponse {
+            name: "yardmaster".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            extensions: EXTENSIONS.iter().map(|e| e.to_string()).collect(),
+        }))
+    }
+
+    async fn model_metadata(&self, request: Request<ModelMetadataRequest>) -> Result<Response<ModelMetadataResponse>, Status> {
+        let request = request.into_inner();
+        let model = self.model(&request.name, &request.version)?;
+        let metadata = model.metadata();
+        let tensors = |specs: &[super::api::TensorSpec]| {
+            specs
+                .iter()
+                .map(|s| model_metadata_response::TensorMetadata {
+                    name: s.name.clone(),
+                    datatype: s.datatype.name().into(),
+                    shape: s.shape.clone(),
+                })
+                .collect()
+        };
+        Ok(Response::new(ModelMetadataResponse {
+            name: metadata.name.clone(),
+            versions: metadata.versions.clone(),
+            platform: metadata.platform.clone(),
+            inputs: tensors(&metadata.inputs),
+            outputs: tensors(&metadata.outputs),
+        }))
+    }
+
+    async fn model_infer(&self, request: Request<ModelInferRequest>) -> Result<Response<ModelInferResponse>, Status> {
+        let key = split_key(&request);
+        Self::infer(&self.api, request.into_inner(), key).await.map(Response::new)
+    }
+
+    type ModelStreamInferStream = ResponseStream;
+
+    async fn model_stream_infer(&self, request: Request<Streaming<ModelInferRequest>>) -> Result<Response<ResponseStream>, Status> {
+        let key = split_key(&request);
+        let mut requests = request.into_inner();
+        let (sender, receiver) = mpsc::channel(64);
+        let api = Arc::clone(&self.api);
+        tokio::spawn(async move {
+            while let Some(next) = requests.next().await {
+                let request = match next {
+                    Ok(request) => request,
+                    Err(status) => {
+                        let _ = sender.send(Err(status)).await;
+                        break;
+                    }
+                };
+                let (api, sender, key) = (Arc::clone(&api), sender.clone(), key.clone());
+                tokio::spawn(async move {
+                    let id = request.id.clone();
+                    let answer = match InferenceService::infer(&api, request, key).await {
+                        Ok(response) => ModelStreamInferResponse { error_message: String::new(), infer_response: Some(response) },
+                        Err(status) => ModelStreamInferResponse {
+                            error_message: status.message().to_string(),
+                            infer_response: Some(ModelInferResponse { id, ..Default::default() }),
+                        },
+                    };
+                    let _ = sender.send(Ok(answer)).await;
+                });
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
+    }
+
+    async fn model_config(&self, request: Request<ModelConfigRequest>) -> Result<Response<ModelConfigResponse>, Status> {
+        let request = request.into_inner();
+        let model = self.model(&request.name, &request.version)?;
+        let config = convert::message_from_json::<ModelConfig>("ModelConfig", &model.config())
+            .map_err(|e| Status::internal(format!("the configuration of {:?} does not convert: {e}", request.name)))?;
+        Ok(Response::new(ModelConfigResponse { config: Some(config) }))
+    }
+
+    async fn model_statistics(&self, request: Request<ModelStatisticsRequest>) -> Result<Response<ModelStatisticsResponse>, Status> {
+        let request = request.into_inner();
+        let name = match given(&request.name) {
+            Some(name) => Some(self.model(name, &request.version)?.metadata().name.clone()),
+            None => None,
+        };
+        let stats = self.api.backend().statistics(name.as_deref()).map_err(Status::not_found)?;
+        let message = convert::message_from_json::<ModelStatisticsResponse>("ModelStatisticsResponse", &stats)
+            .map_err(|e| Status::internal(format!("the statistics do not convert: {e}")))?;
+        Ok(Response::new(message))
+    }
+
+    async fn repository_index(&self, request: Request<RepositoryIndexRequest>) -> Result<Response<RepositoryIndexResponse>, Status> {
+        let ready_only = request.into_inner().ready;
+        let text = |v: &Value, key: &str| v.get(key).and_then(Value::as_str).unwrap_or_default().to_string();
+        let models = self
+            .api
+            .backend()
+            .repository_index()
+            .into_iter()
+            .filter(|m| !ready_only || m["state"] == "READY")
+            .map(|m| repository_index_response::ModelIndex {
+                name: text(&m, "name"),
+                version: text(&m, "version"),
+                state: text(&m, "state"),
+                reason: text(&m, "reason"),
+            })
+            .collect();
+        Ok(Response::new(RepositoryIndexResponse { models }))
+    }
+
+    async fn repository_model_load(
+        &self,
+        request: Request<RepositoryModelLoadRequest>,
+    ) -> Result<Response<RepositoryModelLoadResponse>, Status> {
+        let request = request.into_inner();
+        let parameters = convert::repository_parameters_json(&request.parameters);
+        self.api.backend().load_model(&request.model_name, parameters).await.map_err(control_status)?;
+        Ok(Response::new(RepositoryModelLoadResponse {}))
+    }
+
+    async fn repository_model_unload(
+        &self,
+        request: Request<RepositoryModelUnloadRequest>,
+    ) -> Result<Response<RepositoryModelUnloadResponse>, Status> {
+        let request = request.into_inner();
+        let parameters = convert::repository_parameters_json(&request.parameters);
+        self.api.backend().unload_model(&request.model_name, parameters).await.map_err(control_status)?;
+        Ok(Response::new(RepositoryModelUnloadResponse {}))
+    }
+}
