@@ -4,6 +4,7 @@ mod admin_cli;
 mod dataplane_cli;
 mod repository_cli;
 mod serve_cli;
+mod sweep_cli;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -98,6 +99,11 @@ enum SimCommand {
         #[arg(long)]
         quick: bool,
     },
+    /// Every policy on every pipeline at load multiples of its capacity bound, under
+    /// several workload shapes and seeds, in parallel: a table with the cliffs and
+    /// low-load misses flagged, sweep.csv, sweep.json and a heatmap per policy
+    /// (goodput ÷ the optimal bound) in --out.
+    Sweep(Box<sweep_cli::SweepArgs>),
     /// Simulator throughput: events per second with edf, and the wall time of one
     /// simulated hour of the 64-GPU five-stage pipeline at 1,000 requests/s.
     Bench {
@@ -298,6 +304,7 @@ fn main() -> ExitCode {
         None => main_job(),
         Some(Command::Sim(SimCommand::Compare { policies, sim })) => sim_compare(&policies, &sim),
         Some(Command::Sim(SimCommand::Bench { seconds })) => sim_bench(seconds),
+        Some(Command::Sim(SimCommand::Sweep(args))) => sweep_cli::sim_sweep(&args),
         Some(Command::Sim(SimCommand::Reproduce { name, list, seed, out, quick })) => reproduce(name, list, seed, out, quick),
         Some(Command::Policy(PolicyCommand::Check { policies, check: args })) => check(&policies, &args),
         Some(Command::Policy(PolicyCommand::List)) => {

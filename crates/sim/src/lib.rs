@@ -10,7 +10,9 @@
 //! - [`compound`]: compound LLM jobs submitted stage by stage as their calls complete;
 //! - [`run`]: one run; [`compare`] runs several policies on the same workload and seed
 //!   ([`per_core`] runs independent jobs in parallel);
-//! - [`reproduce`]: the reference policies' papers re-run against their baselines.
+//! - [`reproduce`]: the reference policies' papers re-run against their baselines;
+//! - [`sweep`]: policies × pipelines × load multiples of capacity × workload shapes,
+//!   with the cliffs and low-load misses flagged and a heatmap per policy.
 
 #![warn(missing_docs)]
 
@@ -20,6 +22,7 @@ pub mod executor;
 pub mod report;
 pub mod reproduce;
 pub mod run;
+pub mod sweep;
 
 use anyhow::{anyhow, Result};
 

@@ -25,3 +25,4 @@ mod serve_remote;
 mod serve_repository;
 mod serve_swap;
 mod serve_transports;
+mod sim_sweep;

@@ -1,0 +1,131 @@
+//! `yardmaster sim sweep`: the command line of [`yardmaster::sim::sweep`] — which
+//! policies, pipelines, loads, shapes and seeds, with `--quick` for a CI-size run, and
+//! where the table, CSV, JSON and heatmaps go.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use yardmaster::policy::contract::Param;
+use yardmaster::policy::{Limits, PolicyLoader};
+use yardmaster::sim::sweep::{self, Shape, SweepPlan, SweptPipeline, DEFAULT_LOADS, QUICK_LOADS};
+use yardmaster::sim::{PolicySpec, SimSpec};
+
+/// Arguments of `yardmaster sim sweep`.
+#[derive(clap::Args, Clone)]
+pub struct SweepArgs {
+    /// Policies: shipped names or `.wasm` files, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = ["fifo", "edf", "pard", "flex", "quart", "loki"].map(String::from))]
+    pub policies: Vec<String>,
+    /// Pipelines: presets, `.toml` files or Loki application `.json` files, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = ["vision-chain", "traffic-dag"].map(String::from))]
+    pub pipelines: Vec<String>,
+    /// Load multiples of each pipeline's capacity bound (default: 0.25, 0.5, 0.75, 1,
+    /// 1.25, 1.5, 2, 3, 5, 10; with --quick: 0.5, 1, 2, 5).
+    #[arg(long, value_delimiter = ',')]
+    pub loads: Vec<f64>,
+    /// Workload shapes: poisson, bursty (Twitter's bursts), diurnal (Wikipedia's daily
+    /// swing), replay (Azure Functions' per-second rates), or any workload preset
+    /// (default: all four; with --quick: poisson).
+    #[arg(long, value_delimiter = ',')]
+    pub shapes: Vec<String>,
+    /// Seeds: every cell runs once per seed (default: 1,2; with --quick: 1).
+    #[arg(long, value_delimiter = ',')]
+    pub seeds: Vec<u64>,
+    /// Simulated seconds of arrivals per run (default: 60; with --quick: 5).
+    #[arg(long)]
+    pub duration: Option<f64>,
+    /// A CI-size run: the quick defaults for loads, shapes, seeds and duration.
+    #[arg(long)]
+    pub quick: bool,
+    /// Policy parameter `key=value` for every run (repeatable).
+    #[arg(long = "param", value_parser = super::parse_param)]
+    pub params: Vec<Param>,
+    /// Directory for sweep.csv, sweep.json and the heatmaps (default: sweep).
+    #[arg(long, default_value = "sweep")]
+    pub out: PathBuf,
+    /// Exit with status 1 when a cliff or a low-load miss is found.
+    #[arg(long)]
+    pub strict: bool,
+}
+
+/// Run `yardmaster sim sweep`.
+pub fn sim_sweep(args: &SweepArgs) -> ExitCode {
+    match try_sim_sweep(args) {
+        Ok(clean) if clean || !args.strict => ExitCode::SUCCESS,
+        Ok(_) => ExitCode::FAILURE,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Whether the sweep found neither a cliff nor a low-load miss.
+fn try_sim_sweep(args: &SweepArgs) -> anyhow::Result<bool> {
+    let pick = |given: &[f64], full: &[f64], quick: &[f64]| -> Vec<f64> {
+        if !given.is_empty() {
+            given.to_vec()
+        } else if args.quick {
+            quick.to_vec()
+        } else {
+            full.to_vec()
+        }
+    };
+    let loads = pick(&args.loads, &DEFAULT_LOADS, &QUICK_LOADS);
+    anyhow::ensure!(loads.iter().all(|l| *l > 0.0 && l.is_finite()), "--loads must be positive");
+    let shape_names: Vec<String> = match (args.shapes.is_empty(), args.quick) {
+        (false, _) => args.shapes.clone(),
+        (true, true) => vec!["poisson".into()],
+        (true, false) => ["poisson", "bursty", "diurnal", "replay"].map(String::from).to_vec(),
+    };
+    let shapes = shape_names.iter().map(|s| Shape::parse(s)).collect::<anyhow::Result<Vec<_>>>()?;
+    let seeds = match (args.seeds.is_empty(), args.quick) {
+        (false, _) => args.seeds.clone(),
+        (true, true) => vec![1],
+        (true, false) => vec![1, 2],
+    };
+    let duration_s = args.duration.unwrap_or(if args.quick { 5.0 } else { 60.0 });
+    anyhow::ensure!(duration_s > 0.0, "--duration must be positive");
+    let mut pipelines = Vec::new();
+    for name in &args.pipelines {
+        let pipeline = yardmaster::formats::presets::pipeline(name).map_err(|e| anyhow::anyhow!(e))?;
+        pipelines.push(SweptPipeline { name: name.clone(), pipeline });
+    }
+    let mut policies = Vec::new();
+    for policy in &args.policies {
+        let (name, bytes) = super::load_bytes(policy).map_err(|e| anyhow::anyhow!(e))?;
+        policies.push(PolicySpec { name, bytes: Arc::new(bytes) });
+    }
+    let base = SimSpec {
+        pipeline: pipelines.first().map(|p| p.pipeline.clone()).ok_or_else(|| anyhow::anyhow!("--pipelines is empty"))?,
+        seed: 1,
+        duration: 0,
+        executor: Default::default(),
+        engine: yardmaster::engine::EngineOptions { params: args.params.clone(), ..Default::default() },
+        decision_interval: 0,
+        capture_dir: None,
+    };
+    let cells = policies.len() * pipelines.len() * loads.len() * shapes.len() * seeds.len();
+    for p in &pipelines {
+        eprintln!("{}: capacity bound {:.1} req/s", p.name, sweep::capacity(&p.pipeline)?);
+    }
+    eprintln!(
+        "sweeping {cells} runs ({} policies × {} pipelines × {} loads × {} shapes × {} seeds, {duration_s} s each) on {} cores",
+        policies.len(),
+        pipelines.len(),
+        loads.len(),
+        shapes.len(),
+        seeds.len(),
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    );
+    let plan = SweepPlan { policies, pipelines, loads, shapes, seeds, duration_s, base };
+    let sandbox = yardmaster::policy::Sandbox::new(yardmaster::policy::Mode::Simulate, Limits::default())?;
+    let loader = PolicyLoader::new(sandbox, PolicyLoader::default_cache_dir());
+    let outcome = sweep::run_sweep(&plan, &loader, |line| eprintln!("  {line}"))?;
+    print!("{}", sweep::render_table(&outcome));
+    let mut files = sweep::write_files(&args.out, &outcome)?;
+    files.extend(sweep::write_heatmaps(&args.out, &outcome)?);
+    println!("wrote {} files to {} (sweep.csv, sweep.json, a heatmap per policy)", files.len(), args.out.display());
+    Ok(!outcome.rows.iter().any(|r| r.cliff || r.low_load_miss))
+}

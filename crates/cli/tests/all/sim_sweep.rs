@@ -1,0 +1,44 @@
+//! `yardmaster sim sweep` on the built binary: the cells it runs, the files it writes
+//! (CSV, JSON, a heatmap per policy), goodput never above the optimal bound, and
+//! `--strict` failing on the cliff a non-scaling policy shows past capacity.
+
+use std::process::Command;
+
+use super::serve_end_to_end::scratch;
+
+#[test]
+fn a_small_sweep_writes_its_table_files_and_heatmaps_and_strict_fails_on_a_cliff() {
+    let dir = scratch("sweep");
+    let out = dir.join("out");
+    let run = Command::new(env!("CARGO_BIN_EXE_yardmaster"))
+        .args(["sim", "sweep", "--policies", "fifo,edf", "--pipelines", "vision-chain", "--loads", "0.5,1.5"])
+        .args(["--shapes", "poisson", "--seeds", "1", "--duration", "1", "--strict", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&run.stderr));
+    assert!(stderr.contains("sweeping 4 runs"), "{stderr}");
+    assert!(stderr.contains("[4/4]"), "progress per run: {stderr}");
+    assert!(stdout.contains("cliffs (goodput under 0.9"), "{stdout}");
+    // fifo and edf do not scale: past capacity their goodput falls off (the flag is
+    // what --strict fails on).
+    assert!(stdout.contains("CLIFF"), "{stdout}");
+    assert_eq!(run.status.code(), Some(1), "--strict fails on a cliff:\n{stdout}\n{stderr}");
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("sweep.json")).unwrap()).unwrap();
+    let cells = json["cells"].as_array().unwrap();
+    assert_eq!(cells.len(), 4);
+    for cell in cells {
+        let of_bound = cell["goodput_of_bound"].as_f64().unwrap();
+        assert!(of_bound > 0.0 && of_bound <= 1.0 + 1e-9, "goodput never exceeds the bound: {cell}");
+        assert!(cell["attainment"]["main"].is_number() || cell["attainment"].as_object().is_some_and(|a| !a.is_empty()), "{cell}");
+    }
+    let low = cells.iter().find(|c| c["policy"] == "edf" && c["load"] == 0.5).unwrap();
+    assert!(low["on_time"].as_f64().unwrap() > 0.99, "half the capacity is served on time: {low}");
+    let csv = std::fs::read_to_string(out.join("sweep.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 5, "a header and one line per run:\n{csv}");
+    for policy in ["fifo", "edf"] {
+        let svg = std::fs::read_to_string(out.join(format!("heatmap-{policy}.svg"))).unwrap();
+        assert!(svg.contains("vision-chain") && svg.contains("1.5×"), "rows and columns are labelled");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,696 @@
+//! `yardmaster sim sweep`: every policy on every pipeline, at load multiples of each
+//! pipeline's capacity, under several workload shapes and seeds — the map of where a
+//! policy holds and where it breaks off.
+//!
+//! A pipeline's capacity is the engine's capacity bound
+//! ([`yardmaster_engine::bound::capacity_bound`]: every stage scaled within its bounds
+//! and the cluster's `max_workers`, the fastest variant at its best batch), so a load
+//! multiple means the same thing on every pipeline. Each cell is one simulated run
+//! ([`crate::run::run`]); cells run in parallel on the cores ([`crate::per_core`]).
+//!
+//! What a cell reports: goodput against the true optimal bound (the run's own
+//! `goodput_of_optimal`: goodput over `min(offered, capacity)` window by window),
+//! drop, invalid and on-time rates, SLO attainment per stream, accuracy, whether the
+//! policy fell back (a fault or a fallback to FIFO), and its cost (ns per event, the
+//! longest call). Aggregated over seeds, the sweep flags two things the issue of
+//! "policies off their papers' setups" asks never to see:
+//!
+//! - a **cliff**: goodput at a load below [`CLIFF_FRACTION`] of the best goodput the
+//!   policy reached at any lower load of the same pipeline and shape;
+//! - a **low-load miss**: under Poisson load at most half the capacity, fewer than
+//!   [`LOW_LOAD_ON_TIME`] of the requests on time.
+//!
+//! It writes a table, `sweep.csv` (one line per cell and seed), `sweep.json` (cells,
+//! rows, flags) and a heatmap per policy (`heatmap-POLICY.svg`, and `.png` when a
+//! system font is found): rows are pipeline × shape, columns load multiples, colour and
+//! number goodput ÷ bound, and a cliff's cell framed in black.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use anyhow::{anyhow, Result};
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use serde::Serialize;
+
+use crate::report::{plot_font, PlotFont};
+use crate::run::{PolicySpec, SimSpec};
+use yardmaster_engine::{bound, Pipeline};
+use yardmaster_formats::WorkloadSpec;
+use yardmaster_policy::PolicyLoader;
+
+/// Goodput under this fraction of the best at a lower load is a cliff.
+pub const CLIFF_FRACTION: f64 = 0.9;
+
+/// Under Poisson load at most [`LOW_LOAD_MAX`] × capacity, at least this fraction of
+/// the requests should be on time.
+pub const LOW_LOAD_ON_TIME: f64 = 0.99;
+
+/// The highest load multiple that counts as low load.
+pub const LOW_LOAD_MAX: f64 = 0.5;
+
+/// The full sweep's load multiples of capacity.
+pub const DEFAULT_LOADS: [f64; 10] = [0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0];
+
+/// The quick sweep's load multiples.
+pub const QUICK_LOADS: [f64; 4] = [0.5, 1.0, 2.0, 5.0];
+
+/// A workload shape: the name shown, and the workload preset it stands for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Shape {
+    /// Name in reports (`poisson`, `bursty`, `diurnal`, `replay`, or a preset's name).
+    pub name: String,
+    /// The workload preset (`poisson`, `twitter`, `wikipedia`, `azure-functions-per-second`…).
+    pub workload: String,
+}
+
+impl Shape {
+    /// A shape by name: `poisson`; `bursty` (Twitter's MMPP, bursts about twice the
+    /// quiet rate); `diurnal` (Wikipedia's gamma renewal with a daily swing); `replay`
+    /// (Azure Functions' per-second rates replayed); or any workload preset's name.
+    pub fn parse(name: &str) -> Result<Shape> {
+        let workload = match name {
+            "bursty" => "twitter",
+            "diurnal" => "wikipedia",
+            "replay" => "azure-functions-per-second",
+            other => other,
+        };
+        // Opening it at a nominal rate checks the name.
+        let spec = WorkloadSpec::parse(workload, 1.0, 1.0).map_err(|e| anyhow!("shape {name:?}: {e}"))?;
+        if let WorkloadSpec::Preset { .. } = spec {
+            drop(spec.arrivals(1_000_000_000, 1).map_err(|e| anyhow!("shape {name:?}: {e}"))?);
+        } else {
+            return Err(anyhow!("shape {name:?}: a shape is a workload preset (poisson, bursty, diurnal, replay, or a preset's name)"));
+        }
+        Ok(Shape { name: name.to_string(), workload: workload.to_string() })
+    }
+}
+
+/// A pipeline to sweep, by the name shown.
+#[derive(Debug, Clone)]
+pub struct SweptPipeline {
+    /// Name in reports.
+    pub name: String,
+    /// The pipeline.
+    pub pipeline: Pipeline,
+}
+
+/// What to sweep.
+#[derive(Clone)]
+pub struct SweepPlan {
+    /// Policies.
+    pub policies: Vec<PolicySpec>,
+    /// Pipelines.
+    pub pipelines: Vec<SweptPipeline>,
+    /// Load multiples of each pipeline's capacity.
+    pub loads: Vec<f64>,
+    /// Workload shapes.
+    pub shapes: Vec<Shape>,
+    /// Seeds: each cell runs once per seed.
+    pub seeds: Vec<u64>,
+    /// Simulated seconds of arrivals per run.
+    pub duration_s: f64,
+    /// The rest of every run's settings (pipeline, seed and duration are set per cell).
+    pub base: SimSpec,
+}
+
+/// One cell and seed: where it ran and what it measured.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CellResult {
+    /// Policy.
+    pub policy: String,
+    /// Pipeline.
+    pub pipeline: String,
+    /// Shape.
+    pub shape: String,
+    /// Load multiple of capacity.
+    pub load: f64,
+    /// Seed.
+    pub seed: u64,
+    /// The pipeline's capacity bound, requests per second.
+    pub capacity: f64,
+    /// Requests per second offered (arrivals over the run).
+    pub offered: f64,
+    /// On-time requests per second.
+    pub goodput: f64,
+    /// Goodput ÷ the true optimal bound.
+    pub goodput_of_bound: f64,
+    /// Dropped or late, of ended.
+    pub drop_rate: f64,
+    /// Invalid accelerator time, of all.
+    pub invalid_rate: f64,
+    /// On time, of arrivals.
+    pub on_time: f64,
+    /// SLO attainment per stream, by stream name.
+    pub attainment: BTreeMap<String, f64>,
+    /// Mean accuracy of completed requests (1 without variants).
+    pub accuracy: f64,
+    /// Whether the policy faulted or fell back.
+    pub fell_back: bool,
+    /// Policy faults.
+    pub faults: u64,
+    /// Policy time per event, ns.
+    pub ns_per_event: f64,
+    /// The longest policy call, µs.
+    pub longest_call_us: f64,
+    /// Wall time of the run, s.
+    pub wall_s: f64,
+}
+
+/// One cell averaged over its seeds.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SweepRow {
+    /// Policy.
+    pub policy: String,
+    /// Pipeline.
+    pub pipeline: String,
+    /// Shape.
+    pub shape: String,
+    /// Load multiple of capacity.
+    pub load: f64,
+    /// Seeds averaged.
+    pub seeds: usize,
+    /// Mean offered rate.
+    pub offered: f64,
+    /// Mean goodput.
+    pub goodput: f64,
+    /// Mean goodput ÷ bound.
+    pub goodput_of_bound: f64,
+    /// Mean drop rate.
+    pub drop_rate: f64,
+    /// Mean invalid rate.
+    pub invalid_rate: f64,
+    /// Mean on-time fraction.
+    pub on_time: f64,
+    /// The lowest SLO attainment of any stream (mean over seeds).
+    pub worst_attainment: f64,
+    /// Mean accuracy.
+    pub accuracy: f64,
+    /// Whether any seed fell back.
+    pub fell_back: bool,
+    /// Mean policy time per event, ns.
+    pub ns_per_event: f64,
+    /// The longest call of any seed, µs.
+    pub longest_call_us: f64,
+    /// Goodput ÷ the best goodput at a lower load of the same pipeline and shape
+    /// (`None` at the lowest load).
+    pub of_best_lower: Option<f64>,
+    /// A cliff: `of_best_lower` under [`CLIFF_FRACTION`].
+    pub cliff: bool,
+    /// A low-load miss (Poisson, load ≤ [`LOW_LOAD_MAX`], on time under [`LOW_LOAD_ON_TIME`]).
+    pub low_load_miss: bool,
+}
+
+/// The whole sweep.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SweepOutcome {
+    /// Every cell and seed.
+    pub cells: Vec<CellResult>,
+    /// The cells averaged over seeds, with the flags.
+    pub rows: Vec<SweepRow>,
+    /// Per policy, pipeline and shape: time per event at the highest load ÷ at 1×
+    /// capacity (present when both loads were swept).
+    pub cost_growth: Vec<CostGrowth>,
+}
+
+/// How a policy's decision cost grows from 1× capacity to the highest load swept.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CostGrowth {
+    /// Policy.
+    pub policy: String,
+    /// Pipeline.
+    pub pipeline: String,
+    /// Shape.
+    pub shape: String,
+    /// The highest load swept.
+    pub load: f64,
+    /// ns per event there ÷ ns per event at 1×.
+    pub ratio: f64,
+}
+
+/// One cell to run.
+struct Cell<'a> {
+    policy: &'a PolicySpec,
+    pipeline: &'a SweptPipeline,
+    capacity: f64,
+    shape: &'a Shape,
+    load: f64,
+    seed: u64,
+}
+
+/// The capacity bound of `pipeline`, requests per second; an error when it has none
+/// (no stage a stream reaches).
+pub fn capacity(pipeline: &Pipeline) -> Result<f64> {
+    let capacity = bound::capacity_bound(pipeline, pipeline.max_workers);
+    if capacity.is_finite() && capacity > 0.0 {
+        Ok(capacity)
+    } else {
+        Err(anyhow!("pipeline {:?} has no capacity bound (no stage a stream reaches)", pipeline.name))
+    }
+}
+
+/// Run every cell of `plan`, in parallel on the cores; `progress` gets one line per
+/// finished run (`[k/N] …`).
+pub fn run_sweep(plan: &SweepPlan, loader: &PolicyLoader, progress: impl Fn(&str) + Sync) -> Result<SweepOutcome> {
+    let mut cells = Vec::new();
+    for pipeline in &plan.pipelines {
+        let capacity = capacity(&pipeline.pipeline)?;
+        for policy in &plan.policies {
+            for shape in &plan.shapes {
+                for &load in &plan.loads {
+                    for &seed in &plan.seeds {
+                        cells.push(Cell { policy, pipeline, capacity, shape, load, seed });
+                    }
+                }
+            }
+        }
+    }
+    let total = cells.len();
+    let done = AtomicUsize::new(0);
+    let results = crate::per_core(&cells, |cell| {
+        let result = run_cell(plan, loader, cell)?;
+        let k = done.fetch_add(1, Ordering::Relaxed) + 1;
+        progress(&format!(
+            "[{k}/{total}] {} on {} {} {}× seed {}: goodput {:.1}/s, {:.2} of bound, {:.1} % on time ({:.1} s)",
+            result.policy,
+            result.pipeline,
+            result.shape,
+            result.load,
+            result.seed,
+            result.goodput,
+            result.goodput_of_bound,
+            100.0 * result.on_time,
+            result.wall_s
+        ));
+        Ok(result)
+    })?;
+    Ok(summarise(results))
+}
+
+fn run_cell(plan: &SweepPlan, loader: &PolicyLoader, cell: &Cell) -> Result<CellResult> {
+    let rate = cell.load * cell.capacity;
+    let duration = (plan.duration_s * 1e9) as u64;
+    let workload = WorkloadSpec::parse(&cell.shape.workload, rate, 1.0)?;
+    let spec = SimSpec { pipeline: cell.pipeline.pipeline.clone(), seed: cell.seed, duration, ..plan.base.clone() };
+    let arrivals = workload.arrivals(duration, cell.seed)?;
+    let outcome = crate::run::run(&spec, cell.policy, loader, arrivals, &mut |_| {})?;
+    let summary = &outcome.report.summary;
+    let overall = &summary.overall;
+    let attainment = summary
+        .streams
+        .iter()
+        .map(|(&id, stats)| {
+            let name = spec.pipeline.streams.get(id as usize).map_or_else(|| format!("stream {id}"), |s| s.name.clone());
+            (name, stats.slo_attainment)
+        })
+        .collect();
+    let faults: u64 = outcome.arm.faults.values().sum();
+    Ok(CellResult {
+        policy: cell.policy.name.clone(),
+        pipeline: cell.pipeline.name.clone(),
+        shape: cell.shape.name.clone(),
+        load: cell.load,
+        seed: cell.seed,
+        capacity: cell.capacity,
+        offered: overall.arrivals as f64 / plan.duration_s,
+        goodput: overall.goodput,
+        goodput_of_bound: summary.goodput_of_optimal,
+        drop_rate: overall.drop_rate,
+        invalid_rate: overall.invalid_rate,
+        on_time: if overall.arrivals == 0 { 1.0 } else { overall.outcomes.on_time as f64 / overall.arrivals as f64 },
+        attainment,
+        accuracy: overall.accuracy,
+        fell_back: faults > 0 || outcome.arm.fallbacks > 0,
+        faults,
+        ns_per_event: outcome.arm.call_time.as_nanos() as f64 / outcome.arm.events.max(1) as f64,
+        longest_call_us: outcome.arm.max_call_time.as_secs_f64() * 1e6,
+        wall_s: outcome.wall.as_secs_f64(),
+    })
+}
+
+/// Average the cells over their seeds and flag cliffs, low-load misses and the cost's
+/// growth.
+pub fn summarise(cells: Vec<CellResult>) -> SweepOutcome {
+    type Key = (String, String, String);
+    let mut groups: BTreeMap<Key, BTreeMap<u64, Vec<&CellResult>>> = BTreeMap::new();
+    let mut order: Vec<Key> = Vec::new();
+    for cell in &cells {
+        let key = (cell.policy.clone(), cell.pipeline.clone(), cell.shape.clone());
+        if !groups.contains_key(&key) {
+            order.push(key.clone());
+        }
+        groups.entry(key).or_default().entry(cell.load.to_bits()).or_default().push(cell);
+    }
+    let mut rows = Vec::new();
+    let mut cost_growth = Vec::new();
+    for key in order {
+        let mut by_load: Vec<(f64, &Vec<&CellResult>)> = groups[&key].iter().map(|(bits, runs)| (f64::from_bits(*bits), runs)).collect();
+        by_load.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let mut best_lower: Option<f64> = None;
+        let mut cost_at_one = None;
+        for (load, runs) in &by_load {
+            let mean = |f: &dyn Fn(&CellResult) -> f64| runs.iter().map(|r| f(r)).sum::<f64>() / runs.len() as f64;
+            let goodput = mean(&|r| r.goodput);
+            let on_time = mean(&|r| r.on_time);
+            let of_best_lower = best_lower.filter(|b| *b > 0.0).map(|b| goodput / b);
+            let ns_per_event = mean(&|r| r.ns_per_event);
+            if (*load - 1.0).abs() < 1e-9 {
+                cost_at_one = Some(ns_per_event);
+            }
+            rows.push(SweepRow {
+                policy: key.0.clone(),
+                pipeline: key.1.clone(),
+                shape: key.2.clone(),
+                load: *load,
+                seeds: runs.len(),
+                offered: mean(&|r| r.offered),
+                goodput,
+                goodput_of_bound: mean(&|r| r.goodput_of_bound),
+                drop_rate: mean(&|r| r.drop_rate),
+                invalid_rate: mean(&|r| r.invalid_rate),
+                on_time,
+                worst_attainment: mean(&|r| r.attainment.values().copied().fold(1.0, f64::min)),
+                accuracy: mean(&|r| r.accuracy),
+                fell_back: runs.iter().any(|r| r.fell_back),
+                ns_per_event,
+                longest_call_us: runs.iter().map(|r| r.longest_call_us).fold(0.0, f64::max),
+                of_best_lower,
+                cliff: of_best_lower.is_some_and(|f| f < CLIFF_FRACTION),
+                low_load_miss: key.2 == "poisson" && *load <= LOW_LOAD_MAX + 1e-9 && on_time < LOW_LOAD_ON_TIME,
+            });
+            best_lower = Some(best_lower.map_or(goodput, |b: f64| b.max(goodput)));
+        }
+        if let (Some(at_one), Some((top, runs))) = (cost_at_one, by_load.last()) {
+            if *top > 1.0 && at_one > 0.0 {
+                let at_top = runs.iter().map(|r| r.ns_per_event).sum::<f64>() / runs.len() as f64;
+                cost_growth.push(CostGrowth {
+                    policy: key.0.clone(),
+                    pipeline: key.1.clone(),
+                    shape: key.2.clone(),
+                    load: *top,
+                    ratio: at_top / at_one,
+                });
+            }
+        }
+    }
+    SweepOutcome { cells, rows, cost_growth }
+}
+
+/// The rows as a text table, then the flags and the cost growth.
+pub fn render_table(outcome: &SweepOutcome) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<16} {:<14} {:<8} {:>5} {:>9} {:>9} {:>6} {:>6} {:>6} {:>6} {:>6} {:>8} {:>9} {:>4}",
+        "policy",
+        "pipeline",
+        "shape",
+        "load",
+        "offered/s",
+        "goodput/s",
+        "÷bound",
+        "drop%",
+        "inval%",
+        "ontime",
+        "acc",
+        "ns/event",
+        "longest µs",
+        "flag"
+    );
+    for r in &outcome.rows {
+        let flag = match (r.cliff, r.low_load_miss, r.fell_back) {
+            (true, _, _) => "CLIFF",
+            (_, true, _) => "LATE",
+            (_, _, true) => "fb",
+            _ => "",
+        };
+        let _ = writeln!(
+            out,
+            "{:<16} {:<14} {:<8} {:>4}× {:>9.1} {:>9.1} {:>6.3} {:>6.1} {:>6.1} {:>6.3} {:>6.3} {:>8.0} {:>9.0} {flag}",
+            r.policy,
+            r.pipeline,
+            r.shape,
+            r.load,
+            r.offered,
+            r.goodput,
+            r.goodput_of_bound,
+            100.0 * r.drop_rate,
+            100.0 * r.invalid_rate,
+            r.on_time,
+            r.accuracy,
+            r.ns_per_event,
+            r.longest_call_us
+        );
+    }
+    let cliffs: Vec<&SweepRow> = outcome.rows.iter().filter(|r| r.cliff).collect();
+    let misses: Vec<&SweepRow> = outcome.rows.iter().filter(|r| r.low_load_miss).collect();
+    let _ = writeln!(out, "\ncliffs (goodput under {CLIFF_FRACTION} of the best at a lower load): {}", cliffs.len());
+    for r in cliffs {
+        let _ = writeln!(
+            out,
+            "  {} on {} {} at {}×: {:.2} of the best below",
+            r.policy,
+            r.pipeline,
+            r.shape,
+            r.load,
+            r.of_best_lower.unwrap_or(0.0)
+        );
+    }
+    let _ = writeln!(out, "low-load misses (Poisson ≤ {LOW_LOAD_MAX}×, under {} on time): {}", LOW_LOAD_ON_TIME, misses.len());
+    for r in misses {
+        let _ = writeln!(out, "  {} on {} at {}×: {:.3} on time", r.policy, r.pipeline, r.load, r.on_time);
+    }
+    if !outcome.cost_growth.is_empty() {
+        let _ = writeln!(out, "decision cost, ns per event at the highest load ÷ at 1×:");
+        for g in &outcome.cost_growth {
+            let _ = writeln!(out, "  {} on {} {} ({}×): {:.2}", g.policy, g.pipeline, g.shape, g.load, g.ratio);
+        }
+    }
+    out
+}
+
+/// Write `sweep.csv` (one line per cell and seed) and `sweep.json` (cells, rows,
+/// flags) into `dir`; returns their paths.
+pub fn write_files(dir: &Path, outcome: &SweepOutcome) -> Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir)?;
+    let mut csv = String::from(
+        "policy,pipeline,shape,load,seed,capacity,offered,goodput,goodput_of_bound,drop_rate,invalid_rate,on_time,accuracy,fell_back,faults,ns_per_event,longest_call_us,attainment\n",
+    );
+    for c in &outcome.cells {
+        let attainment: Vec<String> = c.attainment.iter().map(|(s, a)| format!("{s}={a:.4}")).collect();
+        let _ = writeln!(
+            csv,
+            "{},{},{},{},{},{:.3},{:.3},{:.3},{:.4},{:.4},{:.4},{:.4},{:.4},{},{},{:.0},{:.1},{}",
+            c.policy,
+            c.pipeline,
+            c.shape,
+            c.load,
+            c.seed,
+            c.capacity,
+            c.offered,
+            c.goodput,
+            c.goodput_of_bound,
+            c.drop_rate,
+            c.invalid_rate,
+            c.on_time,
+            c.accuracy,
+            c.fell_back,
+            c.faults,
+            c.ns_per_event,
+            c.longest_call_us,
+            attainment.join(";")
+        );
+    }
+    let csv_path = dir.join("sweep.csv");
+    std::fs::write(&csv_path, csv)?;
+    let json_path = dir.join("sweep.json");
+    std::fs::write(&json_path, serde_json::to_vec_pretty(outcome)?)?;
+    Ok(vec![csv_path, json_path])
+}
+
+/// Size of a heatmap cell, pixels.
+const CELL: (i32, i32) = (84, 40);
+/// Room for the row labels and the title.
+const MARGIN: (i32, i32) = (230, 70);
+
+/// One heatmap per policy: `heatmap-POLICY.svg`, and `.png` when a system font is
+/// found. Returns the files written.
+pub fn write_heatmaps(dir: &Path, outcome: &SweepOutcome) -> Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir)?;
+    let font = plot_font().map_err(|e| anyhow!(e))?;
+    let mut policies: Vec<&str> = Vec::new();
+    for r in &outcome.rows {
+        if !policies.contains(&r.policy.as_str()) {
+            policies.push(&r.policy);
+        }
+    }
+    let mut files = Vec::new();
+    for policy in policies {
+        let rows: Vec<&SweepRow> = outcome.rows.iter().filter(|r| r.policy == policy).collect();
+        let grid = Grid::of(&rows);
+        let size = ((MARGIN.0 + CELL.0 * grid.loads.len() as i32 + 20) as u32, (MARGIN.1 + CELL.1 * grid.lines.len() as i32 + 50) as u32);
+        let stem = format!("heatmap-{}", policy.replace(|c: char| !c.is_ascii_alphanumeric() && c != '-', "_"));
+        let svg = dir.join(format!("{stem}.svg"));
+        draw_heatmap(&SVGBackend::new(&svg, size).into_drawing_area(), policy, &grid).map_err(|e| anyhow!("{}: {e}", svg.display()))?;
+        files.push(svg);
+        if matches!(font, PlotFont::System(_)) {
+            let png = dir.join(format!("{stem}.png"));
+            draw_heatmap(&BitMapBackend::new(&png, size).into_drawing_area(), policy, &grid)
+                .map_err(|e| anyhow!("{}: {e}", png.display()))?;
+            files.push(png);
+        }
+    }
+    Ok(files)
+}
+
+/// A policy's rows laid out: lines (pipeline · shape) × load columns.
+struct Grid<'a> {
+    loads: Vec<f64>,
+    lines: Vec<(String, String)>,
+    cells: BTreeMap<(usize, usize), &'a SweepRow>,
+}
+
+impl<'a> Grid<'a> {
+    fn of(rows: &[&'a SweepRow]) -> Self {
+        let mut loads: Vec<f64> = Vec::new();
+        let mut lines: Vec<(String, String)> = Vec::new();
+        for r in rows {
+            if !loads.iter().any(|l| (l - r.load).abs() < 1e-9) {
+                loads.push(r.load);
+            }
+            let line = (r.pipeline.clone(), r.shape.clone());
+            if !lines.contains(&line) {
+                lines.push(line);
+            }
+        }
+        loads.sort_by(f64::total_cmp);
+        let mut cells = BTreeMap::new();
+        for r in rows {
+            let column = loads.iter().position(|l| (l - r.load).abs() < 1e-9).expect("listed");
+            let line = lines.iter().position(|(p, s)| *p == r.pipeline && *s == r.shape).expect("listed");
+            cells.insert((line, column), *r);
+        }
+        Grid { loads, lines, cells }
+    }
+}
+
+/// The colour of a goodput ÷ bound: red at 0.5 and under, through yellow at 0.75, to
+/// green at 1.
+fn heat(value: f64) -> RGBColor {
+    let t = ((value - 0.5) / 0.5).clamp(0.0, 1.0);
+    let (r, g) = if t < 0.5 { (230.0, 70.0 + 2.0 * t * 150.0) } else { (230.0 - 2.0 * (t - 0.5) * 170.0, 220.0) };
+    RGBColor(r as u8, g as u8, 80)
+}
+
+fn draw_heatmap<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, policy: &str, grid: &Grid) -> Result<(), String> {
+    let err = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
+    root.fill(&WHITE).map_err(err)?;
+    let text = |size: i32| ("sans-serif", size).into_font().color(&BLACK);
+    root.draw(&Text::new(format!("{policy}: goodput ÷ optimal bound by load (× capacity); framed: a cliff"), (10, 10), text(18)))
+        .map_err(err)?;
+    for (column, load) in grid.loads.iter().enumerate() {
+        let x = MARGIN.0 + CELL.0 * column as i32;
+        root.draw(&Text::new(format!("{load}×"), (x + CELL.0 / 3, MARGIN.1 - 24), text(15))).map_err(err)?;
+    }
+    for (line, (pipeline, shape)) in grid.lines.iter().enumerate() {
+        let y = MARGIN.1 + CELL.1 * line as i32;
+        root.draw(&Text::new(format!("{pipeline} · {shape}"), (10, y + CELL.1 / 3), text(15))).map_err(err)?;
+        for column in 0..grid.loads.len() {
+            let x = MARGIN.0 + CELL.0 * column as i32;
+            let corners = [(x, y), (x + CELL.0 - 2, y + CELL.1 - 2)];
+            match grid.cells.get(&(line, column)) {
+                Some(row) => {
+                    root.draw(&Rectangle::new(corners, heat(row.goodput_of_bound).filled())).map_err(err)?;
+                    if row.cliff {
+                        root.draw(&Rectangle::new(corners, BLACK.stroke_width(3))).map_err(err)?;
+                    }
+                    let label =
+                        if row.fell_back { format!("{:.2} fb", row.goodput_of_bound) } else { format!("{:.2}", row.goodput_of_bound) };
+                    root.draw(&Text::new(label, (x + 14, y + CELL.1 / 3), text(15))).map_err(err)?;
+                }
+                None => root.draw(&Rectangle::new(corners, RGBColor(235, 235, 235).filled())).map_err(err)?,
+            }
+        }
+    }
+    let legend_y = MARGIN.1 + CELL.1 * grid.lines.len() as i32 + 12;
+    for (i, value) in [0.5, 0.6, 0.7, 0.8, 0.9, 1.0].into_iter().enumerate() {
+        let x = MARGIN.0 + 50 * i as i32;
+        root.draw(&Rectangle::new([(x, legend_y), (x + 48, legend_y + 18)], heat(value).filled())).map_err(err)?;
+        root.draw(&Text::new(format!("{value:.1}"), (x + 12, legend_y + 2), text(13))).map_err(err)?;
+    }
+    root.present().map_err(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cell(policy: &str, shape: &str, load: f64, seed: u64, goodput: f64, on_time: f64, ns: f64) -> CellResult {
+        CellResult {
+            policy: policy.into(),
+            pipeline: "p".into(),
+            shape: shape.into(),
+            load,
+            seed,
+            capacity: 100.0,
+            offered: load * 100.0,
+            goodput,
+            goodput_of_bound: goodput / (load * 100.0).min(100.0),
+            drop_rate: 0.0,
+            invalid_rate: 0.0,
+            on_time,
+            attainment: BTreeMap::from([("s".to_string(), on_time)]),
+            accuracy: 1.0,
+            fell_back: false,
+            faults: 0,
+            ns_per_event: ns,
+            longest_call_us: 1.0,
+            wall_s: 0.1,
+        }
+    }
+
+    #[test]
+    fn a_drop_past_the_peak_is_a_cliff_and_a_plateau_is_not() {
+        let cells = vec![
+            // Holds its peak past capacity (seeds averaged: 95 and 97 at 2×).
+            cell("steady", "poisson", 0.5, 1, 50.0, 1.0, 100.0),
+            cell("steady", "poisson", 1.0, 1, 98.0, 0.98, 100.0),
+            cell("steady", "poisson", 2.0, 1, 95.0, 0.47, 120.0),
+            cell("steady", "poisson", 2.0, 2, 97.0, 0.48, 120.0),
+            // Collapses at 5× (40 of a best of 90), and misses its low load.
+            cell("cliff", "poisson", 0.5, 1, 45.0, 0.9, 100.0),
+            cell("cliff", "poisson", 1.0, 1, 90.0, 0.9, 100.0),
+            cell("cliff", "poisson", 5.0, 1, 40.0, 0.08, 500.0),
+        ];
+        let outcome = summarise(cells);
+        let row = |policy: &str, load: f64| outcome.rows.iter().find(|r| r.policy == policy && r.load == load).unwrap();
+        assert_eq!(row("steady", 2.0).seeds, 2);
+        assert!((row("steady", 2.0).goodput - 96.0).abs() < 1e-9);
+        assert!(!row("steady", 2.0).cliff, "96 of a best of 98 holds");
+        assert_eq!(row("steady", 0.5).of_best_lower, None, "nothing below the lowest load");
+        assert!(row("cliff", 5.0).cliff);
+        assert!((row("cliff", 5.0).of_best_lower.unwrap() - 40.0 / 90.0).abs() < 1e-9);
+        assert!(row("cliff", 0.5).low_load_miss && !row("steady", 0.5).low_load_miss);
+        let growth: Vec<(&str, f64)> = outcome.cost_growth.iter().map(|g| (g.policy.as_str(), g.ratio)).collect();
+        assert_eq!(growth, [("steady", 1.2), ("cliff", 5.0)]);
+        let table = render_table(&outcome);
+        assert!(table.contains("cliffs (goodput under 0.9 of the best at a lower load): 1"), "{table}");
+        assert!(table.contains("cliff on p poisson at 5×"), "{table}");
+    }
+
+    #[test]
+    fn shapes_name_their_workloads_and_unknown_ones_are_refused() {
+        assert_eq!(Shape::parse("bursty").unwrap().workload, "twitter");
+        assert_eq!(Shape::parse("diurnal").unwrap().workload, "wikipedia");
+        assert_eq!(Shape::parse("poisson").unwrap().workload, "poisson");
+        assert!(Shape::parse("sideways").is_err());
+    }
+
+    #[test]
+    fn heat_runs_from_red_to_green() {
+        assert_eq!(heat(0.2), heat(0.5));
+        assert!(heat(1.0).1 > heat(0.5).1 && heat(1.0).0 < heat(0.5).0);
+    }
+}
