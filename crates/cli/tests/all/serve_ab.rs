@@ -189,3 +189,37 @@ async fn an_ab_run_splits_labels_swaps_and_promotes_on_the_real_server() {
     assert_eq!(view["status"]["arms"][0]["arm"], "fifo", "rolled back to the control: {view}");
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_candidate_s_workers_are_started_and_warm_before_the_split_routes_a_request_to_it() {
+    let server = Server::start(&config(), Vec::new()).await.unwrap();
+    let (address, admin) = (server.address(), server.admin_address().unwrap());
+    // Requests flow while the run starts: none may reach the candidate before its
+    // workers are ready.
+    let flowing = tokio::spawn(infer(address, 4, 400, None));
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let status = ok(admin, Method::POST, "/admin/ab", r#"{"shipped":"fifo","share":0.5}"#).await;
+    // The call answers once the split routes to the candidate: its workers are ready.
+    assert_eq!(status["state"], "running", "{status}");
+    let candidate = &status["arms"][1];
+    assert_eq!(candidate["ready"], candidate["workers"], "every worker of the candidate is ready: {status}");
+    assert!(status["warm_up_ms"].as_f64().is_some(), "{status}");
+    let statuses = flowing.await.unwrap();
+    assert!(statuses.iter().all(|s| *s == StatusCode::OK), "{statuses:?}");
+    assert!(infer(address, 4, 200, None).await.iter().all(|s| *s == StatusCode::OK));
+    let view = ok(admin, Method::GET, "/admin/ab", "").await;
+    assert!(requests(&view["report"], "candidate") > 0, "{view}");
+    assert_eq!(view["status"]["starting_at_first_request"], 0, "the candidate's first request found no worker starting: {view}");
+    ok(admin, Method::POST, "/admin/ab/rollback", "").await;
+    until_ended(admin).await;
+
+    // Asked not to wait (the behaviour before warm-ups), the split routes at once and
+    // the start's answer shows the candidate's workers still starting.
+    let status = ok(admin, Method::POST, "/admin/ab?warm=false", r#"{"shipped":"fifo","share":0.5}"#).await;
+    assert_eq!(status["state"], "running", "{status}");
+    assert_eq!(status["arms"][1]["ready"], serde_json::json!([0]), "{status}");
+    assert!(infer(address, 2, 40, None).await.iter().all(|s| *s == StatusCode::OK));
+    ok(admin, Method::POST, "/admin/ab/rollback", "").await;
+    until_ended(admin).await;
+    server.stop().await;
+}
