@@ -22,7 +22,7 @@
 //! later, is the arm's failure mode's to handle, as for any policy.
 //!
 //! Compiling comes first and outside the serialisation: an uncached component can take
-//! seconds (a Python policy of 18 MB about 13 s on a 2-core machine), and meanwhile
+//! seconds (13.6 s was reported for a Python policy of 18 MB), and meanwhile
 //! the other admin calls answer — reads, and an A/B run's promotion or roll-back. A long
 //! call reports its [`Phase`] as it goes (`compiling`, `preparing`, `warming`), which
 //! the admin API's operations show ([`super::admin`]). Swapping in a policy starts no
