@@ -11,6 +11,14 @@
 //!   | status | report | promote | rollback`: an A/B run of a candidate against the
 //!   live policy, its report with confidence intervals, and its end.
 //!
+//! `admin swap`, `admin shadow start` and `ab start` ask the server to work in the
+//! background (`?async=1`) and poll the operation it answers with
+//! (`GET /admin/operations/ID`, every 200 ms): while it is not done they print where it
+//! stands to stderr — `compiling my-policy (18.0 MB)… 4 s`, `preparing …`, `warming up
+//! the candidate's workers …` — at each change and every second, and return when it is
+//! done, with its answer, as a direct call would. A server that answers at once (200)
+//! is read as before.
+//!
 //! The token comes from `--token` or `YARDMASTER_ADMIN_TOKEN`. The exit status is
 //! non-zero when the call is refused, and when a swapped-in policy faulted at once
 //! (the server then serves with the fallback).
@@ -226,6 +234,63 @@ async fn admin_call(address: SocketAddr, method: Method, path: &str, headers: &H
     }
 }
 
+/// Make a long admin call (a swap, a shadow's or an A/B run's start) in the
+/// background and poll its operation until it is done, printing progress to stderr;
+/// its JSON answer, or the server's reason for refusing it.
+async fn long_call(address: SocketAddr, path: &str, headers: &HeaderMap, body: Bytes) -> Result<Value> {
+    let mut client = Http1Client::connect(address).await.context("is the server running with an admin token?")?;
+    let reply = client.request(Method::POST, &with_query(path, "async=1"), headers, body).await?;
+    if reply.status != StatusCode::ACCEPTED {
+        // A server without background operations answered when done.
+        let value: Value =
+            serde_json::from_slice(&reply.body).with_context(|| format!("{}: {}", reply.status, String::from_utf8_lossy(&reply.body)))?;
+        return match reply.status {
+            StatusCode::OK => Ok(value),
+            StatusCode::UNAUTHORIZED => bail!("401 unauthorized: the token is not the server's (--token or {ADMIN_TOKEN_ENV})"),
+            status => bail!("{status}: {}", value["error"].as_str().unwrap_or("no reason given")),
+        };
+    }
+    let mut operation: Value = serde_json::from_slice(&reply.body).context("the operation does not parse")?;
+    let poll = operation["poll"].as_str().map(str::to_string).ok_or_else(|| anyhow!("the server answered 202 without an operation"))?;
+    let (mut said, mut said_at) = (String::new(), std::time::Instant::now());
+    loop {
+        match operation["state"].as_str().unwrap_or("?") {
+            "done" => return Ok(operation["result"].clone()),
+            "failed" => {
+                let status =
+                    operation["status"].as_u64().and_then(|s| StatusCode::from_u16(s as u16).ok()).unwrap_or(StatusCode::BAD_REQUEST);
+                bail!("{status}: {}", operation["error"].as_str().unwrap_or("no reason given"));
+            }
+            state => {
+                let long = !said.is_empty() || operation["elapsed_ms"].as_f64().unwrap_or(0.0) >= 200.0;
+                if long && (state != said || said_at.elapsed() >= std::time::Duration::from_secs(1)) {
+                    eprintln!("{}", progress_line(&operation));
+                    (said, said_at) = (state.to_string(), std::time::Instant::now());
+                }
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        operation = admin_call(address, Method::GET, &poll, headers, Bytes::new()).await?;
+    }
+}
+
+/// Where an operation stands, in words: `compiling my-policy (18.0 MB)… 4 s`.
+fn progress_line(operation: &Value) -> String {
+    let policy = operation["policy"].as_str().unwrap_or("the policy");
+    let size = match operation["size_bytes"].as_u64() {
+        Some(bytes) if bytes >= 1 << 20 => format!(" ({:.1} MB)", bytes as f64 / (1 << 20) as f64),
+        Some(bytes) => format!(" ({} kB)", bytes.div_ceil(1024)),
+        None => String::new(),
+    };
+    let what = match operation["state"].as_str().unwrap_or("?") {
+        "compiling" => format!("compiling {policy}{size}"),
+        "preparing" => format!("preparing {policy} (instantiating it, replaying the held requests)"),
+        "warming" => format!("warming up the candidate {policy}'s workers (no request goes to it yet)"),
+        other => format!("{other} {policy}"),
+    };
+    format!("{what}… {:.0} s", operation["elapsed_ms"].as_f64().unwrap_or(0.0) / 1e3)
+}
+
 async fn call_ab(args: &AbArgs) -> Result<ExitCode> {
     let mut headers = auth_headers(&args.token)?;
     let (method, path, body) = match &args.command {
@@ -241,7 +306,10 @@ async fn call_ab(args: &AbArgs) -> Result<ExitCode> {
         AbCommand::Promote => (Method::POST, "/admin/ab/promote".to_string(), Bytes::new()),
         AbCommand::Rollback => (Method::POST, "/admin/ab/rollback".to_string(), Bytes::new()),
     };
-    let value = admin_call(args.address, method, &path, &headers, body).await?;
+    let value = match &args.command {
+        AbCommand::Start { .. } => long_call(args.address, &path, &headers, body).await?,
+        _ => admin_call(args.address, method, &path, &headers, body).await?,
+    };
     match &args.command {
         AbCommand::Report { json: true } => println!("{}", serde_json::to_string_pretty(&value["report"])?),
         AbCommand::Report { json: false } => match serde_json::from_value::<Option<AbReport>>(value["report"].clone())? {
@@ -264,12 +332,16 @@ fn print_ab_status(status: &Value) {
             status["winner"].as_str().map(|w| format!("; {w} becomes the whole once the other arm drains")).unwrap_or_default()
         ),
     }
+    if let Some(ms) = status["warm_up_ms"].as_f64() {
+        println!("  the candidate's workers warmed up in {ms:.0} ms before the split routed to it");
+    }
     for arm in status["arms"].as_array().into_iter().flatten() {
         println!(
-            "  arm {}: {}, workers per stage {}, {} requests in flight",
+            "  arm {}: {}, workers per stage {} ({} ready), {} requests in flight",
             arm["arm"].as_str().unwrap_or("?"),
             arm["policy"].as_str().unwrap_or("?"),
             arm["workers"],
+            arm["ready"],
             arm["in_flight"]
         );
     }
@@ -294,7 +366,12 @@ async fn call(args: &AdminArgs) -> Result<ExitCode> {
         AdminCommand::Shadow(ShadowCommand::Report) => (Method::GET, "/admin/shadow".to_string(), Bytes::new()),
         AdminCommand::Shadow(ShadowCommand::Stop) => (Method::DELETE, "/admin/shadow".to_string(), Bytes::new()),
     };
-    let value = admin_call(args.address, method, &path, &headers, body).await?;
+    let value = match &args.command {
+        AdminCommand::Swap { .. } | AdminCommand::Shadow(ShadowCommand::Start { .. }) => {
+            long_call(args.address, &path, &headers, body).await?
+        }
+        _ => admin_call(args.address, method, &path, &headers, body).await?,
+    };
     Ok(match &args.command {
         AdminCommand::List => {
             for arm in value["arms"].as_array().into_iter().flatten() {

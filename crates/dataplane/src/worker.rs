@@ -3,6 +3,13 @@
 //! provision a replica (warm from the cache or cold from disk), retire it, change its
 //! thread count or its variant — with results coming back on an event channel.
 //!
+//! A worker reports [`WorkerEvent::Ready`] only once it can serve at its steady
+//! latency: after loading its session it runs one warm-up inference ([`warm_up`]) on
+//! synthetic inputs (ONNX Runtime allocates its buffers and initialises its kernels on
+//! the first run); a model whose warm-up run fails (an input that is not `f32`, a
+//! shape it refuses) reports ready without it. So the first request a ready worker
+//! runs does not pay for the first run.
+//!
 //! Abort goes through ONNX Runtime's run options: every job gets its own
 //! [`RunOptions`], created when the job is handed over, and [`Worker::abort`] sets its
 //! terminate flag, which stops a run in progress or one about to start.
@@ -216,6 +223,28 @@ impl Drop for Worker {
     }
 }
 
+/// What a dynamic dimension of a model input is in the warm-up run.
+pub const WARM_UP_DIM: usize = 32;
+
+/// One inference on synthetic inputs (a batch of one, each dynamic dimension
+/// [`WARM_UP_DIM`]), so the first real job does not pay for ONNX Runtime's first run;
+/// how long it took, or none when the run failed (an input that is not `f32`, a shape
+/// the model refuses).
+pub fn warm_up(session: &mut ModelSession) -> Option<Duration> {
+    let inputs: Vec<Tensor> = session
+        .inputs()
+        .iter()
+        .enumerate()
+        .map(|(k, spec)| {
+            let shape: Vec<usize> = spec.dims.iter().skip(1).map(|d| d.unwrap_or(WARM_UP_DIM)).collect();
+            crate::profile::synthetic(&shape, k as u64 + 1)
+        })
+        .collect();
+    let begin = Instant::now();
+    session.run_batch(&[inputs.as_slice()], None).ok()?;
+    Some(begin.elapsed())
+}
+
 struct WorkerLoop {
     id: u32,
     context: WorkerContext,
@@ -228,7 +257,12 @@ impl WorkerLoop {
     fn run(self, spec: ModelSpec, threads: usize, inbox: Receiver<Command>) {
         let worker = self.id;
         let mut session = match ModelSession::start(&self.context.runtime, &self.context.cache, &spec, threads) {
-            Ok(started) => {
+            Ok(mut started) => {
+                if !self.retired.load(Ordering::SeqCst) {
+                    if let Some(took) = warm_up(&mut started.session) {
+                        tracing::debug!(worker, model = %spec.key, warm_up_ms = took.as_secs_f64() * 1e3, "worker warmed up");
+                    }
+                }
                 if !self.retired.load(Ordering::SeqCst) {
                     let _ =
                         self.events.send(WorkerEvent::Ready { worker, model: spec.key.clone(), kind: started.kind, took: started.took });

@@ -56,6 +56,9 @@ pub enum AbCommand {
         label: String,
         /// How requests and workers are divided.
         split: Split,
+        /// Whether the split waits for the candidate's workers to be ready (else it
+        /// routes to the candidate at once).
+        warm: bool,
     },
     /// End the run with the arm of this label as the whole (promote or roll back).
     End(String),
@@ -366,7 +369,9 @@ fn run<C: Clock, X: Executor>(mut arms: Arms<C, X>, clock: C, receiver: Receiver
                 },
                 Message::Shadow { candidate: Some(candidate), done } => done(arms.main_mut().start_shadow(candidate)),
                 Message::Shadow { candidate: None, done } => done(arms.main_mut().stop_shadow()),
-                Message::Ab { command: AbCommand::Start { candidate, label, split }, done } => done(arms.start(*candidate, &label, split)),
+                Message::Ab { command: AbCommand::Start { candidate, label, split, warm }, done } => {
+                    done(arms.start_with(*candidate, &label, split, warm))
+                }
                 Message::Ab { command: AbCommand::End(winner), done } => done(arms.end(&winner)),
                 Message::Shutdown(reason) => {
                     stop = Some(reason);
@@ -607,6 +612,18 @@ mod tests {
         ended
     }
 
+    /// Wait until the run's candidate is warm; its status.
+    fn warm(handle: &ActorHandle<MonotonicClock, SleepingExecutor>) -> AbStatus {
+        for _ in 0..500 {
+            let status = handle.inspect_arms(|arms| arms.status()).unwrap();
+            if status.state != "warming" {
+                return status;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        panic!("the candidate never warmed up");
+    }
+
     fn split(share: f64) -> Split {
         Split::new(share, super::super::ab::SplitBy::Request).unwrap()
     }
@@ -616,13 +633,18 @@ mod tests {
         let actor = start("edf", Arc::new(Mutex::new(Vec::new())));
         let handle = actor.handle();
         let status = handle
-            .ab(AbCommand::Start { candidate: Box::new(candidate("fifo")), label: "fifo".into(), split: split(0.3) })
+            .ab(AbCommand::Start { candidate: Box::new(candidate("fifo")), label: "fifo".into(), split: split(0.3), warm: true })
             .unwrap()
             .unwrap();
+        assert_eq!(status.state, "warming", "the candidate's workers start before any request goes to it");
+        let status = warm(&handle);
         assert_eq!(status.state, "running");
+        assert_eq!(status.starting_at_first_request, None);
         // vision-chain has 4, 2 and 3 workers: 30 % is 1, 1 and 1 of them.
         assert_eq!(status.arms.iter().map(|a| a.workers.clone()).collect::<Vec<_>>(), [vec![3, 1, 2], vec![1, 1, 1]]);
-        let refused = handle.ab(AbCommand::Start { candidate: Box::new(candidate("fifo")), label: "x".into(), split: split(0.5) }).unwrap();
+        let refused = handle
+            .ab(AbCommand::Start { candidate: Box::new(candidate("fifo")), label: "x".into(), split: split(0.5), warm: true })
+            .unwrap();
         assert!(refused.unwrap_err().contains("already in progress"));
 
         let results = offer(&handle, 2000, 2000.0);
@@ -667,7 +689,11 @@ mod tests {
         // worker, for 2 s): fifo serves late what PARD drops early.
         let actor = start_with("fifo", Arc::new(Mutex::new(Vec::new())), Duration::from_millis(1));
         let handle = actor.handle();
-        handle.ab(AbCommand::Start { candidate: Box::new(candidate("pard")), label: "pard".into(), split: split(0.5) }).unwrap().unwrap();
+        handle
+            .ab(AbCommand::Start { candidate: Box::new(candidate("pard")), label: "pard".into(), split: split(0.5), warm: true })
+            .unwrap()
+            .unwrap();
+        warm(&handle);
         let results = offer(&handle, 8000, 4000.0);
         collect(&results, 8000);
         let report = handle.inspect_arms(|arms| arms.report()).unwrap().unwrap();
@@ -681,7 +707,11 @@ mod tests {
         // Identical arms, under capacity: every request on time in both.
         let actor = start("edf", Arc::new(Mutex::new(Vec::new())));
         let handle = actor.handle();
-        handle.ab(AbCommand::Start { candidate: Box::new(candidate("edf")), label: "edf-b".into(), split: split(0.5) }).unwrap().unwrap();
+        handle
+            .ab(AbCommand::Start { candidate: Box::new(candidate("edf")), label: "edf-b".into(), split: split(0.5), warm: true })
+            .unwrap()
+            .unwrap();
+        warm(&handle);
         let results = offer(&handle, 600, 600.0);
         collect(&results, 600);
         let report = handle.inspect_arms(|arms| arms.report()).unwrap().unwrap();

@@ -23,13 +23,27 @@
 //!   and rejected actions, faults, call time); `DELETE /admin/shadow`: stop it, with
 //!   the final report. 404 when no shadow runs.
 //!
+//! - `?async=1` on `POST /admin/swap`, `POST /admin/ab` and `POST /admin/shadow`: the
+//!   call answers **202** at once with an operation (`{"operation": ID, "state": …}`)
+//!   and goes on in the background; `GET /admin/operations/ID` says where it stands —
+//!   `state` `compiling`, `preparing`, `warming` (an A/B candidate's workers
+//!   starting), `done` (with `result`, the answer the call would have given) or
+//!   `failed` (with `error` and the `status` the call would have had) — and
+//!   `elapsed_ms`; `GET /admin/operations` lists the recent ones (the last
+//!   [`KEPT_OPERATIONS`]). Without `async` the call answers when it is done, as
+//!   before. Either way the work runs on a blocking thread and compiles before it
+//!   waits for another swap to finish, so every other call (`GET /admin/policies`,
+//!   `GET /admin/ab`, a roll-back) answers while a component compiles.
+//!
 //! Without a token (in `[admin] token` or `YARDMASTER_ADMIN_TOKEN`) the admin API does
 //! not start, and one log line says so. A call without `Authorization: Bearer TOKEN`,
 //! or with another token, gets 401. [`Admin::start`] also starts the watched directory
 //! ([`super::watch`]) when one is configured; it does not need the token.
 
+use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use anyhow::{Context, Result};
 use bytes::Bytes;
@@ -44,7 +58,7 @@ use tokio::task::JoinHandle;
 use super::ab::{Split, SplitBy};
 use super::config::{AdminConfig, ADMIN_TOKEN_ENV};
 use super::executor::OnnxExecutor;
-use super::swap::{AbEnd, PolicySettings, PolicySource, SwapError, Swapper};
+use super::swap::{AbEnd, Phase, PolicySettings, PolicySource, Progress, SwapError, Swapper};
 use super::watch::Watcher;
 use yardmaster_engine::MonotonicClock;
 
@@ -54,16 +68,142 @@ pub type ServeSwapper = Swapper<MonotonicClock, OnnxExecutor>;
 /// Largest body of an admin call (a policy component).
 pub const MAX_ADMIN_BODY: usize = 64 << 20;
 
+/// Operations the admin API keeps for `GET /admin/operations`, the most recent.
+pub const KEPT_OPERATIONS: usize = 64;
+
+/// A long call running in the background (`?async=1`).
+struct Operation {
+    id: u64,
+    kind: &'static str,
+    policy: String,
+    size_bytes: Option<u64>,
+    started: Instant,
+    progress: Mutex<OperationState>,
+}
+
+/// Where an operation stands.
+struct OperationState {
+    /// `compiling`, `preparing`, `warming`, `done`, `failed`.
+    state: &'static str,
+    /// Milliseconds from the start at which each phase began.
+    phases: Vec<(&'static str, f64)>,
+    /// The call's answer, once it is over.
+    outcome: Option<(StatusCode, Value)>,
+    elapsed_ms: Option<f64>,
+}
+
+impl Operation {
+    fn phase(&self, phase: Phase) {
+        let mut progress = self.progress.lock().unwrap_or_else(|p| p.into_inner());
+        if progress.state != phase.name() {
+            progress.state = phase.name();
+            progress.phases.push((phase.name(), self.started.elapsed().as_secs_f64() * 1e3));
+        }
+    }
+
+    fn finish(&self, status: StatusCode, value: Value) {
+        let mut progress = self.progress.lock().unwrap_or_else(|p| p.into_inner());
+        let state = if status == StatusCode::OK { "done" } else { "failed" };
+        let elapsed = self.started.elapsed().as_secs_f64() * 1e3;
+        progress.state = state;
+        progress.phases.push((state, elapsed));
+        progress.elapsed_ms = Some(elapsed);
+        progress.outcome = Some((status, value));
+    }
+
+    fn view(&self) -> Value {
+        let progress = self.progress.lock().unwrap_or_else(|p| p.into_inner());
+        let elapsed_ms = progress.elapsed_ms.unwrap_or_else(|| self.started.elapsed().as_secs_f64() * 1e3);
+        let mut view = json!({
+            "operation": self.id,
+            "kind": self.kind,
+            "policy": self.policy,
+            "size_bytes": self.size_bytes,
+            "state": progress.state,
+            "elapsed_ms": elapsed_ms,
+            "phases": progress.phases.iter().map(|(phase, at)| json!({ "phase": phase, "at_ms": at })).collect::<Vec<_>>(),
+            "poll": format!("/admin/operations/{}", self.id),
+        });
+        if let Some((status, value)) = &progress.outcome {
+            view["status"] = json!(status.as_u16());
+            match value.get("error").filter(|_| *status != StatusCode::OK) {
+                Some(error) => view["error"] = error.clone(),
+                None => view["result"] = value.clone(),
+            }
+        }
+        view
+    }
+}
+
+/// A long call: what it is (`swap`, `shadow`, `ab`), its policy, and the work.
+type Work = Box<dyn FnOnce(&ServeSwapper, Progress<'_>) -> (StatusCode, Value) + Send>;
+
 /// The admin routes, with the token they require.
 pub struct AdminApi {
     token: String,
     swapper: Arc<ServeSwapper>,
+    operations: Mutex<(u64, VecDeque<Arc<Operation>>)>,
 }
 
 impl AdminApi {
     /// Routes over `swapper`, requiring `token`.
     pub fn new(token: String, swapper: Arc<ServeSwapper>) -> Self {
-        Self { token, swapper }
+        Self { token, swapper, operations: Mutex::new((0, VecDeque::new())) }
+    }
+
+    /// Run `work` on a blocking thread: answer when it is done, or at once with an
+    /// operation to poll when the call asked for `async`.
+    async fn long_call(&self, kind: &'static str, source: &PolicySource, query: Option<&str>, work: Work) -> (StatusCode, Value) {
+        let swapper = self.swapper.clone();
+        if !matches!(query_value(query, "async"), Some("1" | "true" | "yes")) {
+            return match tokio::task::spawn_blocking(move || work(&swapper, &super::swap::no_progress)).await {
+                Ok(answer) => answer,
+                Err(join) => error(StatusCode::INTERNAL_SERVER_ERROR, &join.to_string()),
+            };
+        }
+        let (policy, size_bytes) = source.describe();
+        let operation = {
+            let mut operations = self.operations.lock().unwrap_or_else(|p| p.into_inner());
+            operations.0 += 1;
+            let operation = Arc::new(Operation {
+                id: operations.0,
+                kind,
+                policy,
+                size_bytes,
+                started: Instant::now(),
+                progress: Mutex::new(OperationState {
+                    state: Phase::Compiling.name(),
+                    phases: vec![(Phase::Compiling.name(), 0.0)],
+                    outcome: None,
+                    elapsed_ms: None,
+                }),
+            });
+            operations.1.push_back(operation.clone());
+            while operations.1.len() > KEPT_OPERATIONS {
+                operations.1.pop_front();
+            }
+            operation
+        };
+        let running = operation.clone();
+        tokio::task::spawn_blocking(move || {
+            let (status, value) =
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(&swapper, &|phase| running.phase(phase)))) {
+                    Ok(answer) => answer,
+                    Err(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "the operation panicked"),
+                };
+            match value.get("error") {
+                Some(reason) => tracing::warn!(operation = running.id, kind = running.kind, %reason, "admin operation failed"),
+                None => tracing::info!(operation = running.id, kind = running.kind, "admin operation done"),
+            }
+            running.finish(status, value);
+        });
+        (StatusCode::ACCEPTED, operation.view())
+    }
+
+    /// The operation `id`, if it is still kept.
+    fn operation(&self, id: &str) -> Option<Arc<Operation>> {
+        let id: u64 = id.parse().ok()?;
+        self.operations.lock().unwrap_or_else(|p| p.into_inner()).1.iter().find(|o| o.id == id).cloned()
     }
 
     /// Whether `authorization` carries the token (compared in constant time).
@@ -100,19 +240,33 @@ impl AdminApi {
                     Ok(request) => request,
                     Err(message) => return error(StatusCode::BAD_REQUEST, &message),
                 };
-                let (swapper, arm) = (self.swapper.clone(), query_value(query, "arm").map(str::to_string));
-                answer_with(tokio::task::spawn_blocking(move || swapper.swap_arm(&source, arm.as_deref(), &settings)).await)
+                let arm = query_value(query, "arm").map(str::to_string);
+                let described = source.clone();
+                let work: Work = Box::new(move |swapper, progress| answer_now(swapper.swap_arm_with(&source, arm.as_deref(), &settings, progress)));
+                self.long_call("swap", &described, query, work).await
             }
             (&Method::POST, "/admin/shadow") => {
                 let (source, settings) = match swap_source(query, headers, &body).and_then(|s| Ok((s, policy_settings(query, &body)?))) {
                     Ok(request) => request,
                     Err(message) => return error(StatusCode::BAD_REQUEST, &message),
                 };
-                let swapper = self.swapper.clone();
-                let started =
-                    tokio::task::spawn_blocking(move || swapper.start_shadow(&source, &settings).map(|report| json!({ "shadow": report })));
-                answer_with(started.await)
+                let described = source.clone();
+                let work: Work = Box::new(move |swapper, progress| {
+                    answer_now(swapper.start_shadow_with(&source, &settings, progress).map(|report| json!({ "shadow": report })))
+                });
+                self.long_call("shadow", &described, query, work).await
             }
+            (&Method::GET, "/admin/operations") => {
+                let operations = self.operations.lock().unwrap_or_else(|p| p.into_inner());
+                (StatusCode::OK, json!({ "operations": operations.1.iter().map(|o| o.view()).collect::<Vec<_>>() }))
+            }
+            (&Method::GET, _) if path.starts_with("/admin/operations/") => match self.operation(&path["/admin/operations/".len()..]) {
+                Some(operation) => (StatusCode::OK, operation.view()),
+                None => error(
+                    StatusCode::NOT_FOUND,
+                    &format!("no operation {} (the last {KEPT_OPERATIONS} are kept)", &path["/admin/operations/".len()..]),
+                ),
+            },
             (&Method::GET | &Method::DELETE, "/admin/shadow") => {
                 let (swapper, stop) = (self.swapper.clone(), method == Method::DELETE);
                 let read = move || if stop { swapper.stop_shadow() } else { swapper.shadow_report() };
@@ -129,8 +283,16 @@ impl AdminApi {
                         Ok(request) => request,
                         Err(message) => return error(StatusCode::BAD_REQUEST, &message),
                     };
-                let swapper = self.swapper.clone();
-                answer_with(tokio::task::spawn_blocking(move || swapper.start_ab(&source, label.as_deref(), split, &settings)).await)
+                let warm = match query_value(query, "warm") {
+                    None | Some("1" | "true" | "yes") => true,
+                    Some("0" | "false" | "no") => false,
+                    Some(other) => return error(StatusCode::BAD_REQUEST, &format!("warm={other}: give true or false")),
+                };
+                let described = source.clone();
+                let work: Work = Box::new(move |swapper, progress| {
+                    answer_now(swapper.start_ab_with(&source, label.as_deref(), split, &settings, warm, progress))
+                });
+                self.long_call("ab", &described, query, work).await
             }
             (&Method::GET, "/admin/ab") => {
                 let swapper = self.swapper.clone();
@@ -141,13 +303,13 @@ impl AdminApi {
                 let swapper = self.swapper.clone();
                 answer_with(tokio::task::spawn_blocking(move || swapper.end_ab(end)).await)
             }
-            (_, "/admin/policies" | "/admin/swap" | "/admin/shadow" | "/admin/ab" | "/admin/ab/promote" | "/admin/ab/rollback") => {
+            (_, "/admin/policies" | "/admin/swap" | "/admin/shadow" | "/admin/ab" | "/admin/ab/promote" | "/admin/ab/rollback" | "/admin/operations") => {
                 error(StatusCode::METHOD_NOT_ALLOWED, &format!("{method} is not allowed on {path}"))
             }
             _ => error(
                 StatusCode::NOT_FOUND,
                 &format!(
-                    "no admin route {path} (GET /admin/policies, POST /admin/swap, GET|POST|DELETE /admin/shadow, GET|POST /admin/ab, POST /admin/ab/promote, POST /admin/ab/rollback)"
+                    "no admin route {path} (GET /admin/policies, POST /admin/swap, GET|POST|DELETE /admin/shadow, GET|POST /admin/ab, POST /admin/ab/promote, POST /admin/ab/rollback, GET /admin/operations[/ID])"
                 ),
             ),
         }
@@ -164,6 +326,12 @@ fn answer_with<T: serde::Serialize>(outcome: Result<Result<T, SwapError>, tokio:
         Ok(Err(SwapError::Stopped(stopped))) => error(StatusCode::SERVICE_UNAVAILABLE, &stopped.to_string()),
         Err(join) => error(StatusCode::INTERNAL_SERVER_ERROR, &join.to_string()),
     }
+}
+
+/// The answer to a call: 200 with the value, 400 for a refused policy, 409 for a
+/// command that does not fit, 503 once the engine stopped.
+fn answer_now<T: serde::Serialize>(outcome: Result<T, SwapError>) -> (StatusCode, Value) {
+    answer_with(Ok(outcome))
 }
 
 /// A query parameter's value.

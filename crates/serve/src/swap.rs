@@ -21,6 +21,13 @@
 //! the engine's thread) and refused likewise. A fault after that, at the hand-over or
 //! later, is the arm's failure mode's to handle, as for any policy.
 //!
+//! Compiling comes first and outside the serialisation: an uncached component can take
+//! seconds (13.6 s was reported for a Python policy of 18 MB), and meanwhile
+//! the other admin calls answer — reads, and an A/B run's promotion or roll-back. A long
+//! call reports its [`Phase`] as it goes (`compiling`, `preparing`, `warming`), which
+//! the admin API's operations show ([`super::admin`]). Swapping in a policy starts no
+//! worker: the arm keeps its workers, so a swap has nothing to warm up.
+//!
 //! Swaps are serialised: one at a time per server. A shadow policy
 //! ([`yardmaster_policy::Shadow`]) is prepared the same way and started with
 //! [`Swapper::start_shadow`], and so is the candidate of an A/B run
@@ -29,7 +36,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -42,6 +49,82 @@ use yardmaster_policy::{
     ArmState, Candidate, FailureMode, Handover, HandoverSnapshot, Limits, LoadError, PolicyLoader, PolicyModule, ProfileSource, Sandbox,
     ShadowReport,
 };
+
+/// Where a long admin call stands, as it reports to its operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    /// Reading, checking and compiling the component (or taking its compiled code from
+    /// the cache).
+    Compiling,
+    /// Instantiating the policy, initialising it and replaying the held requests into
+    /// it; handing over.
+    Preparing,
+    /// An A/B run's candidate is starting and warming up its workers; no request goes
+    /// to it yet.
+    Warming,
+}
+
+impl Phase {
+    /// Its name in the admin API.
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Compiling => "compiling",
+            Phase::Preparing => "preparing",
+            Phase::Warming => "warming",
+        }
+    }
+}
+
+/// What a call reports its phases to.
+pub type Progress<'a> = &'a (dyn Fn(Phase) + Sync);
+
+/// A [`Progress`] that reports nowhere.
+pub fn no_progress(_: Phase) {}
+
+/// Compiles of policies held by tests ([`hold_compiles`]).
+static HELD: Mutex<Vec<(String, Gate)>> = Mutex::new(Vec::new());
+
+/// Whether a compile is held, and what wakes it.
+type Gate = Arc<(Mutex<bool>, Condvar)>;
+
+/// Holds the compiles of one policy name until dropped ([`hold_compiles`]).
+#[doc(hidden)]
+pub struct CompileHold {
+    name: String,
+    gate: Gate,
+}
+
+/// A test hook: every compile of a policy named `name` (through a [`Swapper`]) waits,
+/// in the `compiling` phase, until the returned hold is dropped. Other names are not
+/// affected, so tests running beside each other do not see it.
+#[doc(hidden)]
+pub fn hold_compiles(name: &str) -> CompileHold {
+    let gate = Arc::new((Mutex::new(true), Condvar::new()));
+    HELD.lock().unwrap_or_else(|p| p.into_inner()).push((name.to_string(), gate.clone()));
+    CompileHold { name: name.to_string(), gate }
+}
+
+impl Drop for CompileHold {
+    fn drop(&mut self) {
+        HELD.lock().unwrap_or_else(|p| p.into_inner()).retain(|(name, _)| name != &self.name);
+        let (held, released) = &*self.gate;
+        *held.lock().unwrap_or_else(|p| p.into_inner()) = false;
+        released.notify_all();
+    }
+}
+
+/// Wait while a test holds the compiles of `name`.
+fn wait_if_held(name: &str) {
+    let gate = HELD.lock().unwrap_or_else(|p| p.into_inner()).iter().find(|(held, _)| held == name).map(|(_, gate)| gate.clone());
+    if let Some(gate) = gate {
+        let (held, released) = &*gate;
+        let mut still = held.lock().unwrap_or_else(|p| p.into_inner());
+        while *still {
+            still = released.wait(still).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
 
 /// Where the new policy comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,6 +140,20 @@ pub enum PolicySource {
     File(PathBuf),
     /// A policy shipped with Yardmaster, by name.
     Shipped(String),
+}
+
+impl PolicySource {
+    /// The policy's name and, where it is known without compiling, its size in bytes.
+    pub fn describe(&self) -> (String, Option<u64>) {
+        match self {
+            PolicySource::Bytes { name, bytes } => (name.clone(), Some(bytes.len() as u64)),
+            PolicySource::File(path) => (
+                path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
+                std::fs::metadata(path).ok().map(|m| m.len()),
+            ),
+            PolicySource::Shipped(name) => (name.clone(), yardmaster_policy_artifacts::shipped(name).map(|a| a.bytes.len() as u64)),
+        }
+    }
 }
 
 /// The operator's settings for a policy swapped in, or started as an A/B candidate or
@@ -282,6 +379,7 @@ impl<C: Clock, X: Executor> Swapper<C, X> {
 
     /// Read, check and compile a policy without swapping it in.
     pub fn load(&self, source: &PolicySource) -> Result<Arc<PolicyModule>, SwapError> {
+        wait_if_held(&source.describe().0);
         match source {
             PolicySource::Bytes { name, bytes } => Ok(self.loader.load(name, bytes)?),
             PolicySource::File(path) => Ok(self.loader.load_file(path)?),
@@ -309,9 +407,23 @@ impl<C: Clock, X: Executor> Swapper<C, X> {
     /// The policy comes with the operator's `settings` (its own parameters, deadline,
     /// memory limit, failure mode), which it keeps in that arm.
     pub fn swap_arm(&self, source: &PolicySource, arm: Option<&str>, settings: &PolicySettings) -> Result<SwapSummary, SwapError> {
-        let _serial = self.one_at_a_time.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        self.swap_arm_with(source, arm, settings, &no_progress)
+    }
+
+    /// [`Swapper::swap_arm`], reporting its phases to `progress`. The component is
+    /// compiled before the swap waits its turn, so a long compile holds up no other call.
+    pub fn swap_arm_with(
+        &self,
+        source: &PolicySource,
+        arm: Option<&str>,
+        settings: &PolicySettings,
+        progress: Progress<'_>,
+    ) -> Result<SwapSummary, SwapError> {
         let started = Instant::now();
+        progress(Phase::Compiling);
         let module = self.load(source)?;
+        progress(Phase::Preparing);
+        let _serial = self.one_at_a_time.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let prepared = self.prepare_swap(&module, arm, settings)?;
         let prepare = started.elapsed();
         let outcome = self.handle.swap_arm(arm.map(str::to_string), prepared.candidate)?.map_err(SwapError::Conflict)?;
@@ -348,12 +460,10 @@ impl<C: Clock, X: Executor> Swapper<C, X> {
         Ok(summary)
     }
 
-    /// Load and instantiate a policy for the engine's arm, off the engine's thread.
-    fn prepare(&self, source: &PolicySource, settings: &PolicySettings) -> Result<(Arc<PolicyModule>, Candidate), SwapError> {
-        let module = self.load(source)?;
+    /// Instantiate a loaded policy for the engine's arm, off the engine's thread.
+    fn prepare(&self, module: &Arc<PolicyModule>, settings: &PolicySettings) -> Result<Candidate, SwapError> {
         let (seed, profiles) = self.handle.inspect(|engine| engine.arm().candidate_inputs())?;
-        let candidate = self.instantiate(&module, seed, profiles, settings)?;
-        Ok((module, candidate))
+        self.instantiate(module, seed, profiles, settings)
     }
 
     /// An instance of `module` in a sandbox with `settings`' limits, carrying its
@@ -420,8 +530,21 @@ impl<C: Clock, X: Executor> Swapper<C, X> {
     /// already running); its first report (after `init` and the replay of what the
     /// live policy holds).
     pub fn start_shadow(&self, source: &PolicySource, settings: &PolicySettings) -> Result<ShadowReport, SwapError> {
+        self.start_shadow_with(source, settings, &no_progress)
+    }
+
+    /// [`Swapper::start_shadow`], reporting its phases to `progress`.
+    pub fn start_shadow_with(
+        &self,
+        source: &PolicySource,
+        settings: &PolicySettings,
+        progress: Progress<'_>,
+    ) -> Result<ShadowReport, SwapError> {
+        progress(Phase::Compiling);
+        let module = self.load(source)?;
+        progress(Phase::Preparing);
         let _serial = self.one_at_a_time.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let (module, candidate) = self.prepare(source, settings)?;
+        let candidate = self.prepare(&module, settings)?;
         self.try_out(&module, settings)?;
         if let Some(old) = self.handle.shadow(Some(candidate))? {
             tracing::info!(shadow = %old.policy, "a shadow was replaced");
@@ -433,7 +556,8 @@ impl<C: Clock, X: Executor> Swapper<C, X> {
 
     /// Start an A/B run with the policy from `source` as the candidate arm `label`
     /// (default: the policy's name, with `-b` when the control runs a policy of that
-    /// name), given `split`'s share of requests and workers.
+    /// name), given `split`'s share of requests and workers. Returns once the
+    /// candidate's workers are warm and the split routes to it (see [`super::ab::arms`]).
     pub fn start_ab(
         &self,
         source: &PolicySource,
@@ -441,8 +565,26 @@ impl<C: Clock, X: Executor> Swapper<C, X> {
         split: Split,
         settings: &PolicySettings,
     ) -> Result<AbStatus, SwapError> {
-        let _serial = self.one_at_a_time.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let (module, candidate) = self.prepare(source, settings)?;
+        self.start_ab_with(source, label, split, settings, true, &no_progress)
+    }
+
+    /// [`Swapper::start_ab`], reporting its phases to `progress`. With `warm` false
+    /// the split routes to the candidate at once, before its workers are ready (as
+    /// before warm-ups existed: its first requests wait for the workers to start).
+    pub fn start_ab_with(
+        &self,
+        source: &PolicySource,
+        label: Option<&str>,
+        split: Split,
+        settings: &PolicySettings,
+        warm: bool,
+        progress: Progress<'_>,
+    ) -> Result<AbStatus, SwapError> {
+        progress(Phase::Compiling);
+        let module = self.load(source)?;
+        progress(Phase::Preparing);
+        let serial = self.one_at_a_time.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let candidate = self.prepare(&module, settings)?;
         self.try_out(&module, settings)?;
         let label = match label {
             Some(label) => label.to_string(),
@@ -456,8 +598,18 @@ impl<C: Clock, X: Executor> Swapper<C, X> {
                 }
             }
         };
-        let status = self.handle.ab(AbCommand::Start { candidate: Box::new(candidate), label, split })?.map_err(SwapError::Conflict)?;
+        let mut status =
+            self.handle.ab(AbCommand::Start { candidate: Box::new(candidate), label, split, warm })?.map_err(SwapError::Conflict)?;
         tracing::info!(candidate = %module.name(), sha256 = %module.sha256_hex(), split = %split.describe(), "A/B run started");
+        // The run is in place: other commands (a roll-back) may come while it warms up.
+        drop(serial);
+        if warm && status.state == "warming" {
+            progress(Phase::Warming);
+            while status.state == "warming" {
+                std::thread::sleep(Duration::from_millis(5));
+                status = self.handle.inspect_arms(|arms| arms.status())?;
+            }
+        }
         Ok(status)
     }
 

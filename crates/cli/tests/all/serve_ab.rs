@@ -189,3 +189,132 @@ async fn an_ab_run_splits_labels_swaps_and_promotes_on_the_real_server() {
     assert_eq!(view["status"]["arms"][0]["arm"], "fifo", "rolled back to the control: {view}");
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_candidate_s_workers_are_started_and_warm_before_the_split_routes_a_request_to_it() {
+    let server = Server::start(&config(), Vec::new()).await.unwrap();
+    let (address, admin) = (server.address(), server.admin_address().unwrap());
+    // Requests flow while the run starts: none may reach the candidate before its
+    // workers are ready.
+    let flowing = tokio::spawn(infer(address, 4, 400, None));
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let status = ok(admin, Method::POST, "/admin/ab", r#"{"shipped":"fifo","share":0.5}"#).await;
+    // The call answers once the split routes to the candidate: its workers are ready.
+    assert_eq!(status["state"], "running", "{status}");
+    let candidate = &status["arms"][1];
+    assert_eq!(candidate["ready"], candidate["workers"], "every worker of the candidate is ready: {status}");
+    assert!(status["warm_up_ms"].as_f64().is_some(), "{status}");
+    let statuses = flowing.await.unwrap();
+    assert!(statuses.iter().all(|s| *s == StatusCode::OK), "{statuses:?}");
+    assert!(infer(address, 4, 200, None).await.iter().all(|s| *s == StatusCode::OK));
+    let view = ok(admin, Method::GET, "/admin/ab", "").await;
+    assert!(requests(&view["report"], "candidate") > 0, "{view}");
+    assert_eq!(view["status"]["starting_at_first_request"], 0, "the candidate's first request found no worker starting: {view}");
+    ok(admin, Method::POST, "/admin/ab/rollback", "").await;
+    until_ended(admin).await;
+
+    // Asked not to wait (the behaviour before warm-ups), the split routes at once and
+    // the start's answer shows the candidate's workers still starting.
+    let status = ok(admin, Method::POST, "/admin/ab?warm=false", r#"{"shipped":"fifo","share":0.5}"#).await;
+    assert_eq!(status["state"], "running", "{status}");
+    assert_eq!(status["arms"][1]["ready"], serde_json::json!([0]), "{status}");
+    assert!(infer(address, 2, 40, None).await.iter().all(|s| *s == StatusCode::OK));
+    ok(admin, Method::POST, "/admin/ab/rollback", "").await;
+    until_ended(admin).await;
+    server.stop().await;
+}
+
+/// `count` OCR requests (a rendered line of text) over `connections` connections.
+async fn infer_ocr(address: SocketAddr, connections: usize, count: usize) -> Vec<StatusCode> {
+    let image = yardmaster::dataplane::ocr::sample::render_text(&["WARM CANDIDATES"], 32.0, 480, 80, 10.0, 10.0).unwrap();
+    let body = Bytes::from(
+        serde_json::to_vec(&serde_json::json!({"parameters": {"timeout": 30_000_000}, "inputs": [{"name": "image",
+            "datatype": "UINT8", "shape": [image.height, image.width, 3], "data": image.data}]}))
+        .unwrap(),
+    );
+    let tasks: Vec<_> = (0..connections)
+        .map(|_| {
+            let body = body.clone();
+            tokio::spawn(async move {
+                let mut client = Http1Client::connect(address).await.unwrap();
+                let mut statuses = Vec::new();
+                for _ in 0..count / connections {
+                    statuses
+                        .push(client.request(Method::POST, "/v2/models/ocr/infer", &HeaderMap::new(), body.clone()).await.unwrap().status);
+                }
+                statuses
+            })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for task in tasks {
+        statuses.extend(task.await.unwrap());
+    }
+    statuses
+}
+
+/// The p99 latency of the first requests an A/B candidate serves right after `ab
+/// start`, requests flowing throughout, with its workers warmed up before the split
+/// routes to it (`warm`) and without (`warm=false`: the split routes at once, as
+/// before), alternating the two in one server, on the tiny pipeline and on PP-OCR. Run
+/// it with `cargo test -p yardmaster --test all bench_first_requests_after_ab_start --
+/// --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "benchmark: run by hand"]
+async fn bench_first_requests_after_ab_start() {
+    let only = std::env::var("BENCH_PIPELINE").ok();
+    for (pipeline, connections, count, rounds) in [("tiny", 4, 400, 7), ("ocr", 2, 12, 5)] {
+        if only.as_deref().is_some_and(|p| p != pipeline) {
+            continue;
+        }
+        let mut config = config();
+        config.pipeline = pipeline.into();
+        let server = Server::start(&config, Vec::new()).await.unwrap();
+        let (address, admin) = (server.address(), server.admin_address().unwrap());
+        let mut p99 = [Vec::new(), Vec::new()];
+        // Round 0 warms the model cache for both and is not counted.
+        for round in 0..rounds {
+            for warm in [round % 2 == 0, round % 2 == 1] {
+                let flowing = match pipeline {
+                    "ocr" => tokio::spawn(infer_ocr(address, connections, count)),
+                    _ => tokio::spawn(infer(address, connections, count, None)),
+                };
+                tokio::time::sleep(Duration::from_millis(if pipeline == "ocr" { 300 } else { 10 })).await;
+                let path = if warm { "/admin/ab" } else { "/admin/ab?warm=false" };
+                let started = Instant::now();
+                ok(admin, Method::POST, path, r#"{"shipped":"fifo","share":0.5,"deadline_ms":1000}"#).await;
+                let start_call = started.elapsed();
+                let statuses = flowing.await.unwrap();
+                assert!(statuses.iter().all(|s| *s == StatusCode::OK), "{statuses:?}");
+                let view = ok(admin, Method::GET, "/admin/ab", "").await;
+                let candidate = &view["report"]["candidate"];
+                let ms = candidate["p99_latency_ms"].as_f64().unwrap();
+                eprintln!(
+                    "{pipeline} round {round} warm={warm}: ab start answered in {:.1} ms (warm-up {:.1} ms); the candidate's first {} requests: p50 {:.2} ms, p99 {ms:.2} ms",
+                    start_call.as_secs_f64() * 1e3,
+                    view["status"]["warm_up_ms"].as_f64().unwrap_or(f64::NAN),
+                    candidate["requests"],
+                    candidate["p50_latency_ms"].as_f64().unwrap()
+                );
+                if round > 0 {
+                    p99[usize::from(warm)].push(ms);
+                }
+                ok(admin, Method::POST, "/admin/ab/rollback", "").await;
+                until_ended(admin).await;
+            }
+        }
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let (cold, warm) = (median(&mut p99[0]), median(&mut p99[1]));
+        eprintln!(
+            "{pipeline}: the candidate's p99 over its first requests, median of {} rounds: cold {cold:.2} ms, warm {warm:.2} ms (ratio warm/cold {:.3}); cold {:?}, warm {:?}",
+            rounds - 1,
+            warm / cold,
+            p99[0],
+            p99[1]
+        );
+        server.stop().await;
+    }
+}

@@ -367,6 +367,97 @@ async fn the_admin_command_lists_and_swaps() {
     server.stop().await;
 }
 
+/// The operation at `poll` once it is over (done or failed).
+async fn finished_operation(admin: SocketAddr, poll: &str) -> Value {
+    let started = Instant::now();
+    loop {
+        let operation = json(&admin_call(admin, Some(TOKEN), Method::GET, poll, Bytes::new()).await);
+        if matches!(operation["state"].as_str(), Some("done" | "failed")) {
+            return operation;
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "the operation never finished: {operation}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// An admin call that must answer within 5 s (it must not wait for a compile).
+async fn answers_at_once(admin: SocketAddr, method: Method, path: &str) -> Reply {
+    tokio::time::timeout(Duration::from_secs(5), admin_call(admin, Some(TOKEN), method, path, Bytes::new()))
+        .await
+        .unwrap_or_else(|_| panic!("{path} waited for the compile"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn other_admin_calls_answer_while_a_component_compiles_and_the_swap_is_polled_to_its_end() {
+    let server = Server::start(&config("edf", &[]), Vec::new()).await.unwrap();
+    let admin = server.admin_address().unwrap();
+    let fifo = Bytes::from_static(yardmaster_policy_artifacts::shipped("fifo").unwrap().bytes);
+    // Every compile of "held-compile" waits, in its compiling phase, until the hold goes.
+    let hold = yardmaster::serve::swap::hold_compiles("held-compile");
+    let reply = admin_call(admin, Some(TOKEN), Method::POST, "/admin/swap?name=held-compile&async=1", fifo.clone()).await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", String::from_utf8_lossy(&reply.body));
+    let operation = json(&reply);
+    assert_eq!((operation["kind"].as_str(), operation["state"].as_str()), (Some("swap"), Some("compiling")), "{operation}");
+    assert_eq!(operation["size_bytes"].as_u64(), Some(fifo.len() as u64));
+    let poll = operation["poll"].as_str().unwrap().to_string();
+    // A synchronous swap of another policy, started meanwhile, waits for nothing either.
+    let other = tokio::spawn(async move { swap_shipped(admin, "fifo").await });
+    // Meanwhile every other call answers: the list, the A/B status, a roll-back (409:
+    // no run), the operations, and the held swap says it is compiling.
+    for _ in 0..3 {
+        let listed = answers_at_once(admin, Method::GET, "/admin/policies").await;
+        assert_eq!(listed.status, StatusCode::OK);
+        assert_eq!(answers_at_once(admin, Method::GET, "/admin/ab").await.status, StatusCode::OK);
+        assert_eq!(answers_at_once(admin, Method::POST, "/admin/ab/rollback").await.status, StatusCode::CONFLICT);
+        let now = json(&answers_at_once(admin, Method::GET, &poll).await);
+        assert_eq!(now["state"], "compiling", "held: {now}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let other =
+        tokio::time::timeout(Duration::from_secs(20), other).await.expect("a swap of a cached policy waits for no compile").unwrap();
+    assert_eq!(other["policy"], "fifo");
+    assert_eq!(policies(admin).await["policy"], "fifo", "the other swap went in while the held one compiled");
+    let listed = json(&answers_at_once(admin, Method::GET, "/admin/operations").await);
+    assert!(listed["operations"].as_array().unwrap().iter().any(|o| o["poll"] == poll.as_str()), "{listed}");
+    drop(hold);
+    let done = finished_operation(admin, &poll).await;
+    assert_eq!((done["state"].as_str(), done["status"].as_u64()), (Some("done"), Some(200)), "{done}");
+    assert_eq!(done["result"]["policy"], "held-compile", "the answer a direct call gives: {done}");
+    let phases: Vec<&str> = done["phases"].as_array().unwrap().iter().map(|p| p["phase"].as_str().unwrap()).collect();
+    assert_eq!(phases, ["compiling", "preparing", "done"]);
+    assert_eq!(policies(admin).await["policy"], "held-compile");
+    // A refused policy fails its operation with the reason and the status a direct call gets.
+    let reply =
+        admin_call(admin, Some(TOKEN), Method::POST, "/admin/swap?name=broken&async=1", Bytes::from_static(b"\0asm\x0d\0\x01\0junk")).await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED);
+    let failed = finished_operation(admin, json(&reply)["poll"].as_str().unwrap()).await;
+    assert_eq!((failed["state"].as_str(), failed["status"].as_u64()), (Some("failed"), Some(400)), "{failed}");
+    assert!(failed["error"].as_str().unwrap().contains("broken"), "{failed}");
+    let missing = admin_call(admin, Some(TOKEN), Method::GET, "/admin/operations/999999", Bytes::new()).await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_command_prints_progress_while_the_server_compiles() {
+    let server = Server::start(&config("edf", &[]), Vec::new()).await.unwrap();
+    let admin = server.admin_address().unwrap();
+    let dir = scratch_dir("progress");
+    let file = dir.join("cli-held.wasm");
+    std::fs::write(&file, yardmaster_policy_artifacts::shipped("fifo").unwrap().bytes).unwrap();
+    let hold = yardmaster::serve::swap::hold_compiles("cli-held");
+    let path = file.to_string_lossy().into_owned();
+    let cli = tokio::spawn(async move { admin_cli(admin, TOKEN, &["swap", &path]).await });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!cli.is_finished(), "the command waits for the swap");
+    drop(hold);
+    let (ok, out, err) = cli.await.unwrap();
+    assert!(ok && out.starts_with("swapped in cli-held (sha256 "), "{out}{err}");
+    assert!(err.lines().any(|l| l.starts_with("compiling cli-held (") && l.ends_with(" s")), "progress on stderr: {err}");
+    let _ = std::fs::remove_dir_all(dir);
+    server.stop().await;
+}
+
 fn scratch_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("yardmaster-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);

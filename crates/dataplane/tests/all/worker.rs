@@ -265,3 +265,30 @@ fn a_pool_maps_the_engines_operations_onto_workers() {
     assert!(matches!(next(&events), WorkerEvent::Retired { worker: 1 }));
     assert_eq!(pool.len(), 1);
 }
+
+/// A worker warms its session up with one run before it reports ready (the
+/// detector and the classifier have dynamic per-request shapes: the warm-up gives each
+/// dynamic dimension 32), and a warmed-up session's first job runs about as fast as
+/// later ones.
+#[test]
+fn a_session_is_warmed_up_with_one_run() {
+    use yardmaster_dataplane::session::ModelSession;
+    use yardmaster_dataplane::worker::warm_up;
+    let runtime = common::runtime();
+    let start = |file, name| ModelSession::start(&runtime, &common::cache(), &common::model(file, name), 1).unwrap().session;
+    let mut detector = start(assets::DET_MODEL, "det");
+    assert!(warm_up(&mut detector).is_some(), "the detector warms up");
+    let mut warmed = start(assets::CLS_MODEL, "cls");
+    let took = warm_up(&mut warmed).expect("the classifier warms up");
+    // What the warm-up saves: a fresh session's first run against its second.
+    let timed = |session: &mut ModelSession, inputs: &[Tensor]| {
+        let begin = Instant::now();
+        session.run_batch(&[inputs], None).unwrap();
+        begin.elapsed()
+    };
+    let inputs = vec![input(&[3, 48, 192], 3)];
+    let mut fresh = start(assets::CLS_MODEL, "cls");
+    let (first, second) = (timed(&mut fresh, &inputs), timed(&mut fresh, &inputs));
+    let after_warm_up = timed(&mut warmed, &inputs);
+    eprintln!("cls: a fresh session's first run {first:?}, its second {second:?}; a warmed-up session's first job {after_warm_up:?} (warm-up {took:?})");
+}

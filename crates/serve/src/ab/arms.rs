@@ -10,11 +10,17 @@
 //! worker, and a client's cancellation to the engine that holds the request.
 //!
 //! Starting a run ([`Arms::start`]) gives the candidate its share of each stage's
-//! workers: the candidate's engine provisions them (warm from the model cache) and the
-//! control arm gives up as many (idle ones at once, busy ones after their job), each
-//! keeping at least one; a stage with a single worker gets one more for the candidate
-//! while the run lasts. The workers a policy may scale to are divided in the same
-//! proportion.
+//! workers: the candidate's engine provisions them (warm from the model cache), and
+//! the run *warms up* first: every request still goes to the control arm, which keeps
+//! all its workers, until none of the candidate's workers is starting any more (each
+//! has loaded its session and run one warm-up inference before it reports ready, see
+//! `yardmaster_dataplane::Worker`). Only then does the split route requests to the
+//! candidate, and the control arm gives up as many workers as the candidate got
+//! (idle ones at once, busy ones after their job), each keeping at least one; a stage
+//! with a single worker gets one more for the candidate while the run lasts. So no
+//! request of the candidate waits for a worker to start. The workers a policy may
+//! scale to are divided in the same proportion. A run whose candidate is still
+//! starting workers after [`WARM_UP_LIMIT`] starts routing anyway (one warning).
 //!
 //! Ending a run ([`Arms::end`], promote or roll back) sends every new request to the
 //! winner at once; the loser keeps scheduling what it holds until nothing of it is in
@@ -23,6 +29,10 @@
 
 use super::split::Split;
 use super::stats::{compare, AbReport, ArmTally};
+
+/// The longest a run waits for its candidate's workers before routing to it anyway
+/// (nanoseconds of the engine clock).
+pub const WARM_UP_LIMIT: u64 = 120_000_000_000;
 use yardmaster_engine::{Clock, Ended, Engine, Executor, JobResult, SharedExecutor, Submission, WorkerPhase};
 use yardmaster_policy::{Arm, Candidate};
 
@@ -51,12 +61,28 @@ struct Run {
     extra: Vec<u32>,
     /// The control arm's worker cap at the start.
     max_workers: u32,
+    /// While the candidate warms up: what the control arm keeps once routing starts.
+    warming: Option<Handoff>,
+    /// Nanoseconds from the start until the split began routing to the candidate.
+    warm_up: Option<u64>,
+    /// The candidate's workers still starting when the first request was routed to it.
+    starting_at_first_request: Option<u32>,
+}
+
+/// What the control arm gives up once the candidate is warm.
+#[derive(Debug, Clone)]
+struct Handoff {
+    /// Replicas per stage the control keeps.
+    replicas: Vec<u32>,
+    /// Its worker cap.
+    max_workers: u32,
 }
 
 /// Where an A/B run stands, as the admin API answers.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct AbStatus {
-    /// `none`, `running` or `ending`.
+    /// `none`, `warming` (the candidate's workers are starting; every request goes to
+    /// the control), `running` or `ending`.
     pub state: &'static str,
     /// The split, in words (none when no run).
     pub split: Option<String>,
@@ -64,6 +90,12 @@ pub struct AbStatus {
     pub arms: Vec<ArmStatus>,
     /// The arm that is becoming the whole, while a run ends.
     pub winner: Option<String>,
+    /// Milliseconds the candidate took to warm up (from the start until the split
+    /// routed to it); none while it warms up or without a run.
+    pub warm_up_ms: Option<f64>,
+    /// How many of the candidate's workers were still starting when the split routed
+    /// its first request to it (none before that request).
+    pub starting_at_first_request: Option<u32>,
 }
 
 /// One arm in an [`AbStatus`].
@@ -75,6 +107,8 @@ pub struct ArmStatus {
     pub policy: String,
     /// Replicas per stage.
     pub workers: Vec<u32>,
+    /// Replicas per stage that are ready (loaded and warmed up; the rest are starting).
+    pub ready: Vec<u32>,
     /// End-to-end requests in flight.
     pub in_flight: usize,
 }
@@ -138,9 +172,15 @@ impl<C: Clock, X: Executor> Arms<C, X> {
         self.submitted += 1;
         let slot = match &self.run {
             Some(Run { winner: Some(winner), .. }) => *winner,
+            Some(Run { warming: Some(_), .. }) => 0,
             Some(run) if self.slots.len() > 1 => usize::from(run.split.to_candidate(self.submitted, submission.stream, key)),
             _ => 0,
         };
+        if slot == 1 {
+            if let Some(run) = self.run.as_mut().filter(|run| run.starting_at_first_request.is_none()) {
+                run.starting_at_first_request = Some(starting(&self.slots[1].engine));
+            }
+        }
         (slot, self.slots[slot].engine.submit(submission))
     }
 
@@ -160,16 +200,59 @@ impl<C: Clock, X: Executor> Arms<C, X> {
         self.slots[slot].engine.job_finished(result);
     }
 
-    /// A worker finished starting.
+    /// A worker finished starting (and warming up).
     pub fn worker_ready(&mut self, worker: u32) {
         let slot = self.slot_of_worker(worker);
         self.slots[slot].engine.worker_ready(worker);
+        self.end_warm_up();
     }
 
     /// A worker was lost.
     pub fn worker_lost(&mut self, worker: u32, reason: &str) {
         let slot = self.slot_of_worker(worker);
         self.slots[slot].engine.worker_lost(worker, reason);
+        self.end_warm_up();
+    }
+
+    /// Start routing to the candidate once none of its workers is starting (or the
+    /// warm-up ran past [`WARM_UP_LIMIT`]): the control arm gives up its share of the
+    /// workers now.
+    fn end_warm_up(&mut self) {
+        self.route_to_candidate(false);
+    }
+
+    /// End the warm-up: when the candidate's workers are ready, or now with `at_once`.
+    fn route_to_candidate(&mut self, at_once: bool) {
+        let Some(run) = &mut self.run else { return };
+        if run.warming.is_none() || self.slots.len() < 2 {
+            return;
+        }
+        let now = self.clock.now();
+        let waited = now.saturating_sub(run.started_at);
+        let still = starting(&self.slots[1].engine);
+        if still > 0 && waited < WARM_UP_LIMIT && !at_once {
+            return;
+        }
+        if still > 0 && !at_once {
+            tracing::warn!(
+                starting = still,
+                "the A/B candidate's workers are still starting after {} s: routing to it anyway",
+                WARM_UP_LIMIT / 1_000_000_000
+            );
+        }
+        let handoff = run.warming.take().expect("checked");
+        run.warm_up = Some(waited);
+        run.started_at = now;
+        let main = &mut self.slots[0].engine;
+        for (stage, &replicas) in handoff.replicas.iter().enumerate() {
+            main.resize(stage as u32, replicas);
+        }
+        main.set_max_workers(handoff.max_workers);
+        // The comparison counts from here: both arms now serve their share.
+        for slot in &mut self.slots {
+            slot.tally = ArmTally::default();
+        }
+        tracing::info!(warm_up_ms = waited as f64 / 1e6, "A/B candidate warm: the split routes to it");
     }
 
     /// A client gave up on request `id`.
@@ -187,6 +270,7 @@ impl<C: Clock, X: Executor> Arms<C, X> {
     /// Let every engine handle what is due by `now`, then deliver the gathered events
     /// to each policy.
     pub fn advance_and_flush(&mut self, now: u64) {
+        self.end_warm_up();
         for slot in &mut self.slots {
             if slot.engine.next_wakeup().is_some_and(|at| at <= now) {
                 slot.engine.advance();
@@ -226,9 +310,16 @@ impl<C: Clock, X: Executor> Arms<C, X> {
 
     /// Start an A/B run: `candidate` (instantiated off this thread, with the control
     /// arm's seed and profiles) becomes the arm `label`, given `split`'s share of the
-    /// requests and of each stage's workers. Refused with the reason when a run is
-    /// already in progress or the label is taken.
+    /// requests and of each stage's workers. The run starts `warming` (see the module
+    /// docs): the split routes to the candidate once its workers are ready. Refused
+    /// with the reason when a run is already in progress or the label is taken.
     pub fn start(&mut self, candidate: Candidate, label: &str, split: Split) -> Result<AbStatus, String> {
+        self.start_with(candidate, label, split, true)
+    }
+
+    /// [`Arms::start`]; with `warm` false the split routes to the candidate at once,
+    /// before its workers are ready (its first requests wait for them to start).
+    pub fn start_with(&mut self, candidate: Candidate, label: &str, split: Split, warm: bool) -> Result<AbStatus, String> {
         if self.run.is_some() {
             return Err("an A/B run is already in progress: promote or roll it back first".into());
         }
@@ -257,10 +348,6 @@ impl<C: Clock, X: Executor> Arms<C, X> {
         let candidate_cap = ((share * max_workers as f64).round() as u32).max(pipeline.stages.iter().map(|s| s.replicas).sum());
         let control_cap = max_workers.saturating_sub(candidate_cap).max(control.iter().sum());
         pipeline.max_workers = candidate_cap;
-        for (stage, &replicas) in control.iter().enumerate() {
-            main.resize(stage as u32, replicas);
-        }
-        main.set_max_workers(control_cap);
         let mode = main.arm().failure_mode();
         let executor = main.executor().clone();
         let (options, ids) = (main.options().clone(), main.ids());
@@ -270,8 +357,12 @@ impl<C: Clock, X: Executor> Arms<C, X> {
         self.slots.push(ArmSlot { label: label.to_string(), engine, tally: ArmTally::default() });
         self.slots[0].tally = ArmTally::default();
         let started_at = self.clock.now();
-        self.run = Some(Run { split, started_at, winner: None, extra, max_workers });
-        tracing::info!(candidate = label, split = %split.describe(), "A/B run started");
+        let warming = Some(Handoff { replicas: control, max_workers: control_cap });
+        self.run =
+            Some(Run { split, started_at, winner: None, extra, max_workers, warming, warm_up: None, starting_at_first_request: None });
+        tracing::info!(candidate = label, split = %split.describe(), "A/B run started: the candidate warms up");
+        // A candidate with nothing to start (every stage without workers) is warm now.
+        self.route_to_candidate(!warm);
         Ok(self.status())
     }
 
@@ -287,6 +378,23 @@ impl<C: Clock, X: Executor> Arms<C, X> {
             let labels: Vec<&str> = self.slots.iter().map(|s| s.label.as_str()).collect();
             return Err(format!("no arm named {winner:?} (arms: {})", labels.join(", ")));
         };
+        if run.warming.is_some() {
+            if index == 1 {
+                return Err("the candidate is still warming up (its workers are starting): promote it once it runs, or roll back".into());
+            }
+            // A roll-back during the warm-up: the candidate never had a request, and the
+            // control never gave up a worker.
+            let mut removed = self.slots.remove(1);
+            for stage in 0..removed.engine.state().stages().len() {
+                removed.engine.resize(stage as u32, 0);
+            }
+            removed.engine.flush();
+            self.carried.extend(removed.engine.take_ended());
+            self.run = None;
+            self.slots[0].tally = ArmTally::default();
+            tracing::info!("A/B run rolled back while its candidate warmed up");
+            return Ok(self.status());
+        }
         run.winner = Some(index);
         tracing::info!(winner, "A/B run ending: the other arm drains");
         self.settle();
@@ -357,6 +465,7 @@ impl<C: Clock, X: Executor> Arms<C, X> {
     pub fn status(&self) -> AbStatus {
         let state = match &self.run {
             None => "none",
+            Some(Run { winner: None, warming: Some(_), .. }) => "warming",
             Some(Run { winner: None, .. }) => "running",
             Some(_) => "ending",
         };
@@ -370,12 +479,31 @@ impl<C: Clock, X: Executor> Arms<C, X> {
                     arm: s.label.clone(),
                     policy: s.engine.arm().instance_label(),
                     workers: s.engine.state().stages().iter().map(|st| st.replicas).collect(),
+                    ready: ready_per_stage(&s.engine),
                     in_flight: s.engine.in_flight(),
                 })
                 .collect(),
             winner: self.run.as_ref().and_then(|r| r.winner).map(|w| self.slots[w].label.clone()),
+            warm_up_ms: self.run.as_ref().and_then(|r| r.warm_up).map(|ns| ns as f64 / 1e6),
+            starting_at_first_request: self.run.as_ref().and_then(|r| r.starting_at_first_request),
         }
     }
+}
+
+/// An engine's workers still starting.
+fn starting<C: Clock, X: Executor>(engine: &ArmEngine<C, X>) -> u32 {
+    engine.state().workers().values().filter(|w| w.phase == WorkerPhase::Starting).count() as u32
+}
+
+/// An engine's ready workers (not starting) per stage.
+fn ready_per_stage<C: Clock, X: Executor>(engine: &ArmEngine<C, X>) -> Vec<u32> {
+    let mut ready = vec![0; engine.state().stages().len()];
+    for worker in engine.state().workers().values().filter(|w| w.phase != WorkerPhase::Starting) {
+        if let Some(n) = ready.get_mut(worker.info.stage as usize) {
+            *n += 1;
+        }
+    }
+    ready
 }
 
 #[cfg(test)]
@@ -411,6 +539,56 @@ mod tests {
                 job.items.iter().map(|i| ItemResult { id: i.id, error: None, tokens: 0, finished: false, fan_out: Vec::new() }).collect();
             arms.job_finished(JobResult { worker: job.worker, duration: 1, items });
         }
+    }
+
+    #[test]
+    fn no_request_reaches_the_candidate_before_its_workers_are_ready() {
+        let (mut arms, executor) = arms();
+        let split = Split::new(0.5, super::super::SplitBy::Request).unwrap();
+        // vision-chain: 4, 2 and 3 workers.
+        let status = arms.start(candidate("edf"), "edf", split).unwrap();
+        assert_eq!(status.state, "warming");
+        assert_eq!(status.arms[0].workers, [4, 2, 3], "the control keeps every worker while the candidate warms up");
+        assert_eq!((status.arms[1].workers.clone(), status.arms[1].ready.clone()), (vec![2, 1, 2], vec![0, 0, 0]));
+        let provisioned = executor.borrow_mut().take_provisioned();
+        assert_eq!(provisioned.len(), 5);
+        for _ in 0..40 {
+            assert_eq!(arms.submit(Submission::default(), None).0, 0, "every request goes to the control while the candidate warms up");
+        }
+        // All but one ready: still warming.
+        for &worker in &provisioned[..4] {
+            arms.worker_ready(worker);
+        }
+        arms.advance_and_flush(0);
+        assert_eq!(arms.status().state, "warming");
+        assert_eq!(arms.submit(Submission::default(), None).0, 0);
+        arms.worker_ready(provisioned[4]);
+        let status = arms.status();
+        assert_eq!(status.state, "running");
+        assert_eq!(status.arms[1].ready, [2, 1, 2]);
+        assert_eq!(status.arms[0].workers, [2, 1, 1], "the control gives up its share once the candidate is warm");
+        assert!(status.warm_up_ms.is_some());
+        let to_candidate = (0..200).filter(|_| arms.submit(Submission::default(), None).0 == 1).count();
+        assert!((60..140).contains(&to_candidate), "the split routes to the candidate now: {to_candidate} of 200");
+        assert_eq!(arms.status().starting_at_first_request, Some(0), "its first request found every worker ready");
+    }
+
+    #[test]
+    fn a_roll_back_during_the_warm_up_removes_the_candidate_and_leaves_the_control_whole() {
+        let (mut arms, executor) = arms();
+        let split = Split::new(0.5, super::super::SplitBy::Request).unwrap();
+        arms.start(candidate("edf"), "edf", split).unwrap();
+        assert!(arms.end("edf").unwrap_err().contains("still warming up"), "a cold candidate cannot be promoted");
+        let status = arms.end("fifo").unwrap();
+        assert_eq!(status.state, "none");
+        assert_eq!(status.arms.len(), 1);
+        assert_eq!(status.arms[0].workers, [4, 2, 3]);
+        // Its workers, provisioned, were retired: a late ready changes nothing.
+        for worker in executor.borrow_mut().take_provisioned() {
+            arms.worker_ready(worker);
+        }
+        assert_eq!(arms.status().arms[0].workers, [4, 2, 3]);
+        assert!(arms.start(candidate("edf"), "edf", split).is_ok(), "a new run can start");
     }
 
     #[test]
