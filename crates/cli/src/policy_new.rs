@@ -94,6 +94,7 @@ impl Lang {
                 ("build.sh", include_str!("../scaffold/rust/build.sh")),
                 ("test.sh", include_str!("../scaffold/rust/test.sh")),
                 (".gitignore", include_str!("../scaffold/rust/gitignore")),
+                ("rustfmt.toml", include_str!("../scaffold/rust/rustfmt.toml")),
             ],
             Lang::Python => &[
                 ("app.py", include_str!("../scaffold/python/app.py")),
@@ -271,6 +272,8 @@ fn variables(lang: Lang, name: &str) -> Result<BTreeMap<&'static str, String>, S
     vars.insert("yardmaster_version", env!("CARGO_PKG_VERSION").to_string());
     vars.insert("deadline_flag", lang.deadline_ms().map(|ms| format!(" --deadline-ms {ms}")).unwrap_or_default());
     vars.insert("deadline_ms", lang.deadline_ms().unwrap_or(5).to_string());
+    let rust_version = workspace_table("workspace.package").get("rust-version").map(|v| v.trim_matches('"').to_string());
+    vars.insert("rust_version", rust_version.ok_or("the workspace's manifest names no rust-version")?);
     for (key, variable) in [("componentize_py", "COMPONENTIZE_PY"), ("componentize_js", "COMPONENTIZE_JS"), ("zig", "ZIGLANG")] {
         vars.insert(key, pinned_version(variable)?);
     }
@@ -330,21 +333,6 @@ fn readme(lang: Lang) -> Result<String, String> {
 /// workspace's value for it (from `[workspace.package]` in the `[package]` table, from
 /// `[workspace.dependencies]` in the others).
 fn sdk_manifest() -> Result<String, String> {
-    let workspace_table = |name: &str| -> BTreeMap<String, String> {
-        let mut table = BTreeMap::new();
-        let mut inside = false;
-        for line in embedded::WORKSPACE_MANIFEST.lines() {
-            let line = line.trim();
-            if line.starts_with('[') {
-                inside = line == format!("[{name}]");
-            } else if inside {
-                if let Some((key, value)) = line.split_once('=') {
-                    table.insert(key.trim().to_string(), value.trim().to_string());
-                }
-            }
-        }
-        table
-    };
     let package = workspace_table("workspace.package");
     let dependencies = workspace_table("workspace.dependencies");
     let mut out = format!(
@@ -370,6 +358,23 @@ fn sdk_manifest() -> Result<String, String> {
         }
     }
     Ok(out)
+}
+
+/// The `KEY = VALUE` lines of a table of the workspace's manifest (values as written).
+fn workspace_table(name: &str) -> BTreeMap<String, String> {
+    let mut table = BTreeMap::new();
+    let mut inside = false;
+    for line in embedded::WORKSPACE_MANIFEST.lines() {
+        let line = line.trim();
+        if line.starts_with('[') {
+            inside = line == format!("[{name}]");
+        } else if inside {
+            if let Some((key, value)) = line.split_once('=') {
+                table.insert(key.trim().to_string(), value.trim().to_string());
+            }
+        }
+    }
+    table
 }
 
 /// The Zig example's `abi.zig` with a header about the project instead of the example.
@@ -437,6 +442,16 @@ mod tests {
         let bindings = &files.iter().find(|f| f.path == "sdk/src/bindings.rs").unwrap().contents;
         assert!(bindings.contains(&format!("\"../wit/{CONTRACT_VERSION}\"")), "{bindings}");
         assert!(bindings.contains(&format!("scheduler@{CONTRACT_VERSION}")), "{bindings}");
+    }
+
+    #[test]
+    fn the_rust_project_formats_as_the_sdk_is_formatted() {
+        let settings = |text: &str| -> Vec<String> {
+            text.lines().filter(|l| !l.trim().is_empty() && !l.starts_with('#')).map(str::to_owned).collect()
+        };
+        let files = project(Lang::Rust, "p").unwrap();
+        let project_style = &files.iter().find(|f| f.path == "rustfmt.toml").unwrap().contents;
+        assert_eq!(settings(project_style), settings(include_str!("../../../rustfmt.toml")));
     }
 
     #[test]
