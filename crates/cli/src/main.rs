@@ -2,6 +2,7 @@
 
 mod admin_cli;
 mod dataplane_cli;
+mod policy_new;
 mod repository_cli;
 mod serve_cli;
 mod sweep_cli;
@@ -192,6 +193,19 @@ enum PolicyCommand {
     },
     /// List the shipped policies with their size and SHA-256.
     List,
+    /// Start a policy project in Rust, Python, JavaScript or Zig that builds on its own.
+    ///
+    /// Writes into DIR (created; an existing DIR must be empty): the contract's WIT
+    /// (wit/VERSION/policy.wit), a starter policy (earliest deadline first, dropping what
+    /// cannot finish), build.sh (builds DIR/policy.wasm with the language's toolchain),
+    /// test.sh (builds it, then runs `yardmaster policy check` on it) and a README on
+    /// building, checking, simulating and serving it. A Rust project also gets the SDK's
+    /// sources (DIR/sdk/), so it needs nothing from Yardmaster's repository; Rust, Python
+    /// and JavaScript projects target the latest contract, Zig ones 0.1.0 (the host
+    /// accepts both).
+    ///
+    /// Example: yardmaster policy new --lang python my-policy && bash my-policy/test.sh
+    New(policy_new::NewArgs),
     /// Write the shipped policies' `.wasm` files into a directory.
     Export {
         /// Where to write them (created if missing).
@@ -315,6 +329,7 @@ fn main() -> ExitCode {
             }
             ExitCode::SUCCESS
         }
+        Some(Command::Policy(PolicyCommand::New(args))) => policy_new::run(&args),
         Some(Command::Policy(PolicyCommand::Export { dir })) => export(&dir),
         Some(Command::Policy(PolicyCommand::Bench { batches, events, repetitions })) => bench(&batches, events, repetitions),
         Some(Command::Policy(PolicyCommand::BenchFrame { requests, repetitions })) => bench_frame(&requests, repetitions),

@@ -539,6 +539,10 @@ pub struct ServeBenchArgs {
     /// Policy scheduling the trivial model.
     #[arg(long, default_value = "edf")]
     pub policy: String,
+    /// The policy's decision deadline in milliseconds (default 5): past it a call
+    /// faults and the built-in fallback serves the rest of the run.
+    #[arg(long = "deadline-ms")]
+    pub deadline_ms: Option<f64>,
 }
 
 /// Run `yardmaster serve-bench`.
@@ -548,8 +552,9 @@ pub fn serve_bench(args: &ServeBenchArgs) -> ExitCode {
 
 async fn run_serve_bench(args: &ServeBenchArgs) -> Result<()> {
     use yardmaster::serve::bench::{self, BenchOptions, BenchTarget, BenchTransport};
-    let config =
+    let mut config =
         ServeConfig { listen: "127.0.0.1:0".parse()?, pipeline: "tiny".into(), policy: args.policy.clone(), ..ServeConfig::default() };
+    config.policy_settings.deadline_ms = args.deadline_ms;
     let server = Server::start(&config, Vec::new()).await?;
     eprintln!("trivial model (y = x + 1 on 4 floats) on {}, policy {}", server.device, server.policy);
     let handle = server.handle.clone();
@@ -603,6 +608,19 @@ async fn run_serve_bench(args: &ServeBenchArgs) -> Result<()> {
                 break;
             }
         }
+    }
+    // What the policy cost over both runs: the longest call is what a decision deadline
+    // (5 ms unless the policy's settings say otherwise) must leave room for.
+    if let Ok((calls, events, total, longest, faults)) = server.handle.inspect(|engine| {
+        let stats = engine.arm().stats();
+        (stats.calls, stats.events, stats.call_time, stats.max_call_time, stats.faults.values().sum::<u64>())
+    }) {
+        println!(
+            "policy   {}: {calls} calls, {events} events, {:.1} µs per call, longest call {:.2} ms, {faults} faults",
+            server.policy,
+            total.as_secs_f64() * 1e6 / calls.max(1) as f64,
+            longest.as_secs_f64() * 1e3
+        );
     }
     baseline.stop().await;
     server.stop().await;

@@ -5,7 +5,9 @@ use std::process::{Command, Stdio};
 
 #[test]
 fn a_closed_stdout_ends_a_command_quietly() {
-    for args in [&["policy", "check", "--help"][..], &["policy", "list"], &["--version"], &["repository", "--help"]] {
+    for args in
+        [&["policy", "check", "--help"][..], &["policy", "new", "--help"], &["policy", "list"], &["--version"], &["repository", "--help"]]
+    {
         let mut child = Command::new(env!("CARGO_BIN_EXE_yardmaster"))
             .args(args)
             .stdout(Stdio::piped())
