@@ -57,13 +57,8 @@ use tokio::task::JoinHandle;
 
 use super::ab::{Split, SplitBy};
 use super::config::{AdminConfig, ADMIN_TOKEN_ENV};
-use super::executor::OnnxExecutor;
-use super::swap::{AbEnd, Phase, PolicySettings, PolicySource, Progress, SwapError, Swapper};
+use super::swap::{AbEnd, Phase, PolicyControl, PolicySettings, PolicySource, Progress, SwapError};
 use super::watch::Watcher;
-use yardmaster_engine::MonotonicClock;
-
-/// The swapper of a served engine.
-pub type ServeSwapper = Swapper<MonotonicClock, OnnxExecutor>;
 
 /// Largest body of an admin call (a policy component).
 pub const MAX_ADMIN_BODY: usize = 64 << 20;
@@ -136,18 +131,18 @@ impl Operation {
 }
 
 /// A long call: what it is (`swap`, `shadow`, `ab`), its policy, and the work.
-type Work = Box<dyn FnOnce(&ServeSwapper, Progress<'_>) -> (StatusCode, Value) + Send>;
+type Work = Box<dyn FnOnce(&dyn PolicyControl, Progress<'_>) -> (StatusCode, Value) + Send>;
 
 /// The admin routes, with the token they require.
 pub struct AdminApi {
     token: String,
-    swapper: Arc<ServeSwapper>,
+    swapper: Arc<dyn PolicyControl>,
     operations: Mutex<(u64, VecDeque<Arc<Operation>>)>,
 }
 
 impl AdminApi {
     /// Routes over `swapper`, requiring `token`.
-    pub fn new(token: String, swapper: Arc<ServeSwapper>) -> Self {
+    pub fn new(token: String, swapper: Arc<dyn PolicyControl>) -> Self {
         Self { token, swapper, operations: Mutex::new((0, VecDeque::new())) }
     }
 
@@ -156,7 +151,7 @@ impl AdminApi {
     async fn long_call(&self, kind: &'static str, source: &PolicySource, query: Option<&str>, work: Work) -> (StatusCode, Value) {
         let swapper = self.swapper.clone();
         if !matches!(query_value(query, "async"), Some("1" | "true" | "yes")) {
-            return match tokio::task::spawn_blocking(move || work(&swapper, &super::swap::no_progress)).await {
+            return match tokio::task::spawn_blocking(move || work(&*swapper, &super::swap::no_progress)).await {
                 Ok(answer) => answer,
                 Err(join) => error(StatusCode::INTERNAL_SERVER_ERROR, &join.to_string()),
             };
@@ -187,7 +182,7 @@ impl AdminApi {
         let running = operation.clone();
         tokio::task::spawn_blocking(move || {
             let (status, value) =
-                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(&swapper, &|phase| running.phase(phase)))) {
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(&*swapper, &|phase| running.phase(phase)))) {
                     Ok(answer) => answer,
                     Err(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "the operation panicked"),
                 };
@@ -464,7 +459,7 @@ pub struct Admin {
 
 impl Admin {
     /// Start what `config` asks for over `swapper` (inside a tokio runtime).
-    pub async fn start(config: &AdminConfig, swapper: Arc<ServeSwapper>) -> Result<Admin> {
+    pub async fn start(config: &AdminConfig, swapper: Arc<dyn PolicyControl>) -> Result<Admin> {
         let watcher = match &config.watch_dir {
             Some(dir) => Some(Watcher::start(dir.clone(), config.watch_sha256.clone(), swapper.clone())?),
             None => None,

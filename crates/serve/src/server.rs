@@ -99,13 +99,7 @@ impl Server {
         for remote in &config.remote {
             placements.push(remote_placement(remote, &served).await?);
         }
-        let mut policy = policy_choice(&config.policy)?;
-        // The operator's own deadline, memory limit and failure mode for the policy.
-        let settings = &config.policy_settings;
-        policy.sandbox = policy.sandbox.with_limits(settings.limits(policy.sandbox.limits()).map_err(|e| anyhow!("[policy] {e}"))?);
-        if let Some(failure) = settings.failure {
-            policy.failure = failure;
-        }
+        let policy = configured_policy(&config.policy, config)?;
         let policy_name = policy.name.clone();
         let (sandbox, failure) = (policy.sandbox.clone(), policy.failure);
         let kept = prepared.as_ref().map(|_| served.clone());
@@ -133,10 +127,7 @@ impl Server {
         let watchdog = config.watchdog;
         handle.inspect(move |engine| engine.executor().borrow().set_watchdog(watchdog)).map_err(|e| anyhow!(e))?;
         if let Some(path) = &config.capture {
-            let file = std::fs::File::create(path).with_context(|| format!("creating the capture file {}", path.display()))?;
-            let recorder =
-                Recorder::start(Box::new(file), &path.display().to_string()).with_context(|| format!("writing {}", path.display()))?;
-            handle.capture(Some(recorder)).map_err(|e| anyhow!(e))?;
+            start_capture(&handle, path)?;
         }
         let metrics_handle = handle.clone();
         let gpu = ort.device();
@@ -165,11 +156,7 @@ impl Server {
 
     /// The lines an operator sees at start: what is served, where, and how to stop.
     pub fn banner(&self) -> String {
-        let mut text = banner(&self.listeners, &self.models, &self.policy, &self.device);
-        if let Some(admin) = self.admin.address {
-            text.push_str(&format!("admin API at http://{admin}/admin/\n"));
-        }
-        text
+        banner(&self.listeners, self.admin.address, &self.models, &self.policy, &self.device)
     }
 
     /// One line: requests by outcome so far.
@@ -195,8 +182,8 @@ impl Server {
 }
 
 /// The lines an operator sees at start: the models, the policy and the device, where
-/// the transports listen, and where the metrics are.
-pub fn banner(listeners: &Listeners, models: &[String], policy: &str, device: &str) -> String {
+/// the transports listen, where the metrics are, and the admin API when it runs.
+pub fn banner(listeners: &Listeners, admin: Option<std::net::SocketAddr>, models: &[String], policy: &str, device: &str) -> String {
     let address = listeners.address();
     let mut transports = Vec::new();
     if listeners.http1.is_some() {
@@ -207,8 +194,9 @@ pub fn banner(listeners: &Listeners, models: &[String], policy: &str, device: &s
         transports.push(format!("HTTP/3 over UDP ({how}: {})", cert.display()));
     }
     let grpc = listeners.grpc.map(|grpc| format!("; gRPC on {grpc}")).unwrap_or_default();
+    let admin = admin.map(|admin| format!("admin API at http://{admin}/admin/\n")).unwrap_or_default();
     format!(
-        "serving {} with policy {policy} on {device}\nlistening on {address} ({}){grpc}\nmetrics at http://{address}/metrics\n",
+        "serving {} with policy {policy} on {device}\nlistening on {address} ({}){grpc}\nmetrics at http://{address}/metrics\n{admin}",
         models.join(", "),
         transports.join("; ")
     )
@@ -387,8 +375,28 @@ pub fn served_pipeline(name: &str, context: &WorkerContext) -> Result<ServedPipe
     Ok(served)
 }
 
+/// Start writing what the engine behind `handle` serves as a trace to `path`.
+pub fn start_capture<C: Clock, X: Executor>(handle: &super::actor::ActorHandle<C, X>, path: &Path) -> Result<()> {
+    let file = std::fs::File::create(path).with_context(|| format!("creating the capture file {}", path.display()))?;
+    let recorder = Recorder::start(Box::new(file), &path.display().to_string()).with_context(|| format!("writing {}", path.display()))?;
+    handle.capture(Some(recorder)).map_err(|e| anyhow!(e))
+}
+
+/// The policy `policy` names with the operator's `[policy]` settings of `config`: its
+/// decision deadline, memory limit and failure mode.
+pub fn configured_policy(policy: &str, config: &ServeConfig) -> Result<PolicyChoice> {
+    let mut policy = policy_choice(policy)?;
+    let settings = &config.policy_settings;
+    policy.sandbox = policy.sandbox.with_limits(settings.limits(policy.sandbox.limits()).map_err(|e| anyhow!("[policy] {e}"))?);
+    if let Some(failure) = settings.failure {
+        policy.failure = failure;
+    }
+    Ok(policy)
+}
+
 /// A shipped policy by name, or a `.wasm` file (refused with the reason when it is not
-/// a valid policy component).
+/// a valid policy component), in the serve-mode sandbox with its default limits,
+/// failing open.
 pub fn policy_choice(policy: &str) -> Result<PolicyChoice> {
     let path = Path::new(policy);
     if !path.exists() {

@@ -672,3 +672,98 @@ impl<C: Clock, X: Executor> Swapper<C, X> {
         })
     }
 }
+
+/// What the admin API and the watched directory do to a running server's policies,
+/// whatever its engine drives (a batch pipeline's ONNX workers or an LLM pipeline's
+/// decoders): the object-safe face of every [`Swapper`], so one admin API serves both.
+pub trait PolicyControl: Send + Sync {
+    /// [`Swapper::swap`].
+    fn swap(&self, source: &PolicySource) -> Result<SwapSummary, SwapError>;
+    /// [`Swapper::swap_arm_with`].
+    fn swap_arm_with(
+        &self,
+        source: &PolicySource,
+        arm: Option<&str>,
+        settings: &PolicySettings,
+        progress: Progress<'_>,
+    ) -> Result<SwapSummary, SwapError>;
+    /// [`Swapper::start_shadow_with`].
+    fn start_shadow_with(
+        &self,
+        source: &PolicySource,
+        settings: &PolicySettings,
+        progress: Progress<'_>,
+    ) -> Result<ShadowReport, SwapError>;
+    /// [`Swapper::start_ab_with`].
+    fn start_ab_with(
+        &self,
+        source: &PolicySource,
+        label: Option<&str>,
+        split: Split,
+        settings: &PolicySettings,
+        warm: bool,
+        progress: Progress<'_>,
+    ) -> Result<AbStatus, SwapError>;
+    /// [`Swapper::end_ab`].
+    fn end_ab(&self, end: AbEnd) -> Result<AbStatus, SwapError>;
+    /// [`Swapper::ab`].
+    fn ab(&self) -> Result<AbView, ActorStopped>;
+    /// [`Swapper::stop_shadow`].
+    fn stop_shadow(&self) -> Result<Option<ShadowReport>, ActorStopped>;
+    /// [`Swapper::shadow_report`].
+    fn shadow_report(&self) -> Result<Option<ShadowReport>, ActorStopped>;
+    /// [`Swapper::policies`].
+    fn policies(&self) -> Result<Vec<PolicyReport>, ActorStopped>;
+}
+
+impl<C: Clock, X: Executor> PolicyControl for Swapper<C, X>
+where
+    Swapper<C, X>: Send + Sync,
+{
+    fn swap(&self, source: &PolicySource) -> Result<SwapSummary, SwapError> {
+        Swapper::swap(self, source)
+    }
+    fn swap_arm_with(
+        &self,
+        source: &PolicySource,
+        arm: Option<&str>,
+        settings: &PolicySettings,
+        progress: Progress<'_>,
+    ) -> Result<SwapSummary, SwapError> {
+        Swapper::swap_arm_with(self, source, arm, settings, progress)
+    }
+    fn start_shadow_with(
+        &self,
+        source: &PolicySource,
+        settings: &PolicySettings,
+        progress: Progress<'_>,
+    ) -> Result<ShadowReport, SwapError> {
+        Swapper::start_shadow_with(self, source, settings, progress)
+    }
+    fn start_ab_with(
+        &self,
+        source: &PolicySource,
+        label: Option<&str>,
+        split: Split,
+        settings: &PolicySettings,
+        warm: bool,
+        progress: Progress<'_>,
+    ) -> Result<AbStatus, SwapError> {
+        Swapper::start_ab_with(self, source, label, split, settings, warm, progress)
+    }
+    fn end_ab(&self, end: AbEnd) -> Result<AbStatus, SwapError> {
+        Swapper::end_ab(self, end)
+    }
+    fn ab(&self) -> Result<AbView, ActorStopped> {
+        Swapper::ab(self)
+    }
+    fn stop_shadow(&self) -> Result<Option<ShadowReport>, ActorStopped> {
+        Swapper::stop_shadow(self)
+    }
+    fn shadow_report(&self) -> Result<Option<ShadowReport>, ActorStopped> {
+        Swapper::shadow_report(self)
+    }
+    fn policies(&self) -> Result<Vec<PolicyReport>, ActorStopped> {
+        Swapper::policies(self)
+    }
+}

@@ -18,8 +18,7 @@ use std::time::{Duration, SystemTime};
 use anyhow::{Context, Result};
 use sha2::{Digest, Sha256};
 
-use super::admin::ServeSwapper;
-use super::swap::PolicySource;
+use super::swap::{PolicyControl, PolicySource};
 
 /// How often the directory is read.
 pub const POLL_INTERVAL: Duration = Duration::from_secs(1);
@@ -36,7 +35,7 @@ pub struct Watcher {
 impl Watcher {
     /// Watch `dir` (which must exist), swapping in through `swapper`; `allow` is the
     /// allow-list of SHA-256s in hex (empty: any file).
-    pub fn start(dir: PathBuf, allow: Vec<String>, swapper: Arc<ServeSwapper>) -> Result<Watcher> {
+    pub fn start(dir: PathBuf, allow: Vec<String>, swapper: Arc<dyn PolicyControl>) -> Result<Watcher> {
         let mut scan =
             Scan { dir, allow: allow.iter().map(|s| s.to_ascii_lowercase()).collect(), handled: HashMap::new(), seen: HashMap::new() };
         let present = scan.list().with_context(|| format!("reading the watched directory {}", scan.dir.display()))?;
@@ -45,7 +44,7 @@ impl Watcher {
         let (stop, stopped) = mpsc::channel();
         let thread = std::thread::Builder::new().name("yardmaster-watch".into()).spawn(move || loop {
             match stopped.recv_timeout(POLL_INTERVAL) {
-                Err(RecvTimeoutError::Timeout) => scan.poll(&swapper),
+                Err(RecvTimeoutError::Timeout) => scan.poll(&*swapper),
                 Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
             }
         })?;
@@ -95,7 +94,7 @@ impl Scan {
         Ok(files)
     }
 
-    fn poll(&mut self, swapper: &ServeSwapper) {
+    fn poll(&mut self, swapper: &dyn PolicyControl) {
         let files = match self.list() {
             Ok(files) => files,
             Err(error) => {
@@ -118,7 +117,7 @@ impl Scan {
         self.seen = seen;
     }
 
-    fn act(&self, path: &Path, swapper: &ServeSwapper) {
+    fn act(&self, path: &Path, swapper: &dyn PolicyControl) {
         let file = path.display();
         let bytes = match std::fs::read(path) {
             Ok(bytes) => bytes,

@@ -144,3 +144,140 @@ async fn token_ids_in_generated_ids_out_over_http1_and_http3() {
     server.stop().await;
     let _ = std::fs::remove_dir_all(&state);
 }
+
+const ADMIN_TOKEN: &str = "llm-admin-token";
+
+async fn admin(address: SocketAddr, method: Method, path: &str, body: &str) -> (StatusCode, Value) {
+    let mut headers = headers();
+    headers.insert(http::header::AUTHORIZATION, HeaderValue::from_str(&format!("Bearer {ADMIN_TOKEN}")).unwrap());
+    let mut client = Http1Client::connect(address).await.unwrap();
+    let reply = client.request(method, path, &headers, Bytes::from(body.to_string())).await.unwrap();
+    let value = serde_json::from_slice(&reply.body).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&reply.body)));
+    (reply.status, value)
+}
+
+/// The LLM pipeline has the pipeline server's admin API: while requests flow, a hot
+/// swap, a shadow, an A/B run (each arm with its share of the decoders) and its
+/// promotion; every request is answered exactly once, none fails, and completed ones
+/// return the tokens their prompt generates alone, whichever policy served them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_llm_pipeline_swaps_shadows_and_runs_an_ab_test_while_serving() {
+    let state = std::env::temp_dir().join(format!("yardmaster-llm-admin-{}", std::process::id()));
+    let mut config = ServeConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        grpc: false,
+        pipeline: "llm-tiny".into(),
+        state_dir: Some(state.clone()),
+        ..ServeConfig::default()
+    };
+    config.admin.listen = "127.0.0.1:0".parse().unwrap();
+    config.admin.token = Some(ADMIN_TOKEN.into());
+    std::fs::create_dir_all(&state).unwrap();
+    let trace = state.join("llm.jsonl");
+    config.capture = Some(trace.clone());
+    let server = LlmServer::start(&config).await.unwrap();
+    let (address, admin_address) = (server.address(), server.admin_address().expect("the admin API runs"));
+    assert!(server.banner().contains("admin API at"), "{}", server.banner());
+
+    let (path, decoder) = tiny_decoder().unwrap();
+    let mut session = DecoderSession::load(&Runtime::global().unwrap(), &path, decoder, 1).unwrap();
+    let prompts: Vec<Vec<i64>> = (0..6).map(|i| prompt(6 + 5 * i, 100 + i as u64)).collect();
+    let expected: Vec<Vec<i64>> = prompts.iter().map(|p| session.generate(p, 6, 6).unwrap()).collect();
+
+    // Traffic for the whole test: four clients in turn over the prompts, until told to stop.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let clients: Vec<_> = (0..4)
+        .map(|c| {
+            let (stop, prompts, expected) = (stop.clone(), prompts.clone(), expected.clone());
+            tokio::spawn(async move {
+                let (mut sent, mut completed, mut dropped) = (0u32, 0u32, 0u32);
+                let mut i = c;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) || sent < 3 {
+                    let k = i % prompts.len();
+                    let model = if i % 2 == 0 { "ls" } else { "ds" };
+                    let reply = post(address, &format!("/v2/models/{model}/infer"), body(&prompts[k], Some(6))).await;
+                    sent += 1;
+                    match reply.status {
+                        StatusCode::OK => {
+                            assert_eq!(output_ids(&reply), expected[k], "a completed request generates its own tokens");
+                            completed += 1;
+                        }
+                        StatusCode::SERVICE_UNAVAILABLE => dropped += 1,
+                        other => panic!("request failed with {other}: {}", String::from_utf8_lossy(&reply.body)),
+                    }
+                    i += 4;
+                }
+                (sent, completed, dropped)
+            })
+        })
+        .collect();
+
+    let (status, policies) = admin(admin_address, Method::GET, "/admin/policies", "").await;
+    assert_eq!(status, StatusCode::OK, "{policies}");
+    assert_eq!(policies["arms"][0]["policy"], "calm", "{policies}");
+    let (status, swapped) = admin(admin_address, Method::POST, "/admin/swap", r#"{"shipped": "calm-fcfs"}"#).await;
+    assert_eq!(status, StatusCode::OK, "{swapped}");
+    let (_, policies) = admin(admin_address, Method::GET, "/admin/policies", "").await;
+    assert_eq!(policies["arms"][0]["policy"], "calm-fcfs", "{policies}");
+    let (status, shadow) = admin(admin_address, Method::POST, "/admin/shadow", r#"{"shipped": "calm-edf"}"#).await;
+    assert_eq!(status, StatusCode::OK, "{shadow}");
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let (status, report) = admin(admin_address, Method::DELETE, "/admin/shadow", "").await;
+    assert_eq!(status, StatusCode::OK, "{report}");
+    let (status, started) = admin(admin_address, Method::POST, "/admin/ab", r#"{"shipped": "calm", "share": 0.5}"#).await;
+    assert_eq!(status, StatusCode::OK, "{started}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let (_, view) = admin(admin_address, Method::GET, "/admin/ab", "").await;
+        let candidate = &view["report"]["candidate"];
+        if candidate["on_time"].as_u64().unwrap_or(0) + candidate["late"].as_u64().unwrap_or(0) >= 2 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the candidate arm served nothing in 60 s: {view}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let (status, promoted) = admin(admin_address, Method::POST, "/admin/ab/promote", "").await;
+    assert_eq!(status, StatusCode::OK, "{promoted}");
+    // The control drains what it holds, then hands its decoders over.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let policies = loop {
+        let (_, policies) = admin(admin_address, Method::GET, "/admin/policies", "").await;
+        if policies["arms"].as_array().map(Vec::len) == Some(1) {
+            break policies;
+        }
+        assert!(std::time::Instant::now() < deadline, "the control arm still there 60 s after the promotion: {policies}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert_eq!(policies["arms"][0]["policy"], "calm", "{policies}");
+
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut sent, mut completed) = (0, 0);
+    for client in clients {
+        let (s, c, _) = client.await.unwrap();
+        sent += s;
+        completed += c;
+    }
+    assert!(completed > 0 && sent >= 12, "{completed} of {sent} completed");
+    server.stop().await;
+
+    // The captured trace: every request with its prompt length and tokens asked for,
+    // the decode frames; the simulator replays it on the same pipeline.
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let records: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let arrivals: Vec<&Value> = records.iter().filter(|r| r["kind"] == "arrival").collect();
+    assert_eq!(arrivals.len() as u32, sent, "every request is in the trace: {}", &text[..text.len().min(600)]);
+    assert!(text.contains("\"expected_tokens\":6"), "{}", &text[..text.len().min(600)]);
+    let pipeline = state.join("llm-tiny.toml");
+    std::fs::write(&pipeline, yardmaster::serve::llm::LLM_TINY_PRESET).unwrap();
+    let replay = std::process::Command::new(env!("CARGO_BIN_EXE_yardmaster"))
+        .args(["sim", "compare", "--policies", "calm,calm-fcfs", "--pipeline"])
+        .arg(&pipeline)
+        .arg("--workload")
+        .arg(format!("trace:{}", trace.display()))
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&replay.stdout);
+    assert!(replay.status.success(), "{table}\n{}", String::from_utf8_lossy(&replay.stderr));
+    assert!(table.lines().any(|l| l.starts_with("calm ")), "{table}");
+    let _ = std::fs::remove_dir_all(&state);
+}

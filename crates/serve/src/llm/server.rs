@@ -4,9 +4,12 @@
 //! pipeline server (HTTP/1.1 and HTTP/3, KServe v2 routes through [`LlmBackend`], and
 //! Prometheus text at `/metrics`).
 //!
-//! The pipeline server's extras do not apply here and are refused with the reason when
-//! configured: `[[remote]]` nodes and trace capture. The admin API (swaps, A/B runs) is
-//! not started for an LLM pipeline.
+//! The admin API is the pipeline server's ([`crate::admin`]): hot swaps, shadows and
+//! A/B runs (each arm with its share of the decoder workers) on live traffic, and the
+//! watched directory, with the `[policy]` settings applied to the policy as there; and
+//! trace capture, whose arrivals carry each request's prompt length and tokens asked
+//! for, so `sim compare --workload trace:FILE` replays the served traffic. Refused with
+//! the reason when configured: `[[remote]]` nodes (the decoders run here).
 
 use std::sync::Arc;
 
@@ -15,11 +18,13 @@ use yardmaster_dataplane::{Runtime, RuntimeConfig};
 
 use super::backend::LlmBackend;
 use super::{LlmActor, LlmHandle, LlmStack, ServedLlm};
+use crate::admin::Admin;
 use crate::api::{Api, MetricsRenderer};
 use crate::config::ServeConfig;
 use crate::listeners::Listeners;
 use crate::prometheus;
-use crate::server::{banner, policy_choice, summary};
+use crate::server::{banner, configured_policy, start_capture, summary};
+use crate::swap::Swapper;
 
 /// The pipeline names served by [`LlmServer`].
 pub const LLM_PIPELINES: [&str; 1] = ["llm-tiny"];
@@ -46,6 +51,7 @@ pub struct LlmServer {
     /// The device line: which device and why.
     pub device: String,
     actor: LlmActor,
+    admin: Admin,
 }
 
 impl LlmServer {
@@ -58,24 +64,22 @@ impl LlmServer {
         if !config.remote.is_empty() {
             bail!("[[remote]] nodes serve batch stages only; pipeline {:?} runs its decoder here", config.pipeline);
         }
-        if config.capture.is_some() {
-            bail!("trace capture records batch pipelines only; remove `capture` to serve {:?}", config.pipeline);
-        }
-        if config.admin.effective_token().is_some() || config.admin.watch_dir.is_some() {
-            tracing::warn!("the admin API (swaps, A/B runs) is not started for an LLM pipeline");
-        }
         let ort = Runtime::init(RuntimeConfig { library: None, device: config.device_preference()? })
             .map_err(|e| anyhow!("loading ONNX Runtime: {e} (run `bash scripts/setup.sh --deps` to install it)"))?;
         let choice = ort.device_choice();
         let device = format!("{} ({})", choice.device, choice.reason);
         let policy_name = if config.policy == ServeConfig::default().policy { DEFAULT_LLM_POLICY } else { config.policy.as_str() };
-        let policy = policy_choice(policy_name)?;
+        let policy = configured_policy(policy_name, config)?;
         let policy_label = policy.name.clone();
+        let (sandbox, failure) = (policy.sandbox.clone(), policy.failure);
         let served = ServedLlm::tiny().map_err(|e| anyhow!(e))?;
         let streams: Vec<String> = served.pipeline.streams.iter().map(|s| s.name.clone()).collect();
         let options = config.engine_options();
         let (actor, service) = LlmStack::start(served, policy, options).map_err(|e| anyhow!(e))?;
         let handle = service.handle().clone();
+        if let Some(path) = &config.capture {
+            start_capture(&handle, path)?;
+        }
         let metrics_handle = handle.clone();
         let gpu = ort.device();
         let renderer: MetricsRenderer = Arc::new(move || {
@@ -91,7 +95,8 @@ impl LlmServer {
                 .with_max_in_flight(config.max_in_flight),
         );
         let listeners = Listeners::start(&config.listen_options(), api).await?;
-        Ok(LlmServer { listeners, handle, policy: policy_label, models: streams, device, actor })
+        let admin = Admin::start(&config.admin, Arc::new(Swapper::new(handle.clone(), sandbox, failure))).await?;
+        Ok(LlmServer { listeners, handle, policy: policy_label, models: streams, device, actor, admin })
     }
 
     /// The address clients use (TCP and UDP share the port).
@@ -99,9 +104,14 @@ impl LlmServer {
         self.listeners.address()
     }
 
+    /// Where the admin API listens, when it runs.
+    pub fn admin_address(&self) -> Option<std::net::SocketAddr> {
+        self.admin.address
+    }
+
     /// The lines an operator sees at start.
     pub fn banner(&self) -> String {
-        banner(&self.listeners, &self.models, &self.policy, &self.device)
+        banner(&self.listeners, self.admin.address, &self.models, &self.policy, &self.device)
     }
 
     /// One line: requests by outcome so far.
@@ -111,6 +121,7 @@ impl LlmServer {
 
     /// Stop accepting, fail what is in flight once, stop the engine.
     pub async fn stop(self) {
+        self.admin.stop().await;
         self.listeners.stop().await;
         let actor = self.actor;
         let _ = tokio::task::spawn_blocking(move || actor.shutdown("the server is shutting down")).await;
