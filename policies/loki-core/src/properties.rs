@@ -232,3 +232,60 @@ fn the_resource_manager_runs_every_ten_seconds_and_on_demand_jumps_and_keeps_a_s
     assert!(driver.policy().runtime().demand_estimate() > 280.0, "{}", driver.policy().runtime().demand_estimate());
     assert!(driver.policy().runtime().plan().unwrap().workers() > plan.workers());
 }
+
+/// A host whose clock runs on by `step_ns` at every read, as wall time does on a busy
+/// machine while a call computes.
+struct RacingHost {
+    now: std::sync::atomic::AtomicU64,
+    step_ns: u64,
+    inner: NullHost,
+}
+
+impl yardmaster_sdk::Host for RacingHost {
+    fn now(&self) -> u64 {
+        self.now.fetch_add(self.step_ns, std::sync::atomic::Ordering::Relaxed)
+    }
+    fn log(&self, level: yardmaster_sdk::Level, message: &str) {
+        self.inner.log(level, message)
+    }
+    fn profile(&self, stage: u32, variant: u32, batch: u32) -> Option<u64> {
+        self.inner.profile(stage, variant, batch)
+    }
+    fn emit(&self, name: &str, value: f64) {
+        self.inner.emit(name, value)
+    }
+    fn random(&self) -> u64 {
+        self.inner.random()
+    }
+}
+
+/// Every action of a run past the hardware capacity (the MILP runs), with a clock
+/// that advances `step_ns` per read.
+fn actions_under_clock(step_ns: u64) -> (Vec<String>, crate::runtime::RuntimeStats) {
+    let mut config = toy::chain();
+    config.workers = driven().ctx().config().workers.clone();
+    let host = RacingHost { now: 0.into(), step_ns, inner: NullHost::new(0, 1) };
+    let (mut driver, first) = Driver::<LokiPolicy<LokiFlavour>>::new(config, Box::new(host)).expect("init");
+    let mut log = vec![format!("{first:?}")];
+    let mut id = 1;
+    for s in 0..25u64 {
+        let at = s * 1_000_000_000;
+        let n = if s < 5 { 300 } else { 1200 };
+        let events = (0..n).map(|i| arrival(id + i, at + i * (1_000_000_000 / n))).collect();
+        id += n;
+        log.push(format!("{:?}", driver.handle(at, events)));
+        log.push(format!("{:?}", driver.handle(at + 999_999_999, vec![tick(at + 999_999_999)])));
+    }
+    (log, driver.policy().runtime().stats().clone())
+}
+
+#[test]
+fn the_milp_budget_is_work_not_time_so_a_run_does_not_depend_on_the_machine() {
+    // The same inputs give the same actions whether the host's clock stands still
+    // within a call (the simulator) or races ahead (1 ms per read: a busy machine).
+    let (frozen, stats) = actions_under_clock(0);
+    assert!(stats.solves > 0 && stats.slices > 0, "the MILP ran: {stats:?}");
+    let (racing, racing_stats) = actions_under_clock(1_000_000);
+    assert_eq!(stats, racing_stats);
+    assert!(frozen == racing, "actions differ under a racing clock");
+}

@@ -125,10 +125,14 @@ pub struct RuntimeStats {
     pub nodes: u64,
     /// Simplex pivots over all solves.
     pub pivots: u64,
+    /// MILP slices run (one per tick while a job is in progress).
+    pub slices: u64,
     /// Variant switches issued.
     pub switches: u64,
     /// Requests dropped early.
     pub dropped: u64,
+    /// Requests dropped early, per task.
+    pub dropped_by_task: Vec<u64>,
     /// Requests pinned by opportunistic rerouting.
     pub rerouted: u64,
 }
@@ -389,8 +393,12 @@ impl Runtime {
     /// Advance the MILP in progress by one slice; adopt its plan when it is done.
     fn advance_job(&mut self, ctx: &mut Ctx) {
         let Some(job) = self.job.as_mut() else { return };
+        // The host's clock bounds a slice only when asked (`milp_ms_per_tick`): by
+        // default the slice is counted in work, the same on any machine.
         let clock = || ctx.host().now();
-        let finished = job.advance(&self.model, Some(&clock));
+        let clock: Option<&dyn Fn() -> u64> = if self.settings.limits.time_slice_ns > 0 { Some(&clock) } else { None };
+        let finished = job.advance(&self.model, clock);
+        self.stats.slices += 1;
         let Some(plan) = finished else { return };
         let stats = job.stats().clone();
         self.job = None;
@@ -686,16 +694,22 @@ impl Runtime {
             let pages = core::arch::wasm32::memory_size(0);
             #[cfg(not(target_arch = "wasm32"))]
             let pages = 0;
+            let tasks: Vec<String> = self.task_demand.iter().map(|d| format!("{:.0}", d.estimate())).collect();
+            let per_worker: Vec<String> = self
+                .workers
+                .iter()
+                .filter_map(|(w, a)| Some(format!("{w}:{}/{}/{}q{}b{}", a.task?, a.variant, a.batch, self.queues.get(w).map_or(0, VecDeque::len), a.budget_ns / 1_000_000)))
+                .collect();
             let msg = format!(
-                "t={:.0}s mem={pages} D={estimate:.1} queued={queued} longest={longest} ended={} processed={} pins={} orphans={} pseudo={:?} plan={:?} stats={:?}",
+                "t={:.0}s mem={pages} D={estimate:.1} tasks={tasks:?} stats={:?} plan={:?} queued={queued} longest={longest} ended={} processed={} pins={} orphans={} pseudo={:?} workers={per_worker:?}",
                 now as f64 / 1e9,
+                self.stats,
+                self.plan.as_ref().map(|p| p.hosts.iter().map(|h| (h.task, h.variant, h.batch, h.replicas)).collect::<Vec<_>>()),
                 self.ended.len(),
                 self.processed_by.current.len() + self.processed_by.previous.len(),
                 self.pins.current.len() + self.pins.previous.len(),
                 self.orphans.values().map(VecDeque::len).sum::<usize>(),
                 self.pseudo_queues.values().map(VecDeque::len).collect::<Vec<_>>(),
-                self.plan.as_ref().map(|p| p.hosts.iter().map(|h| (h.task, h.variant, h.batch, h.replicas)).collect::<Vec<_>>()),
-                self.stats,
             );
             ctx.log(yardmaster_sdk::Level::Info, &msg);
         }
@@ -814,6 +828,10 @@ impl Runtime {
                 ctx.drop_request(*id, DropReason::DeadlineUnreachable);
             }
             self.stats.dropped += formed.dropped.len() as u64;
+            if self.stats.dropped_by_task.len() <= task {
+                self.stats.dropped_by_task.resize(task + 1, 0);
+            }
+            self.stats.dropped_by_task[task] += formed.dropped.len() as u64;
             for (request, pins) in &formed.pinned {
                 self.stats.rerouted += 1;
                 for &(child, target) in pins {

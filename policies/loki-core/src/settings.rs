@@ -44,8 +44,10 @@ pub struct Settings {
     /// less one per pseudo stage).
     pub cluster: u32,
     /// MILP limits (`milp_nodes` 150, `milp_pivots` 200000 per solve; per tick, a
-    /// slice of `milp_work_per_tick` 30 000 000 tableau updates or `milp_ms_per_tick`
-    /// 20 ms of the host's clock, whichever ends first).
+    /// slice of `milp_work_per_tick` 30 000 000 tableau updates). Every default budget
+    /// counts work, never time, so a simulated run is a pure function of its inputs
+    /// and seed whatever the machine's load. `milp_ms_per_tick` (default 0: off) also
+    /// ends a slice after that many ms of the host's clock.
     pub limits: SolverLimits,
     /// Latency budgets (`budget`: `slo_share`, `task_share` or a multiple of the
     /// batch latency such as `2`, the paper's rule; default `slo_share`, and
@@ -91,7 +93,7 @@ impl Settings {
             limits: SolverLimits {
                 max_nodes: ctx.param_or("milp_nodes", 150u64)?,
                 max_pivots: ctx.param_or("milp_pivots", 200_000u64)?,
-                time_slice_ns: (ctx.param_or("milp_ms_per_tick", 20.0f64)? * 1e6) as u64,
+                time_slice_ns: (ctx.param_or("milp_ms_per_tick", 0.0f64)? * 1e6) as u64,
                 work_slice: ctx.param_or("milp_work_per_tick", 30_000_000u64)?,
             },
             budget: ctx.param_or("budget", if planner == PlannerKind::Proteus { BudgetRule::TaskShare } else { BudgetRule::SloShare })?,
