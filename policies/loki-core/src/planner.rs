@@ -69,6 +69,8 @@ pub struct PlanRequest<'a> {
     pub previous: Option<&'a Plan>,
     /// Give workers STEP2 leaves idle to the most loaded variants.
     pub fill_spare: bool,
+    /// STEP1's slack for queueing ([`hardware_scaling_with_slack`]; 1: the paper's).
+    pub slack: f64,
 }
 
 /// Where a job stands.
@@ -118,7 +120,7 @@ pub enum Started {
 /// demand and the plan in force serves less.
 pub fn start(request: &PlanRequest) -> Started {
     let (model, factors, cap, cluster) = (request.model, request.factors, request.cap_ms, request.cluster);
-    if let Some(plan) = hardware_scaling(model, factors, request.demand, cap, cluster) {
+    if let Some(plan) = hardware_scaling_with_slack(model, factors, request.demand, request.slack, cap, cluster) {
         return Started::Done(plan);
     }
     let floor = fastest_capacity(model, factors, cap, cluster).map(|(capacity, plan)| Floor { capacity, plan });
@@ -291,6 +293,39 @@ impl PlanJob {
     }
 }
 
+/// STEP1 with slack for queueing: the most accurate variants sized for
+/// `slack · demand` when the cluster holds that many workers, else sized for `demand`
+/// with the workers left idle given to the busiest variants; `None` when even
+/// `demand` needs more than the cluster. `slack` 1 is the paper's STEP1.
+pub fn hardware_scaling_with_slack(
+    model: &PipelineModel,
+    factors: &Factors,
+    demand: f64,
+    slack: f64,
+    cap_ms: f64,
+    cluster: u32,
+) -> Option<Plan> {
+    if slack > 1.0 {
+        if let Some(mut plan) = hardware_scaling(model, factors, demand * slack, cap_ms, cluster) {
+            scale_loads(&mut plan, demand);
+            return Some(plan);
+        }
+        let mut plan = hardware_scaling(model, factors, demand, cap_ms, cluster)?;
+        fill_spare(model, &mut plan, cluster);
+        return Some(plan);
+    }
+    hardware_scaling(model, factors, demand, cap_ms, cluster)
+}
+
+/// Planned loads and demand of `plan` rescaled to `demand`.
+fn scale_loads(plan: &mut Plan, demand: f64) {
+    let ratio = if plan.demand > 0.0 { demand / plan.demand } else { 0.0 };
+    for h in &mut plan.hosts {
+        h.load *= ratio;
+    }
+    plan.demand = demand;
+}
+
 /// Give the workers a plan leaves idle, one at a time, to the hosted variant with
 /// the highest planned load per unit of capacity.
 pub fn fill_spare(model: &PipelineModel, plan: &mut Plan, cluster: u32) {
@@ -324,6 +359,7 @@ mod tests {
             limits: SolverLimits { max_nodes: 100_000, max_pivots: 50_000_000, ..SolverLimits::default() },
             previous: None,
             fill_spare: false,
+            slack: 1.0,
         };
         resource_manager(&request).0
     }

@@ -21,9 +21,9 @@ use crate::budgets::budget_ns;
 use crate::demand::DemandEstimator;
 use crate::model::{Factors, PipelineModel};
 use crate::plan::Plan;
-use crate::planner::{start, PlanJob, PlanRequest, Started};
+use crate::planner::{hardware_scaling_with_slack, start, PlanJob, PlanRequest, Started};
 use crate::settings::{PlannerKind, Settings};
-use crate::single_path::{hardware_scaling, max_served_fraction};
+use crate::single_path::max_served_fraction;
 
 /// A flavour of the policy: which planner and which default drop mode.
 pub trait Flavour: 'static {
@@ -127,6 +127,8 @@ pub struct RuntimeStats {
     pub pivots: u64,
     /// MILP slices run (one per tick while a job is in progress).
     pub slices: u64,
+    /// Plans put in force although no plan meets the SLO (the fastest variants).
+    pub infeasible_plans: u64,
     /// Variant switches issued.
     pub switches: u64,
     /// Requests dropped early.
@@ -357,6 +359,7 @@ impl Runtime {
                     limits: self.settings.limits,
                     previous: self.plan.as_ref(),
                     fill_spare: self.settings.fill_spare,
+                    slack: self.settings.hardware_slack,
                 };
                 self.job = None;
                 match start(&request) {
@@ -378,7 +381,7 @@ impl Runtime {
             }
             PlannerKind::InferLine => {
                 let choice: Vec<usize> = self.model.tasks.iter().map(|t| t.most_accurate).collect();
-                hardware_scaling(&self.model, &factors, demand, cap_ms, cluster)
+                hardware_scaling_with_slack(&self.model, &factors, demand, self.settings.hardware_slack, cap_ms, cluster)
                     .or_else(|| max_served_fraction(&self.model, &factors, &choice, demand, cap_ms, cluster).map(|(_, p)| p))
                     .unwrap_or_else(|| crate::single_path::fastest(&self.model, &factors, demand, cluster))
             }
@@ -415,6 +418,33 @@ impl Runtime {
     /// Put a plan in force.
     fn adopt(&mut self, ctx: &mut Ctx, plan: Plan, estimate: f64) {
         self.stats.plans += 1;
+        // No plan meets the SLO: the fastest variants serve. Say so, never silently.
+        let infeasible = plan.regime == crate::plan::Regime::Fastest;
+        ctx.host().emit("loki.plan_infeasible", if infeasible { 1.0 } else { 0.0 });
+        if infeasible {
+            self.stats.infeasible_plans += 1;
+            let was = self.plan.as_ref().is_some_and(|p| p.regime == crate::plan::Regime::Fastest);
+            if !was {
+                let cap_ms = self.model.slo_ms / 2.0;
+                let best: Vec<String> = self
+                    .model
+                    .branches
+                    .iter()
+                    .map(|b| {
+                        let ms: f64 =
+                            b.iter().map(|&t| self.model.tasks[t].variants[self.model.tasks[t].most_accurate].latency_ms[0]).sum();
+                        format!("{ms:.1} ms")
+                    })
+                    .collect();
+                let msg = format!(
+                    "infeasible plan: no variant set meets the SLO of {} ms (per-path processing cap {cap_ms:.1} ms; the most accurate variants at batch 1 take {} per branch); serving the fastest variants at accuracy {:.3}",
+                    self.model.slo_ms,
+                    best.join(", "),
+                    plan.accuracy
+                );
+                ctx.log(yardmaster_sdk::Level::Warn, &msg);
+            }
+        }
         ctx.host().emit("loki.plan_accuracy", plan.accuracy);
         ctx.host().emit("loki.plan_workers", plan.workers() as f64);
         let unchanged = self.plan.as_ref().is_some_and(|old| old.same_allocation(&plan));
@@ -698,7 +728,16 @@ impl Runtime {
             let per_worker: Vec<String> = self
                 .workers
                 .iter()
-                .filter_map(|(w, a)| Some(format!("{w}:{}/{}/{}q{}b{}", a.task?, a.variant, a.batch, self.queues.get(w).map_or(0, VecDeque::len), a.budget_ns / 1_000_000)))
+                .filter_map(|(w, a)| {
+                    Some(format!(
+                        "{w}:{}/{}/{}q{}b{}",
+                        a.task?,
+                        a.variant,
+                        a.batch,
+                        self.queues.get(w).map_or(0, VecDeque::len),
+                        a.budget_ns / 1_000_000
+                    ))
+                })
                 .collect();
             let msg = format!(
                 "t={:.0}s mem={pages} D={estimate:.1} tasks={tasks:?} stats={:?} plan={:?} queued={queued} longest={longest} ended={} processed={} pins={} orphans={} pseudo={:?} workers={per_worker:?}",

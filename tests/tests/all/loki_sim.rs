@@ -117,3 +117,27 @@ fn the_same_seed_gives_byte_identical_loki_reports_on_a_busy_machine() {
         assert!(a == b, "{name} differs between a quiet and a busy machine");
     }
 }
+
+/// On-time requests per second and the on-time share of the requests that ended,
+/// over the windows from `from_s` on.
+fn steady(out: &RunOutcome, from_s: u64) -> (f64, f64) {
+    let windows: Vec<_> = out.report.windows.iter().filter(|w| w.start >= from_s * 1_000_000_000 && w.duration >= 1_000_000_000).collect();
+    let on_time: u64 = windows.iter().map(|w| w.outcomes.on_time).sum();
+    let ended: u64 = windows.iter().map(|w| w.outcomes.ended()).sum();
+    (on_time as f64 / windows.len().max(1) as f64, on_time as f64 / ended.max(1) as f64)
+}
+
+#[test]
+fn loki_is_on_time_at_low_load_and_has_no_cliff_past_its_peak() {
+    // Low load (a tenth of the cluster's capacity of about 1,800 QPS at the fastest
+    // variants): at least 99 % on time once the first plan is in force.
+    let low = simulate("loki", &[(150.0, 16)], &[]);
+    let (_, attainment) = steady(&low, 6);
+    assert!(attainment >= 0.99, "on time at low load: {attainment}");
+    // Twice and five times the capacity: the fastest plan's capacity is served.
+    let peak = simulate("loki", &[(1800.0, 10)], &[]);
+    let over = simulate("loki", &[(9000.0, 10)], &[]);
+    let (best, _) = steady(&peak, 5);
+    let (overloaded, _) = steady(&over, 5);
+    assert!(overloaded >= 0.9 * best, "no cliff: {overloaded} on-time QPS at 5× against {best}");
+}
