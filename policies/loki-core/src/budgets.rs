@@ -95,6 +95,7 @@ mod tests {
                 limits: SolverLimits::default(),
                 previous: None,
                 fill_spare: true,
+                slack: 1.0,
             };
             let plan = resource_manager(&request).0;
             for rule in [BudgetRule::Multiple(2.0), BudgetRule::SloShare] {

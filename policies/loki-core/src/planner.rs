@@ -12,7 +12,7 @@ use yardmaster_sdk::helpers::milp::{Budget, Search, Solution, Status};
 
 use crate::model::{Factors, PipelineModel};
 use crate::plan::{Plan, Regime};
-use crate::single_path::{best_single_path, fastest, hardware_scaling};
+use crate::single_path::{best_single_path, fastest, fastest_capacity, hardware_scaling};
 use crate::step2::{Goal, Step2};
 
 /// Limits of one MILP solve.
@@ -69,6 +69,8 @@ pub struct PlanRequest<'a> {
     pub previous: Option<&'a Plan>,
     /// Give workers STEP2 leaves idle to the most loaded variants.
     pub fill_spare: bool,
+    /// STEP1's slack for queueing ([`hardware_scaling_with_slack`]; 1: the paper's).
+    pub slack: f64,
 }
 
 /// Where a job stands.
@@ -77,6 +79,14 @@ enum Stage {
     Accuracy { step: Step2, search: Search, demand: f64, capped: bool, greedy: Option<Plan> },
     /// The largest demand any plan serves.
     Capacity { step: Step2, search: Search },
+}
+
+/// The fastest single-path plan on the whole cluster and the demand it serves: the
+/// floor under the capacity the planner finds beyond the cluster's reach.
+#[derive(Clone, Debug)]
+struct Floor {
+    capacity: f64,
+    plan: Plan,
 }
 
 /// A Resource Manager run in progress.
@@ -88,6 +98,8 @@ pub struct PlanJob {
     fill_spare: bool,
     /// Set once the first stage is built.
     stage: Option<Stage>,
+    /// The fastest plan's capacity, computed when hardware scaling fails.
+    floor: Option<Floor>,
     stats: PlanStats,
 }
 
@@ -100,11 +112,18 @@ pub enum Started {
 }
 
 /// Start planning for a demand.
+///
+/// Past the cluster's hardware capacity, the fastest single-path plan and the demand
+/// it serves ([`fastest_capacity`]) are computed first: they warm-start the capacity
+/// MILP (so the capacity found is never below the fastest plan's, whatever the
+/// solver's budget), and they serve meanwhile whenever no greedy plan meets the
+/// demand and the plan in force serves less.
 pub fn start(request: &PlanRequest) -> Started {
     let (model, factors, cap, cluster) = (request.model, request.factors, request.cap_ms, request.cluster);
-    if let Some(plan) = hardware_scaling(model, factors, request.demand, cap, cluster) {
+    if let Some(plan) = hardware_scaling_with_slack(model, factors, request.demand, request.slack, cap, cluster) {
         return Started::Done(plan);
     }
+    let floor = fastest_capacity(model, factors, cap, cluster).map(|(capacity, plan)| Floor { capacity, plan });
     let mut job = PlanJob {
         factors: factors.clone(),
         cluster,
@@ -112,7 +131,15 @@ pub fn start(request: &PlanRequest) -> Started {
         limits: request.limits,
         fill_spare: request.fill_spare,
         stage: None,
+        floor,
         stats: PlanStats::default(),
+    };
+    // The plan to serve with while the MILP runs when no greedy plan meets the demand:
+    // the fastest plan, unless the plan in force already serves as much.
+    let floor_interim = |job: &PlanJob| -> Option<Plan> {
+        let floor = job.floor.as_ref()?;
+        let served = request.previous.map_or(0.0, |p| p.demand);
+        (served < floor.capacity * (1.0 - 1e-6)).then(|| job.finish_plan(model, floor.plan.clone(), Regime::Capped))
     };
     match job.accuracy_stage(model, request.demand, false, request.previous) {
         Some(stage) => {
@@ -120,15 +147,17 @@ pub fn start(request: &PlanRequest) -> Started {
                 Stage::Accuracy { greedy, .. } => greedy.clone(),
                 Stage::Capacity { .. } => None,
             };
+            let interim = interim.or_else(|| floor_interim(&job));
             job.stage = Some(stage);
             Started::Pending(interim, Box::new(job))
         }
         None => match job.capacity_stage(model) {
             Some(stage) => {
                 job.stage = Some(stage);
-                Started::Pending(None, Box::new(job))
+                let interim = floor_interim(&job);
+                Started::Pending(interim, Box::new(job))
             }
-            None => Started::Done(fastest(model, factors, request.demand, cluster)),
+            None => Started::Done(job.floor_or_fastest(model, request.demand)),
         },
     }
 }
@@ -168,8 +197,22 @@ impl PlanJob {
 
     fn capacity_stage(&mut self, model: &PipelineModel) -> Option<Stage> {
         let step = Step2::build(model, &self.factors, self.cluster, self.cap_ms, Goal::Capacity)?;
-        let search = step.search(&[]);
+        let warm: Vec<Vec<f64>> = self.floor.iter().filter_map(|f| step.point_of(model, self.cap_ms, &f.plan)).collect();
+        let search = step.search(&warm);
         Some(Stage::Capacity { step, search })
+    }
+
+    /// The fastest plan at its capacity (planned for `demand` if it serves that
+    /// much), or `FASTEST` when no single path meets the latency cap.
+    fn floor_or_fastest(&self, model: &PipelineModel, demand: f64) -> Plan {
+        match &self.floor {
+            Some(floor) => {
+                let mut plan = floor.plan.clone();
+                plan.demand = plan.demand.min(demand.max(0.0)).max(0.0);
+                self.finish_plan(model, plan, Regime::Capped)
+            }
+            None => fastest(model, &self.factors, demand, self.cluster),
+        }
     }
 
     fn finish_plan(&self, model: &PipelineModel, mut plan: Plan, regime: Regime) -> Plan {
@@ -213,21 +256,28 @@ impl PlanJob {
                     return Some(self.finish_plan(model, plan, regime));
                 }
                 if capped {
-                    return Some(fastest(model, &self.factors, demand, self.cluster));
+                    return Some(self.floor_or_fastest(model, demand));
                 }
                 match self.capacity_stage(model) {
                     Some(stage) => {
                         self.stage = Some(stage);
                         None
                     }
-                    None => Some(fastest(model, &self.factors, demand, self.cluster)),
+                    None => Some(self.floor_or_fastest(model, demand)),
                 }
             }
             Stage::Capacity { step, search } => {
                 let solution = search.run(&budget)?;
-                let best = (solution.has_point() && solution.objective > 0.0)
+                let mut best = (solution.has_point() && solution.objective > 0.0)
                     .then(|| (solution.objective, step.plan(model, &self.factors, &solution.values)));
                 self.record(&solution);
+                // Never below the fastest plan's capacity (the solver may stop at its
+                // budget with a worse incumbent).
+                if let Some(floor) = &self.floor {
+                    if best.as_ref().is_none_or(|(c, _)| *c < floor.capacity) {
+                        best = Some((floor.capacity, floor.plan.clone()));
+                    }
+                }
                 let Some((capacity, fallback)) = best else {
                     return Some(fastest(model, &self.factors, 0.0, self.cluster));
                 };
@@ -241,6 +291,39 @@ impl PlanJob {
             }
         }
     }
+}
+
+/// STEP1 with slack for queueing: the most accurate variants sized for
+/// `slack · demand` when the cluster holds that many workers, else sized for `demand`
+/// with the workers left idle given to the busiest variants; `None` when even
+/// `demand` needs more than the cluster. `slack` 1 is the paper's STEP1.
+pub fn hardware_scaling_with_slack(
+    model: &PipelineModel,
+    factors: &Factors,
+    demand: f64,
+    slack: f64,
+    cap_ms: f64,
+    cluster: u32,
+) -> Option<Plan> {
+    if slack > 1.0 {
+        if let Some(mut plan) = hardware_scaling(model, factors, demand * slack, cap_ms, cluster) {
+            scale_loads(&mut plan, demand);
+            return Some(plan);
+        }
+        let mut plan = hardware_scaling(model, factors, demand, cap_ms, cluster)?;
+        fill_spare(model, &mut plan, cluster);
+        return Some(plan);
+    }
+    hardware_scaling(model, factors, demand, cap_ms, cluster)
+}
+
+/// Planned loads and demand of `plan` rescaled to `demand`.
+fn scale_loads(plan: &mut Plan, demand: f64) {
+    let ratio = if plan.demand > 0.0 { demand / plan.demand } else { 0.0 };
+    for h in &mut plan.hosts {
+        h.load *= ratio;
+    }
+    plan.demand = demand;
 }
 
 /// Give the workers a plan leaves idle, one at a time, to the hosted variant with
@@ -276,6 +359,7 @@ mod tests {
             limits: SolverLimits { max_nodes: 100_000, max_pivots: 50_000_000, ..SolverLimits::default() },
             previous: None,
             fill_spare: false,
+            slack: 1.0,
         };
         resource_manager(&request).0
     }

@@ -21,6 +21,7 @@ fn exact_plan(model: &PipelineModel, factors: &Factors, demand: f64, cap_ms: f64
         limits: SolverLimits { max_nodes: 100_000, max_pivots: 50_000_000, ..SolverLimits::default() },
         previous: None,
         fill_spare: false,
+        slack: 1.0,
     };
     resource_manager(&request).0
 }
@@ -231,4 +232,136 @@ fn the_resource_manager_runs_every_ten_seconds_and_on_demand_jumps_and_keeps_a_s
     drive(&mut driver, 45, 3, |_| 300, &mut id);
     assert!(driver.policy().runtime().demand_estimate() > 280.0, "{}", driver.policy().runtime().demand_estimate());
     assert!(driver.policy().runtime().plan().unwrap().workers() > plan.workers());
+}
+
+/// A host whose clock runs on by `step_ns` at every read, as wall time does on a busy
+/// machine while a call computes.
+struct RacingHost {
+    now: std::sync::atomic::AtomicU64,
+    step_ns: u64,
+    inner: NullHost,
+}
+
+impl yardmaster_sdk::Host for RacingHost {
+    fn now(&self) -> u64 {
+        self.now.fetch_add(self.step_ns, std::sync::atomic::Ordering::Relaxed)
+    }
+    fn log(&self, level: yardmaster_sdk::Level, message: &str) {
+        self.inner.log(level, message)
+    }
+    fn profile(&self, stage: u32, variant: u32, batch: u32) -> Option<u64> {
+        self.inner.profile(stage, variant, batch)
+    }
+    fn emit(&self, name: &str, value: f64) {
+        self.inner.emit(name, value)
+    }
+    fn random(&self) -> u64 {
+        self.inner.random()
+    }
+}
+
+/// Every action of a run past the hardware capacity (the MILP runs), with a clock
+/// that advances `step_ns` per read.
+fn actions_under_clock(step_ns: u64) -> (Vec<String>, crate::runtime::RuntimeStats) {
+    let mut config = toy::chain();
+    config.workers = driven().ctx().config().workers.clone();
+    let host = RacingHost { now: 0.into(), step_ns, inner: NullHost::new(0, 1) };
+    let (mut driver, first) = Driver::<LokiPolicy<LokiFlavour>>::new(config, Box::new(host)).expect("init");
+    let mut log = vec![format!("{first:?}")];
+    let mut id = 1;
+    for s in 0..25u64 {
+        let at = s * 1_000_000_000;
+        let n = if s < 5 { 300 } else { 1200 };
+        let events = (0..n).map(|i| arrival(id + i, at + i * (1_000_000_000 / n))).collect();
+        id += n;
+        log.push(format!("{:?}", driver.handle(at, events)));
+        log.push(format!("{:?}", driver.handle(at + 999_999_999, vec![tick(at + 999_999_999)])));
+    }
+    (log, driver.policy().runtime().stats().clone())
+}
+
+#[test]
+fn the_milp_budget_is_work_not_time_so_a_run_does_not_depend_on_the_machine() {
+    // The same inputs give the same actions whether the host's clock stands still
+    // within a call (the simulator) or races ahead (1 ms per read: a busy machine).
+    let (frozen, stats) = actions_under_clock(0);
+    assert!(stats.solves > 0 && stats.slices > 0, "the MILP ran: {stats:?}");
+    let (racing, racing_stats) = actions_under_clock(1_000_000);
+    assert_eq!(stats, racing_stats);
+    assert!(frozen == racing, "actions differ under a racing clock");
+}
+
+/// A host that keeps the log lines and metrics a policy sends it.
+#[derive(Default)]
+struct RecordingHost {
+    logs: std::sync::Arc<std::sync::Mutex<Vec<(yardmaster_sdk::Level, String)>>>,
+    metrics: std::sync::Arc<std::sync::Mutex<Vec<(String, f64)>>>,
+}
+
+impl yardmaster_sdk::Host for RecordingHost {
+    fn now(&self) -> u64 {
+        0
+    }
+    fn log(&self, level: yardmaster_sdk::Level, message: &str) {
+        self.logs.lock().unwrap().push((level, message.to_string()));
+    }
+    fn profile(&self, _: u32, _: u32, _: u32) -> Option<u64> {
+        None
+    }
+    fn emit(&self, name: &str, value: f64) {
+        self.metrics.lock().unwrap().push((name.to_string(), value));
+    }
+    fn random(&self) -> u64 {
+        7
+    }
+}
+
+/// Drive flavour `F` on the toy chain with SLO `slo_ms` at 100 QPS for 12 s: its
+/// infeasible-plan count, warnings and `loki.plan_infeasible` values.
+fn infeasibility<F: crate::runtime::Flavour>(slo_ms: u64) -> (u64, Vec<String>, Vec<f64>) {
+    let mut config = toy::chain();
+    config.streams[0].slo = slo_ms * 1_000_000;
+    config.workers = driven().ctx().config().workers.clone();
+    let host = RecordingHost::default();
+    let (logs, metrics) = (host.logs.clone(), host.metrics.clone());
+    let (mut driver, _) = Driver::<LokiPolicy<F>>::new(config, Box::new(host)).expect("init");
+    let mut id = 1;
+    for s in 0..12u64 {
+        let at = s * 1_000_000_000;
+        let events = (0..100).map(|i| arrival(id + i, at + i * 10_000_000)).collect();
+        id += 100;
+        driver.handle(at, events);
+        driver.handle(at + 999_999_999, vec![tick(at + 999_999_999)]);
+    }
+    let warnings = logs
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(l, m)| *l == yardmaster_sdk::Level::Warn && m.contains("infeasible"))
+        .map(|(_, m)| m.clone())
+        .collect();
+    let values = metrics.lock().unwrap().iter().filter(|(n, _)| n == "loki.plan_infeasible").map(|(_, v)| *v).collect();
+    (driver.policy().runtime().stats().infeasible_plans, warnings, values)
+}
+
+#[test]
+fn a_plan_that_cannot_meet_the_slo_is_reported_never_silent() {
+    use crate::runtime::{InferLineFlavour, ProteusFlavour};
+    // SLO 30 ms (per-path cap 15 ms): the most accurate path takes 15 + 7 = 22 ms at
+    // batch 1, so the InferLine-like baseline has no plan and runs the fastest
+    // variants; Loki still has one (D_lo with C_hi, 6 + 7 ms).
+    let (count, warnings, values) = infeasibility::<InferLineFlavour>(30);
+    assert!(count > 0 && values.contains(&1.0), "{count} {values:?}");
+    assert_eq!(warnings.len(), 1, "one warning when it starts: {warnings:?}");
+    assert!(warnings[0].contains("30 ms"), "{}", warnings[0]);
+    let (count, warnings, values) = infeasibility::<LokiFlavour>(30);
+    assert_eq!((count, warnings.len()), (0, 0));
+    assert!(!values.is_empty() && values.iter().all(|&v| v == 0.0));
+    // SLO 16 ms (cap 8 ms): not even the fastest path (6 + 3 ms) fits; every flavour says so.
+    for (count, warnings, _) in [infeasibility::<LokiFlavour>(16), infeasibility::<ProteusFlavour>(4)] {
+        assert!(count > 0 && !warnings.is_empty(), "{count} {warnings:?}");
+    }
+    // A feasible SLO: no report.
+    let (count, warnings, _) = infeasibility::<InferLineFlavour>(200);
+    assert_eq!((count, warnings.len()), (0, 0));
 }

@@ -91,7 +91,12 @@ pub fn plan(model: &PipelineModel, demand: &[f64], cluster: u32, max_nodes: u64)
                 }
             }
             let accuracy = if total > 0.0 { served_accuracy / total } else { 1.0 };
-            return Plan { hosts, accuracy, demand: demand.first().copied().unwrap_or(0.0), regime: Regime::Accuracy };
+            // A task with no variant under half its share runs its fastest one anyway:
+            // no plan meets the SLO.
+            let half = task_share_ms(model) / 2.0;
+            let infeasible = model.tasks.iter().any(|task| task.variants.iter().all(|v| !v.latency_ms.iter().any(|&l| l < half)));
+            let regime = if infeasible { Regime::Fastest } else { Regime::Accuracy };
+            return Plan { hosts, accuracy, demand: demand.first().copied().unwrap_or(0.0), regime };
         }
         beta -= if beta > 1.5 { 0.1 } else { 0.05 };
     }

@@ -21,9 +21,9 @@ use crate::budgets::budget_ns;
 use crate::demand::DemandEstimator;
 use crate::model::{Factors, PipelineModel};
 use crate::plan::Plan;
-use crate::planner::{start, PlanJob, PlanRequest, Started};
+use crate::planner::{hardware_scaling_with_slack, start, PlanJob, PlanRequest, Started};
 use crate::settings::{PlannerKind, Settings};
-use crate::single_path::{hardware_scaling, max_served_fraction};
+use crate::single_path::max_served_fraction;
 
 /// A flavour of the policy: which planner and which default drop mode.
 pub trait Flavour: 'static {
@@ -125,10 +125,16 @@ pub struct RuntimeStats {
     pub nodes: u64,
     /// Simplex pivots over all solves.
     pub pivots: u64,
+    /// MILP slices run (one per tick while a job is in progress).
+    pub slices: u64,
+    /// Plans put in force although no plan meets the SLO (the fastest variants).
+    pub infeasible_plans: u64,
     /// Variant switches issued.
     pub switches: u64,
     /// Requests dropped early.
     pub dropped: u64,
+    /// Requests dropped early, per task.
+    pub dropped_by_task: Vec<u64>,
     /// Requests pinned by opportunistic rerouting.
     pub rerouted: u64,
 }
@@ -353,6 +359,7 @@ impl Runtime {
                     limits: self.settings.limits,
                     previous: self.plan.as_ref(),
                     fill_spare: self.settings.fill_spare,
+                    slack: self.settings.hardware_slack,
                 };
                 self.job = None;
                 match start(&request) {
@@ -374,7 +381,7 @@ impl Runtime {
             }
             PlannerKind::InferLine => {
                 let choice: Vec<usize> = self.model.tasks.iter().map(|t| t.most_accurate).collect();
-                hardware_scaling(&self.model, &factors, demand, cap_ms, cluster)
+                hardware_scaling_with_slack(&self.model, &factors, demand, self.settings.hardware_slack, cap_ms, cluster)
                     .or_else(|| max_served_fraction(&self.model, &factors, &choice, demand, cap_ms, cluster).map(|(_, p)| p))
                     .unwrap_or_else(|| crate::single_path::fastest(&self.model, &factors, demand, cluster))
             }
@@ -389,8 +396,12 @@ impl Runtime {
     /// Advance the MILP in progress by one slice; adopt its plan when it is done.
     fn advance_job(&mut self, ctx: &mut Ctx) {
         let Some(job) = self.job.as_mut() else { return };
+        // The host's clock bounds a slice only when asked (`milp_ms_per_tick`): by
+        // default the slice is counted in work, the same on any machine.
         let clock = || ctx.host().now();
-        let finished = job.advance(&self.model, Some(&clock));
+        let clock: Option<&dyn Fn() -> u64> = if self.settings.limits.time_slice_ns > 0 { Some(&clock) } else { None };
+        let finished = job.advance(&self.model, clock);
+        self.stats.slices += 1;
         let Some(plan) = finished else { return };
         let stats = job.stats().clone();
         self.job = None;
@@ -407,6 +418,33 @@ impl Runtime {
     /// Put a plan in force.
     fn adopt(&mut self, ctx: &mut Ctx, plan: Plan, estimate: f64) {
         self.stats.plans += 1;
+        // No plan meets the SLO: the fastest variants serve. Say so, never silently.
+        let infeasible = plan.regime == crate::plan::Regime::Fastest;
+        ctx.host().emit("loki.plan_infeasible", if infeasible { 1.0 } else { 0.0 });
+        if infeasible {
+            self.stats.infeasible_plans += 1;
+            let was = self.plan.as_ref().is_some_and(|p| p.regime == crate::plan::Regime::Fastest);
+            if !was {
+                let cap_ms = self.model.slo_ms / 2.0;
+                let best: Vec<String> = self
+                    .model
+                    .branches
+                    .iter()
+                    .map(|b| {
+                        let ms: f64 =
+                            b.iter().map(|&t| self.model.tasks[t].variants[self.model.tasks[t].most_accurate].latency_ms[0]).sum();
+                        format!("{ms:.1} ms")
+                    })
+                    .collect();
+                let msg = format!(
+                    "infeasible plan: no variant set meets the SLO of {} ms (per-path processing cap {cap_ms:.1} ms; the most accurate variants at batch 1 take {} per branch); serving the fastest variants at accuracy {:.3}",
+                    self.model.slo_ms,
+                    best.join(", "),
+                    plan.accuracy
+                );
+                ctx.log(yardmaster_sdk::Level::Warn, &msg);
+            }
+        }
         ctx.host().emit("loki.plan_accuracy", plan.accuracy);
         ctx.host().emit("loki.plan_workers", plan.workers() as f64);
         let unchanged = self.plan.as_ref().is_some_and(|old| old.same_allocation(&plan));
@@ -686,16 +724,31 @@ impl Runtime {
             let pages = core::arch::wasm32::memory_size(0);
             #[cfg(not(target_arch = "wasm32"))]
             let pages = 0;
+            let tasks: Vec<String> = self.task_demand.iter().map(|d| format!("{:.0}", d.estimate())).collect();
+            let per_worker: Vec<String> = self
+                .workers
+                .iter()
+                .filter_map(|(w, a)| {
+                    Some(format!(
+                        "{w}:{}/{}/{}q{}b{}",
+                        a.task?,
+                        a.variant,
+                        a.batch,
+                        self.queues.get(w).map_or(0, VecDeque::len),
+                        a.budget_ns / 1_000_000
+                    ))
+                })
+                .collect();
             let msg = format!(
-                "t={:.0}s mem={pages} D={estimate:.1} queued={queued} longest={longest} ended={} processed={} pins={} orphans={} pseudo={:?} plan={:?} stats={:?}",
+                "t={:.0}s mem={pages} D={estimate:.1} tasks={tasks:?} stats={:?} plan={:?} queued={queued} longest={longest} ended={} processed={} pins={} orphans={} pseudo={:?} workers={per_worker:?}",
                 now as f64 / 1e9,
+                self.stats,
+                self.plan.as_ref().map(|p| p.hosts.iter().map(|h| (h.task, h.variant, h.batch, h.replicas)).collect::<Vec<_>>()),
                 self.ended.len(),
                 self.processed_by.current.len() + self.processed_by.previous.len(),
                 self.pins.current.len() + self.pins.previous.len(),
                 self.orphans.values().map(VecDeque::len).sum::<usize>(),
                 self.pseudo_queues.values().map(VecDeque::len).collect::<Vec<_>>(),
-                self.plan.as_ref().map(|p| p.hosts.iter().map(|h| (h.task, h.variant, h.batch, h.replicas)).collect::<Vec<_>>()),
-                self.stats,
             );
             ctx.log(yardmaster_sdk::Level::Info, &msg);
         }
@@ -814,6 +867,10 @@ impl Runtime {
                 ctx.drop_request(*id, DropReason::DeadlineUnreachable);
             }
             self.stats.dropped += formed.dropped.len() as u64;
+            if self.stats.dropped_by_task.len() <= task {
+                self.stats.dropped_by_task.resize(task + 1, 0);
+            }
+            self.stats.dropped_by_task[task] += formed.dropped.len() as u64;
             for (request, pins) in &formed.pinned {
                 self.stats.rerouted += 1;
                 for &(child, target) in pins {

@@ -213,16 +213,32 @@ pub fn max_served_fraction(
     Some((fraction, plan_from_sizing(model, choice, &sizing, demand * fraction, Regime::Capped)))
 }
 
-/// `FASTEST`: each task's lowest batch-1 latency variant at batch 1, the cluster
-/// split in proportion to the load (at least one worker per task).
-pub fn fastest(model: &PipelineModel, factors: &Factors, demand: f64, cluster: u32) -> Plan {
-    let choice: Vec<usize> = model
+/// Each task's variant with the lowest batch-1 latency.
+pub fn fastest_choice(model: &PipelineModel) -> Vec<usize> {
+    model
         .tasks
         .iter()
         .map(|t| {
             (0..t.variants.len()).min_by(|&a, &b| t.variants[a].latency_ms[0].total_cmp(&t.variants[b].latency_ms[0])).expect("variants")
         })
-        .collect();
+        .collect()
+}
+
+/// The largest root demand a single path of the fastest variants serves on the whole
+/// cluster within the latency cap (best batch sizes), with its plan; `None` when no
+/// batch vector of the fastest variants meets the cap.
+pub fn fastest_capacity(model: &PipelineModel, factors: &Factors, cap_ms: f64, cluster: u32) -> Option<(f64, Plan)> {
+    let choice = fastest_choice(model);
+    // A demand no cluster serves, so the fraction is capacity / demand.
+    let (fraction, plan) = max_served_fraction(model, factors, &choice, 1e12, cap_ms, cluster)?;
+    let capacity = fraction * 1e12;
+    (capacity > 0.0 && capacity.is_finite()).then_some((capacity, plan))
+}
+
+/// `FASTEST`: each task's lowest batch-1 latency variant at batch 1, the cluster
+/// split in proportion to the load (at least one worker per task).
+pub fn fastest(model: &PipelineModel, factors: &Factors, demand: f64, cluster: u32) -> Plan {
+    let choice = fastest_choice(model);
     let per_query = per_query_load(model, factors, &choice);
     let tasks = model.tasks.len();
     let need: Vec<f64> = (0..tasks).map(|t| per_query[t] / model.tasks[t].variants[choice[t]].throughput(0, &model.batches)).collect();

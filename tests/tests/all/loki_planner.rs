@@ -34,6 +34,7 @@ fn traffic_plans_scale_hardware_then_accuracy() {
             limits: SolverLimits { max_nodes: 60, ..SolverLimits::default() },
             previous: previous.as_ref(),
             fill_spare: true,
+            slack: 1.0,
         };
         let (plan, stats) = resource_manager(&request);
         assert!(plan.workers() <= CLUSTER);
@@ -69,6 +70,7 @@ fn plan_job_slices_are_small() {
         limits,
         previous: None,
         fill_spare: true,
+        slack: 1.0,
     };
     let Started::Pending(interim, mut job) = start(&request) else { panic!("past the hardware capacity") };
     let interim = interim.expect("the greedy plan serves while the MILP runs");

@@ -67,3 +67,77 @@ fn past_the_hardware_capacity_loki_trades_accuracy_for_throughput() {
     assert!(workers(&loki, 5, 10) < 10.0, "off-peak: {}", workers(&loki, 5, 10));
     assert!(workers(&loki, 20, 30) > 18.0, "peak: {}", workers(&loki, 20, 30));
 }
+
+/// The JSON and CSV reports of the three Loki policies on a ramp past the hardware
+/// capacity (the MILP runs), with `spinners` threads keeping the cores busy meanwhile.
+fn loki_reports(spinners: usize) -> Vec<(String, Vec<u8>)> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let stop = Arc::new(AtomicBool::new(false));
+    let spinning: Vec<_> = (0..spinners)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut x = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+                }
+            })
+        })
+        .collect();
+    let rates = [(60.0, 3), (900.0, 7)];
+    let reports: Vec<_> = ["loki", "loki-inferline", "loki-proteus"]
+        .iter()
+        .map(|p| {
+            let out = simulate(p, &rates, &[]);
+            assert!(out.arm.faults.is_empty(), "{p}: {:?}", out.arm.faults);
+            out.report
+        })
+        .collect();
+    stop.store(true, Ordering::Relaxed);
+    for t in spinning {
+        t.join().unwrap();
+    }
+    let dir = std::env::temp_dir().join(format!("yardmaster-loki-determinism-{}-{spinners}", std::process::id()));
+    let mut files = yardmaster::sim::report::write_csv(&dir, &reports).unwrap();
+    files.push(yardmaster::sim::report::write_json(&dir, &reports).unwrap());
+    let read = files.iter().map(|f| (f.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(f).unwrap())).collect();
+    let _ = std::fs::remove_dir_all(&dir);
+    read
+}
+
+#[test]
+fn the_same_seed_gives_byte_identical_loki_reports_on_a_busy_machine() {
+    let quiet = loki_reports(0);
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let busy = loki_reports(2 * cores);
+    assert_eq!(quiet.len(), busy.len());
+    for ((name, a), (other, b)) in quiet.iter().zip(&busy) {
+        assert_eq!(name, other);
+        assert!(a == b, "{name} differs between a quiet and a busy machine");
+    }
+}
+
+/// On-time requests per second and the on-time share of the requests that ended,
+/// over the windows from `from_s` on.
+fn steady(out: &RunOutcome, from_s: u64) -> (f64, f64) {
+    let windows: Vec<_> = out.report.windows.iter().filter(|w| w.start >= from_s * 1_000_000_000 && w.duration >= 1_000_000_000).collect();
+    let on_time: u64 = windows.iter().map(|w| w.outcomes.on_time).sum();
+    let ended: u64 = windows.iter().map(|w| w.outcomes.ended()).sum();
+    (on_time as f64 / windows.len().max(1) as f64, on_time as f64 / ended.max(1) as f64)
+}
+
+#[test]
+fn loki_is_on_time_at_low_load_and_has_no_cliff_past_its_peak() {
+    // Low load (a tenth of the cluster's capacity of about 1,800 QPS at the fastest
+    // variants): at least 99 % on time once the first plan is in force.
+    let low = simulate("loki", &[(150.0, 16)], &[]);
+    let (_, attainment) = steady(&low, 6);
+    assert!(attainment >= 0.99, "on time at low load: {attainment}");
+    // Twice and five times the capacity: the fastest plan's capacity is served.
+    let peak = simulate("loki", &[(1800.0, 10)], &[]);
+    let over = simulate("loki", &[(9000.0, 10)], &[]);
+    let (best, _) = steady(&peak, 5);
+    let (overloaded, _) = steady(&over, 5);
+    assert!(overloaded >= 0.9 * best, "no cliff: {overloaded} on-time QPS at 5× against {best}");
+}
