@@ -189,8 +189,16 @@ impl Runtime {
     pub fn new(ctx: &mut Ctx, planner: PlannerKind, default_drop: DropMode) -> Result<Self, String> {
         let probe = Settings::from_ctx(ctx, planner, default_drop, 0)?;
         let model = PipelineModel::from_config(ctx.config(), ctx.latency(), &probe.batches)?;
-        let pseudo_workers = model.pseudo.len() as u32;
-        let settings = Settings::from_ctx(ctx, planner, default_drop, pseudo_workers)?;
+        // Workers the plan cannot have: one per pseudo stage, and what every stage
+        // outside the modelled pipeline keeps (another stream's stages, an LLM stage).
+        let kept_elsewhere: u32 = ctx
+            .config()
+            .stages
+            .iter()
+            .filter(|stage| model.task_of(stage.id).is_none())
+            .map(|stage| if model.pseudo.contains(&stage.id) { 1 } else { stage.min_replicas })
+            .sum();
+        let settings = Settings::from_ctx(ctx, planner, default_drop, kept_elsewhere)?;
         if settings.cluster < model.tasks.len() as u32 {
             return Err(format!("cluster of {} workers cannot host {} tasks", settings.cluster, model.tasks.len()));
         }

@@ -56,7 +56,7 @@ pub struct Settings {
     /// batch latency such as `2`, the paper's rule; default `slo_share`, and
     /// `task_share` for the Proteus-like baseline).
     pub budget: BudgetRule,
-    /// Hardware scaling's slack for queueing (`hardware_slack`, 2): STEP1 sizes the
+    /// Hardware scaling's slack for queueing (`hardware_slack`, 1: the paper's): STEP1 sizes the
     /// most accurate variants for this multiple of the demand while the cluster has
     /// the workers (else for the demand, with the idle workers added to the busiest
     /// variants). Sized for the demand alone (`1`, the paper's STEP1) the fewest
@@ -73,7 +73,8 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// Read the parameters; `pseudo_workers` is the number of workers pseudo stages keep.
+    /// Read the parameters; `pseudo_workers` is the number of workers the stages outside
+    /// the plan keep (pseudo stages, stages of other streams).
     pub fn from_ctx(ctx: &Ctx, planner: PlannerKind, default_drop: DropMode, pseudo_workers: u32) -> Result<Self, String> {
         let batches: String = ctx.param_or("batches", DEFAULT_BATCHES.iter().map(u32::to_string).collect::<Vec<_>>().join(","))?;
         let batches = batches
@@ -108,7 +109,7 @@ impl Settings {
             },
             budget: ctx.param_or("budget", if planner == PlannerKind::Proteus { BudgetRule::TaskShare } else { BudgetRule::SloShare })?,
             fill_spare: ctx.param_or("fill_spare", true)?,
-            hardware_slack: ctx.param_or("hardware_slack", 2.0f64)?.max(1.0),
+            hardware_slack: ctx.param_or("hardware_slack", 1.0f64)?.max(1.0),
             ties,
             batches,
         })
