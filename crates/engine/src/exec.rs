@@ -137,6 +137,15 @@ pub trait Executor {
     fn set_variant(&mut self, worker: u32, variant: u32);
     /// A sequence leaves a worker's memory (iteration stages).
     fn evict(&mut self, worker: u32, sequence: u64, mode: EvictMode);
+    /// Whether `result` belongs to the job the engine holds the worker busy with. An
+    /// executor whose results travel to the engine on their own (another thread) may
+    /// have one on its way when [`Executor::abort`] comes too late to stop it: it says
+    /// no to that one, so a preempted job's late result never ends the worker's next
+    /// job. By default every result is accepted.
+    fn accept_result(&mut self, result: &JobResult) -> bool {
+        let _ = result;
+        true
+    }
 }
 
 /// One executor driven by several engines on the same thread: the arms of an A/B run
@@ -195,6 +204,9 @@ impl<X: Executor> Executor for SharedExecutor<X> {
     }
     fn evict(&mut self, worker: u32, sequence: u64, mode: EvictMode) {
         self.0.borrow_mut().evict(worker, sequence, mode)
+    }
+    fn accept_result(&mut self, result: &JobResult) -> bool {
+        self.0.borrow_mut().accept_result(result)
     }
 }
 

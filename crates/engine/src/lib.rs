@@ -627,6 +627,11 @@ impl<C: Clock, X: Executor> Engine<C, X> {
 
     /// A job finished.
     pub fn job_finished(&mut self, result: JobResult) {
+        if !self.executor.accept_result(&result) {
+            // A preempted job's result that was already on its way: its requests were
+            // taken back at the preemption, and the worker may run another job now.
+            return;
+        }
         let now = self.now();
         let Some(worker) = self.state.workers.get_mut(&result.worker) else { return };
         let (items, draining) = match std::mem::replace(&mut worker.phase, WorkerPhase::Idle) {

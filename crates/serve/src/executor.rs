@@ -377,6 +377,8 @@ pub struct OnnxExecutor {
     /// Where the pumps of groups added later send finished jobs.
     finishers: mpsc::Sender<Finishing>,
     next_job: u64,
+    /// Per worker, results of preempted jobs still on their way to the engine.
+    late_results: HashMap<u32, u32>,
 }
 
 impl std::fmt::Debug for OnnxExecutor {
@@ -439,7 +441,8 @@ impl OnnxExecutor {
             tracing::error!("starting the watchdog: {error}; stalled jobs will not be noticed");
         }
         let profiles = pipeline.stages.iter().map(|s| s.variants.iter().map(|v| v.profile.clone()).collect()).collect();
-        let mut executor = Self { groups, worker_stage: HashMap::new(), profiles, shared, finishers, next_job: 1 };
+        let mut executor =
+            Self { groups, worker_stage: HashMap::new(), profiles, shared, finishers, next_job: 1, late_results: HashMap::new() };
         for (worker, stage) in pipeline.initial_workers() {
             // The engine seats these workers itself; here they only need to run.
             executor.provision(worker, stage, 0, WorkerStart { host: 0, slot: worker, warm: false });
@@ -663,10 +666,24 @@ impl Executor for OnnxExecutor {
 
     fn abort(&mut self, worker: u32) {
         // Claimed here, the job's result (if it still comes) is ignored: the engine has
-        // taken its requests back.
-        self.shared.claim_running(worker);
+        // taken its requests back. Claimed already, its result is on its way to the
+        // engine: it is refused there (`accept_result`).
+        if self.shared.claim_running(worker).is_none() {
+            *self.late_results.entry(worker).or_insert(0) += 1;
+        }
         if let Some(group) = self.group_of(worker) {
             lock(&group).abort(worker);
+        }
+    }
+
+    fn accept_result(&mut self, result: &JobResult) -> bool {
+        match self.late_results.get_mut(&result.worker) {
+            Some(late) if *late > 0 => {
+                *late -= 1;
+                tracing::debug!(worker = result.worker, "the result of a preempted job came late and is dropped");
+                false
+            }
+            _ => true,
         }
     }
 

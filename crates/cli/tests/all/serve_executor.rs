@@ -361,3 +361,34 @@ fn a_pipeline_file_serves_pp_ocr_with_its_own_profiles_and_refuses_other_stages(
     let missing = yardmaster::serve::server::served_pipeline("/nonexistent/ocr.toml", &context).unwrap_err().to_string();
     assert!(missing.contains("reading the pipeline file /nonexistent/ocr.toml"), "{missing}");
 }
+
+/// A preemption that comes after the worker's job result was already claimed (on its
+/// way to the engine) leaves that result to be refused: it must not end the worker's
+/// next job (which once failed requests with "the worker reported no result for it").
+/// An abort that claims the running job leaves nothing to refuse.
+#[test]
+fn a_preempted_job_s_late_result_is_refused_once() {
+    use yardmaster::engine::{Executor, JobResult};
+    let dir = Scratch::new("late-result");
+    let served = ServedPipeline::tiny(&dir.0, &context()).unwrap();
+    let (actor, backend) = start(served, Vec::new());
+    // One request first: the worker has loaded its model (and no job runs after it).
+    let rt = runtime();
+    let answer = bounded(&rt, 60, backend.infer("tiny", request(vec![tiny_input([1.0, 2.0, 3.0, 4.0])], None)));
+    assert!(answer.is_ok(), "{answer:?}");
+    let answers = actor
+        .handle()
+        .inspect(|engine| {
+            let worker = *engine.state().workers().keys().next().expect("the tiny stage has a worker");
+            let late = JobResult { worker, duration: 1_000, items: Vec::new() };
+            let mut executor = engine.executor().borrow_mut();
+            // No job runs on the worker: its last result is on its way.
+            executor.abort(worker);
+            let first = executor.accept_result(&late);
+            let second = executor.accept_result(&late);
+            (first, second)
+        })
+        .unwrap();
+    assert_eq!(answers, (false, true), "the late result is refused, the next one accepted");
+    actor.shutdown("test over");
+}
