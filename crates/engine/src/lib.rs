@@ -651,8 +651,12 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         // ended meanwhile too: their time was wasted).
         let origins = std::mem::take(&mut worker.job_origins);
         self.accounting.batch_finished(BatchRecord { at: now, worker: result.worker, duration: result.duration, requests: &origins });
-        let streams: Vec<u32> = items.iter().filter_map(|id| self.state.pieces.get(id)).map(|piece| piece.request.stream).collect();
-        self.accounting.stage_ran(stage_id, result.duration, streams);
+        let pieces = &self.state.pieces;
+        self.accounting.stage_ran(
+            stage_id,
+            result.duration,
+            items.iter().filter_map(|id| pieces.get(id)).map(|piece| piece.request.stream),
+        );
 
         let mut outcome_results = Vec::with_capacity(result.items.len());
         let mut sequences = Vec::new();

@@ -120,6 +120,18 @@ impl Refusal {
     }
 }
 
+impl From<ControlError> for Refusal {
+    /// A refused load or unload is 400, a conflict with the server's state 409, a
+    /// failure part-way 500.
+    fn from(error: ControlError) -> Self {
+        match error {
+            ControlError::Refused(reason) => Refusal::new(StatusCode::BAD_REQUEST, reason),
+            ControlError::Conflict(reason) => Refusal::new(StatusCode::CONFLICT, reason),
+            ControlError::Failed(reason) => Refusal::new(StatusCode::INTERNAL_SERVER_ERROR, reason),
+        }
+    }
+}
+
 /// One served model, looked up by name (and version) in the models of the backend's
 /// current generation.
 #[derive(Debug, Clone)]
@@ -416,11 +428,9 @@ impl Api {
         } else {
             self.backend.unload_model(model, parameters).await
         };
-        match done {
+        match done.map_err(Refusal::from) {
             Ok(()) => ApiResponse::empty(StatusCode::OK),
-            Err(ControlError::Refused(reason)) => ApiResponse::error(StatusCode::BAD_REQUEST, &reason),
-            Err(ControlError::Conflict(reason)) => ApiResponse::error(StatusCode::CONFLICT, &reason),
-            Err(ControlError::Failed(reason)) => ApiResponse::error(StatusCode::INTERNAL_SERVER_ERROR, &reason),
+            Err(refusal) => ApiResponse::error(refusal.status, &refusal.reason),
         }
     }
 

@@ -558,29 +558,27 @@ impl Backend for EngineBackend {
         let per_stream = self
             .handle
             .inspect_arms(move |arms| {
-                wanted
-                    .iter()
-                    .map(|(name, stream, stage, latest)| {
-                        let mut total = StreamTotals::default();
-                        for slot in arms.slots() {
-                            let accounting = slot.engine.accounting();
-                            let summary = accounting.summary(slot.engine.state().now());
-                            if let Some(stats) = summary.streams.get(stream) {
-                                total.add(stats);
-                            }
-                            let Some(own) = stage else { continue };
-                            let stages = &slot.engine.state().pipeline().stages;
-                            let steps = (0..stages.len() as u32)
-                                .filter(|&s| *latest && step_stage_model(&stages[s as usize].name) == Some(name.as_str()));
-                            for s in std::iter::once(*own).chain(steps) {
-                                if let Some(work) = accounting.stage_work().get(&s) {
-                                    total.add_stage(work, *stream);
-                                }
+                // One summary per arm, read for every model asked for.
+                let mut totals = vec![StreamTotals::default(); wanted.len()];
+                for slot in arms.slots() {
+                    let accounting = slot.engine.accounting();
+                    let summary = accounting.summary(slot.engine.state().now());
+                    let stages = &slot.engine.state().pipeline().stages;
+                    for ((name, stream, stage, latest), total) in wanted.iter().zip(&mut totals) {
+                        if let Some(stats) = summary.streams.get(stream) {
+                            total.add(stats);
+                        }
+                        let Some(own) = stage else { continue };
+                        let steps = (0..stages.len() as u32)
+                            .filter(|&s| *latest && step_stage_model(&stages[s as usize].name) == Some(name.as_str()));
+                        for s in std::iter::once(*own).chain(steps) {
+                            if let Some(work) = accounting.stage_work().get(&s) {
+                                total.add_stage(work, *stream);
                             }
                         }
-                        total
-                    })
-                    .collect::<Vec<_>>()
+                    }
+                }
+                totals
             })
             .map_err(|e| e.to_string())?;
         let stats: Vec<serde_json::Value> =

@@ -181,6 +181,21 @@ impl Tensor {
         Ok(Tensor { name: name.into(), datatype, shape, data: TensorData::Raw(bytes) })
     }
 
+    /// A tensor from its elements laid out as the binary extension (and gRPC's raw
+    /// contents) lay them: fixed-width elements little-endian, `BYTES` elements each
+    /// after a 4-byte length; checks them against the shape.
+    pub fn from_binary(name: &str, datatype: DataType, shape: Vec<u64>, bytes: Vec<u8>) -> Result<Tensor, ProtocolError> {
+        if datatype != DataType::Bytes {
+            return Tensor::raw(name, datatype, shape, bytes);
+        }
+        let count = element_count(name, &shape)?;
+        let items = split_length_prefixed(name, &bytes)?;
+        if items.len() as u64 != count {
+            return error(format!("input {name:?}: shape {shape:?} needs {count} strings, got {}", items.len()));
+        }
+        Ok(Tensor { name: name.into(), datatype, shape, data: TensorData::Strings(items) })
+    }
+
     /// An `FP32` tensor.
     pub fn f32(name: &str, shape: Vec<u64>, values: &[f32]) -> Result<Tensor, ProtocolError> {
         Tensor::raw(name, DataType::F32, shape, values.iter().flat_map(|v| v.to_le_bytes()).collect())
@@ -221,7 +236,9 @@ impl Tensor {
     }
 }
 
-fn element_count(name: &str, shape: &[u64]) -> Result<u64, ProtocolError> {
+/// The number of elements `shape` declares for input `name`, refused past
+/// [`MAX_ELEMENTS`].
+pub fn element_count(name: &str, shape: &[u64]) -> Result<u64, ProtocolError> {
     let mut count: u64 = 1;
     for &dim in shape {
         count = count
@@ -422,16 +439,7 @@ fn decode_input(index: usize, raw: Value, binary: &mut &[u8]) -> Result<Tensor, 
             }
             let (bytes, rest) = binary.split_at(size);
             *binary = rest;
-            match datatype {
-                DataType::Bytes => {
-                    let items = split_length_prefixed(&name, bytes)?;
-                    if items.len() as u64 != count {
-                        return error(format!("input {name:?}: shape {shape:?} needs {count} strings, got {}", items.len()));
-                    }
-                    Ok(Tensor { name, datatype, shape, data: TensorData::Strings(items) })
-                }
-                _ => Tensor::raw(&name, datatype, shape, bytes.to_vec()),
-            }
+            Tensor::from_binary(&name, datatype, shape, bytes.to_vec())
         }
         (None, Some(data)) => {
             // The shape is only a claim: reserve no more than a small bound ahead of
@@ -450,7 +458,7 @@ fn decode_input(index: usize, raw: Value, binary: &mut &[u8]) -> Result<Tensor, 
 
 /// `BYTES` elements laid out as the binary extension lays them: each a 4-byte
 /// little-endian length and that many bytes.
-pub fn split_length_prefixed(name: &str, mut bytes: &[u8]) -> Result<Vec<Vec<u8>>, ProtocolError> {
+fn split_length_prefixed(name: &str, mut bytes: &[u8]) -> Result<Vec<Vec<u8>>, ProtocolError> {
     let mut items = Vec::new();
     while !bytes.is_empty() {
         if bytes.len() < 4 {

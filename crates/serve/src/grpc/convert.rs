@@ -130,27 +130,12 @@ fn input_tensor(input: InferInputTensor, raw: Option<Vec<u8>>) -> Result<Tensor,
         .iter()
         .map(|&d| u64::try_from(d).map_err(|_| ProtocolError(format!("input {name:?}: shape entries must be non-negative, got {d}"))))
         .collect::<Result<Vec<u64>, _>>()?;
-    let count: u64 = shape
-        .iter()
-        .try_fold(1u64, |n, &d| n.checked_mul(d).filter(|c| *c <= kserve::MAX_ELEMENTS))
-        .ok_or_else(|| ProtocolError(format!("input {name:?}: shape {shape:?} has more than {} elements", kserve::MAX_ELEMENTS)))?;
+    let count = kserve::element_count(&name, &shape)?;
     let typed = input.contents.filter(|c| !contents_empty(c));
     match (raw, typed) {
         (Some(_), Some(_)) => invalid(format!("input {name:?} has both raw contents and typed contents")),
-        (Some(bytes), None) => match datatype {
-            DataType::Bytes => {
-                let items = kserve::split_length_prefixed(&name, &bytes)?;
-                if items.len() as u64 != count {
-                    return invalid(format!("input {name:?}: shape {shape:?} needs {count} BYTES elements, got {}", items.len()));
-                }
-                Ok(Tensor { name, datatype, shape, data: TensorData::Strings(items) })
-            }
-            _ => Tensor::raw(&name, datatype, shape, bytes),
-        },
-        (None, None) if count == 0 => match datatype {
-            DataType::Bytes => Ok(Tensor { name, datatype, shape, data: TensorData::Strings(Vec::new()) }),
-            _ => Tensor::raw(&name, datatype, shape, Vec::new()),
-        },
+        (Some(bytes), None) => Tensor::from_binary(&name, datatype, shape, bytes),
+        (None, None) if count == 0 => Tensor::from_binary(&name, datatype, shape, Vec::new()),
         (None, None) => invalid(format!("input {name:?} has no contents (neither raw_input_contents nor contents)")),
         (None, Some(contents)) => typed_tensor(name, datatype, shape, count, contents),
     }

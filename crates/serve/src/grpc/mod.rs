@@ -30,7 +30,7 @@ use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
-use super::api::{Api, ControlError, Refusal, ServedModel, EXTENSIONS};
+use super::api::{Api, Refusal, ServedModel, EXTENSIONS};
 use proto::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
 use proto::*;
 
@@ -78,14 +78,6 @@ fn status_of(refusal: Refusal) -> Status {
         _ => tonic::Code::Internal,
     };
     Status::new(code, refusal.reason)
-}
-
-fn control_status(error: ControlError) -> Status {
-    match error {
-        ControlError::Refused(reason) => Status::invalid_argument(reason),
-        ControlError::Conflict(reason) => Status::failed_precondition(reason),
-        ControlError::Failed(reason) => Status::internal(reason),
-    }
 }
 
 /// `""` (the protocol's "not given") as `None`.
@@ -252,7 +244,7 @@ impl GrpcInferenceService for InferenceService {
     ) -> Result<Response<RepositoryModelLoadResponse>, Status> {
         let request = request.into_inner();
         let parameters = convert::repository_parameters_json(&request.parameters);
-        self.api.backend().load_model(&request.model_name, parameters).await.map_err(control_status)?;
+        self.api.backend().load_model(&request.model_name, parameters).await.map_err(|e| status_of(e.into()))?;
         Ok(Response::new(RepositoryModelLoadResponse {}))
     }
 
@@ -262,7 +254,7 @@ impl GrpcInferenceService for InferenceService {
     ) -> Result<Response<RepositoryModelUnloadResponse>, Status> {
         let request = request.into_inner();
         let parameters = convert::repository_parameters_json(&request.parameters);
-        self.api.backend().unload_model(&request.model_name, parameters).await.map_err(control_status)?;
+        self.api.backend().unload_model(&request.model_name, parameters).await.map_err(|e| status_of(e.into()))?;
         Ok(Response::new(RepositoryModelUnloadResponse {}))
     }
 }
