@@ -10,6 +10,10 @@
 //! fed by the next frame), an evicted one holds none, and the worker never holds more
 //! than the budget. When the worker happens to be idle, the resident sequences are
 //! compared one by one too; once all requests have ended, nothing is held.
+//!
+//! The same run with the decoder workers on a node (`[[remote]]`: a node endpoint in
+//! this process, reached over QUIC on loopback) must hold all of the above: frames,
+//! evictions, holdings and forgets cross the link.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,10 +23,12 @@ use std::time::{Duration, Instant};
 
 use yardmaster::engine::metrics::Outcome;
 use yardmaster::engine::{EngineOptions, WorkerPhase};
-use yardmaster::serve::llm::{Completion, LlmStack, ServedLlm};
+use yardmaster::serve::llm::{Completion, DecoderPlacement, LlmStack, RemoteDecoderConfig, RemoteDecoders, ServedLlm};
+use yardmaster::serve::remote::node::{Node, NodeConfig};
 use yardmaster::serve::stack::PolicyChoice;
+use yardmaster::serve::tls::Identity;
 use yardmaster_dataplane::llm::{tiny_decoder, DecoderSession};
-use yardmaster_dataplane::Runtime;
+use yardmaster_dataplane::{ModelCache, Runtime, WorkerContext};
 
 /// KV positions the worker may hold: a few of the requests below at a time.
 const KV_POSITIONS: u64 = 640;
@@ -67,12 +73,13 @@ struct Run {
     probes: usize,
 }
 
-fn serve(policy: &str, cases: &[Case], references: &[Vec<i64>]) -> Run {
+fn serve(policy: &str, cases: &[Case], references: &[Vec<i64>], placements: Vec<DecoderPlacement>) -> Run {
     let mut served = ServedLlm::tiny().unwrap();
     let kv_per_token = served.config().kv_bytes_per_token();
     served.pipeline.stages[0].worker_memory_bytes = KV_POSITIONS * kv_per_token;
     let choice = PolicyChoice::shipped(policy).unwrap_or_else(|e| panic!("{policy}: {e}"));
-    let (actor, service) = LlmStack::start(served, choice, EngineOptions::default()).unwrap_or_else(|e| panic!("{policy}: {e}"));
+    let (actor, service) =
+        LlmStack::start(served, choice, EngineOptions::default(), placements).unwrap_or_else(|e| panic!("{policy}: {e}"));
 
     let ended: Arc<Mutex<HashMap<u64, Vec<Completion>>>> = Arc::default();
     let (done, finished) = mpsc::channel();
@@ -142,7 +149,7 @@ fn serve(policy: &str, cases: &[Case], references: &[Vec<i64>]) -> Run {
         .handle()
         .inspect(|engine| {
             let resident: usize = engine.state().workers().values().map(|w| w.resident.len()).sum();
-            let holdings: Vec<_> = engine.state().workers().keys().filter_map(|&w| engine.executor().borrow().holdings(w)).collect();
+            let holdings: Vec<_> = engine.state().workers().keys().map(|&w| (w, engine.executor().borrow().holdings(w))).collect();
             (engine.stats().clone(), engine.executor().borrow().stats(), resident, holdings)
         })
         .unwrap();
@@ -170,7 +177,9 @@ fn serve(policy: &str, cases: &[Case], references: &[Vec<i64>]) -> Run {
         }
     }
     assert_eq!(resident, 0, "{policy}: the engine still counts resident sequences");
-    for held in holdings {
+    assert!(!holdings.is_empty(), "{policy}: no worker left to ask");
+    for (worker, held) in holdings {
+        let held = held.unwrap_or_else(|| panic!("{policy}: worker {worker} did not say what it holds"));
         assert!(held.resident.is_empty() && held.swapped.is_empty(), "{policy}: a worker still holds {held:?}");
     }
     // Every frame checks the engine's count against the caches: a resumed sequence's
@@ -199,7 +208,7 @@ fn calm_policies_schedule_real_decode_steps() {
     let references = references(&cases);
     let mut runs = Vec::new();
     for policy in ["calm", "calm-fcfs", "calm-edf", "calm-sjf"] {
-        let run = serve(policy, &cases, &references);
+        let run = serve(policy, &cases, &references, Vec::new());
         assert!(run.completed > cases.len() / 2, "{policy}: {run:?}");
         runs.push((policy, run));
     }
@@ -208,4 +217,63 @@ fn calm_policies_schedule_real_decode_steps() {
     // measured step times, so only "someone evicted" is asserted; both modes are
     // checked deterministically in crates/dataplane/tests/all/llm.rs).
     assert!(runs.iter().map(|(_, r)| r.swaps + r.recompute_evictions).sum::<u64>() > 0, "no policy evicted: {runs:?}");
+}
+
+/// A node in this process on a loopback port (its own model cache, as on another
+/// host), and the decoder stage placed on it.
+fn remote_decoders(runtime: &tokio::runtime::Runtime) -> DecoderPlacement {
+    runtime.block_on(async {
+        let dir = std::env::temp_dir().join(format!("yardmaster-llm-node-{}", std::process::id()));
+        let node = Node::bind(NodeConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            identity: Identity::load_or_generate(&dir).unwrap(),
+            model_root: None,
+            idle_timeout: Duration::from_secs(5),
+            context: WorkerContext { runtime: Runtime::global().unwrap(), cache: Arc::new(ModelCache::default()) },
+        })
+        .unwrap();
+        let (address, pin) = (node.local_addr().unwrap(), node.fingerprint());
+        tokio::spawn(node.serve());
+        let model = ServedLlm::tiny().unwrap().model;
+        let config = RemoteDecoderConfig { address, pin, model, threads: 1, idle_timeout: Duration::from_secs(5) };
+        DecoderPlacement { stages: vec![0], node: Arc::new(RemoteDecoders::connect(config).await.unwrap()) }
+    })
+}
+
+#[test]
+fn calm_schedules_real_decode_steps_on_a_remote_node() {
+    let cases = workload();
+    let references = references(&cases);
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let placement = remote_decoders(&runtime);
+    let node = placement.node.clone();
+    let run = serve("calm", &cases, &references, vec![placement]);
+    assert!(run.completed > cases.len() / 2, "{run:?}");
+    assert_eq!(node.lost(), None, "the connection held");
+}
+
+#[test]
+fn a_node_without_the_decoder_refuses_it_naming_the_path() {
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let error = runtime.block_on(async {
+        let dir = std::env::temp_dir().join(format!("yardmaster-llm-node-refuse-{}", std::process::id()));
+        let node = Node::bind(NodeConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            identity: Identity::load_or_generate(&dir).unwrap(),
+            model_root: Some(dir.clone()),
+            idle_timeout: Duration::from_secs(5),
+            context: WorkerContext { runtime: Runtime::global().unwrap(), cache: Arc::new(ModelCache::default()) },
+        })
+        .unwrap();
+        let (address, pin) = (node.local_addr().unwrap(), node.fingerprint());
+        tokio::spawn(node.serve());
+        let mut model = ServedLlm::tiny().unwrap().model;
+        model.path = "models/missing-decoder.onnx".into();
+        let config = RemoteDecoderConfig { address, pin, model, threads: 1, idle_timeout: Duration::from_secs(5) };
+        format!("{:#}", RemoteDecoders::connect(config).await.expect_err("a missing decoder is refused"))
+    });
+    assert!(
+        error.contains("refused the decoder") && error.contains("missing-decoder.onnx") && error.contains("resolve against"),
+        "{error}"
+    );
 }

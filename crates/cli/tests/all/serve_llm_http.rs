@@ -281,3 +281,109 @@ async fn an_llm_pipeline_swaps_shadows_and_runs_an_ab_test_while_serving() {
     assert!(table.lines().any(|l| l.starts_with("calm ")), "{table}");
     let _ = std::fs::remove_dir_all(&state);
 }
+
+/// A `yardmaster node` process, killed when dropped.
+struct NodeProcess(std::process::Child);
+
+impl Drop for NodeProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Start the node binary on a free loopback port: the process, its address and the
+/// fingerprint it printed.
+fn start_node_binary(name: &str) -> (NodeProcess, SocketAddr, String) {
+    use std::io::BufRead;
+    let tls_dir = std::env::temp_dir().join(format!("yardmaster-llm-node-{name}-{}", std::process::id()));
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_yardmaster"))
+        .args(["node", "--listen", "127.0.0.1:0", "--idle-timeout", "2", "--tls-dir"])
+        .arg(&tls_dir)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let process = NodeProcess(child);
+    let mut lines = std::io::BufReader::new(stdout).lines();
+    let mut line = || lines.next().expect("the node prints its address and certificate").unwrap();
+    let listening = line();
+    let address = listening.strip_prefix("yardmaster node listening on ").unwrap_or_else(|| panic!("{listening}")).parse().unwrap();
+    let certificate = line();
+    let pin = certificate.strip_prefix("certificate ").unwrap().split_whitespace().next().unwrap().to_string();
+    (process, address, pin)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_llm_pipeline_decodes_on_a_node_and_its_requests_end_once_when_the_node_dies() {
+    let (mut node, node_address, pin) = start_node_binary("serve");
+    let state = std::env::temp_dir().join(format!("yardmaster-llm-remote-{}", std::process::id()));
+    let config = ServeConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        pipeline: "llm-tiny".into(),
+        state_dir: Some(state.clone()),
+        remote: vec![yardmaster::serve::config::RemotePlacement { stages: vec!["generate".into()], node: node_address, pin: pin.clone() }],
+        ..ServeConfig::default()
+    };
+    // A stage the pipeline does not have is refused with the stages it has.
+    let mut wrong = config.clone();
+    wrong.remote[0].stages = vec!["decode".into()];
+    let Err(error) = LlmServer::start(&wrong).await else { panic!("an unknown stage is refused") };
+    let error = error.to_string();
+    assert!(error.contains("\"decode\"") && error.contains("generate"), "{error}");
+
+    let server = LlmServer::start(&config).await.unwrap();
+    let address = server.address();
+    let cases: Vec<(&str, Vec<i64>, u64)> =
+        (0..6).map(|i| (if i % 2 == 0 { "ls" } else { "ds" }, prompt(5 + 17 * i, 100 + i as u64), 3 + 4 * i as u64)).collect();
+    let (path, decoder) = tiny_decoder().unwrap();
+    let mut session = DecoderSession::load(&Runtime::global().unwrap(), &path, decoder, 1).unwrap();
+    let expected: Vec<Vec<i64>> = cases.iter().map(|(_, p, n)| session.generate(p, *n as usize, *n as usize).unwrap()).collect();
+    let tasks: Vec<_> = cases
+        .iter()
+        .map(|(model, p, n)| {
+            let (path, body) = (format!("/v2/models/{model}/infer"), body(p, Some(*n)));
+            tokio::spawn(async move { post_until_served(address, &path, body).await })
+        })
+        .collect();
+    for (task, want) in tasks.into_iter().zip(&expected) {
+        assert_eq!(&output_ids(&task.await.unwrap()), want, "a remote decoder generates what the decoder generates here");
+    }
+    let frames = server.handle.inspect(|engine| engine.executor().borrow().stats().frames).unwrap();
+    assert!(frames > 0, "frames ran");
+
+    // Long requests, then the node dies (SIGKILL: no goodbye) while they decode.
+    let long: Vec<_> = (0..4)
+        .map(|i| {
+            let body = body(&prompt(40, 900 + i), Some(1_500));
+            tokio::spawn(async move { post(address, "/v2/models/ds/infer", body).await })
+        })
+        .collect();
+    let started = std::time::Instant::now();
+    loop {
+        let tokens = server.handle.inspect(|engine| engine.executor().borrow().stats().tokens).unwrap();
+        if tokens > 0 && tokens > expected.iter().map(|e| e.len() as u64).sum::<u64>() {
+            break;
+        }
+        assert!(started.elapsed() < std::time::Duration::from_secs(60), "the long requests never started decoding");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let killed_at = std::time::Instant::now();
+    node.0.kill().unwrap();
+    let mut lost = 0;
+    for task in long {
+        let reply = tokio::time::timeout(std::time::Duration::from_secs(30), task).await.expect("a request outlived its node").unwrap();
+        let text = String::from_utf8_lossy(&reply.body).to_string();
+        assert_ne!(reply.status, StatusCode::OK, "a 1,500-token request finished before its node died: {text}");
+        lost += usize::from(text.contains("decoder node lost"));
+    }
+    assert!(lost > 0, "at least one decoding request names the lost node");
+    eprintln!("the node's death ended its requests within {:?}", killed_at.elapsed());
+    // The server still answers: a new request ends (with no decoder left, not 200).
+    let reply = tokio::time::timeout(std::time::Duration::from_secs(30), post(address, "/v2/models/ls/infer", body(&[1, 2, 3], Some(3))))
+        .await
+        .expect("a request after the node's death ends");
+    assert_ne!(reply.status, StatusCode::OK);
+    server.stop().await;
+    let _ = std::fs::remove_dir_all(state);
+}

@@ -14,8 +14,10 @@
 
 pub mod backend;
 pub mod executor;
+pub mod remote;
 pub mod server;
 pub mod service;
+pub mod worker;
 
 use std::sync::Arc;
 
@@ -23,7 +25,10 @@ use yardmaster_dataplane::llm::{tiny_decoder, DecoderConfig};
 use yardmaster_dataplane::Runtime;
 
 pub use backend::LlmBackend;
-pub use executor::{DecoderModel, Holdings, LlmActor, LlmExecutor, LlmHandle, LlmStats, WorkerDirectory, DEFAULT_MAX_TOKENS};
+pub use executor::{
+    DecoderModel, DecoderPlacement, Holdings, LlmActor, LlmExecutor, LlmHandle, LlmStats, WorkerDirectory, DEFAULT_MAX_TOKENS,
+};
+pub use remote::{RemoteDecoderConfig, RemoteDecoders};
 pub use server::{is_llm_pipeline, LlmServer};
 pub use service::{Completion, LlmService, Transcript, Transcripts};
 
@@ -109,10 +114,16 @@ pub struct LlmStack;
 
 impl LlmStack {
     /// Start the engine actor for `served` scheduled by `policy`, its decoder workers on
-    /// the process's ONNX Runtime. The policy gets [`ServedLlm::policy_params`] unless
-    /// `options` sets them. Returns the actor (stop it with [`LlmActor::shutdown`]) and
-    /// the service to submit requests with.
-    pub fn start(served: ServedLlm, policy: PolicyChoice, mut options: EngineOptions) -> Result<(LlmActor, LlmService), String> {
+    /// the process's ONNX Runtime, except those of the stages `placements` put on
+    /// nodes. The policy gets [`ServedLlm::policy_params`] unless `options` sets them.
+    /// Returns the actor (stop it with [`LlmActor::shutdown`]) and the service to
+    /// submit requests with.
+    pub fn start(
+        served: ServedLlm,
+        policy: PolicyChoice,
+        mut options: EngineOptions,
+        placements: Vec<DecoderPlacement>,
+    ) -> Result<(LlmActor, LlmService), String> {
         let runtime = Runtime::global().map_err(|e| e.to_string())?;
         for param in served.policy_params() {
             if !options.params.iter().any(|p| p.key == param.key) {
@@ -128,7 +139,7 @@ impl LlmStack {
             let (transcripts, directory) = (transcripts.clone(), directory.clone());
             let label = policy.name.clone();
             LlmActor::spawn("yardmaster-llm-engine", clock.clone(), &label, move |handle| {
-                let executor = LlmExecutor::new(handle, &pipeline, Arc::clone(&runtime), model, transcripts, directory);
+                let executor = LlmExecutor::new(handle, &pipeline, Arc::clone(&runtime), model, transcripts, directory, placements);
                 let PolicyChoice { name, sandbox, module, failure } = policy;
                 Engine::new(clock, SharedExecutor::new(executor), pipeline, options, |config, view| {
                     Arm::start_wasm(&name, config, &sandbox, module, failure, None, view)

@@ -8,21 +8,25 @@
 //! A/B runs (each arm with its share of the decoder workers) on live traffic, and the
 //! watched directory, with the `[policy]` settings applied to the policy as there; and
 //! trace capture, whose arrivals carry each request's prompt length and tokens asked
-//! for, so `sim compare --workload trace:FILE` replays the served traffic. Refused with
-//! the reason when configured: `[[remote]]` nodes (the decoders run here).
+//! for, so `sim compare --workload trace:FILE` replays the served traffic. A
+//! `[[remote]]` section runs its stages' decoder workers on a `yardmaster node`
+//! ([`super::remote`]); the texts and the engine stay here.
 
 use std::sync::Arc;
 
-use anyhow::{anyhow, bail, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use yardmaster_dataplane::{Runtime, RuntimeConfig};
 
 use super::backend::LlmBackend;
+use super::executor::DecoderPlacement;
+use super::remote::{RemoteDecoderConfig, RemoteDecoders};
 use super::{LlmActor, LlmHandle, LlmStack, ServedLlm};
 use crate::admin::Admin;
 use crate::api::{Api, MetricsRenderer};
-use crate::config::ServeConfig;
+use crate::config::{RemotePlacement, ServeConfig};
 use crate::listeners::Listeners;
 use crate::prometheus;
+use crate::remote::transport::Fingerprint;
 use crate::server::{banner, configured_policy, start_capture, summary};
 use crate::swap::Swapper;
 
@@ -61,9 +65,6 @@ impl LlmServer {
         if !is_llm_pipeline(&config.pipeline) {
             bail!("pipeline {:?} is not an LLM pipeline (LLM pipelines: {})", config.pipeline, LLM_PIPELINES.join(", "));
         }
-        if !config.remote.is_empty() {
-            bail!("[[remote]] nodes serve batch stages only; pipeline {:?} runs its decoder here", config.pipeline);
-        }
         let ort = Runtime::init(RuntimeConfig { library: None, device: config.device_preference()? })
             .map_err(|e| anyhow!("loading ONNX Runtime: {e} (run `bash scripts/setup.sh --deps` to install it)"))?;
         let choice = ort.device_choice();
@@ -75,7 +76,11 @@ impl LlmServer {
         let served = ServedLlm::tiny().map_err(|e| anyhow!(e))?;
         let streams: Vec<String> = served.pipeline.streams.iter().map(|s| s.name.clone()).collect();
         let options = config.engine_options();
-        let (actor, service) = LlmStack::start(served, policy, options).map_err(|e| anyhow!(e))?;
+        let mut placements = Vec::with_capacity(config.remote.len());
+        for remote in &config.remote {
+            placements.push(decoder_placement(remote, &served).await?);
+        }
+        let (actor, service) = LlmStack::start(served, policy, options, placements).map_err(|e| anyhow!(e))?;
         let handle = service.handle().clone();
         if let Some(path) = &config.capture {
             start_capture(&handle, path)?;
@@ -126,4 +131,32 @@ impl LlmServer {
         let actor = self.actor;
         let _ = tokio::task::spawn_blocking(move || actor.shutdown("the server is shutting down")).await;
     }
+}
+
+/// Connect to the node of a `[[remote]]` section and run the decoder workers of its
+/// stages there. The node is sent this host's path of the decoder (a node on another
+/// machine needs the file at the same path, or at a path relative to its `--models`
+/// folder when this one is relative).
+async fn decoder_placement(remote: &RemotePlacement, served: &ServedLlm) -> Result<DecoderPlacement> {
+    let stage_names: Vec<&str> = served.pipeline.stages.iter().map(|s| s.name.as_str()).collect();
+    let mut stages = Vec::new();
+    for name in &remote.stages {
+        let index = stage_names.iter().position(|s| s == name).ok_or_else(|| {
+            anyhow!("[[remote]] names stage {name:?}; pipeline {:?} has {}", served.pipeline.name, stage_names.join(", "))
+        })?;
+        stages.push(index as u32);
+    }
+    let pin = Fingerprint::from_argument(&remote.pin).with_context(|| format!("the pin of node {}", remote.node))?;
+    let threads = stages.iter().map(|&s| served.pipeline.stages[s as usize].threads).max().unwrap_or(1);
+    let link = RemoteDecoderConfig {
+        address: remote.node,
+        pin,
+        model: served.model.clone(),
+        threads,
+        idle_timeout: std::time::Duration::from_secs(10),
+    };
+    let node = RemoteDecoders::connect(link)
+        .await
+        .with_context(|| format!("connecting to node {} for {}", remote.node, remote.stages.join(", ")))?;
+    Ok(DecoderPlacement { stages, node: Arc::new(node) })
 }

@@ -30,6 +30,7 @@
 //! `docs/internode.md` has the framing table, the TLS pinning and the failure
 //! semantics.
 
+mod decoder_host;
 pub mod framing;
 pub mod node;
 pub mod pool;

@@ -32,7 +32,8 @@ use quinn::{Connection, RecvStream, SendStream};
 use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender};
 use yardmaster_dataplane::{assets, DataplaneError, ModelCache, ModelCatalog, Runtime, WorkerContext, WorkerEvent, WorkerPool};
 
-use super::framing::{self, Message};
+use super::decoder_host::{self, DecoderHost};
+use super::framing::{self, DecoderMessage, Message};
 use super::transport::{self, Fingerprint, ReadError, CLOSE_PROTOCOL, CLOSE_SHUTDOWN};
 use crate::tls::Identity;
 
@@ -217,16 +218,17 @@ async fn serve_connection(connection: Connection, shared: Arc<Shared>) -> Result
         Ok(Err(_)) => return Ok(()), // gone before saying anything
         Err(_) => return Err(format!("no hello within {HELLO_TIMEOUT:?}")),
     };
-    let (threads, catalog) = match tokio::time::timeout(HELLO_TIMEOUT, transport::read_frame(&mut recv)).await {
+    let hello = match tokio::time::timeout(HELLO_TIMEOUT, transport::read_frame(&mut recv)).await {
         Err(_) => return Err(format!("no hello within {HELLO_TIMEOUT:?}")),
-        Ok(Ok(Some(Message::Hello { threads, catalog }))) => (threads, catalog),
+        Ok(Ok(Some(hello @ (Message::Hello { .. } | Message::Decoder(DecoderMessage::Hello { .. }))))) => hello,
         Ok(Ok(Some(other))) => return Err(format!("expected a hello first, got a {}", other.name())),
         Ok(Ok(None)) => return Err("the hello stream ended before the hello".into()),
         Ok(Err(ReadError::Transport(_))) => return Ok(()),
         Ok(Err(error)) => return Err(format!("reading the hello: {error}")),
     };
-    let catalog = match resolve(catalog, shared.model_root.as_deref()) {
-        Ok(catalog) => catalog,
+    let (event_tx, events) = mpsc::unbounded_channel();
+    let host = match open_host(hello, &shared, event_tx) {
+        Ok(host) => host,
         Err(reason) => {
             tracing::warn!("node: refusing controller {}: {reason}", connection.remote_address());
             if let Ok(frame) = framing::encode(&Message::Refused { reason }) {
@@ -237,31 +239,65 @@ async fn serve_connection(connection: Connection, shared: Arc<Shared>) -> Result
             return Ok(());
         }
     };
-    let (pool, pool_events) = WorkerPool::new(shared.context.clone(), catalog, threads as usize);
     let welcome = framing::encode(&Message::Welcome { device: shared.device.clone() }).map_err(|e| e.to_string())?;
     if transport::write_frame(&mut send, welcome).await.is_err() {
         return Ok(());
     }
-    let (event_tx, events) = mpsc::unbounded_channel();
-    std::thread::Builder::new()
-        .name("yardmaster-node-events".into())
-        .spawn(move || {
-            while let Ok(event) = pool_events.recv() {
-                if event_tx.send(event).is_err() {
-                    break;
-                }
-            }
-        })
-        .map_err(|e| format!("spawning the event thread: {e}"))?;
     let (inbound_tx, inbound) = mpsc::unbounded_channel();
-    let mut session =
-        Session { connection, pool, streams: HashMap::new(), routes: HashMap::new(), provisioned: HashSet::new(), next_key: 0, inbound_tx };
+    let mut session = Session { connection, host, streams: HashMap::new(), routes: HashMap::new(), next_key: 0, inbound_tx };
     session.add_stream(send, recv, true);
     let outcome = session.run(events, inbound).await;
-    for worker in &session.provisioned {
-        session.pool.abort(*worker);
-    }
+    session.host.stop();
     outcome
+}
+
+/// What serves a connection's workers: a batch worker pool or decoder threads.
+enum Host {
+    /// Batch stages: a worker pool and the workers provisioned on it.
+    Pool(WorkerPool, HashSet<u32>),
+    /// An LLM pipeline's iteration workers.
+    Decoders(DecoderHost),
+}
+
+impl Host {
+    /// Abort and stop everything (the connection ended).
+    fn stop(&mut self) {
+        match self {
+            Host::Pool(pool, provisioned) => {
+                for worker in provisioned.iter() {
+                    pool.abort(*worker);
+                }
+            }
+            Host::Decoders(host) => host.stop_all(),
+        }
+    }
+}
+
+/// The host a hello asks for, or why this node refuses it. Events of its workers go
+/// to `events`, addressed by worker.
+fn open_host(hello: Message, shared: &Shared, events: UnboundedSender<(u32, Message)>) -> Result<Host, String> {
+    match hello {
+        Message::Hello { threads, catalog } => {
+            let catalog = resolve(catalog, shared.model_root.as_deref())?;
+            let (pool, pool_events) = WorkerPool::new(shared.context.clone(), catalog, threads as usize);
+            std::thread::Builder::new()
+                .name("yardmaster-node-events".into())
+                .spawn(move || {
+                    while let Ok(event) = pool_events.recv() {
+                        if events.send((event_worker(&event), Message::Event(event))).is_err() {
+                            break;
+                        }
+                    }
+                })
+                .map_err(|e| format!("spawning the event thread: {e}"))?;
+            Ok(Host::Pool(pool, HashSet::new()))
+        }
+        Message::Decoder(DecoderMessage::Hello { model, config, .. }) => {
+            let model = decoder_host::resolve(&model, config, shared.model_root.as_deref())?;
+            Ok(Host::Decoders(DecoderHost::new(shared.context.runtime.clone(), model, events)))
+        }
+        other => Err(format!("expected a hello, got a {}", other.name())),
+    }
 }
 
 /// The catalogue with every path resolved on this node, or why it cannot be served.
@@ -304,16 +340,15 @@ struct StreamState {
 
 struct Session {
     connection: Connection,
-    pool: WorkerPool,
+    host: Host,
     streams: HashMap<u64, StreamState>,
     routes: HashMap<u32, u64>,
-    provisioned: HashSet<u32>,
     next_key: u64,
     inbound_tx: UnboundedSender<Inbound>,
 }
 
 impl Session {
-    async fn run(&mut self, mut events: UnboundedReceiver<WorkerEvent>, mut inbound: UnboundedReceiver<Inbound>) -> Result<(), String> {
+    async fn run(&mut self, mut events: UnboundedReceiver<(u32, Message)>, mut inbound: UnboundedReceiver<Inbound>) -> Result<(), String> {
         loop {
             tokio::select! {
                 accepted = self.connection.accept_bi() => match accepted {
@@ -321,7 +356,7 @@ impl Session {
                     Err(_) => return Ok(()),
                 },
                 Some(message) = inbound.recv() => self.handle(message)?,
-                Some(event) = events.recv() => self.route(event),
+                Some((worker, event)) = events.recv() => self.route(worker, event),
             }
         }
     }
@@ -366,47 +401,51 @@ impl Session {
             return Err(format!("a {} from a controller", message.name()));
         };
         match (state.worker, &message) {
-            (None, Message::Provision { .. }) => state.worker = Some(worker),
+            (None, Message::Provision { .. } | Message::Decoder(DecoderMessage::Provision { .. })) => state.worker = Some(worker),
             (None, _) => return Err(format!("a {} for worker {worker} before that stream's provision", message.name())),
             (Some(own), _) if own != worker => {
                 return Err(format!("a {} for worker {worker} on the stream of worker {own}", message.name()))
             }
             _ => {}
         }
+        if matches!(message, Message::Provision { .. } | Message::Decoder(DecoderMessage::Provision { .. })) {
+            self.routes.insert(worker, key);
+        }
+        let (pool, provisioned) = match &mut self.host {
+            Host::Decoders(host) => return host.command(message),
+            Host::Pool(pool, provisioned) => (pool, provisioned),
+        };
         let writer = state.writer.clone();
         let reply = |event: WorkerEvent| {
             let _ = writer.send(Message::Event(event));
         };
         match message {
-            Message::Provision { worker, stage, variant } => {
-                self.routes.insert(worker, key);
-                match self.pool.provision(worker, stage, variant) {
-                    Ok(()) => {
-                        self.provisioned.insert(worker);
-                    }
-                    Err(error) => reply(WorkerEvent::StartFailed { worker, error }),
+            Message::Provision { worker, stage, variant } => match pool.provision(worker, stage, variant) {
+                Ok(()) => {
+                    provisioned.insert(worker);
                 }
-            }
+                Err(error) => reply(WorkerEvent::StartFailed { worker, error }),
+            },
             Message::Start { worker, job } => {
                 let id = job.id;
-                if let Err(error) = self.pool.start(worker, job) {
+                if let Err(error) = pool.start(worker, job) {
                     reply(WorkerEvent::Finished { worker, job: id, duration: Duration::ZERO, result: Err(error) });
                 }
             }
             Message::Abort { worker } => {
-                self.pool.abort(worker);
+                pool.abort(worker);
             }
             Message::Retire { worker } => {
-                self.pool.retire(worker);
-                self.provisioned.remove(&worker);
+                pool.retire(worker);
+                provisioned.remove(&worker);
             }
             Message::SetThreads { worker, threads } => {
-                if let Err(error) = self.pool.set_threads(worker, threads) {
+                if let Err(error) = pool.set_threads(worker, threads) {
                     reply(WorkerEvent::ReconfigureFailed { worker, error });
                 }
             }
             Message::SetVariant { worker, variant } => {
-                if let Err(error) = self.pool.set_variant(worker, variant) {
+                if let Err(error) = pool.set_variant(worker, variant) {
                     reply(WorkerEvent::ReconfigureFailed { worker, error });
                 }
             }
@@ -415,13 +454,12 @@ impl Session {
         Ok(())
     }
 
-    fn route(&mut self, event: WorkerEvent) {
-        let worker = event_worker(&event);
+    fn route(&mut self, worker: u32, event: Message) {
         match self.routes.get(&worker).and_then(|key| self.streams.get(key)) {
             Some(state) => {
-                let _ = state.writer.send(Message::Event(event));
+                let _ = state.writer.send(event);
             }
-            None => tracing::debug!("node: no stream for worker {worker}; dropped {event:?}"),
+            None => tracing::debug!("node: no stream for worker {worker}; dropped a {}", event.name()),
         }
     }
 }

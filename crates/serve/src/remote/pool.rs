@@ -27,7 +27,7 @@ use std::sync::mpsc::{self as std_mpsc, Receiver};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::Result;
 use quinn::{Connection, RecvStream};
 use tokio::runtime::Handle;
 use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender};
@@ -177,42 +177,9 @@ impl RemotePool {
     /// every worker arrive on the returned receiver.
     pub async fn connect(config: RemoteConfig) -> Result<(RemotePool, Receiver<WorkerEvent>)> {
         let address = config.address;
-        let bind: SocketAddr = if address.is_ipv6() { "[::]:0".parse()? } else { "0.0.0.0:0".parse()? };
-        let mut endpoint = transport::endpoint(bind, None).context("binding a UDP socket for the node link")?;
-        endpoint.set_default_client_config(transport::client_config(config.pin, config.idle_timeout)?);
-        let connecting = endpoint.connect(address, transport::SERVER_NAME).with_context(|| format!("connecting to node {address}"))?;
-        let connection = tokio::time::timeout(config.idle_timeout, connecting)
-            .await
-            .map_err(|_| anyhow!("node {address} did not answer within {:?}", config.idle_timeout))?
-            .map_err(|e| anyhow!("QUIC handshake with node {address}: {e}"))?;
-
-        let hello =
-            framing::encode(&Message::Hello { threads: config.threads, catalog: config.catalog.clone() }).context("encoding the hello")?;
-        let exchange = async {
-            let (mut send, mut recv) = connection.open_bi().await?;
-            transport::write_frame(&mut send, hello).await?;
-            let _ = send.finish();
-            anyhow::Ok(transport::read_frame(&mut recv).await)
-        };
-        let answer = match tokio::time::timeout(config.idle_timeout, exchange).await {
-            Err(_) => Err(anyhow!("node {address} did not answer the hello within {:?}", config.idle_timeout)),
-            Ok(Err(error)) => Err(anyhow!("sending the hello to node {address}: {error}")),
-            Ok(Ok(Ok(Some(Message::Welcome { device })))) => Ok(device),
-            Ok(Ok(Ok(Some(Message::Refused { reason })))) => Err(anyhow!("node {address} refused the catalogue: {reason}")),
-            Ok(Ok(Ok(Some(other)))) => Err(anyhow!("node {address} answered the hello with a {}", other.name())),
-            Ok(Ok(Ok(None))) => Err(anyhow!("node {address} ended the hello stream without an answer")),
-            Ok(Ok(Err(error))) => Err(match connection.close_reason() {
-                Some(close) => anyhow!("node {address} closed the connection: {}", transport::describe_close(&close)),
-                None => anyhow!("reading node {address}'s answer to the hello: {error}"),
-            }),
-        };
-        let device = match answer {
-            Ok(device) => device,
-            Err(error) => {
-                connection.close(CLOSE_DONE, b"hello failed");
-                return Err(error);
-            }
-        };
+        let hello = Message::Hello { threads: config.threads, catalog: config.catalog.clone() };
+        let (endpoint, connection, device) =
+            transport::handshake(address, config.pin, config.idle_timeout, &hello, "the catalogue").await?;
 
         let (events, receiver) = std_mpsc::channel();
         let shared = Arc::new(Mutex::new(Shared { node: address, workers: HashMap::new(), events, lost: None, gone: HashSet::new() }));

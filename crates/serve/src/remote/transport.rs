@@ -289,6 +289,53 @@ pub fn close_reason(text: &str) -> Vec<u8> {
     text.as_bytes()[..end].to_vec()
 }
 
+/// Connect to the node at `address` (pinned to `pin`), send `hello` on the first
+/// stream and wait for the node's welcome: the endpoint, the connection and the node's
+/// device. A refusal is an error naming `what` the hello offered and the node's
+/// reason. Must run inside a Tokio runtime.
+pub async fn handshake(
+    address: SocketAddr,
+    pin: Fingerprint,
+    idle_timeout: Duration,
+    hello: &Message,
+    what: &str,
+) -> Result<(quinn::Endpoint, quinn::Connection, String)> {
+    let bind: SocketAddr = if address.is_ipv6() { "[::]:0".parse()? } else { "0.0.0.0:0".parse()? };
+    let mut endpoint = endpoint(bind, None).context("binding a UDP socket for the node link")?;
+    endpoint.set_default_client_config(client_config(pin, idle_timeout)?);
+    let connecting = endpoint.connect(address, SERVER_NAME).with_context(|| format!("connecting to node {address}"))?;
+    let connection = tokio::time::timeout(idle_timeout, connecting)
+        .await
+        .map_err(|_| anyhow!("node {address} did not answer within {idle_timeout:?}"))?
+        .map_err(|e| anyhow!("QUIC handshake with node {address}: {e}"))?;
+    let hello = framing::encode(hello).context("encoding the hello")?;
+    let exchange = async {
+        let (mut send, mut recv) = connection.open_bi().await?;
+        write_frame(&mut send, hello).await?;
+        let _ = send.finish();
+        anyhow::Ok(read_frame(&mut recv).await)
+    };
+    let answer = match tokio::time::timeout(idle_timeout, exchange).await {
+        Err(_) => Err(anyhow!("node {address} did not answer the hello within {idle_timeout:?}")),
+        Ok(Err(error)) => Err(anyhow!("sending the hello to node {address}: {error}")),
+        Ok(Ok(Ok(Some(Message::Welcome { device })))) => Ok(device),
+        Ok(Ok(Ok(Some(Message::Refused { reason })))) => Err(anyhow!("node {address} refused {what}: {reason}")),
+        Ok(Ok(Ok(Some(other)))) => Err(anyhow!("node {address} answered the hello with a {}", other.name())),
+        Ok(Ok(Ok(None))) => Err(anyhow!("node {address} ended the hello stream without an answer")),
+        Ok(Ok(Err(error))) => Err(match connection.close_reason() {
+            Some(close) => anyhow!("node {address} closed the connection: {}", describe_close(&close)),
+            None => anyhow!("reading node {address}'s answer to the hello: {error}"),
+        }),
+    };
+    match answer {
+        Ok(device) => Ok((endpoint, connection, device)),
+        Err(error) => {
+            connection.close(CLOSE_DONE, b"hello failed");
+            Err(error)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

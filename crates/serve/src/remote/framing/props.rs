@@ -1,6 +1,7 @@
 //! Property tests of the framing: every message kind, with random contents (tensors
 //! of random ranks and shapes whose floats include NaN, infinities, negative zero and
-//! subnormals; strings with multi-byte characters; every error kind), round-trips
+//! subnormals; strings with multi-byte characters; every error kind; decoder frames
+//! with random texts and results), round-trips
 //! exactly; every truncation, extension and garbling of a valid frame is an error or a
 //! valid message, never a panic.
 
@@ -12,6 +13,8 @@ use yardmaster_dataplane::{
 };
 
 use super::*;
+use crate::llm::Holdings;
+use yardmaster_dataplane::llm::{DecoderConfig, Eviction, FrameRequest, FrameResult, StepTiming, WorkerFrame};
 
 /// A SplitMix64 stream: reproducible random choices.
 struct Gen(u64);
@@ -49,6 +52,9 @@ impl Gen {
     }
     fn tensors(&mut self) -> Vec<Tensor> {
         (0..self.below(4)).map(|_| self.tensor()).collect()
+    }
+    fn tokens(&mut self) -> Vec<i64> {
+        (0..self.below(6)).map(|_| self.next() as i64).collect()
     }
     fn duration(&mut self) -> Duration {
         Duration::from_nanos(self.next())
@@ -119,12 +125,87 @@ impl Gen {
             }
             kind::RECONFIGURE_FAILED => Message::Event(WorkerEvent::ReconfigureFailed { worker, error: self.error() }),
             kind::RETIRED => Message::Event(WorkerEvent::Retired { worker }),
+            kind::DECODER_HELLO => Message::Decoder(DecoderMessage::Hello {
+                threads: self.u32(),
+                model: PathBuf::from(self.string()),
+                config: DecoderConfig {
+                    vocab: self.u32() as usize,
+                    hidden: self.u32() as usize,
+                    heads: self.u32() as usize,
+                    layers: self.u32() as usize,
+                    ffn: self.u32() as usize,
+                    max_positions: self.u32() as usize,
+                    seed: self.next(),
+                },
+            }),
+            kind::DECODER_PROVISION => Message::Decoder(DecoderMessage::Provision { worker, threads: self.u32() }),
+            kind::FRAME => Message::Decoder(DecoderMessage::Frame {
+                worker,
+                generation: self.next(),
+                requests: (0..self.below(4))
+                    .map(|_| FrameRequest {
+                        id: self.next(),
+                        text: self.tokens(),
+                        reuse: self.below(2) == 0,
+                        steps: self.u32() as usize,
+                        last: self.below(2) == 0,
+                    })
+                    .collect(),
+            }),
+            kind::EVICT => Message::Decoder(DecoderMessage::Evict {
+                worker,
+                sequence: self.next(),
+                eviction: if self.below(2) == 0 { Eviction::Swap } else { Eviction::Recompute },
+            }),
+            kind::FORGET => Message::Decoder(DecoderMessage::Forget { worker, sequence: self.next() }),
+            kind::HOLDINGS => Message::Decoder(DecoderMessage::Holdings { worker }),
+            kind::DECODER_READY => Message::Decoder(DecoderMessage::Ready { worker, took: self.duration() }),
+            kind::FRAME_DONE => Message::Decoder(DecoderMessage::FrameDone {
+                worker,
+                generation: self.next(),
+                duration: self.duration(),
+                outcome: match self.below(3) {
+                    0 => FrameOutcome::Failed(self.string()),
+                    1 => FrameOutcome::Aborted,
+                    _ => FrameOutcome::Done {
+                        frame: WorkerFrame {
+                            results: (0..self.below(4))
+                                .map(|_| FrameResult {
+                                    id: self.next(),
+                                    tokens: self.tokens(),
+                                    prefilled: self.u32() as usize,
+                                    recomputed: self.below(2) == 0,
+                                    trimmed: self.u32() as usize,
+                                    stale: self.below(2) == 0,
+                                })
+                                .collect(),
+                            steps: (0..self.below(4))
+                                .map(|_| StepTiming {
+                                    batch: self.u32() as usize,
+                                    new_positions: self.u32() as usize,
+                                    total_positions: self.u32() as usize,
+                                    duration: self.duration(),
+                                })
+                                .collect(),
+                        },
+                        resident_bytes: self.next(),
+                    },
+                },
+            }),
+            kind::HOLDINGS_REPORT => Message::Decoder(DecoderMessage::HoldingsReport {
+                worker,
+                holdings: Holdings {
+                    resident: (0..self.below(4)).map(|_| (self.next(), self.u32() as usize)).collect(),
+                    swapped: (0..self.below(4)).map(|_| (self.next(), self.u32() as usize)).collect(),
+                    resident_bytes: self.next(),
+                },
+            }),
             other => panic!("no generator for kind {other:#x}"),
         }
     }
 }
 
-const KINDS: [u8; 16] = [
+const KINDS: [u8; 25] = [
     kind::HELLO,
     kind::PROVISION,
     kind::START,
@@ -141,6 +222,15 @@ const KINDS: [u8; 16] = [
     kind::RECONFIGURED,
     kind::RECONFIGURE_FAILED,
     kind::RETIRED,
+    kind::DECODER_HELLO,
+    kind::DECODER_PROVISION,
+    kind::FRAME,
+    kind::EVICT,
+    kind::FORGET,
+    kind::HOLDINGS,
+    kind::DECODER_READY,
+    kind::FRAME_DONE,
+    kind::HOLDINGS_REPORT,
 ];
 
 const CASES_PER_KIND: u64 = 200;

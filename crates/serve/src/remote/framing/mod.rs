@@ -2,6 +2,9 @@
 //! (hello, provision, start a job with its tensors, abort, retire, set threads, set
 //! variant), the node's answers and every [`WorkerEvent`] the other way.
 //!
+//! A decoder connection (an LLM pipeline's iteration workers on a node) speaks the
+//! messages of [`decoder`] in the same frames.
+//!
 //! A frame is self-delimiting and versioned:
 //!
 //! ```text
@@ -22,6 +25,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub mod decoder;
+
+pub use decoder::{DecoderMessage, FrameOutcome};
 use yardmaster_dataplane::{
     DataplaneError, Job, ModelCatalog, ModelKey, ModelSpec, Request, RequestOutput, StartKind, Tensor, WorkerEvent,
 };
@@ -62,6 +68,18 @@ pub mod kind {
     pub const SET_THREADS: u8 = 0x06;
     /// Controller → node: change a worker's variant.
     pub const SET_VARIANT: u8 = 0x07;
+    /// Controller → node: the decoder and threads, first frame of a decoder connection.
+    pub const DECODER_HELLO: u8 = 0x08;
+    /// Controller → node: start a decoder worker.
+    pub const DECODER_PROVISION: u8 = 0x09;
+    /// Controller → node: a frame of sequences with their texts.
+    pub const FRAME: u8 = 0x0A;
+    /// Controller → node: take a sequence out of a decoder worker's KV budget.
+    pub const EVICT: u8 = 0x0B;
+    /// Controller → node: drop what a decoder worker holds for a sequence.
+    pub const FORGET: u8 = 0x0C;
+    /// Controller → node: ask what a decoder worker holds.
+    pub const HOLDINGS: u8 = 0x0D;
     /// Node → controller: the hello was accepted.
     pub const WELCOME: u8 = 0x20;
     /// Node → controller: the hello was refused.
@@ -80,6 +98,12 @@ pub mod kind {
     pub const RECONFIGURE_FAILED: u8 = 0x45;
     /// Node → controller: `WorkerEvent::Retired`.
     pub const RETIRED: u8 = 0x46;
+    /// Node → controller: a decoder worker loaded its model.
+    pub const DECODER_READY: u8 = 0x47;
+    /// Node → controller: a frame ended (done, failed or aborted).
+    pub const FRAME_DONE: u8 = 0x48;
+    /// Node → controller: what a decoder worker holds.
+    pub const HOLDINGS_REPORT: u8 = 0x49;
 }
 
 /// One message between a controller and a node.
@@ -145,6 +169,8 @@ pub enum Message {
     },
     /// A worker event.
     Event(WorkerEvent),
+    /// A message of a decoder connection.
+    Decoder(DecoderMessage),
 }
 
 impl Message {
@@ -167,6 +193,7 @@ impl Message {
             Message::Event(WorkerEvent::Reconfigured { .. }) => "reconfigured event",
             Message::Event(WorkerEvent::ReconfigureFailed { .. }) => "reconfigure-failed event",
             Message::Event(WorkerEvent::Retired { .. }) => "retired event",
+            Message::Decoder(message) => message.name(),
         }
     }
 
@@ -179,6 +206,7 @@ impl Message {
             | Message::Retire { worker }
             | Message::SetThreads { worker, .. }
             | Message::SetVariant { worker, .. } => Some(*worker),
+            Message::Decoder(message) => message.command_worker(),
             _ => None,
         }
     }
@@ -325,7 +353,10 @@ pub fn decode(frame: &[u8]) -> Result<Message, FrameError> {
         }),
         kind::RECONFIGURE_FAILED => Message::Event(WorkerEvent::ReconfigureFailed { worker: r.u32("worker")?, error: r.error()? }),
         kind::RETIRED => Message::Event(WorkerEvent::Retired { worker: r.u32("worker")? }),
-        other => return Err(FrameError::UnknownKind(other)),
+        other => match decoder::read(&mut r, other)? {
+            Some(message) => Message::Decoder(message),
+            None => return Err(FrameError::UnknownKind(other)),
+        },
     };
     match frame.len() - r.pos {
         0 => Ok(message),
@@ -520,6 +551,7 @@ impl Sizer {
                 }
                 WorkerEvent::Retired { .. } => self.add(4),
             },
+            Message::Decoder(message) => decoder::size(self, message)?,
         }
         Ok(())
     }
@@ -653,6 +685,7 @@ fn write_body(w: &mut Writer, message: &Message) {
             w.string(reason);
         }
         Message::Event(event) => write_event(w, event),
+        Message::Decoder(message) => decoder::write(w, message),
     }
 }
 
@@ -898,7 +931,6 @@ impl<'a> Reader<'a> {
 }
 
 #[cfg(test)]
-#[path = "framing_props.rs"]
 mod props;
 
 #[cfg(test)]
