@@ -14,6 +14,9 @@
 //! The same run with the decoder workers on a node (`[[remote]]`: a node endpoint in
 //! this process, reached over QUIC on loopback) must hold all of the above: frames,
 //! evictions, holdings and forgets cross the link.
+//!
+//! The benchmark of a remote decoder's cost is `#[ignore]`d; run it by hand:
+//! `cargo test --release -p yardmaster --test all bench_remote_decoder -- --ignored --nocapture`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -275,5 +278,48 @@ fn a_node_without_the_decoder_refuses_it_naming_the_path() {
     assert!(
         error.contains("refused the decoder") && error.contains("missing-decoder.onnx") && error.contains("resolve against"),
         "{error}"
+    );
+}
+
+/// Wall time of `cases` served at once (all submitted, until all ended) on a stack
+/// whose decoder stage is placed by `placements`.
+fn time_workload(cases: &[Case], placements: Vec<DecoderPlacement>) -> Duration {
+    let choice = PolicyChoice::shipped("calm-fcfs").unwrap();
+    let (actor, service) = LlmStack::start(ServedLlm::tiny().unwrap(), choice, EngineOptions::default(), placements).unwrap();
+    let (done, finished) = mpsc::channel();
+    let began = Instant::now();
+    for case in cases {
+        let done = done.clone();
+        let stream = service.stream(case.stream).unwrap();
+        service.submit(stream, case.prompt.clone(), case.tokens, move |c| done.send(c.outcome).unwrap()).unwrap();
+    }
+    for _ in cases {
+        assert_eq!(finished.recv_timeout(WAIT).unwrap(), Outcome::Completed);
+    }
+    let took = began.elapsed();
+    actor.shutdown("bench over");
+    took
+}
+
+#[test]
+#[ignore = "benchmark: run by hand with --release --ignored --nocapture"]
+fn bench_remote_decoder_overhead() {
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    // Eight sequences of 64-token prompts generating 96 tokens each.
+    let cases: Vec<Case> = (0..8).map(|i| Case { stream: "ds", prompt: prompt(64, 500 + i), tokens: 96 }).collect();
+    let (mut local, mut remote) = (Vec::new(), Vec::new());
+    for _ in 0..5 {
+        local.push(time_workload(&cases, Vec::new()));
+        remote.push(time_workload(&cases, vec![remote_decoders(&runtime)]));
+    }
+    local.sort();
+    remote.sort();
+    let tokens = (cases.len() * 96) as f64;
+    let (l, r) = (local[2].as_secs_f64(), remote[2].as_secs_f64());
+    println!(
+        "median of 5: local {:.0} tokens/s, remote (loopback) {:.0} tokens/s; remote / local time {:.2}",
+        tokens / l,
+        tokens / r,
+        r / l
     );
 }
