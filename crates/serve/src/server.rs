@@ -230,18 +230,28 @@ pub fn summary<C: Clock, X: Executor>(arms: &Arms<C, X>) -> String {
     text
 }
 
+/// The indices of the stages a `[[remote]]` section names, or an error naming the
+/// stages `pipeline` has.
+pub fn placed_stages(remote: &RemotePlacement, pipeline: &yardmaster_engine::Pipeline) -> Result<Vec<u32>> {
+    let stage_names: Vec<&str> = pipeline.stages.iter().map(|s| s.name.as_str()).collect();
+    remote
+        .stages
+        .iter()
+        .map(|name| {
+            let index = stage_names
+                .iter()
+                .position(|s| s == name)
+                .ok_or_else(|| anyhow!("[[remote]] names stage {name:?}; pipeline {:?} has {}", pipeline.name, stage_names.join(", ")))?;
+            Ok(index as u32)
+        })
+        .collect()
+}
+
 /// Connect to the node of a `[[remote]]` section and place its stages there. The
 /// node is sent the catalogue of those stages only, with this host's model paths
 /// (a node on another machine needs the models at the same paths).
 pub async fn remote_placement(remote: &RemotePlacement, served: &ServedPipeline) -> Result<Placement> {
-    let stage_names: Vec<&str> = served.pipeline.stages.iter().map(|s| s.name.as_str()).collect();
-    let mut stages = Vec::new();
-    for name in &remote.stages {
-        let index = stage_names.iter().position(|s| s == name).ok_or_else(|| {
-            anyhow!("[[remote]] names stage {name:?}; pipeline {:?} has {}", served.pipeline.name, stage_names.join(", "))
-        })?;
-        stages.push(index as u32);
-    }
+    let stages = placed_stages(remote, &served.pipeline)?;
     let catalog = ModelCatalog {
         stages: (0..served.catalog.stages.len())
             .map(|s| if stages.contains(&(s as u32)) { served.catalog.stages[s].clone() } else { Vec::new() })

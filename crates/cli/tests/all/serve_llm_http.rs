@@ -64,6 +64,25 @@ async fn post_until_served(address: SocketAddr, path: &str, body: Bytes) -> Repl
     reply
 }
 
+/// What each (model, prompt, max tokens) case generates alone (greedy decoding is
+/// deterministic).
+fn generated_alone(cases: &[(&str, Vec<i64>, u64)]) -> Vec<Vec<i64>> {
+    let (path, decoder) = tiny_decoder().unwrap();
+    let mut session = DecoderSession::load(&Runtime::global().unwrap(), &path, decoder, 1).unwrap();
+    cases.iter().map(|(_, p, n)| session.generate(p, *n as usize, *n as usize).unwrap()).collect()
+}
+
+/// Send every case at once over HTTP/1.1 (each once more if it expired).
+fn send_all(address: SocketAddr, cases: &[(&str, Vec<i64>, u64)]) -> Vec<tokio::task::JoinHandle<Reply>> {
+    cases
+        .iter()
+        .map(|(model, p, n)| {
+            let (path, body) = (format!("/v2/models/{model}/infer"), body(p, Some(*n)));
+            tokio::spawn(async move { post_until_served(address, &path, body).await })
+        })
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_ids_in_generated_ids_out_over_http1_and_http3() {
     let state = std::env::temp_dir().join(format!("yardmaster-llm-http-{}", std::process::id()));
@@ -80,21 +99,12 @@ async fn token_ids_in_generated_ids_out_over_http1_and_http3() {
     let banner = server.banner();
     assert!(banner.contains("serving ls, ds with policy calm"), "{banner}");
 
-    // What each prompt generates alone (greedy decoding is deterministic).
     let cases: Vec<(&str, Vec<i64>, u64)> =
         (0..8).map(|i| (if i % 2 == 0 { "ls" } else { "ds" }, prompt(8 + 23 * i, i as u64), 4 + 5 * i as u64)).collect();
-    let (path, decoder) = tiny_decoder().unwrap();
-    let mut session = DecoderSession::load(&Runtime::global().unwrap(), &path, decoder, 1).unwrap();
-    let expected: Vec<Vec<i64>> = cases.iter().map(|(_, p, n)| session.generate(p, *n as usize, *n as usize).unwrap()).collect();
+    let expected = generated_alone(&cases);
 
     // Concurrent requests over HTTP/1.1, so CALM batches them.
-    let tasks: Vec<_> = cases
-        .iter()
-        .map(|(model, p, n)| {
-            let (path, body) = (format!("/v2/models/{model}/infer"), body(p, Some(*n)));
-            tokio::spawn(async move { post_until_served(address, &path, body).await })
-        })
-        .collect();
+    let tasks = send_all(address, &cases);
     for (task, want) in tasks.into_iter().zip(&expected) {
         assert_eq!(&output_ids(&task.await.unwrap()), want);
     }
@@ -336,16 +346,8 @@ async fn an_llm_pipeline_decodes_on_a_node_and_its_requests_end_once_when_the_no
     let address = server.address();
     let cases: Vec<(&str, Vec<i64>, u64)> =
         (0..6).map(|i| (if i % 2 == 0 { "ls" } else { "ds" }, prompt(5 + 17 * i, 100 + i as u64), 3 + 4 * i as u64)).collect();
-    let (path, decoder) = tiny_decoder().unwrap();
-    let mut session = DecoderSession::load(&Runtime::global().unwrap(), &path, decoder, 1).unwrap();
-    let expected: Vec<Vec<i64>> = cases.iter().map(|(_, p, n)| session.generate(p, *n as usize, *n as usize).unwrap()).collect();
-    let tasks: Vec<_> = cases
-        .iter()
-        .map(|(model, p, n)| {
-            let (path, body) = (format!("/v2/models/{model}/infer"), body(p, Some(*n)));
-            tokio::spawn(async move { post_until_served(address, &path, body).await })
-        })
-        .collect();
+    let expected = generated_alone(&cases);
+    let tasks = send_all(address, &cases);
     for (task, want) in tasks.into_iter().zip(&expected) {
         assert_eq!(&output_ids(&task.await.unwrap()), want, "a remote decoder generates what the decoder generates here");
     }

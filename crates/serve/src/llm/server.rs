@@ -27,7 +27,7 @@ use crate::config::{RemotePlacement, ServeConfig};
 use crate::listeners::Listeners;
 use crate::prometheus;
 use crate::remote::transport::Fingerprint;
-use crate::server::{banner, configured_policy, start_capture, summary};
+use crate::server::{banner, configured_policy, placed_stages, start_capture, summary};
 use crate::swap::Swapper;
 
 /// The pipeline names served by [`LlmServer`].
@@ -138,14 +138,7 @@ impl LlmServer {
 /// machine needs the file at the same path, or at a path relative to its `--models`
 /// folder when this one is relative).
 async fn decoder_placement(remote: &RemotePlacement, served: &ServedLlm) -> Result<DecoderPlacement> {
-    let stage_names: Vec<&str> = served.pipeline.stages.iter().map(|s| s.name.as_str()).collect();
-    let mut stages = Vec::new();
-    for name in &remote.stages {
-        let index = stage_names.iter().position(|s| s == name).ok_or_else(|| {
-            anyhow!("[[remote]] names stage {name:?}; pipeline {:?} has {}", served.pipeline.name, stage_names.join(", "))
-        })?;
-        stages.push(index as u32);
-    }
+    let stages = placed_stages(remote, &served.pipeline)?;
     let pin = Fingerprint::from_argument(&remote.pin).with_context(|| format!("the pin of node {}", remote.node))?;
     let threads = stages.iter().map(|&s| served.pipeline.stages[s as usize].threads).max().unwrap_or(1);
     let link = RemoteDecoderConfig {
