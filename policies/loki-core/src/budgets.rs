@@ -44,6 +44,29 @@ fn latency_ms(model: &PipelineModel, task: usize, variant: usize, batch: u32) ->
     model.tasks[task].variants[variant].latency_ms[b]
 }
 
+/// The batch latency (ms) of the slowest variant `plan` hosts for `task`, at its max
+/// batch; the task's fastest variant at batch 1 when none is hosted.
+pub fn hosted_latency_ms(model: &PipelineModel, plan: Option<&Plan>, task: usize) -> f64 {
+    let hosted = plan.into_iter().flat_map(|p| &p.hosts).filter(|h| h.task == task && h.replicas > 0);
+    let worst = hosted.map(|h| latency_ms(model, task, h.variant, h.batch)).fold(0.0, f64::max);
+    if worst == 0.0 {
+        model.fastest_ms(task)
+    } else {
+        worst
+    }
+}
+
+/// How long (ns) a request takes from the end of `task` to its own end without
+/// queueing: the slowest branch below `task`, each task at [`hosted_latency_ms`]
+/// (0 at a leaf). Early dropping under `DropWhen::Deadline` asks whether a request's
+/// deadline is still within reach with it.
+pub fn below_ns(model: &PipelineModel, plan: Option<&Plan>, task: usize) -> u64 {
+    fn below_ms(model: &PipelineModel, plan: Option<&Plan>, task: usize) -> f64 {
+        model.tasks[task].children.iter().map(|&c| hosted_latency_ms(model, plan, c) + below_ms(model, plan, c)).fold(0.0, f64::max)
+    }
+    (below_ms(model, plan, task) * 1e6) as u64
+}
+
 /// The budget (ns) of variant `variant` of `task` at max batch `batch` under `plan`.
 pub fn budget_ns(model: &PipelineModel, plan: Option<&Plan>, rule: BudgetRule, task: usize, variant: usize, batch: u32) -> u64 {
     let tau = latency_ms(model, task, variant, batch);
@@ -53,15 +76,12 @@ pub fn budget_ns(model: &PipelineModel, plan: Option<&Plan>, rule: BudgetRule, t
         BudgetRule::SloShare => {
             // Slowest hosted variant per task (this one included).
             let slowest = |t: usize| -> f64 {
-                let hosted = plan.into_iter().flat_map(|p| &p.hosts).filter(|h| h.task == t && h.replicas > 0);
-                let mut worst = hosted.map(|h| latency_ms(model, t, h.variant, h.batch)).fold(0.0, f64::max);
+                let worst = hosted_latency_ms(model, plan, t);
                 if t == task {
-                    worst = worst.max(tau);
+                    worst.max(tau)
+                } else {
+                    worst
                 }
-                if worst == 0.0 {
-                    worst = model.fastest_ms(t);
-                }
-                worst
             };
             let path =
                 model.branches.iter().filter(|b| b.contains(&task)).map(|b| b.iter().map(|&t| slowest(t)).sum::<f64>()).fold(0.0, f64::max);

@@ -11,8 +11,8 @@ use std::marker::PhantomData;
 
 use yardmaster_sdk::helpers::CountWindow;
 use yardmaster_sdk::{
-    splitmix64, BatchOutcome, Ctx, DropReason, EndReason, Instant, Policy, Request, RequestId, Route, Snapshot, StageId, VariantTarget,
-    Worker, WorkerId,
+    splitmix64, BatchOutcome, Ctx, DropReason, EndReason, Instant, Policy, Request, RequestId, Route, Snapshot, StageId, VariantId,
+    VariantTarget, Worker, WorkerId,
 };
 
 use crate::balancer::{most_accurate_first, planned_load_routing, sample, BalancerWorker, Routing};
@@ -24,6 +24,12 @@ use crate::plan::Plan;
 use crate::planner::{hardware_scaling_with_slack, start, PlanJob, PlanRequest, Started};
 use crate::settings::{PlannerKind, Settings};
 use crate::single_path::max_served_fraction;
+
+/// How long after the first request the first plan is made, from the arrivals seen so
+/// far: without it the initial workers alone serve until the first tick (1 s), and a
+/// load well within the cluster's capacity overruns them (Loki dropped 4 % of a
+/// 30-second run at 13 % of its capacity, nearly all in its first two seconds).
+pub const FIRST_PLAN_AFTER_NS: u64 = 100_000_000;
 
 /// A flavour of the policy: which planner and which default drop mode.
 pub trait Flavour: 'static {
@@ -147,6 +153,11 @@ pub struct Runtime {
     demand: DemandEstimator,
     task_demand: Vec<DemandEstimator>,
     root_arrivals: u64,
+    /// When the first root request arrived, until the first plan for the traffic
+    /// (made [`FIRST_PLAN_AFTER_NS`] after it rather than at the first tick).
+    first_arrival: Option<Instant>,
+    /// Whether a plan for the observed traffic was made (by a tick or early).
+    planned_for_traffic: bool,
     task_arrivals: Vec<u64>,
     last_tick: Instant,
     tick_ns: u64,
@@ -189,14 +200,20 @@ impl Runtime {
     pub fn new(ctx: &mut Ctx, planner: PlannerKind, default_drop: DropMode) -> Result<Self, String> {
         let probe = Settings::from_ctx(ctx, planner, default_drop, 0)?;
         let model = PipelineModel::from_config(ctx.config(), ctx.latency(), &probe.batches)?;
-        // Workers the plan cannot have: one per pseudo stage, and what every stage
-        // outside the modelled pipeline keeps (another stream's stages, an LLM stage).
+        // Workers the plan cannot have: what every stage outside the modelled pipeline
+        // keeps (a pseudo stage, another stream's stages, an LLM stage) — at least one
+        // per pseudo stage, its minimum otherwise, and never fewer than it starts with
+        // (Loki never scales those stages, so their initial workers stay).
         let kept_elsewhere: u32 = ctx
             .config()
             .stages
             .iter()
             .filter(|stage| model.task_of(stage.id).is_none())
-            .map(|stage| if model.pseudo.contains(&stage.id) { 1 } else { stage.min_replicas })
+            .map(|stage| {
+                let floor = if model.pseudo.contains(&stage.id) { 1 } else { stage.min_replicas };
+                let initial = ctx.config().workers.iter().filter(|w| w.stage == stage.id).count() as u32;
+                floor.max(initial)
+            })
             .sum();
         let settings = Settings::from_ctx(ctx, planner, default_drop, kept_elsewhere)?;
         if settings.cluster < model.tasks.len() as u32 {
@@ -224,6 +241,8 @@ impl Runtime {
             demand: DemandEstimator::new(settings.ewma_com, settings.ewma_window),
             task_demand: (0..tasks).map(|_| DemandEstimator::new(settings.ewma_com, settings.ewma_window)).collect(),
             root_arrivals: 0,
+            first_arrival: None,
+            planned_for_traffic: false,
             task_arrivals: vec![0; tasks],
             last_tick: ctx.config().now,
             tick_ns: ctx.config().tick_interval.max(1),
@@ -472,6 +491,10 @@ impl Runtime {
     /// workers to spare, scale stages up or down, set batches and budgets.
     fn reconcile(&mut self, ctx: &mut Ctx) {
         let Some(plan) = self.plan.clone() else { return };
+        // Scale-downs go out before scale-ups: the host checks each scale against the
+        // cluster with the earlier ones of the call counted, so a plan that moves
+        // workers from one stage to another must free them first.
+        let mut ups: Vec<(StageId, u32, Option<VariantId>)> = Vec::new();
         for (t, task) in self.model.tasks.iter().enumerate() {
             let stage = task.stage;
             let mut wanted: Vec<(usize, u32, u32)> =
@@ -542,17 +565,37 @@ impl Runtime {
                     if add > 0 {
                         total += add;
                         short -= add;
-                        ctx.scale(stage, total, Some(task.variants[k].id));
+                        ups.push((stage, total, Some(task.variants[k].id)));
                     }
                 }
                 if total < target {
-                    ctx.scale(stage, target, Some(task.variants[wanted[0].0].id));
+                    ups.push((stage, target, Some(task.variants[wanted[0].0].id)));
                 }
-                self.requested.insert(stage, target);
+                // Raised to what is granted below.
+                self.requested.insert(stage, requested);
                 self.scaled_up_at.insert(stage, ctx.now());
             } else if target < requested {
                 ctx.scale(stage, target, None);
                 self.requested.insert(stage, target);
+            }
+        }
+        // A scale-up may not take the cluster past its size while workers of earlier
+        // scale-downs still drain (the host counts them until they are removed): each
+        // stage holds the larger of its target and its workers; what does not fit now
+        // is asked for again at a later tick.
+        let held = |requested: &BTreeMap<StageId, u32>, stage: StageId, workers: &BTreeMap<WorkerId, Assigned>| {
+            let present = workers.values().filter(|a| a.stage == stage).count() as u32;
+            requested.get(&stage).copied().unwrap_or(0).max(present)
+        };
+        let stages: Vec<StageId> = ctx.config().stages.iter().map(|s| s.id).collect();
+        let max_workers = ctx.config().max_workers;
+        for (stage, replicas, variant) in ups {
+            let total: u32 = stages.iter().map(|&s| held(&self.requested, s, &self.workers)).sum();
+            let mine = held(&self.requested, stage, &self.workers);
+            let allowed = replicas.min(mine + max_workers.saturating_sub(total));
+            if allowed > self.requested.get(&stage).copied().unwrap_or(0) {
+                ctx.scale(stage, allowed, variant);
+                self.requested.insert(stage, allowed);
             }
         }
     }
@@ -657,6 +700,7 @@ impl Runtime {
         };
         if task == 0 && request.requeues == 0 {
             self.root_arrivals += 1;
+            self.first_arrival.get_or_insert(request.arrived_at);
         }
         self.task_arrivals[task] += 1;
         if let Some(parent) = self.model.tasks[task].parent {
@@ -702,6 +746,24 @@ impl Runtime {
                 self.child_counts[pending.task][slot] += count as f64;
             }
         }
+    }
+
+    /// Make the first plan once [`FIRST_PLAN_AFTER_NS`] have passed since the first
+    /// request, for the root rate seen since (a tick makes the later ones). Not for the
+    /// Proteus-like baseline, which plans from per-task estimates only ticks make.
+    fn plan_first(&mut self, ctx: &mut Ctx) {
+        let Some(first) = self.first_arrival else { return };
+        // The Proteus-like planner plans per task from the tick's per-task estimates.
+        if self.planned_for_traffic || self.settings.planner == PlannerKind::Proteus {
+            return;
+        }
+        let elapsed = ctx.now().saturating_sub(first);
+        if elapsed < FIRST_PLAN_AFTER_NS {
+            return;
+        }
+        self.planned_for_traffic = true;
+        let estimate = self.root_arrivals as f64 / (elapsed as f64 / 1e9);
+        self.replan(ctx, estimate);
     }
 
     fn tick(&mut self, ctx: &mut Ctx) {
@@ -761,6 +823,7 @@ impl Runtime {
             ctx.log(yardmaster_sdk::Level::Info, &msg);
         }
         if due || jump {
+            self.planned_for_traffic |= self.first_arrival.is_some();
             self.replan(ctx, estimate);
         } else if self.job.is_some() {
             self.advance_job(ctx);
@@ -840,6 +903,8 @@ impl Runtime {
                 budget_ns: assigned.budget_ns,
                 leaf: self.model.tasks[task].children.is_empty(),
                 latency: &latency,
+                downstream_ns: crate::budgets::below_ns(&self.model, self.plan.as_ref(), task),
+                drop_when: self.settings.drop_when,
             };
             let factors = self.factors();
             let my_factors = self.worker_factor(w, &factors);
@@ -927,6 +992,7 @@ impl<F: Flavour> Policy for LokiPolicy<F> {
     }
 
     fn on_events_done(&mut self, ctx: &mut Ctx) {
+        self.runtime.plan_first(ctx);
         self.runtime.flush_telemetry();
         self.runtime.send_routes(ctx);
         self.runtime.dispatch(ctx);

@@ -3,7 +3,7 @@
 use yardmaster_sdk::Ctx;
 
 use crate::balancer::Ties;
-use crate::batching::DropMode;
+use crate::batching::{DropMode, DropWhen};
 use crate::budgets::BudgetRule;
 use crate::model::DEFAULT_BATCHES;
 use crate::planner::SolverLimits;
@@ -43,6 +43,10 @@ pub struct Settings {
     pub factor_history: usize,
     /// Early dropping (`drop_mode`: reroute for Loki, per_task for the baselines).
     pub drop_mode: DropMode,
+    /// What an overshoot no backup makes up costs (`drop_when`: `deadline`, the
+    /// default, drops only a request that cannot meet its deadline any more; `budget`
+    /// is the paper's rule, dropping on the overshoot).
+    pub drop_when: DropWhen,
     /// Workers the planner may use (`cluster_size`; default: the host's maximum
     /// less one per pseudo stage).
     pub cluster: u32,
@@ -100,6 +104,7 @@ impl Settings {
             comm_ms: ctx.param_or("comm_ms", 0.0)?,
             factor_history: ctx.param_or("factor_history", 50usize)?.max(1),
             drop_mode: ctx.param_or("drop_mode", default_drop)?,
+            drop_when: ctx.param_or("drop_when", DropWhen::Deadline)?,
             cluster: ctx.param_or("cluster_size", default_cluster)?,
             limits: SolverLimits {
                 max_nodes: ctx.param_or("milp_nodes", 150u64)?,
@@ -109,7 +114,7 @@ impl Settings {
             },
             budget: ctx.param_or("budget", if planner == PlannerKind::Proteus { BudgetRule::TaskShare } else { BudgetRule::SloShare })?,
             fill_spare: ctx.param_or("fill_spare", true)?,
-            hardware_slack: ctx.param_or("hardware_slack", 1.0f64)?.max(1.0),
+            hardware_slack: ctx.param_or("hardware_slack", 2.0f64)?.max(1.0),
             ties,
             batches,
         })

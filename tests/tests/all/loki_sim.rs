@@ -139,7 +139,6 @@ fn loki_is_on_time_at_low_load() {
 }
 
 #[test]
-#[ignore = "open: 97.9 % on time at 150 QPS on the 20-GPU traffic cluster (docs/loki.md, Known issues)"]
 fn loki_is_on_time_at_150_qps() {
     let low = simulate("loki", &[(150.0, 16)], &[]);
     let (_, attainment) = steady(&low, 6);
