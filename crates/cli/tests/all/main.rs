@@ -7,6 +7,7 @@ mod command_line;
 #[path = "../../../dataplane/tests/all/common/mod.rs"]
 mod common;
 mod fuzz_corpus;
+mod node_process;
 mod policy_new;
 mod repository_check;
 mod serve_ab;

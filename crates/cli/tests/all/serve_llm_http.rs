@@ -6,6 +6,7 @@
 
 use std::net::SocketAddr;
 
+use crate::node_process::NodeProcess;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use serde_json::{json, Value};
@@ -292,41 +293,11 @@ async fn an_llm_pipeline_swaps_shadows_and_runs_an_ab_test_while_serving() {
     let _ = std::fs::remove_dir_all(&state);
 }
 
-/// A `yardmaster node` process, killed when dropped.
-struct NodeProcess(std::process::Child);
-
-impl Drop for NodeProcess {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Start the node binary on a free loopback port: the process, its address and the
-/// fingerprint it printed.
-fn start_node_binary(name: &str) -> (NodeProcess, SocketAddr, String) {
-    use std::io::BufRead;
-    let tls_dir = std::env::temp_dir().join(format!("yardmaster-llm-node-{name}-{}", std::process::id()));
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_yardmaster"))
-        .args(["node", "--listen", "127.0.0.1:0", "--idle-timeout", "2", "--tls-dir"])
-        .arg(&tls_dir)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let process = NodeProcess(child);
-    let mut lines = std::io::BufReader::new(stdout).lines();
-    let mut line = || lines.next().expect("the node prints its address and certificate").unwrap();
-    let listening = line();
-    let address = listening.strip_prefix("yardmaster node listening on ").unwrap_or_else(|| panic!("{listening}")).parse().unwrap();
-    let certificate = line();
-    let pin = certificate.strip_prefix("certificate ").unwrap().split_whitespace().next().unwrap().to_string();
-    (process, address, pin)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_llm_pipeline_decodes_on_a_node_and_its_requests_end_once_when_the_node_dies() {
-    let (mut node, node_address, pin) = start_node_binary("serve");
+    let tls_dir = std::env::temp_dir().join(format!("yardmaster-llm-node-serve-{}", std::process::id()));
+    let mut node = NodeProcess::start(&tls_dir);
+    let (node_address, pin) = (node.address, node.printed_pin.clone());
     let state = std::env::temp_dir().join(format!("yardmaster-llm-remote-{}", std::process::id()));
     let config = ServeConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
@@ -371,7 +342,7 @@ async fn an_llm_pipeline_decodes_on_a_node_and_its_requests_end_once_when_the_no
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     let killed_at = std::time::Instant::now();
-    node.0.kill().unwrap();
+    node.kill();
     let mut lost = 0;
     for task in long {
         let reply = tokio::time::timeout(std::time::Duration::from_secs(30), task).await.expect("a request outlived its node").unwrap();

@@ -9,13 +9,13 @@
 //! The forwarding benchmark is `#[ignore]`d; run it by hand:
 //! `cargo test --release -p yardmaster --test all serve_remote -- --ignored --nocapture`.
 
-use std::io::BufRead;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::node_process::NodeProcess;
 use yardmaster::serve::remote::framing::{self, Message};
 use yardmaster::serve::remote::node::{Node, NodeConfig, ShutdownHandle};
 use yardmaster::serve::remote::pool::{RemoteConfig, RemotePool};
@@ -386,39 +386,14 @@ async fn a_node_with_another_certificate_is_refused() {
     assert!(error.contains("not the pinned sha256:0707"), "{error}");
 }
 
-/// The real binary, killed with SIGKILL when dropped.
-struct NodeProcess {
-    child: std::process::Child,
-}
-
-impl Drop for NodeProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_node_binary_serves_jobs_and_its_death_ends_them() {
     let tls_dir = temp_dir("binary");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_yardmaster"))
-        .args(["node", "--listen", "127.0.0.1:0", "--idle-timeout", "2", "--tls-dir"])
-        .arg(&tls_dir)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let mut process = NodeProcess { child };
-    let mut lines = std::io::BufReader::new(stdout).lines();
-    let mut line = || lines.next().expect("the node prints its address and certificate").unwrap();
-    let listening = line();
-    let address: SocketAddr =
-        listening.strip_prefix("yardmaster node listening on ").unwrap_or_else(|| panic!("{listening}")).parse().unwrap();
-    let certificate = line();
-    let printed = certificate.strip_prefix("certificate ").unwrap().split_whitespace().next().unwrap();
+    let mut process = NodeProcess::start(&tls_dir);
+    let (address, printed) = (process.address, process.printed_pin.clone());
     // Pinning by the certificate file gives the fingerprint the node printed.
     let pin = Fingerprint::of_file(&tls_dir.join("cert.pem")).unwrap();
-    assert_eq!(pin, Fingerprint::from_argument(printed).unwrap());
+    assert_eq!(pin, Fingerprint::from_argument(&printed).unwrap());
     assert_eq!(pin, Fingerprint::from_argument(tls_dir.join("cert.pem").to_str().unwrap()).unwrap());
 
     let mut config = RemoteConfig::new(address, pin, catalog());
@@ -437,7 +412,7 @@ async fn the_node_binary_serves_jobs_and_its_death_ends_them() {
     remote.start(2, job(12, &[3, 640, 640], 8)).unwrap();
     tokio::time::sleep(one / 2).await;
     let killed_at = Instant::now();
-    process.child.kill().unwrap(); // SIGKILL: no goodbye, the controller must notice
+    process.kill();
     match next(&events) {
         WorkerEvent::Finished { job: 12, result: Err(error), .. } => {
             let text = error.to_string();
