@@ -45,7 +45,9 @@ pub struct Settings {
     pub drop_mode: DropMode,
     /// What an overshoot no backup makes up costs (`drop_when`: `deadline`, the
     /// default, drops only a request that cannot meet its deadline any more; `budget`
-    /// is the paper's rule, dropping on the overshoot).
+    /// is the paper's rule, dropping on the overshoot, and the Proteus-like
+    /// baseline's default: its equal SLO shares are what keep its queues short past
+    /// capacity).
     pub drop_when: DropWhen,
     /// Workers the planner may use (`cluster_size`; default: the host's maximum
     /// less one per pseudo stage).
@@ -104,7 +106,7 @@ impl Settings {
             comm_ms: ctx.param_or("comm_ms", 0.0)?,
             factor_history: ctx.param_or("factor_history", 50usize)?.max(1),
             drop_mode: ctx.param_or("drop_mode", default_drop)?,
-            drop_when: ctx.param_or("drop_when", DropWhen::Deadline)?,
+            drop_when: ctx.param_or("drop_when", if planner == PlannerKind::Proteus { DropWhen::Budget } else { DropWhen::Deadline })?,
             cluster: ctx.param_or("cluster_size", default_cluster)?,
             limits: SolverLimits {
                 max_nodes: ctx.param_or("milp_nodes", 150u64)?,
