@@ -38,6 +38,8 @@ pub const TRACE_OFFSET_S: f64 = 180.0;
 const FRAME_STEPS: u32 = 16;
 /// LS time between tokens at SLO scale 1 (the thesis's evaluation value).
 const TBT_MS: f64 = 100.0;
+/// The factor on output lengths of the long-output section (issue 23).
+const LONG_OUTPUT_SCALE: f64 = 10.0;
 /// The policies compared, as (shipped name, report name).
 pub const POLICIES: [(&str, &str); 4] = [("calm", "calm"), ("calm-fcfs", "fcfs"), ("calm-edf", "edf"), ("calm-sjf", "sjf")];
 
@@ -361,6 +363,37 @@ pub fn reproduce(opts: &ReproduceOptions) -> Result<String> {
     let csv_path = opts.out.join("calm-goodput.csv");
     std::fs::write(&csv_path, csv).with_context(|| format!("writing {}", csv_path.display()))?;
     writeln!(text, "\nthesis: CALM goodput 1.4–6.3× the state of the art; columns `calm/×` = CALM ÷ best baseline")?;
+    // Long outputs (issue 23): the same trace with every output × 10.
+    let long_loads: Vec<f64> = if opts.quick { vec![1.0] } else { vec![1.0, 6.0] };
+    writeln!(
+        text,
+        "\nlong outputs: the same trace, every output × {LONG_OUTPUT_SCALE} (mean ≈ 290 tokens); `calm (paper)` = `paper=true`"
+    )?;
+    writeln!(text, "{:>6}  {:<13} {:>10}  {:>11} {:>11} {:>12}", "load×", "policy", "tokens/s", "LS met", "DS met", "LS on time")?;
+    let mut long_csv = String::from("speedup,policy,token_goodput,ls_met,ls_requests,ds_met,ds_requests\n");
+    for &speedup in &long_loads {
+        let s = run_long_output_setting(LONG_OUTPUT_SCALE, speedup, duration, opts.seed, &[])?;
+        let arrivals = long_output_arrivals(speedup, duration, LONG_OUTPUT_SCALE)?;
+        let paper = run_alone("calm", pipeline(1.0)?, SimExecutorOptions::default(), &[("paper", "true")], arrivals, duration, opts.seed)?;
+        let mut runs: Vec<(String, LlmGoodputSummary)> = s.runs.clone();
+        runs.insert(1, ("calm (paper)".into(), paper.llm.over(duration as f64 / 1e9)));
+        for (name, g) in &runs {
+            let ((lm, lr), (dm, dr)) = (class_counts(g, "ls"), class_counts(g, "ds"));
+            writeln!(
+                text,
+                "{:>6.1}  {:<13} {:>10.0}  {:>11} {:>11} {:>11.1}%",
+                speedup,
+                name,
+                g.token_goodput,
+                class_met(g, "ls"),
+                class_met(g, "ds"),
+                100.0 * lm as f64 / lr.max(1) as f64
+            )?;
+            writeln!(long_csv, "{speedup},{name},{:.3},{lm},{lr},{dm},{dr}", g.token_goodput)?;
+        }
+    }
+    let long_path = opts.out.join("calm-long-outputs.csv");
+    std::fs::write(&long_path, long_csv).with_context(|| format!("writing {}", long_path.display()))?;
     // Compound jobs (LS : DS : CP jobs = 1:1:1), at overloaded load levels.
     let loads: Vec<f64> = if opts.quick { vec![4.0, 8.0] } else { vec![4.0, 6.0, 8.0, 12.0] };
     let mut compound = Vec::new();
