@@ -41,7 +41,7 @@ use yardmaster_sdk::{Ctx, DropReason, EndReason, EvictMode, FrameReport, Policy,
 
 use analyze::{analyze, remaining_compute, JobTerms, RequestView, WorkerRates};
 use compound::{JobKey, Jobs};
-use params::{EvictChoice, Params};
+use params::{EvictChoice, Params, Timeout};
 use plan::{plan_frame, Candidate, FrameSetting, Selection};
 use predict::{Bound, LengthPredictor, LengthQuery};
 use tune::PTuner;
@@ -191,9 +191,18 @@ impl Calm {
         }
     }
 
+    /// Under the `slo` admission timeout: whether a request never admitted can no
+    /// longer meet its SLO even if it started now (its prefill and one decode step of
+    /// `step_ns`): an LS request's first token, a deadline request's deadline.
+    fn missed_its_slo(&self, r: &LlmRequest, now: u64, step_ns: f64) -> bool {
+        let soonest = now as f64 + r.prefill_tokens() as f64 * self.params.prefill_ns_per_token + step_ns;
+        soonest > r.deadline as f64
+    }
+
     /// F3: the drops due now among `worker`'s candidates (or every non-resident
-    /// request when `worker` is `None`).
-    fn due_drops(&self, now: u64, worker: Option<WorkerId>) -> Vec<(RequestId, DropReason)> {
+    /// request when `worker` is `None`); `step_ns` is the decode step the shedding
+    /// rule assumes.
+    fn due_drops(&self, now: u64, worker: Option<WorkerId>, step_ns: f64) -> Vec<(RequestId, DropReason)> {
         let mut drops = Vec::new();
         for r in self.book.iter() {
             let eligible = match (r.residence, worker) {
@@ -207,7 +216,11 @@ impl Calm {
             // A compound job is admitted once (its first dispatched call); its later
             // calls are not shed by the admission timeout, only by d_R.
             let admitted = r.admitted || self.jobs.admitted(r.id);
-            if !admitted && now.saturating_sub(r.sent_at) >= self.params.waiting_time_ns {
+            let shed = match self.params.timeout {
+                Timeout::Fixed => now.saturating_sub(r.sent_at) >= self.params.waiting_time_ns,
+                Timeout::Slo => self.missed_its_slo(r, now, step_ns),
+            };
+            if !admitted && shed {
                 drops.push((r.id, DropReason::Overload));
             } else if self.params.drop_expired && matches!(r.class, ServiceClass::Deadline | ServiceClass::Compound) && now > r.deadline {
                 drops.push((r.id, DropReason::DeadlineUnreachable));
@@ -223,7 +236,7 @@ impl Calm {
         let Some(info) = ctx.worker(worker).map(|w| w.info) else { return };
         let batch = ctx.batch_limit(info.stage) as usize;
         let rates = self.rates(ctx, worker);
-        let mut drops = self.due_drops(now, Some(worker));
+        let mut drops = self.due_drops(now, Some(worker), rates.step_s * 1e9);
         for i in 0..drops.len() {
             for sibling in self.failed_siblings(drops[i].0) {
                 if !drops.iter().any(|(id, _)| *id == sibling) {
@@ -279,6 +292,8 @@ impl Calm {
                 analysis,
                 stall_s,
                 evict_mode,
+                latency: r.class == ServiceClass::Latency,
+                admitted: r.admitted,
             });
         }
         // A4/A9 for compound calls: Ĝ_R and the stage's t_gen, summed over the job's
@@ -308,6 +323,7 @@ impl Calm {
             delta_pre: self.params.delta_pre,
             frame_s: rates.frame_s(),
             token_rate: residents.min(batch) as f64 / rates.step_s.max(1e-9),
+            ls_share: self.params.ls_share,
         };
         let selection = plan_frame(&candidates, &setting);
         // F11: aging of every candidate left out, once per elapsed frame.
@@ -440,7 +456,9 @@ impl Policy for Calm {
     fn on_tick(&mut self, ctx: &mut Ctx, _snapshot: Snapshot) {
         // The timeout sweep for requests no worker planned lately.
         let now = ctx.now();
-        let mut drops = self.due_drops(now, None);
+        // The fastest measured step of any worker (none measured yet: no step).
+        let step = ctx.workers().filter_map(|w| self.book.step_ns(w.info.id)).fold(f64::INFINITY, f64::min);
+        let mut drops = self.due_drops(now, None, if step.is_finite() { step } else { 0.0 });
         for i in 0..drops.len() {
             for sibling in self.failed_siblings(drops[i].0) {
                 if !drops.iter().any(|(id, _)| *id == sibling) {

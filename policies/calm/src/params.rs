@@ -35,6 +35,17 @@ pub enum Predictor {
     NoisyUpperBound,
 }
 
+/// When a request that was never admitted is shed (spec §3.6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Timeout {
+    /// Once it can no longer meet its SLO even if it started now: a deadline request
+    /// whose deadline is closer than its prefill and one decode step, a
+    /// latency-sensitive request whose first token can no longer be on time.
+    Slo,
+    /// The thesis's rule: once it waited `waiting_time` (5 s), whatever its SLO.
+    Fixed,
+}
+
 /// Eviction mode choice (spec §3.5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EvictChoice {
@@ -65,8 +76,23 @@ pub struct Params {
     pub delta_age: f64,
     /// δ_pre: preemption goodput-ratio threshold (`delta_pre`, 0.10).
     pub delta_pre: f64,
-    /// Drop a request never admitted this long after arrival (`waiting_time_ms`, 5000).
+    /// Drop a request never admitted this long after arrival (`waiting_time_ms`, 5000),
+    /// under the `fixed` admission timeout.
     pub waiting_time_ns: u64,
+    /// When a never-admitted request is shed (`admission_timeout`, `slo` | `fixed`;
+    /// `fixed` is the thesis's `waiting_time` rule).
+    pub timeout: Timeout,
+    /// The share of each frame's B slots and of the worker's KV cache kept for
+    /// latency-sensitive requests that can still earn (`ls_share`, 0.5): they are
+    /// planned first, those already streaming before new ones, up to this share,
+    /// run every frame until they finish, and their KV is not evicted for other
+    /// classes. Beyond it, LS requests compete by priority as in the thesis, where
+    /// LS priority is far below DS priority: 1 − `ls_share` is the share of the
+    /// capacity LS requests may lose to other classes under overload. 0 is the
+    /// thesis's rule.
+    ///
+    /// `paper=true` sets `admission_timeout=fixed` and `ls_share=0` unless they are given.
+    pub ls_share: f64,
     /// ε: division guard in seconds (`epsilon_ms`, 1).
     pub epsilon_s: f64,
     /// κ: look-ahead margin of LS quotas, in frames (`kappa`, 0.5).
@@ -140,6 +166,13 @@ impl Params {
             "recompute" => EvictChoice::Fixed(EvictMode::Recompute),
             other => return Err(format!("parameter `evict_mode`: unknown {other:?} (auto, swap, recompute)")),
         };
+        // `paper=true`: the thesis's rules where the defaults depart from them.
+        let paper: bool = ctx.param_or("paper", false)?;
+        let timeout = match ctx.param_or("admission_timeout", if paper { "fixed" } else { "slo" }.to_string())?.as_str() {
+            "slo" => Timeout::Slo,
+            "fixed" => Timeout::Fixed,
+            other => return Err(format!("parameter `admission_timeout`: unknown {other:?} (slo, fixed)")),
+        };
         let params = Self {
             frame_steps: ctx.param_or("frame_steps", 50u32)?.max(1),
             p: ctx.param_or("p", 0.95)?,
@@ -151,6 +184,8 @@ impl Params {
             delta_age: ctx.param_or("delta_age", 10.0)?,
             delta_pre: ctx.param_or("delta_pre", 0.10)?,
             waiting_time_ns: ms("waiting_time_ms", 5000.0)?,
+            timeout,
+            ls_share: ctx.param_or("ls_share", if paper { 0.0 } else { 0.5 })?,
             epsilon_s: ctx.param_or::<f64>("epsilon_ms", 1.0)? / 1e3,
             kappa: ctx.param_or("kappa", 0.5)?,
             alpha_v: ctx.param_or("alpha_v", 0.2)?,
@@ -177,6 +212,9 @@ impl Params {
         if !(params.q_ub > 0.0 && params.q_ub <= 1.0) {
             return Err(format!("parameter `q_ub` must be in (0, 1], got {}", params.q_ub));
         }
+        if !(0.0..=1.0).contains(&params.ls_share) {
+            return Err(format!("parameter `ls_share` must be in [0, 1], got {}", params.ls_share));
+        }
         if !(params.alpha_v > 0.0 && params.alpha_v <= 1.0) {
             return Err(format!("parameter `alpha_v` must be in (0, 1], got {}", params.alpha_v));
         }
@@ -194,7 +232,7 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn defaults_are_the_papers() {
+    fn defaults_are_the_papers_but_for_the_ls_share_and_the_timeout() {
         let p = defaults();
         assert_eq!((p.frame_steps, p.p, p.q_ub, p.refine_every), (50, 0.95, 0.90, 50));
         assert_eq!((p.delta_pre, p.waiting_time_ns, p.tbt_ns), (0.10, 5_000_000_000, 100_000_000));
@@ -202,8 +240,25 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn one_switch_restores_the_papers_rules() {
+        let paper = Params::from_ctx(&crate::testing::ctx(&[("paper", "true")])).expect("parses");
+        assert_eq!((paper.timeout, paper.ls_share), (Timeout::Fixed, 0.0));
+        assert_eq!((defaults().timeout, defaults().ls_share), (Timeout::Slo, 0.5));
+        let mixed = Params::from_ctx(&crate::testing::ctx(&[("paper", "true"), ("ls_share", "0.25")])).expect("parses");
+        assert_eq!((mixed.timeout, mixed.ls_share), (Timeout::Fixed, 0.25));
+    }
+
+    #[test]
     fn bad_values_are_refused_with_the_key() {
-        for (key, value) in [("p", "0"), ("p", "1.5"), ("packing", "square"), ("predictor", "psychic"), ("waiting_time_ms", "-1")] {
+        for (key, value) in [
+            ("p", "0"),
+            ("p", "1.5"),
+            ("ls_share", "1.5"),
+            ("admission_timeout", "never"),
+            ("packing", "square"),
+            ("predictor", "psychic"),
+            ("waiting_time_ms", "-1"),
+        ] {
             let err = Params::from_ctx(&crate::testing::ctx(&[(key, value)])).unwrap_err();
             assert!(err.contains(key), "{err}");
         }

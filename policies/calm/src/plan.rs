@@ -36,6 +36,10 @@ pub struct Candidate {
     pub stall_s: f64,
     /// The mode that stall is for.
     pub evict_mode: EvictMode,
+    /// Whether it is latency-sensitive (it may use the LS share).
+    pub latency: bool,
+    /// Whether it was dispatched before (an LS request's stream is under way).
+    pub admitted: bool,
 }
 
 /// The worker-wide settings of one plan.
@@ -55,11 +59,16 @@ pub struct FrameSetting {
     pub frame_s: f64,
     /// The worker's token rate (active sequences / v_w), tokens per second.
     pub token_rate: f64,
+    /// The share of the slots and of the KV cache kept for LS requests that need
+    /// service this frame (0: none, the thesis's rule).
+    pub ls_share: f64,
 }
 
 /// Why a member is in the plan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
+    /// A latency-sensitive request planned first, within the LS share.
+    Reserved,
     /// Chosen by the window (it needs service this frame).
     Funded,
     /// Added by the top-up to use a slot that would stay idle.
@@ -104,10 +113,98 @@ pub fn guard(incoming: &Candidate, victims: &[&Candidate], setting: &FrameSettin
     gain > loss
 }
 
+/// The LS share of a plan: the latency-sensitive requests planned first and the LS
+/// residents whose KV cache other classes may not evict.
+struct LsShare<'a> {
+    members: Vec<&'a Candidate>,
+    protected: Vec<RequestId>,
+}
+
+/// The LS share (before F4): the feasible LS requests, those already streaming
+/// first (resident, then evicted), then the waiting ones by arrival, as long as
+/// they fit in `ls_share` of the B slots and of
+/// the KV capacity (counting the KV every LS resident holds). The LS residents
+/// within that KV share, in the same order, are protected from evictions for
+/// other classes, so that a stream under way keeps its cache while it runs ahead of
+/// its timeline.
+fn ls_share<'a>(candidates: &'a [Candidate], setting: &FrameSetting) -> LsShare<'a> {
+    let mut share = LsShare { members: Vec::new(), protected: Vec::new() };
+    if setting.ls_share <= 0.0 {
+        return share;
+    }
+    let slots = (setting.ls_share * setting.batch as f64).floor() as usize;
+    let kv_share = (setting.ls_share * setting.kv_capacity as f64) as u64;
+    let mut ls: Vec<&Candidate> = candidates.iter().filter(|c| c.latency && c.analysis.feasible).collect();
+    ls.sort_by(|a, b| b.resident.cmp(&a.resident).then(b.admitted.cmp(&a.admitted)).then(a.arrival.cmp(&b.arrival)).then(a.id.cmp(&b.id)));
+    let mut kv = 0u64;
+    for c in ls.iter().filter(|c| c.resident) {
+        if kv + c.held <= kv_share {
+            kv += c.held;
+            share.protected.push(c.id);
+        }
+    }
+    for c in ls {
+        if share.members.len() >= slots {
+            break;
+        }
+        // A stream under way keeps running ahead of its timeline (a paused one holds
+        // its KV cache idle, and a frame longer than planned would make its next
+        // token late); a new one is admitted at once, so that its first token
+        // cannot be late behind a long frame.
+        if c.resident && !share.protected.contains(&c.id) {
+            continue;
+        }
+        if kv + extra_kv(c) <= kv_share {
+            kv += extra_kv(c);
+            share.members.push(c);
+        }
+    }
+    share
+}
+
 /// F4–F10 over `candidates` (every request the worker may run: its residents and
-/// the unbound waiting requests).
+/// the unbound waiting requests), after the LS share (see [`FrameSetting::ls_share`]).
 pub fn plan_frame(candidates: &[Candidate], setting: &FrameSetting) -> Selection {
-    let batch = setting.batch.max(1);
+    let share = ls_share(candidates, setting);
+    let in_share = |id: RequestId| share.members.iter().any(|m| m.id == id);
+    let held: u64 = candidates.iter().filter(|c| c.resident).map(|c| c.held).sum();
+    let mut free = setting.kv_capacity.saturating_sub(held);
+    let mut selection = Selection::default();
+    let mut evicted: Vec<RequestId> = Vec::new();
+    // The LS share's KV: free KV first, then paused residents of other classes, the
+    // lowest priority first (the share is kept for LS, so no guard applies).
+    for a in &share.members {
+        let need = extra_kv(a);
+        if need > free {
+            let mut victims: Vec<&Candidate> =
+                candidates.iter().filter(|c| c.resident && !c.latency && !in_share(c.id) && !evicted.contains(&c.id)).collect();
+            victims.sort_by(|x, y| by_priority(y, x));
+            let (mut freed, mut taken) = (0u64, Vec::new());
+            for v in victims {
+                if free + freed >= need {
+                    break;
+                }
+                freed += v.held;
+                taken.push(v);
+            }
+            if free + freed < need {
+                continue;
+            }
+            for v in taken {
+                evicted.push(v.id);
+                selection.evict.push((v.id, v.evict_mode));
+            }
+            free += freed;
+        }
+        free -= need;
+        selection.run.push((a.id, Role::Reserved));
+    }
+    let batch = setting.batch.max(1).saturating_sub(selection.run.len());
+    if batch == 0 {
+        return selection;
+    }
+    let candidates: Vec<Candidate> = candidates.iter().filter(|c| !in_share(c.id) && !evicted.contains(&c.id)).cloned().collect();
+    let candidates = &candidates[..];
     // F4–F5: the funded set and the capacity cut-off.
     let mut funded: Vec<&Candidate> = candidates.iter().filter(|c| setting.packing == Packing::Slots || c.analysis.quota > 0).collect();
     funded.sort_by(|a, b| by_priority(a, b));
@@ -120,12 +217,10 @@ pub fn plan_frame(candidates: &[Candidate], setting: &FrameSetting) -> Selection
     let mut members: Vec<&Candidate> = cand[window.0..window.1].to_vec();
     members.sort_by(|a, b| by_priority(a, b));
 
-    // F10: reserve KV for each member, evicting guarded victims when short.
-    let held: u64 = candidates.iter().filter(|c| c.resident).map(|c| c.held).sum();
-    let mut free = setting.kv_capacity.saturating_sub(held);
-    let mut selection = Selection { cutoff, ..Selection::default() };
-    let mut evicted: Vec<RequestId> = Vec::new();
-    let chosen = |id: RequestId, members: &[&Candidate]| members.iter().any(|m| m.id == id);
+    // F10: reserve KV for each member, evicting guarded victims when short (never an
+    // LS resident the share protects).
+    selection.cutoff = cutoff;
+    let chosen = |id: RequestId, members: &[&Candidate]| members.iter().any(|m| m.id == id) || share.protected.contains(&id);
     let mut kept: Vec<&Candidate> = Vec::new();
     for a in &members {
         let need = extra_kv(a);
@@ -155,7 +250,8 @@ pub fn plan_frame(candidates: &[Candidate], setting: &FrameSetting) -> Selection
             kept.push(a);
         }
     }
-    selection.run = kept.iter().map(|c| (c.id, Role::Funded)).collect();
+    selection.run.extend(kept.iter().map(|c| (c.id, Role::Funded)));
+    let batch = setting.batch.max(1);
 
     // F9: top-up with fillers that fit in what is left, residents first.
     if selection.run.len() < batch {

@@ -26,11 +26,13 @@ fn candidate(id: u64, key: u32, priority: f64) -> Candidate {
         analysis: analysis(priority, 100.0, 5),
         stall_s: 0.01,
         evict_mode: EvictMode::Recompute,
+        latency: false,
+        admitted: false,
     }
 }
 
 fn setting(batch: usize, p: f64, packing: Packing) -> FrameSetting {
-    FrameSetting { batch, kv_capacity: 1_000_000, p, packing, delta_pre: 0.1, frame_s: 0.5, token_rate: 100.0 }
+    FrameSetting { batch, kv_capacity: 1_000_000, p, packing, delta_pre: 0.1, frame_s: 0.5, token_rate: 100.0, ls_share: 0.0 }
 }
 
 /// Deterministic pseudo-random priorities and keys.
@@ -167,8 +169,9 @@ fn tick(at: u64) -> Event {
 
 #[test]
 fn admission_timeout_drops_each_unscheduled_request_once() {
-    // One slot, the worker busy with request 1 for a long time: the others wait.
-    let mut driver = testing::driver(1, 1_000_000, &[]);
+    // One slot, the worker busy with request 1 for a long time: the others wait
+    // (the thesis's fixed `waiting_time`).
+    let mut driver = testing::driver(1, 1_000_000, &[("admission_timeout", "fixed")]);
     let mut arrivals: Vec<Event> = vec![Event::Arrival(request(1, LS, 0, 10, 0))];
     arrivals.extend((2..=5).map(|id| Event::Arrival(request(id, LS, id * 100 * MS, 10, 0))));
     driver.handle(0, arrivals);
@@ -357,4 +360,97 @@ fn power_of_k_binds_each_request_to_exactly_one_of_its_sampled_replicas() {
         }
         assert!(!bound.is_empty());
     }
+}
+
+/// A latency-sensitive candidate: P far below a DS request's (its G counts output
+/// tokens only), `quota` decode steps needed this frame.
+fn latency(id: u64, resident: bool, quota: u32) -> Candidate {
+    Candidate {
+        latency: true,
+        admitted: resident,
+        resident,
+        held: if resident { 400 } else { 0 },
+        footprint: 450,
+        analysis: analysis(1.0, 30.0, quota),
+        ..candidate(id, 100, 1.0)
+    }
+}
+
+#[test]
+fn the_ls_share_plans_latency_requests_first_and_keeps_their_cache() {
+    // Issue 23: B = 4, six DS requests of high priority and two LS requests (one
+    // streaming, ahead of its timeline; one new). The thesis's rule (share 0) leaves
+    // both LS requests out; the LS share plans them first, the stream under way
+    // before the new one.
+    let mut candidates: Vec<Candidate> = (1..=6).map(|id| candidate(id, 100 + id as u32, 100.0)).collect();
+    candidates.push(latency(7, false, 3));
+    candidates.push(latency(8, true, 0));
+    let mut s = setting(4, 0.95, Packing::Paced);
+    let paper = plan_frame(&candidates, &s);
+    assert!(!paper.run.iter().any(|(id, _)| *id >= 7), "{:?}", paper.run);
+    s.ls_share = 0.5;
+    let shared = plan_frame(&candidates, &s);
+    assert_eq!(&shared.run[..2], &[(8, Role::Reserved), (7, Role::Reserved)]);
+    assert_eq!(shared.run.len(), 4);
+    assert!(shared.run[2..].iter().all(|(id, role)| *id <= 6 && *role == Role::Funded));
+
+    // A DS request worth far more needs the KV cache a paused LS stream holds: the
+    // guard lets it evict the stream under the thesis's rule; within the LS share the
+    // stream keeps its cache (and runs).
+    let mut s = setting(2, 0.95, Packing::Paced);
+    s.kv_capacity = 1000;
+    let better = Candidate { footprint: 700, analysis: analysis(500.0, 5000.0, 5), ..candidate(2, 100, 500.0) };
+    let stream = latency(8, true, 0);
+    let paper = plan_frame(&[stream.clone(), better.clone()], &s);
+    assert_eq!(paper.evict, vec![(8, EvictMode::Recompute)]);
+    s.ls_share = 0.5;
+    let shared = plan_frame(&[stream, better], &s);
+    assert!(shared.evict.is_empty(), "{:?}", shared.evict);
+    assert_eq!(shared.run, vec![(8, Role::Reserved)]);
+}
+
+#[test]
+fn the_ls_share_takes_no_more_than_its_slots_and_kv_and_evicts_only_other_classes() {
+    // Six new LS requests, B = 4, share 0.5: two slots. KV for three LS footprints
+    // (0.5 × 2800 = 1400 ≥ 3 × 450): the slots bind.
+    let mut s = setting(4, 0.95, Packing::Paced);
+    s.ls_share = 0.5;
+    s.kv_capacity = 2800;
+    let ls: Vec<Candidate> = (1..=6).map(|id| latency(id, false, 3)).collect();
+    let plan = plan_frame(&ls, &s);
+    let reserved: Vec<u64> = plan.run.iter().filter(|(_, r)| *r == Role::Reserved).map(|(id, _)| *id).collect();
+    assert_eq!(reserved, vec![1, 2], "the first two by arrival");
+    // A full cache held by a paused DS sequence: the share evicts it for an LS
+    // request (no guard), but never another LS stream.
+    s.kv_capacity = 1000;
+    let paused_ds =
+        Candidate { resident: true, held: 900, footprint: 950, analysis: analysis(100.0, 5000.0, 0), ..candidate(9, 100, 100.0) };
+    let plan = plan_frame(&[paused_ds, latency(1, false, 3)], &s);
+    assert_eq!(plan.evict, vec![(9, EvictMode::Recompute)]);
+    assert!(plan.run.contains(&(1, Role::Reserved)));
+}
+
+#[test]
+fn the_slo_timeout_keeps_deadline_requests_past_five_seconds_and_sheds_late_first_tokens() {
+    // Issue 23: the thesis's 5 s `waiting_time` shed requests that would have met a
+    // 20 s deadline (the `llm` preset's bursts). B = 1, the worker busy with request
+    // 1: a DS request waiting 8 s is kept (its deadline is 20 s); an LS request is
+    // shed once its first token can no longer be on time (2 s), not at 5 s.
+    let mut driver = testing::driver(1, 1_000_000, &[]);
+    driver.handle(0, vec![Event::Arrival(request(1, DS, 0, 10, 0)), Event::Arrival(request(2, DS, 0, 10, 0))]);
+    assert_eq!(dispatched(&driver.handle(0, vec![Event::WorkerIdle(0)])), vec![1]);
+    driver.handle(0, vec![Event::Arrival(request(3, LS, 0, 10, 0))]);
+    let mut dropped = Vec::new();
+    let mut t = 0;
+    while t <= 8000 * MS {
+        for (id, reason) in drops(&driver.handle(t, vec![tick(t)])) {
+            assert_eq!(reason, DropReason::Overload);
+            dropped.push((id, t));
+        }
+        t += 250 * MS;
+    }
+    assert_eq!(dropped.len(), 1, "{dropped:?}");
+    let (id, at) = dropped[0];
+    assert_eq!(id, 3);
+    assert!((2000 * MS..2500 * MS).contains(&at), "shed at {at}");
 }
