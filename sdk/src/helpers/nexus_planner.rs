@@ -28,6 +28,10 @@ const NS_PER_S: f64 = 1e9;
 /// trusts the pieces per request it measured.
 pub const MIN_MEASURED_ENTRIES: f64 = 50.0;
 
+/// A stage is planned for the pieces it measured only when they exceed the plan's by
+/// more than this fraction.
+pub const MEASURED_PIECES_MARGIN: f64 = 0.25;
+
 /// Most grid steps the SLO split considers (the grid coarsens for long SLOs).
 pub const MAX_STEPS: u64 = 1000;
 
@@ -299,7 +303,8 @@ impl ScalingPlanner {
 
     /// Pieces per entry request at each stage over the last seconds: the plan's, or
     /// the measured ratio of arrivals at the stage to entry arrivals where that is
-    /// larger (measured over at least [`MIN_MEASURED_ENTRIES`] entry arrivals).
+    /// larger by more than [`MEASURED_PIECES_MARGIN`] (measured over at least
+    /// [`MIN_MEASURED_ENTRIES`] entry arrivals).
     pub fn pieces(&self) -> Vec<f64> {
         let entries: f64 = self.per_second.iter().sum();
         self.plan
@@ -311,7 +316,15 @@ impl ScalingPlanner {
                     return planned;
                 }
                 let arrived: f64 = self.stage_per_second.get(s).map_or(0.0, |w| w.iter().sum());
-                planned.max(arrived / entries)
+                let measured = arrived / entries;
+                // Pieces reach later stages up to an SLO after their entry, so while the
+                // rate falls a stage measures a little more than it gets: only a clear
+                // excess counts.
+                if measured > planned * (1.0 + MEASURED_PIECES_MARGIN) {
+                    measured
+                } else {
+                    planned
+                }
             })
             .collect()
     }
