@@ -42,7 +42,7 @@ mod tests;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use yardmaster_sdk::helpers::{Ewma, ModelCatalog};
+use yardmaster_sdk::helpers::{Ewma, ModelCatalog, StageGraph};
 use yardmaster_sdk::{
     BatchOutcome, Ctx, DropReason, EndReason, Instant, Policy, Request, RequestId, Snapshot, StageId, StageKind, Worker, WorkerId,
 };
@@ -129,6 +129,36 @@ pub struct Flex {
     schedulers: Vec<SerialScheduler<SchedEvent>>,
     /// Groups whose timer fired in this call.
     timers: BTreeSet<usize>,
+    /// Per stage: the time held back for the later stages of a pipeline; a request's
+    /// deadline at the stage is its own less this ([`stage_reserves`]).
+    reserve: Vec<u64>,
+}
+
+/// Per stage, the time FLEX holds back for the stages after it (`downstream_reserve`
+/// batch durations per later stage, each at that stage's largest batch and slowest
+/// variant, along the longest downstream path, scaled down to fit the tightest SLO;
+/// see [`StageGraph::downstream_reserve`]). FLEX checks a request's deadline only at
+/// the stage it is at: without a reserve, an early stage under overload serves requests
+/// with the whole end-to-end budget and the later stages receive requests that can no
+/// longer finish, so goodput falls off a cliff past capacity. All zeros with a factor
+/// of 0 (the paper's rule) and at a single stage (SHEPHERD's setting).
+pub fn stage_reserves(ctx: &Ctx, factor: f64, max_batch: u32) -> Vec<u64> {
+    let config = ctx.config();
+    let graph = StageGraph::new(&config.stages);
+    if factor <= 0.0 {
+        return vec![0; graph.len()];
+    }
+    let cost = |s: StageId| -> f64 {
+        let Some(stage) = config.stages.iter().find(|st| st.id == s) else { return 0.0 };
+        if stage.kind != StageKind::Batch {
+            return 0.0;
+        }
+        let batch = stage.max_batch.min(max_batch).max(1);
+        let slowest = stage.variants.iter().filter_map(|v| ctx.latency().mean(s, v.id, batch)).max().unwrap_or(0);
+        factor * slowest as f64
+    };
+    let budget = config.streams.iter().map(|s| s.slo).filter(|&slo| slo > 0).min().map_or(f64::INFINITY, |slo| slo as f64);
+    graph.downstream_reserve(cost, budget).into_iter().map(|r| r as u64).collect()
 }
 
 impl Flex {
@@ -434,7 +464,9 @@ impl Policy for Flex {
             virtual_preemptions: 0,
             schedulers: Vec::new(),
             timers: BTreeSet::new(),
+            reserve: Vec::new(),
         };
+        flex.reserve = stage_reserves(ctx, flex.params.downstream_reserve, flex.params.settings.max_batch);
         if flex.params.sched_cost.is_some() {
             flex.schedulers = vec![SerialScheduler::default()];
         }
@@ -469,7 +501,9 @@ impl Policy for Flex {
         if let Some(n) = self.arrivals_since_plan.get_mut(request.stream as usize) {
             *n += 1;
         }
-        let key = (request.deadline, request.arrived_at, request.id);
+        // The deadline at this stage keeps what the later stages need.
+        let reserve = self.reserve.get(request.stage as usize).copied().unwrap_or(0);
+        let key = (request.deadline.saturating_sub(reserve), request.arrived_at, request.id);
         let tracked = Tracked { model, stage: request.stage, key, stream: request.stream, phys: Phys::Held };
         self.tracked.insert(request.id, tracked);
         self.fresh.push(request.id);

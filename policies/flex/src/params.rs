@@ -11,6 +11,7 @@
 //! | `busy_order` | `latest_start` | order of busy workers offered a preempting batch: `latest_start` (most recently started batch first), `id` (spec §9 choice 4), `latest_end` (batch ending last first) |
 //! | `coalesce` | false | queue every arrival of a decision point before dispatching once |
 //! | `tick_sweep` | true | drop unreachable queued requests on every tick |
+//! | `downstream_reserve` | 2 | batch durations (at the stage's largest batch) held back for each later stage of a pipeline: a request's deadline at a stage is its end-to-end deadline less the longest downstream path's reserve (scaled down to fit the SLO); `0` is the paper's rule (every stage checks the end-to-end deadline; SHEPHERD has one stage) |
 //! | `herd` | true | plan serving groups with HERD (only when the workers outnumber `group_limit`) |
 //! | `group_limit` | 12 | Ḡ: most GPUs per serving group; `inf`: one group of every worker |
 //! | `herd_period_s` | 1800 | re-planning period P in seconds |
@@ -34,6 +35,8 @@ pub struct FlexParams {
     pub coalesce: bool,
     /// Drop unreachable requests on ticks.
     pub tick_sweep: bool,
+    /// Batch durations held back at each stage for every later stage (0: none).
+    pub downstream_reserve: f64,
     /// Plan serving groups with HERD.
     pub herd: bool,
     /// Ḡ.
@@ -104,6 +107,10 @@ impl FlexParams {
         if coalesce && sched_cost.is_some() {
             return Err("parameter `coalesce` cannot be combined with the scheduler cost model (every arrival is one event)".into());
         }
+        let downstream_reserve: f64 = ctx.param_or("downstream_reserve", 2.0)?;
+        if !(0.0..=100.0).contains(&downstream_reserve) {
+            return Err(format!("parameter `downstream_reserve` must be in [0, 100] (got {downstream_reserve})"));
+        }
         let period_s: f64 = ctx.param_or("herd_period_s", 1800.0)?;
         if period_s.is_nan() || period_s <= 0.0 {
             return Err("parameter `herd_period_s` must be positive".into());
@@ -120,6 +127,7 @@ impl FlexParams {
             },
             coalesce,
             tick_sweep: ctx.param_or("tick_sweep", true)?,
+            downstream_reserve,
             herd: ctx.param_or("herd", true)?,
             group_limit,
             herd_period: (period_s * 1e9) as u64,

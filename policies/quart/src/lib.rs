@@ -10,7 +10,10 @@
 //! what the latency target needs; the CPU compensator gives the remaining replicas
 //! more cores (intra-op threads) or cancels the reclaim, and returns cores that are
 //! no longer needed. Requests wait in one FIFO queue per stage and run one at a time
-//! on an idle replica; nothing is dropped.
+//! on an idle replica. A request taken out of its queue that can no longer finish in
+//! time — less left before its deadline than its own batch and the stages after it
+//! need ([`unreachable_slack`]) — is dropped (`drop_unreachable`, on by default; the
+//! paper's QUART never drops, `drop_unreachable=false`).
 //!
 //! Each new replica is placed (contract 0.2's `scale.placement`, spec §3.7): a key
 //! stage starts warm on a server that caches its parameters; otherwise, at low
@@ -29,8 +32,10 @@ pub mod smoother;
 pub mod telemetry;
 pub mod view;
 
-use yardmaster_sdk::helpers::{replica_bounds, StageFifo};
-use yardmaster_sdk::{BatchOutcome, Ctx, EndReason, Instant, Level, Policy, Request, RequestId, Snapshot, Worker, WorkerId};
+use yardmaster_sdk::helpers::{replica_bounds, StageFifo, StageGraph};
+use yardmaster_sdk::{
+    BatchOutcome, Ctx, Duration, EndReason, Instant, Level, Policy, Request, RequestId, Snapshot, StageId, Worker, WorkerId,
+};
 
 use corrector::Corrector;
 use params::Params;
@@ -205,6 +210,21 @@ impl Quart {
     }
 }
 
+/// Per stage, the least time a request must have left before its deadline when it is
+/// taken out of the stage's queue: its own batch at the stage's batch limit, plus
+/// `factor` such batches for every later stage on the longest downstream path (the
+/// reserve scaled down so that no path asks for more than the tightest SLO; see
+/// [`StageGraph::downstream_reserve`]). A request with less left is dropped: it
+/// cannot finish in time, and serving it would only delay the ones that can.
+pub fn unreachable_slack(ctx: &Ctx, factor: f64) -> Vec<Duration> {
+    let config = ctx.config();
+    let graph = StageGraph::new(&config.stages);
+    let batch = |s: StageId| -> f64 { ctx.latency().mean(s, 0, ctx.batch_limit(s).max(1)).unwrap_or(0) as f64 };
+    let budget = config.streams.iter().map(|s| s.slo).filter(|&slo| slo > 0).min().map_or(f64::INFINITY, |slo| slo as f64);
+    let reserve = graph.downstream_reserve(|s| factor * batch(s), budget);
+    reserve.iter().enumerate().map(|(s, r)| (batch(s as StageId) + r) as Duration).collect()
+}
+
 /// Stages in an order where each comes after its predecessors (Kahn's algorithm;
 /// stages on a cycle, which pipelines do not have, go last in id order).
 fn topological_order(predecessors: &[Vec<usize>]) -> Vec<usize> {
@@ -263,6 +283,10 @@ impl Policy for Quart {
         let predecessors: Vec<Vec<usize>> = plans.iter().map(|p| p.predecessors.clone()).collect();
         let now = config.now;
         let workers: Vec<Worker> = config.workers.clone();
+        let mut fifo = StageFifo::new();
+        if params.drop_unreachable {
+            fifo.drop_unreachable(unreachable_slack(ctx, params.downstream_reserve));
+        }
         let policy = Self {
             order: topological_order(&predecessors),
             telemetry: (0..n).map(|_| StageTelemetry::new(&params, now)).collect(),
@@ -272,7 +296,7 @@ impl Policy for Quart {
             last_key: vec![None; n],
             next_control: now,
             next_smooth: now + params.smooth_period,
-            fifo: StageFifo::new(),
+            fifo,
             plans,
             params,
         };

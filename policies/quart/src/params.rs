@@ -64,6 +64,15 @@ pub struct Params {
     /// Place new replicas (`placement`, true): cache-aware and dispersing (§3.7);
     /// false leaves placement to the host.
     pub placement: bool,
+    /// Drop a request taken out of its stage's queue when it can no longer finish in
+    /// time (`drop_unreachable`, true). Not in the paper, whose QUART never drops
+    /// (`false`): past capacity its FIFO queues then grow until nearly every request
+    /// is late (docs/quart.md, "Past capacity").
+    pub drop_unreachable: bool,
+    /// With `drop_unreachable`: batch durations (at each stage's batch limit) held back
+    /// for every later stage on the longest downstream path (`downstream_reserve`, 2: a
+    /// wait for one batch and the batch itself).
+    pub downstream_reserve: f64,
 }
 
 impl Params {
@@ -104,7 +113,12 @@ impl Params {
             cpu_compensation: ctx.param_or("cpu_compensation", true)?,
             low_contention: ctx.param_or("low_contention", 0.25)?,
             placement: ctx.param_or("placement", true)?,
+            drop_unreachable: ctx.param_or("drop_unreachable", true)?,
+            downstream_reserve: ctx.param_or("downstream_reserve", 2.0)?,
         };
+        if !(0.0..=100.0).contains(&params.downstream_reserve) {
+            return Err(format!("parameter `downstream_reserve` must be in [0, 100], got {}", params.downstream_reserve));
+        }
         if params.r_min == 0 || params.r_min > params.r_max {
             return Err(format!("need 1 ≤ r_min ≤ r_max, got {} and {}", params.r_min, params.r_max));
         }

@@ -7,7 +7,7 @@
 use policy_quart::Quart;
 use yardmaster_sdk::testing::constant_variant;
 use yardmaster_sdk::{
-    Action, CachedParameters, Config, DeviceKind, Driver, Event, HostInfo, HostStats, NullHost, Request, Snapshot, Stage, StageKind,
+    Action, CachedParameters, Config, DeviceKind, Driver, Event, HostInfo, HostStats, NullHost, Param, Request, Snapshot, Stage, StageKind,
     StageStats, Stream, Worker,
 };
 
@@ -32,7 +32,9 @@ fn config() -> Config {
             .map(|id| Worker { id, stage: id, variant: 0, device: DeviceKind::Gpu, threads: 2, memory_bytes: 0, host: 0, slot: 0 })
             .collect(),
         streams: vec![Stream { id: 0, name: "s".into(), entry: 0, slo: 150 * MS }],
-        params: vec![],
+        // The paper's never-dropping FIFO: the burst below is delivered 2 s after its
+        // first arrivals, which the default (`drop_unreachable`) would drop unserved.
+        params: vec![Param { key: "drop_unreachable".into(), value: "false".into() }],
         tick_interval: 2_000 * MS,
         max_workers: 24,
         seed: 1,

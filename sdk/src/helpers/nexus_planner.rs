@@ -12,12 +12,25 @@
 //!   only the replica counts do ([`NexusPlan::replicas`]).
 //! * [`ScalingPlanner`] applies a plan from inside a policy: the batch limits at
 //!   start, and every scaling epoch replica counts for the mean entry rate measured
-//!   over the last seconds.
+//!   over the last seconds. Each stage is planned for the larger of the plan's pieces
+//!   per request and the pieces it measured (arrivals at the stage per entry
+//!   arrival): the contract gives a stage only its total fan-out, so the plan shares
+//!   it evenly among the successors, and a branch that gets more than its share
+//!   (a detector's 3 cars and 0.5 faces per frame) would otherwise be short of
+//!   replicas at every load.
 
 use crate::helpers::{CountWindow, StageGraph};
 use crate::{Ctx, Duration, Instant, StageId};
 
 const NS_PER_S: f64 = 1e9;
+
+/// Entry arrivals a [`ScalingPlanner`] must have counted in its window before it
+/// trusts the pieces per request it measured.
+pub const MIN_MEASURED_ENTRIES: f64 = 50.0;
+
+/// A stage is planned for the pieces it measured only when they exceed the plan's by
+/// more than this fraction.
+pub const MEASURED_PIECES_MARGIN: f64 = 0.25;
 
 /// Most grid steps the SLO split considers (the grid coarsens for long SLOs).
 pub const MAX_STEPS: u64 = 1000;
@@ -145,11 +158,23 @@ impl NexusPlan {
     /// stage keeping at least its minimum, and at least one). An offline stage (its
     /// model out of service: a maximum of 0) gets none.
     pub fn replicas(&self, rate: f64, bounds: &[(u32, u32)], max_workers: u32) -> Vec<u32> {
+        self.replicas_for(rate, &self.pieces, bounds, max_workers)
+    }
+
+    /// [`Self::replicas`] with `pieces` per request at each stage instead of the plan's.
+    pub fn replicas_for(&self, rate: f64, pieces: &[f64], bounds: &[(u32, u32)], max_workers: u32) -> Vec<u32> {
         let bound = |s: usize| bounds.get(s).copied().unwrap_or((1, u32::MAX));
+        let workers = |s: usize| -> u32 {
+            if self.throughput[s] <= 0.0 {
+                return 1;
+            }
+            let pieces = pieces.get(s).copied().unwrap_or(self.pieces[s]);
+            ((rate * pieces / self.throughput[s]).ceil() as u32).max(1)
+        };
         let mut wanted: Vec<u32> = (0..self.batch.len())
             .map(|s| match bound(s) {
                 (_, 0) => 0,
-                (lo, hi) => self.workers(s as StageId, rate).clamp(lo.max(1), hi.max(lo.max(1))),
+                (lo, hi) => workers(s).clamp(lo.max(1), hi.max(lo.max(1))),
             })
             .collect();
         let total: u32 = wanted.iter().sum();
@@ -202,6 +227,10 @@ pub struct ScalingPlanner {
     counting: u64,
     /// Entry arrivals of the last whole seconds.
     per_second: CountWindow,
+    /// Per stage: first arrivals (not requeues) in the current second, and of the last
+    /// whole seconds.
+    stage_counting: Vec<u64>,
+    stage_per_second: Vec<CountWindow>,
     last_second: Instant,
     bounds: Vec<(u32, u32)>,
     max_workers: u32,
@@ -221,6 +250,8 @@ impl ScalingPlanner {
             next_epoch: now + epoch.max(1),
             counting: 0,
             per_second: CountWindow::new(rate_window_s.max(1)),
+            stage_counting: vec![0; plan.batch.len()],
+            stage_per_second: (0..plan.batch.len()).map(|_| CountWindow::new(rate_window_s.max(1))).collect(),
             last_second: now,
             max_workers: ctx.config().max_workers,
             replicas: Vec::new(),
@@ -263,11 +294,49 @@ impl ScalingPlanner {
         self.counting += 1;
     }
 
+    /// Count one request (or sub-request) reaching `stage` for the first time.
+    pub fn stage_arrival(&mut self, stage: StageId) {
+        if let Some(n) = self.stage_counting.get_mut(stage as usize) {
+            *n += 1;
+        }
+    }
+
+    /// Pieces per entry request at each stage over the last seconds: the plan's, or
+    /// the measured ratio of arrivals at the stage to entry arrivals where that is
+    /// larger by more than [`MEASURED_PIECES_MARGIN`] (measured over at least
+    /// [`MIN_MEASURED_ENTRIES`] entry arrivals).
+    pub fn pieces(&self) -> Vec<f64> {
+        let entries: f64 = self.per_second.iter().sum();
+        self.plan
+            .pieces
+            .iter()
+            .enumerate()
+            .map(|(s, &planned)| {
+                if entries < MIN_MEASURED_ENTRIES {
+                    return planned;
+                }
+                let arrived: f64 = self.stage_per_second.get(s).map_or(0.0, |w| w.iter().sum());
+                let measured = arrived / entries;
+                // Pieces reach later stages up to an SLO after their entry, so while the
+                // rate falls a stage measures a little more than it gets: only a clear
+                // excess counts.
+                if measured > planned * (1.0 + MEASURED_PIECES_MARGIN) {
+                    measured
+                } else {
+                    planned
+                }
+            })
+            .collect()
+    }
+
     /// Close the seconds that have passed and, at an epoch boundary, rescale.
     pub fn tick(&mut self, ctx: &mut Ctx) {
         let now = ctx.now();
         while now >= self.last_second + 1_000_000_000 {
             self.per_second.push(std::mem::take(&mut self.counting) as f64);
+            for (window, count) in self.stage_per_second.iter_mut().zip(&mut self.stage_counting) {
+                window.push(std::mem::take(count) as f64);
+            }
             self.last_second += 1_000_000_000;
         }
         if now >= self.next_epoch {
@@ -280,7 +349,8 @@ impl ScalingPlanner {
     }
 
     fn rescale(&mut self, ctx: &mut Ctx, rate: f64) {
-        let replicas = self.plan.replicas(rate, &self.bounds, self.max_workers);
+        let pieces = self.pieces();
+        let replicas = self.plan.replicas_for(rate, &pieces, &self.bounds, self.max_workers);
         for (stage, &n) in replicas.iter().enumerate() {
             if self.replicas.get(stage) != Some(&n) && ctx.config().stages.iter().any(|s| s.id as usize == stage) {
                 ctx.scale(stage as StageId, n, None);

@@ -113,8 +113,11 @@ impl<R: PipelineRule> Policy for BrokeredPipeline<R> {
     }
 
     fn on_arrival(&mut self, ctx: &mut Ctx, request: Request) {
-        if request.requeues == 0 && self.entry.get(request.stage as usize).copied().unwrap_or(false) {
-            self.planner.entry_arrival();
+        if request.requeues == 0 {
+            if self.entry.get(request.stage as usize).copied().unwrap_or(false) {
+                self.planner.entry_arrival();
+            }
+            self.planner.stage_arrival(request.stage);
         }
         let mut queued = Queued::from(&request);
         queued.key = self.rule.key(&queued);

@@ -1,7 +1,9 @@
 //! Per-stage first-in-first-out queues for policies whose request path is trivial
 //! (autoscalers such as QUART and its baselines): requests wait at their stage in
 //! arrival order, each idle worker takes the oldest ones (up to the stage's batch
-//! limit), nothing is dropped. Besides dispatching, the queues measure what such
+//! limit), nothing is dropped — unless the policy asks ([`StageFifo::drop_unreachable`])
+//! to drop, when it takes them out, the requests that can no longer finish in time.
+//! Besides dispatching, the queues measure what such
 //! policies plan with: the time-averaged queue length of each stage and the sojourn
 //! time (wait plus service) of each request that finishes a stage.
 
@@ -20,8 +22,9 @@ struct QueueArea {
 /// FIFO queues, one per stage, with queue-length and sojourn-time measurement.
 #[derive(Clone, Debug, Default)]
 pub struct StageFifo {
-    /// Per stage: (request, arrived at the stage), oldest first; may hold ended ids.
-    queues: Vec<VecDeque<(RequestId, Instant)>>,
+    /// Per stage: (request, arrived at the stage, deadline), oldest first; may hold
+    /// ended ids.
+    queues: Vec<VecDeque<(RequestId, Instant, Instant)>>,
     /// Per stage: requests waiting that have not ended.
     live: Vec<usize>,
     /// Stage of every queued request, to account for one the host ends.
@@ -31,6 +34,11 @@ pub struct StageFifo {
     /// Per busy worker: its stage and when each request of its batch reached the stage.
     in_service: HashMap<WorkerId, (StageId, Vec<Instant>)>,
     areas: Vec<QueueArea>,
+    /// Per stage: the least time a request must have left when it is taken out of the
+    /// queue, or `None` (never drop).
+    slack: Option<Vec<Duration>>,
+    /// Requests dropped as unreachable so far.
+    dropped: u64,
 }
 
 impl StageFifo {
@@ -61,7 +69,7 @@ impl StageFifo {
     pub fn push(&mut self, now: Instant, request: &Request) {
         let index = self.ensure(request.stage);
         self.advance(index, now);
-        self.queues[index].push_back((request.id, request.arrived_at));
+        self.queues[index].push_back((request.id, request.arrived_at, request.deadline));
         self.live[index] += 1;
         self.queued_stage.insert(request.id, request.stage);
     }
@@ -74,6 +82,22 @@ impl StageFifo {
             self.live[index] -= 1;
             self.ended.insert(request);
         }
+    }
+
+    /// Drop, instead of dispatching, every request taken out of the queue of a stage
+    /// `s` with less than `slack[s]` left before its deadline (a stage past the end of
+    /// `slack` keeps everything): the time its own batch and the stages after it need
+    /// at the least. In arrival order the oldest request has the least time left, so
+    /// under overload the queue stays at about what can still finish and every
+    /// dispatched request can still be on time, where a queue that keeps everything
+    /// grows until nearly every request is late.
+    pub fn drop_unreachable(&mut self, slack: Vec<Duration>) {
+        self.slack = Some(slack);
+    }
+
+    /// Requests dropped as unreachable so far ([`Self::drop_unreachable`]).
+    pub fn dropped(&self) -> u64 {
+        self.dropped
     }
 
     /// Requests waiting at `stage` now.
@@ -113,12 +137,18 @@ impl StageFifo {
                 let mut batch: Vec<RequestId> = ctx.resident(worker).iter().take(limit).map(|s| s.id).collect();
                 let mut arrivals = Vec::new();
                 while batch.len() < limit && self.live[index] > 0 {
-                    let Some((id, arrived_at)) = self.queues[index].pop_front() else { break };
+                    let Some((id, arrived_at, deadline)) = self.queues[index].pop_front() else { break };
                     if !self.ended.is_empty() && self.ended.remove(&id) {
                         continue;
                     }
                     self.queued_stage.remove(&id);
                     self.live[index] -= 1;
+                    let needed = self.slack.as_ref().and_then(|slack| slack.get(index)).copied();
+                    if needed.is_some_and(|needed| deadline < now.saturating_add(needed)) {
+                        ctx.drop_request(id, crate::DropReason::DeadlineUnreachable);
+                        self.dropped += 1;
+                        continue;
+                    }
                     batch.push(id);
                     arrivals.push(arrived_at);
                 }
@@ -241,6 +271,46 @@ mod tests {
         fifo.dispatch_idle(&mut ctx);
         assert_eq!(dispatched(&mut ctx), vec![(0, vec![1, 3])]);
         assert!(fifo.is_empty());
+    }
+
+    #[test]
+    fn unreachable_requests_are_dropped_when_taken_out_only_if_asked() {
+        // Deadlines at 1 s (request 1 and 2) and 1.5 s (request 3); now 0.8 s; 0.3 s needed.
+        let run = |slack: Option<Vec<Duration>>| {
+            let mut ctx = ctx(1, 2);
+            let mut fifo = StageFifo::new();
+            for id in 1..=3 {
+                let mut r = request(id, 0, 0);
+                r.deadline = if id == 3 { 1_500_000_000 } else { 1_000_000_000 };
+                fifo.push(0, &r);
+            }
+            if let Some(slack) = slack {
+                fifo.drop_unreachable(slack);
+            }
+            ctx.set_now(800_000_000);
+            ctx.mark_idle(0);
+            fifo.dispatch_idle(&mut ctx);
+            let actions = ctx.take_actions();
+            let drops: Vec<RequestId> = actions
+                .iter()
+                .filter_map(|a| match a {
+                    Action::Drop(d) => Some(d.request),
+                    _ => None,
+                })
+                .collect();
+            let batches: Vec<Vec<RequestId>> = actions
+                .into_iter()
+                .filter_map(|a| match a {
+                    Action::Dispatch(d) => Some(d.requests),
+                    _ => None,
+                })
+                .collect();
+            (drops, batches, fifo.dropped(), fifo.len(0))
+        };
+        assert_eq!(run(None), (vec![], vec![vec![1, 2]], 0, 1));
+        assert_eq!(run(Some(vec![300_000_000])), (vec![1, 2], vec![vec![3]], 2, 0));
+        // Exactly enough time left is kept.
+        assert_eq!(run(Some(vec![200_000_000])), (vec![], vec![vec![1, 2]], 0, 1));
     }
 
     #[test]

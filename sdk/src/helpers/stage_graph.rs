@@ -149,6 +149,29 @@ impl StageGraph {
             .collect()
     }
 
+    /// Per stage, the time to keep for the stages after it: the largest total `cost`
+    /// over its downstream paths (the stage itself excluded; 0 at a sink). When the
+    /// longest entry-to-sink path costs more than `budget`, every reserve is scaled by
+    /// `budget / longest`, so that no stage's reserve leaves its own stage nothing.
+    ///
+    /// A scheduler that checks a request's deadline at one stage only uses it to
+    /// hold back what the later stages need (`deadline − reserve[stage]`): otherwise an
+    /// early stage under overload spends the whole end-to-end budget and the later
+    /// stages receive requests that can no longer finish.
+    pub fn downstream_reserve(&self, cost: impl Fn(StageId) -> f64, budget: f64) -> Vec<f64> {
+        let n = self.len();
+        // Longest path starting after each stage, and the longest path overall.
+        let mut after = vec![0.0f64; n];
+        let mut from = vec![0.0f64; n];
+        for &s in self.order.iter().rev() {
+            after[s as usize] = self.successors(s).iter().map(|&c| from[c as usize]).fold(0.0, f64::max);
+            from[s as usize] = after[s as usize] + cost(s).max(0.0);
+        }
+        let longest = from.iter().copied().fold(0.0, f64::max);
+        let scale = if longest > budget && longest > 0.0 { (budget / longest).max(0.0) } else { 1.0 };
+        after.into_iter().map(|r| r * scale).collect()
+    }
+
     /// The stages grouped into levels by their longest distance (in stages) from an
     /// entry: a chain gives one stage per level, a diamond puts its parallel branches
     /// in one level. Levels are run one after another; the stages of a level run side
@@ -236,6 +259,17 @@ mod tests {
         assert_eq!(g.predecessors(3), &[1, 2]);
         assert!(g.is_sink(4) && !g.is_sink(3));
         assert_eq!(g.topological_order(), &[0, 1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn downstream_reserve_takes_the_heavier_branch_and_fits_the_budget() {
+        let g = diamond();
+        let cost = |s: StageId| [10.0, 5.0, 1.0, 2.0, 3.0][s as usize];
+        // Paths after 0: 5+2+3 and 1+2+3.
+        assert_eq!(g.downstream_reserve(cost, 100.0), vec![10.0, 5.0, 5.0, 3.0, 0.0]);
+        // The longest path costs 20: a budget of 10 halves every reserve.
+        assert_eq!(g.downstream_reserve(cost, 10.0), vec![5.0, 2.5, 2.5, 1.5, 0.0]);
+        assert_eq!(StageGraph::chain(1).downstream_reserve(|_| 7.0, 1.0), vec![0.0]);
     }
 
     #[test]

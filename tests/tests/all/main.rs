@@ -13,6 +13,7 @@ mod loading;
 mod loki_planner;
 mod loki_sim;
 mod native_vs_wasm;
+mod no_cliff;
 mod pard;
 mod sandbox_escape;
 mod simulator;

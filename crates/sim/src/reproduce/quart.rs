@@ -151,7 +151,12 @@ pub fn spec(seed: u64, duration_s: f64, cached: bool) -> Result<SimSpec> {
         tick_interval: 2_000_000_000,
         // Requests are never dropped (§2): the host's expiry guard stays out of the way.
         expiry_grace: 3_600_000_000_000,
-        params: vec![yardmaster_policy::contract::Param { key: "replicas".into(), value: FIXED_REPLICAS.to_string() }],
+        // The paper's QUART never drops either (`drop_unreachable=false`; by default it
+        // drops what can no longer finish in time, docs/quart.md "Past capacity").
+        params: vec![
+            yardmaster_policy::contract::Param { key: "replicas".into(), value: FIXED_REPLICAS.to_string() },
+            yardmaster_policy::contract::Param { key: "drop_unreachable".into(), value: "false".into() },
+        ],
         metrics_window: 5_000_000_000,
         ..EngineOptions::default()
     };
