@@ -204,8 +204,8 @@ fn write_arrival(slot: &mut [u8], r: &Request) {
 /// writes the same slot and nothing else. A `batch-done`'s results are lowered into
 /// the fast path's results list itself (its elements own no list either), and its
 /// record is compared with wasmtime's lowering of the same outcome with no results
-/// (an empty list, which the canonical ABI allocates no bytes for), after which the
-/// fast path's bytes are put back.
+/// (an empty list: a zero-byte request to the guest's `cabi_realloc`, which the Rust
+/// bindings answer without allocating), after which the fast path's bytes are put back.
 #[cfg(debug_assertions)]
 fn check_against_generic<T>(cx: &mut LowerContext<'_, T>, elem: InterfaceType, events: &[Event], base: usize) -> wasmtime::Result<()> {
     let stride = Event::SIZE32;
