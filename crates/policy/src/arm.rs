@@ -124,6 +124,52 @@ pub struct ArmStats {
     pub fuel: u64,
     /// Hot swaps to another policy, and how long each held the engine.
     pub swaps: SwapPauses,
+    /// Linear memory of the answering instance after its latest call, bytes (0 while a
+    /// native policy answers, as the built-in fallback).
+    pub memory_bytes: u64,
+    /// The most linear memory any instance of the arm held after a call, bytes.
+    pub peak_memory_bytes: u64,
+    /// The metrics its policies emitted (`host.emit`), by name.
+    pub metrics: BTreeMap<String, EmittedMetric>,
+    /// Emitted values not counted because [`MAX_METRIC_NAMES`] names were already
+    /// tracked.
+    pub metrics_dropped: u64,
+}
+
+/// Most distinct metric names an arm tracks; values of further names are counted in
+/// [`ArmStats::metrics_dropped`] only, so a policy cannot grow the host's memory.
+pub const MAX_METRIC_NAMES: usize = 256;
+
+/// What an arm saw of one metric its policy emitted.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EmittedMetric {
+    /// Values emitted.
+    pub count: u64,
+    /// Values above zero (for a flag such as `…plan_infeasible`, how often it was set).
+    pub positive: u64,
+    /// Their sum.
+    pub sum: f64,
+    /// The latest value.
+    pub last: f64,
+    /// The smallest value.
+    pub min: f64,
+    /// The largest value.
+    pub max: f64,
+}
+
+impl EmittedMetric {
+    /// Count one value.
+    fn record(&mut self, value: f64) {
+        if self.count == 0 {
+            (self.min, self.max) = (value, value);
+        }
+        self.count += 1;
+        self.positive += u64::from(value > 0.0);
+        self.sum += value;
+        self.last = value;
+        self.min = self.min.min(value);
+        self.max = self.max.max(value);
+    }
 }
 
 /// Upper bounds of the [`SwapPauses`] buckets, in microseconds (the last bucket,
@@ -169,6 +215,45 @@ impl ArmStats {
     pub fn accepted_total(&self) -> u64 {
         self.accepted.values().sum()
     }
+
+    /// How often the policy reported planning with no plan that meets its SLO (and so
+    /// serving its own infeasible-plan fallback): the values above zero of every metric
+    /// named [`PLAN_INFEASIBLE_METRIC`] or ending in `.` and that name
+    /// (as `loki.plan_infeasible`).
+    pub fn infeasible_plans(&self) -> u64 {
+        self.metrics.iter().filter(|(name, _)| is_plan_infeasible_metric(name)).map(|(_, m)| m.positive).sum()
+    }
+
+    /// Whether the policy fell back in any way: a fault, a switch to the built-in
+    /// fallback, or a plan of its own reported infeasible.
+    pub fn fell_back(&self) -> bool {
+        !self.faults.is_empty() || self.fallbacks > 0 || self.infeasible_plans() > 0
+    }
+
+    /// Count the metrics an instance emitted.
+    fn record_emitted(&mut self, emitted: Vec<(String, f64)>) {
+        for (name, value) in emitted {
+            let tracked = self.metrics.len();
+            match self.metrics.get_mut(name.as_str()) {
+                Some(metric) => metric.record(value),
+                None if tracked < MAX_METRIC_NAMES => self.metrics.entry(name).or_default().record(value),
+                None => self.metrics_dropped += 1,
+            }
+        }
+    }
+}
+
+/// The name (alone or after a `policy.` prefix, as `loki.plan_infeasible`) of the metric
+/// a policy emits at every plan it makes: 1 when no plan meets its SLO and it serves
+/// its own infeasible-plan fallback, 0 otherwise. Reports count the ones
+/// ([`ArmStats::infeasible_plans`]).
+pub const PLAN_INFEASIBLE_METRIC: &str = "plan_infeasible";
+
+/// Whether `name` is the infeasible-plan metric ([`PLAN_INFEASIBLE_METRIC`],
+/// alone or after a `prefix.`).
+pub fn is_plan_infeasible_metric(name: &str) -> bool {
+    let flag = PLAN_INFEASIBLE_METRIC;
+    name == flag || name.strip_suffix(flag).is_some_and(|prefix| prefix.ends_with('.'))
 }
 
 /// What one call of the arm produced.
@@ -1020,11 +1105,20 @@ impl Arm {
         self.stats.forgiven += forgiven;
     }
 
+    /// Count what the answering instance's latest call cost, what it emitted and the
+    /// memory it holds now.
     fn account_cost(&mut self) {
-        if let Some(cost) = self.instance.as_ref().map(|i| i.last_cost()) {
-            self.stats.call_time += cost.wall;
-            self.stats.max_call_time = self.stats.max_call_time.max(cost.wall);
-            self.stats.fuel += cost.fuel.unwrap_or(0);
+        let Some(instance) = self.instance.as_mut() else { return };
+        let cost = instance.last_cost();
+        self.stats.call_time += cost.wall;
+        self.stats.max_call_time = self.stats.max_call_time.max(cost.wall);
+        self.stats.fuel += cost.fuel.unwrap_or(0);
+        let memory = instance.memory_bytes().unwrap_or(0) as u64;
+        self.stats.memory_bytes = memory;
+        self.stats.peak_memory_bytes = self.stats.peak_memory_bytes.max(memory);
+        let emitted = instance.take_emitted();
+        if !emitted.is_empty() {
+            self.stats.record_emitted(emitted);
         }
     }
 }
@@ -1041,4 +1135,37 @@ pub(crate) fn merged_params(base: &[Param], over: &[Param]) -> Vec<Param> {
     let mut params: Vec<Param> = base.iter().filter(|p| !over.iter().any(|o| o.key == p.key)).cloned().collect();
     params.extend(over.iter().cloned());
     params
+}
+
+#[cfg(test)]
+mod emitted_tests {
+    use super::*;
+
+    #[test]
+    fn the_infeasible_plan_metric_is_recognised_with_or_without_a_prefix() {
+        assert!(is_plan_infeasible_metric("plan_infeasible"));
+        assert!(is_plan_infeasible_metric("loki.plan_infeasible"));
+        assert!(!is_plan_infeasible_metric("loki_plan_infeasible"));
+        assert!(!is_plan_infeasible_metric("loki.plan_infeasible_count"));
+        assert!(!is_plan_infeasible_metric("loki.demand"));
+    }
+
+    #[test]
+    fn emitted_metrics_are_counted_and_their_names_capped() {
+        let mut stats = ArmStats::default();
+        let flag = |v: f64| ("loki.plan_infeasible".to_owned(), v);
+        stats.record_emitted(vec![flag(0.0), flag(1.0), ("loki.demand".into(), 40.0), flag(1.0), ("loki.demand".into(), 10.0)]);
+        assert_eq!(stats.infeasible_plans(), 2);
+        assert!(stats.fell_back());
+        let demand = stats.metrics["loki.demand"];
+        assert_eq!((demand.count, demand.sum, demand.last, demand.min, demand.max), (2, 50.0, 10.0, 10.0, 40.0));
+        assert_eq!(stats.metrics["loki.plan_infeasible"].count, 3);
+        assert!(!ArmStats::default().fell_back());
+        // A policy cannot grow the host's memory with names.
+        stats.record_emitted((0..2 * MAX_METRIC_NAMES).map(|i| (format!("m{i}"), 1.0)).collect());
+        assert_eq!(stats.metrics.len(), MAX_METRIC_NAMES);
+        assert_eq!(stats.metrics_dropped as usize, 2 * MAX_METRIC_NAMES - (MAX_METRIC_NAMES - 2));
+        stats.record_emitted(vec![flag(1.0)]);
+        assert_eq!(stats.infeasible_plans(), 3, "known names are still counted");
+    }
 }

@@ -9,9 +9,10 @@
 //! own lowering. It lowers the latest contract's `event` (the host's [`Event`]); a
 //! component of an older contract version gets its events converted by its bindings
 //! module and lowered the generic way. The offsets are the constants of [`crate::abi`],
-//! which a test derives from the WIT; in debug builds every list is also lowered the
-//! generic way and the bytes compared, so any drift between this file and the contract
-//! fails the test suite.
+//! which a test derives from the WIT; in debug builds every hot event is also lowered
+//! the generic way, in place and without a second guest allocation (the guest frees
+//! only what the list it receives points to), and the bytes compared, so any drift
+//! between this file and the contract fails the test suite.
 //!
 //! This uses wasmtime's `#[doc(hidden)]` lowering traits, which is why the wasmtime
 //! version is pinned exactly in the workspace.
@@ -140,7 +141,7 @@ fn lower_events<T>(cx: &mut LowerContext<'_, T>, elem: InterfaceType, events: &[
         }
     }
     #[cfg(debug_assertions)]
-    check_against_generic(cx, elem, events, base, size)?;
+    check_against_generic(cx, elem, events, base)?;
     Ok((base, events.len()))
 }
 
@@ -191,62 +192,89 @@ fn write_arrival(slot: &mut [u8], r: &Request) {
     p[TAGS] = 0; // tags: none
 }
 
-/// Debug builds: lower the same list the generic way and compare the bytes the
-/// fast path wrote (padding excluded by zeroing both first).
+/// Debug builds: lower every hot event of the list again the generic way, in place,
+/// and compare the bytes the fast path wrote (padding excluded).
+///
+/// The check allocates nothing in the guest: an event list is owned by the guest once
+/// passed, and the guest frees exactly the allocations the list it receives points to,
+/// so a second copy of the list (or of a results list) would never be freed. (An
+/// earlier version lowered a whole second list; in debug builds every call leaked it,
+/// and a long run's policy memory grew by about one page per few hundred requests.)
+/// Arrivals without tags and idle workers own no list, so wasmtime's lowering of them
+/// writes the same slot and nothing else. A `batch-done`'s results are lowered into
+/// the fast path's results list itself (its elements own no list either), and its
+/// record is compared with wasmtime's lowering of the same outcome with no results
+/// (an empty list: a zero-byte request to the guest's `cabi_realloc`, which the Rust
+/// bindings answer without allocating), after which the fast path's bytes are put back.
 #[cfg(debug_assertions)]
-fn check_against_generic<T>(
-    cx: &mut LowerContext<'_, T>,
-    elem: InterfaceType,
-    events: &[Event],
-    fast: usize,
-    size: usize,
-) -> wasmtime::Result<()> {
-    let generic = cx.realloc(0, 0, Event::ALIGN32, size)?;
-    cx.as_slice_mut()[generic..generic + size].fill(0);
-    Event::linear_store_list_to_memory(cx, elem, generic, events)?;
+fn check_against_generic<T>(cx: &mut LowerContext<'_, T>, elem: InterfaceType, events: &[Event], base: usize) -> wasmtime::Result<()> {
     let stride = Event::SIZE32;
-    let memory = cx.as_slice_mut();
     for (i, event) in events.iter().enumerate() {
-        let (a, b) = (fast + i * stride, generic + i * stride);
-        let used = match event {
-            Event::Arrival(r) if r.tags.is_none() => PAYLOAD + request::TAGS + 1,
-            Event::WorkerIdle(_) => PAYLOAD + 4,
-            Event::BatchDone(outcome) => {
-                // The results lists live in different allocations: compare their
-                // contents (id, status, tokens), then the record up to the pointer.
-                let list_at = |base: usize| {
-                    let p = base + PAYLOAD + batch_outcome::RESULTS;
-                    u32::from_le_bytes(memory[p..p + 4].try_into().unwrap()) as usize
-                };
-                let (fa, ga) = (list_at(a), list_at(b));
-                for k in 0..outcome.results.len() {
-                    let (f, g) = (fa + k * RESULT_SIZE, ga + k * RESULT_SIZE);
-                    use request_result::{STATUS, TOKENS};
-                    assert_eq!(memory[f..f + STATUS + 1], memory[g..g + STATUS + 1], "fast lowering of batch-done results differs");
-                    assert_eq!(
-                        memory[f + TOKENS..f + TOKENS + 4],
-                        memory[g + TOKENS..g + TOKENS + 4],
-                        "fast lowering of batch-done results differs"
-                    );
-                }
-                use batch_outcome::{DURATION, RESULTS, STARTED_AT, WORKER};
-                let (p, q) = (a + PAYLOAD, b + PAYLOAD);
-                assert_eq!(memory[p + WORKER..p + WORKER + 4], memory[q + WORKER..q + WORKER + 4], "batch-done worker differs");
-                assert_eq!(memory[p + STARTED_AT..p + DURATION + 8], memory[q + STARTED_AT..q + DURATION + 8], "batch-done times differ");
-                assert_eq!(
-                    memory[p + RESULTS + 4..p + RESULTS + 8],
-                    memory[q + RESULTS + 4..q + RESULTS + 8],
-                    "batch-done result count differs"
-                );
-                assert_eq!(memory[a], memory[b]);
-                continue;
-            }
-            _ => continue,
-        };
-        let mut fast_bytes = memory[a..a + used].to_vec();
-        fast_bytes[1..PAYLOAD].fill(0);
-        let generic_bytes = &memory[b..b + used];
-        assert_eq!(fast_bytes, generic_bytes, "fast lowering of {} differs from wasmtime's", event.kind());
+        let at = base + i * stride;
+        match event {
+            Event::Arrival(r) if r.tags.is_none() => compare_in_place(cx, elem, event, at, PAYLOAD + request::TAGS + 1)?,
+            Event::WorkerIdle(_) => compare_in_place(cx, elem, event, at, PAYLOAD + 4)?,
+            Event::BatchDone(outcome) => check_batch_done(cx, elem, outcome, at)?,
+            _ => {}
+        }
     }
     Ok(())
+}
+
+/// Lower `event` the generic way over the `used` bytes the fast path wrote at `at` and
+/// compare (the discriminant's padding excluded).
+#[cfg(debug_assertions)]
+fn compare_in_place<T>(cx: &mut LowerContext<'_, T>, elem: InterfaceType, event: &Event, at: usize, used: usize) -> wasmtime::Result<()> {
+    let mut fast = cx.as_slice_mut()[at..at + used].to_vec();
+    fast[1..PAYLOAD].fill(0);
+    cx.as_slice_mut()[at..at + Event::SIZE32].fill(0);
+    event.linear_lower_to_memory(cx, elem, at)?;
+    let generic = &cx.as_slice_mut()[at..at + used];
+    assert_eq!(fast, generic, "fast lowering of {} differs from wasmtime's", event.kind());
+    Ok(())
+}
+
+/// The `batch-done` check of [`check_against_generic`].
+#[cfg(debug_assertions)]
+fn check_batch_done<T>(cx: &mut LowerContext<'_, T>, elem: InterfaceType, outcome: &BatchOutcome, at: usize) -> wasmtime::Result<()> {
+    use batch_outcome::{DURATION, RESULTS, STARTED_AT, WORKER};
+    use request_result::{STATUS, TOKENS};
+    let slot = cx.as_slice_mut()[at..at + Event::SIZE32].to_vec();
+    let p = PAYLOAD;
+    let list = u32::from_le_bytes(slot[p + RESULTS..p + RESULTS + 4].try_into().unwrap()) as usize;
+    let len = u32::from_le_bytes(slot[p + RESULTS + 4..p + RESULTS + 8].try_into().unwrap()) as usize;
+    assert_eq!(len, outcome.results.len(), "batch-done result count differs");
+    // The results, lowered over the fast path's own list.
+    let fast = cx.as_slice_mut()[list..list + len * RESULT_SIZE].to_vec();
+    cx.as_slice_mut()[list..list + len * RESULT_SIZE].fill(0);
+    super::contract::RequestResult::linear_store_list_to_memory(cx, results_element(cx, elem), list, &outcome.results)?;
+    let generic = &cx.as_slice_mut()[list..list + len * RESULT_SIZE];
+    for (f, g) in fast.chunks_exact(RESULT_SIZE).zip(generic.chunks_exact(RESULT_SIZE)) {
+        assert_eq!(f[..STATUS + 1], g[..STATUS + 1], "fast lowering of batch-done results differs");
+        assert_eq!(f[TOKENS..TOKENS + 4], g[TOKENS..TOKENS + 4], "fast lowering of batch-done results differs");
+    }
+    // The record, against the same outcome without results; then the fast bytes back.
+    let header = Event::BatchDone(BatchOutcome { results: Vec::new(), ..outcome.clone() });
+    header.linear_lower_to_memory(cx, elem, at)?;
+    let memory = cx.as_slice_mut();
+    let generic = &memory[at..at + Event::SIZE32];
+    assert_eq!(slot[0], generic[0], "batch-done discriminant differs");
+    assert_eq!(slot[p + WORKER..p + WORKER + 4], generic[p + WORKER..p + WORKER + 4], "batch-done worker differs");
+    assert_eq!(slot[p + STARTED_AT..p + DURATION + 8], generic[p + STARTED_AT..p + DURATION + 8], "batch-done times differ");
+    memory[at..at + Event::SIZE32].copy_from_slice(&slot);
+    Ok(())
+}
+
+/// The element type of `batch-outcome.results` inside the `event` variant `elem`.
+#[cfg(debug_assertions)]
+fn results_element<T>(cx: &LowerContext<'_, T>, elem: InterfaceType) -> InterfaceType {
+    let InterfaceType::Variant(variant) = elem else { panic!("event lowered as {elem:?}, not a variant") };
+    let Some((_, Some(InterfaceType::Record(record)))) = cx.types[variant].cases.get_index(BATCH_DONE as usize) else {
+        panic!("the event variant has no batch-done record")
+    };
+    let field = cx.types[*record].fields.iter().find(|f| f.name == "results").expect("batch-outcome has results");
+    match field.ty {
+        InterfaceType::List(list) => cx.types[list].element,
+        other => panic!("batch-outcome.results lowered as {other:?}, not a list"),
+    }
 }

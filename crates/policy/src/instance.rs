@@ -83,6 +83,11 @@ pub trait PolicyInstance: Send {
     fn last_cost(&self) -> CallCost;
     /// Metrics the policy emitted since the last call to this method.
     fn take_emitted(&mut self) -> Vec<(String, f64)>;
+    /// The size of the instance's linear memories, in bytes (`None` where it has
+    /// none, as a native policy).
+    fn memory_bytes(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// A source of up-to-date latency profiles for the `profile` import.
@@ -91,18 +96,26 @@ pub trait ProfileSource: Send + Sync {
     fn profile(&self, stage: u32, variant: u32, batch: u32) -> Option<u64>;
 }
 
-/// Caps a policy's linear memory and remembers that it tried to exceed the cap.
+/// Caps a policy's linear memory, remembers that it tried to exceed the cap, and
+/// counts the bytes its memories hold (wasmtime asks it before creating a memory and
+/// before every growth; memories never shrink).
 struct MemoryCap {
     limit: usize,
     exceeded: bool,
+    bytes: usize,
 }
 
 impl ResourceLimiter for MemoryCap {
-    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+    fn memory_growing(&mut self, current: usize, desired: usize, maximum: Option<usize>) -> wasmtime::Result<bool> {
         if desired > self.limit {
             self.exceeded = true;
             return Err(wasmtime::Error::msg(format!("policy memory cap of {} bytes reached (wanted {desired})", self.limit)));
         }
+        if maximum.is_some_and(|max| desired > max) {
+            // Past the memory's own maximum: the growth fails (`memory.grow` gives -1).
+            return Ok(false);
+        }
+        self.bytes += desired.saturating_sub(current);
         Ok(true)
     }
 
@@ -227,7 +240,7 @@ impl WasmPolicy {
             now: 0,
             seed,
             rng: seed,
-            memory: MemoryCap { limit: limits.memory_bytes, exceeded: false },
+            memory: MemoryCap { limit: limits.memory_bytes, exceeded: false, bytes: 0 },
             call_started: WallInstant::now(),
             watchdog: limits.watchdog(sandbox.mode(), CallKind::Init),
             watchdog_fired: false,
@@ -342,6 +355,10 @@ impl PolicyInstance for WasmPolicy {
 
     fn take_emitted(&mut self) -> Vec<(String, f64)> {
         std::mem::take(&mut self.store.data_mut().emitted)
+    }
+
+    fn memory_bytes(&self) -> Option<usize> {
+        Some(self.store.data().memory.bytes)
     }
 }
 

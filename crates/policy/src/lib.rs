@@ -24,7 +24,10 @@ pub mod sandbox;
 pub mod shadow;
 pub mod validate;
 
-pub use arm::{Arm, ArmOutput, ArmState, ArmStats, Candidate, FailureMode, Handover, HandoverSnapshot, SwapPauses, SwapReport};
+pub use arm::{
+    Arm, ArmOutput, ArmState, ArmStats, Candidate, EmittedMetric, FailureMode, Handover, HandoverSnapshot, SwapPauses, SwapReport,
+    PLAN_INFEASIBLE_METRIC,
+};
 pub use instance::{CallCost, PolicyFault, PolicyInstance, ProfileSource, WasmPolicy};
 pub use loader::{LoadError, PolicyLoader, PolicyModule};
 pub use native::NativePolicy;

@@ -2,7 +2,9 @@
 //! a JSON file and three comparison charts (SVG, and PNG when a system font exists).
 //!
 //! Every number comes from the run's [`Summary`], [`Window`]s and latency
-//! [`Histogram`]; nothing is recomputed here except unit conversions.
+//! [`Histogram`], and from what its policy arm counted ([`PolicyHealth`]: faults,
+//! switches to the built-in fallback, plans the policy reported infeasible, its peak
+//! linear memory); nothing is recomputed here except unit conversions.
 //!
 //! Charts are drawn with `plotters`. Its bitmap backend needs a real font to draw
 //! text: the first call looks for `DejaVuSans.ttf` (else any `.ttf`) under
@@ -43,6 +45,52 @@ pub struct RunReport {
     pub windows: Vec<Window>,
     /// End-to-end latency of every completed request (ns).
     pub latency: Histogram,
+    /// What the policy arm counted about the policy itself.
+    pub health: PolicyHealth,
+}
+
+/// What a run's policy arm counted about the policy: whether it fell back, in any
+/// way, and the memory it used. All of it is a pure function of the run's inputs (the
+/// simulator meters policies by fuel), so reports stay byte-identical across machines.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct PolicyHealth {
+    /// Faults (traps, overruns, memory), by kind.
+    pub faults: std::collections::BTreeMap<String, u64>,
+    /// Switches to the built-in fallback after a fault.
+    pub fallbacks: u64,
+    /// Plans the policy reported infeasible (it served its own infeasible-plan
+    /// fallback; the metric [`yardmaster_policy::PLAN_INFEASIBLE_METRIC`]).
+    pub infeasible_plans: u64,
+    /// Plans it reported at all (values of that metric, feasible or not).
+    pub plans: u64,
+    /// The most linear memory the policy's instances held, bytes.
+    pub peak_memory_bytes: u64,
+}
+
+impl PolicyHealth {
+    /// The health an arm's counters show.
+    pub fn from_arm(stats: &yardmaster_policy::ArmStats) -> Self {
+        let plans =
+            stats.metrics.iter().filter(|(name, _)| yardmaster_policy::arm::is_plan_infeasible_metric(name)).map(|(_, m)| m.count).sum();
+        Self {
+            faults: stats.faults.iter().map(|(kind, n)| ((*kind).to_owned(), *n)).collect(),
+            fallbacks: stats.fallbacks,
+            infeasible_plans: stats.infeasible_plans(),
+            plans,
+            peak_memory_bytes: stats.peak_memory_bytes,
+        }
+    }
+
+    /// Faults of every kind.
+    pub fn fault_count(&self) -> u64 {
+        self.faults.values().sum()
+    }
+
+    /// Whether the policy fell back: a fault, a switch to the built-in fallback, or an
+    /// infeasible plan of its own.
+    pub fn fell_back(&self) -> bool {
+        self.fault_count() > 0 || self.fallbacks > 0 || self.infeasible_plans > 0
+    }
 }
 
 impl RunReport {
@@ -55,6 +103,7 @@ impl RunReport {
             summary: accounting.summary(now),
             windows: accounting.windows_until(now),
             latency: accounting.latency().clone(),
+            health: PolicyHealth::default(),
         }
     }
 }
@@ -73,6 +122,10 @@ enum Unit {
     Percent,
     /// Three decimals (accuracy).
     Fine,
+    /// A flag: "yes" when non-zero, else "no".
+    Flag,
+    /// Bytes shown in MiB, one decimal.
+    Mebibytes,
 }
 
 impl Unit {
@@ -82,6 +135,8 @@ impl Unit {
             Unit::Number => format!("{value:.2}"),
             Unit::Percent => format!("{:.1}%", value * 100.0),
             Unit::Fine => format!("{value:.3}"),
+            Unit::Flag => (if value != 0.0 { "yes" } else { "no" }).to_owned(),
+            Unit::Mebibytes => format!("{:.1}", value / (1u64 << 20) as f64),
         }
     }
 }
@@ -97,7 +152,7 @@ enum Shown {
     CsvOnly,
 }
 
-/// A metric of a run's summary.
+/// A metric of a run: of its summary, or of its policy's health.
 struct Metric {
     /// Column header in the table.
     label: &'static str,
@@ -105,7 +160,7 @@ struct Metric {
     key: &'static str,
     unit: Unit,
     shown: Shown,
-    value: fn(&Summary) -> f64,
+    value: fn(&RunReport) -> f64,
 }
 
 fn ms(ns: u64) -> f64 {
@@ -114,52 +169,94 @@ fn ms(ns: u64) -> f64 {
 
 /// Every metric of the summary table and `summary.csv`, in column order.
 const METRICS: &[Metric] = &[
-    Metric { label: "requests", key: "requests_ended", unit: Unit::Count, shown: Shown::Always, value: |s| s.overall.ended as f64 },
-    Metric { label: "arrivals", key: "arrivals", unit: Unit::Count, shown: Shown::CsvOnly, value: |s| s.overall.arrivals as f64 },
-    Metric { label: "goodput/s", key: "goodput_per_s", unit: Unit::Number, shown: Shown::Always, value: |s| s.overall.goodput },
-    Metric { label: "optimal/s", key: "optimal_per_s", unit: Unit::Number, shown: Shown::Always, value: |s| s.optimal_goodput },
-    Metric { label: "of optimal", key: "goodput_of_optimal", unit: Unit::Percent, shown: Shown::Always, value: |s| s.goodput_of_optimal },
-    Metric { label: "drop rate", key: "drop_rate", unit: Unit::Percent, shown: Shown::Always, value: |s| s.overall.drop_rate },
-    Metric { label: "invalid", key: "invalid_rate", unit: Unit::Percent, shown: Shown::Always, value: |s| s.overall.invalid_rate },
-    Metric { label: "SLO att.", key: "slo_attainment", unit: Unit::Percent, shown: Shown::Always, value: |s| s.overall.slo_attainment },
-    Metric { label: "failed", key: "failed", unit: Unit::Count, shown: Shown::WhenNonZero, value: |s| s.overall.outcomes.failed as f64 },
-    Metric { label: "p50 ms", key: "p50_ms", unit: Unit::Number, shown: Shown::Always, value: |s| ms(s.overall.latency.p50) },
-    Metric { label: "p90 ms", key: "p90_ms", unit: Unit::Number, shown: Shown::CsvOnly, value: |s| ms(s.overall.latency.p90) },
-    Metric { label: "p95 ms", key: "p95_ms", unit: Unit::Number, shown: Shown::CsvOnly, value: |s| ms(s.overall.latency.p95) },
-    Metric { label: "p99 ms", key: "p99_ms", unit: Unit::Number, shown: Shown::Always, value: |s| ms(s.overall.latency.p99) },
-    Metric { label: "max ms", key: "max_ms", unit: Unit::Number, shown: Shown::CsvOnly, value: |s| ms(s.overall.latency.max) },
+    Metric { label: "requests", key: "requests_ended", unit: Unit::Count, shown: Shown::Always, value: |r| r.summary.overall.ended as f64 },
+    Metric { label: "arrivals", key: "arrivals", unit: Unit::Count, shown: Shown::CsvOnly, value: |r| r.summary.overall.arrivals as f64 },
+    Metric { label: "goodput/s", key: "goodput_per_s", unit: Unit::Number, shown: Shown::Always, value: |r| r.summary.overall.goodput },
+    Metric { label: "optimal/s", key: "optimal_per_s", unit: Unit::Number, shown: Shown::Always, value: |r| r.summary.optimal_goodput },
+    Metric {
+        label: "of optimal",
+        key: "goodput_of_optimal",
+        unit: Unit::Percent,
+        shown: Shown::Always,
+        value: |r| r.summary.goodput_of_optimal,
+    },
+    Metric { label: "drop rate", key: "drop_rate", unit: Unit::Percent, shown: Shown::Always, value: |r| r.summary.overall.drop_rate },
+    Metric { label: "invalid", key: "invalid_rate", unit: Unit::Percent, shown: Shown::Always, value: |r| r.summary.overall.invalid_rate },
+    Metric {
+        label: "SLO att.",
+        key: "slo_attainment",
+        unit: Unit::Percent,
+        shown: Shown::Always,
+        value: |r| r.summary.overall.slo_attainment,
+    },
+    Metric {
+        label: "failed",
+        key: "failed",
+        unit: Unit::Count,
+        shown: Shown::WhenNonZero,
+        value: |r| r.summary.overall.outcomes.failed as f64,
+    },
+    Metric { label: "p50 ms", key: "p50_ms", unit: Unit::Number, shown: Shown::Always, value: |r| ms(r.summary.overall.latency.p50) },
+    Metric { label: "p90 ms", key: "p90_ms", unit: Unit::Number, shown: Shown::CsvOnly, value: |r| ms(r.summary.overall.latency.p90) },
+    Metric { label: "p95 ms", key: "p95_ms", unit: Unit::Number, shown: Shown::CsvOnly, value: |r| ms(r.summary.overall.latency.p95) },
+    Metric { label: "p99 ms", key: "p99_ms", unit: Unit::Number, shown: Shown::Always, value: |r| ms(r.summary.overall.latency.p99) },
+    Metric { label: "max ms", key: "max_ms", unit: Unit::Number, shown: Shown::CsvOnly, value: |r| ms(r.summary.overall.latency.max) },
     Metric {
         label: "queue ms",
         key: "queue_delay_mean_ms",
         unit: Unit::Number,
         shown: Shown::CsvOnly,
-        value: |s| s.overall.queue_delay.mean / NS_PER_MS,
+        value: |r| r.summary.overall.queue_delay.mean / NS_PER_MS,
     },
     Metric {
         label: "queue p99",
         key: "queue_delay_p99_ms",
         unit: Unit::Number,
         shown: Shown::CsvOnly,
-        value: |s| ms(s.overall.queue_delay.p99),
+        value: |r| ms(r.summary.overall.queue_delay.p99),
     },
-    Metric { label: "util", key: "utilisation", unit: Unit::Percent, shown: Shown::Always, value: |s| s.utilisation },
-    Metric { label: "GPU-s", key: "gpu_seconds", unit: Unit::Number, shown: Shown::Always, value: |s| s.gpu_seconds },
-    Metric { label: "accuracy", key: "accuracy", unit: Unit::Fine, shown: Shown::Always, value: |s| s.overall.accuracy },
+    Metric { label: "util", key: "utilisation", unit: Unit::Percent, shown: Shown::Always, value: |r| r.summary.utilisation },
+    Metric { label: "GPU-s", key: "gpu_seconds", unit: Unit::Number, shown: Shown::Always, value: |r| r.summary.gpu_seconds },
+    Metric { label: "accuracy", key: "accuracy", unit: Unit::Fine, shown: Shown::Always, value: |r| r.summary.overall.accuracy },
     Metric {
         label: "tok goodput/s",
         key: "token_goodput_per_s",
         unit: Unit::Number,
         shown: Shown::WhenNonZero,
-        value: |s| s.overall.token_goodput,
+        value: |r| r.summary.overall.token_goodput,
     },
-    Metric { label: "elapsed s", key: "elapsed_s", unit: Unit::Number, shown: Shown::CsvOnly, value: |s| s.elapsed_s },
+    Metric {
+        label: "fell back",
+        key: "fell_back",
+        unit: Unit::Flag,
+        shown: Shown::Always,
+        value: |r| f64::from(u8::from(r.health.fell_back())),
+    },
+    Metric {
+        label: "infeasible",
+        key: "infeasible_plans",
+        unit: Unit::Count,
+        shown: Shown::WhenNonZero,
+        value: |r| r.health.infeasible_plans as f64,
+    },
+    Metric { label: "plans", key: "plans", unit: Unit::Count, shown: Shown::CsvOnly, value: |r| r.health.plans as f64 },
+    Metric { label: "faults", key: "faults", unit: Unit::Count, shown: Shown::WhenNonZero, value: |r| r.health.fault_count() as f64 },
+    Metric { label: "fallbacks", key: "fallbacks", unit: Unit::Count, shown: Shown::CsvOnly, value: |r| r.health.fallbacks as f64 },
+    Metric {
+        label: "memory MiB",
+        key: "peak_memory_bytes",
+        unit: Unit::Mebibytes,
+        shown: Shown::CsvOnly,
+        value: |r| r.health.peak_memory_bytes as f64,
+    },
+    Metric { label: "elapsed s", key: "elapsed_s", unit: Unit::Number, shown: Shown::CsvOnly, value: |r| r.summary.elapsed_s },
 ];
 
 impl Metric {
     fn in_table(&self, runs: &[RunReport]) -> bool {
         match self.shown {
             Shown::Always => true,
-            Shown::WhenNonZero => runs.iter().any(|r| (self.value)(&r.summary) != 0.0),
+            Shown::WhenNonZero => runs.iter().any(|r| (self.value)(r) != 0.0),
             Shown::CsvOnly => false,
         }
     }
@@ -167,15 +264,17 @@ impl Metric {
 
 /// An aligned text table of the runs, one row each: policy, requests (ended),
 /// goodput/s, optimal/s, goodput as % of optimal, drop rate, invalid rate, SLO
-/// attainment, p50 and p99 latency (ms), utilisation, GPU-seconds, accuracy, and —
-/// when some run has any — failed requests and token goodput/s.
+/// attainment, p50 and p99 latency (ms), utilisation, GPU-seconds, accuracy, whether
+/// the policy fell back (a fault, the built-in fallback, or an infeasible plan of its
+/// own), and — when some run has any — failed requests, token goodput/s, infeasible
+/// plans and faults.
 pub fn render_table(runs: &[RunReport]) -> String {
     let metrics: Vec<&Metric> = METRICS.iter().filter(|m| m.in_table(runs)).collect();
     let header: Vec<String> = std::iter::once("policy").chain(metrics.iter().map(|m| m.label)).map(String::from).collect();
     let rows: Vec<Vec<String>> = runs
         .iter()
         .map(|run| {
-            let values = metrics.iter().map(|m| m.unit.format((m.value)(&run.summary)));
+            let values = metrics.iter().map(|m| m.unit.format((m.value)(run)));
             std::iter::once(run.policy.clone()).chain(values).collect()
         })
         .collect();
@@ -281,7 +380,7 @@ fn windows_csv(windows: &[Window]) -> String {
 fn summary_csv(runs: &[RunReport]) -> String {
     let mut out = csv_line(std::iter::once("policy").chain(METRICS.iter().map(|m| m.key)).map(String::from));
     for run in runs {
-        let values = METRICS.iter().map(|m| (m.value)(&run.summary).to_string());
+        let values = METRICS.iter().map(|m| (m.value)(run).to_string());
         out += &csv_line(std::iter::once(csv_field(&run.policy).into_owned()).chain(values));
     }
     out
@@ -312,6 +411,7 @@ pub fn write_csv(dir: &Path, runs: &[RunReport]) -> io::Result<Vec<PathBuf>> {
 struct JsonRun<'a> {
     policy: &'a str,
     summary: &'a Summary,
+    health: &'a PolicyHealth,
     windows: &'a [Window],
     /// The latency distribution: `[latency_ms, fraction at or below]` per bucket.
     latency_cdf: Vec<[f64; 2]>,
@@ -329,6 +429,7 @@ pub fn write_json(dir: &Path, runs: &[RunReport]) -> io::Result<PathBuf> {
         .map(|run| JsonRun {
             policy: &run.policy,
             summary: &run.summary,
+            health: &run.health,
             windows: &run.windows,
             latency_cdf: run.latency.cdf().map(|(ns, f)| [ms(ns), f]).collect(),
         })
@@ -888,7 +989,13 @@ mod tests {
     }
 
     fn chosen_run(policy: &str) -> RunReport {
-        RunReport { policy: policy.into(), summary: chosen_summary(), windows: Vec::new(), latency: Histogram::new() }
+        RunReport {
+            policy: policy.into(),
+            summary: chosen_summary(),
+            windows: Vec::new(),
+            latency: Histogram::new(),
+            health: PolicyHealth::default(),
+        }
     }
 
     #[test]
@@ -899,7 +1006,10 @@ mod tests {
         let cells: Vec<&str> = lines[2].split_whitespace().collect();
         assert_eq!(
             cells,
-            ["edf", "5", "1.00", "2.25", "44.4%", "40.0%", "40.0%", "40.0%", "1", "400.00", "1500.00", "16.7%", "3.00", "0.800", "20.00"]
+            [
+                "edf", "5", "1.00", "2.25", "44.4%", "40.0%", "40.0%", "40.0%", "1", "400.00", "1500.00", "16.7%", "3.00", "0.800",
+                "20.00", "no"
+            ]
         );
         let header: Vec<&str> = lines[0].split("  ").map(str::trim).filter(|h| !h.is_empty()).collect();
         assert_eq!(
@@ -919,10 +1029,44 @@ mod tests {
                 "util",
                 "GPU-s",
                 "accuracy",
-                "tok goodput/s"
+                "tok goodput/s",
+                "fell back"
             ]
         );
         assert!(lines[1].chars().all(|c| c == '-' || c == ' '));
+    }
+
+    #[test]
+    fn a_policy_that_fell_back_says_so_and_why() {
+        let feasible = chosen_run("planned");
+        let mut infeasible = chosen_run("infeasible");
+        infeasible.health.infeasible_plans = 3;
+        infeasible.health.plans = 5;
+        let mut faulty = chosen_run("faulty");
+        faulty.health.faults.insert("out-of-memory".into(), 1);
+        faulty.health.fallbacks = 1;
+        let table = render_table(&[feasible.clone(), infeasible.clone(), faulty.clone()]);
+        let lines: Vec<&str> = table.lines().collect();
+        let header: Vec<&str> = lines[0].split("  ").map(str::trim).filter(|h| !h.is_empty()).collect();
+        let column = |name: &str| header.iter().position(|h| *h == name).unwrap_or_else(|| panic!("no {name} column:\n{table}"));
+        let (fell_back, plans, faults) = (column("fell back"), column("infeasible"), column("faults"));
+        let cells: Vec<Vec<&str>> = lines[2..].iter().map(|l| l.split_whitespace().collect()).collect();
+        assert_eq!([cells[0][fell_back], cells[0][plans], cells[0][faults]], ["no", "0", "0"], "{table}");
+        assert_eq!([cells[1][fell_back], cells[1][plans], cells[1][faults]], ["yes", "3", "0"], "{table}");
+        assert_eq!([cells[2][fell_back], cells[2][plans], cells[2][faults]], ["yes", "0", "1"], "{table}");
+        // Without any, the optional columns stay out of the table.
+        let table = render_table(std::slice::from_ref(&feasible));
+        assert!(!table.contains("infeasible") && !table.contains("faults"), "{table}");
+        // The CSV and the JSON carry them always.
+        let dir = scratch("health");
+        let summary = fs::read_to_string(write_csv(&dir, &[feasible, infeasible.clone()]).unwrap().pop().unwrap()).unwrap();
+        let rows: Vec<Vec<&str>> = summary.lines().map(|l| l.split(',').collect()).collect();
+        let at = |name: &str| rows[0].iter().position(|h| *h == name).unwrap();
+        assert_eq!([rows[1][at("fell_back")], rows[1][at("infeasible_plans")]], ["0", "0"]);
+        assert_eq!([rows[2][at("fell_back")], rows[2][at("infeasible_plans")], rows[2][at("plans")]], ["1", "3", "5"]);
+        let json: serde_json::Value = serde_json::from_str(&fs::read_to_string(write_json(&dir, &[infeasible]).unwrap()).unwrap()).unwrap();
+        assert_eq!(json["runs"][0]["health"]["infeasible_plans"], 3);
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

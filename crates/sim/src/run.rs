@@ -79,6 +79,10 @@ pub struct RunOutcome {
     pub tokens_by_worker: std::collections::BTreeMap<u32, u64>,
     /// Workers started warm (parameters cached on their host) and cold.
     pub starts: (u64, u64),
+    /// The policy's linear memory over the run: `(simulated ns, bytes)` after the
+    /// policy call at every hundredth of the arrivals' duration (through the drain too),
+    /// and at the end.
+    pub memory: Vec<(u64, u64)>,
 }
 
 /// Run `policy` on `spec` with the arrivals of `workload`; `progress` is called with the
@@ -128,6 +132,7 @@ pub fn run_with_jobs(
     let mut events = 0u64;
     let mut caused_rounds = 0u32;
     let mut next_progress = 0u64;
+    let mut memory = Vec::with_capacity(102);
     let progress_step = (spec.duration / 100).max(1);
     loop {
         let next_arrival = [arrivals.peek().map(|a| a.at), driver.next_time()].into_iter().flatten().min();
@@ -210,15 +215,18 @@ pub fn run_with_jobs(
         }
         if now >= next_progress {
             progress((now as f64 / spec.duration as f64).min(1.0));
+            memory.push((now, engine.arm().stats().memory_bytes));
             next_progress = now + progress_step;
         }
     }
     progress(1.0);
+    memory.push((clock_now(&clock), engine.arm().stats().memory_bytes));
     if let Some(capture) = capture {
         capture.finish()?;
     }
     let simulated = clock_now(&clock);
-    let report = crate::report::RunReport::from_accounting(&policy.name, engine.accounting(), simulated);
+    let mut report = crate::report::RunReport::from_accounting(&policy.name, engine.accounting(), simulated);
+    report.health = crate::report::PolicyHealth::from_arm(engine.arm().stats());
     let llm = engine.accounting().llm_goodput(simulated);
     Ok(RunOutcome {
         report,
@@ -231,6 +239,7 @@ pub fn run_with_jobs(
         llm,
         tokens_by_worker: engine.executor().tokens_by_worker.clone(),
         starts: engine.executor().starts,
+        memory,
     })
 }
 

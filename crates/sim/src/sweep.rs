@@ -11,7 +11,9 @@
 //! What a cell reports: goodput against the true optimal bound (the run's own
 //! `goodput_of_optimal`: goodput over `min(offered, capacity)` window by window),
 //! drop, invalid and on-time rates, SLO attainment per stream, accuracy, whether the
-//! policy fell back (a fault or a fallback to FIFO), and its cost (ns per event, the
+//! policy fell back (a fault, a fallback to FIFO, or a plan it reported infeasible —
+//! [`yardmaster_policy::PLAN_INFEASIBLE_METRIC`] — so that it served its own
+//! infeasible-plan fallback), and its cost (ns per event, the
 //! longest call). Aggregated over seeds, the sweep flags two things the issue of
 //! "policies off their papers' setups" asks never to see:
 //!
@@ -147,10 +149,13 @@ pub struct CellResult {
     pub attainment: BTreeMap<String, f64>,
     /// Mean accuracy of completed requests (1 without variants).
     pub accuracy: f64,
-    /// Whether the policy faulted or fell back.
+    /// Whether the policy fell back: a fault, a switch to the built-in fallback, or a
+    /// plan it reported infeasible.
     pub fell_back: bool,
     /// Policy faults.
     pub faults: u64,
+    /// Plans the policy reported infeasible (served by its own fallback plan).
+    pub infeasible_plans: u64,
     /// Policy time per event, ns.
     pub ns_per_event: f64,
     /// The longest policy call, µs.
@@ -322,8 +327,9 @@ fn run_cell(plan: &SweepPlan, loader: &PolicyLoader, cell: &Cell) -> Result<Cell
         on_time: if overall.arrivals == 0 { 1.0 } else { overall.outcomes.on_time as f64 / overall.arrivals as f64 },
         attainment,
         accuracy: overall.accuracy,
-        fell_back: faults > 0 || outcome.arm.fallbacks > 0,
+        fell_back: outcome.report.health.fell_back(),
         faults,
+        infeasible_plans: outcome.report.health.infeasible_plans,
         ns_per_event: outcome.arm.call_time.as_nanos() as f64 / outcome.arm.events.max(1) as f64,
         longest_call_us: outcome.arm.max_call_time.as_secs_f64() * 1e6,
         wall_s: outcome.wall.as_secs_f64(),
@@ -476,13 +482,13 @@ pub fn render_table(outcome: &SweepOutcome) -> String {
 pub fn write_files(dir: &Path, outcome: &SweepOutcome) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir)?;
     let mut csv = String::from(
-        "policy,pipeline,shape,load,seed,capacity,offered,goodput,goodput_of_bound,drop_rate,invalid_rate,on_time,accuracy,fell_back,faults,ns_per_event,longest_call_us,attainment\n",
+        "policy,pipeline,shape,load,seed,capacity,offered,goodput,goodput_of_bound,drop_rate,invalid_rate,on_time,accuracy,fell_back,faults,infeasible_plans,ns_per_event,longest_call_us,attainment\n",
     );
     for c in &outcome.cells {
         let attainment: Vec<String> = c.attainment.iter().map(|(s, a)| format!("{s}={a:.4}")).collect();
         let _ = writeln!(
             csv,
-            "{},{},{},{},{},{:.3},{:.3},{:.3},{:.4},{:.4},{:.4},{:.4},{:.4},{},{},{:.0},{:.1},{}",
+            "{},{},{},{},{},{:.3},{:.3},{:.3},{:.4},{:.4},{:.4},{:.4},{:.4},{},{},{},{:.0},{:.1},{}",
             c.policy,
             c.pipeline,
             c.shape,
@@ -498,6 +504,7 @@ pub fn write_files(dir: &Path, outcome: &SweepOutcome) -> Result<Vec<PathBuf>> {
             c.accuracy,
             c.fell_back,
             c.faults,
+            c.infeasible_plans,
             c.ns_per_event,
             c.longest_call_us,
             attainment.join(";")
@@ -645,6 +652,7 @@ mod tests {
             accuracy: 1.0,
             fell_back: false,
             faults: 0,
+            infeasible_plans: 0,
             ns_per_event: ns,
             longest_call_us: 1.0,
             wall_s: 0.1,

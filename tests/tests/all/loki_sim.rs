@@ -70,55 +70,8 @@ fn past_the_hardware_capacity_loki_trades_accuracy_for_throughput() {
     assert!(workers(&loki, 20, 30) > 18.0, "peak: {}", workers(&loki, 20, 30));
 }
 
-/// The JSON and CSV reports of the three Loki policies on a ramp past the hardware
-/// capacity (the MILP runs), with `spinners` threads keeping the cores busy meanwhile.
-fn loki_reports(spinners: usize) -> Vec<(String, Vec<u8>)> {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Arc;
-    let stop = Arc::new(AtomicBool::new(false));
-    let spinning: Vec<_> = (0..spinners)
-        .map(|_| {
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                let mut x = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
-                }
-            })
-        })
-        .collect();
-    let rates = [(60.0, 3), (900.0, 7)];
-    let reports: Vec<_> = ["loki", "loki-inferline", "loki-proteus"]
-        .iter()
-        .map(|p| {
-            let out = simulate(p, &rates, &[]);
-            assert!(out.arm.faults.is_empty(), "{p}: {:?}", out.arm.faults);
-            out.report
-        })
-        .collect();
-    stop.store(true, Ordering::Relaxed);
-    for t in spinning {
-        t.join().unwrap();
-    }
-    let dir = std::env::temp_dir().join(format!("yardmaster-loki-determinism-{}-{spinners}", std::process::id()));
-    let mut files = yardmaster::sim::report::write_csv(&dir, &reports).unwrap();
-    files.push(yardmaster::sim::report::write_json(&dir, &reports).unwrap());
-    let read = files.iter().map(|f| (f.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(f).unwrap())).collect();
-    let _ = std::fs::remove_dir_all(&dir);
-    read
-}
-
-#[test]
-fn the_same_seed_gives_byte_identical_loki_reports_on_a_busy_machine() {
-    let quiet = loki_reports(0);
-    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let busy = loki_reports(2 * cores);
-    assert_eq!(quiet.len(), busy.len());
-    for ((name, a), (other, b)) in quiet.iter().zip(&busy) {
-        assert_eq!(name, other);
-        assert!(a == b, "{name} differs between a quiet and a busy machine");
-    }
-}
+// Byte-identical reports on a busy machine, Loki's flavours on their ramp past the
+// hardware capacity included: `every_policy.rs`.
 
 /// On-time requests per second and the on-time share of the requests that ended,
 /// over the windows from `from_s` on.
@@ -154,4 +107,82 @@ fn loki_has_no_cliff_past_its_peak() {
     let (best, _) = steady(&peak, 5);
     let (overloaded, _) = steady(&over, 5);
     assert!(overloaded >= 0.9 * best, "no cliff: {overloaded} on-time QPS at 5× against {best}");
+}
+
+/// A sweep of `policy` on the traffic application at SLO `slo_ms`: one cell, 4 s of
+/// Poisson arrivals at 0.05 × the capacity bound.
+fn sweep_cell(policy: &str, slo_ms: f64) -> yardmaster::sim::sweep::CellResult {
+    use yardmaster::sim::sweep::{run_sweep, Shape, SweepPlan, SweptPipeline};
+    let pipeline = traffic_pipeline(&data_dir(), CLUSTER, slo_ms).unwrap();
+    let base = SimSpec {
+        pipeline: pipeline.clone(),
+        seed: 1,
+        duration: 0,
+        executor: SimExecutorOptions::default(),
+        engine: EngineOptions::default(),
+        decision_interval: 0,
+        capture_dir: None,
+    };
+    let plan = SweepPlan {
+        policies: vec![shipped(policy, policy).unwrap()],
+        pipelines: vec![SweptPipeline { name: format!("traffic-{slo_ms}ms"), pipeline }],
+        loads: vec![0.05],
+        shapes: vec![Shape::parse("poisson").unwrap()],
+        seeds: vec![1],
+        duration_s: 4.0,
+        base,
+    };
+    let mut outcome = run_sweep(&plan, &simulation_loader().unwrap(), |_| {}).unwrap();
+    assert_eq!(outcome.cells.len(), 1);
+    outcome.cells.pop().unwrap()
+}
+
+#[test]
+fn an_infeasible_plan_shows_in_the_compare_report_and_the_sweep() {
+    // At an SLO of 20 ms no variant set meets the per-path cap (10 ms: the detector
+    // alone takes longer at batch 1); at 500 ms every plan is feasible.
+    let run = |slo_ms: f64| {
+        let pipeline = traffic_pipeline(&data_dir(), CLUSTER, slo_ms).unwrap();
+        let schedule = RateSchedule::parse(&"40\n".repeat(6)).unwrap();
+        let spec = SimSpec {
+            pipeline,
+            seed: 1,
+            duration: schedule.duration(),
+            executor: SimExecutorOptions::default(),
+            engine: EngineOptions::default(),
+            decision_interval: 0,
+            capture_dir: None,
+        };
+        let loader = simulation_loader().unwrap();
+        run::run(&spec, &shipped("loki", "loki").unwrap(), &loader, schedule.arrivals(1), &mut |_| {}).unwrap()
+    };
+    let infeasible = run(20.0);
+    let feasible = run(500.0);
+    let (bad, good) = (&infeasible.report.health, &feasible.report.health);
+    assert!(bad.faults.is_empty() && good.faults.is_empty(), "{:?} {:?}", bad.faults, good.faults);
+    assert!(bad.plans > 0 && good.plans > 0, "both planned: {bad:?} {good:?}");
+    assert_eq!(bad.infeasible_plans, bad.plans, "every plan at 20 ms is infeasible: {bad:?}");
+    assert!(bad.fell_back());
+    assert_eq!(good.infeasible_plans, 0, "{good:?}");
+    assert!(!good.fell_back());
+    assert_eq!(infeasible.arm.infeasible_plans(), bad.infeasible_plans);
+    assert!(infeasible.arm.metrics.contains_key("loki.demand"), "the arm collects every metric: {:?}", infeasible.arm.metrics.keys());
+
+    let mut bad_report = infeasible.report.clone();
+    bad_report.policy = "loki-20ms".into();
+    let table = yardmaster::sim::report::render_table(&[bad_report, feasible.report.clone()]);
+    let lines: Vec<&str> = table.lines().collect();
+    let header: Vec<&str> = lines[0].split("  ").map(str::trim).filter(|h| !h.is_empty()).collect();
+    let at = |name: &str| header.iter().position(|h| *h == name).unwrap_or_else(|| panic!("no {name:?} column:\n{table}"));
+    let cells: Vec<Vec<&str>> = lines[2..].iter().map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(cells[0][at("fell back")], "yes", "{table}");
+    assert_eq!(cells[0][at("infeasible")], bad.infeasible_plans.to_string(), "{table}");
+    assert_eq!(cells[1][at("fell back")], "no", "{table}");
+    assert_eq!(cells[1][at("infeasible")], "0", "{table}");
+
+    // The sweep's fallback flag counts it.
+    let bad_cell = sweep_cell("loki", 20.0);
+    assert!(bad_cell.fell_back && bad_cell.infeasible_plans > 0 && bad_cell.faults == 0, "{bad_cell:?}");
+    let good_cell = sweep_cell("loki", 500.0);
+    assert!(!good_cell.fell_back && good_cell.infeasible_plans == 0, "{good_cell:?}");
 }

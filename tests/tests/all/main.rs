@@ -8,6 +8,7 @@ mod conformance;
 mod containment;
 mod dataplane_profile;
 mod decision_cost;
+mod every_policy;
 mod languages;
 mod loading;
 mod loki_planner;
