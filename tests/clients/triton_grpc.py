@@ -108,7 +108,11 @@ def main() -> None:
     seen["unloaded_infer"] = refusal(lambda: client.infer(controlled, [wrong]))
     changed = json.dumps({"name": controlled, "max_batch_size": 2})
     client.load_model(controlled, config=changed)
-    assert client.is_model_ready(controlled), f"{controlled} not ready after load"
+    # Ready within 30 s (seen not ready at once on a machine loaded by parallel builds).
+    deadline = time.monotonic() + 30
+    while not client.is_model_ready(controlled):
+        assert time.monotonic() < deadline, f"{controlled} not ready after load"
+        time.sleep(0.1)
     seen["reloaded_config"] = client.get_model_config(controlled, as_json=True)["config"]
     seen["bad_load"] = refusal(lambda: client.load_model(controlled, config=json.dumps({"max_batch_size": "many"})))
     print(json.dumps(seen))

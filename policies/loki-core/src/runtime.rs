@@ -580,9 +580,11 @@ impl Runtime {
             }
         }
         // A scale-up may not take the cluster past its size while workers of earlier
-        // scale-downs still drain (the host counts them until they are removed): each
-        // stage holds the larger of its target and its workers; what does not fit now
-        // is asked for again at a later tick.
+        // scale-downs still drain: each stage holds the larger of its target and its
+        // workers, and what does not fit now is asked for again at a later tick. With
+        // `hardware_slack` the plans use the whole cluster, so Loki and the
+        // InferLine-like baseline meet this; the Proteus-like baseline scales as before.
+        let capped = self.settings.planner != PlannerKind::Proteus;
         let held = |requested: &BTreeMap<StageId, u32>, stage: StageId, workers: &BTreeMap<WorkerId, Assigned>| {
             let present = workers.values().filter(|a| a.stage == stage).count() as u32;
             requested.get(&stage).copied().unwrap_or(0).max(present)
@@ -590,9 +592,12 @@ impl Runtime {
         let stages: Vec<StageId> = ctx.config().stages.iter().map(|s| s.id).collect();
         let max_workers = ctx.config().max_workers;
         for (stage, replicas, variant) in ups {
-            let total: u32 = stages.iter().map(|&s| held(&self.requested, s, &self.workers)).sum();
-            let mine = held(&self.requested, stage, &self.workers);
-            let allowed = replicas.min(mine + max_workers.saturating_sub(total));
+            let allowed = if capped {
+                let total: u32 = stages.iter().map(|&s| held(&self.requested, s, &self.workers)).sum();
+                replicas.min(held(&self.requested, stage, &self.workers) + max_workers.saturating_sub(total))
+            } else {
+                replicas
+            };
             if allowed > self.requested.get(&stage).copied().unwrap_or(0) {
                 ctx.scale(stage, allowed, variant);
                 self.requested.insert(stage, allowed);
