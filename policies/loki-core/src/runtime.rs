@@ -491,9 +491,12 @@ impl Runtime {
     /// workers to spare, scale stages up or down, set batches and budgets.
     fn reconcile(&mut self, ctx: &mut Ctx) {
         let Some(plan) = self.plan.clone() else { return };
-        // Scale-downs go out before scale-ups: the host checks each scale against the
-        // cluster with the earlier ones of the call counted, so a plan that moves
-        // workers from one stage to another must free them first.
+        // For Loki and the InferLine-like baseline, whose plans use the whole cluster
+        // (`hardware_slack`), scale-downs go out before scale-ups: the host checks each
+        // scale against the cluster with the earlier ones of the call counted, so a
+        // plan that moves workers from one stage to another must free them first. The
+        // Proteus-like baseline scales stage by stage, as its plans always did.
+        let ordered = self.settings.planner != PlannerKind::Proteus;
         let mut ups: Vec<(StageId, u32, Option<VariantId>)> = Vec::new();
         for (t, task) in self.model.tasks.iter().enumerate() {
             let stage = task.stage;
@@ -574,6 +577,12 @@ impl Runtime {
                 // Raised to what is granted below.
                 self.requested.insert(stage, requested);
                 self.scaled_up_at.insert(stage, ctx.now());
+                if !ordered {
+                    for (stage, replicas, variant) in ups.drain(..) {
+                        ctx.scale(stage, replicas, variant);
+                        self.requested.insert(stage, replicas);
+                    }
+                }
             } else if target < requested {
                 ctx.scale(stage, target, None);
                 self.requested.insert(stage, target);
@@ -584,7 +593,6 @@ impl Runtime {
         // workers, and what does not fit now is asked for again at a later tick. With
         // `hardware_slack` the plans use the whole cluster, so Loki and the
         // InferLine-like baseline meet this; the Proteus-like baseline scales as before.
-        let capped = self.settings.planner != PlannerKind::Proteus;
         let held = |requested: &BTreeMap<StageId, u32>, stage: StageId, workers: &BTreeMap<WorkerId, Assigned>| {
             let present = workers.values().filter(|a| a.stage == stage).count() as u32;
             requested.get(&stage).copied().unwrap_or(0).max(present)
@@ -592,7 +600,7 @@ impl Runtime {
         let stages: Vec<StageId> = ctx.config().stages.iter().map(|s| s.id).collect();
         let max_workers = ctx.config().max_workers;
         for (stage, replicas, variant) in ups {
-            let allowed = if capped {
+            let allowed = if ordered {
                 let total: u32 = stages.iter().map(|&s| held(&self.requested, s, &self.workers)).sum();
                 replicas.min(held(&self.requested, stage, &self.workers) + max_workers.saturating_sub(total))
             } else {
