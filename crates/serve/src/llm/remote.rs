@@ -243,26 +243,18 @@ impl RemoteWorker {
 
 /// A worker's stream: open it, start its reader, then write the worker's commands in
 /// order until the worker is dropped (which finishes the stream).
-async fn worker_stream(connection: Connection, mut outbox: UnboundedReceiver<Message>, state: Arc<Mutex<State>>) {
-    let (mut send, recv) = match connection.open_bi().await {
+async fn worker_stream(connection: Connection, outbox: UnboundedReceiver<Message>, state: Arc<Mutex<State>>) {
+    let (send, recv) = match connection.open_bi().await {
         Ok(streams) => streams,
         Err(_) => return, // the connection is gone; its watcher reports the loss
     };
     tokio::spawn(read_events(recv, connection.clone(), state.clone()));
-    while let Some(message) = outbox.recv().await {
-        let frame = match framing::encode(&message) {
-            Ok(frame) => frame,
-            Err(error) => {
-                // Frames are checked before they are queued; anything else is a bug.
-                tracing::error!("remote decoders: cannot encode a {}: {error}", message.name());
-                continue;
-            }
-        };
-        if transport::write_frame(&mut send, frame).await.is_err() {
-            return;
-        }
-    }
-    let _ = send.finish();
+    transport::write_messages(send, outbox, |message, error| {
+        // Frames are checked before they are queued; anything else is a bug.
+        tracing::error!("remote decoders: cannot encode a {}: {error}", message.name());
+        None
+    })
+    .await;
 }
 
 /// Turn the node's frames on one worker stream into reports.

@@ -13,6 +13,7 @@ use yardmaster_dataplane::llm::DecoderConfig;
 use yardmaster_dataplane::{DataplaneError, Runtime, WorkerEvent};
 
 use super::framing::{DecoderMessage, FrameOutcome, Message};
+use super::node::{node_path, relative_paths_note};
 use crate::llm::worker::{DecoderThread, WorkerCommand, WorkerReport};
 use crate::llm::DecoderModel;
 
@@ -31,16 +32,9 @@ pub(super) struct DecoderHost {
 /// against `root`), or why it cannot be served.
 pub(super) fn resolve(path: &Path, config: DecoderConfig, root: Option<&Path>) -> Result<DecoderModel, String> {
     config.check().map_err(|e| format!("the decoder's dimensions are not valid: {e}"))?;
-    let path = match root {
-        Some(root) if path.is_relative() => root.join(path),
-        _ => path.to_path_buf(),
-    };
+    let path = node_path(path, root);
     if !path.is_file() {
-        let base = match root {
-            Some(root) => format!("relative paths resolve against {}", root.display()),
-            None => "relative paths resolve against the node's working folder".to_string(),
-        };
-        return Err(format!("decoder model not found at {} on this node ({base})", path.display()));
+        return Err(format!("decoder model not found at {} on this node ({})", path.display(), relative_paths_note(root)));
     }
     Ok(DecoderModel { path, config })
 }

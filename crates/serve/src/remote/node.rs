@@ -33,7 +33,7 @@ use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender};
 use yardmaster_dataplane::{assets, DataplaneError, ModelCache, ModelCatalog, Runtime, WorkerContext, WorkerEvent, WorkerPool};
 
 use super::decoder_host::{self, DecoderHost};
-use super::framing::{self, DecoderMessage, Message};
+use super::framing::{self, DecoderMessage, FrameError, Message};
 use super::transport::{self, Fingerprint, ReadError, CLOSE_PROTOCOL, CLOSE_SHUTDOWN};
 use crate::tls::Identity;
 
@@ -300,16 +300,29 @@ fn open_host(hello: Message, shared: &Shared, events: UnboundedSender<(u32, Mess
     }
 }
 
+/// `path` as this node sees it: relative paths resolve against `root` (the model
+/// folder) when there is one, else against the working folder.
+pub(super) fn node_path(path: &Path, root: Option<&Path>) -> PathBuf {
+    match root {
+        Some(root) if path.is_relative() => root.join(path),
+        _ => path.to_path_buf(),
+    }
+}
+
+/// Where this node resolves relative model paths, for refusals.
+pub(super) fn relative_paths_note(root: Option<&Path>) -> String {
+    match root {
+        Some(root) => format!("relative paths resolve against {}", root.display()),
+        None => "relative paths resolve against the node's working folder".to_string(),
+    }
+}
+
 /// The catalogue with every path resolved on this node, or why it cannot be served.
 fn resolve(mut catalog: ModelCatalog, root: Option<&Path>) -> Result<ModelCatalog, String> {
     let mut missing = Vec::new();
     for variants in &mut catalog.stages {
         for spec in variants {
-            if spec.path.is_relative() {
-                if let Some(root) = root {
-                    spec.path = root.join(&spec.path);
-                }
-            }
+            spec.path = node_path(&spec.path, root);
             if !spec.path.is_file() {
                 missing.push(format!("model {} not found at {}", spec.key, spec.path.display()));
             }
@@ -318,11 +331,7 @@ fn resolve(mut catalog: ModelCatalog, root: Option<&Path>) -> Result<ModelCatalo
     if missing.is_empty() {
         return Ok(catalog);
     }
-    let root = match root {
-        Some(root) => format!("relative paths resolve against {}", root.display()),
-        None => "relative paths resolve against the node's working folder".to_string(),
-    };
-    Err(format!("{} on this node ({root})", missing.join("; ")))
+    Err(format!("{} on this node ({})", missing.join("; "), relative_paths_note(root)))
 }
 
 /// What a stream's reader task reports.
@@ -365,7 +374,7 @@ impl Session {
         let key = self.next_key;
         self.next_key += 1;
         let (writer, outbox) = mpsc::unbounded_channel();
-        tokio::spawn(write_stream(send, outbox));
+        tokio::spawn(transport::write_messages(send, outbox, unencodable_event));
         tokio::spawn(read_stream(key, recv, self.inbound_tx.clone()));
         self.streams.insert(key, StreamState { writer, worker: None, hello });
     }
@@ -401,14 +410,14 @@ impl Session {
             return Err(format!("a {} from a controller", message.name()));
         };
         match (state.worker, &message) {
-            (None, Message::Provision { .. } | Message::Decoder(DecoderMessage::Provision { .. })) => state.worker = Some(worker),
+            (None, message) if message.is_provision() => state.worker = Some(worker),
             (None, _) => return Err(format!("a {} for worker {worker} before that stream's provision", message.name())),
             (Some(own), _) if own != worker => {
                 return Err(format!("a {} for worker {worker} on the stream of worker {own}", message.name()))
             }
             _ => {}
         }
-        if matches!(message, Message::Provision { .. } | Message::Decoder(DecoderMessage::Provision { .. })) {
+        if message.is_provision() {
             self.routes.insert(worker, key);
         }
         let (pool, provisioned) = match &mut self.host {
@@ -490,28 +499,17 @@ async fn read_stream(key: u64, mut recv: RecvStream, inbound: UnboundedSender<In
     }
 }
 
-async fn write_stream(mut send: SendStream, mut outbox: UnboundedReceiver<Message>) {
-    while let Some(message) = outbox.recv().await {
-        let frame = match framing::encode(&message) {
-            Ok(frame) => frame,
-            Err(error) => match message {
-                // Outputs too large for one frame: the job still ends, with the reason.
-                Message::Event(WorkerEvent::Finished { worker, job, duration, result: Ok(_) }) => {
-                    let error = DataplaneError::Invalid(format!("the job's outputs cannot be sent to the controller: {error}"));
-                    match framing::encode(&Message::Event(WorkerEvent::Finished { worker, job, duration, result: Err(error) })) {
-                        Ok(frame) => frame,
-                        Err(_) => continue,
-                    }
-                }
-                other => {
-                    tracing::error!("node: cannot encode a {}: {error}", other.name());
-                    continue;
-                }
-            },
-        };
-        if transport::write_frame(&mut send, frame).await.is_err() {
-            return;
+/// What a worker stream sends instead of an event that does not encode: outputs too
+/// large for one frame still end their job, with the reason.
+fn unencodable_event(message: Message, error: FrameError) -> Option<Vec<u8>> {
+    match message {
+        Message::Event(WorkerEvent::Finished { worker, job, duration, result: Ok(_) }) => {
+            let error = DataplaneError::Invalid(format!("the job's outputs cannot be sent to the controller: {error}"));
+            framing::encode(&Message::Event(WorkerEvent::Finished { worker, job, duration, result: Err(error) })).ok()
+        }
+        other => {
+            tracing::error!("node: cannot encode a {}: {error}", other.name());
+            None
         }
     }
-    let _ = send.finish();
 }

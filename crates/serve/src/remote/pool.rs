@@ -336,33 +336,25 @@ impl Drop for RemotePool {
 
 /// A worker's stream: open it, start its reader, then write the worker's commands in
 /// order until the pool drops the worker (which finishes the stream).
-async fn worker_stream(connection: Connection, mut outbox: UnboundedReceiver<Message>, shared: Arc<Mutex<Shared>>, worker: u32) {
-    let (mut send, recv) = match connection.open_bi().await {
+async fn worker_stream(connection: Connection, outbox: UnboundedReceiver<Message>, shared: Arc<Mutex<Shared>>, worker: u32) {
+    let (send, recv) = match connection.open_bi().await {
         Ok(streams) => streams,
         Err(_) => return, // the connection is gone; its watcher ends everything
     };
     tokio::spawn(read_events(recv, connection.clone(), shared.clone()));
-    while let Some(message) = outbox.recv().await {
-        let frame = match framing::encode(&message) {
-            Ok(frame) => frame,
-            Err(error) => {
-                // Checked in `start`; should it still fail, the job ends here.
-                if let Message::Start { job, .. } = message {
-                    lock(&shared).deliver(WorkerEvent::Finished {
-                        worker,
-                        job: job.id,
-                        duration: Duration::ZERO,
-                        result: Err(DataplaneError::Invalid(format!("the job cannot be sent to the node: {error}"))),
-                    });
-                }
-                continue;
-            }
-        };
-        if transport::write_frame(&mut send, frame).await.is_err() {
-            return;
+    transport::write_messages(send, outbox, |message, error| {
+        // Checked in `start`; should it still fail, the job ends here.
+        if let Message::Start { job, .. } = message {
+            lock(&shared).deliver(WorkerEvent::Finished {
+                worker,
+                job: job.id,
+                duration: Duration::ZERO,
+                result: Err(DataplaneError::Invalid(format!("the job cannot be sent to the node: {error}"))),
+            });
         }
-    }
-    let _ = send.finish();
+        None
+    })
+    .await;
 }
 
 /// Turn the node's frames on one worker stream into events.

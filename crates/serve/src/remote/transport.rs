@@ -24,6 +24,7 @@ use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, Server
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, SignatureScheme};
 use sha2::{Digest, Sha256};
+use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::framing::{self, FrameError, Message, PREFIX_LEN};
 use crate::tls::{self, Identity};
@@ -287,6 +288,30 @@ pub fn close_reason(text: &str) -> Vec<u8> {
         end -= 1;
     }
     text.as_bytes()[..end].to_vec()
+}
+
+/// Write each message of `outbox` as a frame on `send`, in order, until the outbox
+/// closes (then finish the stream) or the stream fails. A message that does not
+/// encode goes to `unencodable` with the reason, which may give a frame to send in
+/// its place (e.g. the job's end with an error). Both ends' stream writers.
+pub async fn write_messages(
+    mut send: SendStream,
+    mut outbox: UnboundedReceiver<Message>,
+    mut unencodable: impl FnMut(Message, FrameError) -> Option<Vec<u8>>,
+) {
+    while let Some(message) = outbox.recv().await {
+        let frame = match framing::encode(&message) {
+            Ok(frame) => frame,
+            Err(error) => match unencodable(message, error) {
+                Some(frame) => frame,
+                None => continue,
+            },
+        };
+        if write_frame(&mut send, frame).await.is_err() {
+            return;
+        }
+    }
+    let _ = send.finish();
 }
 
 /// Connect to the node at `address` (pinned to `pin`), send `hello` on the first

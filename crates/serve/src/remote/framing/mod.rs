@@ -197,6 +197,12 @@ impl Message {
         }
     }
 
+    /// Whether this is the first command of a worker's stream (a batch or a decoder
+    /// provision).
+    pub fn is_provision(&self) -> bool {
+        matches!(self, Message::Provision { .. } | Message::Decoder(DecoderMessage::Provision { .. }))
+    }
+
     /// The worker a command is for (`None` for hello, welcome, refused and events).
     pub fn command_worker(&self) -> Option<u32> {
         match self {
