@@ -62,12 +62,12 @@ pub struct Settings {
     /// batch latency such as `2`, the paper's rule; default `slo_share`, and
     /// `task_share` for the Proteus-like baseline).
     pub budget: BudgetRule,
-    /// Hardware scaling's slack for queueing (`hardware_slack`, 1: the paper's): STEP1 sizes the
-    /// most accurate variants for this multiple of the demand while the cluster has
-    /// the workers (else for the demand, with the idle workers added to the busiest
-    /// variants). Sized for the demand alone (`1`, the paper's STEP1) the fewest
-    /// workers run close to saturation, and queueing alone overshoots the per-task
-    /// budgets: 13–20 % of requests are dropped at a tenth of the capacity.
+    /// Hardware scaling's slack for queueing (`hardware_slack`, 2; 1 is the paper's):
+    /// STEP1 sizes the most accurate variants for this multiple of the demand while the
+    /// cluster has the workers (else for the demand, with the idle workers added to the
+    /// busiest variants). Sized for the demand alone (`1`, the paper's STEP1) the
+    /// fewest workers run close to saturation, and queueing alone overshoots the
+    /// per-task budgets: 13–20 % of requests are dropped at a tenth of the capacity.
     pub hardware_slack: f64,
     /// Give idle workers to the busiest variants after accuracy scaling
     /// (`fill_spare`, true).

@@ -148,11 +148,6 @@ impl RemoteDecoders {
         lock(&self.state).lost.clone()
     }
 
-    /// Close the connection (its workers report lost).
-    pub fn close(&self, reason: &str) {
-        self.connection.close(CLOSE_DONE, reason.as_bytes());
-    }
-
     /// Start decoder worker `worker` on the node with `threads` intra-op threads,
     /// reporting to `report`.
     pub fn provision(&self, worker: u32, threads: u32, report: Reporter) -> Result<RemoteWorker, String> {
