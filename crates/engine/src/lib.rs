@@ -56,7 +56,9 @@ pub struct EngineOptions {
     pub tick_interval: u64,
     /// Decode steps per frame on iteration stages.
     pub frame_steps: u32,
-    /// The host expires a request the policy still holds this long after its deadline.
+    /// The host expires a request the policy still holds this long after its deadline
+    /// (for a latency-sensitive LLM request: after its next token's due time on its
+    /// token timeline).
     pub expiry_grace: u64,
     /// Most intra-op threads per worker.
     pub max_threads: u32,
@@ -959,15 +961,19 @@ impl<C: Clock, X: Executor> Engine<C, X> {
                     }
                 }
                 Wakeup::Expire(origin) => {
-                    if self.state.origins.contains_key(&origin) {
-                        self.stats.expired += 1;
-                        self.end_origin(
-                            origin,
-                            Outcome::Dropped { reason: "expired: held past its deadline".into() },
-                            now,
-                            EndReason::Expired,
-                        );
+                    let Some(held) = self.state.origins.get(&origin) else { continue };
+                    // A latency-sensitive LLM stream is due token by token: it expires
+                    // a grace after its next token's due time, so a long output kept
+                    // on its timeline runs to the end.
+                    let next_due = self.accounting.llm().next_token_due(origin, held.tokens);
+                    if let Some(until) = next_due.map(|due| due.saturating_add(self.options.expiry_grace)).filter(|&t| t > now) {
+                        self.schedule(until, Wakeup::Expire(origin));
+                        continue;
                     }
+                    let reason =
+                        if next_due.is_some() { "expired: fell behind its token timeline" } else { "expired: held past its deadline" };
+                    self.stats.expired += 1;
+                    self.end_origin(origin, Outcome::Dropped { reason: reason.into() }, now, EndReason::Expired);
                 }
             }
         }

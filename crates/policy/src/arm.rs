@@ -129,6 +129,10 @@ pub struct ArmStats {
     pub memory_bytes: u64,
     /// The most linear memory any instance of the arm held after a call, bytes.
     pub peak_memory_bytes: u64,
+    /// Why a policy refused to start (its `init` returned an error), when one did:
+    /// the first such reason. A policy refuses a pipeline it does not support (Loki
+    /// one that is not a tree of tasks, for example).
+    pub init_refusal: Option<String>,
     /// The metrics its policies emitted (`host.emit`), by name.
     pub metrics: BTreeMap<String, EmittedMetric>,
     /// Emitted values not counted because [`MAX_METRIC_NAMES`] names were already
@@ -980,6 +984,9 @@ impl Arm {
     /// Handle a fault per the failure mode.
     fn fault(&mut self, fault: PolicyFault, pending: Vec<Event>, view: &dyn ClusterView) -> ArmOutput {
         *self.stats.faults.entry(fault.kind()).or_default() += 1;
+        if let PolicyFault::InitRefused(reason) = &fault {
+            self.stats.init_refusal.get_or_insert_with(|| reason.clone());
+        }
         let culprit = self.instance_label();
         tracing::error!(arm = %self.name, policy = %culprit, %fault, mode = ?self.mode, "policy fault");
         self.instance = None;

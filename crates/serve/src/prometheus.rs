@@ -1,7 +1,8 @@
 //! The Prometheus text exposition of a serving engine: requests by outcome, latency
 //! and queueing summaries, goodput, accelerator time, and the policy arm's counters
 //! (calls, decision time, fuel, faults, fallbacks, rejected actions), every series
-//! labelled by the arm. Rendered on scrape from the engine's own accounting, so the
+//! labelled by the arm; the policy's linear memory, its infeasible plans and the
+//! metrics it emits. Rendered on scrape from the engine's own accounting, so the
 //! numbers are the ones the simulator reports (one definition of every metric).
 
 use std::collections::BTreeMap;
@@ -211,6 +212,44 @@ pub fn render_arm(out: &mut Exposition, metrics: &ArmMetrics<'_>) {
     out.sample("yardmaster_policy_fuel_total", "counter", "Fuel the policy consumed (simulation mode).", &labels, policy.fuel as f64);
     out.sample("yardmaster_policy_fallbacks_total", "counter", "Times the arm fell back after a fault.", &labels, policy.fallbacks as f64);
     out.sample("yardmaster_policy_reloads_total", "counter", "Times the arm reloaded its policy.", &labels, policy.reloads as f64);
+    out.sample(
+        "yardmaster_policy_memory_bytes",
+        "gauge",
+        "Linear memory of the answering policy instance after its latest call (0 while the built-in fallback answers).",
+        &labels,
+        policy.memory_bytes as f64,
+    );
+    out.sample(
+        "yardmaster_policy_memory_peak_bytes",
+        "gauge",
+        "The most linear memory any instance of the arm's policy held.",
+        &labels,
+        policy.peak_memory_bytes as f64,
+    );
+    out.sample(
+        "yardmaster_policy_infeasible_plans_total",
+        "counter",
+        "Plans the policy reported infeasible (its plan_infeasible metric above zero): no plan meets the SLO, it serves its own fallback plan.",
+        &labels,
+        policy.infeasible_plans() as f64,
+    );
+    for (name, emitted) in &policy.metrics {
+        let labels = [("arm", arm), ("metric", name.as_str())];
+        out.sample(
+            "yardmaster_policy_emitted_values_total",
+            "counter",
+            "Values the policy emitted through the host (host.emit), by metric name.",
+            &labels,
+            emitted.count as f64,
+        );
+        out.sample(
+            "yardmaster_policy_emitted_last",
+            "gauge",
+            "The latest value the policy emitted, by metric name.",
+            &labels,
+            emitted.last,
+        );
+    }
     let swaps = &policy.swaps;
     out.sample("yardmaster_policy_swaps_total", "counter", "Hot swaps to another policy.", &labels, swaps.count as f64);
     let mut buckets: Vec<(f64, u64)> =
@@ -414,6 +453,28 @@ mod tests {
             "yardmaster_requests_ended_total{arm=\"a\",stream=\"s\",outcome=\"on_time\"} 0",
             "yardmaster_request_latency_seconds_bucket{arm=\"a\",stream=\"s\",le=\"0.2\"} 0",
             "yardmaster_request_latency_seconds_count{arm=\"a\",stream=\"s\"} 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+        }
+    }
+
+    #[test]
+    fn the_policy_s_memory_infeasible_plans_and_emitted_metrics_are_exposed() {
+        use yardmaster_policy::arm::EmittedMetric;
+        let mut policy = ArmStats { memory_bytes: 3 << 20, peak_memory_bytes: 5 << 20, ..ArmStats::default() };
+        let flag = EmittedMetric { count: 7, positive: 2, sum: 2.0, last: 0.0, min: 0.0, max: 1.0 };
+        policy.metrics.insert("loki.plan_infeasible".into(), flag);
+        policy.metrics.insert("queue_depth".into(), EmittedMetric { count: 3, positive: 3, sum: 60.0, last: 12.5, min: 12.5, max: 30.0 });
+        let engine = EngineStats::default();
+        let mut out = Exposition::new();
+        render_arm(&mut out, &ArmMetrics { arm: "a", streams: vec![], policy: &policy, engine: &engine });
+        let text = out.finish();
+        for line in [
+            "yardmaster_policy_memory_bytes{arm=\"a\"} 3145728",
+            "yardmaster_policy_memory_peak_bytes{arm=\"a\"} 5242880",
+            "yardmaster_policy_infeasible_plans_total{arm=\"a\"} 2",
+            "yardmaster_policy_emitted_values_total{arm=\"a\",metric=\"loki.plan_infeasible\"} 7",
+            "yardmaster_policy_emitted_last{arm=\"a\",metric=\"queue_depth\"} 12.5",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
         }

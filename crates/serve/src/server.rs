@@ -44,6 +44,8 @@ pub struct Server {
     pub models: Vec<String>,
     /// The device line: which device and why.
     pub device: String,
+    /// Stages served on `yardmaster node`s (the config's `[[remote]]` sections).
+    pub remote: Vec<RemotePlacement>,
     actor: ServeActor,
     admin: Admin,
     /// Model control, when models load and unload while serving.
@@ -141,7 +143,8 @@ impl Server {
         );
         let listeners = Listeners::start(&config.listen_options(), api).await?;
         let admin = Admin::start(&config.admin, Arc::new(Swapper::new(handle.clone(), sandbox, failure))).await?;
-        Ok(Server { listeners, handle, policy: policy_name, models, device, actor, admin, control, stop_polling })
+        let remote = config.remote.clone();
+        Ok(Server { listeners, handle, policy: policy_name, models, device, remote, actor, admin, control, stop_polling })
     }
 
     /// The address clients use (TCP and UDP share the port).
@@ -156,7 +159,7 @@ impl Server {
 
     /// The lines an operator sees at start: what is served, where, and how to stop.
     pub fn banner(&self) -> String {
-        banner(&self.listeners, self.admin.address, &self.models, &self.policy, &self.device)
+        banner(&self.listeners, self.admin.address, &self.models, &self.policy, &self.device, &self.remote)
     }
 
     /// One line: requests by outcome so far.
@@ -181,9 +184,17 @@ impl Server {
     }
 }
 
-/// The lines an operator sees at start: the models, the policy and the device, where
-/// the transports listen, where the metrics are, and the admin API when it runs.
-pub fn banner(listeners: &Listeners, admin: Option<std::net::SocketAddr>, models: &[String], policy: &str, device: &str) -> String {
+/// The lines an operator sees at start: the models, the policy and the device, which
+/// stages run on which node, where the transports listen, where the metrics are, and
+/// the admin API when it runs.
+pub fn banner(
+    listeners: &Listeners,
+    admin: Option<std::net::SocketAddr>,
+    models: &[String],
+    policy: &str,
+    device: &str,
+    remote: &[RemotePlacement],
+) -> String {
     let address = listeners.address();
     let mut transports = Vec::new();
     if listeners.http1.is_some() {
@@ -195,8 +206,13 @@ pub fn banner(listeners: &Listeners, admin: Option<std::net::SocketAddr>, models
     }
     let grpc = listeners.grpc.map(|grpc| format!("; gRPC on {grpc}")).unwrap_or_default();
     let admin = admin.map(|admin| format!("admin API at http://{admin}/admin/\n")).unwrap_or_default();
+    let nodes: String = remote
+        .iter()
+        .map(|r| format!("{} {} on node {}\n", if r.stages.len() == 1 { "stage" } else { "stages" }, r.stages.join(", "), r.node))
+        .collect();
+    let rest = if remote.is_empty() { "" } else { " (stages not placed on a node below)" };
     format!(
-        "serving {} with policy {policy} on {device}\nlistening on {address} ({}){grpc}\nmetrics at http://{address}/metrics\n{admin}",
+        "serving {} with policy {policy} on {device}{rest}\n{nodes}listening on {address} ({}){grpc}\nmetrics at http://{address}/metrics\n{admin}",
         models.join(", "),
         transports.join("; ")
     )

@@ -29,7 +29,7 @@ use plotters::prelude::*;
 use plotters::style::{register_font, FontStyle};
 use serde::Serialize;
 
-use yardmaster_engine::metrics::{Accounting, Histogram, Summary, Window};
+use yardmaster_engine::metrics::{Accounting, Histogram, LlmGoodputSummary, Summary, Window};
 
 const NS_PER_MS: f64 = 1e6;
 const NS_PER_S: f64 = 1e9;
@@ -47,6 +47,9 @@ pub struct RunReport {
     pub latency: Histogram,
     /// What the policy arm counted about the policy itself.
     pub health: PolicyHealth,
+    /// LLM goodput by service class (CALM's metric: LS token timelines, DS deadlines,
+    /// compound jobs); empty for pipelines without LLM stages.
+    pub llm: LlmGoodputSummary,
 }
 
 /// What a run's policy arm counted about the policy: whether it fell back, in any
@@ -104,6 +107,7 @@ impl RunReport {
             windows: accounting.windows_until(now),
             latency: accounting.latency().clone(),
             health: PolicyHealth::default(),
+            llm: accounting.llm_goodput(now),
         }
     }
 }
@@ -150,6 +154,9 @@ enum Shown {
     WhenNonZero,
     /// In the CSV only.
     CsvOnly,
+    /// In the CSV; in the table only when some run has requests of this LLM service
+    /// class (`ls`, `ds`, `cp`, `be`).
+    WhenLlmClass(&'static str),
 }
 
 /// A metric of a run: of its summary, or of its policy's health.
@@ -165,6 +172,11 @@ struct Metric {
 
 fn ms(ns: u64) -> f64 {
     ns as f64 / NS_PER_MS
+}
+
+/// The share of a run's LLM requests of `class` that met their SLO (0 when it has none).
+fn class_met(run: &RunReport, class: &str) -> f64 {
+    run.llm.classes.get(class).filter(|c| c.requests > 0).map_or(0.0, |c| c.met as f64 / c.requests as f64)
 }
 
 /// Every metric of the summary table and `summary.csv`, in column order.
@@ -226,6 +238,17 @@ const METRICS: &[Metric] = &[
         value: |r| r.summary.overall.token_goodput,
     },
     Metric {
+        label: "LLM tok/s",
+        key: "llm_token_goodput_per_s",
+        unit: Unit::Number,
+        shown: Shown::WhenNonZero,
+        value: |r| r.llm.token_goodput,
+    },
+    Metric { label: "LS met", key: "ls_met", unit: Unit::Percent, shown: Shown::WhenLlmClass("ls"), value: |r| class_met(r, "ls") },
+    Metric { label: "DS met", key: "ds_met", unit: Unit::Percent, shown: Shown::WhenLlmClass("ds"), value: |r| class_met(r, "ds") },
+    Metric { label: "CP met", key: "cp_met", unit: Unit::Percent, shown: Shown::WhenLlmClass("cp"), value: |r| class_met(r, "cp") },
+    Metric { label: "BE met", key: "be_met", unit: Unit::Percent, shown: Shown::WhenLlmClass("be"), value: |r| class_met(r, "be") },
+    Metric {
         label: "fell back",
         key: "fell_back",
         unit: Unit::Flag,
@@ -258,6 +281,7 @@ impl Metric {
             Shown::Always => true,
             Shown::WhenNonZero => runs.iter().any(|r| (self.value)(r) != 0.0),
             Shown::CsvOnly => false,
+            Shown::WhenLlmClass(class) => runs.iter().any(|r| r.llm.classes.get(class).is_some_and(|c| c.requests > 0)),
         }
     }
 }
@@ -266,8 +290,9 @@ impl Metric {
 /// goodput/s, optimal/s, goodput as % of optimal, drop rate, invalid rate, SLO
 /// attainment, p50 and p99 latency (ms), utilisation, GPU-seconds, accuracy, whether
 /// the policy fell back (a fault, the built-in fallback, or an infeasible plan of its
-/// own), and — when some run has any — failed requests, token goodput/s, infeasible
-/// plans and faults.
+/// own), and — when some run has any — failed requests, token goodput/s, LLM goodput
+/// (tokens/s by CALM's rules) and the share of each LLM service class's requests that
+/// met their SLO, infeasible plans and faults.
 pub fn render_table(runs: &[RunReport]) -> String {
     let metrics: Vec<&Metric> = METRICS.iter().filter(|m| m.in_table(runs)).collect();
     let header: Vec<String> = std::iter::once("policy").chain(metrics.iter().map(|m| m.label)).map(String::from).collect();
@@ -413,12 +438,19 @@ struct JsonRun<'a> {
     summary: &'a Summary,
     health: &'a PolicyHealth,
     windows: &'a [Window],
+    /// LLM goodput by service class (empty without LLM stages).
+    #[serde(skip_serializing_if = "is_empty_llm")]
+    llm: &'a LlmGoodputSummary,
     /// The latency distribution: `[latency_ms, fraction at or below]` per bucket.
     latency_cdf: Vec<[f64; 2]>,
 }
 
+fn is_empty_llm(llm: &&LlmGoodputSummary) -> bool {
+    llm.classes.is_empty()
+}
+
 /// Write `summary.json` into `dir` (creating it): for each run its policy, summary,
-/// windows and latency CDF. Returns its path.
+/// windows, LLM goodput by class (LLM pipelines) and latency CDF. Returns its path.
 ///
 /// # Errors
 /// Any I/O error creating the directory or writing the file.
@@ -431,6 +463,7 @@ pub fn write_json(dir: &Path, runs: &[RunReport]) -> io::Result<PathBuf> {
             summary: &run.summary,
             health: &run.health,
             windows: &run.windows,
+            llm: &run.llm,
             latency_cdf: run.latency.cdf().map(|(ns, f)| [ms(ns), f]).collect(),
         })
         .collect();
@@ -995,6 +1028,7 @@ mod tests {
             windows: Vec::new(),
             latency: Histogram::new(),
             health: PolicyHealth::default(),
+            llm: LlmGoodputSummary::default(),
         }
     }
 
@@ -1066,6 +1100,30 @@ mod tests {
         assert_eq!([rows[2][at("fell_back")], rows[2][at("infeasible_plans")], rows[2][at("plans")]], ["1", "3", "5"]);
         let json: serde_json::Value = serde_json::from_str(&fs::read_to_string(write_json(&dir, &[infeasible]).unwrap()).unwrap()).unwrap();
         assert_eq!(json["runs"][0]["health"]["infeasible_plans"], 3);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn llm_runs_show_goodput_and_each_class_met_share() {
+        use yardmaster_engine::metrics::ClassGoodput;
+        let batch = chosen_run("batch");
+        let mut llm = chosen_run("calm");
+        llm.llm.token_goodput = 1234.5;
+        llm.llm.classes.insert("ls".into(), ClassGoodput { requests: 4, met: 3, tokens: 100 });
+        llm.llm.classes.insert("ds".into(), ClassGoodput { requests: 10, met: 0, tokens: 0 });
+        let table = render_table(&[batch.clone(), llm.clone()]);
+        let lines: Vec<&str> = table.lines().collect();
+        let header: Vec<&str> = lines[0].split("  ").map(str::trim).filter(|h| !h.is_empty()).collect();
+        let column = |name: &str| header.iter().position(|h| *h == name).unwrap_or_else(|| panic!("no {name} column:\n{table}"));
+        let cells: Vec<&str> = lines[3].split_whitespace().collect();
+        assert_eq!([cells[column("LLM tok/s")], cells[column("LS met")], cells[column("DS met")]], ["1234.50", "75.0%", "0.0%"], "{table}");
+        assert!(!table.contains("CP met") && !table.contains("BE met"), "classes without requests stay out:\n{table}");
+        let table = render_table(std::slice::from_ref(&batch));
+        assert!(!table.contains("LLM tok/s") && !table.contains("LS met"), "{table}");
+        let dir = scratch("llm-classes");
+        let json: serde_json::Value = serde_json::from_str(&fs::read_to_string(write_json(&dir, &[batch, llm]).unwrap()).unwrap()).unwrap();
+        assert!(json["runs"][0].get("llm").is_none());
+        assert_eq!(json["runs"][1]["llm"]["classes"]["ls"]["met"], 3);
         fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -19,6 +19,7 @@ use yardmaster_engine::{Engine, EngineOptions, EngineStats, ManualClock, Pipelin
 use yardmaster_formats::rng::SimRng;
 use yardmaster_formats::trace::{ArrivalRecord, BatchRecord, TraceHeader, TraceRecord, TraceWriter};
 use yardmaster_formats::workload::Arrival;
+use yardmaster_policy::contract::StageKind;
 use yardmaster_policy::{Arm, ArmStats, FailureMode, PolicyLoader};
 
 /// Most consecutive decision points at one instant that only deliver events the
@@ -126,9 +127,10 @@ pub fn run_with_jobs(
     };
     let mut arrivals = workload.take_while(|a| a.at < spec.duration).peekable();
     let mut driver = CompoundDriver::new(jobs.into_iter().filter(|j| j.at < spec.duration).collect());
-    let drain_limit = (spec.duration + spec.pipeline.streams.iter().map(|s| s.slo_ns).max().unwrap_or(0)).max(driver.last_deadline())
+    let mut drain_limit = (spec.duration + spec.pipeline.streams.iter().map(|s| s.slo_ns).max().unwrap_or(0)).max(driver.last_deadline())
         + spec.engine.expiry_grace
         + 1_000_000_000;
+    let llm_streams = spec.pipeline.stages.iter().any(|s| s.kind == StageKind::Iteration);
     let mut events = 0u64;
     let mut caused_rounds = 0u32;
     let mut next_progress = 0u64;
@@ -157,6 +159,14 @@ pub fn run_with_jobs(
             let a = arrivals.next().expect("peeked");
             events += 1;
             let stream = a.stream % streams;
+            if llm_streams {
+                // A latency-sensitive stream runs on its token timeline past its first
+                // token's deadline (the engine expires it only once it falls behind):
+                // the drain waits for its last token.
+                let tokens = if a.expected_tokens == 0 { crate::executor::DEFAULT_OUTPUT_TOKENS } else { a.expected_tokens };
+                let last_token = a.at + spec.pipeline.streams[stream as usize].slo_ns + tokens as u64 * spec.engine.ls_time_between_tokens;
+                drain_limit = drain_limit.max(last_token + spec.engine.expiry_grace + 1_000_000_000);
+            }
             let id = engine.submit(Submission {
                 stream,
                 sent_at: a.at,
@@ -227,7 +237,7 @@ pub fn run_with_jobs(
     let simulated = clock_now(&clock);
     let mut report = crate::report::RunReport::from_accounting(&policy.name, engine.accounting(), simulated);
     report.health = crate::report::PolicyHealth::from_arm(engine.arm().stats());
-    let llm = engine.accounting().llm_goodput(simulated);
+    let llm = report.llm.clone();
     Ok(RunOutcome {
         report,
         engine: engine.stats().clone(),

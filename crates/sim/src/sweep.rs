@@ -156,6 +156,9 @@ pub struct CellResult {
     pub faults: u64,
     /// Plans the policy reported infeasible (served by its own fallback plan).
     pub infeasible_plans: u64,
+    /// Why the policy refused to start on this pipeline, when it did: the pipeline is
+    /// not one it supports, and the built-in fallback served the run.
+    pub refused: Option<String>,
     /// Policy time per event, ns.
     pub ns_per_event: f64,
     /// The longest policy call, µs.
@@ -206,6 +209,9 @@ pub struct SweepRow {
     pub cliff: bool,
     /// A low-load miss (Poisson, load ≤ [`LOW_LOAD_MAX`], on time under [`LOW_LOAD_ON_TIME`]).
     pub low_load_miss: bool,
+    /// Why the policy refused the pipeline, when it did in some seed: the cell is not
+    /// the policy's (it neither counts as a cliff nor as a miss).
+    pub refused: Option<String>,
 }
 
 /// The whole sweep.
@@ -246,8 +252,23 @@ struct Cell<'a> {
 }
 
 /// The capacity bound of `pipeline`, requests per second; an error when it has none
-/// (no stage a stream reaches).
+/// (no stage a stream reaches) or when it is an LLM pipeline.
+///
+/// An iteration (LLM) stage serves a request over as many decode steps as it has
+/// output tokens, so the request-rate bound (one step a piece) holds but is loose by
+/// the output length, and load multiples of it mean nothing. CALM's sweep over load
+/// (0.5× to 10× of a token-based capacity, no cliff, on time at half capacity) is in
+/// its reproduction's tests (`reproduce::calm`, docs/calm.md).
 pub fn capacity(pipeline: &Pipeline) -> Result<f64> {
+    if let Some(stage) = pipeline.stages.iter().find(|s| s.kind == yardmaster_policy::contract::StageKind::Iteration) {
+        return Err(anyhow!(
+            "pipeline {:?} has an LLM (iteration) stage, {:?}: the sweep's capacity is in requests per second at one step a piece, \
+             which an LLM's decode steps do not fit; CALM's load sweep is in `cargo test -p yardmaster-sim reproduce::calm` \
+             (see docs/calm.md), its goodput by class in `yardmaster sim compare`",
+            pipeline.name,
+            stage.name
+        ));
+    }
     let capacity = bound::capacity_bound(pipeline, pipeline.max_workers);
     if capacity.is_finite() && capacity > 0.0 {
         Ok(capacity)
@@ -330,6 +351,7 @@ fn run_cell(plan: &SweepPlan, loader: &PolicyLoader, cell: &Cell) -> Result<Cell
         fell_back: outcome.report.health.fell_back(),
         faults,
         infeasible_plans: outcome.report.health.infeasible_plans,
+        refused: outcome.arm.init_refusal.clone(),
         ns_per_event: outcome.arm.call_time.as_nanos() as f64 / outcome.arm.events.max(1) as f64,
         longest_call_us: outcome.arm.max_call_time.as_secs_f64() * 1e6,
         wall_s: outcome.wall.as_secs_f64(),
@@ -362,7 +384,8 @@ pub fn summarise(cells: Vec<CellResult>) -> SweepOutcome {
             let on_time = mean(&|r| r.on_time);
             let of_best_lower = best_lower.filter(|b| *b > 0.0).map(|b| goodput / b);
             let ns_per_event = mean(&|r| r.ns_per_event);
-            if (*load - 1.0).abs() < 1e-9 {
+            let refused = runs.iter().find_map(|r| r.refused.clone());
+            if (*load - 1.0).abs() < 1e-9 && refused.is_none() {
                 cost_at_one = Some(ns_per_event);
             }
             rows.push(SweepRow {
@@ -383,13 +406,16 @@ pub fn summarise(cells: Vec<CellResult>) -> SweepOutcome {
                 ns_per_event,
                 longest_call_us: runs.iter().map(|r| r.longest_call_us).fold(0.0, f64::max),
                 of_best_lower,
-                cliff: of_best_lower.is_some_and(|f| f < CLIFF_FRACTION),
-                low_load_miss: key.2 == "poisson" && *load <= LOW_LOAD_MAX + 1e-9 && on_time < LOW_LOAD_ON_TIME,
+                cliff: refused.is_none() && of_best_lower.is_some_and(|f| f < CLIFF_FRACTION),
+                low_load_miss: refused.is_none() && key.2 == "poisson" && *load <= LOW_LOAD_MAX + 1e-9 && on_time < LOW_LOAD_ON_TIME,
+                refused: refused.clone(),
             });
-            best_lower = Some(best_lower.map_or(goodput, |b: f64| b.max(goodput)));
+            if refused.is_none() {
+                best_lower = Some(best_lower.map_or(goodput, |b: f64| b.max(goodput)));
+            }
         }
         if let (Some(at_one), Some((top, runs))) = (cost_at_one, by_load.last()) {
-            if *top > 1.0 && at_one > 0.0 {
+            if *top > 1.0 && at_one > 0.0 && runs.iter().all(|r| r.refused.is_none()) {
                 let at_top = runs.iter().map(|r| r.ns_per_event).sum::<f64>() / runs.len() as f64;
                 cost_growth.push(CostGrowth {
                     policy: key.0.clone(),
@@ -427,6 +453,7 @@ pub fn render_table(outcome: &SweepOutcome) -> String {
     );
     for r in &outcome.rows {
         let flag = match (r.cliff, r.low_load_miss, r.fell_back) {
+            _ if r.refused.is_some() => "n/a",
             (true, _, _) => "CLIFF",
             (_, true, _) => "LATE",
             (_, _, true) => "fb",
@@ -449,6 +476,19 @@ pub fn render_table(outcome: &SweepOutcome) -> String {
             r.ns_per_event,
             r.longest_call_us
         );
+    }
+    let mut refusals: Vec<(&str, &str, &str)> = Vec::new();
+    for r in &outcome.rows {
+        let refusal = r.refused.as_deref().map(|why| (r.policy.as_str(), r.pipeline.as_str(), why));
+        if let Some(refusal) = refusal.filter(|x| !refusals.contains(x)) {
+            refusals.push(refusal);
+        }
+    }
+    if !refusals.is_empty() {
+        let _ = writeln!(out, "\nnot supported (the policy refused the pipeline; the built-in fallback served, flagged n/a):");
+        for (policy, pipeline, why) in refusals {
+            let _ = writeln!(out, "  {policy} on {pipeline}: {why}");
+        }
     }
     let cliffs: Vec<&SweepRow> = outcome.rows.iter().filter(|r| r.cliff).collect();
     let misses: Vec<&SweepRow> = outcome.rows.iter().filter(|r| r.low_load_miss).collect();
@@ -482,13 +522,13 @@ pub fn render_table(outcome: &SweepOutcome) -> String {
 pub fn write_files(dir: &Path, outcome: &SweepOutcome) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir)?;
     let mut csv = String::from(
-        "policy,pipeline,shape,load,seed,capacity,offered,goodput,goodput_of_bound,drop_rate,invalid_rate,on_time,accuracy,fell_back,faults,infeasible_plans,ns_per_event,longest_call_us,attainment\n",
+        "policy,pipeline,shape,load,seed,capacity,offered,goodput,goodput_of_bound,drop_rate,invalid_rate,on_time,accuracy,fell_back,faults,infeasible_plans,ns_per_event,longest_call_us,attainment,refused\n",
     );
     for c in &outcome.cells {
         let attainment: Vec<String> = c.attainment.iter().map(|(s, a)| format!("{s}={a:.4}")).collect();
         let _ = writeln!(
             csv,
-            "{},{},{},{},{},{:.3},{:.3},{:.3},{:.4},{:.4},{:.4},{:.4},{:.4},{},{},{},{:.0},{:.1},{}",
+            "{},{},{},{},{},{:.3},{:.3},{:.3},{:.4},{:.4},{:.4},{:.4},{:.4},{},{},{},{:.0},{:.1},{},{}",
             c.policy,
             c.pipeline,
             c.shape,
@@ -507,7 +547,8 @@ pub fn write_files(dir: &Path, outcome: &SweepOutcome) -> Result<Vec<PathBuf>> {
             c.infeasible_plans,
             c.ns_per_event,
             c.longest_call_us,
-            attainment.join(";")
+            attainment.join(";"),
+            c.refused.as_deref().map(|why| format!("\"{}\"", why.replace('"', "\"\""))).unwrap_or_default()
         );
     }
     let csv_path = dir.join("sweep.csv");
@@ -595,8 +636,12 @@ fn draw_heatmap<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, policy: &str,
     let err = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
     root.fill(&WHITE).map_err(err)?;
     let text = |size: i32| ("sans-serif", size).into_font().color(&BLACK);
-    root.draw(&Text::new(format!("{policy}: goodput ÷ optimal bound by load (× capacity); framed: a cliff"), (10, 10), text(18)))
-        .map_err(err)?;
+    root.draw(&Text::new(
+        format!("{policy}: goodput ÷ optimal bound by load (× capacity); framed: a cliff; n/a: refused"),
+        (10, 10),
+        text(18),
+    ))
+    .map_err(err)?;
     for (column, load) in grid.loads.iter().enumerate() {
         let x = MARGIN.0 + CELL.0 * column as i32;
         root.draw(&Text::new(format!("{load}×"), (x + CELL.0 / 3, MARGIN.1 - 24), text(15))).map_err(err)?;
@@ -608,6 +653,10 @@ fn draw_heatmap<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, policy: &str,
             let x = MARGIN.0 + CELL.0 * column as i32;
             let corners = [(x, y), (x + CELL.0 - 2, y + CELL.1 - 2)];
             match grid.cells.get(&(line, column)) {
+                Some(row) if row.refused.is_some() => {
+                    root.draw(&Rectangle::new(corners, RGBColor(235, 235, 235).filled())).map_err(err)?;
+                    root.draw(&Text::new("n/a", (x + 24, y + CELL.1 / 3), text(15))).map_err(err)?;
+                }
                 Some(row) => {
                     root.draw(&Rectangle::new(corners, heat(row.goodput_of_bound).filled())).map_err(err)?;
                     if row.cliff {
@@ -653,6 +702,7 @@ mod tests {
             fell_back: false,
             faults: 0,
             infeasible_plans: 0,
+            refused: None,
             ns_per_event: ns,
             longest_call_us: 1.0,
             wall_s: 0.1,
@@ -686,6 +736,34 @@ mod tests {
         let table = render_table(&outcome);
         assert!(table.contains("cliffs (goodput under 0.9 of the best at a lower load): 1"), "{table}");
         assert!(table.contains("cliff on p poisson at 5×"), "{table}");
+    }
+
+    #[test]
+    fn a_pipeline_the_policy_refuses_is_not_applicable_rather_than_a_cliff() {
+        let refused = |load: f64, goodput: f64, on_time: f64| CellResult {
+            refused: Some("stage 3 has two parents: Loki needs a tree of tasks".into()),
+            ..cell("tree-only", "poisson", load, 1, goodput, on_time, 100.0)
+        };
+        let outcome = summarise(vec![refused(0.5, 50.0, 0.9), refused(1.0, 10.0, 0.1), refused(2.0, 5.0, 0.02)]);
+        assert!(outcome.rows.iter().all(|r| !r.cliff && !r.low_load_miss && r.refused.is_some()), "{:?}", outcome.rows);
+        assert!(outcome.cost_growth.is_empty(), "the fallback's cost is not the policy's");
+        let table = render_table(&outcome);
+        assert!(table.contains("tree-only on p: stage 3 has two parents") && table.contains(" n/a"), "{table}");
+        assert!(table.contains("cliffs (goodput under 0.9 of the best at a lower load): 0"), "{table}");
+        let dir = std::env::temp_dir().join(format!("yardmaster-sweep-refused-{}", std::process::id()));
+        let files = write_files(&dir, &outcome).unwrap();
+        let csv = std::fs::read_to_string(&files[0]).unwrap();
+        assert!(csv.lines().nth(1).unwrap().ends_with(",\"stage 3 has two parents: Loki needs a tree of tasks\""), "{csv}");
+        write_heatmaps(&dir, &outcome).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_llm_pipeline_is_refused_with_where_its_load_sweep_is() {
+        let llm = yardmaster_formats::presets::pipeline("llm").unwrap();
+        let error = capacity(&llm).unwrap_err().to_string();
+        assert!(error.contains("LLM (iteration) stage") && error.contains("reproduce::calm"), "{error}");
+        assert!(capacity(&yardmaster_formats::presets::pipeline("vision-chain").unwrap()).unwrap() > 0.0);
     }
 
     #[test]

@@ -22,6 +22,8 @@ pub(crate) struct Server {
     pub(crate) grpc: Option<String>,
     pub(crate) certificate: PathBuf,
     pub(crate) dir: PathBuf,
+    /// The banner's lines before "listening on …".
+    pub(crate) banner: Vec<String>,
 }
 
 /// The HTTP address and the gRPC one (when on) of the banner's "listening on …" line.
@@ -65,14 +67,16 @@ pub(crate) fn serve(name: &str, pipeline: &str, extra: &str) -> Server {
         .spawn()
         .expect("the yardmaster binary starts");
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut banner = Vec::new();
     let (address, grpc) = loop {
         let line = lines.next().expect("serve printed its address before exiting").unwrap();
         if let Some(addresses) = listening_addresses(&line) {
             break addresses;
         }
+        banner.push(line);
     };
     std::thread::spawn(move || for _ in lines {});
-    Server { child, address, grpc, certificate: dir.join("state/tls/cert.pem"), dir }
+    Server { child, address, grpc, certificate: dir.join("state/tls/cert.pem"), dir, banner }
 }
 
 /// A program of the toolchains `scripts/setup.sh --deps` installs
@@ -238,6 +242,8 @@ fn one_pipeline_split_across_two_hosts_reads_text() {
     let dir = scratch("nodes");
     let (mut node_process, node_address, pin) = node(&dir);
     let server = serve("split", "ocr", &format!("[[remote]]\nstages = [\"cls\", \"rec\"]\nnode = \"{node_address}\"\npin = \"{pin}\"\n"));
+    let placed = format!("stages cls, rec on node {node_address}");
+    assert!(server.banner.iter().any(|l| *l == placed), "the banner says where the stages run: {:?}", server.banner);
     let body = server.dir.join("page.json");
     let image = yardmaster_dataplane::ocr::sample::render_text(&["SPLIT ACROSS HOSTS"], 32.0, 480, 80, 10.0, 10.0).unwrap();
     // A generous deadline (Triton's `timeout`, 30 s): this test is about the split, and

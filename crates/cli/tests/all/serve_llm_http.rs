@@ -314,6 +314,7 @@ async fn an_llm_pipeline_decodes_on_a_node_and_its_requests_end_once_when_the_no
     assert!(error.contains("\"decode\"") && error.contains("generate"), "{error}");
 
     let server = LlmServer::start(&config).await.unwrap();
+    assert!(server.banner().contains(&format!("\nstage generate on node {node_address}\n")), "{}", server.banner());
     let address = server.address();
     let cases: Vec<(&str, Vec<i64>, u64)> =
         (0..6).map(|i| (if i % 2 == 0 { "ls" } else { "ds" }, prompt(5 + 17 * i, 100 + i as u64), 3 + 4 * i as u64)).collect();

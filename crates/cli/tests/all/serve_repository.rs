@@ -111,16 +111,19 @@ pub(crate) fn serve_repository_with(dir: &Path, models: &Path, extra: &[&str]) -
         .spawn()
         .expect("the yardmaster binary starts");
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut banner = Vec::new();
     let (address, grpc) = loop {
         let Some(line) = lines.next() else {
             panic!("serve exited before listening:\n{}", std::fs::read_to_string(&stderr).unwrap_or_default());
         };
-        if let Some(addresses) = listening_addresses(&line.unwrap()) {
+        let line = line.unwrap();
+        if let Some(addresses) = listening_addresses(&line) {
             break addresses;
         }
+        banner.push(line);
     };
     std::thread::spawn(move || for _ in lines {});
-    (Server { child, address, grpc, certificate: dir.join("state/tls/cert.pem"), dir: dir.to_path_buf() }, stderr)
+    (Server { child, address, grpc, certificate: dir.join("state/tls/cert.pem"), dir: dir.to_path_buf(), banner }, stderr)
 }
 
 /// Start `yardmaster serve --model-repository` on a free port; stderr goes to a file.

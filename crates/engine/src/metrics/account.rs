@@ -904,6 +904,11 @@ impl Accounting {
         self.series.windows_until(now)
     }
 
+    /// The LLM goodput accounting, to read (see [`LlmGoodput`]).
+    pub fn llm(&self) -> &LlmGoodput {
+        &self.llm
+    }
+
     /// The LLM goodput accounting (the engine feeds it; see [`LlmGoodput`]).
     pub fn llm_mut(&mut self) -> &mut LlmGoodput {
         &mut self.llm

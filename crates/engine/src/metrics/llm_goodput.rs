@@ -152,6 +152,15 @@ impl LlmGoodput {
         self.live.insert(id, Tracked { class, sent_at, deadline, input, on_time_tokens: 0, late_tokens: 0, job });
     }
 
+    /// When the next token of request `id`, which has emitted `emitted` tokens, is due
+    /// on its token timeline — `None` unless it is a tracked latency-sensitive request.
+    /// The engine expires such a request a grace after this, not after its first
+    /// token's deadline, so that a long stream on its timeline is not cut off.
+    pub fn next_token_due(&self, id: u64, emitted: u32) -> Option<u64> {
+        let t = self.live.get(&id)?;
+        (t.class == ServiceClass::Latency).then(|| t.deadline.saturating_add(emitted as u64 * self.tbt_ns))
+    }
+
     /// A frame (of `steps` decode steps, `duration` ns, started at `started`) emitted
     /// `count` tokens of request `id`, which had emitted `before` tokens.
     pub fn tokens_emitted(&mut self, id: u64, started: u64, duration: u64, steps: u32, before: u32, count: u32) {

@@ -964,6 +964,45 @@ fn a_sequence_whose_request_ends_while_its_frame_runs_leaves_with_the_frame() {
     assert_eq!(engine.arm().stats().rejected_total(), 0);
 }
 
+/// A latency-sensitive LLM stream (`ls`, first token due in 1 s) on one worker.
+fn ls_llm_pipeline() -> Pipeline {
+    let text = "name = \"llm\"\n[[stage]]\nname = \"generate\"\nkind = \"iteration\"\nmax_batch = 4\nreplicas = 1\n\
+                worker_memory_mib = 40960\n[[stage.variant]]\nname = \"m\"\nalpha_ms = 1.0\nbeta_ms = 10.0\n\
+                [[stream]]\nname = \"ls\"\nentry = \"generate\"\nslo_ms = 1000\n";
+    from_toml(text, "llm").unwrap()
+}
+
+#[test]
+fn a_long_stream_on_its_token_timeline_is_not_expired_and_one_that_stalls_is() {
+    let (mut engine, clock) = engine_with::<ResumeResident>(ls_llm_pipeline());
+    let tbt = EngineOptions::default().ls_time_between_tokens;
+    let grace = EngineOptions::default().expiry_grace;
+    let id = engine.submit(Submission { input_size: 100, expected_tokens: 1_000, ..Default::default() });
+    engine.flush();
+    // Eight tokens every 500 ms, ahead of a token every 100 ms: 20 s of output, four
+    // times past the first token's deadline plus the grace.
+    for _ in 0..40 {
+        clock.set(clock.now() + 500 * MS);
+        engine.advance();
+        finish_frames(&mut engine, 8);
+    }
+    assert!(engine.take_ended().is_empty(), "a stream on its timeline was ended");
+    // Then it stalls: it ends a grace after its next token's due time, not before.
+    let next_due = 1_000 * MS + 320 * tbt;
+    let stalled = std::mem::take(&mut engine.executor_mut().started);
+    assert_eq!(stalled.len(), 1);
+    clock.set(next_due + grace - MS);
+    engine.advance();
+    engine.flush();
+    assert!(engine.take_ended().is_empty(), "ended before its timeline's grace ran out");
+    clock.set(next_due + grace + MS);
+    engine.advance();
+    engine.flush();
+    let ended = engine.take_ended();
+    assert_eq!(ended.iter().map(|e| e.id).collect::<Vec<_>>(), [id]);
+    assert!(matches!(&ended[0].outcome, Outcome::Dropped { reason } if reason.contains("token timeline")), "{:?}", ended[0].outcome);
+}
+
 /// Dispatches a request it does not hold the first time, then what it holds when
 /// told a worker is idle.
 #[derive(Default)]

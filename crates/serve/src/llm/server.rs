@@ -54,6 +54,8 @@ pub struct LlmServer {
     pub models: Vec<String>,
     /// The device line: which device and why.
     pub device: String,
+    /// Stages whose decoders run on `yardmaster node`s (the `[[remote]]` sections).
+    pub remote: Vec<RemotePlacement>,
     actor: LlmActor,
     admin: Admin,
 }
@@ -101,7 +103,7 @@ impl LlmServer {
         );
         let listeners = Listeners::start(&config.listen_options(), api).await?;
         let admin = Admin::start(&config.admin, Arc::new(Swapper::new(handle.clone(), sandbox, failure))).await?;
-        Ok(LlmServer { listeners, handle, policy: policy_label, models: streams, device, actor, admin })
+        Ok(LlmServer { listeners, handle, policy: policy_label, models: streams, device, remote: config.remote.clone(), actor, admin })
     }
 
     /// The address clients use (TCP and UDP share the port).
@@ -116,7 +118,7 @@ impl LlmServer {
 
     /// The lines an operator sees at start.
     pub fn banner(&self) -> String {
-        banner(&self.listeners, self.admin.address, &self.models, &self.policy, &self.device)
+        banner(&self.listeners, self.admin.address, &self.models, &self.policy, &self.device, &self.remote)
     }
 
     /// One line: requests by outcome so far.
