@@ -557,14 +557,22 @@ fn try_sim_compare(policies: &[String], args: &SimArgs) -> anyhow::Result<()> {
         eprintln!();
     }
     for o in &outcomes {
+        // The policy's linear memory after a tenth of the run (the warm-up) and at its
+        // end: flat when the two agree.
+        let memory_at = |fraction: f64| {
+            let at = (o.simulated as f64 * fraction) as u64;
+            o.memory.iter().take_while(|(t, _)| *t <= at).last().map_or(0, |(_, bytes)| *bytes) >> 10
+        };
         eprintln!(
-            "  {}: {} events in {:.2} s wall ({:.0} events/s), {} policy calls, {} faults",
+            "  {}: {} events in {:.2} s wall ({:.0} events/s), {} policy calls, {} faults, policy memory {} KiB at a tenth of the run, {} KiB at its end",
             o.report.policy,
             o.events,
             o.wall.as_secs_f64(),
             o.events as f64 / o.wall.as_secs_f64().max(1e-9),
             o.engine.flushes,
-            o.arm.faults.values().sum::<u64>()
+            o.arm.faults.values().sum::<u64>(),
+            memory_at(0.1),
+            memory_at(1.0)
         );
     }
     let reports: Vec<_> = outcomes.into_iter().map(|o| o.report).collect();

@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use yardmaster::engine::{EngineOptions, Pipeline};
+use yardmaster::engine::{bound, EngineOptions, Pipeline};
 use yardmaster::formats::presets;
 use yardmaster::formats::workload::{Arrival, RateSchedule, SyntheticSpec};
 use yardmaster::policy::contract::Param;
@@ -14,7 +14,7 @@ use yardmaster::policy::{Limits, Mode, PolicyLoader, Sandbox};
 use yardmaster::sim::executor::SimExecutorOptions;
 use yardmaster::sim::reproduce::loki::{data_dir, traffic_pipeline, CLUSTER};
 use yardmaster::sim::reproduce::shipped;
-use yardmaster::sim::{run, sweep, RunOutcome, SimSpec};
+use yardmaster::sim::{run, RunOutcome, SimSpec};
 use yardmaster_policy_artifacts::SHIPPED;
 
 const SEC: u64 = 1_000_000_000;
@@ -41,10 +41,11 @@ fn load_pipeline(name: &str) -> Pipeline {
 
 /// Run `policy` on its pipeline for `seconds` of Poisson arrivals at `rate` per second,
 /// at most `load` × the pipeline's capacity bound (dealt round-robin over its streams),
-/// with the policy parameters `params`.
+/// with the policy parameters `params`. (The engine's request-rate bound: for the LLM
+/// pipeline, one step a piece, so `rate` is what caps it.)
 fn simulate(loader: &PolicyLoader, policy: &str, rate: f64, load: f64, seconds: u64, seed: u64, params: &[(&str, &str)]) -> RunOutcome {
     let pipeline = load_pipeline(pipeline_for(policy));
-    let rate = rate.min(load * sweep::capacity(&pipeline).unwrap());
+    let rate = rate.min(load * bound::capacity_bound(&pipeline, pipeline.max_workers));
     let duration = seconds * SEC;
     let arrivals = SyntheticSpec::poisson(rate, duration).build(seed).unwrap();
     simulate_arrivals(loader, policy, pipeline, arrivals, duration, seed, params)
