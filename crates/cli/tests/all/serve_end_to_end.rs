@@ -243,7 +243,7 @@ fn one_pipeline_split_across_two_hosts_reads_text() {
     let (mut node_process, node_address, pin) = node(&dir);
     let server = serve("split", "ocr", &format!("[[remote]]\nstages = [\"cls\", \"rec\"]\nnode = \"{node_address}\"\npin = \"{pin}\"\n"));
     let placed = format!("stages cls, rec on node {node_address}");
-    assert!(server.banner.iter().any(|l| *l == placed), "the banner says where the stages run: {:?}", server.banner);
+    assert!(server.banner.contains(&placed), "the banner says where the stages run: {:?}", server.banner);
     let body = server.dir.join("page.json");
     let image = yardmaster_dataplane::ocr::sample::render_text(&["SPLIT ACROSS HOSTS"], 32.0, 480, 80, 10.0, 10.0).unwrap();
     // A generous deadline (Triton's `timeout`, 30 s): this test is about the split, and
