@@ -149,14 +149,16 @@ pub fn form_batch(
         }
         let overshoot = finish - checkpoint;
         // Under `DropWhen::Deadline` an overshoot alone does not drop a request that
-        // can still make its deadline; it is checked again before each batch.
+        // can still make its deadline: the scan stops there, as at a request within
+        // its budget, and the requests behind it are checked when they reach the head.
+        // (Scanning past it re-examined the whole queue before every batch: at 4,800
+        // requests/s on five-stage one call of events ran out of fuel.)
         let reachable = worker.drop_when == DropWhen::Deadline && finish.saturating_add(worker.downstream_ns) <= request.deadline;
         if mode == DropMode::PerTask {
             if reachable {
-                index += 1;
-            } else {
-                formed.dropped.push(queue.remove(index).expect("index").id);
+                break;
             }
+            formed.dropped.push(queue.remove(index).expect("index").id);
             continue;
         }
         if worker.leaf {
@@ -172,7 +174,7 @@ pub fn form_batch(
                 formed.pinned.push((queue[index].clone(), pins));
                 index += 1;
             }
-            None if reachable => index += 1,
+            None if reachable => break,
             None => {
                 formed.dropped.push(queue.remove(index).expect("index").id);
             }

@@ -183,6 +183,10 @@ pub struct Runtime {
     routing: Routing,
     /// Whether `routing` was rebuilt since it was last sent to the host.
     routes_unsent: bool,
+    /// Workers were added in this call: reconcile, rebalance and route the orphans
+    /// once, after its events (a call that adds 60 workers did it 60 times and ran
+    /// out of an event call's fuel).
+    workers_added: bool,
     /// The Resource Manager's MILP in progress, advanced one slice per call.
     job: Option<Box<PlanJob>>,
     stats: RuntimeStats,
@@ -266,6 +270,7 @@ impl Runtime {
             scaled_up_at: BTreeMap::new(),
             routing: Routing::default(),
             routes_unsent: false,
+            workers_added: false,
             job: None,
             stats: RuntimeStats::default(),
             model,
@@ -383,14 +388,20 @@ impl Runtime {
             .collect()
     }
 
+    /// The processing time a path may take (ms): half of what the SLO leaves after
+    /// the hops between tasks.
+    fn path_cap_ms(&self) -> f64 {
+        (self.model.slo_ms - self.settings.comm_ms * self.model.branches.iter().map(Vec::len).max().unwrap_or(1) as f64) / 2.0
+    }
+
     /// Run the flavour's planner for demand `estimate` and apply the plan. With
     /// `slice_now`, a MILP that does not finish at once gets its first slice in this
-    /// call; without (a call of request events, whose budget is a tick's fiftieth),
-    /// its first slice waits for the next tick, and the interim plan serves.
+    /// call; without (a call of request events, whose fuel is a tick's fiftieth), its
+    /// first slice waits for the next tick, and the interim plan serves meanwhile.
     fn replan(&mut self, ctx: &mut Ctx, estimate: f64, slice_now: bool) {
         let factors = self.factors();
         let demand = estimate * self.settings.headroom;
-        let cap_ms = (self.model.slo_ms - self.settings.comm_ms * self.model.branches.iter().map(Vec::len).max().unwrap_or(1) as f64) / 2.0;
+        let cap_ms = self.path_cap_ms();
         let cluster = self.settings.cluster;
         let plan = match self.settings.planner {
             PlannerKind::Loki => {
@@ -885,9 +896,17 @@ impl Runtime {
         let assigned = Self::assigned_for(&self.model, &self.settings, ctx, &worker);
         self.workers.insert(worker.id, assigned);
         self.queues.entry(worker.id).or_default();
+        self.workers_added = true;
+    }
+
+    /// After a call's events, when workers were added: reconcile the plan, rebalance,
+    /// and route the requests that found no worker of their task.
+    fn settle_added_workers(&mut self, ctx: &mut Ctx) {
+        if !std::mem::take(&mut self.workers_added) {
+            return;
+        }
         self.reconcile(ctx);
         self.balance();
-        // Requests that found no worker of their task.
         let tasks: Vec<usize> = self.orphans.keys().copied().collect();
         for task in tasks {
             let waiting = self.orphans.remove(&task).unwrap_or_default();
@@ -1040,6 +1059,7 @@ impl<F: Flavour> Policy for LokiPolicy<F> {
     }
 
     fn on_events_done(&mut self, ctx: &mut Ctx) {
+        self.runtime.settle_added_workers(ctx);
         self.runtime.plan_first(ctx);
         self.runtime.flush_telemetry();
         self.runtime.send_routes(ctx);
