@@ -559,10 +559,7 @@ fn try_sim_compare(policies: &[String], args: &SimArgs) -> anyhow::Result<()> {
     for o in &outcomes {
         // The policy's linear memory after a tenth of the run (the warm-up) and at its
         // end: flat when the two agree.
-        let memory_at = |fraction: f64| {
-            let at = (o.simulated as f64 * fraction) as u64;
-            o.memory.iter().take_while(|(t, _)| *t <= at).last().map_or(0, |(_, bytes)| *bytes) >> 10
-        };
+        let memory_at = |fraction: f64| o.memory_at((o.simulated as f64 * fraction) as u64) >> 10;
         eprintln!(
             "  {}: {} events in {:.2} s wall ({:.0} events/s), {} policy calls, {} faults, policy memory {} KiB at a tenth of the run, {} KiB at its end",
             o.report.policy,

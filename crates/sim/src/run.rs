@@ -19,7 +19,6 @@ use yardmaster_engine::{Engine, EngineOptions, EngineStats, ManualClock, Pipelin
 use yardmaster_formats::rng::SimRng;
 use yardmaster_formats::trace::{ArrivalRecord, BatchRecord, TraceHeader, TraceRecord, TraceWriter};
 use yardmaster_formats::workload::Arrival;
-use yardmaster_policy::contract::StageKind;
 use yardmaster_policy::{Arm, ArmStats, FailureMode, PolicyLoader};
 
 /// Most consecutive decision points at one instant that only deliver events the
@@ -86,6 +85,14 @@ pub struct RunOutcome {
     pub memory: Vec<(u64, u64)>,
 }
 
+impl RunOutcome {
+    /// The policy's linear memory at simulated time `at`, bytes: the last sample of
+    /// [`RunOutcome::memory`] at or before it (0 before the first).
+    pub fn memory_at(&self, at: u64) -> u64 {
+        self.memory.iter().take_while(|(t, _)| *t <= at).last().map_or(0, |(_, bytes)| *bytes)
+    }
+}
+
 /// Run `policy` on `spec` with the arrivals of `workload`; `progress` is called with the
 /// fraction of simulated time done, now and then.
 pub fn run(
@@ -130,7 +137,7 @@ pub fn run_with_jobs(
     let mut drain_limit = (spec.duration + spec.pipeline.streams.iter().map(|s| s.slo_ns).max().unwrap_or(0)).max(driver.last_deadline())
         + spec.engine.expiry_grace
         + 1_000_000_000;
-    let llm_streams = spec.pipeline.stages.iter().any(|s| s.kind == StageKind::Iteration);
+    let llm_streams = engine.accounting().llm().is_active();
     let mut events = 0u64;
     let mut caused_rounds = 0u32;
     let mut next_progress = 0u64;

@@ -83,11 +83,6 @@ fn loader() -> PolicyLoader {
     PolicyLoader::new(Sandbox::new(Mode::Simulate, Limits { event_fuel: Limits::default().tick_fuel, ..Limits::default() }).unwrap(), None)
 }
 
-/// The policy's memory at simulated time `at` (the last sample at or before it).
-fn memory_at(out: &RunOutcome, at: u64) -> u64 {
-    out.memory.iter().take_while(|(t, _)| *t <= at).last().map_or(0, |(_, bytes)| *bytes)
-}
-
 /// How long a policy runs before its memory must stay flat, seconds (at 150 requests
 /// per second, or half the pipeline's capacity if less), and the parameters that keep
 /// its warm-up short: QUART's rate and inter-arrival windows hold a minute of arrivals
@@ -114,7 +109,7 @@ fn every_shipped_policy_keeps_its_memory_flat_over_a_long_run() {
     let results = yardmaster::sim::per_core(&names, |policy| {
         let (warm, params) = warm_up(policy);
         let out = simulate(&loader, policy, 150.0, 0.5, 2 * warm, 1, params);
-        let (after_warm_up, at_end) = (memory_at(&out, warm * SEC), memory_at(&out, 2 * warm * SEC));
+        let (after_warm_up, at_end) = (out.memory_at(warm * SEC), out.memory_at(2 * warm * SEC));
         eprintln!(
             "{policy:>16} on {:<12}: {} requests, {} events; memory {} KiB after {warm} s, {} KiB after {} s",
             pipeline_for(policy),
@@ -219,7 +214,7 @@ fn memory_by_hand() {
     yardmaster::sim::per_core(&names, |policy| {
         let started = std::time::Instant::now();
         let out = simulate(&loader, policy, rate, load, seconds, 1, &[]);
-        let tenths: Vec<String> = (0..=10).map(|k| format!("{}", memory_at(&out, k * seconds * SEC / 10) >> 10)).collect();
+        let tenths: Vec<String> = (0..=10).map(|k| format!("{}", out.memory_at(k * seconds * SEC / 10) >> 10)).collect();
         eprintln!(
             "{policy} on {} at {load}x: {} requests, {} events, faults {:?}, memory by tenths (KiB): {} ({:.0} s wall)",
             pipeline_for(policy),

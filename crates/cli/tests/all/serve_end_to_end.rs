@@ -26,6 +26,23 @@ pub(crate) struct Server {
     pub(crate) banner: Vec<String>,
 }
 
+/// `serve`'s banner up to its "listening on …" line: the lines before it, and the
+/// addresses on it. Panics with `exited()` when the output ends first.
+pub(crate) fn read_banner(
+    lines: &mut impl Iterator<Item = std::io::Result<String>>,
+    exited: impl Fn() -> String,
+) -> (Vec<String>, (String, Option<String>)) {
+    let mut banner = Vec::new();
+    loop {
+        let Some(line) = lines.next() else { panic!("{}", exited()) };
+        let line = line.unwrap();
+        if let Some(addresses) = listening_addresses(&line) {
+            return (banner, addresses);
+        }
+        banner.push(line);
+    }
+}
+
 /// The HTTP address and the gRPC one (when on) of the banner's "listening on …" line.
 pub(crate) fn listening_addresses(line: &str) -> Option<(String, Option<String>)> {
     let rest = line.strip_prefix("listening on ")?;
@@ -67,14 +84,7 @@ pub(crate) fn serve(name: &str, pipeline: &str, extra: &str) -> Server {
         .spawn()
         .expect("the yardmaster binary starts");
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut banner = Vec::new();
-    let (address, grpc) = loop {
-        let line = lines.next().expect("serve printed its address before exiting").unwrap();
-        if let Some(addresses) = listening_addresses(&line) {
-            break addresses;
-        }
-        banner.push(line);
-    };
+    let (banner, (address, grpc)) = read_banner(&mut lines, || "serve exited before printing its address".into());
     std::thread::spawn(move || for _ in lines {});
     Server { child, address, grpc, certificate: dir.join("state/tls/cert.pem"), dir, banner }
 }

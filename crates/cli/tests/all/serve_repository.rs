@@ -13,7 +13,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use super::serve_end_to_end::{http_get, listening_addresses, run_client, scratch, toolchain, Server};
+use super::serve_end_to_end::{http_get, read_banner, run_client, scratch, toolchain, Server};
 
 /// Lay out the test repository under `dir/models`; returns it.
 pub(crate) fn repository(dir: &Path) -> PathBuf {
@@ -111,17 +111,8 @@ pub(crate) fn serve_repository_with(dir: &Path, models: &Path, extra: &[&str]) -
         .spawn()
         .expect("the yardmaster binary starts");
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut banner = Vec::new();
-    let (address, grpc) = loop {
-        let Some(line) = lines.next() else {
-            panic!("serve exited before listening:\n{}", std::fs::read_to_string(&stderr).unwrap_or_default());
-        };
-        let line = line.unwrap();
-        if let Some(addresses) = listening_addresses(&line) {
-            break addresses;
-        }
-        banner.push(line);
-    };
+    let (banner, (address, grpc)) =
+        read_banner(&mut lines, || format!("serve exited before listening:\n{}", std::fs::read_to_string(&stderr).unwrap_or_default()));
     std::thread::spawn(move || for _ in lines {});
     (Server { child, address, grpc, certificate: dir.join("state/tls/cert.pem"), dir: dir.to_path_buf(), banner }, stderr)
 }
