@@ -7,6 +7,7 @@
 
 use crate::model::{multiplier, Factors, PipelineModel};
 use crate::plan::{Hosting, Plan, Regime};
+use yardmaster_sdk::helpers::bottleneck_fill;
 
 /// The cheapest batch sizes for a fixed variant choice.
 #[derive(Clone, Debug, PartialEq)]
@@ -41,37 +42,60 @@ pub fn per_query_load(model: &PipelineModel, factors: &Factors, choice: &[usize]
 }
 
 /// Every batch vector (one batch index per task) whose branches meet `cap_ms`, in
-/// odometer order; `f` gets the vector and its longest branch latency.
-fn for_each_batch_vector(model: &PipelineModel, choice: &[usize], cap_ms: f64, mut f: impl FnMut(&[usize], f64)) {
+/// odometer order (task 0's index turning fastest), less the families of vectors
+/// that `skip` rules out; `f` gets each vector and its longest branch latency. Before
+/// fixing the tasks below `from`, `skip(vector, from)` is asked (tasks `from..` fixed
+/// in `vector`, the others still free) and a `true` passes over every vector that
+/// shares those indices. Families none of whose vectors can meet the cap are passed
+/// over too, so `f` sees exactly the vectors of the full scan that `skip` does not
+/// rule out, in the same order.
+fn search_batch_vectors(
+    model: &PipelineModel,
+    choice: &[usize],
+    cap_ms: f64,
+    mut skip: impl FnMut(&[usize], usize) -> bool,
+    f: &mut dyn FnMut(&[usize], f64),
+) {
     let tasks = model.tasks.len();
-    let sizes = model.batches.len();
+    if tasks == 0 {
+        return;
+    }
+    let latency = |t: usize, b: usize| model.tasks[t].variants[choice[t]].latency_ms[b];
+    // Each task's lowest latency over the batch sizes: what a free task adds at least.
+    let fastest: Vec<f64> = (0..tasks).map(|t| (0..model.batches.len()).map(|b| latency(t, b)).fold(f64::INFINITY, f64::min)).collect();
     let mut vector = vec![0usize; tasks];
-    loop {
-        let mut worst: f64 = 0.0;
-        let mut ok = true;
-        for branch in &model.branches {
-            let latency: f64 = branch.iter().map(|&t| model.tasks[t].variants[choice[t]].latency_ms[vector[t]]).sum();
-            if latency.is_nan() || latency > cap_ms {
-                ok = false;
-                break;
-            }
-            worst = worst.max(latency);
+    // Depth-first with the highest task outermost: the leaves come in odometer order.
+    let mut stack: Vec<(usize, usize)> = vec![(tasks - 1, 0)];
+    while let Some((t, b)) = stack.pop() {
+        if b >= model.batches.len() {
+            continue;
         }
-        if ok {
-            f(&vector, worst);
-        }
-        let mut slot = 0;
-        loop {
-            if slot == tasks {
-                return;
+        stack.push((t, b + 1));
+        vector[t] = b;
+        if t == 0 {
+            let mut worst: f64 = 0.0;
+            let mut ok = true;
+            for branch in &model.branches {
+                let total: f64 = branch.iter().map(|&task| latency(task, vector[task])).sum();
+                if total.is_nan() || total > cap_ms {
+                    ok = false;
+                    break;
+                }
+                worst = worst.max(total);
             }
-            vector[slot] += 1;
-            if vector[slot] < sizes {
-                break;
+            if ok {
+                f(&vector, worst);
             }
-            vector[slot] = 0;
-            slot += 1;
+            continue;
         }
+        let hopeless = model.branches.iter().any(|branch| {
+            let least: f64 = branch.iter().map(|&task| if task >= t { latency(task, vector[task]) } else { fastest[task] }).sum();
+            least.is_nan() || least > cap_ms * (1.0 + 1e-9)
+        });
+        if hopeless || skip(&vector, t) {
+            continue;
+        }
+        stack.push((t - 1, 0));
     }
 }
 
@@ -80,23 +104,44 @@ fn for_each_batch_vector(model: &PipelineModel, choice: &[usize], cap_ms: f64, m
 /// batch vector meets the cap.
 pub fn cheapest_sizing(model: &PipelineModel, factors: &Factors, choice: &[usize], demand: f64, cap_ms: f64) -> Option<Sizing> {
     let per_query = per_query_load(model, factors, choice);
-    let replicas_at = |t: usize, b: usize| -> u32 {
-        let v = &model.tasks[t].variants[choice[t]];
-        let need = demand * per_query[t] / v.throughput(b, &model.batches);
-        ((need - 1e-9).ceil().max(1.0)) as u32
+    // Workers each task needs at each batch index; above its cap where it cannot.
+    let replicas_at: Vec<Vec<u32>> = (0..model.tasks.len())
+        .map(|t| {
+            let v = &model.tasks[t].variants[choice[t]];
+            (0..model.batches.len())
+                .map(|b| {
+                    let need = demand * per_query[t] / v.throughput(b, &model.batches);
+                    ((need - 1e-9).ceil().max(1.0)) as u32
+                })
+                .collect()
+        })
+        .collect();
+    // Each task's fewest workers at any batch size: what a free task needs at least.
+    let fewest: Vec<u32> = replicas_at.iter().map(|r| r.iter().copied().min().unwrap_or(u32::MAX)).collect();
+    let best = std::cell::RefCell::new(None::<(u32, f64, Vec<usize>)>);
+    // A family whose fewest workers exceed the best's cannot replace it.
+    let skip = |vector: &[usize], from: usize| {
+        let Some((w, ..)) = &*best.borrow() else { return false };
+        let least: u32 =
+            (0..vector.len()).map(|t| if t >= from { replicas_at[t][vector[t]] } else { fewest[t] }).fold(0u32, u32::saturating_add);
+        least > *w
     };
-    let mut best: Option<(u32, f64, Vec<usize>)> = None;
-    for_each_batch_vector(model, choice, cap_ms, |vector, latency| {
-        if vector.iter().enumerate().any(|(t, &b)| replicas_at(t, b) > model.tasks[t].max_replicas) {
-            return;
+    search_batch_vectors(model, choice, cap_ms, skip, &mut |vector, latency| {
+        let mut best = best.borrow_mut();
+        let mut workers = 0u32;
+        for (t, &b) in vector.iter().enumerate() {
+            let r = replicas_at[t][b];
+            if r > model.tasks[t].max_replicas {
+                return;
+            }
+            workers = workers.saturating_add(r);
         }
-        let workers: u32 = vector.iter().enumerate().map(|(t, &b)| replicas_at(t, b)).sum();
         if best.as_ref().is_none_or(|(w, l, _)| workers < *w || workers == *w && latency < *l - 1e-9) {
-            best = Some((workers, latency, vector.to_vec()));
+            *best = Some((workers, latency, vector.to_vec()));
         }
     });
-    let (_, max_latency, batch) = best?;
-    let replicas = batch.iter().enumerate().map(|(t, &b)| replicas_at(t, b)).collect();
+    let (_, max_latency, batch) = best.into_inner()?;
+    let replicas = batch.iter().enumerate().map(|(t, &b)| replicas_at[t][b]).collect();
     Some(Sizing { batch, replicas, per_query, max_latency })
 }
 
@@ -181,34 +226,64 @@ pub fn max_served_fraction(
     if cluster < tasks as u32 {
         return None;
     }
-    let mut best: Option<(f64, f64, Vec<usize>, Vec<u32>)> = None;
-    for_each_batch_vector(model, choice, cap_ms, |vector, latency| {
-        // Capacity of one worker in root queries per second, per task.
-        let unit: Vec<f64> = (0..tasks)
-            .map(|t| {
-                let q = model.tasks[t].variants[choice[t]].throughput(vector[t], &model.batches);
-                if per_query[t] > 0.0 {
-                    q / per_query[t]
-                } else {
-                    f64::INFINITY
-                }
-            })
-            .collect();
-        let mut replicas = vec![1u32; tasks];
-        for _ in tasks as u32..cluster {
-            let open = (0..tasks).filter(|&t| replicas[t] < model.tasks[t].max_replicas);
-            let Some(bottleneck) = open.min_by(|&a, &b| (replicas[a] as f64 * unit[a]).total_cmp(&(replicas[b] as f64 * unit[b]))) else {
-                break;
-            };
-            replicas[bottleneck] += 1;
+    // Capacity of one worker in root queries per second, per task and batch index.
+    let unit_table: Vec<Vec<f64>> = (0..tasks)
+        .map(|t| {
+            (0..model.batches.len())
+                .map(|b| {
+                    let q = model.tasks[t].variants[choice[t]].throughput(b, &model.batches);
+                    if per_query[t] > 0.0 {
+                        q / per_query[t]
+                    } else {
+                        f64::INFINITY
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    let caps: Vec<u32> = model.tasks.iter().map(|t| t.max_replicas).collect();
+    // Each task's best unit at any batch size: what a free task gives at most.
+    let best_unit: Vec<f64> = unit_table.iter().map(|u| u.iter().copied().fold(0.0, f64::max)).collect();
+    // The share of `demand` units could serve at most: the capacity passes neither
+    // `cluster / Σ 1/unit` (every task needs capacity/unit workers) nor any task's
+    // cap × unit (a hair of slack for rounding).
+    let reach = |unit: &dyn Fn(usize) -> f64| {
+        let spread = cluster as f64 / (0..tasks).map(|t| 1.0 / unit(t)).sum::<f64>();
+        let capped = (0..tasks).map(|t| caps[t] as f64 * unit(t)).fold(f64::INFINITY, f64::min);
+        let bound = spread.min(capped) * (1.0 + 1e-9);
+        if demand > 0.0 {
+            (bound / demand).min(1.0)
+        } else {
+            1.0
         }
+    };
+    let mut unit = vec![0.0; tasks];
+    let floors = vec![1u32; tasks];
+    let mut replicas = vec![1u32; tasks];
+    let best = std::cell::RefCell::new(None::<(f64, f64, Vec<usize>, Vec<u32>)>);
+    // A family that cannot come within the tie margin of the best cannot replace it.
+    let skip = |vector: &[usize], from: usize| {
+        let Some((f, ..)) = &*best.borrow() else { return false };
+        reach(&|t| if t >= from { unit_table[t][vector[t]] } else { best_unit[t] }) < *f - 1e-12
+    };
+    search_batch_vectors(model, choice, cap_ms, skip, &mut |vector, latency| {
+        let mut best = best.borrow_mut();
+        if let Some((f, ..)) = &*best {
+            if reach(&|t| unit_table[t][vector[t]]) < *f - 1e-12 {
+                return;
+            }
+        }
+        for t in 0..tasks {
+            unit[t] = unit_table[t][vector[t]];
+        }
+        bottleneck_fill(&unit, &floors, &caps, cluster, &mut replicas);
         let capacity = (0..tasks).map(|t| replicas[t] as f64 * unit[t]).fold(f64::INFINITY, f64::min);
         let fraction = if demand > 0.0 { (capacity / demand).min(1.0) } else { 1.0 };
         if best.as_ref().is_none_or(|(f, l, _, _)| fraction > *f + 1e-12 || (fraction >= *f - 1e-12 && latency < *l)) {
-            best = Some((fraction, latency, vector.to_vec(), replicas));
+            *best = Some((fraction, latency, vector.to_vec(), replicas.clone()));
         }
     });
-    let (fraction, _, batch, replicas) = best?;
+    let (fraction, _, batch, replicas) = best.into_inner()?;
     let sizing = Sizing { batch, replicas, per_query, max_latency: 0.0 };
     Some((fraction, plan_from_sizing(model, choice, &sizing, demand * fraction, Regime::Capped)))
 }

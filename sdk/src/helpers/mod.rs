@@ -76,7 +76,7 @@ pub use pipeline_policy::{planned_replicas, BrokeredPipeline, PipelineRule};
 pub use quantile::{P2Quantile, WindowQuantile};
 pub use queueing::{erlang_c, mmc_min_servers, mmc_sojourn};
 pub use ranked::{RankedLlm, Ranking};
-pub use replicas::{is_offline, replica_bounds};
+pub use replicas::{bottleneck_fill, is_offline, replica_bounds};
 pub use stage_fifo::StageFifo;
 pub use stage_graph::StageGraph;
 pub use window::{CountWindow, LinearWeightedWindow, SlidingWindow};

@@ -19,7 +19,7 @@
 //!   (a detector's 3 cars and 0.5 faces per frame) would otherwise be short of
 //!   replicas at every load.
 
-use crate::helpers::{CountWindow, StageGraph};
+use crate::helpers::{bottleneck_fill, CountWindow, StageGraph};
 use crate::{Ctx, Duration, Instant, StageId};
 
 const NS_PER_S: f64 = 1e9;
@@ -153,10 +153,12 @@ impl NexusPlan {
         ((rate * self.pieces[s] / self.throughput[s]).ceil() as u32).max(1)
     }
 
-    /// Replicas of every stage for `rate`, clamped to each stage's `bounds` (min, max)
-    /// and, when the total exceeds `max_workers`, scaled down in proportion (each
-    /// stage keeping at least its minimum, and at least one). An offline stage (its
-    /// model out of service: a maximum of 0) gets none.
+    /// Replicas of every stage for `rate`, clamped to each stage's `bounds` (min, max).
+    /// When the total exceeds `max_workers`, the cluster cannot serve `rate`: each
+    /// stage keeps its minimum (at least one) and the other workers go one at a time
+    /// to the stage that is then the bottleneck ([`bottleneck_fill`]), none past what
+    /// `rate` asks of it, so the entry rate served is as high as the cluster allows.
+    /// An offline stage (its model out of service: a maximum of 0) gets none.
     pub fn replicas(&self, rate: f64, bounds: &[(u32, u32)], max_workers: u32) -> Vec<u32> {
         self.replicas_for(rate, &self.pieces, bounds, max_workers)
     }
@@ -179,10 +181,20 @@ impl NexusPlan {
             .collect();
         let total: u32 = wanted.iter().sum();
         if total > max_workers && total > 0 {
-            let factor = max_workers as f64 / total as f64;
-            for (s, w) in wanted.iter_mut().enumerate().filter(|(s, _)| bound(*s).1 > 0) {
-                *w = ((*w as f64 * factor).floor() as u32).max(bound(s).0.max(1));
-            }
+            // Entry requests per second one worker of each stage serves.
+            let unit: Vec<f64> = (0..self.batch.len())
+                .map(|s| {
+                    let pieces = pieces.get(s).copied().unwrap_or(self.pieces[s]);
+                    if pieces > 0.0 && self.throughput[s] > 0.0 {
+                        self.throughput[s] / pieces
+                    } else {
+                        f64::INFINITY
+                    }
+                })
+                .collect();
+            let floors: Vec<u32> = (0..self.batch.len()).map(|s| if bound(s).1 == 0 { 0 } else { bound(s).0.max(1) }).collect();
+            let caps = wanted.clone();
+            bottleneck_fill(&unit, &floors, &caps, max_workers, &mut wanted);
         }
         wanted
     }
@@ -399,13 +411,46 @@ mod tests {
         let high = plan.replicas(1000.0, &[(1, 64); 3], 64);
         assert!(high.iter().sum::<u32>() > low.iter().sum::<u32>());
         assert!(plan.capacity(&high) >= 1000.0);
-        // Over the cluster size: scaled down in proportion, at least one each.
+        // Over the cluster size: every worker used, at least one each.
         let capped = plan.replicas(1e6, &[(1, 1000); 3], 10);
-        assert!(capped.iter().sum::<u32>() <= 10 && capped.iter().all(|&n| n >= 1), "{capped:?}");
+        assert!(capped.iter().sum::<u32>() == 10 && capped.iter().all(|&n| n >= 1), "{capped:?}");
         // An offline stage (its model out of service) gets none, capped or not.
         let offline = [(1, 1000), (0, 0), (1, 1000)];
         assert_eq!(plan.replicas(100.0, &offline, 100)[1], 0);
         assert_eq!(plan.replicas(1e6, &offline, 10)[1], 0);
+    }
+
+    #[test]
+    fn a_cluster_short_of_the_rate_serves_the_most_it_can() {
+        // Five stages whose caps sum past the cluster (like `five-stage` past its bound):
+        // scaling every stage's need down in proportion (the need clamped to the cap
+        // first) starved the slowest stages (on `five-stage`, PARD served 0.77 of the
+        // bound at 5×). Now no spread within the bounds serves more.
+        let profiles = [(2, 1), (8, 3), (3, 1), (4, 2), (6, 3)];
+        let graph = StageGraph::chain(5);
+        let plan = NexusPlan::solve(&graph, 500 * MS, MS, linear(&profiles), |_| 32, |_| 1.0).unwrap();
+        let bounds = [(1, 16), (1, 24), (1, 16), (1, 16), (1, 20)];
+        let replicas = plan.replicas(1e5, &bounds, 64);
+        assert_eq!(replicas.iter().sum::<u32>(), 64, "{replicas:?}");
+        let served = plan.capacity(&replicas);
+        // Every spread of 64 workers within the bounds (one worker moved at a time
+        // from the best found serves no more).
+        for from in 0..5 {
+            for to in 0..5 {
+                let mut moved = replicas.clone();
+                if from == to || moved[from] <= 1 || moved[to] >= bounds[to].1 {
+                    continue;
+                }
+                moved[from] -= 1;
+                moved[to] += 1;
+                assert!(plan.capacity(&moved) <= served + 1e-9, "{moved:?} serves more than {replicas:?}");
+            }
+        }
+        // Against the proportional split of the capped needs.
+        let wanted: Vec<u32> = (0..5).map(|s| plan.workers(s as StageId, 1e5).clamp(bounds[s].0, bounds[s].1)).collect();
+        let factor = 64.0 / wanted.iter().sum::<u32>() as f64;
+        let proportional: Vec<u32> = wanted.iter().map(|&w| ((w as f64 * factor).floor() as u32).max(1)).collect();
+        assert!(served > 1.2 * plan.capacity(&proportional), "{served} against {}", plan.capacity(&proportional));
     }
 
     #[test]

@@ -160,7 +160,7 @@ fn serve(policy: &str, cases: &[Case], references: &[Vec<i64>], placements: Vec<
 
     let ended = ended.lock().unwrap();
     assert_eq!(ended.len(), cases.len(), "{policy}: every request ends");
-    let (mut completed, mut dropped) = (0, 0);
+    let (mut completed, mut dropped, mut completed_tokens) = (0, 0, 0u64);
     for (id, index) in ids {
         let ends = &ended[&id];
         assert_eq!(ends.len(), 1, "{policy}: request {id} ended {} times", ends.len());
@@ -168,6 +168,7 @@ fn serve(policy: &str, cases: &[Case], references: &[Vec<i64>], placements: Vec<
         match &end.outcome {
             Outcome::Completed => {
                 completed += 1;
+                completed_tokens += expected.len() as u64;
                 assert_eq!(end.tokens.len(), cases[index].tokens as usize, "{policy}: request {id} (case {index}) token count");
                 assert_eq!(&end.tokens, expected, "{policy}: request {id} (case {index}) tokens differ from its run alone");
             }
@@ -192,7 +193,9 @@ fn serve(policy: &str, cases: &[Case], references: &[Vec<i64>], placements: Vec<
     assert_eq!(llm_stats.trimmed, 0, "{policy}: a cache was longer than the engine's count: {llm_stats:?}");
     assert_eq!(llm_stats.stale, 0, "{policy}: an evicted sequence kept its cache: {llm_stats:?}");
     assert!(llm_stats.peak_resident_bytes <= KV_POSITIONS * kv_per_token, "{policy}: over the KV budget: {llm_stats:?}");
-    assert!(llm_stats.tokens >= references.iter().map(|r| r.len() as u64).sum::<u64>() * completed as u64 / cases.len() as u64);
+    // The worker generated at least every completed request's tokens (which requests
+    // complete depends on timing, so their own lengths, not the cases' mean).
+    assert!(llm_stats.tokens >= completed_tokens, "{policy}: {} tokens generated, {completed_tokens} completed", llm_stats.tokens);
     println!("{policy}: {completed} completed, {dropped} dropped, {} evictions, {} probes; {llm_stats:?}", engine_stats.evictions, probes);
     assert_eq!(llm_stats.swaps + llm_stats.recompute_evictions, engine_stats.evictions, "{policy}: every eviction reached the worker");
     Run {
