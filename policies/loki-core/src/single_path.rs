@@ -46,9 +46,10 @@ pub fn per_query_load(model: &PipelineModel, factors: &Factors, choice: &[usize]
 /// that `skip` rules out; `f` gets each vector and its longest branch latency. Before
 /// fixing the tasks below `from`, `skip(vector, from)` is asked (tasks `from..` fixed
 /// in `vector`, the others still free) and a `true` passes over every vector that
-/// shares those indices. Families none of whose vectors can meet the cap are passed
-/// over too, so `f` sees exactly the vectors of the full scan that `skip` does not
-/// rule out, in the same order.
+/// shares those indices; it is asked of each whole vector too (`from` 0) before `f`.
+/// Families none of whose vectors can meet the cap are passed over as well, so `f`
+/// sees exactly the vectors of the full scan that `skip` does not rule out, in the
+/// same order.
 fn search_batch_vectors(
     model: &PipelineModel,
     choice: &[usize],
@@ -83,7 +84,7 @@ fn search_batch_vectors(
                 }
                 worst = worst.max(total);
             }
-            if ok {
+            if ok && !skip(&vector, 0) {
                 f(&vector, worst);
             }
             continue;
@@ -268,11 +269,6 @@ pub fn max_served_fraction(
     };
     search_batch_vectors(model, choice, cap_ms, skip, &mut |vector, latency| {
         let mut best = best.borrow_mut();
-        if let Some((f, ..)) = &*best {
-            if reach(&|t| unit_table[t][vector[t]]) < *f - 1e-12 {
-                return;
-            }
-        }
         for t in 0..tasks {
             unit[t] = unit_table[t][vector[t]];
         }

@@ -166,12 +166,12 @@ impl NexusPlan {
     /// [`Self::replicas`] with `pieces` per request at each stage instead of the plan's.
     pub fn replicas_for(&self, rate: f64, pieces: &[f64], bounds: &[(u32, u32)], max_workers: u32) -> Vec<u32> {
         let bound = |s: usize| bounds.get(s).copied().unwrap_or((1, u32::MAX));
+        let pieces_at = |s: usize| pieces.get(s).copied().unwrap_or(self.pieces[s]);
         let workers = |s: usize| -> u32 {
             if self.throughput[s] <= 0.0 {
                 return 1;
             }
-            let pieces = pieces.get(s).copied().unwrap_or(self.pieces[s]);
-            ((rate * pieces / self.throughput[s]).ceil() as u32).max(1)
+            ((rate * pieces_at(s) / self.throughput[s]).ceil() as u32).max(1)
         };
         let mut wanted: Vec<u32> = (0..self.batch.len())
             .map(|s| match bound(s) {
@@ -183,14 +183,7 @@ impl NexusPlan {
         if total > max_workers && total > 0 {
             // Entry requests per second one worker of each stage serves.
             let unit: Vec<f64> = (0..self.batch.len())
-                .map(|s| {
-                    let pieces = pieces.get(s).copied().unwrap_or(self.pieces[s]);
-                    if pieces > 0.0 && self.throughput[s] > 0.0 {
-                        self.throughput[s] / pieces
-                    } else {
-                        f64::INFINITY
-                    }
-                })
+                .map(|s| if pieces_at(s) > 0.0 && self.throughput[s] > 0.0 { self.throughput[s] / pieces_at(s) } else { f64::INFINITY })
                 .collect();
             let floors: Vec<u32> = (0..self.batch.len()).map(|s| if bound(s).1 == 0 { 0 } else { bound(s).0.max(1) }).collect();
             let caps = wanted.clone();
