@@ -5,6 +5,8 @@
 
 use std::collections::HashMap;
 use std::sync::mpsc::{self, Receiver, Sender};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use crate::error::{DataplaneError, Result};
 use crate::session::ModelSpec;
@@ -32,12 +34,23 @@ struct PoolWorker {
     stage: u32,
 }
 
+/// How long dropping a pool waits for its workers' threads to end (a model load in
+/// progress cannot be interrupted; a running job is aborted).
+pub const SHUTDOWN_WAIT: Duration = Duration::from_secs(10);
+
 /// Workers by id, with one event channel for all of them.
+///
+/// Dropping the pool retires every worker and waits (up to [`SHUTDOWN_WAIT`]) until
+/// each worker thread, retired earlier ones included, has released its model: ONNX
+/// Runtime must not be torn down at process exit under a session still being
+/// destroyed.
 pub struct WorkerPool {
     context: WorkerContext,
     catalog: ModelCatalog,
     threads: usize,
     workers: HashMap<u32, PoolWorker>,
+    /// Threads of retired workers that may still be running.
+    retiring: Vec<JoinHandle<()>>,
     events: Sender<WorkerEvent>,
 }
 
@@ -52,16 +65,14 @@ impl WorkerPool {
     /// every worker arrive on the returned receiver.
     pub fn new(context: WorkerContext, catalog: ModelCatalog, threads: usize) -> (Self, Receiver<WorkerEvent>) {
         let (events, receiver) = mpsc::channel();
-        (WorkerPool { context, catalog, threads, workers: HashMap::new(), events }, receiver)
+        (WorkerPool { context, catalog, threads, workers: HashMap::new(), retiring: Vec::new(), events }, receiver)
     }
 
     /// Start worker `worker` with the model of (stage, variant): warm when the cache
     /// holds it, cold otherwise. `Ready` (or `StartFailed`) follows.
     pub fn provision(&mut self, worker: u32, stage: u32, variant: u32) -> Result<()> {
         let spec = self.catalog.get(stage, variant)?.clone();
-        if let Some(old) = self.workers.remove(&worker) {
-            old.worker.retire();
-        }
+        self.retire(worker);
         let handle = Worker::provision(worker, spec, self.threads, self.context.clone(), self.events.clone());
         self.workers.insert(worker, PoolWorker { worker: handle, stage });
         Ok(())
@@ -80,7 +91,27 @@ impl WorkerPool {
     /// Cancel a starting worker or remove an idle one; `Retired` follows.
     pub fn retire(&mut self, worker: u32) {
         if let Some(w) = self.workers.remove(&worker) {
-            w.worker.retire();
+            self.retiring.retain(|thread| !thread.is_finished());
+            self.retiring.extend(w.worker.retire());
+        }
+    }
+
+    /// Retire every worker (aborting the jobs they run) and wait up to `within` for
+    /// every worker thread to end, those retired earlier included. Returns how many
+    /// were still running when the time was up (0: all have released their models).
+    pub fn shutdown(&mut self, within: Duration) -> usize {
+        let ids: Vec<u32> = self.workers.keys().copied().collect();
+        for id in ids {
+            self.abort(id);
+            self.retire(id);
+        }
+        let deadline = Instant::now() + within;
+        loop {
+            self.retiring.retain(|thread| !thread.is_finished());
+            if self.retiring.is_empty() || Instant::now() >= deadline {
+                return self.retiring.len();
+            }
+            std::thread::sleep(Duration::from_millis(2));
         }
     }
 
@@ -118,5 +149,14 @@ impl WorkerPool {
 
     fn get(&self, worker: u32) -> Result<&PoolWorker> {
         self.workers.get(&worker).ok_or(DataplaneError::WorkerGone(worker))
+    }
+}
+
+impl Drop for WorkerPool {
+    fn drop(&mut self) {
+        let still_running = self.shutdown(SHUTDOWN_WAIT);
+        if still_running > 0 {
+            tracing::warn!(still_running, "worker threads still busy {SHUTDOWN_WAIT:?} after their pool was dropped");
+        }
     }
 }

@@ -112,7 +112,8 @@ pub enum WorkerEvent {
         /// Why.
         error: DataplaneError,
     },
-    /// The worker has stopped after [`Worker::retire`].
+    /// The worker has stopped after [`Worker::retire`] and released its model (its
+    /// sessions and the device memory they held).
     Retired {
         /// The worker.
         worker: u32,
@@ -203,12 +204,14 @@ impl Worker {
     }
 
     /// Stop the worker once its current job is done (a starting worker stops without
-    /// reporting ready); [`WorkerEvent::Retired`] follows. Jobs still queued are dropped.
-    pub fn retire(mut self) {
+    /// reporting ready); [`WorkerEvent::Retired`] follows once the worker has released
+    /// its model. Jobs still queued are dropped. A retire does not wait for a load or a
+    /// job: the worker's thread is returned, for a caller that must know when it has
+    /// ended (before the process exits, say — see [`crate::WorkerPool::shutdown`]).
+    pub fn retire(mut self) -> Option<JoinHandle<()>> {
         self.retired.store(true, Ordering::SeqCst);
         self.commands = None; // closing the channel ends the loop
-                              // The thread is left to finish on its own: a retire must not wait for a load.
-        self.thread.take();
+        self.thread.take()
     }
 
     fn send(&self, command: Command) -> Result<()> {
@@ -290,6 +293,11 @@ impl WorkerLoop {
                 }
             }
         }
+        // Release the model before saying so: a process that exits once every worker
+        // has retired must not tear ONNX Runtime down under a session still being
+        // destroyed (on CUDA, one per recent input shape: that race crashed `serve` at
+        // exit).
+        drop(session);
         let _ = self.events.send(WorkerEvent::Retired { worker });
     }
 

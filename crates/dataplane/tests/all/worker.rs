@@ -266,6 +266,37 @@ fn a_pool_maps_the_engines_operations_onto_workers() {
     assert_eq!(pool.len(), 1);
 }
 
+/// Dropping a pool waits until every worker thread has ended — one that was retired
+/// while running a batch, one still loading its model — so a process that exits next
+/// does not tear ONNX Runtime down under a session being destroyed (on the GPU that
+/// crashed `serve` at exit). Once the pool is gone, every sender of the event channel
+/// is gone too: the channel is closed at once, not merely quiet.
+#[test]
+fn dropping_a_pool_waits_for_every_worker_thread() {
+    use std::sync::mpsc::RecvTimeoutError;
+    use yardmaster_dataplane::{ModelCatalog, WorkerPool};
+    let catalog =
+        ModelCatalog { stages: vec![vec![common::model(assets::DET_MODEL, "det")], vec![common::model(assets::REC_MODEL, "rec")]] };
+    let (mut pool, events) = WorkerPool::new(context(), catalog, 1);
+    pool.provision(1, 0, 0).unwrap();
+    ready(&events);
+    pool.start(1, job(1, &[3, 736, 736], 4)).unwrap();
+    pool.retire(1); // retired mid-batch: the batch runs on, the thread ends after it
+    pool.provision(2, 1, 0).unwrap(); // dropped while it loads
+    drop(pool);
+    let mut retired = Vec::new();
+    loop {
+        match events.recv_timeout(Duration::ZERO) {
+            Ok(WorkerEvent::Retired { worker }) => retired.push(worker),
+            Ok(_) => {}
+            Err(RecvTimeoutError::Disconnected) => break,
+            Err(RecvTimeoutError::Timeout) => panic!("a worker thread outlived its pool (retired so far: {retired:?})"),
+        }
+    }
+    retired.sort_unstable();
+    assert_eq!(retired, [1, 2], "each worker said it retired before its thread ended");
+}
+
 /// A worker warms its session up with one run before it reports ready (the
 /// detector and the classifier have dynamic per-request shapes: the warm-up gives each
 /// dynamic dimension 32), and a warmed-up session's first job runs about as fast as
