@@ -40,7 +40,7 @@ pub use exec::{
 pub use metrics::Outcome;
 pub use pipeline::{Pipeline, Profile, StageDef, StreamDef, VariantDef};
 pub use reconfigure::{keeps_places, ReconfigureOutcome};
-pub use state::{ClusterState, Origin, Piece, PieceState, WorkerEntry, WorkerPhase};
+pub use state::{ClusterState, Origin, Piece, PieceState, PieceTable, WorkerEntry, WorkerPhase};
 
 use crate::metrics::{Accounting, BatchRecord, RequestEnd};
 use yardmaster_policy::contract::{self, Action, Config, EndReason, Event, Param, Request, StageKind};
@@ -906,8 +906,7 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         if !self.state.origins.contains_key(&origin_id) {
             return;
         }
-        let pieces: Vec<u64> = self.state.pieces.iter().filter(|(_, p)| p.request.origin == origin_id).map(|(id, _)| *id).collect();
-        for id in pieces {
+        for id in self.state.pieces.of_origin(origin_id) {
             let Some(piece) = self.state.pieces.remove(&id) else { continue };
             match piece.state {
                 PieceState::Queued | PieceState::Deferred if Some(id) != except => {

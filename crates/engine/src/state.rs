@@ -39,6 +39,70 @@ pub struct Piece {
     pub resume: super::exec::Resume,
 }
 
+/// Pieces by id, with each origin's pieces indexed, so that ending an origin (a drop,
+/// a failure, an expiry) touches its own pieces only, not every piece the engine holds
+/// — at overload the engine holds tens of thousands, and every drop ends an origin.
+///
+/// Reads go through `Deref` to the map; changes go through [`PieceTable::insert`] and
+/// [`PieceTable::remove`], which keep the index. A piece's `request.origin` must not be
+/// changed in place (no caller does: a piece keeps its origin for life).
+#[derive(Debug, Clone, Default)]
+pub struct PieceTable {
+    by_id: FxHashMap<u64, Piece>,
+    by_origin: FxHashMap<u64, Vec<u64>>,
+}
+
+impl PieceTable {
+    /// Insert or replace a piece; the replaced one, if any.
+    pub(crate) fn insert(&mut self, id: u64, piece: Piece) -> Option<Piece> {
+        let origin = piece.request.origin;
+        let replaced = self.by_id.insert(id, piece);
+        if let Some(old) = &replaced {
+            self.unindex(old.request.origin, id);
+        }
+        self.by_origin.entry(origin).or_default().push(id);
+        replaced
+    }
+
+    /// Remove a piece; it, if it was there.
+    pub(crate) fn remove(&mut self, id: &u64) -> Option<Piece> {
+        let piece = self.by_id.remove(id)?;
+        self.unindex(piece.request.origin, *id);
+        Some(piece)
+    }
+
+    /// A piece, to change (its origin excepted).
+    pub(crate) fn get_mut(&mut self, id: &u64) -> Option<&mut Piece> {
+        self.by_id.get_mut(id)
+    }
+
+    /// The ids of an origin's pieces, ascending.
+    pub fn of_origin(&self, origin: u64) -> Vec<u64> {
+        let mut ids = self.by_origin.get(&origin).cloned().unwrap_or_default();
+        ids.sort_unstable();
+        ids
+    }
+
+    fn unindex(&mut self, origin: u64, id: u64) {
+        if let Some(ids) = self.by_origin.get_mut(&origin) {
+            if let Some(at) = ids.iter().position(|&x| x == id) {
+                ids.swap_remove(at);
+            }
+            if ids.is_empty() {
+                self.by_origin.remove(&origin);
+            }
+        }
+    }
+}
+
+impl std::ops::Deref for PieceTable {
+    type Target = FxHashMap<u64, Piece>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.by_id
+    }
+}
+
 /// An end-to-end request and its live pieces.
 #[derive(Debug, Clone)]
 pub struct Origin {
@@ -143,7 +207,7 @@ pub struct ClusterState {
     /// Now.
     pub(crate) now: u64,
     /// Pieces by id.
-    pub(crate) pieces: FxHashMap<u64, Piece>,
+    pub(crate) pieces: PieceTable,
     /// Origins by id.
     pub(crate) origins: FxHashMap<u64, Origin>,
     /// Workers by id.
@@ -172,7 +236,7 @@ impl ClusterState {
             hosts,
             pipeline,
             now: 0,
-            pieces: FxHashMap::default(),
+            pieces: PieceTable::default(),
             origins: FxHashMap::default(),
             workers: BTreeMap::new(),
             stages,
@@ -207,7 +271,7 @@ impl ClusterState {
     }
 
     /// Every piece (request at a stage) not yet ended, by id.
-    pub fn pieces(&self) -> &FxHashMap<u64, Piece> {
+    pub fn pieces(&self) -> &PieceTable {
         &self.pieces
     }
 
