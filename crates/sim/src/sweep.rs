@@ -161,6 +161,9 @@ pub struct CellResult {
     pub refused: Option<String>,
     /// Policy time per event, ns.
     pub ns_per_event: f64,
+    /// Policy fuel per event: the same cost counted in WebAssembly instructions, so it
+    /// does not move with the machine's load.
+    pub fuel_per_event: f64,
     /// The longest policy call, µs.
     pub longest_call_us: f64,
     /// Wall time of the run, s.
@@ -200,6 +203,8 @@ pub struct SweepRow {
     pub fell_back: bool,
     /// Mean policy time per event, ns.
     pub ns_per_event: f64,
+    /// Mean policy fuel per event.
+    pub fuel_per_event: f64,
     /// The longest call of any seed, µs.
     pub longest_call_us: f64,
     /// Goodput ÷ the best goodput at a lower load of the same pipeline and shape
@@ -239,6 +244,8 @@ pub struct CostGrowth {
     pub load: f64,
     /// ns per event there ÷ ns per event at 1×.
     pub ratio: f64,
+    /// Fuel per event there ÷ fuel per event at 1× (the machine-independent ratio).
+    pub fuel_ratio: f64,
 }
 
 /// One cell to run.
@@ -353,6 +360,7 @@ fn run_cell(plan: &SweepPlan, loader: &PolicyLoader, cell: &Cell) -> Result<Cell
         infeasible_plans: outcome.report.health.infeasible_plans,
         refused: outcome.arm.init_refusal.clone(),
         ns_per_event: outcome.arm.call_time.as_nanos() as f64 / outcome.arm.events.max(1) as f64,
+        fuel_per_event: outcome.arm.fuel as f64 / outcome.arm.events.max(1) as f64,
         longest_call_us: outcome.arm.max_call_time.as_secs_f64() * 1e6,
         wall_s: outcome.wall.as_secs_f64(),
     })
@@ -384,9 +392,10 @@ pub fn summarise(cells: Vec<CellResult>) -> SweepOutcome {
             let on_time = mean(&|r| r.on_time);
             let of_best_lower = best_lower.filter(|b| *b > 0.0).map(|b| goodput / b);
             let ns_per_event = mean(&|r| r.ns_per_event);
+            let fuel_per_event = mean(&|r| r.fuel_per_event);
             let refused = runs.iter().find_map(|r| r.refused.clone());
             if (*load - 1.0).abs() < 1e-9 && refused.is_none() {
-                cost_at_one = Some(ns_per_event);
+                cost_at_one = Some((ns_per_event, fuel_per_event));
             }
             rows.push(SweepRow {
                 policy: key.0.clone(),
@@ -404,6 +413,7 @@ pub fn summarise(cells: Vec<CellResult>) -> SweepOutcome {
                 accuracy: mean(&|r| r.accuracy),
                 fell_back: runs.iter().any(|r| r.fell_back),
                 ns_per_event,
+                fuel_per_event,
                 longest_call_us: runs.iter().map(|r| r.longest_call_us).fold(0.0, f64::max),
                 of_best_lower,
                 cliff: refused.is_none() && of_best_lower.is_some_and(|f| f < CLIFF_FRACTION),
@@ -414,15 +424,16 @@ pub fn summarise(cells: Vec<CellResult>) -> SweepOutcome {
                 best_lower = Some(best_lower.map_or(goodput, |b: f64| b.max(goodput)));
             }
         }
-        if let (Some(at_one), Some((top, runs))) = (cost_at_one, by_load.last()) {
-            if *top > 1.0 && at_one > 0.0 && runs.iter().all(|r| r.refused.is_none()) {
-                let at_top = runs.iter().map(|r| r.ns_per_event).sum::<f64>() / runs.len() as f64;
+        if let (Some((ns_at_one, fuel_at_one)), Some((top, runs))) = (cost_at_one, by_load.last()) {
+            if *top > 1.0 && ns_at_one > 0.0 && runs.iter().all(|r| r.refused.is_none()) {
+                let at_top = |f: fn(&CellResult) -> f64| runs.iter().map(|r| f(r)).sum::<f64>() / runs.len() as f64;
                 cost_growth.push(CostGrowth {
                     policy: key.0.clone(),
                     pipeline: key.1.clone(),
                     shape: key.2.clone(),
                     load: *top,
-                    ratio: at_top / at_one,
+                    ratio: at_top(|r| r.ns_per_event) / ns_at_one,
+                    fuel_ratio: if fuel_at_one > 0.0 { at_top(|r| r.fuel_per_event) / fuel_at_one } else { 0.0 },
                 });
             }
         }
@@ -435,7 +446,7 @@ pub fn render_table(outcome: &SweepOutcome) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<16} {:<14} {:<8} {:>5} {:>9} {:>9} {:>6} {:>6} {:>6} {:>6} {:>6} {:>8} {:>9} {:>4}",
+        "{:<16} {:<14} {:<8} {:>5} {:>9} {:>9} {:>6} {:>6} {:>6} {:>6} {:>6} {:>8} {:>8} {:>9} {:>4}",
         "policy",
         "pipeline",
         "shape",
@@ -448,6 +459,7 @@ pub fn render_table(outcome: &SweepOutcome) -> String {
         "ontime",
         "acc",
         "ns/event",
+        "fuel/ev",
         "longest µs",
         "flag"
     );
@@ -461,7 +473,7 @@ pub fn render_table(outcome: &SweepOutcome) -> String {
         };
         let _ = writeln!(
             out,
-            "{:<16} {:<14} {:<8} {:>4}× {:>9.1} {:>9.1} {:>6.3} {:>6.1} {:>6.1} {:>6.3} {:>6.3} {:>8.0} {:>9.0} {flag}",
+            "{:<16} {:<14} {:<8} {:>4}× {:>9.1} {:>9.1} {:>6.3} {:>6.1} {:>6.1} {:>6.3} {:>6.3} {:>8.0} {:>8.0} {:>9.0} {flag}",
             r.policy,
             r.pipeline,
             r.shape,
@@ -474,6 +486,7 @@ pub fn render_table(outcome: &SweepOutcome) -> String {
             r.on_time,
             r.accuracy,
             r.ns_per_event,
+            r.fuel_per_event,
             r.longest_call_us
         );
     }
@@ -509,9 +522,9 @@ pub fn render_table(outcome: &SweepOutcome) -> String {
         let _ = writeln!(out, "  {} on {} at {}×: {:.3} on time", r.policy, r.pipeline, r.load, r.on_time);
     }
     if !outcome.cost_growth.is_empty() {
-        let _ = writeln!(out, "decision cost, ns per event at the highest load ÷ at 1×:");
+        let _ = writeln!(out, "decision cost per event at the highest load ÷ at 1×, in ns (in fuel):");
         for g in &outcome.cost_growth {
-            let _ = writeln!(out, "  {} on {} {} ({}×): {:.2}", g.policy, g.pipeline, g.shape, g.load, g.ratio);
+            let _ = writeln!(out, "  {} on {} {} ({}×): {:.2} ({:.2})", g.policy, g.pipeline, g.shape, g.load, g.ratio, g.fuel_ratio);
         }
     }
     out
@@ -522,13 +535,13 @@ pub fn render_table(outcome: &SweepOutcome) -> String {
 pub fn write_files(dir: &Path, outcome: &SweepOutcome) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir)?;
     let mut csv = String::from(
-        "policy,pipeline,shape,load,seed,capacity,offered,goodput,goodput_of_bound,drop_rate,invalid_rate,on_time,accuracy,fell_back,faults,infeasible_plans,ns_per_event,longest_call_us,attainment,refused\n",
+        "policy,pipeline,shape,load,seed,capacity,offered,goodput,goodput_of_bound,drop_rate,invalid_rate,on_time,accuracy,fell_back,faults,infeasible_plans,ns_per_event,fuel_per_event,longest_call_us,attainment,refused\n",
     );
     for c in &outcome.cells {
         let attainment: Vec<String> = c.attainment.iter().map(|(s, a)| format!("{s}={a:.4}")).collect();
         let _ = writeln!(
             csv,
-            "{},{},{},{},{},{:.3},{:.3},{:.3},{:.4},{:.4},{:.4},{:.4},{:.4},{},{},{},{:.0},{:.1},{},{}",
+            "{},{},{},{},{},{:.3},{:.3},{:.3},{:.4},{:.4},{:.4},{:.4},{:.4},{},{},{},{:.0},{:.0},{:.1},{},{}",
             c.policy,
             c.pipeline,
             c.shape,
@@ -546,6 +559,7 @@ pub fn write_files(dir: &Path, outcome: &SweepOutcome) -> Result<Vec<PathBuf>> {
             c.faults,
             c.infeasible_plans,
             c.ns_per_event,
+            c.fuel_per_event,
             c.longest_call_us,
             attainment.join(";"),
             c.refused.as_deref().map(|why| format!("\"{}\"", why.replace('"', "\"\""))).unwrap_or_default()
@@ -704,6 +718,7 @@ mod tests {
             infeasible_plans: 0,
             refused: None,
             ns_per_event: ns,
+            fuel_per_event: ns * 10.0,
             longest_call_us: 1.0,
             wall_s: 0.1,
         }
@@ -733,6 +748,8 @@ mod tests {
         assert!(row("cliff", 0.5).low_load_miss && !row("steady", 0.5).low_load_miss);
         let growth: Vec<(&str, f64)> = outcome.cost_growth.iter().map(|g| (g.policy.as_str(), g.ratio)).collect();
         assert_eq!(growth, [("steady", 1.2), ("cliff", 5.0)]);
+        let fuel_growth: Vec<f64> = outcome.cost_growth.iter().map(|g| g.fuel_ratio).collect();
+        assert_eq!(fuel_growth, [1.2, 5.0]);
         let table = render_table(&outcome);
         assert!(table.contains("cliffs (goodput under 0.9 of the best at a lower load): 1"), "{table}");
         assert!(table.contains("cliff on p poisson at 5×"), "{table}");

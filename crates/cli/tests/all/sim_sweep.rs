@@ -30,6 +30,7 @@ fn a_small_sweep_writes_its_table_files_and_heatmaps_and_strict_fails_on_a_cliff
     for cell in cells {
         let of_bound = cell["goodput_of_bound"].as_f64().unwrap();
         assert!(of_bound > 0.0 && of_bound <= 1.0 + 1e-9, "goodput never exceeds the bound: {cell}");
+        assert!(cell["fuel_per_event"].as_f64().unwrap() > 0.0, "the policy's cost in fuel: {cell}");
         assert!(cell["attainment"]["main"].is_number() || cell["attainment"].as_object().is_some_and(|a| !a.is_empty()), "{cell}");
     }
     let low = cells.iter().find(|c| c["policy"] == "edf" && c["load"] == 0.5).unwrap();
