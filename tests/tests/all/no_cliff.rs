@@ -179,6 +179,23 @@ fn loki_plans_its_first_traffic_within_an_event_call_s_budget() {
 }
 
 #[test]
+fn loki_replans_once_a_guessed_fan_out_is_measured() {
+    // A variant not yet seen serving gets its task's observed child shares as its
+    // fan-out split; on the traffic application those were the start-up detectors'
+    // (0.04 of the detections are faces), so the first plan, which picked the small
+    // detector (0.23 are faces: 0.6 a frame), gave face recognition one worker for
+    // 0.09 faces a frame. Past the cluster's reach it kept that plan (its demand said
+    // it served the most the cluster could): 0.54 of the bound at 5×. Loki now
+    // re-plans once the hosted variant's fan-out is measured and a task below it gets
+    // more than the plan was sized for.
+    let application =
+        presets::pipeline(&format!("{}/sim__traffic_analysis.json", yardmaster::sim::reproduce::loki::data_dir().display())).unwrap();
+    let point = run_at("loki", &application, 5.0, 4_000_000_000, &[]);
+    let bound = capacity(&application).unwrap();
+    assert!(point.goodput >= 0.7 * bound, "{:.0} on-time requests/s of a bound of {bound:.0}: {point:?}", point.goodput);
+}
+
+#[test]
 fn loki_plans_and_serves_five_stage_within_an_event_call_s_budget() {
     // On `five-stage` from 0.63× its bound, Loki and the InferLine-like baseline ran out
     // of an event call's fuel and the host's FIFO fallback served: the first plan
