@@ -298,7 +298,8 @@ impl Runtime {
             model,
             settings,
         };
-        // Start from the plan for no demand (one worker per task), then follow the load.
+        // Start from the plan for no demand (one worker per task), then follow the load;
+        // the cluster's start-up workers stay until the first plan for traffic.
         runtime.replan(ctx, 0.0, true, Previous::Trust);
         Ok(runtime)
     }
@@ -688,7 +689,12 @@ impl Runtime {
                         self.requested.insert(stage, replicas);
                     }
                 }
-            } else if target < requested {
+            } else if target < requested && self.planned_for_traffic {
+                // Before any traffic the plan is for no demand: the workers the cluster
+                // starts with stay until the first plan for the traffic (100 ms after
+                // the first request) says what to keep, rather than being retired and
+                // started again (on five-stage at a quarter of its bound the start-up
+                // dropped 1.5 % of the requests).
                 ctx.scale(stage, target, None);
                 self.requested.insert(stage, target);
             }
