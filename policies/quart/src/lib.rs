@@ -210,6 +210,25 @@ impl Quart {
     }
 }
 
+/// Cap each stage's batch limit at the largest batch (of variant 0, the one QUART
+/// runs) whose mean latency fits the stage's target, its share of the SLO; at least 1.
+/// Stages whose limit already fits keep it.
+fn fit_batch_limits(ctx: &mut Ctx, plans: &[StagePlan]) {
+    let stages: Vec<(StageId, u32)> = ctx.config().stages.iter().map(|s| (s.id, s.max_batch)).collect();
+    for (stage, max_batch) in stages {
+        let Some(plan) = plans.get(stage as usize) else { continue };
+        let target_ns = plan.target * 1e9;
+        let limit = ctx.batch_limit(stage).min(max_batch.max(1));
+        let fits = |b: u32| ctx.latency().mean(stage, 0, b).is_some_and(|ns| ns as f64 <= target_ns);
+        // An unprofiled stage (a pseudo stage) keeps its limit.
+        if ctx.latency().mean(stage, 0, 1).is_none() || fits(limit) {
+            continue;
+        }
+        let fitted = (1..limit).rev().find(|&b| fits(b)).unwrap_or(1);
+        ctx.set_batch_limit(stage, fitted);
+    }
+}
+
 /// Per stage, the least time a request must have left before its deadline when it is
 /// taken out of the stage's queue: its own batch at the stage's batch limit, plus
 /// `factor` such batches for every later stage on the longest downstream path (the
@@ -280,6 +299,10 @@ impl Policy for Quart {
         for (plan, target) in plans.iter_mut().zip(split_budget(budget, &base_times)) {
             plan.target = target;
         }
+        if params.fit_batches {
+            fit_batch_limits(ctx, &plans);
+        }
+        let config = ctx.config();
         let predecessors: Vec<Vec<usize>> = plans.iter().map(|p| p.predecessors.clone()).collect();
         let now = config.now;
         let workers: Vec<Worker> = config.workers.clone();
