@@ -424,16 +424,16 @@ pub fn summarise(cells: Vec<CellResult>) -> SweepOutcome {
                 best_lower = Some(best_lower.map_or(goodput, |b: f64| b.max(goodput)));
             }
         }
-        if let (Some((ns_at_one, fuel_at_one)), Some((top, runs))) = (cost_at_one, by_load.last()) {
-            if *top > 1.0 && ns_at_one > 0.0 && runs.iter().all(|r| r.refused.is_none()) {
-                let at_top = |f: fn(&CellResult) -> f64| runs.iter().map(|r| f(r)).sum::<f64>() / runs.len() as f64;
+        // The row just pushed is this key's highest load, its costs already averaged.
+        if let (Some((ns_at_one, fuel_at_one)), Some(top)) = (cost_at_one, rows.last()) {
+            if top.load > 1.0 && ns_at_one > 0.0 && top.refused.is_none() {
                 cost_growth.push(CostGrowth {
                     policy: key.0.clone(),
                     pipeline: key.1.clone(),
                     shape: key.2.clone(),
-                    load: *top,
-                    ratio: at_top(|r| r.ns_per_event) / ns_at_one,
-                    fuel_ratio: if fuel_at_one > 0.0 { at_top(|r| r.fuel_per_event) / fuel_at_one } else { 0.0 },
+                    load: top.load,
+                    ratio: top.ns_per_event / ns_at_one,
+                    fuel_ratio: if fuel_at_one > 0.0 { top.fuel_per_event / fuel_at_one } else { 0.0 },
                 });
             }
         }

@@ -210,6 +210,11 @@ const SCALE_PATIENCE_NS: u64 = 5_000_000_000;
 /// Samples needed before a variant's observed factor replaces the offline one.
 const MIN_FACTOR_SAMPLES: usize = 10;
 
+/// Whether a factor window holds enough samples to plan with ([`MIN_FACTOR_SAMPLES`]).
+fn measured(window: &CountWindow) -> bool {
+    window.len() >= MIN_FACTOR_SAMPLES
+}
+
 /// Whether a re-plan may take the plan in force as serving the demand it was made for
 /// (the planner then keeps it while the MILP runs, and warm-starts from it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -368,7 +373,7 @@ impl Runtime {
                         (0..task.children.len())
                             .map(|slot| {
                                 let window = &self.variant_factors[t][k][slot];
-                                if window.len() >= MIN_FACTOR_SAMPLES {
+                                if measured(window) {
                                     window.mean().unwrap_or(0.0)
                                 } else {
                                     let share =
@@ -386,10 +391,7 @@ impl Runtime {
     /// Whether each variant's fan-out is measured (enough samples in every child's
     /// window) rather than guessed from its task's child shares, per task and variant.
     fn measured_factors(&self) -> Vec<Vec<bool>> {
-        self.variant_factors
-            .iter()
-            .map(|variants| variants.iter().map(|slots| slots.iter().all(|w| w.len() >= MIN_FACTOR_SAMPLES)).collect())
-            .collect()
+        self.variant_factors.iter().map(|variants| variants.iter().map(|slots| slots.iter().all(measured)).collect()).collect()
     }
 
     /// A task the plan in force sized for too little because a fan-out it planned with
@@ -456,7 +458,7 @@ impl Runtime {
                 self.worker_factors
                     .get(&worker)
                     .and_then(|w| w.get(slot))
-                    .filter(|w| w.len() >= MIN_FACTOR_SAMPLES)
+                    .filter(|w| measured(w))
                     .and_then(CountWindow::mean)
                     .unwrap_or(factors[*t][*variant][slot])
             })
