@@ -323,7 +323,9 @@ impl FlexGroup {
             return;
         }
         self.enqueue(model, key);
-        self.dispatch(catalog, now, out);
+        // Only the arrival's stage changed: the other stages' workers are as their
+        // last dispatch left them.
+        self.dispatch_stage(catalog, now, Some(catalog.get(model).stage), out);
     }
 
     /// ON_COMPLETION (lines 31–32): the worker's batch finished; give it the largest
@@ -359,18 +361,34 @@ impl FlexGroup {
     /// `busy_order`; an idle worker starts the largest feasible batch (or the adaptive
     /// selection's), a busy one is preempted when that batch is at least λ times its
     /// running batch (and, with `defer_preemption`, waiting would lose at least as
-    /// many), and the loop restarts after each preemption.
+    /// many). A pass visits every worker once; passes repeat until one preempts
+    /// nothing, Algorithm 1's fixed point. (Restarting the pass after each preemption
+    /// reaches the same fixed point at a cost of workers × preemptions batch
+    /// generations per arrival: with 32 workers and a burst of fan-out arrivals, more
+    /// than a decision's fuel.)
     pub fn dispatch(&mut self, catalog: &ModelCatalog, now: Instant, out: &mut Vec<Decision>) {
+        self.dispatch_stage(catalog, now, None, out);
+    }
+
+    /// DISPATCH over the workers of `stage` only (every worker when `None`).
+    fn dispatch_stage(&mut self, catalog: &ModelCatalog, now: Instant, stage: Option<StageId>, out: &mut Vec<Decision>) {
+        let of_stage = |w: &GroupWorker| stage.is_none_or(|s| w.stage == s);
         loop {
-            let mut busy: Vec<(WorkerId, &Running)> = self.workers.iter().filter_map(|(&id, w)| w.run.as_ref().map(|r| (id, r))).collect();
+            let mut busy: Vec<(WorkerId, &Running)> =
+                self.workers.iter().filter(|(_, w)| of_stage(w)).filter_map(|(&id, w)| w.run.as_ref().map(|r| (id, r))).collect();
             match self.settings.busy_order {
                 BusyOrder::Id => {}
                 BusyOrder::LatestStart => busy.sort_by_key(|(id, r)| (std::cmp::Reverse(r.start), *id)),
                 BusyOrder::LatestEnd => busy.sort_by_key(|(id, r)| (std::cmp::Reverse(r.end), *id)),
             }
-            let order: Vec<WorkerId> =
-                self.workers.iter().filter(|(_, w)| w.run.is_none()).map(|(&id, _)| id).chain(busy.into_iter().map(|(id, _)| id)).collect();
-            let mut restarted = false;
+            let order: Vec<WorkerId> = self
+                .workers
+                .iter()
+                .filter(|(_, w)| of_stage(w) && w.run.is_none())
+                .map(|(&id, _)| id)
+                .chain(busy.into_iter().map(|(id, _)| id))
+                .collect();
+            let mut preempted = false;
             for worker in order {
                 if let Some(run) = self.workers[&worker].run.as_ref() {
                     // No batch could reach λ·b: skip BATCHGEN (it only reads).
@@ -393,12 +411,11 @@ impl FlexGroup {
                             continue;
                         }
                         self.preempt(catalog, worker, candidate, now, out);
-                        restarted = true;
-                        break;
+                        preempted = true;
                     }
                 }
             }
-            if !restarted {
+            if !preempted {
                 return;
             }
         }
@@ -494,7 +511,7 @@ impl FlexGroup {
                 (model, window) = urgent;
             }
         }
-        let keys = self.window_keys(catalog, model, worker, start, &window);
+        let keys = self.window_keys(model, worker, &window);
         Some(Candidate { model, keys })
     }
 
@@ -511,7 +528,8 @@ impl FlexGroup {
         let mut left: BTreeSet<Key> = candidate.keys.iter().copied().collect();
         for free in frees {
             let Some(window) = self.window(catalog, candidate.model, &left, &[], free) else { continue };
-            for key in window_members(catalog, candidate.model, left.iter().copied(), free, &window) {
+            let taken: Vec<Key> = members_from(&left, &[], window.first).take(window.size).collect();
+            for key in taken {
                 left.remove(&key);
             }
             if left.is_empty() {
@@ -538,17 +556,18 @@ impl FlexGroup {
         // Per model of the stage: the deadlines of its requests that can still finish
         // alone, in order, read lazily (the check stops after CHECK_LIMIT batches).
         let mut pending = Vec::new();
+        let mut first_keys = Vec::new();
         let mut heads: BinaryHeap<Reverse<(Instant, usize, usize)>> = BinaryHeap::new();
         for (&model, queue) in &self.queues {
             let info = catalog.get(model);
             if info.stage != stage {
                 continue;
             }
-            let alone = info.latency(1);
-            let mut deadlines = queue.iter().map(|k| k.0).filter(move |&d| start.saturating_add(alone) <= d).peekable();
-            if let Some(&first) = deadlines.peek() {
-                heads.push(Reverse((first, model, pending.len())));
-                pending.push(deadlines);
+            let mut requests = queue.range(lowest_key(start.saturating_add(info.latency(1)))..).peekable();
+            if let Some(&&first) = requests.peek() {
+                heads.push(Reverse((first.0, model, pending.len())));
+                first_keys.push(first);
+                pending.push(requests.map(|k| k.0).peekable());
             }
         }
         let mut free: BinaryHeap<Reverse<(Instant, WorkerId)>> = self
@@ -569,7 +588,7 @@ impl FlexGroup {
             if size == 0 {
                 return None;
             }
-            first.get_or_insert((model, Window { from: 0, size, deadline }));
+            first.get_or_insert((model, Window { first: first_keys[i], size }));
             free.push(Reverse((at + info.latency(size as u32), id)));
             if let Some(&next) = requests.peek() {
                 heads.push(Reverse((next, model, i)));
@@ -589,8 +608,8 @@ impl FlexGroup {
     /// Whether candidate `a` beats `b` across models.
     fn better(&self, a: (usize, &Window), b: (usize, &Window)) -> bool {
         match self.settings.selection {
-            Selection::Largest | Selection::Adaptive => (Reverse(a.1.size), a.1.deadline, a.0) < (Reverse(b.1.size), b.1.deadline, b.0),
-            Selection::Earliest => (a.1.deadline, Reverse(a.1.size), a.0) < (b.1.deadline, Reverse(b.1.size), b.0),
+            Selection::Largest | Selection::Adaptive => (Reverse(a.1.size), a.1.deadline(), a.0) < (Reverse(b.1.size), b.1.deadline(), b.0),
+            Selection::Earliest => (a.1.deadline(), Reverse(a.1.size), a.0) < (b.1.deadline(), Reverse(b.1.size), b.0),
         }
     }
 
@@ -613,56 +632,56 @@ impl FlexGroup {
     /// Lines 5–11 for one model: among the requests of `queue` and `extra` (both in
     /// deadline order) that can finish alone when started at `start`, the window that
     /// forms the batch (`None` when empty).
+    ///
+    /// Its cost is bounded by the batch limit, not the queue: at most log₂(limit) + 2
+    /// reads of at most `limit` requests each, however long the queue grows under
+    /// overload.
     fn window(&self, catalog: &ModelCatalog, model: usize, queue: &BTreeSet<Key>, extra: &[Key], start: Instant) -> Option<Window> {
         let info = catalog.get(model);
         let limit = self.settings.max_batch.min(info.max_batch).max(1);
-        let alone = info.latency(1);
-        let feasible = move |k: &Key| start.saturating_add(alone) <= k.0;
-        let merged = || merge_sorted(queue.iter().copied(), extra.iter().copied()).filter(feasible);
-        // Largest batch whose earliest deadline is `d`.
+        // Largest batch whose earliest deadline is `d`, and the largest any can be.
         let fits = |d: Instant| info.largest_batch_within(d.saturating_sub(start), limit) as usize;
-        let (from, size) = match self.settings.batch_mode {
+        let most = fits(Instant::MAX);
+        // The infeasible requests sit at the front of the queue, before this key.
+        let from = lowest_key(start.saturating_add(info.latency(1)));
+        match self.settings.batch_mode {
             BatchMode::Prefix => {
-                // Counting stops at the batch limit: a decision costs O(batch), not
-                // O(queue), however long the queue grows under overload.
-                let first = merged().next()?;
-                (0, merged().take(fits(first.0)).count())
+                let first = members_from(queue, extra, from).next()?;
+                let size = members_from(queue, extra, first).take(fits(first.0)).count();
+                Some(Window { first, size })
             }
             BatchMode::Largest => {
-                // The infeasible requests sit at the front of the queue.
-                let skipped = queue.iter().take_while(|k| !feasible(k)).count();
-                let q = queue.len() - skipped + extra.iter().filter(|k| feasible(k)).count();
-                let (mut best_from, mut best_size) = (0, 0);
-                for (i, key) in merged().enumerate() {
-                    let remaining = q - i;
-                    if remaining <= best_size {
-                        break;
-                    }
-                    let k = fits(key.0);
-                    let size = remaining.min(k);
-                    if size > best_size {
-                        (best_from, best_size) = (i, size);
-                    }
-                    if k >= limit as usize {
-                        // Later windows are capped by `limit` too and have fewer requests.
-                        break;
+                // The largest window has b* requests or more, b* the largest batch
+                // with at least b* requests whose deadlines each fit a batch of b*
+                // (whether b requests fit is monotone in b: found by bisection). It
+                // starts at the first of those requests: an earlier start fits fewer
+                // than b*, a later one has fewer than b* + 1 behind it.
+                let fits_batch = |b: usize| {
+                    let threshold = lowest_key(start.saturating_add(info.latency(b as u32)));
+                    members_from(queue, extra, threshold).take(b).count() >= b
+                };
+                if !fits_batch(1) {
+                    return None;
+                }
+                let (mut low, mut high) = (1, most.max(1));
+                while low < high {
+                    let mid = (low + high).div_ceil(2);
+                    if fits_batch(mid) {
+                        low = mid;
+                    } else {
+                        high = mid - 1;
                     }
                 }
-                (best_from, best_size)
+                let first = members_from(queue, extra, lowest_key(start.saturating_add(info.latency(low as u32)))).next()?;
+                let size = members_from(queue, extra, first).take(fits(first.0)).count();
+                Some(Window { first, size })
             }
-        };
-        if size == 0 {
-            return None;
         }
-        let deadline = merged().nth(from).map_or(Instant::MAX, |k| k.0);
-        Some(Window { from, size, deadline })
     }
 
     /// The requests of a window found by [`Self::window`] for `worker`.
-    fn window_keys(&self, catalog: &ModelCatalog, model: usize, worker: WorkerId, start: Instant, window: &Window) -> Vec<Key> {
-        let extra = self.extra(worker, model);
-        let requests = merge_sorted(self.queues[&model].iter().copied(), extra.iter().copied());
-        window_members(catalog, model, requests, start, window)
+    fn window_keys(&self, model: usize, worker: WorkerId, window: &Window) -> Vec<Key> {
+        members_from(&self.queues[&model], self.extra(worker, model), window.first).take(window.size).collect()
     }
 }
 
@@ -674,23 +693,32 @@ impl GroupWorker {
     }
 }
 
-/// The requests `window` (found by [`FlexGroup::window`] at `start`) picks from
-/// `requests` (one model's, in deadline order): it counts only those that can still
-/// finish alone when started at `start`.
-fn window_members(catalog: &ModelCatalog, model: usize, requests: impl Iterator<Item = Key>, start: Instant, window: &Window) -> Vec<Key> {
-    let alone = catalog.get(model).latency(1);
-    requests.filter(|k| start.saturating_add(alone) <= k.0).skip(window.from).take(window.size).collect()
+/// The requests of `queue` and `extra` (each in queue order) from `from` on, merged.
+fn members_from<'a>(queue: &'a BTreeSet<Key>, extra: &'a [Key], from: Key) -> impl Iterator<Item = Key> + 'a {
+    merge_sorted(queue.range(from..).copied(), extra.iter().copied().filter(move |k| *k >= from))
 }
 
-/// A candidate batch as a window of a model's feasible requests in deadline order.
+/// The smallest key with deadline `deadline`: every request from it on in queue order
+/// has a deadline at least `deadline`.
+fn lowest_key(deadline: Instant) -> Key {
+    (deadline, Instant::MIN, RequestId::MIN)
+}
+
+/// A candidate batch: `size` requests of one model in deadline order, from `first` on
+/// (every one of them can still finish alone).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Window {
-    /// Index of its first request.
-    from: usize,
+    /// Its first request: the earliest deadline.
+    first: Key,
     /// Its size.
     size: usize,
+}
+
+impl Window {
     /// Its earliest deadline.
-    deadline: Instant,
+    fn deadline(&self) -> Instant {
+        self.first.0
+    }
 }
 
 /// `t + l_m(1) ≤ d_r`: the request could still finish if it started alone at `now`.

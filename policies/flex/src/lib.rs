@@ -37,6 +37,7 @@ pub mod group;
 pub mod herd;
 pub mod params;
 pub mod sched;
+pub mod spread;
 #[cfg(test)]
 mod tests;
 
@@ -51,6 +52,7 @@ use group::{Decision, FlexGroup, Forgotten, Key};
 use herd::{Plan, PlanInput, StreamLoad};
 use params::FlexParams;
 use sched::{Handling, SerialScheduler, Step};
+use spread::Spreader;
 
 /// An event for a group's serial scheduler (scheduler cost model only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,6 +134,20 @@ pub struct Flex {
     /// Per stage: the time held back for the later stages of a pipeline; a request's
     /// deadline at the stage is its own less this ([`stage_reserves`]).
     reserve: Vec<u64>,
+    /// Spreads the cluster's workers over the stages (`spread`).
+    spreader: Option<Spreader>,
+    /// Workers the last HERD plan was made for.
+    planned_workers: usize,
+}
+
+/// Ask the host for `replicas` workers at each stage: the stages that shrink first, so
+/// that the cluster's limit leaves room for those that grow.
+fn scale_to(ctx: &mut Ctx, replicas: &[u32]) {
+    let current = |s: usize| ctx.workers().filter(|w| w.info.stage as usize == s).count() as u32;
+    let (shrink, grow): (Vec<usize>, Vec<usize>) = (0..replicas.len()).partition(|&s| replicas[s] < current(s));
+    for s in shrink.into_iter().chain(grow) {
+        ctx.scale(s as StageId, replicas[s], None);
+    }
 }
 
 /// Per stage, the time FLEX holds back for the stages after it (`downstream_reserve`
@@ -302,6 +318,7 @@ impl Flex {
         self.apply_plan(ctx, &plan);
         self.arrivals_since_plan.iter_mut().for_each(|n| *n = 0);
         self.planned_at = Some(now);
+        self.planned_workers = self.worker_group.len();
     }
 
     /// Turn decisions into actions (or pending starts).
@@ -465,8 +482,18 @@ impl Policy for Flex {
             schedulers: Vec::new(),
             timers: BTreeSet::new(),
             reserve: Vec::new(),
+            spreader: None,
+            planned_workers: 0,
         };
         flex.reserve = stage_reserves(ctx, flex.params.downstream_reserve, flex.params.settings.max_batch);
+        if flex.params.spread {
+            let mut spreader =
+                Spreader::new(ctx.config(), &flex.catalog, &flex.reserve, flex.params.settings.max_batch, flex.params.spread_period);
+            if let Some(replicas) = spreader.initial(ctx.config()) {
+                scale_to(ctx, &replicas);
+            }
+            flex.spreader = Some(spreader);
+        }
         if flex.params.sched_cost.is_some() {
             flex.schedulers = vec![SerialScheduler::default()];
         }
@@ -501,6 +528,9 @@ impl Policy for Flex {
         if let Some(n) = self.arrivals_since_plan.get_mut(request.stream as usize) {
             *n += 1;
         }
+        if let Some(spreader) = &mut self.spreader {
+            spreader.arrived(request.stage);
+        }
         // The deadline at this stage keeps what the later stages need.
         let reserve = self.reserve.get(request.stage as usize).copied().unwrap_or(0);
         let key = (request.deadline.saturating_sub(reserve), request.arrived_at, request.id);
@@ -513,8 +543,11 @@ impl Policy for Flex {
         self.idled.push(worker);
     }
 
-    fn on_batch_done(&mut self, _ctx: &mut Ctx, outcome: BatchOutcome) {
+    fn on_batch_done(&mut self, ctx: &mut Ctx, outcome: BatchOutcome) {
         let ours = self.busy.remove(&outcome.worker);
+        if let (Some(spreader), Some(worker)) = (&mut self.spreader, ctx.worker(outcome.worker)) {
+            spreader.finished(worker.info.stage, outcome.results.len() as u64);
+        }
         let ids: Vec<RequestId> = outcome.results.iter().map(|r| r.id).collect();
         // Requests that ran on this worker leave the policy's hands (an iteration
         // worker's unfinished sequences come back under `Resident` below).
@@ -542,7 +575,13 @@ impl Policy for Flex {
             }
         }
         self.apply(ctx, out);
-        let due = self.planned_at.is_some_and(|at| now.saturating_sub(at) >= self.params.herd_period);
+        if let Some(replicas) = self.spreader.as_mut().and_then(|s| s.respread(now)) {
+            scale_to(ctx, &replicas);
+        }
+        // HERD plans again every period, and as soon as the workers it planned for
+        // changed (the spread's workers started).
+        let due = self.planned_at.is_some_and(|at| now.saturating_sub(at) >= self.params.herd_period)
+            || self.worker_group.len() != self.planned_workers;
         if due && self.herd_applies(ctx) {
             self.replan(ctx);
         }

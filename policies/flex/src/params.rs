@@ -12,6 +12,8 @@
 //! | `coalesce` | false | queue every arrival of a decision point before dispatching once |
 //! | `tick_sweep` | true | drop unreachable queued requests on every tick |
 //! | `downstream_reserve` | 2 | batch durations (at the stage's largest batch) held back for each later stage of a pipeline: a request's deadline at a stage is its end-to-end deadline less the longest downstream path's reserve (scaled down to fit the SLO); `0` is the paper's rule (every stage checks the end-to-end deadline; SHEPHERD has one stage) |
+//! | `spread` | true | use the whole cluster: spread its `max-workers` over the stages by need, at start from the configured fan-outs and every `spread_period_s` from the measured demand ([`crate::spread`]); `false` serves with the workers the host started (the paper's experiments start every GPU of the cluster) |
+//! | `spread_period_s` | 5 | how often the spread is measured again (workers move only when the lowest head-room rises by 10 %) |
 //! | `herd` | true | plan serving groups with HERD (only when the workers outnumber `group_limit`) |
 //! | `group_limit` | 12 | Ḡ: most GPUs per serving group; `inf`: one group of every worker |
 //! | `herd_period_s` | 1800 | re-planning period P in seconds |
@@ -37,6 +39,10 @@ pub struct FlexParams {
     pub tick_sweep: bool,
     /// Batch durations held back at each stage for every later stage (0: none).
     pub downstream_reserve: f64,
+    /// Spread the cluster's workers over the stages.
+    pub spread: bool,
+    /// Period of the spread's measurement, in nanoseconds.
+    pub spread_period: u64,
     /// Plan serving groups with HERD.
     pub herd: bool,
     /// Ḡ.
@@ -115,6 +121,10 @@ impl FlexParams {
         if period_s.is_nan() || period_s <= 0.0 {
             return Err("parameter `herd_period_s` must be positive".into());
         }
+        let spread_period_s: f64 = ctx.param_or("spread_period_s", 5.0)?;
+        if !(spread_period_s > 0.0 && spread_period_s <= 1e6) {
+            return Err(format!("parameter `spread_period_s` must be in (0, 1e6] (got {spread_period_s})"));
+        }
         Ok(Self {
             settings: Settings {
                 lambda,
@@ -128,6 +138,8 @@ impl FlexParams {
             coalesce,
             tick_sweep: ctx.param_or("tick_sweep", true)?,
             downstream_reserve,
+            spread: ctx.param_or("spread", true)?,
+            spread_period: (spread_period_s * 1e9) as u64,
             herd: ctx.param_or("herd", true)?,
             group_limit,
             herd_period: (period_s * 1e9) as u64,

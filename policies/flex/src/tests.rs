@@ -612,6 +612,53 @@ fn largest_mode_finds_a_bigger_window_than_the_literal_prefix() {
     }
 }
 
+#[test]
+fn the_largest_window_is_the_one_a_scan_of_every_start_finds() {
+    // The window is found by bisection over batch sizes; check it against the
+    // definition: over every feasible start i (deadline order), min(requests from i,
+    // largest batch that fits d_i), the earliest of the largest.
+    let (alpha, beta, limit) = (2 * MS, 5 * MS, 32u32);
+    let config = config(&[("m", alpha, beta)], limit, 1, 0);
+    let catalog = ModelCatalog::from_config(&config);
+    let mut state = 7u64;
+    for case in 0..300 {
+        let settings = Settings { selection: Selection::Largest, ..Settings::default() };
+        let mut group = FlexGroup::new(settings, vec![0]);
+        group.add_worker(0, 0);
+        let (next, value) = yardmaster_sdk::splitmix64(state);
+        state = next;
+        let count = 1 + (value % 200) as usize;
+        let spread = 1 + (value >> 20) % (120 * MS);
+        let mut keys = Vec::new();
+        for id in 0..count as u64 {
+            let (next, value) = yardmaster_sdk::splitmix64(state);
+            state = next;
+            keys.push((value % spread, 0, id));
+        }
+        keys.sort_unstable();
+        for &key in &keys {
+            group.enqueue(0, key);
+        }
+        let fits = |d: Instant| (1..=limit).rev().find(|&b| alpha * b as u64 + beta <= d).unwrap_or(0) as usize;
+        let feasible: Vec<Key> = keys.iter().copied().filter(|k| fits(k.0) >= 1).collect();
+        let best =
+            (0..feasible.len()).map(|i| ((feasible.len() - i).min(fits(feasible[i].0)), i)).max_by_key(|&(size, i)| (size, Reverse(i)));
+        let mut out = Vec::new();
+        group.idle(&catalog, 0, 0, &mut out);
+        let started = out.iter().find_map(|d| match d {
+            Decision::Start { requests, .. } => Some(requests.clone()),
+            _ => None,
+        });
+        match best {
+            None => assert_eq!(started, None, "case {case}"),
+            Some((size, i)) => {
+                let expected: Vec<RequestId> = feasible[i..i + size].iter().map(|k| k.2).collect();
+                assert_eq!(started, Some(expected), "case {case}: {count} requests over {spread} ns");
+            }
+        }
+    }
+}
+
 /// Figure 11a's workload on one GPU for `seconds`: RN18 bursts of 1024 every 120 ms
 /// from 5 ms, RS269 one request per ms.
 fn figure_11a(lambda: f64, slo: u64, seconds: u64) -> Des {

@@ -70,7 +70,7 @@ pub use llm::{
 };
 pub use minmax_heap::MinMaxHeap;
 pub use models::{ModelCatalog, ModelInfo};
-pub use nexus_planner::{NexusPlan, ScalingPlanner};
+pub use nexus_planner::{pieces_per_request, NexusPlan, ScalingPlanner};
 pub use pid::Pid;
 pub use pipeline_policy::{planned_replicas, BrokeredPipeline, PipelineRule};
 pub use quantile::{P2Quantile, WindowQuantile};

@@ -205,7 +205,7 @@ impl NexusPlan {
 /// Mean pieces per end-to-end request at each stage: 1 at entries (stages without
 /// predecessors) and at merges, otherwise the predecessors' pieces times their
 /// fan-out shared among their successors.
-fn pieces_per_request(graph: &StageGraph, fan_out: &impl Fn(StageId) -> f64) -> Vec<f64> {
+pub fn pieces_per_request(graph: &StageGraph, fan_out: &impl Fn(StageId) -> f64) -> Vec<f64> {
     let mut pieces = vec![0.0; graph.len()];
     for &s in graph.topological_order() {
         let preds = graph.predecessors(s);
