@@ -361,11 +361,7 @@ impl FlexGroup {
     /// `busy_order`; an idle worker starts the largest feasible batch (or the adaptive
     /// selection's), a busy one is preempted when that batch is at least λ times its
     /// running batch (and, with `defer_preemption`, waiting would lose at least as
-    /// many). A pass visits every worker once; passes repeat until one preempts
-    /// nothing, Algorithm 1's fixed point. (Restarting the pass after each preemption
-    /// reaches the same fixed point at a cost of workers × preemptions batch
-    /// generations per arrival: with 32 workers and a burst of fan-out arrivals, more
-    /// than a decision's fuel.)
+    /// many), and the loop restarts after each preemption.
     pub fn dispatch(&mut self, catalog: &ModelCatalog, now: Instant, out: &mut Vec<Decision>) {
         self.dispatch_stage(catalog, now, None, out);
     }
@@ -388,7 +384,7 @@ impl FlexGroup {
                 .map(|(&id, _)| id)
                 .chain(busy.into_iter().map(|(id, _)| id))
                 .collect();
-            let mut preempted = false;
+            let mut restarted = false;
             for worker in order {
                 if let Some(run) = self.workers[&worker].run.as_ref() {
                     // No batch could reach λ·b: skip BATCHGEN (it only reads).
@@ -411,11 +407,12 @@ impl FlexGroup {
                             continue;
                         }
                         self.preempt(catalog, worker, candidate, now, out);
-                        preempted = true;
+                        restarted = true;
+                        break;
                     }
                 }
             }
-            if !preempted {
+            if !restarted {
                 return;
             }
         }

@@ -12,7 +12,7 @@
 //! | `coalesce` | false | queue every arrival of a decision point before dispatching once |
 //! | `tick_sweep` | true | drop unreachable queued requests on every tick |
 //! | `downstream_reserve` | 2 | batch durations (at the stage's largest batch) held back for each later stage of a pipeline: a request's deadline at a stage is its end-to-end deadline less the longest downstream path's reserve (scaled down to fit the SLO); `0` is the paper's rule (every stage checks the end-to-end deadline; SHEPHERD has one stage) |
-//! | `spread` | true | use the whole cluster: spread its `max-workers` over the stages by need, at start from the configured fan-outs and every `spread_period_s` from the measured demand ([`crate::spread`]); `false` serves with the workers the host started (the paper's experiments start every GPU of the cluster) |
+//! | `spread` | true | use the whole cluster: spread its `max-workers` over the stages by need, at start from the configured fan-outs, one second later and every `spread_period_s` after that from the measured demand ([`crate::spread`]); `false` serves with the workers the host started (the paper's experiments start every GPU of the cluster) |
 //! | `spread_period_s` | 5 | how often the spread is measured again (workers move only when the lowest head-room rises by 10 %) |
 //! | `herd` | true | plan serving groups with HERD (only when the workers outnumber `group_limit`) |
 //! | `group_limit` | 12 | Ḡ: most GPUs per serving group; `inf`: one group of every worker |

@@ -11,7 +11,8 @@
 //!
 //! - at start, from the configured fan-outs (pieces per request at each stage, a
 //!   variant's fan-out shared evenly among its successors);
-//! - then every period, from the demand measured at each stage (a stage's demand is its
+//! - then one second after start and every period after that, from the demand
+//!   measured at each stage (a stage's demand is its
 //!   parent's times the pieces it received per piece its parent finished, so a drop at
 //!   the parent does not hide demand below it), when the new spread raises the lowest
 //!   head-room by at least [`GAIN`] (a worker moved costs a start elsewhere).
@@ -23,6 +24,11 @@ use crate::herd::single_gpu_goodput;
 
 /// Smallest gain in the lowest head-room that moves workers between stages.
 pub const GAIN: f64 = 1.1;
+
+/// When the first measured spread is due, after start (sooner than a period: the
+/// configured fan-outs split a variant's pieces evenly among its successors, which
+/// a branching application does not).
+pub const FIRST_MEASUREMENT: Duration = 1_000_000_000;
 
 /// The spreader: what one worker of each stage serves, the counts measured since the
 /// last spread, and the replicas last asked for.
@@ -82,7 +88,7 @@ impl Spreader {
             caps: config.stages.iter().map(|s| s.max_replicas).collect(),
             cluster: config.max_workers,
             period,
-            next: config.now.saturating_add(period),
+            next: config.now.saturating_add(period.min(FIRST_MEASUREMENT)),
             arrived: vec![0; stages],
             finished: vec![0; stages],
             replicas,
@@ -240,9 +246,9 @@ mod tests {
         for _ in 0..100 {
             spreader.arrived(1);
         }
-        assert_eq!(spreader.respread(4_999 * MS), None, "before the period ends");
+        assert_eq!(spreader.respread(999 * MS), None, "before the first measurement is due");
         // Need a : b = 1 : 12 → 1 and 7 (the lowest head-room, b's, rises by 7/6).
-        assert_eq!(spreader.respread(5_000 * MS), Some(vec![1, 7]));
+        assert_eq!(spreader.respread(1_000 * MS), Some(vec![1, 7]));
         // The same demand again: nothing moves.
         for _ in 0..100 {
             spreader.arrived(0);
@@ -251,6 +257,6 @@ mod tests {
         for _ in 0..100 {
             spreader.arrived(1);
         }
-        assert_eq!(spreader.respread(10_000 * MS), None);
+        assert_eq!(spreader.respread(6_000 * MS), None);
     }
 }
