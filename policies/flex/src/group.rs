@@ -636,17 +636,13 @@ impl FlexGroup {
     fn window(&self, catalog: &ModelCatalog, model: usize, queue: &BTreeSet<Key>, extra: &[Key], start: Instant) -> Option<Window> {
         let info = catalog.get(model);
         let limit = self.settings.max_batch.min(info.max_batch).max(1);
-        // Largest batch whose earliest deadline is `d`, and the largest any can be.
+        // Largest batch whose earliest deadline is `d`.
         let fits = |d: Instant| info.largest_batch_within(d.saturating_sub(start), limit) as usize;
-        let most = fits(Instant::MAX);
-        // The infeasible requests sit at the front of the queue, before this key.
-        let from = lowest_key(start.saturating_add(info.latency(1)));
-        match self.settings.batch_mode {
-            BatchMode::Prefix => {
-                let first = members_from(queue, extra, from).next()?;
-                let size = members_from(queue, extra, first).take(fits(first.0)).count();
-                Some(Window { first, size })
-            }
+        // The window starts at the first request that fits a batch of `low`: 1 for the
+        // literal prefix (the first that can still finish alone; the infeasible ones
+        // sit at the front of the queue), b* for the largest window.
+        let low = match self.settings.batch_mode {
+            BatchMode::Prefix => 1,
             BatchMode::Largest => {
                 // The largest window has b* requests or more, b* the largest batch
                 // with at least b* requests whose deadlines each fit a batch of b*
@@ -657,10 +653,7 @@ impl FlexGroup {
                     let threshold = lowest_key(start.saturating_add(info.latency(b as u32)));
                     members_from(queue, extra, threshold).take(b).count() >= b
                 };
-                if !fits_batch(1) {
-                    return None;
-                }
-                let (mut low, mut high) = (1, most.max(1));
+                let (mut low, mut high) = (1, fits(Instant::MAX).max(1));
                 while low < high {
                     let mid = (low + high).div_ceil(2);
                     if fits_batch(mid) {
@@ -669,11 +662,12 @@ impl FlexGroup {
                         high = mid - 1;
                     }
                 }
-                let first = members_from(queue, extra, lowest_key(start.saturating_add(info.latency(low as u32)))).next()?;
-                let size = members_from(queue, extra, first).take(fits(first.0)).count();
-                Some(Window { first, size })
+                low
             }
-        }
+        };
+        let first = members_from(queue, extra, lowest_key(start.saturating_add(info.latency(low as u32)))).next()?;
+        let size = members_from(queue, extra, first).take(fits(first.0)).count();
+        Some(Window { first, size })
     }
 
     /// The requests of a window found by [`Self::window`] for `worker`.

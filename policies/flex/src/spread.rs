@@ -17,7 +17,7 @@
 //!   the parent does not hide demand below it), when the new spread raises the lowest
 //!   head-room by at least [`GAIN`] (a worker moved costs a start elsewhere).
 
-use yardmaster_sdk::helpers::{bottleneck_fill, pieces_per_request, ModelCatalog, StageGraph};
+use yardmaster_sdk::helpers::{bottleneck_fill, is_offline, pieces_per_request, ModelCatalog, StageGraph};
 use yardmaster_sdk::{Config, Duration, Instant, StageId};
 
 use crate::herd::single_gpu_goodput;
@@ -84,7 +84,7 @@ impl Spreader {
         Self {
             graph: StageGraph::new(&config.stages),
             goodput,
-            floors: config.stages.iter().map(|s| if s.max_replicas == 0 { 0 } else { s.min_replicas.max(1) }).collect(),
+            floors: config.stages.iter().map(|s| if is_offline(s) { 0 } else { s.min_replicas.max(1) }).collect(),
             caps: config.stages.iter().map(|s| s.max_replicas).collect(),
             cluster: config.max_workers,
             period,
@@ -156,22 +156,24 @@ impl Spreader {
         demand
     }
 
-    /// The cluster spread by `demand` (pieces per unit of time at each stage).
+    /// Per stage, the share of `demand` (pieces per unit of time) one worker covers:
+    /// its goodput over the demand (infinite where there is none).
+    fn units(&self, demand: &[f64]) -> Vec<f64> {
+        demand.iter().zip(&self.goodput).map(|(&d, &g)| if d > 0.0 { g / d } else { f64::INFINITY }).collect()
+    }
+
+    /// The cluster spread by `demand`.
     fn spread(&self, demand: &[f64]) -> Vec<u32> {
-        // Units of demand one worker of each stage covers.
-        let unit: Vec<f64> = demand.iter().zip(&self.goodput).map(|(&d, &g)| if d > 0.0 { g / d } else { f64::INFINITY }).collect();
-        let mut replicas = vec![0; unit.len()];
-        bottleneck_fill(&unit, &self.floors, &self.caps, self.cluster, &mut replicas);
+        let mut replicas = vec![0; demand.len()];
+        bottleneck_fill(&self.units(demand), &self.floors, &self.caps, self.cluster, &mut replicas);
         replicas
     }
 
-    /// The lowest head-room over stages with demand: replicas × one worker's goodput
-    /// over the demand.
+    /// The lowest head-room over stages with demand: replicas × the share one worker
+    /// covers.
     fn headroom(&self, replicas: &[u32], demand: &[f64]) -> f64 {
-        (0..demand.len())
-            .filter(|&s| demand[s] > 0.0)
-            .map(|s| replicas[s] as f64 * self.goodput[s] / demand[s])
-            .fold(f64::INFINITY, f64::min)
+        let units = self.units(demand);
+        (0..demand.len()).filter(|&s| demand[s] > 0.0).map(|s| replicas[s] as f64 * units[s]).fold(f64::INFINITY, f64::min)
     }
 
     /// Record `wanted` as asked for, unless it is what was asked already.
