@@ -571,6 +571,12 @@ fn try_sim_compare(policies: &[String], args: &SimArgs) -> anyhow::Result<()> {
             memory_at(0.1),
             memory_at(1.0)
         );
+        // Where the policy dropped: a drop at a later stage wasted the earlier stages' work.
+        if o.engine.drops_by_stage.iter().any(|&d| d > 0) {
+            let stages: Vec<String> =
+                o.engine.drops_by_stage.iter().enumerate().filter(|(_, &d)| d > 0).map(|(s, d)| format!("stage {s}: {d}")).collect();
+            eprintln!("  {}: policy drops by stage: {}", o.report.policy, stages.join(", "));
+        }
     }
     let reports: Vec<_> = outcomes.into_iter().map(|o| o.report).collect();
     print!("{}", yardmaster::sim::report::render_table(&reports));

@@ -12,6 +12,7 @@
 //! | `coalesce` | false | queue every arrival of a decision point before dispatching once |
 //! | `tick_sweep` | true | drop unreachable queued requests on every tick |
 //! | `downstream_reserve` | 2 | batch durations (at the stage's largest batch) held back for each later stage of a pipeline: a request's deadline at a stage is its end-to-end deadline less the longest downstream path's reserve (scaled down to fit the SLO); `0` is the paper's rule (every stage checks the end-to-end deadline; SHEPHERD has one stage) |
+//! | `productive_batches` | true | cap each model's batches at the size that serves the most requests per second within the stage's budget (the SLO less the stage's reserve; [`yardmaster_sdk::helpers::ModelInfo::most_productive_batch_within`]), so that under overload the largest window does not form batches past the model's sweet spot; `false` is the paper's rule (every batch up to B_max; SHEPHERD's linear profiles have no sweet spot, and there the two agree) |
 //! | `spread` | true | use the whole cluster: spread its `max-workers` over the stages by need, at start from the configured fan-outs, one second later and every `spread_period_s` after that from the measured demand ([`crate::spread`]); `false` serves with the workers the host started (the paper's experiments start every GPU of the cluster) |
 //! | `spread_period_s` | 5 | how often the spread is measured again (workers move only when the lowest head-room rises by 10 %) |
 //! | `herd` | true | plan serving groups with HERD (only when the workers outnumber `group_limit`) |
@@ -39,6 +40,8 @@ pub struct FlexParams {
     pub tick_sweep: bool,
     /// Batch durations held back at each stage for every later stage (0: none).
     pub downstream_reserve: f64,
+    /// Cap each model's batches at its most productive size within the stage's budget.
+    pub productive_batches: bool,
     /// Spread the cluster's workers over the stages.
     pub spread: bool,
     /// Period of the spread's measurement, in nanoseconds.
@@ -138,6 +141,7 @@ impl FlexParams {
             coalesce,
             tick_sweep: ctx.param_or("tick_sweep", true)?,
             downstream_reserve,
+            productive_batches: ctx.param_or("productive_batches", true)?,
             spread: ctx.param_or("spread", true)?,
             spread_period: (spread_period_s * 1e9) as u64,
             herd: ctx.param_or("herd", true)?,

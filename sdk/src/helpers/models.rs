@@ -44,6 +44,28 @@ impl ModelInfo {
         self.latency[..limit].partition_point(|&l| l <= budget) as u32
     }
 
+    /// The batch of at most `limit` requests, taking at most `budget`, that serves the
+    /// most requests per second (the smaller on a tie; 0 when even one request does not
+    /// fit). On a profile whose throughput grows with the batch this is
+    /// [`Self::largest_batch_within`]; on one where a larger batch serves fewer per
+    /// second (a GPU past its sweet spot), it is the sweet spot.
+    pub fn most_productive_batch_within(&self, budget: Duration, limit: u32) -> u32 {
+        let fits = self.largest_batch_within(budget, limit);
+        // Compare b₁/l₁ with b₂/l₂ as b₁·l₂ against b₂·l₁ (exact in integers).
+        let served = |b: u32| (b as u128, self.latency(b).max(1) as u128);
+        (1..=fits).fold(0, |best, b| {
+            if best == 0 {
+                return b;
+            }
+            let ((b1, l1), (b2, l2)) = (served(best), served(b));
+            if b2 * l1 > b1 * l2 {
+                b
+            } else {
+                best
+            }
+        })
+    }
+
     /// The linear model `l(b) = α·b + β` through the latencies of batch 1 and of the
     /// largest batch, as `(α, β)` in nanoseconds (SHEPHERD's Eq. 1).
     pub fn linear(&self) -> (f64, f64) {
@@ -143,6 +165,15 @@ impl ModelCatalog {
         self.index.get(&(stage, variant)).copied()
     }
 
+    /// Cap `model`'s largest batch ([`ModelInfo::max_batch`]) at `limit` (at least 1),
+    /// for a policy that forms smaller batches than the stage allows. Its latencies
+    /// are kept.
+    pub fn limit_batch(&mut self, model: usize, limit: u32) {
+        if let Some(info) = self.models.get_mut(model) {
+            info.max_batch = info.max_batch.min(limit).max(1);
+        }
+    }
+
     /// One model.
     pub fn get(&self, model: usize) -> &ModelInfo {
         &self.models[model]
@@ -208,5 +239,29 @@ mod tests {
         assert_eq!(rn18.largest_batch_within(10_000, 5), 5);
         let (alpha, beta) = rn18.linear();
         assert!((alpha - 10.0).abs() < 1e-9 && (beta - 100.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_most_productive_batch_is_the_sweet_spot_within_the_budget() {
+        // Linear: throughput grows with the batch, so the largest that fits.
+        let catalog = ModelCatalog::from_config(&config());
+        let rn18 = catalog.get(0);
+        assert_eq!(rn18.most_productive_batch_within(140, 8), 4);
+        assert_eq!(rn18.most_productive_batch_within(10_000, 8), 8);
+        assert_eq!(rn18.most_productive_batch_within(109, 8), 0);
+        // A sweet spot at 4 (4 per 40 ns); batches of 5–8 serve fewer (8 per 160 ns).
+        let mut config = config();
+        config.stages[0].variants[0].profile =
+            [(1, 20), (4, 40), (8, 160)].into_iter().map(|(batch, mean)| crate::LatencyPoint { batch, mean, tail: mean }).collect();
+        let catalog = ModelCatalog::from_config(&config);
+        let model = catalog.get(0);
+        assert_eq!(model.largest_batch_within(10_000, 8), 8);
+        assert_eq!(model.most_productive_batch_within(10_000, 8), 4);
+        assert_eq!(model.most_productive_batch_within(39, 8), 3);
+        assert_eq!(model.most_productive_batch_within(10_000, 2), 2);
+        let mut capped = catalog.clone();
+        capped.limit_batch(0, 4);
+        assert_eq!(capped.get(0).max_batch, 4);
+        assert_eq!(capped.get(0).latency(8), 160);
     }
 }

@@ -152,6 +152,24 @@ fn flex_is_on_time_at_low_load_on_loki_s_application() {
 }
 
 #[test]
+fn flex_has_no_cliff_on_loki_s_application() {
+    // Loki's detector `yolov5n` serves about 95 frames/s in batches of 4 to 8 and 66 in
+    // batches of 16: FLEX's largest window grew its batches with the queue, past that
+    // sweet spot, and fell from 1,680 on-time requests/s at half the bound to 966 at
+    // twice it. Capped at each model's most productive batch (`productive_batches`) it
+    // serves more at 2× than at 0.5×; the paper's rule (batches up to B_max) is the
+    // failing arm.
+    let app = presets::pipeline(&format!("{}/sim__traffic_analysis.json", yardmaster::sim::reproduce::loki::data_dir().display())).unwrap();
+    for (param, holds) in [("true", true), ("false", false)] {
+        let params = [("productive_batches", param)];
+        let half = run_at("flex", &app, 0.5, 3_000_000_000, &params);
+        let over = run_at("flex", &app, 2.0, 3_000_000_000, &params);
+        let held = over.goodput >= CLIFF_FRACTION * half.goodput;
+        assert_eq!(held, holds, "productive_batches={param}: {half:?} then {over:?}");
+    }
+}
+
+#[test]
 fn the_papers_rules_stay_one_parameter_away_and_fall_off() {
     // FLEX checking the end-to-end deadline at every stage, and QUART never dropping,
     // as their papers do (single-stage GPUs; pipelines that are never overloaded for
