@@ -81,10 +81,37 @@ impl LatencyTable {
         best
     }
 
+    /// The batch of at most `limit` requests, taking at most `budget`, that serves the
+    /// most requests per second (see [`most_productive_batch`]; 0 when none fits).
+    pub fn most_productive_batch_within(&self, stage: StageId, variant: VariantId, budget: Duration, limit: u32) -> u32 {
+        let fits = self.largest_batch_within(stage, variant, budget, limit);
+        most_productive_batch(fits, |b| self.mean(stage, variant, b).unwrap_or(Duration::MAX))
+    }
+
     fn lookup(&self, stage: StageId, variant: VariantId, batch: u32, value: impl Fn(&LatencyPoint) -> Duration) -> Option<Duration> {
         let points = self.profiles.get(stage as usize)?.get(variant as usize)?;
         interpolate(points, batch, |p| p.batch, value)
     }
+}
+
+/// Among batches of 1 to `fits` requests taking `latency(b)` each, the one that
+/// serves the most requests per second — the smaller on a tie, 0 when `fits` is 0.
+/// Where throughput grows with the batch that is `fits` itself; on a profile with a
+/// sweet spot (a larger batch serving fewer per second) it is the sweet spot.
+pub fn most_productive_batch(fits: u32, latency: impl Fn(u32) -> Duration) -> u32 {
+    // b₁/l₁ against b₂/l₂ compared as b₂·l₁ against b₁·l₂: exact in integers.
+    let served = |b: u32| (b as u128, latency(b).max(1) as u128);
+    (1..=fits).fold(0, |best, b| {
+        if best == 0 {
+            return b;
+        }
+        let ((b1, l1), (b2, l2)) = (served(best), served(b));
+        if b2 * l1 > b1 * l2 {
+            b
+        } else {
+            best
+        }
+    })
 }
 
 /// A profiled value at `batch` from points sorted by batch size: linear between the

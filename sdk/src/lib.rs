@@ -39,7 +39,7 @@ pub use driver::Driver;
 #[cfg(target_arch = "wasm32")]
 pub use host::ComponentHost;
 pub use host::{splitmix64, Host, NullHost};
-pub use latency::{interpolate, LatencyTable};
+pub use latency::{interpolate, most_productive_batch, LatencyTable};
 
 pub use bindings::yardmaster::policy::host::Level;
 pub use bindings::yardmaster::policy::types::{

@@ -210,22 +210,26 @@ impl Quart {
     }
 }
 
-/// Cap each stage's batch limit at the largest batch (of variant 0, the one QUART
-/// runs) whose mean latency fits the stage's target, its share of the SLO; at least 1.
-/// Stages whose limit already fits keep it.
+/// Cap each stage's batch limit at the batch (of variant 0, the one QUART runs) that
+/// serves the most requests per second within the stage's target, its share of the
+/// SLO; at least 1. Where throughput grows with the batch that is the largest batch
+/// that fits (a limit that already fits is kept); on a profile with a sweet spot
+/// (Loki's `yolov5n`: about 95 frames/s in batches of 4 to 8, 66 in batches of 16) it
+/// is the sweet spot.
 fn fit_batch_limits(ctx: &mut Ctx, plans: &[StagePlan]) {
     let stages: Vec<(StageId, u32)> = ctx.config().stages.iter().map(|s| (s.id, s.max_batch)).collect();
     for (stage, max_batch) in stages {
         let Some(plan) = plans.get(stage as usize) else { continue };
-        let target_ns = plan.target * 1e9;
-        let limit = ctx.batch_limit(stage).min(max_batch.max(1));
-        let fits = |b: u32| ctx.latency().mean(stage, 0, b).is_some_and(|ns| ns as f64 <= target_ns);
         // An unprofiled stage (a pseudo stage) keeps its limit.
-        if ctx.latency().mean(stage, 0, 1).is_none() || fits(limit) {
+        if ctx.latency().mean(stage, 0, 1).is_none() {
             continue;
         }
-        let fitted = (1..limit).rev().find(|&b| fits(b)).unwrap_or(1);
-        ctx.set_batch_limit(stage, fitted);
+        let limit = ctx.batch_limit(stage).min(max_batch.max(1));
+        let target = (plan.target * 1e9) as Duration;
+        let fitted = ctx.latency().most_productive_batch_within(stage, 0, target, limit).max(1);
+        if fitted < limit {
+            ctx.set_batch_limit(stage, fitted);
+        }
     }
 }
 

@@ -73,8 +73,9 @@ pub struct Params {
     /// for every later stage on the longest downstream path (`downstream_reserve`, 2: a
     /// wait for one batch and the batch itself).
     pub downstream_reserve: f64,
-    /// Cap each stage's batch limit at the largest batch whose latency fits the
-    /// stage's share of the SLO (`fit_batches`, true; the same split as the per-stage
+    /// Cap each stage's batch limit at the batch that serves the most requests per
+    /// second within the stage's share of the SLO — the largest that fits, unless a
+    /// smaller one serves more (`fit_batches`, true; the same split as the per-stage
     /// targets). Not in the paper, which runs the configured batch sizes (`false`): a
     /// pipeline whose largest batch alone exceeds the SLO (Loki's traffic application
     /// allows 64 frames, 959 ms at its detector, under a 250 ms SLO) otherwise has

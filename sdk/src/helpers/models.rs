@@ -50,20 +50,7 @@ impl ModelInfo {
     /// [`Self::largest_batch_within`]; on one where a larger batch serves fewer per
     /// second (a GPU past its sweet spot), it is the sweet spot.
     pub fn most_productive_batch_within(&self, budget: Duration, limit: u32) -> u32 {
-        let fits = self.largest_batch_within(budget, limit);
-        // Compare b₁/l₁ with b₂/l₂ as b₁·l₂ against b₂·l₁ (exact in integers).
-        let served = |b: u32| (b as u128, self.latency(b).max(1) as u128);
-        (1..=fits).fold(0, |best, b| {
-            if best == 0 {
-                return b;
-            }
-            let ((b1, l1), (b2, l2)) = (served(best), served(b));
-            if b2 * l1 > b1 * l2 {
-                b
-            } else {
-                best
-            }
-        })
+        crate::most_productive_batch(self.largest_batch_within(budget, limit), |b| self.latency(b))
     }
 
     /// The linear model `l(b) = α·b + β` through the latencies of batch 1 and of the
