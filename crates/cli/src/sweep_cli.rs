@@ -47,6 +47,11 @@ pub struct SweepArgs {
     /// Exit with status 1 when a cliff or a low-load miss is found.
     #[arg(long)]
     pub strict: bool,
+    /// Run nothing: read a `sweep.json` an earlier sweep wrote, print its table and
+    /// draw its heatmaps again into --out (after a change to the drawing, or to gather
+    /// sweeps run apart).
+    #[arg(long, value_name = "SWEEP_JSON")]
+    pub replot: Option<PathBuf>,
 }
 
 /// Run `yardmaster sim sweep`.
@@ -63,6 +68,9 @@ pub fn sim_sweep(args: &SweepArgs) -> ExitCode {
 
 /// Whether the sweep found neither a cliff nor a low-load miss.
 fn try_sim_sweep(args: &SweepArgs) -> anyhow::Result<bool> {
+    if let Some(saved) = &args.replot {
+        return replot(saved, args);
+    }
     let pick = |given: &[f64], full: &[f64], quick: &[f64]| -> Vec<f64> {
         if !given.is_empty() {
             given.to_vec()
@@ -127,5 +135,16 @@ fn try_sim_sweep(args: &SweepArgs) -> anyhow::Result<bool> {
     let mut files = sweep::write_files(&args.out, &outcome)?;
     files.extend(sweep::write_heatmaps(&args.out, &outcome)?);
     println!("wrote {} files to {} (sweep.csv, sweep.json, a heatmap per policy)", files.len(), args.out.display());
+    Ok(!outcome.rows.iter().any(|r| r.cliff || r.low_load_miss))
+}
+
+/// `--replot`: the table and heatmaps of a saved sweep, nothing run.
+fn replot(saved: &std::path::Path, args: &SweepArgs) -> anyhow::Result<bool> {
+    let text = std::fs::read(saved).map_err(|e| anyhow::anyhow!("{}: {e}", saved.display()))?;
+    let outcome: sweep::SweepOutcome =
+        serde_json::from_slice(&text).map_err(|e| anyhow::anyhow!("{}: not a sweep.json written by `sim sweep`: {e}", saved.display()))?;
+    print!("{}", sweep::render_table(&outcome));
+    let files = sweep::write_heatmaps(&args.out, &outcome)?;
+    println!("wrote {} heatmaps to {}", files.len(), args.out.display());
     Ok(!outcome.rows.iter().any(|r| r.cliff || r.low_load_miss))
 }

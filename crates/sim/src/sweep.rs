@@ -35,7 +35,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use anyhow::{anyhow, Result};
 use plotters::coord::Shift;
 use plotters::prelude::*;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::report::{plot_font, PlotFont};
 use crate::run::{PolicySpec, SimSpec};
@@ -60,7 +60,7 @@ pub const DEFAULT_LOADS: [f64; 10] = [0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0,
 pub const QUICK_LOADS: [f64; 4] = [0.5, 1.0, 2.0, 5.0];
 
 /// A workload shape: the name shown, and the workload preset it stands for.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Shape {
     /// Name in reports (`poisson`, `bursty`, `diurnal`, `replay`, or a preset's name).
     pub name: String,
@@ -119,7 +119,7 @@ pub struct SweepPlan {
 }
 
 /// One cell and seed: where it ran and what it measured.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CellResult {
     /// Policy.
     pub policy: String,
@@ -171,7 +171,7 @@ pub struct CellResult {
 }
 
 /// One cell averaged over its seeds.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SweepRow {
     /// Policy.
     pub policy: String,
@@ -220,7 +220,7 @@ pub struct SweepRow {
 }
 
 /// The whole sweep.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SweepOutcome {
     /// Every cell and seed.
     pub cells: Vec<CellResult>,
@@ -232,7 +232,7 @@ pub struct SweepOutcome {
 }
 
 /// How a policy's decision cost grows from 1× capacity to the highest load swept.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CostGrowth {
     /// Policy.
     pub policy: String,
@@ -575,7 +575,7 @@ pub fn write_files(dir: &Path, outcome: &SweepOutcome) -> Result<Vec<PathBuf>> {
 /// Size of a heatmap cell, pixels.
 const CELL: (i32, i32) = (84, 40);
 /// Room for the row labels and the title.
-const MARGIN: (i32, i32) = (230, 70);
+const MARGIN: (i32, i32) = (260, 70);
 
 /// One heatmap per policy: `heatmap-POLICY.svg`, and `.png` when a system font is
 /// found. Returns the files written.
@@ -638,6 +638,22 @@ impl<'a> Grid<'a> {
     }
 }
 
+/// The characters of a pipeline's name that fit a heatmap's row label beside its shape.
+const LABEL_CHARS: usize = 22;
+
+/// A pipeline's name as a heatmap row shows it: a file's stem rather than its path
+/// (`../data/app.json` → `app`), cut to [`LABEL_CHARS`] with an ellipsis.
+fn row_label(pipeline: &str) -> String {
+    let path = Path::new(pipeline);
+    let is_file = pipeline.contains(std::path::MAIN_SEPARATOR) || path.extension().is_some_and(|e| e == "json" || e == "toml");
+    let name = if is_file { path.file_stem().map_or(pipeline.into(), |s| s.to_string_lossy().into_owned()) } else { pipeline.to_owned() };
+    if name.chars().count() <= LABEL_CHARS {
+        return name;
+    }
+    let kept: String = name.chars().take(LABEL_CHARS - 1).collect();
+    format!("{kept}…")
+}
+
 /// The colour of a goodput ÷ bound: red at 0.5 and under, through yellow at 0.75, to
 /// green at 1.
 fn heat(value: f64) -> RGBColor {
@@ -662,7 +678,7 @@ fn draw_heatmap<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, policy: &str,
     }
     for (line, (pipeline, shape)) in grid.lines.iter().enumerate() {
         let y = MARGIN.1 + CELL.1 * line as i32;
-        root.draw(&Text::new(format!("{pipeline} · {shape}"), (10, y + CELL.1 / 3), text(15))).map_err(err)?;
+        root.draw(&Text::new(format!("{} · {shape}", row_label(pipeline)), (10, y + CELL.1 / 3), text(15))).map_err(err)?;
         for column in 0..grid.loads.len() {
             let x = MARGIN.0 + CELL.0 * column as i32;
             let corners = [(x, y), (x + CELL.0 - 2, y + CELL.1 - 2)];
@@ -795,5 +811,26 @@ mod tests {
     fn heat_runs_from_red_to_green() {
         assert_eq!(heat(0.2), heat(0.5));
         assert!(heat(1.0).1 > heat(0.5).1 && heat(1.0).0 < heat(0.5).0);
+    }
+
+    #[test]
+    fn heatmap_rows_name_a_file_pipeline_by_its_stem_and_cut_long_names() {
+        assert_eq!(row_label("vision-chain"), "vision-chain");
+        assert_eq!(row_label("../shared/data/loki/sim__traffic_analysis.json"), "sim__traffic_analysis");
+        assert_eq!(row_label("my-app.toml"), "my-app");
+        assert_eq!(row_label("a-pipeline-with-a-very-long-name"), "a-pipeline-with-a-ver…");
+        assert_eq!(row_label("a-pipeline-with-a-very-long-name").chars().count(), LABEL_CHARS);
+    }
+
+    #[test]
+    fn a_saved_sweep_reads_back_the_same_for_replotting() {
+        let outcome = summarise(vec![cell("a", "poisson", 0.5, 1, 50.0, 1.0, 100.0), cell("a", "poisson", 2.0, 1, 20.0, 0.1, 300.0)]);
+        let dir = std::env::temp_dir().join(format!("ym-sweep-replot-{}", std::process::id()));
+        let files = write_files(&dir, &outcome).unwrap();
+        let json = files.iter().find(|f| f.extension().is_some_and(|e| e == "json")).unwrap();
+        let back: SweepOutcome = serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap();
+        assert_eq!(back, outcome);
+        assert!(back.rows.iter().any(|r| r.cliff), "the flags travel with the rows");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

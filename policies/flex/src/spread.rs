@@ -95,6 +95,20 @@ impl Spreader {
         }
     }
 
+    /// Give every stage below the entry `margin` more head-room than the entry stage
+    /// (its workers are counted as serving `1 / (1 + margin)` of their goodput), so that
+    /// under overload the entry stage is the bottleneck: it drops what the pipeline
+    /// cannot carry before any work is spent on it, and the later stages, not saturated,
+    /// finish what it admits instead of dropping pieces of requests already served.
+    pub fn with_downstream_margin(mut self, margin: f64) -> Self {
+        for s in 0..self.goodput.len() {
+            if !self.graph.predecessors(s as StageId).is_empty() {
+                self.goodput[s] /= 1.0 + margin.max(0.0);
+            }
+        }
+        self
+    }
+
     /// The replicas per stage the configured fan-outs ask for, when they differ from
     /// the host's: the whole cluster spread by need.
     pub fn initial(&mut self, config: &Config) -> Option<Vec<u32>> {
@@ -260,5 +274,15 @@ mod tests {
             spreader.arrived(1);
         }
         assert_eq!(spreader.respread(6_000 * MS), None);
+    }
+
+    #[test]
+    fn a_downstream_margin_makes_the_entry_stage_the_bottleneck() {
+        // b needs three times a's workers, 3.6 times with a 20 % margin. Of 13 workers
+        // the last goes to a without the margin (4 and 9: b is the bottleneck either
+        // way, 3 of a's units), to b with it (3 and 10: a, at 3, is the bottleneck).
+        let config = chain(13, 1.0);
+        assert_eq!(spreader(&config).initial(&config), Some(vec![4, 9]));
+        assert_eq!(spreader(&config).with_downstream_margin(0.2).initial(&config), Some(vec![3, 10]));
     }
 }

@@ -153,8 +153,8 @@ fn flex_is_on_time_at_low_load_on_loki_s_application() {
 
 #[test]
 fn flex_has_no_cliff_on_loki_s_application() {
-    // Loki's detector `yolov5n` serves about 95 frames/s in batches of 4 to 8 and 66 in
-    // batches of 16: FLEX's largest window grew its batches with the queue, past that
+    // Loki's detector `yolov5n` serves 176 frames/s in batches of 3 (17 ms) and 94 in
+    // batches of 12 (128 ms): FLEX's largest window grew its batches with the queue, past that
     // sweet spot, and fell from 1,680 on-time requests/s at half the bound to 966 at
     // twice it. Capped at each model's most productive batch (`productive_batches`) it
     // serves more at 2× than at 0.5×; the paper's rule (batches up to B_max) is the
@@ -270,8 +270,8 @@ fn quart_fits_its_batches_to_the_slo() {
 
 #[test]
 fn quart_batches_at_the_detector_s_sweet_spot() {
-    // The largest batch that fits the detector's share of the SLO (11 frames of
-    // `yolov5n`, 76 frames/s a replica) serves fewer than a batch of 5 (101 frames/s):
+    // The largest batch that fits the detector's share of the SLO (12 frames of
+    // `yolov5n`, 94 frames/s a replica) serves fewer than a batch of 3 (176 frames/s):
     // QUART at r_max replicas served about 600 requests/s at every load. Capped at the
     // most productive batch it serves about 1,200; over 3 s at 2× (start-up included)
     // 0.21 of the bound, 0.07 before.
