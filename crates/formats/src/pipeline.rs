@@ -472,16 +472,22 @@ mod loki {
             }
         }
         // Loki's application JSON names no cluster size: eight workers per task, said
-        // once, and every task may scale up to all of them.
+        // once, all started, and every task may scale up to all of them.
         let max_workers = stages.len() as u32 * WORKERS_PER_TASK;
         tracing::warn!(
             application = %app.name,
             max_workers,
-            "Loki's application names no cluster size: {WORKERS_PER_TASK} workers per task; batches up to the largest profiled size"
+            "Loki's application names no cluster size: {WORKERS_PER_TASK} workers per task, all started (the sink's one); batches up to the largest profiled size"
         );
         let largest_batch = stages.iter().map(|s| s.max_batch).max().unwrap_or(0).max(1);
         for stage in &mut stages {
             stage.max_replicas = max_workers;
+            // Loki's cluster is a fixed set of GPUs, all serving from the start: every
+            // task starts with its eight. The sink, a pseudo task that takes no time,
+            // keeps one, leaving the rest of its share free for the others to scale.
+            if stage.variants.iter().any(|v| v.profile.mean(1) > 0) {
+                stage.replicas = WORKERS_PER_TASK;
+            }
             if stage.max_batch == 0 {
                 stage.max_batch = largest_batch;
             }
@@ -740,6 +746,10 @@ mod tests {
             p.stages.iter().map(|s| s.max_batch).collect::<Vec<_>>()
         );
         assert!(p.stages.iter().all(|s| s.max_replicas == p.max_workers));
+        // The cluster serves from the start: eight workers a task, one for the sink.
+        let started: Vec<u32> = p.stages.iter().map(|s| s.replicas).collect();
+        assert_eq!(started, [8, 8, 1, 8]);
+        assert_eq!(p.max_workers, 32);
         // A task whose variants have no published profile is refused with the model
         // named, never given a made-up one.
         let unprofiled = r#"{"appName": "x", "latencySLOInMSec": 100, "root": {"task": "t", "model_variants": ["nope"]}}"#;

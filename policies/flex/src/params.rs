@@ -14,7 +14,7 @@
 //! | `downstream_reserve` | 2 | batch durations (at the stage's largest batch) held back for each later stage of a pipeline: a request's deadline at a stage is its end-to-end deadline less the longest downstream path's reserve (scaled down to fit the SLO); `0` is the paper's rule (every stage checks the end-to-end deadline; SHEPHERD has one stage) |
 //! | `productive_batches` | true | cap each model's batches at the size that serves the most requests per second within the stage's budget (the SLO less the stage's reserve; [`yardmaster_sdk::helpers::ModelInfo::most_productive_batch_within`]), so that under overload the largest window does not form batches past the model's sweet spot; `false` is the paper's rule (every batch up to B_max; SHEPHERD's linear profiles have no sweet spot, and there the two agree) |
 //! | `spread` | true | use the whole cluster: spread its `max-workers` over the stages by need, at start from the configured fan-outs, one second later and every `spread_period_s` after that from the measured demand ([`crate::spread`]); `false` serves with the workers the host started (the paper's experiments start every GPU of the cluster) |
-//! | `spread_margin` | 0.1 | head-room the spread gives every stage below the entry over the entry stage (its workers count as serving 1/(1 + margin) of their goodput): under overload the entry stage drops what the pipeline cannot carry before work is spent on it; `0` spreads for equal head-room |
+//! | `spread_margin` | 0.2 | head-room the spread gives every stage below the entry over the entry stage (its workers count as serving 1/(1 + margin) of their goodput): under overload the entry stage drops what the pipeline cannot carry before work is spent on it; `0` spreads for equal head-room |
 //! | `spread_period_s` | 5 | how often the spread is measured again (workers move only when the lowest head-room rises by 10 %) |
 //! | `herd` | true | plan serving groups with HERD (only when the workers outnumber `group_limit`) |
 //! | `group_limit` | 12 | Ḡ: most GPUs per serving group; `inf`: one group of every worker |
@@ -131,7 +131,7 @@ impl FlexParams {
         if !(spread_period_s > 0.0 && spread_period_s <= 1e6) {
             return Err(format!("parameter `spread_period_s` must be in (0, 1e6] (got {spread_period_s})"));
         }
-        let spread_margin: f64 = ctx.param_or("spread_margin", 0.1)?;
+        let spread_margin: f64 = ctx.param_or("spread_margin", 0.2)?;
         if !(0.0..=10.0).contains(&spread_margin) {
             return Err(format!("parameter `spread_margin` must be in [0, 10] (got {spread_margin})"));
         }

@@ -139,9 +139,9 @@ fn flex_spreads_the_whole_cluster_over_the_stages() {
 
 #[test]
 fn flex_is_on_time_at_low_load_on_loki_s_application() {
-    // The imported application starts one worker per task (the bound counts 32): FLEX
-    // was 6.9 % on time at a quarter of capacity, dropping nine requests in ten as
-    // unreachable. With the cluster spread (and its window no longer reading the whole
+    // The imported application started one worker per task (the bound counts 32):
+    // FLEX was 6.9 % on time at a quarter of capacity, dropping nine requests in ten as
+    // unreachable (it now starts eight a task, and FLEX still spreads them by need). With the cluster spread (and its window no longer reading the whole
     // queue: past 2× it ran out of fuel and fell back) it is on time over 10 s, the
     // new workers' start included (97 % over the first 3 s).
     let app = presets::pipeline(&format!("{}/sim__traffic_analysis.json", yardmaster::sim::reproduce::loki::data_dir().display())).unwrap();
@@ -164,7 +164,10 @@ fn flex_has_no_cliff_on_loki_s_application() {
         let params = [("productive_batches", param)];
         let half = run_at("flex", &app, 0.5, 3_000_000_000, &params);
         let over = run_at("flex", &app, 2.0, 3_000_000_000, &params);
-        let held = over.goodput >= CLIFF_FRACTION * half.goodput;
+        // On-time requests per second of arrivals (goodput divides by the elapsed
+        // time, which includes a drain that differs between the arms over 3 s).
+        let served = |p: &Point| p.on_time * p.load;
+        let held = served(&over) >= CLIFF_FRACTION * served(&half);
         assert_eq!(held, holds, "productive_batches={param}: {half:?} then {over:?}");
     }
 }
@@ -250,6 +253,23 @@ fn loki_keeps_the_cluster_s_first_workers_until_it_has_planned_for_traffic() {
     // once it has planned for traffic.
     let point = run_at("loki", &pipeline("five-stage"), 0.25, 2_000_000_000, &[]);
     assert!(point.on_time >= LOW_LOAD_ON_TIME, "{point:?}");
+}
+
+#[test]
+fn loki_and_quart_are_on_time_at_low_load_on_loki_s_application() {
+    // The import started one worker per task, 4 of the 32 the bound counts, so every
+    // policy's first seconds went to starting the rest: over 10 s at a quarter of the
+    // bound Loki was 97.1 % on time and QUART 89.8 % (at half, Loki 93.9 %). Loki's
+    // cluster is a fixed set of GPUs serving from the start; the import now starts
+    // eight workers a task (the sink one). (At half the bound Loki dips while a re-plan
+    // switches variants, 99.3 % over 20 s with this seed; QUART's r_max holds it under
+    // half the bound, docs/quart.md.)
+    let application =
+        presets::pipeline(&format!("{}/sim__traffic_analysis.json", yardmaster::sim::reproduce::loki::data_dir().display())).unwrap();
+    for (policy, load) in [("loki", 0.25), ("quart", 0.25)] {
+        let point = run_at(policy, &application, load, 8_000_000_000, &[]);
+        assert!(point.on_time >= LOW_LOAD_ON_TIME, "{policy} at {load}×: {point:?}");
+    }
 }
 
 #[test]
