@@ -262,8 +262,8 @@ fn loki_and_quart_are_on_time_at_low_load_on_loki_s_application() {
     // bound Loki was 97.1 % on time and QUART 89.8 % (at half, Loki 93.9 %). Loki's
     // cluster is a fixed set of GPUs serving from the start; the import now starts
     // eight workers a task (the sink one). (At half the bound Loki dips while a re-plan
-    // switches variants, 99.3 % over 20 s with this seed; QUART's r_max holds it under
-    // half the bound, docs/quart.md.)
+    // switches variants, 99.3 % over 20 s with this seed; QUART's detectors start
+    // below what half the bound needs, docs/quart.md.)
     let application =
         presets::pipeline(&format!("{}/sim__traffic_analysis.json", yardmaster::sim::reproduce::loki::data_dir().display())).unwrap();
     for (policy, load) in [("loki", 0.25), ("quart", 0.25)] {
@@ -300,6 +300,24 @@ fn quart_batches_at_the_detector_s_sweet_spot() {
     let over = run_at("quart", &application, 2.0, 3_000_000_000, &[]);
     let bound = capacity(&application).unwrap();
     assert!(over.goodput >= 0.15 * bound, "{over:?} of a bound of {bound:.0}/s");
+}
+
+#[test]
+fn quart_scales_a_stage_past_the_authors_r_max() {
+    // The authors' code caps every stage at 8 replicas: on Loki's traffic application
+    // that holds the detector at 8 × 176 frames/s, 0.40 of the bound at any load past
+    // half of it (80.7 % on time at 0.5×). QUART's `r_max` is now the cluster's size
+    // (the stage's own bound and the free workers cap it): 0.58 of the bound past
+    // capacity. `r_max=8` is the failing arm.
+    let application =
+        presets::pipeline(&format!("{}/sim__traffic_analysis.json", yardmaster::sim::reproduce::loki::data_dir().display())).unwrap();
+    let bound = capacity(&application).unwrap();
+    let authors = run_at("quart", &application, 2.0, 3_000_000_000, &[("r_max", "8")]);
+    let cluster = run_at("quart", &application, 2.0, 3_000_000_000, &[]);
+    // On-time requests per second of arrivals, as a share of the bound.
+    let served = |p: &Point| p.on_time * p.load;
+    assert!(served(&authors) < 0.45, "r_max=8: {authors:?} of a bound of {bound:.0}/s");
+    assert!(served(&cluster) >= 0.5, "{cluster:?} of a bound of {bound:.0}/s");
 }
 
 #[test]
