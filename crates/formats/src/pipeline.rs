@@ -222,11 +222,14 @@ mod toml_format {
                         (None, Some(alpha), Some(beta)) => Profile::Linear { alpha_ns: alpha * MS, beta_ns: beta * MS },
                         _ => return Err(format!("variant {:?}: give either profile_ms or both alpha_ms and beta_ms", v.name)),
                     };
-                    let fan_out = v
+                    let mut fan_out = v
                         .fan_out
                         .iter()
                         .map(|(name, f)| Ok((lookup(name, &format!("variant {:?}'s fan_out", v.name))?, *f)))
                         .collect::<Result<Vec<_>, String>>()?;
+                    // In successor order: the map's own order differs from run to run,
+                    // and the simulator draws each successor's pieces in this order.
+                    fan_out.sort_by_key(|&(successor, _)| successor);
                     variants.push(VariantDef {
                         name: v.name.clone(),
                         accuracy: v.accuracy,
@@ -592,6 +595,25 @@ mod loki {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_fan_out_lists_its_successors_in_stage_order_every_time() {
+        // The per-successor fan-out is a map in the file; its iteration order differs
+        // from one map to the next, and the simulator draws each successor's pieces in
+        // the listed order, so `traffic-dag` gave another report on each run of one
+        // seed. Parsed many times, the order is always the successors' own.
+        let text = "name = \"fan\"\nslo_ms = 100\n[[stage]]\nname = \"root\"\nsuccessors = [\"a\", \"b\", \"c\", \"d\"]\n\
+                    [[stage.variant]]\nname = \"v\"\nalpha_ms = 1.0\nbeta_ms = 1.0\nfan_out = { d = 4.0, b = 2.0, c = 3.0, a = 1.0 }\n"
+            .to_string()
+            + &["a", "b", "c", "d"]
+                .iter()
+                .map(|n| format!("[[stage]]\nname = \"{n}\"\n[[stage.variant]]\nname = \"w\"\nalpha_ms = 1.0\nbeta_ms = 1.0\n"))
+                .collect::<String>();
+        for _ in 0..32 {
+            let p = from_toml(&text, "fan").unwrap();
+            assert_eq!(p.stages[0].variants[0].fan_out, vec![(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0)]);
+        }
+    }
 
     #[test]
     fn a_stage_written_as_toml_reads_back_the_same() {

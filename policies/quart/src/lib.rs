@@ -76,7 +76,18 @@ pub struct Quart {
     last_key: Vec<Option<Instant>>,
     next_control: Instant,
     next_smooth: Instant,
+    /// Whether a control period has run (the first may come before the host's first
+    /// tick: [`Params::first_control`]).
+    controlled: bool,
+    /// When the early first control is due, once the first arrival has set it.
+    first_control_at: Option<Instant>,
+    /// Whether this instance took over from another (its first snapshot predates its
+    /// configuration): it then waits for a fresh snapshot before it scales.
+    handed_over: bool,
 }
+
+/// Timer token of the early first control.
+const FIRST_CONTROL_TIMER: u64 = 1;
 
 impl Quart {
     /// The stages on the key-stage list at `now`.
@@ -118,6 +129,7 @@ impl Quart {
     /// One control period: Corrector, and when due the Smoother and CPU release.
     fn control(&mut self, ctx: &mut Ctx, snapshot: &Snapshot) {
         let now = ctx.now();
+        self.controlled = true;
         let views = self.views(snapshot, ctx, now);
         let in_use: u32 = views.iter().map(StageView::replicas).sum();
         let free = ctx.config().max_workers.saturating_sub(in_use);
@@ -323,6 +335,9 @@ impl Policy for Quart {
             last_key: vec![None; n],
             next_control: now,
             next_smooth: now + params.smooth_period,
+            controlled: false,
+            first_control_at: None,
+            handed_over: false,
             fifo,
             plans,
             params,
@@ -338,6 +353,29 @@ impl Policy for Quart {
             t.arrival(request.arrived_at.min(ctx.now()));
         }
         self.fifo.push(ctx.now(), &request);
+        if !self.controlled && self.first_control_at.is_none() && self.params.first_control > 0 {
+            let at = ctx.now() + self.params.first_control;
+            ctx.set_timer(at, FIRST_CONTROL_TIMER);
+            self.first_control_at = Some(at);
+        }
+    }
+
+    fn on_timer(&mut self, ctx: &mut Ctx, token: u64) {
+        // The early first control: the rate measured since the first arrival, the
+        // workers this instance knows (nothing is starting before the first control),
+        // and the host placing the new replicas. A hand-over waits for a fresh tick.
+        if token == FIRST_CONTROL_TIMER && !self.controlled && !self.handed_over {
+            let snapshot = Snapshot {
+                at: ctx.now(),
+                stages: Vec::new(),
+                workers: Vec::new(),
+                host_memory_used: 0,
+                host_memory_capacity: 0,
+                hosts: Vec::new(),
+            };
+            self.next_control = ctx.now() + self.params.control_period;
+            self.control(ctx, &snapshot);
+        }
     }
 
     fn on_batch_done(&mut self, ctx: &mut Ctx, outcome: BatchOutcome) {
@@ -369,6 +407,7 @@ impl Policy for Quart {
         // unloaded, without the replicas starting since — so replica counts and
         // placements wait for a fresh one.
         let stale = snapshot.at < ctx.config().now;
+        self.handed_over |= stale && !self.controlled;
         if !stale && ctx.now() >= self.next_control {
             self.next_control = ctx.now() + self.params.control_period;
             self.control(ctx, &snapshot);

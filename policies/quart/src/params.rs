@@ -14,6 +14,11 @@ pub const AUTHORS_R_MAX: u32 = 8;
 pub struct Params {
     /// Corrector period `Δt_c` (`control_period_s`, 2 s).
     pub control_period: Duration,
+    /// How long after the first arrival the first control runs (`first_control_ms`,
+    /// 100; 0 waits for the host's first tick, one tick interval after start, as the
+    /// paper's periodic controller does). Not in the paper: a cluster started for
+    /// other demand otherwise serves a tick interval before QUART can scale it.
+    pub first_control: Duration,
     /// Smoother and CPU-release period `Δt_s` (`smooth_period_s`, 30 s).
     pub smooth_period: Duration,
     /// No reclaim within this long of a stage's last scale action (`cooldown_s`, 120 s).
@@ -100,9 +105,14 @@ impl Params {
             }
             Ok((value * NS) as Duration)
         };
+        let first_control_ms: f64 = ctx.param_or("first_control_ms", 100.0)?;
+        if !(first_control_ms >= 0.0 && first_control_ms.is_finite()) {
+            return Err(format!("parameter `first_control_ms` must be 0 or more, got {first_control_ms}"));
+        }
         let slo_ctrl_ms: f64 = ctx.param_or("slo_ctrl_ms", 0.0)?;
         let params = Self {
             control_period: secs("control_period_s", 2.0)?,
+            first_control: (first_control_ms * 1e6) as Duration,
             smooth_period: secs("smooth_period_s", 30.0)?,
             cooldown: secs("cooldown_s", 120.0)?,
             kp: ctx.param_or("kp", 2.0)?,

@@ -321,6 +321,21 @@ fn quart_scales_a_stage_past_the_authors_r_max() {
 }
 
 #[test]
+fn quart_scales_at_its_first_arrivals_not_its_first_tick() {
+    // The host's first tick comes one tick interval (1 s) after start: until then QUART
+    // served half of Loki's traffic application's bound on the eight detectors the
+    // import starts (1,408 frames/s of 1,754), 98.0 % on time over 10 s. Its first
+    // control now runs 100 ms after the first arrival; `first_control_ms=0` (the
+    // paper's periodic controller only) is the failing arm.
+    let application =
+        presets::pipeline(&format!("{}/sim__traffic_analysis.json", yardmaster::sim::reproduce::loki::data_dir().display())).unwrap();
+    let early = run_at("quart", &application, 0.5, 3_000_000_000, &[]);
+    let at_tick = run_at("quart", &application, 0.5, 3_000_000_000, &[("first_control_ms", "0")]);
+    assert!(early.on_time >= LOW_LOAD_ON_TIME, "{early:?}");
+    assert!(at_tick.on_time < LOW_LOAD_ON_TIME, "first_control_ms=0: {at_tick:?}");
+}
+
+#[test]
 fn loki_plans_and_serves_five_stage_within_an_event_call_s_budget() {
     // On `five-stage` from 0.63× its bound, Loki and the InferLine-like baseline ran out
     // of an event call's fuel and the host's FIFO fallback served: the first plan

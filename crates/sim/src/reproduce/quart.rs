@@ -152,10 +152,13 @@ pub fn spec(seed: u64, duration_s: f64, cached: bool) -> Result<SimSpec> {
         // Requests are never dropped (§2): the host's expiry guard stays out of the way.
         expiry_grace: 3_600_000_000_000,
         // The paper's QUART never drops either (`drop_unreachable=false`; by default it
-        // drops what can no longer finish in time, docs/quart.md "Past capacity").
+        // drops what can no longer finish in time, docs/quart.md "Past capacity"), and
+        // its controller runs on the period only (`first_control_ms=0`; by default the
+        // first control comes 100 ms after the first arrival).
         params: vec![
             yardmaster_policy::contract::Param { key: "replicas".into(), value: FIXED_REPLICAS.to_string() },
             yardmaster_policy::contract::Param { key: "drop_unreachable".into(), value: "false".into() },
+            yardmaster_policy::contract::Param { key: "first_control_ms".into(), value: "0".into() },
         ],
         metrics_window: 5_000_000_000,
         ..EngineOptions::default()
