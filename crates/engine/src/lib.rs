@@ -186,6 +186,10 @@ pub struct EngineStats {
     pub preemptions: u64,
     /// Evictions applied.
     pub evictions: u64,
+    /// Caches of sequences whose request ended while resident on an iteration-level
+    /// worker, freed there (the executor is told as for an eviction by recompute; not
+    /// an eviction the policy asked for).
+    pub freed_caches: u64,
     /// Requests the host expired.
     pub expired: u64,
     /// Actions the engine refused after validation (e.g. KV cache full).
@@ -736,6 +740,7 @@ impl<C: Clock, X: Executor> Engine<C, X> {
             for id in ended {
                 worker.resident.remove(&id);
                 self.executor.evict(result.worker, id, contract::EvictMode::Recompute);
+                self.stats.freed_caches += 1;
             }
             let worker = &self.state.workers[&result.worker];
             // Every resident sequence, the paused ones too.
@@ -917,6 +922,7 @@ impl<C: Clock, X: Executor> Engine<C, X> {
                         w.resident.remove(&id);
                     }
                     self.executor.evict(worker, id, contract::EvictMode::Recompute);
+                    self.stats.freed_caches += 1;
                     if Some(id) != except {
                         self.pending.push(Event::RequestEnded((id, reason)));
                     }
