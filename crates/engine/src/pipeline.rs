@@ -150,6 +150,14 @@ pub struct StageDef {
     pub llm: LlmCosts,
 }
 
+impl StageDef {
+    /// Whether every variant takes no time at all (a pseudo stage such as the `sink`
+    /// that merges a Loki application's branches).
+    pub fn takes_no_time(&self) -> bool {
+        self.variants.iter().all(|v| v.profile.mean(self.max_batch.max(1)) == 0)
+    }
+}
+
 /// A stream of requests entering the pipeline.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StreamDef {

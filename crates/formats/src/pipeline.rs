@@ -488,11 +488,11 @@ mod loki {
             // Loki's cluster is a fixed set of GPUs, all serving from the start: every
             // task starts with its eight. The sink, a pseudo task that takes no time,
             // keeps one, leaving the rest of its share free for the others to scale.
-            if stage.variants.iter().any(|v| v.profile.mean(1) > 0) {
-                stage.replicas = WORKERS_PER_TASK;
-            }
             if stage.max_batch == 0 {
                 stage.max_batch = largest_batch;
+            }
+            if !stage.takes_no_time() {
+                stage.replicas = WORKERS_PER_TASK;
             }
         }
         Ok(Pipeline {

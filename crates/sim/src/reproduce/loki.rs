@@ -37,8 +37,8 @@ pub fn traffic_pipeline(data_dir: &Path, cluster: u32, slo_ms: f64) -> Result<Pi
     let profiles = LokiProfiles::load(data_dir, ACCELERATOR).map_err(|e| anyhow!(e))?;
     let mut pipeline = yardmaster_formats::pipeline::from_loki_app(&json, &profiles, "sim__traffic_analysis.json")?;
     for stage in &mut pipeline.stages {
-        let sink = stage.variants.iter().all(|v| v.profile.mean(MAX_BATCH) == 0);
         stage.max_batch = MAX_BATCH;
+        let sink = stage.takes_no_time();
         stage.replicas = 1;
         stage.min_replicas = 1;
         stage.max_replicas = if sink { 1 } else { cluster };
