@@ -735,12 +735,10 @@ impl<C: Clock, X: Executor> Engine<C, X> {
             // A resumed sequence stays resident while its frame runs; one whose request
             // ended meanwhile (expired, cancelled) is gone: free its cache, here and on
             // the worker, so neither the KV count nor the frame report keeps it.
-            let worker = self.state.workers.get_mut(&result.worker).expect("worker exists");
+            let worker = self.state.workers.get(&result.worker).expect("worker exists");
             let ended: Vec<u64> = worker.resident.keys().copied().filter(|id| !self.state.pieces.contains_key(id)).collect();
             for id in ended {
-                worker.resident.remove(&id);
-                self.executor.evict(result.worker, id, contract::EvictMode::Recompute);
-                self.stats.freed_caches += 1;
+                self.free_cache(result.worker, id);
             }
             let worker = &self.state.workers[&result.worker];
             // Every resident sequence, the paused ones too.
@@ -907,6 +905,17 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         self.end_origin_except(origin_id, outcome, now, reason, None)
     }
 
+    /// Free the cache of sequence `id`, whose request ended while it was resident on
+    /// iteration-level `worker`: here, and on the worker (told as for an eviction by
+    /// recompute, counted apart from the policy's evictions).
+    fn free_cache(&mut self, worker: u32, id: u64) {
+        if let Some(w) = self.state.workers.get_mut(&worker) {
+            w.resident.remove(&id);
+        }
+        self.executor.evict(worker, id, contract::EvictMode::Recompute);
+        self.stats.freed_caches += 1;
+    }
+
     fn end_origin_except(&mut self, origin_id: u64, outcome: Outcome, now: u64, reason: EndReason, except: Option<u64>) {
         if !self.state.origins.contains_key(&origin_id) {
             return;
@@ -918,11 +927,7 @@ impl<C: Clock, X: Executor> Engine<C, X> {
                     self.pending.push(Event::RequestEnded((id, reason)));
                 }
                 PieceState::Paused(worker) => {
-                    if let Some(w) = self.state.workers.get_mut(&worker) {
-                        w.resident.remove(&id);
-                    }
-                    self.executor.evict(worker, id, contract::EvictMode::Recompute);
-                    self.stats.freed_caches += 1;
+                    self.free_cache(worker, id);
                     if Some(id) != except {
                         self.pending.push(Event::RequestEnded((id, reason)));
                     }

@@ -79,8 +79,8 @@ pub struct Quart {
     /// Whether a control period has run (the first may come before the host's first
     /// tick: [`Params::first_control`]).
     controlled: bool,
-    /// When the early first control is due, once the first arrival has set it.
-    first_control_at: Option<Instant>,
+    /// Whether the first arrival has set the early first control's timer.
+    first_control_set: bool,
     /// Whether this instance took over from another (its first snapshot predates its
     /// configuration): it then waits for a fresh snapshot before it scales.
     handed_over: bool,
@@ -126,10 +126,12 @@ impl Quart {
         views
     }
 
-    /// One control period: Corrector, and when due the Smoother and CPU release.
+    /// One control period: Corrector, and when due the Smoother and CPU release; the
+    /// next is due a period from now.
     fn control(&mut self, ctx: &mut Ctx, snapshot: &Snapshot) {
         let now = ctx.now();
         self.controlled = true;
+        self.next_control = now + self.params.control_period;
         let views = self.views(snapshot, ctx, now);
         let in_use: u32 = views.iter().map(StageView::replicas).sum();
         let free = ctx.config().max_workers.saturating_sub(in_use);
@@ -336,7 +338,7 @@ impl Policy for Quart {
             next_control: now,
             next_smooth: now + params.smooth_period,
             controlled: false,
-            first_control_at: None,
+            first_control_set: false,
             handed_over: false,
             fifo,
             plans,
@@ -353,10 +355,9 @@ impl Policy for Quart {
             t.arrival(request.arrived_at.min(ctx.now()));
         }
         self.fifo.push(ctx.now(), &request);
-        if !self.controlled && self.first_control_at.is_none() && self.params.first_control > 0 {
-            let at = ctx.now() + self.params.first_control;
-            ctx.set_timer(at, FIRST_CONTROL_TIMER);
-            self.first_control_at = Some(at);
+        if !self.controlled && !self.first_control_set && self.params.first_control > 0 {
+            ctx.set_timer(ctx.now() + self.params.first_control, FIRST_CONTROL_TIMER);
+            self.first_control_set = true;
         }
     }
 
@@ -373,7 +374,6 @@ impl Policy for Quart {
                 host_memory_capacity: 0,
                 hosts: Vec::new(),
             };
-            self.next_control = ctx.now() + self.params.control_period;
             self.control(ctx, &snapshot);
         }
     }
@@ -409,7 +409,6 @@ impl Policy for Quart {
         let stale = snapshot.at < ctx.config().now;
         self.handed_over |= stale && !self.controlled;
         if !stale && ctx.now() >= self.next_control {
-            self.next_control = ctx.now() + self.params.control_period;
             self.control(ctx, &snapshot);
         }
     }
