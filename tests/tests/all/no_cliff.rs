@@ -36,8 +36,21 @@ struct Point {
     on_time: f64,
 }
 
+impl Point {
+    /// On-time requests per second of arrivals, as a share of the capacity bound
+    /// (goodput divides by the elapsed time, whose drain differs between short runs).
+    fn served(&self) -> f64 {
+        self.on_time * self.load
+    }
+}
+
 fn pipeline(name: &str) -> Pipeline {
     presets::pipeline(name).unwrap()
+}
+
+/// Loki's traffic-analysis application, imported from the shared data.
+fn loki_application() -> Pipeline {
+    pipeline(&format!("{}/sim__traffic_analysis.json", yardmaster::sim::reproduce::loki::data_dir().display()))
 }
 
 /// `policy` on `pipeline` under Poisson load at `load` × its capacity bound for
@@ -141,10 +154,11 @@ fn flex_spreads_the_whole_cluster_over_the_stages() {
 fn flex_is_on_time_at_low_load_on_loki_s_application() {
     // The imported application started one worker per task (the bound counts 32):
     // FLEX was 6.9 % on time at a quarter of capacity, dropping nine requests in ten as
-    // unreachable (it now starts eight a task, and FLEX still spreads them by need). With the cluster spread (and its window no longer reading the whole
-    // queue: past 2× it ran out of fuel and fell back) it is on time over 10 s, the
-    // new workers' start included (97 % over the first 3 s).
-    let app = presets::pipeline(&format!("{}/sim__traffic_analysis.json", yardmaster::sim::reproduce::loki::data_dir().display())).unwrap();
+    // unreachable (it now starts eight a task, and FLEX still spreads them by need).
+    // With the cluster spread (and its window no longer reading the whole queue: past
+    // 2× it ran out of fuel and fell back) it is on time over 10 s, the new workers'
+    // start included (97 % over the first 3 s).
+    let app = loki_application();
     let quarter = run_at("flex", &app, 0.25, 10_000_000_000, &[]);
     assert!(quarter.on_time >= LOW_LOAD_ON_TIME, "{quarter:?}");
     let over = run_at("flex", &app, 2.0, 1_000_000_000, &[]);
@@ -159,15 +173,12 @@ fn flex_has_no_cliff_on_loki_s_application() {
     // twice it. Capped at each model's most productive batch (`productive_batches`) it
     // serves more at 2× than at 0.5×; the paper's rule (batches up to B_max) is the
     // failing arm.
-    let app = presets::pipeline(&format!("{}/sim__traffic_analysis.json", yardmaster::sim::reproduce::loki::data_dir().display())).unwrap();
+    let app = loki_application();
     for (param, holds) in [("true", true), ("false", false)] {
         let params = [("productive_batches", param)];
         let half = run_at("flex", &app, 0.5, 3_000_000_000, &params);
         let over = run_at("flex", &app, 2.0, 3_000_000_000, &params);
-        // On-time requests per second of arrivals (goodput divides by the elapsed
-        // time, which includes a drain that differs between the arms over 3 s).
-        let served = |p: &Point| p.on_time * p.load;
-        let held = served(&over) >= CLIFF_FRACTION * served(&half);
+        let held = over.served() >= CLIFF_FRACTION * half.served();
         assert_eq!(held, holds, "productive_batches={param}: {half:?} then {over:?}");
     }
 }
@@ -221,8 +232,7 @@ fn loki_plans_its_first_traffic_within_an_event_call_s_budget() {
     // application's bound (875 requests/s) that plan needs the MILP; its first slice
     // used to run in that call, ran out of fuel, and the host's FIFO fallback served
     // the rest of the run (0.2 requests/s on time). The slice now waits for the tick.
-    let application =
-        presets::pipeline(&format!("{}/sim__traffic_analysis.json", yardmaster::sim::reproduce::loki::data_dir().display())).unwrap();
+    let application = loki_application();
     let point = run_at("loki", &application, 0.25, 5_000_000_000, &[]);
     assert!(point.on_time >= 0.9, "{point:?}");
 }
@@ -237,8 +247,7 @@ fn loki_replans_once_a_guessed_fan_out_is_measured() {
     // it served the most the cluster could): 0.54 of the bound at 5×. Loki now
     // re-plans once the hosted variant's fan-out is measured and a task below it gets
     // more than the plan was sized for.
-    let application =
-        presets::pipeline(&format!("{}/sim__traffic_analysis.json", yardmaster::sim::reproduce::loki::data_dir().display())).unwrap();
+    let application = loki_application();
     let point = run_at("loki", &application, 5.0, 4_000_000_000, &[]);
     let bound = capacity(&application).unwrap();
     assert!(point.goodput >= 0.7 * bound, "{:.0} on-time requests/s of a bound of {bound:.0}: {point:?}", point.goodput);
@@ -264,8 +273,7 @@ fn loki_and_quart_are_on_time_at_low_load_on_loki_s_application() {
     // eight workers a task (the sink one). (At half the bound Loki dips while a re-plan
     // switches variants, 99.3 % over 20 s with this seed; QUART's detectors start
     // below what half the bound needs, docs/quart.md.)
-    let application =
-        presets::pipeline(&format!("{}/sim__traffic_analysis.json", yardmaster::sim::reproduce::loki::data_dir().display())).unwrap();
+    let application = loki_application();
     for (policy, load) in [("loki", 0.25), ("quart", 0.25)] {
         let point = run_at(policy, &application, load, 8_000_000_000, &[]);
         assert!(point.on_time >= LOW_LOAD_ON_TIME, "{policy} at {load}×: {point:?}");
@@ -279,8 +287,7 @@ fn quart_fits_its_batches_to_the_slo() {
     // held every request unreachable and dropped all of them. It now caps each stage's
     // batch at the largest that fits the stage's share of the SLO; `fit_batches=false`
     // runs the configured batches, as the paper does.
-    let application =
-        presets::pipeline(&format!("{}/sim__traffic_analysis.json", yardmaster::sim::reproduce::loki::data_dir().display())).unwrap();
+    let application = loki_application();
     // Over 3 s its start-up weighs: 40 % on time (60 % over 5 s, 73 % over 10 s).
     let configured = run_at("quart", &application, 0.25, 3_000_000_000, &[("fit_batches", "false")]);
     let fitted = run_at("quart", &application, 0.25, 3_000_000_000, &[]);
@@ -295,8 +302,7 @@ fn quart_batches_at_the_detector_s_sweet_spot() {
     // QUART at r_max replicas served about 600 requests/s at every load. Capped at the
     // most productive batch it serves about 1,200; over 3 s at 2× (start-up included)
     // 0.21 of the bound, 0.07 before.
-    let application =
-        presets::pipeline(&format!("{}/sim__traffic_analysis.json", yardmaster::sim::reproduce::loki::data_dir().display())).unwrap();
+    let application = loki_application();
     let over = run_at("quart", &application, 2.0, 3_000_000_000, &[]);
     let bound = capacity(&application).unwrap();
     assert!(over.goodput >= 0.15 * bound, "{over:?} of a bound of {bound:.0}/s");
@@ -309,15 +315,12 @@ fn quart_scales_a_stage_past_the_authors_r_max() {
     // half of it (80.7 % on time at 0.5×). QUART's `r_max` is now the cluster's size
     // (the stage's own bound and the free workers cap it): 0.58 of the bound past
     // capacity. `r_max=8` is the failing arm.
-    let application =
-        presets::pipeline(&format!("{}/sim__traffic_analysis.json", yardmaster::sim::reproduce::loki::data_dir().display())).unwrap();
+    let application = loki_application();
     let bound = capacity(&application).unwrap();
     let authors = run_at("quart", &application, 2.0, 3_000_000_000, &[("r_max", "8")]);
     let cluster = run_at("quart", &application, 2.0, 3_000_000_000, &[]);
-    // On-time requests per second of arrivals, as a share of the bound.
-    let served = |p: &Point| p.on_time * p.load;
-    assert!(served(&authors) < 0.45, "r_max=8: {authors:?} of a bound of {bound:.0}/s");
-    assert!(served(&cluster) >= 0.5, "{cluster:?} of a bound of {bound:.0}/s");
+    assert!(authors.served() < 0.45, "r_max=8: {authors:?} of a bound of {bound:.0}/s");
+    assert!(cluster.served() >= 0.5, "{cluster:?} of a bound of {bound:.0}/s");
 }
 
 #[test]
@@ -327,8 +330,7 @@ fn quart_scales_at_its_first_arrivals_not_its_first_tick() {
     // import starts (1,408 frames/s of 1,754), 98.0 % on time over 10 s. Its first
     // control now runs 100 ms after the first arrival; `first_control_ms=0` (the
     // paper's periodic controller only) is the failing arm.
-    let application =
-        presets::pipeline(&format!("{}/sim__traffic_analysis.json", yardmaster::sim::reproduce::loki::data_dir().display())).unwrap();
+    let application = loki_application();
     let early = run_at("quart", &application, 0.5, 3_000_000_000, &[]);
     let at_tick = run_at("quart", &application, 0.5, 3_000_000_000, &[("first_control_ms", "0")]);
     assert!(early.on_time >= LOW_LOAD_ON_TIME, "{early:?}");
