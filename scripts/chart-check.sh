@@ -309,7 +309,8 @@ def check_render(path, variant, release, namespace):
     f.expect(cluster.get("nodes") == f"dns:{fqdn}:7443", f'cluster.nodes is {cluster.get("nodes")}')
     f.expect(cluster.get("node_name") == fqdn, "cluster.node_name")
     f.expect(cluster.get("ca") == "/etc/yardmaster/tls/ca.pem", "cluster.ca")
-    f.expect(cluster.get("local_slots") == 0 and cluster.get("resolve_secs") == 5, "cluster slots/resolve")
+    f.expect(cluster.get("local_slots") == 0 and cluster.get("resolve_secs") == 5.0, "cluster slots/resolve")
+    f.expect(isinstance(cluster.get("resolve_secs"), float), "resolve_secs is a TOML float (the server reads f64)")
     f.expect(toml.get("admin", {}).get("listen") == "0.0.0.0:8003", "admin listen")
 
     # The controller.
@@ -364,7 +365,8 @@ def check_render(path, variant, release, namespace):
     elif variant == "monitoring":
         f.expect(limits.get("nvidia.com/gpu") == 2 and a[a.index("--slots") + 1] == "2", "2 GPUs, 2 slots")
     else:
-        f.expect(limits.get("nvidia.com/gpu") == 1 and "--slots" not in a, "one GPU, slots from the GPU count")
+        f.expect(limits.get("nvidia.com/gpu") == 1 and a[a.index("--slots") + 1] == "1", "one GPU, one slot")
+        f.expect(a[a.index("--cache-bytes") + 1] == "8589934592", "an explicit parameter cache")
         f.expect(sts["spec"]["replicas"] == 3, "three nodes")
 
     kinds = f.kinds()
@@ -391,7 +393,8 @@ def check_render(path, variant, release, namespace):
         pdb = f.one("PodDisruptionBudget")
         f.expect(pdb["apiVersion"] == "policy/v1" and pdb["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "node", "PDB covers the nodes")
         f.expect(toml["policy"] == "quart" and toml["params"] == {"period_ms": "500", "r_max": "0.9"}, f'policy params {toml.get("params")}')
-        f.expect(toml.get("tbt_ms") == 80 and toml.get("watchdog", {}).get("multiple") == 30.0, "tbt_ms and extraConfig")
+        f.expect(toml.get("tbt_ms") == 80.0 and isinstance(toml.get("tbt_ms"), float), "tbt_ms")
+        f.expect(toml.get("watchdog", {}).get("multiple") == 30.0, "extraConfig's [watchdog]")
     else:
         f.expect("ServiceMonitor" not in kinds and "PodDisruptionBudget" not in kinds, "optional parts off by default")
         f.expect(toml["policy"] == "edf" and toml["params"] == {}, "policy edf")

@@ -139,3 +139,9 @@ app.kubernetes.io/component: node
       mountPath: {{ .Values.modelRepository.mountPath }}
 {{- end }}
 {{- end }}
+
+{{/* A number as a TOML float ("5" becomes "5.0"): the server reads these keys as f64. */}}
+{{- define "yardmaster.tomlFloat" -}}
+{{- $f := float64 . }}
+{{- if eq $f (floor $f) }}{{ printf "%.1f" $f }}{{ else }}{{ $f }}{{ end }}
+{{- end }}
