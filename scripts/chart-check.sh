@@ -129,7 +129,7 @@ EOF
 }
 
 if ! install_tools; then
-    echo "FAIL  installing the tools into $TOOLS"
+    echo "FAIL  installing the tools into $TOOLS (needs python3 with its venv module, e.g. Debian's python3-venv, and PyPI)"
     echo "0 passed, 1 failed"
     exit 1
 fi
