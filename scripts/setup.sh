@@ -139,6 +139,15 @@ else
         echo "could not fetch nudenet==$nudenet_version from PyPI: the NudeNet model is not installed"
     fi
 fi
+say "dnsmasq: the real DNS server the cluster test resolves node names with (Debian's dnsmasq-base)"
+if command -v dnsmasq >/dev/null 2>&1 || [ -x /usr/sbin/dnsmasq ]; then
+    echo "already installed"
+elif command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    (apt-get install -y -q dnsmasq-base >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q dnsmasq-base >/dev/null 2>&1; }) \
+        && echo "installed dnsmasq-base" || echo "could not install dnsmasq-base: the cluster test will say it cannot run"
+else
+    echo "no dnsmasq and no apt-get as root: the cluster test will say it cannot run"
+fi
 bash scripts/toolchains.sh   # the example policies in Python, JavaScript and Zig: toolchains and builds
 
 if [ "${1:-}" = "--deps" ]; then

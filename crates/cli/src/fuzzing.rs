@@ -43,7 +43,7 @@ pub fn kserve_request(data: &[u8]) {
 /// to the same bytes.
 #[doc(hidden)]
 pub fn remote_frame(data: &[u8]) {
-    use yardmaster_serve::remote::framing::PREFIX_LEN;
+    use yardmaster_cluster::framing::PREFIX_LEN;
     decode_frame(data);
     if data.len() >= PREFIX_LEN && data.len() - PREFIX_LEN <= u32::MAX as usize {
         let mut fixed = data.to_vec();
@@ -53,7 +53,7 @@ pub fn remote_frame(data: &[u8]) {
 }
 
 fn decode_frame(data: &[u8]) {
-    use yardmaster_serve::remote::framing;
+    use yardmaster_cluster::framing;
     if data.len() >= framing::PREFIX_LEN {
         let _ = framing::frame_len(data[..framing::PREFIX_LEN].try_into().expect("prefix"));
     }

@@ -10,12 +10,15 @@
 //! - [`formats`]: pipelines, presets, traces and workloads, read and written by both drivers;
 //! - [`sim`]: the discrete-event simulator, its reports and the papers' reproductions;
 //! - [`serve`]: the live server (KServe v2 over HTTP/1.1 and HTTP/3, the ONNX Runtime
-//!   executor, inter-node QUIC, metrics, trace capture, hot swap and the admin API);
+//!   executor, metrics, trace capture, hot swap and the admin API);
+//! - [`cluster`]: nodes as hosts: the inter-node QUIC transport, `yardmaster node`,
+//!   discovery and cluster certificates;
 //! - [`conformance`]: `policy check` on the real engine, and decision-cost benchmarks;
 //! - [`dataplane`]: ONNX Runtime workers.
 
 #![warn(missing_docs)]
 
+pub use yardmaster_cluster as cluster;
 pub use yardmaster_conformance as conformance;
 pub use yardmaster_dataplane as dataplane;
 pub use yardmaster_engine as engine;

@@ -55,8 +55,12 @@ enum Command {
     /// driven on loopback over HTTP/1.1 and HTTP/3; prints latency and overhead
     /// percentiles and requests per second.
     ServeBench(serve_cli::ServeBenchArgs),
-    /// Host workers for a controller on another machine (inter-node QUIC).
-    Node(yardmaster::serve::remote::node::NodeArgs),
+    /// Host workers for a controller on another machine: a host of its cluster
+    /// (inter-node QUIC; see docs/internode.md and docs/kubernetes.md).
+    Node(yardmaster::cluster::node::NodeArgs),
+    /// The cluster's certificates: a CA and the node certificate it signs.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
     /// A running server's admin API: list the policy, swap it for a file or a shipped one.
     Admin(admin_cli::AdminArgs),
     /// Model repositories in Triton's layout: check one before serving it.
@@ -66,6 +70,22 @@ enum Command {
     /// the traffic and the workers), compare the arms with confidence intervals,
     /// promote the candidate or roll back.
     Ab(admin_cli::AbArgs),
+}
+
+/// `yardmaster cluster …`.
+#[derive(Subcommand)]
+enum ClusterCommand {
+    /// Make a cluster CA and a node certificate it signs, valid for NODE_NAME and
+    /// `*.NODE_NAME` (a headless Service's name covers every pod behind it): ca.pem,
+    /// ca-key.pem, node.pem and node-key.pem in --out.
+    Certificates {
+        /// Folder to write the four files into.
+        #[arg(long)]
+        out: PathBuf,
+        /// The name nodes are reached by (e.g. `yardmaster-nodes.default.svc.cluster.local`).
+        #[arg(long = "node-name")]
+        node_name: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -338,7 +358,22 @@ fn main() -> ExitCode {
         Some(Command::Serve(args)) => serve_cli::serve(&args),
         Some(Command::Load(args)) => serve_cli::load(&args),
         Some(Command::ServeBench(args)) => serve_cli::serve_bench(&args),
-        Some(Command::Node(args)) => yardmaster::serve::remote::node::main(&args),
+        Some(Command::Node(args)) => yardmaster::cluster::node::main(&args),
+        Some(Command::Cluster(ClusterCommand::Certificates { out, node_name })) => {
+            match yardmaster::cluster::tls::issue_cluster_certificates(&out, &node_name) {
+                Ok(files) => {
+                    println!("cluster CA: {} (give it to the controller: [cluster] ca)", files.ca.display());
+                    println!("CA key: {} (keep it off the nodes)", files.ca_key.display());
+                    println!("node certificate: {} for {node_name} and *.{node_name}", files.node.display());
+                    println!("node key: {}", files.node_key.display());
+                    ExitCode::SUCCESS
+                }
+                Err(error) => {
+                    eprintln!("error: {error:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Some(Command::Admin(args)) => admin_cli::run(&args),
         Some(Command::Ab(args)) => admin_cli::run_ab(&args),
         Some(Command::Repository(command)) => repository_cli::run(command),

@@ -97,6 +97,15 @@ pub struct ServeArgs {
     /// Serve for this many seconds, then stop (default: until Ctrl-C).
     #[arg(long = "for")]
     pub serve_for: Option<f64>,
+    /// Run on a cluster of `yardmaster node`s: `dns:NAME:PORT` (a headless Service's
+    /// name, resolved again every few seconds) or `static:IP:PORT,…` (overrides the
+    /// file's `[cluster] nodes`; see docs/kubernetes.md).
+    #[arg(long, value_name = "SOURCE")]
+    pub nodes: Option<String>,
+    /// The cluster CA (PEM) whose signature every node's certificate must carry
+    /// (overrides the file's `[cluster] ca`).
+    #[arg(long = "cluster-ca", value_name = "FILE")]
+    pub cluster_ca: Option<PathBuf>,
 }
 
 /// Run `yardmaster serve`.
@@ -119,6 +128,16 @@ pub fn serve_config(args: &ServeArgs) -> Result<ServeConfig> {
     }
     if let Some(listen) = args.listen {
         config.listen = listen;
+    }
+    if let Some(nodes) = &args.nodes {
+        let cluster = config.cluster.get_or_insert_with(|| yardmaster::serve::config::ClusterConfig::new(nodes));
+        cluster.nodes = nodes.clone();
+    }
+    if let Some(ca) = &args.cluster_ca {
+        match &mut config.cluster {
+            Some(cluster) => cluster.ca = Some(ca.clone()),
+            None => anyhow::bail!("--cluster-ca needs nodes to trust: give --nodes (or a [cluster] section)"),
+        }
     }
     if let Some(pipeline) = &args.pipeline {
         config.pipeline = pipeline.clone();

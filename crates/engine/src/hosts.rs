@@ -56,6 +56,21 @@ pub struct WorkerStart {
     pub warm: bool,
 }
 
+/// Where the engine seats a pipeline's initial workers (the default rule, in worker
+/// order): `(worker, stage, start)`. Executors that start these workers themselves
+/// provision each where this says.
+pub fn initial_seats(pipeline: &crate::Pipeline) -> Vec<(u32, u32, WorkerStart)> {
+    let mut hosts = Hosts::new(&pipeline.hosts, pipeline.max_workers);
+    pipeline
+        .initial_workers()
+        .into_iter()
+        .map(|(worker, stage)| {
+            let bytes = pipeline.stages[stage as usize].variants[0].memory_bytes;
+            (worker, stage, hosts.place(worker, stage, 0, bytes, None, 0))
+        })
+        .collect()
+}
+
 /// Model parameters cached on a host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct CacheEntry {
@@ -149,6 +164,46 @@ impl Hosts {
         }
     }
 
+    /// The cluster's hosts changed while serving (a node joined, left or was lost).
+    /// Hosts keep their places by name: a host of `defs` already known keeps its id
+    /// and takes the new slots and cache capacity (a host that left stays, with no
+    /// slot); a new name is appended. `Err` names a known host that `defs` leaves out.
+    pub(crate) fn set_defs(&mut self, defs: &[HostDef]) -> Result<(), String> {
+        if defs.is_empty() {
+            return Ok(());
+        }
+        if self.implicit {
+            // The implicit host gives way to named ones; seats keep their numbers.
+            self.implicit = false;
+            let first = &defs[0];
+            self.hosts[0].def = first.clone();
+        }
+        for (i, host) in self.hosts.iter().enumerate() {
+            if !defs.iter().any(|d| d.name == host.def.name) {
+                return Err(format!("host {i} ({}) is missing from the new host list: a host keeps its place", host.def.name));
+            }
+        }
+        for def in defs {
+            match self.hosts.iter_mut().find(|h| h.def.name == def.name) {
+                Some(host) => host.def = def.clone(),
+                None => self.hosts.push(HostModel { def: def.clone(), taken: BTreeMap::new(), cache: Vec::new() }),
+            }
+        }
+        Ok(())
+    }
+
+    /// The workers seated on `host`.
+    pub(crate) fn workers_on(&self, host: u32) -> Vec<u32> {
+        let mut workers: Vec<u32> = self.seats.iter().filter(|(_, seat)| seat.host == host).map(|(w, _)| *w).collect();
+        workers.sort_unstable();
+        workers
+    }
+
+    /// The host a worker is seated on.
+    pub(crate) fn host_of(&self, worker: u32) -> Option<u32> {
+        self.seats.get(&worker).map(|seat| seat.host)
+    }
+
     /// Seat a new worker of `stage` running `variant` (`bytes` of parameters) where
     /// `placement` says, or by the default rule; cache its parameters there.
     pub(crate) fn place(
@@ -185,6 +240,7 @@ impl Hosts {
         best(&mut self.hosts.iter().enumerate().filter(|(_, h)| h.free_slots() > 0 && h.caches(stage, variant)))
             .or_else(|| best(&mut self.hosts.iter().enumerate().filter(|(_, h)| h.free_slots() > 0)))
             .or_else(|| self.hosts.iter().enumerate().max_by_key(|(i, h)| (h.def.slots, std::cmp::Reverse(*i))).map(|(i, _)| i as u32))
+            // A host without slots (a node that left) is chosen only when every host has none.
             .unwrap_or(0)
     }
 

@@ -242,21 +242,14 @@ pub struct Engine<C: Clock, X: Executor> {
 impl<C: Clock, X: Executor> Engine<C, X> {
     /// The policy configuration for `pipeline` (what `init` receives).
     pub fn policy_config(pipeline: &Pipeline, arm: &str, options: &EngineOptions) -> Config {
-        let mut worker_id = 0;
+        // The initial workers and their seats, as the engine will give them.
         let mut workers = Vec::new();
-        for (stage, def) in pipeline.stages.iter().enumerate() {
-            for _ in 0..def.replicas {
-                workers.push(worker_info(worker_id, stage as u32, def));
-                worker_id += 1;
-            }
+        for (worker, stage, start) in hosts::initial_seats(pipeline) {
+            let mut info = worker_info(worker, stage, &pipeline.stages[stage as usize]);
+            (info.host, info.slot) = (start.host, start.slot);
+            workers.push(info);
         }
-        // The initial workers' seats, as the engine will give them.
-        let mut hosts = hosts::Hosts::new(&pipeline.hosts, pipeline.max_workers);
-        for worker in &mut workers {
-            let bytes = pipeline.stages[worker.stage as usize].variants[worker.variant as usize].memory_bytes;
-            let start = hosts.place(worker.id, worker.stage, worker.variant, bytes, None, 0);
-            (worker.host, worker.slot) = (start.host, start.slot);
-        }
+        let hosts = hosts::Hosts::new(&pipeline.hosts, pipeline.max_workers);
         Config {
             arm: arm.into(),
             stages: pipeline.contract_stages(),
@@ -1341,6 +1334,32 @@ impl<C: Clock, X: Executor> Engine<C, X> {
             kept = surplus;
         }
         self.state.stages[stage as usize].replicas = replicas + kept;
+        let (now, serving) = (self.state.now, self.state.serving() as u32);
+        self.accounting.workers_changed(now, serving);
+        self.update_capacity();
+    }
+
+    /// Take one worker out of service, wherever it stands (its host is leaving):
+    /// a starting or idle one at once, a busy one after its batch. Its stage counts
+    /// one replica fewer.
+    fn retire_worker(&mut self, id: u32) {
+        let Some(worker) = self.state.workers.get_mut(&id) else { return };
+        let stage = worker.info.stage as usize;
+        match std::mem::replace(&mut worker.phase, WorkerPhase::Idle) {
+            WorkerPhase::Busy { items, started } => worker.phase = WorkerPhase::Draining { items, started },
+            phase @ WorkerPhase::Draining { .. } => {
+                // Already leaving: counted when it began to.
+                worker.phase = phase;
+                return;
+            }
+            WorkerPhase::Starting => {
+                self.state.remove_worker_entry(id);
+                self.executor.retire(id);
+            }
+            _ => self.remove_worker(id),
+        }
+        let replicas = &mut self.state.stages[stage].replicas;
+        *replicas = replicas.saturating_sub(1);
         let (now, serving) = (self.state.now, self.state.serving() as u32);
         self.accounting.workers_changed(now, serving);
         self.update_capacity();

@@ -78,9 +78,16 @@ impl<C: Clock, X: Executor> Engine<C, X> {
     /// Serve `pipeline` from now on (see the module docs): it must keep every stage
     /// and stream of the pipeline served ([`keeps_places`]), else nothing changes and
     /// the error says why. Events gathered so far go to the old policy first.
-    pub fn reconfigure(&mut self, pipeline: Pipeline, why: &str) -> Result<ReconfigureOutcome, String> {
+    pub fn reconfigure(&mut self, mut pipeline: Pipeline, why: &str) -> Result<ReconfigureOutcome, String> {
+        if pipeline.hosts.is_empty() && !self.state.pipeline.hosts.is_empty() {
+            // A model loaded on a live cluster: the hosts stay as they are.
+            pipeline.hosts = self.state.pipeline.hosts.clone();
+            pipeline.max_workers = pipeline.max_workers.max(self.state.pipeline.max_workers);
+        }
         keeps_places(&self.state.pipeline, &pipeline)?;
         pipeline.validate("the reconfigured pipeline").map_err(|e| e.to_string())?;
+        let mut hosts = self.state.hosts.clone();
+        hosts.set_defs(&pipeline.hosts)?;
         self.flush();
         let started = std::time::Instant::now();
         self.now();
@@ -95,8 +102,18 @@ impl<C: Clock, X: Executor> Engine<C, X> {
             self.state.queued_order.push(Default::default());
             self.unserved.push(None);
         }
+        self.state.hosts = hosts;
         self.state.hosts.set_max_workers(pipeline.max_workers);
         self.state.pipeline = pipeline;
+        // Workers seated on a host that has no slot now (a node that left) leave it:
+        // starting and idle ones at once, busy ones after their batch.
+        for (host, def) in self.state.pipeline.hosts.clone().iter().enumerate() {
+            if def.slots == 0 {
+                for worker in self.state.hosts.workers_on(host as u32) {
+                    self.retire_worker(worker);
+                }
+            }
+        }
 
         let mut failed = 0;
         for stage in 0..self.state.stages.len() {
@@ -138,6 +155,41 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         self.apply_handover(output);
         let pause = started.elapsed();
         Ok(ReconfigureOutcome { pause, replayed, failed, retired })
+    }
+
+    /// The cluster's membership changed (a node joined, left or was lost): serve
+    /// `pipeline`, whose hosts keep their places by name (a host that left stays,
+    /// with no slot), and hand the policy the new cluster as [`Engine::reconfigure`]
+    /// does. Then every stage with fewer replicas than `pipeline` gives it (its
+    /// replicas across the cluster as it is now) is brought up to that many, seated
+    /// by the default placement: a joining host's free slots take them first, and a
+    /// lost host's replicas are started again elsewhere. Replicas a policy added
+    /// beyond it stay.
+    pub fn reconfigure_cluster(&mut self, pipeline: Pipeline, why: &str) -> Result<ReconfigureOutcome, String> {
+        let outcome = self.reconfigure(pipeline, why)?;
+        for stage in 0..self.state.stages.len() {
+            let def = &self.state.pipeline.stages[stage];
+            let (target, replicas) = (def.replicas.min(def.max_replicas), self.state.stages[stage].replicas);
+            if replicas < target {
+                self.scale(stage as u32, target, 0, &[]);
+            }
+        }
+        self.flush();
+        Ok(outcome)
+    }
+
+    /// Which host each serving worker is seated on, by host name: `(worker, stage,
+    /// host)` in worker order.
+    pub fn seats(&self) -> Vec<(u32, u32, String)> {
+        let names = self.state.host_info();
+        self.state
+            .workers
+            .values()
+            .filter_map(|w| {
+                let host = self.state.hosts.host_of(w.info.id)?;
+                Some((w.info.id, w.info.stage, names.get(host as usize)?.name.clone()))
+            })
+            .collect()
     }
 
     /// Replace the policy parameters (the models' own settings change as models are

@@ -290,6 +290,9 @@ mod toml_format {
                 if !(gib.is_finite() && gib >= 0.0) {
                     return Err(format!("host {:?}: cache_gib must be a number of GiB, at least 0", h.name));
                 }
+                if h.slots == 0 {
+                    return Err(format!("host {:?} has no slot", h.name));
+                }
                 hosts.push(HostDef { name: h.name.clone(), slots: h.slots, cache_bytes: (gib * (1u64 << 30) as f64) as u64 });
             }
             let slots = hosts.iter().map(|h| h.slots as u64).sum::<u64>().min(MAX_WORKERS as u64) as u32;
@@ -302,6 +305,11 @@ mod toml_format {
                     wanted.min(slots)
                 }
             });
+            if !hosts.is_empty() && max_workers > slots {
+                // A described cluster asks for no more workers than it has slots (a live
+                // one may share slots; see `yardmaster_engine::hosts`).
+                return Err(format!("max_workers = {max_workers} exceeds the {slots} slots of the hosts"));
+            }
             Ok(Pipeline { name: self.name, stages, streams, max_workers, hosts })
         }
     }

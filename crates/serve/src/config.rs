@@ -43,6 +43,16 @@
 //! multiple = 20.0             # a job stalls past 20 × its profiled p99 …
 //! min_ms = 30000              # … and never before 30 s
 //!
+//! [cluster]                   # optional: every `yardmaster node` found here is a host
+//! nodes = "dns:yardmaster-nodes.default.svc.cluster.local:7443"  # or "static:IP:PORT,…"
+//! resolve_secs = 5            # how often the name is resolved again
+//! ca = "/etc/yardmaster/tls/ca.pem"  # the cluster CA that signs node certificates
+//! node_name = "…"             # the name node certificates carry (default: the DNS name)
+//! pins = { "10.0.0.7:7443" = "sha256:…" }  # without a CA: each static node's pin
+//! local_slots = 0             # worker slots of this host (default 0: nodes only)
+//! startup_wait_secs = 300     # how long the start waits for the first node
+//! idle_timeout_secs = 10      # silence after which a node counts as lost
+//!
 //! [[remote]]                  # optional: stages served by `yardmaster node` hosts
 //! stages = ["rec"]
 //! node = "127.0.0.1:7443"
@@ -89,6 +99,91 @@ pub struct RemotePlacement {
     pub node: SocketAddr,
     /// The node's certificate, pinned: `sha256:HEX` or the path of its PEM file.
     pub pin: String,
+}
+
+/// The `[cluster]` section: nodes found by name or list, each a host of the engine's
+/// (see `super::membership`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// `dns:NAME:PORT` or `static:IP:PORT,…`.
+    pub nodes: String,
+    /// Seconds between two resolutions of the name.
+    #[serde(default = "ClusterConfig::default_resolve_secs")]
+    pub resolve_secs: f64,
+    /// The cluster CA's certificate (PEM): nodes must present a certificate it signed.
+    pub ca: Option<PathBuf>,
+    /// The DNS name node certificates must be valid for (default: the name in
+    /// `nodes`; `yardmaster-node` for a static list).
+    pub node_name: Option<String>,
+    /// Without a CA: each static node's certificate pin, by address (`sha256:HEX` or
+    /// the path of its `cert.pem`).
+    #[serde(default)]
+    pub pins: BTreeMap<String, String>,
+    /// Worker slots of the controller's own host (0: it runs no model worker while
+    /// any node has a free slot).
+    #[serde(default)]
+    pub local_slots: u32,
+    /// How long the start waits for the first node with a slot.
+    #[serde(default = "ClusterConfig::default_startup_wait_secs")]
+    pub startup_wait_secs: f64,
+    /// Silence after which a node counts as lost.
+    #[serde(default = "ClusterConfig::default_idle_timeout_secs")]
+    pub idle_timeout_secs: f64,
+}
+
+impl ClusterConfig {
+    fn default_resolve_secs() -> f64 {
+        5.0
+    }
+    fn default_startup_wait_secs() -> f64 {
+        300.0
+    }
+    fn default_idle_timeout_secs() -> f64 {
+        10.0
+    }
+
+    /// A cluster of the nodes `nodes` names, with every other key at its default.
+    pub fn new(nodes: &str) -> Self {
+        ClusterConfig {
+            nodes: nodes.to_string(),
+            resolve_secs: Self::default_resolve_secs(),
+            ca: None,
+            node_name: None,
+            pins: BTreeMap::new(),
+            local_slots: 0,
+            startup_wait_secs: Self::default_startup_wait_secs(),
+            idle_timeout_secs: Self::default_idle_timeout_secs(),
+        }
+    }
+
+    /// Refuse what cannot work: a bad `nodes`, a bad duration, no way to trust nodes.
+    pub fn validate(&self) -> Result<()> {
+        let source: yardmaster_cluster::discovery::NodeSource = self.nodes.parse().context("[cluster] nodes")?;
+        for (key, value) in [("resolve_secs", self.resolve_secs), ("idle_timeout_secs", self.idle_timeout_secs)] {
+            if !(value.is_finite() && value > 0.0) {
+                bail!("[cluster] {key} must be a positive number of seconds, not {value}");
+            }
+        }
+        if !(self.startup_wait_secs.is_finite() && self.startup_wait_secs >= 0.0) {
+            bail!("[cluster] startup_wait_secs must be a number of seconds, at least 0");
+        }
+        if self.ca.is_none() {
+            match &source {
+                yardmaster_cluster::discovery::NodeSource::Dns { .. } => {
+                    bail!("[cluster] nodes found through DNS need `ca`: the cluster CA that signs every node's certificate (pins cannot be known in advance)")
+                }
+                yardmaster_cluster::discovery::NodeSource::Static(addresses) => {
+                    for address in addresses {
+                        if !self.pins.contains_key(&address.to_string()) {
+                            bail!("[cluster] node {address} has no pin: give `ca` (the cluster CA) or `pins = {{ \"{address}\" = \"sha256:…\" }}`");
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The default admin API address: port 8003, off the ports Triton's tools expect
@@ -196,6 +291,8 @@ pub struct ServeConfig {
     pub tls: Option<TlsFiles>,
     /// Remote placements.
     pub remote: Vec<RemotePlacement>,
+    /// The cluster: nodes found by name or list, each a host.
+    pub cluster: Option<ClusterConfig>,
     /// The admin API.
     pub admin: AdminConfig,
 }
@@ -226,6 +323,7 @@ impl Default for ServeConfig {
             state_dir: None,
             tls: None,
             remote: Vec::new(),
+            cluster: None,
             admin: AdminConfig::default(),
         }
     }
@@ -294,6 +392,18 @@ impl ServeConfig {
         if let Some(capture) = &mut config.capture {
             resolve(capture);
         }
+        if let Some(cluster) = &mut config.cluster {
+            if let Some(ca) = &mut cluster.ca {
+                resolve(ca);
+            }
+            for pin in cluster.pins.values_mut() {
+                if !pin.starts_with("sha256:") {
+                    let mut path = PathBuf::from(&*pin);
+                    resolve(&mut path);
+                    *pin = path.to_string_lossy().into_owned();
+                }
+            }
+        }
         for dir in &mut config.model_repository {
             resolve(dir);
         }
@@ -327,6 +437,9 @@ impl ServeConfig {
         }
         self.device_preference()?;
         self.admin.validate()?;
+        if let Some(cluster) = &self.cluster {
+            cluster.validate()?;
+        }
         if let Some(grpc) = self.grpc_address() {
             if grpc.port() != 0 && grpc == self.listen && self.http1 {
                 bail!("grpc_listen {grpc} is the HTTP/1.1 address: give gRPC a port of its own");

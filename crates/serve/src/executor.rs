@@ -64,6 +64,24 @@ pub struct Placement {
     pub events: Receiver<WorkerEvent>,
 }
 
+/// The workers of one host of the cluster (a `yardmaster node`): every worker the
+/// engine seats on that host runs there, whatever its stage (see
+/// `yardmaster_engine::hosts`).
+pub struct HostGroup {
+    /// The engine's id of the host.
+    pub host: u32,
+    /// The host's workers.
+    pub workers: Box<dyn Workers>,
+    /// Their events.
+    pub events: Receiver<WorkerEvent>,
+}
+
+impl std::fmt::Debug for HostGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostGroup").field("host", &self.host).finish()
+    }
+}
+
 impl std::fmt::Debug for Placement {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Placement").field("stages", &self.stages).finish()
@@ -248,6 +266,11 @@ struct Shared {
     /// Workers restarted by the watchdog whose old instance has not reported its
     /// retirement yet: that `Retired` is the old one's and leaves the board alone.
     replaced: Mutex<HashMap<u32, u32>>,
+    /// Host → the group of its workers, for the cluster's hosts.
+    host_groups: RwLock<HashMap<u32, usize>>,
+    /// Worker → its group, for workers seated on a cluster host (the others follow
+    /// their stage's group).
+    worker_groups: Mutex<HashMap<u32, usize>>,
 }
 
 impl Shared {
@@ -261,6 +284,14 @@ impl Shared {
     fn group(&self, groups: &Groups, stage: u32) -> Option<Group> {
         let index = *read(&self.stages).stage_group.get(stage as usize)?;
         read(groups).get(index).cloned()
+    }
+
+    /// The group of `worker` of `stage`: its cluster host's, else its stage's.
+    fn worker_group(&self, groups: &Groups, worker: u32, stage: u32) -> Option<Group> {
+        match lock(&self.worker_groups).get(&worker) {
+            Some(&index) => read(groups).get(index).cloned(),
+            None => self.group(groups, stage),
+        }
     }
 
     fn claim(&self, job: u64) -> Option<JobRecord> {
@@ -401,6 +432,7 @@ impl OnnxExecutor {
         store: PayloadStore,
         board: WorkerBoard,
         placements: Vec<Placement>,
+        hosts: Vec<HostGroup>,
     ) -> Self {
         let mut stage_group = vec![0; pipeline.stages.len()];
         for (index, placement) in placements.iter().enumerate() {
@@ -416,11 +448,17 @@ impl OnnxExecutor {
             handle,
             watchdog: Mutex::new(WatchdogConfig::default()),
             replaced: Mutex::default(),
+            host_groups: RwLock::default(),
+            worker_groups: Mutex::default(),
         });
         let finishers = start_finishers(&shared);
         let mut groups = Vec::with_capacity(placements.len());
         for (index, placement) in placements.into_iter().enumerate() {
-            groups.push(start_group(&shared, &finishers, index, placement));
+            groups.push(start_group(&shared, &finishers, index, placement.workers, placement.events));
+        }
+        for host in hosts {
+            write(&shared.host_groups).insert(host.host, groups.len());
+            groups.push(start_group(&shared, &finishers, groups.len(), host.workers, host.events));
         }
         let groups = Arc::new(RwLock::new(groups));
         // The watchdog holds weak references: it ends once the executor is dropped.
@@ -443,9 +481,10 @@ impl OnnxExecutor {
         let profiles = pipeline.stages.iter().map(|s| s.variants.iter().map(|v| v.profile.clone()).collect()).collect();
         let mut executor =
             Self { groups, worker_stage: HashMap::new(), profiles, shared, finishers, next_job: 1, late_results: HashMap::new() };
-        for (worker, stage) in pipeline.initial_workers() {
-            // The engine seats these workers itself; here they only need to run.
-            executor.provision(worker, stage, 0, WorkerStart { host: 0, slot: worker, warm: false });
+        for (worker, stage, start) in yardmaster_engine::hosts::initial_seats(pipeline) {
+            // The engine seats these workers itself, by the same rule; here they only
+            // need to run where it seats them.
+            executor.provision(worker, stage, 0, start);
         }
         executor
     }
@@ -468,7 +507,16 @@ impl OnnxExecutor {
 
     fn group_of(&self, worker: u32) -> Option<Group> {
         let (stage, _) = *self.worker_stage.get(&worker)?;
-        self.shared.group(&self.groups, stage)
+        self.shared.worker_group(&self.groups, worker, stage)
+    }
+
+    /// A host joined the cluster (or came back under the same name): workers the
+    /// engine seats on `host.host` from now on run on its workers.
+    pub fn add_host(&mut self, host: HostGroup) {
+        let mut groups = write(&self.groups);
+        let index = groups.len();
+        groups.push(start_group(&self.shared, &self.finishers, index, host.workers, host.events));
+        write(&self.shared.host_groups).insert(host.host, index);
     }
 
     /// Serve `pipeline` from now on (models loaded or unloaded while serving; the
@@ -504,7 +552,7 @@ impl OnnxExecutor {
                     _ => return Err(format!("a new worker group names stage {stage}, which is served already or does not exist")),
                 }
             }
-            groups.push(start_group(&self.shared, &self.finishers, index, placement));
+            groups.push(start_group(&self.shared, &self.finishers, index, placement.workers, placement.events));
         }
         drop(groups);
         let stage_group = owner
@@ -566,7 +614,7 @@ fn check_stalls(shared: &Shared, groups: &Groups, now: Instant) {
 
 /// Replace a stalled worker by a fresh one under the same id.
 fn restart(shared: &Shared, groups: &Groups, worker: u32, stage: u32, variant: u32) {
-    let Some(group) = shared.group(groups, stage) else { return };
+    let Some(group) = shared.worker_group(groups, worker, stage) else { return };
     let mut group = lock(&group);
     group.abort(worker);
     *lock(&shared.replaced).entry(worker).or_default() += 1;
@@ -687,10 +735,18 @@ impl Executor for OnnxExecutor {
         }
     }
 
-    fn provision(&mut self, worker: u32, stage: u32, variant: u32, _start: WorkerStart) {
+    fn provision(&mut self, worker: u32, stage: u32, variant: u32, start: WorkerStart) {
         self.worker_stage.insert(worker, (stage, variant));
         self.shared.board.set(worker, stage, WorkerStatus::Loading);
-        let Some(group) = self.shared.group(&self.groups, stage) else { return };
+        // A worker seated on a cluster host runs there when the host serves its stage
+        // (a model loaded after the host joined is served by this host's pools).
+        let host_group = read(&self.shared.host_groups).get(&start.host).copied();
+        let host_group = host_group.filter(|&index| read(&self.groups).get(index).is_some_and(|g| lock(g).serves(stage)));
+        match host_group {
+            Some(index) => lock(&self.shared.worker_groups).insert(worker, index),
+            None => lock(&self.shared.worker_groups).remove(&worker),
+        };
+        let Some(group) = self.group_of(worker) else { return };
         let provisioned = lock(&group).provision(worker, stage, variant);
         if let Err(error) = provisioned {
             tracing::error!(worker, stage, variant, "worker could not be provisioned: {error}; it is reported lost");
@@ -709,6 +765,7 @@ impl Executor for OnnxExecutor {
             lock(&group).retire(worker);
         }
         self.worker_stage.remove(&worker);
+        lock(&self.shared.worker_groups).remove(&worker);
     }
 
     fn set_threads(&mut self, worker: u32, threads: u32) {
@@ -742,16 +799,21 @@ impl Executor for OnnxExecutor {
 }
 
 /// A group of workers ready for the executor, its event pump started.
-fn start_group(shared: &Arc<Shared>, finishers: &mpsc::Sender<Finishing>, index: usize, placement: Placement) -> Group {
+fn start_group(
+    shared: &Arc<Shared>,
+    finishers: &mpsc::Sender<Finishing>,
+    index: usize,
+    workers: Box<dyn Workers>,
+    events: Receiver<WorkerEvent>,
+) -> Group {
     let pump_shared = Arc::clone(shared);
-    let events = placement.events;
     let finishers = finishers.clone();
     let spawned =
         std::thread::Builder::new().name(format!("yardmaster-pump-{index}")).spawn(move || pump(&pump_shared, events, &finishers));
     if let Err(error) = spawned {
         tracing::error!("starting the event pump of worker group {index}: {error}; its workers' results will not arrive");
     }
-    Arc::new(Mutex::new(placement.workers))
+    Arc::new(Mutex::new(workers))
 }
 
 /// A read lock that survives a panic elsewhere (see [`lock`]).

@@ -392,6 +392,55 @@ pub fn render_gpu_memory(device: yardmaster_dataplane::Device) -> String {
     }
 }
 
+/// The live cluster's hosts (`[cluster]`, see `super::membership`):
+/// `yardmaster_cluster_host_slots` per host
+/// (labelled `host` and `state`: local, live, left or lost),
+/// `yardmaster_cluster_membership_changes_total`, and the wall time the last and the
+/// longest membership change held the engine.
+///
+/// `seats` are the engine's `(worker, stage, host)` (`Engine::seats`):
+/// `yardmaster_cluster_host_workers` counts the workers each host runs.
+pub fn render_cluster(status: &super::membership::ClusterStatus, seats: &[(u32, u32, String)]) -> String {
+    let mut out = Exposition::new();
+    for host in &status.hosts {
+        let labels = [("host", host.name.as_str()), ("state", host.state.name())];
+        out.sample(
+            "yardmaster_cluster_host_slots",
+            "gauge",
+            "Device slots each host of the cluster offers.",
+            &labels,
+            host.def().slots as f64,
+        );
+    }
+    for host in &status.hosts {
+        let workers = seats.iter().filter(|(_, _, name)| *name == host.name).count();
+        let labels = [("host", host.name.as_str())];
+        out.sample("yardmaster_cluster_host_workers", "gauge", "Model workers running on each host.", &labels, workers as f64);
+    }
+    out.sample(
+        "yardmaster_cluster_membership_changes_total",
+        "counter",
+        "Node joins, leaves and losses handed to the policy.",
+        &[],
+        status.changes as f64,
+    );
+    out.sample(
+        "yardmaster_cluster_membership_pause_seconds",
+        "gauge",
+        "Wall time the last membership change held the engine.",
+        &[],
+        status.last_pause.as_secs_f64(),
+    );
+    out.sample(
+        "yardmaster_cluster_membership_pause_max_seconds",
+        "gauge",
+        "The longest wall time a membership change held the engine.",
+        &[],
+        status.max_pause.as_secs_f64(),
+    );
+    out.finish()
+}
+
 /// One engine's series, labelled `arm`; `name` is the arm's own name (on the info series).
 fn render_one<C: Clock, X: Executor>(out: &mut Exposition, engine: &Engine<C, X>, arm: &str, name: &str) {
     let state = engine.state();

@@ -21,13 +21,15 @@ use super::capture::Recorder;
 use super::config::{RemotePlacement, ServeConfig};
 use super::executor::{Placement, ServeActor, ServeHandle};
 use super::listeners::Listeners;
+use super::membership::{Cluster, ClusterLink, SharedStatus};
 use super::model_control::{ControlMode, ControlSettings, ModelControl};
 use super::prometheus;
-use super::remote::pool::{RemoteConfig, RemotePool};
-use super::remote::transport::Fingerprint;
 use super::repository::{self, LoadedRepository, RepositoryOptions};
 use super::stack::{PolicyChoice, ServedPipeline, ServingStack};
 use super::swap::Swapper;
+use yardmaster_cluster::node::host_name;
+use yardmaster_cluster::pool::{RemoteConfig, RemotePool};
+use yardmaster_cluster::transport::Fingerprint;
 use yardmaster_engine::pipeline::StageDef;
 use yardmaster_engine::{Clock, Executor, Pipeline};
 use yardmaster_policy::{FailureMode, Limits, Mode, PolicyLoader, Sandbox};
@@ -46,6 +48,8 @@ pub struct Server {
     pub device: String,
     /// Stages served on `yardmaster node`s (the config's `[[remote]]` sections).
     pub remote: Vec<RemotePlacement>,
+    /// The live cluster's hosts, when serving on `yardmaster node`s (`[cluster]`).
+    pub cluster: Option<SharedStatus>,
     actor: ServeActor,
     admin: Admin,
     /// Model control, when models load and unload while serving.
@@ -101,13 +105,29 @@ impl Server {
         for remote in &config.remote {
             placements.push(remote_placement(remote, &served).await?);
         }
+        let mut cluster = None;
+        let mut host_groups = Vec::new();
+        if let Some(settings) = &config.cluster {
+            let threads = served.pipeline.stages.iter().map(|s| s.threads).max().unwrap_or(1);
+            let link = ClusterLink::new(settings, served.catalog.clone(), threads)?;
+            let wait = std::time::Duration::from_secs_f64(settings.startup_wait_secs);
+            let (found, groups) = Cluster::start(link, &host_name(), settings.local_slots, wait, &mut served.pipeline).await?;
+            host_groups = groups;
+            cluster = Some(found);
+        }
         let policy = configured_policy(&config.policy, config)?;
         let policy_name = policy.name.clone();
         let (sandbox, failure) = (policy.sandbox.clone(), policy.failure);
         let kept = prepared.as_ref().map(|_| served.clone());
-        let (actor, backend) = ServingStack::start(served, policy, options, context.clone(), placements).map_err(|e| anyhow!(e))?;
+        let (actor, backend) =
+            ServingStack::start_cluster(served, policy, options, context.clone(), placements, host_groups).map_err(|e| anyhow!(e))?;
         let backend = Arc::new(backend.with_unavailable(unavailable));
         let handle = actor.handle();
+        let cluster = cluster.map(|cluster| {
+            let status = cluster.status();
+            cluster.watch(handle.clone());
+            status
+        });
         let stop_polling = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let control = match (config.model_control_mode, kept, prepared) {
             (ControlMode::None, _, _) | (_, None, _) | (_, _, None) => None,
@@ -133,8 +153,13 @@ impl Server {
         }
         let metrics_handle = handle.clone();
         let gpu = ort.device();
+        let cluster_metrics = cluster.clone();
         let renderer: MetricsRenderer = Arc::new(move || {
             let mut text = metrics_handle.inspect_arms(prometheus::render_arms).unwrap_or_else(|e| format!("# {e}\n"));
+            if let Some(status) = &cluster_metrics {
+                let seats = metrics_handle.inspect(|engine| engine.seats()).unwrap_or_default();
+                text.push_str(&prometheus::render_cluster(&status.lock().unwrap_or_else(|p| p.into_inner()), &seats));
+            }
             text.push_str(&prometheus::render_gpu_memory(gpu));
             text
         });
@@ -144,7 +169,7 @@ impl Server {
         let listeners = Listeners::start(&config.listen_options(), api).await?;
         let admin = Admin::start(&config.admin, Arc::new(Swapper::new(handle.clone(), sandbox, failure))).await?;
         let remote = config.remote.clone();
-        Ok(Server { listeners, handle, policy: policy_name, models, device, remote, actor, admin, control, stop_polling })
+        Ok(Server { listeners, handle, policy: policy_name, models, device, remote, cluster, actor, admin, control, stop_polling })
     }
 
     /// The address clients use (TCP and UDP share the port).
@@ -159,7 +184,15 @@ impl Server {
 
     /// The lines an operator sees at start: what is served, where, and how to stop.
     pub fn banner(&self) -> String {
-        banner(&self.listeners, self.admin.address, &self.models, &self.policy, &self.device, &self.remote)
+        let mut text = banner(&self.listeners, self.admin.address, &self.models, &self.policy, &self.device, &self.remote);
+        if let Some(status) = &self.cluster {
+            let status = status.lock().unwrap_or_else(|p| p.into_inner());
+            for host in &status.hosts {
+                let address = host.address.map(|a| format!(" at {a}")).unwrap_or_default();
+                text.push_str(&format!("host {} ({}){address}: {} slot(s)\n", host.name, host.state.name(), host.slots));
+            }
+        }
+        text
     }
 
     /// One line: requests by outcome so far.

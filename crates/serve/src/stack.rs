@@ -15,7 +15,7 @@ use yardmaster_dataplane::{ModelCatalog, WorkerContext, WorkerPool};
 
 use super::backend::{Codec, EngineBackend, ServedModel};
 use super::builtin_repository::BuiltinRepository;
-use super::executor::{check_placements, OnnxExecutor, Placement, ServeActor, WorkerBoard};
+use super::executor::{check_placements, HostGroup, OnnxExecutor, Placement, ServeActor, WorkerBoard};
 use super::payload::PayloadStore;
 use super::repository::default_profile_cache;
 use super::stages::StageProgram;
@@ -150,7 +150,21 @@ impl ServingStack {
         policy: PolicyChoice,
         options: EngineOptions,
         context: WorkerContext,
+        placements: Vec<Placement>,
+    ) -> Result<(ServeActor, EngineBackend), String> {
+        Self::start_cluster(served, policy, options, context, placements, Vec::new())
+    }
+
+    /// [`ServingStack::start`] on a cluster: `served.pipeline.hosts` names the hosts,
+    /// and `hosts` holds the workers of each host that is not this process (a
+    /// `yardmaster node`); workers the engine seats on a host run there.
+    pub fn start_cluster(
+        served: ServedPipeline,
+        policy: PolicyChoice,
+        options: EngineOptions,
+        context: WorkerContext,
         mut placements: Vec<Placement>,
+        hosts: Vec<HostGroup>,
     ) -> Result<(ServeActor, EngineBackend), String> {
         served.check()?;
         let ServedPipeline { pipeline, catalog, programs, models } = served;
@@ -170,7 +184,7 @@ impl ServingStack {
             let (clock, store, board, programs) = (clock.clone(), store.clone(), board.clone(), programs.clone());
             let label = policy.name.clone();
             ServeActor::spawn("yardmaster-engine", clock.clone(), &label, move |handle| {
-                let executor = OnnxExecutor::new(handle, &pipeline, programs, store, board, placements);
+                let executor = OnnxExecutor::new(handle, &pipeline, programs, store, board, placements, hosts);
                 let PolicyChoice { name, sandbox, module, failure } = policy;
                 Engine::new(clock, SharedExecutor::new(executor), pipeline, options, |config, view| {
                     Arm::start_wasm(&name, config, &sandbox, module, failure, None, view)

@@ -3,6 +3,7 @@
 //! One test binary for the crate (each module was a test binary of its own): a test
 //! run links the crate's dependencies once.
 
+mod cluster_dns;
 mod command_line;
 #[path = "../../../dataplane/tests/all/common/mod.rs"]
 mod common;

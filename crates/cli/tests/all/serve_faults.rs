@@ -24,6 +24,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
+use yardmaster::cluster::pool::{RemoteConfig, RemotePool};
+use yardmaster::cluster::transport::Fingerprint;
 use yardmaster::engine::{EngineOptions, WorkerPhase};
 use yardmaster::serve::api::{Api, Backend};
 use yardmaster::serve::backend::EngineBackend;
@@ -31,8 +33,6 @@ use yardmaster::serve::client::{Http1Client, Http3Client, Reply};
 use yardmaster::serve::executor::{Placement, ServeActor, WorkerStatus};
 use yardmaster::serve::listeners::{ListenOptions, Listeners, TlsSource};
 use yardmaster::serve::payload::Payload;
-use yardmaster::serve::remote::pool::{RemoteConfig, RemotePool};
-use yardmaster::serve::remote::transport::Fingerprint;
 use yardmaster::serve::stack::{PolicyChoice, ServedPipeline, ServingStack};
 use yardmaster::serve::stages::{StageProgram, TensorProgram};
 use yardmaster::serve::tls;

@@ -24,10 +24,10 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use yardmaster::cluster::node::{HostOffer, Node, NodeConfig};
 use yardmaster::engine::metrics::Outcome;
 use yardmaster::engine::{EngineOptions, WorkerPhase};
 use yardmaster::serve::llm::{Completion, DecoderPlacement, LlmStack, RemoteDecoderConfig, RemoteDecoders, ServedLlm};
-use yardmaster::serve::remote::node::{Node, NodeConfig};
 use yardmaster::serve::stack::PolicyChoice;
 use yardmaster::serve::tls::Identity;
 use yardmaster_dataplane::llm::{tiny_decoder, DecoderSession};
@@ -242,6 +242,7 @@ fn remote_decoders(runtime: &tokio::runtime::Runtime) -> DecoderPlacement {
             model_root: None,
             idle_timeout: Duration::from_secs(5),
             context: WorkerContext { runtime: Runtime::global().unwrap(), cache: Arc::new(ModelCache::default()) },
+            offer: HostOffer { name: "llm-node".into(), slots: 1, cache_bytes: 1 << 30 },
         })
         .unwrap();
         let (address, pin) = (node.local_addr().unwrap(), node.fingerprint());
@@ -275,6 +276,7 @@ fn a_node_without_the_decoder_refuses_it_naming_the_path() {
             model_root: Some(dir.clone()),
             idle_timeout: Duration::from_secs(5),
             context: WorkerContext { runtime: Runtime::global().unwrap(), cache: Arc::new(ModelCache::default()) },
+            offer: HostOffer { name: "llm-node".into(), slots: 1, cache_bytes: 1 << 30 },
         })
         .unwrap();
         let (address, pin) = (node.local_addr().unwrap(), node.fingerprint());

@@ -16,10 +16,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::node_process::NodeProcess;
-use yardmaster::serve::remote::framing::{self, Message};
-use yardmaster::serve::remote::node::{Node, NodeConfig, ShutdownHandle};
-use yardmaster::serve::remote::pool::{RemoteConfig, RemotePool};
-use yardmaster::serve::remote::transport::{self, Fingerprint, CLOSE_PROTOCOL};
+use yardmaster::cluster::framing::{self, Message};
+use yardmaster::cluster::node::{HostOffer, Node, NodeConfig, ShutdownHandle};
+use yardmaster::cluster::pool::{RemoteConfig, RemotePool};
+use yardmaster::cluster::transport::{self, Fingerprint, CLOSE_PROTOCOL};
 use yardmaster::serve::tls::Identity;
 use yardmaster::serve::workers::Workers;
 use yardmaster_dataplane::{
@@ -79,6 +79,7 @@ fn start_node(name: &str) -> TestNode {
         model_root: None,
         idle_timeout: Duration::from_secs(5),
         context: context(),
+        offer: HostOffer { name: format!("node-{name}"), slots: 3, cache_bytes: 5 << 30 },
     })
     .unwrap();
     let test_node = TestNode { address: node.local_addr().unwrap(), pin: node.fingerprint(), shutdown: node.shutdown_handle() };
@@ -138,6 +139,9 @@ async fn a_job_on_a_remote_worker_returns_what_it_returns_locally() {
     let node = start_node("same");
     let (mut remote, events) = RemotePool::connect(remote_config(&node)).await.unwrap();
     assert_eq!(remote.device(), "cpu");
+    // The node is a host: its welcome names it, its slots and its cache.
+    let welcome = remote.welcome();
+    assert_eq!((welcome.name.as_str(), welcome.slots, welcome.cache_bytes), ("node-same", 3, 5 << 30));
 
     // Two workers on the node at once, each on its own stream.
     remote.provision(1, CLS, 0).unwrap();
@@ -338,7 +342,8 @@ async fn garbling_node() -> (SocketAddr, Fingerprint) {
         let connection = endpoint.accept().await.unwrap().await.unwrap();
         let (mut send, mut recv) = connection.accept_bi().await.unwrap();
         transport::read_frame(&mut recv).await.unwrap();
-        let welcome = framing::encode(&Message::Welcome { device: "impostor".into() }).unwrap();
+        let welcome =
+            framing::encode(&Message::Welcome { device: "impostor".into(), name: "impostor".into(), slots: 1, cache_bytes: 0 }).unwrap();
         send.write_all(&welcome).await.unwrap();
         let (mut send, mut recv) = connection.accept_bi().await.unwrap();
         transport::read_frame(&mut recv).await.unwrap(); // the provision
@@ -381,7 +386,7 @@ async fn a_catalogue_the_node_cannot_serve_is_refused_with_the_missing_path() {
 async fn a_node_with_another_certificate_is_refused() {
     let node = start_node("pin");
     let mut config = remote_config(&node);
-    config.pin = Fingerprint([7; 32]);
+    config.trust = Fingerprint([7; 32]).into();
     let error = format!("{:#}", RemotePool::connect(config).await.unwrap_err());
     assert!(error.contains("not the pinned sha256:0707"), "{error}");
 }

@@ -24,19 +24,19 @@
 //! frame stops before its next step).
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use yardmaster_dataplane::llm::{DecoderConfig, Eviction, FrameRequest, StepTiming};
+use yardmaster_dataplane::llm::{Eviction, FrameRequest, StepTiming};
 use yardmaster_dataplane::Runtime;
 
 use super::remote::{RemoteDecoders, RemoteWorker};
 use super::service::Transcripts;
-use super::worker::{DecoderThread, Reporter, WorkerCommand, WorkerReport};
 use crate::actor::{Actor, ActorHandle};
-use crate::remote::framing::FrameOutcome;
+pub use yardmaster_cluster::decoder_thread::{DecoderModel, Holdings};
+use yardmaster_cluster::decoder_thread::{DecoderThread, Reporter, WorkerCommand, WorkerReport};
+use yardmaster_cluster::framing::FrameOutcome;
 use yardmaster_engine::{BatchJob, Executor, ItemResult, JobResult, MonotonicClock, Pipeline, Resume, WorkerStart};
 use yardmaster_policy::contract::EvictMode;
 
@@ -47,17 +47,6 @@ pub const DEFAULT_MAX_TOKENS: u32 = 128;
 pub type LlmActor = Actor<MonotonicClock, LlmExecutor>;
 /// A handle to it.
 pub type LlmHandle = ActorHandle<MonotonicClock, LlmExecutor>;
-
-/// What a decoder worker holds, by sequence id with cached positions.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Holdings {
-    /// Sequences whose caches count against the worker's KV budget.
-    pub resident: Vec<(u64, usize)>,
-    /// Sequences whose caches are swapped out.
-    pub swapped: Vec<(u64, usize)>,
-    /// Bytes of the resident caches.
-    pub resident_bytes: u64,
-}
 
 /// Counters over every frame the executor ran.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -127,15 +116,6 @@ impl LlmStats {
             self.add_decode_steps(batch, n, time);
         }
     }
-}
-
-/// The decoder every worker loads.
-#[derive(Debug, Clone)]
-pub struct DecoderModel {
-    /// The `.onnx` file.
-    pub path: PathBuf,
-    /// Its dimensions (checked against the file's metadata at load).
-    pub config: DecoderConfig,
 }
 
 /// How the executor reaches one worker.

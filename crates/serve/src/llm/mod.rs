@@ -17,7 +17,7 @@ pub mod executor;
 pub mod remote;
 pub mod server;
 pub mod service;
-pub mod worker;
+pub use yardmaster_cluster::decoder_thread as worker;
 
 use std::sync::Arc;
 

@@ -28,9 +28,9 @@ use yardmaster_dataplane::llm::FrameRequest;
 use yardmaster_dataplane::WorkerEvent;
 
 use super::executor::{DecoderModel, Holdings};
-use super::worker::{Reporter, WorkerCommand, WorkerReport};
-use crate::remote::framing::{self, DecoderMessage, Message};
-use crate::remote::transport::{self, Fingerprint, ReadError, CLOSE_DONE, CLOSE_PROTOCOL};
+use yardmaster_cluster::decoder_thread::{Reporter, WorkerCommand, WorkerReport};
+use yardmaster_cluster::framing::{self, DecoderMessage, Message};
+use yardmaster_cluster::transport::{self, Fingerprint, ReadError, CLOSE_DONE, CLOSE_PROTOCOL};
 
 /// How to reach a node and what decoder to run there.
 #[derive(Debug, Clone)]
@@ -118,7 +118,8 @@ impl RemoteDecoders {
             model: config.model.path.clone(),
             config: config.model.config,
         });
-        let (endpoint, connection, device) = transport::handshake(address, config.pin, config.idle_timeout, &hello, "the decoder").await?;
+        let (endpoint, connection, welcome) = transport::handshake(address, config.pin, config.idle_timeout, &hello, "the decoder").await?;
+        let device = welcome.device;
         let state = Arc::new(Mutex::new(State { node: address, workers: HashMap::new(), lost: None }));
         let runtime = Handle::current();
         let (watched, watcher_state) = (connection.clone(), state.clone());

@@ -26,9 +26,9 @@ use crate::api::{Api, MetricsRenderer};
 use crate::config::{RemotePlacement, ServeConfig};
 use crate::listeners::Listeners;
 use crate::prometheus;
-use crate::remote::transport::Fingerprint;
 use crate::server::{banner, configured_policy, placed_stages, start_capture, summary};
 use crate::swap::Swapper;
+use yardmaster_cluster::transport::Fingerprint;
 
 /// The pipeline names served by [`LlmServer`].
 pub const LLM_PIPELINES: [&str; 1] = ["llm-tiny"];

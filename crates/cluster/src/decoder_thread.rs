@@ -11,16 +11,36 @@
 //! generation is no longer current stops before its next step and reports
 //! [`FrameOutcome::Aborted`].
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use yardmaster_dataplane::llm::{DecoderSession, DecoderWorker, Eviction, FrameRequest};
+use yardmaster_dataplane::llm::{DecoderConfig, DecoderSession, DecoderWorker, Eviction, FrameRequest};
 use yardmaster_dataplane::{DataplaneError, Runtime};
 
-use super::executor::{DecoderModel, Holdings};
-use crate::remote::framing::FrameOutcome;
+use crate::framing::FrameOutcome;
+
+/// What a decoder worker holds, by sequence id with cached positions.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Holdings {
+    /// Sequences whose caches count against the worker's KV budget.
+    pub resident: Vec<(u64, usize)>,
+    /// Sequences whose caches are swapped out.
+    pub swapped: Vec<(u64, usize)>,
+    /// Bytes of the resident caches.
+    pub resident_bytes: u64,
+}
+
+/// The decoder every worker loads.
+#[derive(Debug, Clone)]
+pub struct DecoderModel {
+    /// The `.onnx` file.
+    pub path: PathBuf,
+    /// Its dimensions (checked against the file's metadata at load).
+    pub config: DecoderConfig,
+}
 
 /// What a decoder worker does next.
 pub enum WorkerCommand {

@@ -1,7 +1,8 @@
-//! The inter-node transport: stages of one pipeline placed on different hosts. A
-//! controller (the host running the engine) reaches the workers of another host — a
+//! The cluster: every `yardmaster node` a host of the engine's, reached over QUIC.
+//!
+//! A controller (the host running the engine) reaches the workers of another host — a
 //! `yardmaster node` ([`node`]) — through a [`pool::RemotePool`], a
-//! [`super::workers::Workers`] like the local pool, so the engine sees remote workers
+//! [`workers::Workers`] like the local pool, so the engine sees remote workers
 //! like local ones. A request's tensors cross on QUIC streams in the compact binary
 //! framing of [`framing`]; [`transport`] holds the QUIC settings, certificate pinning
 //! and frame I/O both sides share.
@@ -31,7 +32,11 @@
 //! semantics.
 
 mod decoder_host;
+pub mod decoder_thread;
+pub mod discovery;
 pub mod framing;
 pub mod node;
 pub mod pool;
+pub mod tls;
 pub mod transport;
+pub mod workers;

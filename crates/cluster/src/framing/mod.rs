@@ -33,7 +33,7 @@ use yardmaster_dataplane::{
 };
 
 /// The framing version this build speaks.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// Bytes of the length prefix.
 pub const PREFIX_LEN: usize = 4;
 /// The largest frame, prefix included (256 MiB: a batch of 8 detector inputs of
@@ -157,10 +157,16 @@ pub enum Message {
         /// New variant.
         variant: u32,
     },
-    /// The node accepted the hello.
+    /// The node accepted the hello: it is a host of the controller's cluster.
     Welcome {
         /// The node's device, in words.
         device: String,
+        /// The node's name (its host name in the cluster).
+        name: String,
+        /// Its device slots: GPUs, or the CPU worker slots it was given.
+        slots: u32,
+        /// Host memory it keeps for cached model parameters, in bytes.
+        cache_bytes: u64,
     },
     /// The node refused the hello.
     Refused {
@@ -319,7 +325,12 @@ pub fn decode(frame: &[u8]) -> Result<Message, FrameError> {
         kind::RETIRE => Message::Retire { worker: r.u32("worker")? },
         kind::SET_THREADS => Message::SetThreads { worker: r.u32("worker")?, threads: r.u32("threads")? },
         kind::SET_VARIANT => Message::SetVariant { worker: r.u32("worker")?, variant: r.u32("variant")? },
-        kind::WELCOME => Message::Welcome { device: r.string("device")? },
+        kind::WELCOME => Message::Welcome {
+            device: r.string("device")?,
+            name: r.string("name")?,
+            slots: r.u32("slots")?,
+            cache_bytes: r.u64("cache bytes")?,
+        },
         kind::REFUSED => Message::Refused { reason: r.string("reason")? },
         kind::READY => Message::Event(WorkerEvent::Ready {
             worker: r.u32("worker")?,
@@ -521,7 +532,12 @@ impl Sizer {
             }
             Message::Abort { .. } | Message::Retire { .. } => self.add(4),
             Message::SetThreads { .. } | Message::SetVariant { .. } => self.add(8),
-            Message::Welcome { device: s } | Message::Refused { reason: s } => self.string(s),
+            Message::Welcome { device, name, .. } => {
+                self.string(device);
+                self.string(name);
+                self.add(4 + 8);
+            }
+            Message::Refused { reason } => self.string(reason),
             Message::Event(event) => match event {
                 WorkerEvent::Ready { model, .. } => {
                     self.add(4);
@@ -682,9 +698,12 @@ fn write_body(w: &mut Writer, message: &Message) {
             w.u32(*worker);
             w.u32(*variant);
         }
-        Message::Welcome { device } => {
+        Message::Welcome { device, name, slots, cache_bytes } => {
             w.u8(kind::WELCOME);
             w.string(device);
+            w.string(name);
+            w.u32(*slots);
+            w.u64(*cache_bytes);
         }
         Message::Refused { reason } => {
             w.u8(kind::REFUSED);

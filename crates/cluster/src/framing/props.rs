@@ -13,7 +13,7 @@ use yardmaster_dataplane::{
 };
 
 use super::*;
-use crate::llm::Holdings;
+use crate::decoder_thread::Holdings;
 use yardmaster_dataplane::llm::{DecoderConfig, Eviction, FrameRequest, FrameResult, StepTiming, WorkerFrame};
 
 /// A SplitMix64 stream: reproducible random choices.
@@ -100,7 +100,7 @@ impl Gen {
             kind::RETIRE => Message::Retire { worker },
             kind::SET_THREADS => Message::SetThreads { worker, threads: self.u32() },
             kind::SET_VARIANT => Message::SetVariant { worker, variant: self.u32() },
-            kind::WELCOME => Message::Welcome { device: self.string() },
+            kind::WELCOME => Message::Welcome { device: self.string(), name: self.string(), slots: self.u32(), cache_bytes: self.next() },
             kind::REFUSED => Message::Refused { reason: self.string() },
             kind::READY => Message::Event(WorkerEvent::Ready {
                 worker,

@@ -92,6 +92,50 @@ pub fn read_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>> {
     Ok(chain)
 }
 
+/// The files of a cluster CA and the node certificate it signed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterCertificates {
+    /// The CA's certificate (`ca.pem`): what a controller trusts.
+    pub ca: PathBuf,
+    /// The CA's key (`ca-key.pem`): keep it off the nodes.
+    pub ca_key: PathBuf,
+    /// The nodes' certificate (`node.pem`), valid for the node name and `*.` it.
+    pub node: PathBuf,
+    /// Its key (`node-key.pem`).
+    pub node_key: PathBuf,
+}
+
+/// Make a cluster CA and a node certificate it signs, valid for `node_name` and every
+/// name one label under it (`*.node_name`: each pod of a headless Service), into `dir`
+/// (`yardmaster cluster certificates`). Existing files are replaced.
+pub fn issue_cluster_certificates(dir: &Path, node_name: &str) -> Result<ClusterCertificates> {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).map_err(|e| anyhow!("CA parameters: {e}"))?;
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.distinguished_name.push(DnType::CommonName, "yardmaster cluster CA");
+    ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+    let ca_key = KeyPair::generate().map_err(|e| anyhow!("generating the CA key: {e}"))?;
+    let ca_cert = ca_params.self_signed(&ca_key).map_err(|e| anyhow!("signing the CA certificate: {e}"))?;
+    let names = vec![node_name.to_string(), format!("*.{node_name}")];
+    let mut node_params = CertificateParams::new(names).map_err(|e| anyhow!("node name {node_name:?}: {e}"))?;
+    node_params.distinguished_name.push(DnType::CommonName, node_name);
+    let node_key = KeyPair::generate().map_err(|e| anyhow!("generating the node key: {e}"))?;
+    let issuer = Issuer::new(ca_params, &ca_key);
+    let node_cert = node_params.signed_by(&node_key, &issuer).map_err(|e| anyhow!("signing the node certificate: {e}"))?;
+    let files = ClusterCertificates {
+        ca: dir.join("ca.pem"),
+        ca_key: dir.join("ca-key.pem"),
+        node: dir.join("node.pem"),
+        node_key: dir.join("node-key.pem"),
+    };
+    std::fs::write(&files.ca, ca_cert.pem()).with_context(|| format!("writing {}", files.ca.display()))?;
+    write_private(&files.ca_key, &ca_key.serialize_pem())?;
+    std::fs::write(&files.node, node_cert.pem()).with_context(|| format!("writing {}", files.node.display()))?;
+    write_private(&files.node_key, &node_key.serialize_pem())?;
+    Ok(files)
+}
+
 fn parse_key(pem: &str) -> Result<PrivateKeyDer<'static>> {
     PrivateKeyDer::from_pem_slice(pem.as_bytes()).map_err(|e| anyhow!("no usable PEM private key: {e}"))
 }

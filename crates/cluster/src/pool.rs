@@ -34,7 +34,7 @@ use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender};
 use yardmaster_dataplane::{DataplaneError, Job, ModelCatalog, WorkerEvent};
 
 use super::framing::{self, Message};
-use super::transport::{self, Fingerprint, ReadError, CLOSE_DONE, CLOSE_PROTOCOL};
+use super::transport::{self, ReadError, Trust, Welcome, CLOSE_DONE, CLOSE_PROTOCOL};
 use crate::workers::Workers;
 
 /// How to reach a node and what to ask of it.
@@ -42,8 +42,9 @@ use crate::workers::Workers;
 pub struct RemoteConfig {
     /// The node's UDP address.
     pub address: SocketAddr,
-    /// The node's certificate fingerprint (see [`transport`] on pinning).
-    pub pin: Fingerprint,
+    /// How the node is recognised: its certificate's fingerprint, or the cluster CA
+    /// (see [`transport`]).
+    pub trust: Trust,
     /// The models the node's pool serves, `stages[stage][variant]`, with paths as the
     /// node sees them (relative ones resolve against the node's model folder).
     pub catalog: ModelCatalog,
@@ -55,8 +56,8 @@ pub struct RemoteConfig {
 
 impl RemoteConfig {
     /// A configuration with one intra-op thread per worker and a 10 s idle timeout.
-    pub fn new(address: SocketAddr, pin: Fingerprint, catalog: ModelCatalog) -> Self {
-        RemoteConfig { address, pin, catalog, threads: 1, idle_timeout: Duration::from_secs(10) }
+    pub fn new(address: SocketAddr, trust: impl Into<Trust>, catalog: ModelCatalog) -> Self {
+        RemoteConfig { address, trust: trust.into(), catalog, threads: 1, idle_timeout: Duration::from_secs(10) }
     }
 }
 
@@ -67,13 +68,17 @@ pub struct RemotePool {
     _endpoint: quinn::Endpoint,
     runtime: Handle,
     catalog: ModelCatalog,
-    device: String,
+    welcome: Welcome,
     shared: Arc<Mutex<Shared>>,
 }
 
 impl std::fmt::Debug for RemotePool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RemotePool").field("node", &self.address).field("device", &self.device).finish()
+        f.debug_struct("RemotePool")
+            .field("node", &self.address)
+            .field("host", &self.welcome.name)
+            .field("device", &self.welcome.device)
+            .finish()
     }
 }
 
@@ -178,8 +183,8 @@ impl RemotePool {
     pub async fn connect(config: RemoteConfig) -> Result<(RemotePool, Receiver<WorkerEvent>)> {
         let address = config.address;
         let hello = Message::Hello { threads: config.threads, catalog: config.catalog.clone() };
-        let (endpoint, connection, device) =
-            transport::handshake(address, config.pin, config.idle_timeout, &hello, "the catalogue").await?;
+        let (endpoint, connection, welcome) =
+            transport::handshake(address, config.trust, config.idle_timeout, &hello, "the catalogue").await?;
 
         let (events, receiver) = std_mpsc::channel();
         let shared = Arc::new(Mutex::new(Shared { node: address, workers: HashMap::new(), events, lost: None, gone: HashSet::new() }));
@@ -194,8 +199,8 @@ impl RemotePool {
             };
             lock(&watcher_shared).lose(reason);
         });
-        tracing::info!("remote pool: connected to node {address} ({device})");
-        let pool = RemotePool { address, connection, _endpoint: endpoint, runtime, catalog: config.catalog, device, shared };
+        tracing::info!("remote pool: connected to node {} at {address} ({}, {} slots)", welcome.name, welcome.device, welcome.slots);
+        let pool = RemotePool { address, connection, _endpoint: endpoint, runtime, catalog: config.catalog, welcome, shared };
         Ok((pool, receiver))
     }
 
@@ -212,7 +217,17 @@ impl RemotePool {
 
     /// The node's device, in words (from its welcome).
     pub fn device(&self) -> &str {
-        &self.device
+        &self.welcome.device
+    }
+
+    /// What the node said of itself: its name, slots and cache capacity.
+    pub fn welcome(&self) -> &Welcome {
+        &self.welcome
+    }
+
+    /// The QUIC connection to the node (to watch for its end: `closed().await`).
+    pub fn connection(&self) -> Connection {
+        self.connection.clone()
     }
 
     /// QUIC statistics of the connection (round-trip time, congestion window, packets
@@ -250,6 +265,10 @@ fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
 }
 
 impl Workers for RemotePool {
+    fn serves(&self, stage: u32) -> bool {
+        self.catalog.stages.get(stage as usize).is_some_and(|variants| !variants.is_empty())
+    }
+
     fn provision(&mut self, worker: u32, stage: u32, variant: u32) -> yardmaster_dataplane::Result<()> {
         let mut shared = lock(&self.shared);
         if let Some(error) = shared.lost_error() {

@@ -30,7 +30,7 @@ use std::time::Duration;
 use yardmaster_dataplane::llm::{DecoderConfig, Eviction, FrameRequest, FrameResult, StepTiming, WorkerFrame};
 
 use super::{invalid, kind, nanos, FrameError, Reader, Sizer, Writer, MAX_REQUESTS};
-use crate::llm::Holdings;
+use crate::decoder_thread::Holdings;
 
 /// The most tokens of one sequence's text or output in a frame.
 pub const MAX_SEQUENCE_TOKENS: usize = 1 << 20;

@@ -10,6 +10,13 @@
 //! node proves it holds the certificate's key (TLS 1.3's signature check). Names and
 //! validity dates are not checked — the pin replaces the web PKI, so a node is reached
 //! by any address (an IP that is not in the certificate, a NAT) and no CA is needed.
+//!
+//! **A cluster CA.** Where nodes come and go (a StatefulSet behind a headless
+//! Service), per-node pins cannot be written down in advance. Then every node presents
+//! a certificate signed by one cluster CA, and the controller checks the chain up to
+//! that CA (dates included) and that the certificate is valid for the cluster's node
+//! name (a DNS name; a wildcard such as `*.nodes.ns.svc.cluster.local` covers every
+//! pod of the Service). [`Trust`] is the choice between the two.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -98,17 +105,73 @@ pub fn server_config(identity: &Identity, idle_timeout: Duration) -> Result<quin
     Ok(config)
 }
 
-/// The QUIC client configuration of a controller that trusts only the node whose
-/// certificate matches `pin`.
-pub fn client_config(pin: Fingerprint, idle_timeout: Duration) -> Result<quinn::ClientConfig> {
+/// How a controller knows a node is the node it means to reach.
+#[derive(Clone)]
+pub enum Trust {
+    /// Exactly the certificate with this SHA-256 (see the module docs).
+    Pin(Fingerprint),
+    /// Any certificate that chains to one of `roots` and is valid for `name`.
+    Ca {
+        /// The cluster CA's certificates.
+        roots: Arc<rustls::RootCertStore>,
+        /// The DNS name node certificates must be valid for.
+        name: String,
+    },
+}
+
+impl fmt::Debug for Trust {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Trust::Pin(pin) => write!(f, "Pin({pin})"),
+            Trust::Ca { roots, name } => write!(f, "Ca({} roots, name {name:?})", roots.len()),
+        }
+    }
+}
+
+impl From<Fingerprint> for Trust {
+    fn from(pin: Fingerprint) -> Self {
+        Trust::Pin(pin)
+    }
+}
+
+impl Trust {
+    /// Trust certificates signed by the CA in the PEM file `ca` and valid for `name`.
+    pub fn cluster_ca(ca: &Path, name: &str) -> Result<Trust> {
+        let mut roots = rustls::RootCertStore::empty();
+        for certificate in tls::read_certificates(ca).with_context(|| format!("reading the cluster CA {}", ca.display()))? {
+            roots.add(certificate).map_err(|e| anyhow!("the cluster CA {}: {e}", ca.display()))?;
+        }
+        ServerName::try_from(name.to_string()).map_err(|e| anyhow!("node name {name:?} is not a DNS name: {e}"))?;
+        Ok(Trust::Ca { roots: Arc::new(roots), name: name.to_string() })
+    }
+
+    /// The server name the handshake asks for.
+    pub fn server_name(&self) -> &str {
+        match self {
+            Trust::Pin(_) => SERVER_NAME,
+            Trust::Ca { name, .. } => name,
+        }
+    }
+}
+
+/// The QUIC client configuration of a controller that trusts the nodes `trust` admits.
+pub fn client_config(trust: impl Into<Trust>, idle_timeout: Duration) -> Result<quinn::ClientConfig> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let verifier = Arc::new(PinnedVerifier { pin, provider: provider.clone() });
-    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13])
-        .map_err(|e| anyhow!("TLS versions: {e}"))?
-        .dangerous()
-        .with_custom_certificate_verifier(verifier)
-        .with_no_client_auth();
+        .map_err(|e| anyhow!("TLS versions: {e}"))?;
+    let mut tls = match trust.into() {
+        Trust::Pin(pin) => builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(PinnedVerifier { pin, provider: provider.clone() }))
+            .with_no_client_auth(),
+        Trust::Ca { roots, .. } => {
+            let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(roots, provider)
+                .build()
+                .map_err(|e| anyhow!("the cluster CA verifier: {e}"))?;
+            builder.with_webpki_verifier(verifier).with_no_client_auth()
+        }
+    };
     tls.alpn_protocols = vec![ALPN.to_vec()];
     let crypto = QuicClientConfig::try_from(tls).map_err(|e| anyhow!("QUIC TLS configuration: {e}"))?;
     let mut config = quinn::ClientConfig::new(Arc::new(crypto));
@@ -314,21 +377,36 @@ pub async fn write_messages(
     let _ = send.finish();
 }
 
-/// Connect to the node at `address` (pinned to `pin`), send `hello` on the first
-/// stream and wait for the node's welcome: the endpoint, the connection and the node's
-/// device. A refusal is an error naming `what` the hello offered and the node's
-/// reason. Must run inside a Tokio runtime.
+/// What a node said of itself in its welcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Welcome {
+    /// Its device, in words.
+    pub device: String,
+    /// Its name as a host.
+    pub name: String,
+    /// Its device slots.
+    pub slots: u32,
+    /// Its parameter-cache capacity, bytes.
+    pub cache_bytes: u64,
+}
+
+/// Connect to the node at `address` (admitted by `trust`), send `hello` on the first
+/// stream and wait for the node's welcome: the endpoint, the connection and what the
+/// node said of itself. A refusal is an error naming `what` the hello offered and the
+/// node's reason. Must run inside a Tokio runtime.
 pub async fn handshake(
     address: SocketAddr,
-    pin: Fingerprint,
+    trust: impl Into<Trust>,
     idle_timeout: Duration,
     hello: &Message,
     what: &str,
-) -> Result<(quinn::Endpoint, quinn::Connection, String)> {
+) -> Result<(quinn::Endpoint, quinn::Connection, Welcome)> {
+    let trust = trust.into();
     let bind: SocketAddr = if address.is_ipv6() { "[::]:0".parse()? } else { "0.0.0.0:0".parse()? };
     let mut endpoint = endpoint(bind, None).context("binding a UDP socket for the node link")?;
-    endpoint.set_default_client_config(client_config(pin, idle_timeout)?);
-    let connecting = endpoint.connect(address, SERVER_NAME).with_context(|| format!("connecting to node {address}"))?;
+    let server_name = trust.server_name().to_string();
+    endpoint.set_default_client_config(client_config(trust, idle_timeout)?);
+    let connecting = endpoint.connect(address, &server_name).with_context(|| format!("connecting to node {address}"))?;
     let connection = tokio::time::timeout(idle_timeout, connecting)
         .await
         .map_err(|_| anyhow!("node {address} did not answer within {idle_timeout:?}"))?
@@ -343,7 +421,7 @@ pub async fn handshake(
     let answer = match tokio::time::timeout(idle_timeout, exchange).await {
         Err(_) => Err(anyhow!("node {address} did not answer the hello within {idle_timeout:?}")),
         Ok(Err(error)) => Err(anyhow!("sending the hello to node {address}: {error}")),
-        Ok(Ok(Ok(Some(Message::Welcome { device })))) => Ok(device),
+        Ok(Ok(Ok(Some(Message::Welcome { device, name, slots, cache_bytes })))) => Ok(Welcome { device, name, slots, cache_bytes }),
         Ok(Ok(Ok(Some(Message::Refused { reason })))) => Err(anyhow!("node {address} refused {what}: {reason}")),
         Ok(Ok(Ok(Some(other)))) => Err(anyhow!("node {address} answered the hello with a {}", other.name())),
         Ok(Ok(Ok(None))) => Err(anyhow!("node {address} ended the hello stream without an answer")),
@@ -353,7 +431,7 @@ pub async fn handshake(
         }),
     };
     match answer {
-        Ok(device) => Ok((endpoint, connection, device)),
+        Ok(welcome) => Ok((endpoint, connection, welcome)),
         Err(error) => {
             connection.close(CLOSE_DONE, b"hello failed");
             Err(error)

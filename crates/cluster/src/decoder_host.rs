@@ -14,8 +14,7 @@ use yardmaster_dataplane::{DataplaneError, Runtime, WorkerEvent};
 
 use super::framing::{DecoderMessage, FrameOutcome, Message};
 use super::node::{node_path, relative_paths_note};
-use crate::llm::worker::{DecoderThread, WorkerCommand, WorkerReport};
-use crate::llm::DecoderModel;
+use crate::decoder_thread::{DecoderModel, DecoderThread, WorkerCommand, WorkerReport};
 
 /// An event for the stream of the worker it names.
 pub(super) type Routed = (u32, Message);

@@ -30,7 +30,9 @@ use std::time::Duration;
 use anyhow::{anyhow, Context, Result};
 use quinn::{Connection, RecvStream, SendStream};
 use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender};
-use yardmaster_dataplane::{assets, DataplaneError, ModelCache, ModelCatalog, Runtime, WorkerContext, WorkerEvent, WorkerPool};
+use yardmaster_dataplane::{
+    assets, CacheConfig, DataplaneError, ModelCache, ModelCatalog, Runtime, WorkerContext, WorkerEvent, WorkerPool,
+};
 
 use super::decoder_host::{self, DecoderHost};
 use super::framing::{self, DecoderMessage, FrameError, Message};
@@ -67,7 +69,59 @@ pub struct NodeArgs {
     /// sent at a third of it).
     #[arg(long, default_value_t = 10.0)]
     pub idle_timeout: f64,
+    /// The node's name as a host of the cluster (default: the machine's host name,
+    /// which is the pod name on Kubernetes).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Device slots this node offers: how many workers it runs at once. Default 1: one
+    /// GPU (run one node per GPU, as a pod asking for one `nvidia.com/gpu`), or one
+    /// CPU worker using every core; give more for a CPU node that should run several
+    /// workers side by side.
+    #[arg(long, default_value_t = 1)]
+    pub slots: u32,
+    /// Host memory kept for cached model parameters, in bytes (default: 85 % of the
+    /// machine's memory). A replica whose parameters are cached starts warm.
+    #[arg(long)]
+    pub cache_bytes: Option<u64>,
 }
+
+/// The machine's host name (`/proc/sys/kernel/hostname`, else `$HOSTNAME`, else
+/// `node`).
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|name| name.trim().to_string())
+        .filter(|name| !name.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok().filter(|name| !name.is_empty()))
+        .unwrap_or_else(|| "node".to_string())
+}
+
+/// What a node tells a controller about itself in its welcome: a host of the cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostOffer {
+    /// Its name.
+    pub name: String,
+    /// Device slots.
+    pub slots: u32,
+    /// Parameter-cache capacity, bytes.
+    pub cache_bytes: u64,
+}
+
+impl HostOffer {
+    /// The offer of `args`, with the defaults filled in.
+    pub fn of(args: &NodeArgs) -> Result<HostOffer> {
+        if args.slots == 0 {
+            return Err(anyhow!("--slots must be at least 1"));
+        }
+        let cache_bytes = args.cache_bytes.unwrap_or_else(|| {
+            yardmaster_dataplane::cache::system_memory().map_or(DEFAULT_CACHE_BYTES, |m| (m.total as f64 * 0.85) as u64)
+        });
+        Ok(HostOffer { name: args.name.clone().unwrap_or_else(host_name), slots: args.slots, cache_bytes })
+    }
+}
+
+/// Parameter-cache capacity where the machine's memory cannot be read.
+pub const DEFAULT_CACHE_BYTES: u64 = 16 << 30;
 
 /// Run `yardmaster node` until the process is stopped.
 pub fn main(args: &NodeArgs) -> ExitCode {
@@ -88,8 +142,10 @@ fn run(args: &NodeArgs) -> Result<()> {
     if !(args.idle_timeout.is_finite() && args.idle_timeout > 0.0) {
         return Err(anyhow!("--idle-timeout must be a positive number of seconds, not {}", args.idle_timeout));
     }
+    let offer = HostOffer::of(args)?;
     let runtime = Runtime::global().context("bringing up ONNX Runtime")?;
-    let context = WorkerContext { runtime, cache: Arc::new(ModelCache::default()) };
+    let cache = ModelCache::new(CacheConfig { budget_bytes: Some(offer.cache_bytes), ..CacheConfig::default() });
+    let context = WorkerContext { runtime, cache: Arc::new(cache) };
     let model_root = args.models.clone().or_else(|| assets::models_dir().ok());
     let certificate = identity.certificate_path.clone();
     let tokio = tokio::runtime::Builder::new_multi_thread()
@@ -105,10 +161,12 @@ fn run(args: &NodeArgs) -> Result<()> {
             model_root,
             idle_timeout: Duration::from_secs_f64(args.idle_timeout),
             context,
+            offer: offer.clone(),
         })?;
         // Controllers (and the tests) read these two lines.
         println!("yardmaster node listening on {}", node.local_addr()?);
         println!("certificate {} ({})", node.fingerprint(), certificate.display());
+        println!("host {}: {} slot(s), {} MiB of parameter cache", offer.name, offer.slots, offer.cache_bytes >> 20);
         use std::io::Write;
         std::io::stdout().flush()?;
         node.serve().await;
@@ -128,12 +186,15 @@ pub struct NodeConfig {
     pub idle_timeout: Duration,
     /// ONNX Runtime and the model cache shared by every connection's pool.
     pub context: WorkerContext,
+    /// What the node offers the cluster (sent in its welcome).
+    pub offer: HostOffer,
 }
 
 struct Shared {
     context: WorkerContext,
     model_root: Option<PathBuf>,
     device: String,
+    offer: HostOffer,
 }
 
 /// A bound node endpoint, not yet serving.
@@ -163,7 +224,11 @@ impl Node {
         let endpoint =
             transport::endpoint(config.listen, Some(server)).with_context(|| format!("binding the node endpoint on {}", config.listen))?;
         let device = config.context.runtime.device().to_string();
-        Ok(Node { endpoint, fingerprint, shared: Arc::new(Shared { context: config.context, model_root: config.model_root, device }) })
+        Ok(Node {
+            endpoint,
+            fingerprint,
+            shared: Arc::new(Shared { context: config.context, model_root: config.model_root, device, offer: config.offer }),
+        })
     }
 
     /// The address it is bound to.
@@ -239,7 +304,10 @@ async fn serve_connection(connection: Connection, shared: Arc<Shared>) -> Result
             return Ok(());
         }
     };
-    let welcome = framing::encode(&Message::Welcome { device: shared.device.clone() }).map_err(|e| e.to_string())?;
+    let offer = &shared.offer;
+    let welcome =
+        Message::Welcome { device: shared.device.clone(), name: offer.name.clone(), slots: offer.slots, cache_bytes: offer.cache_bytes };
+    let welcome = framing::encode(&welcome).map_err(|e| e.to_string())?;
     if transport::write_frame(&mut send, welcome).await.is_err() {
         return Ok(());
     }
