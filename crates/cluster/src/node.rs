@@ -166,9 +166,13 @@ fn run(args: &NodeArgs) -> Result<()> {
         // Controllers (and the tests) read these two lines.
         println!("yardmaster node listening on {}", node.local_addr()?);
         println!("certificate {} ({})", node.fingerprint(), certificate.display());
-        println!("host {}: {} slot(s), {} MiB of parameter cache", offer.name, offer.slots, offer.cache_bytes >> 20);
+
         use std::io::Write;
         std::io::stdout().flush()?;
+        // What the node offers the cluster, for the operator (stderr: controllers and
+        // tests read the two lines above and may close stdout after them).
+        let _ =
+            writeln!(std::io::stderr(), "host {}: {} slot(s), {} MiB of parameter cache", offer.name, offer.slots, offer.cache_bytes >> 20);
         node.serve().await;
         Ok(())
     })

@@ -584,26 +584,8 @@ impl<C: Clock, X: Executor> Engine<C, X> {
     /// until a worker is provisioned there again (a policy's or the host's scale-up).
     pub fn worker_lost(&mut self, worker: u32, reason: &str) {
         self.now();
-        let Some(entry) = self.state.workers.get_mut(&worker) else { return };
-        let stage = entry.info.stage as usize;
-        match std::mem::replace(&mut entry.phase, WorkerPhase::Idle) {
-            WorkerPhase::Busy { items, started } => entry.phase = WorkerPhase::Draining { items, started },
-            // Already leaving (a scale-down counted it): nothing more to do.
-            phase @ WorkerPhase::Draining { .. } => {
-                entry.phase = phase;
-                return;
-            }
-            WorkerPhase::Starting => {
-                self.state.remove_worker_entry(worker);
-                self.executor.retire(worker);
-            }
-            _ => self.remove_worker(worker),
-        }
-        let replicas = &mut self.state.stages[stage].replicas;
-        *replicas = replicas.saturating_sub(1);
-        let (now, serving) = (self.state.now, self.state.serving() as u32);
-        self.accounting.workers_changed(now, serving);
-        self.update_capacity();
+        // Already leaving (a scale-down counted it) or unknown: nothing more to do.
+        let Some(stage) = self.retire_worker(worker) else { return };
         let serves = |w: &WorkerEntry| {
             w.info.stage as usize == stage && matches!(w.phase, WorkerPhase::Starting | WorkerPhase::Idle | WorkerPhase::Busy { .. })
         };
@@ -1339,18 +1321,18 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         self.update_capacity();
     }
 
-    /// Take one worker out of service, wherever it stands (its host is leaving):
-    /// a starting or idle one at once, a busy one after its batch. Its stage counts
-    /// one replica fewer.
-    fn retire_worker(&mut self, id: u32) {
-        let Some(worker) = self.state.workers.get_mut(&id) else { return };
+    /// Take one worker out of service, wherever it stands (it was lost, or its host
+    /// is leaving): a starting or idle one at once, a busy one after its batch. Its
+    /// stage counts one replica fewer. Returns the stage, or `None` for a worker that
+    /// is unknown or already leaving (counted when it began to).
+    fn retire_worker(&mut self, id: u32) -> Option<usize> {
+        let worker = self.state.workers.get_mut(&id)?;
         let stage = worker.info.stage as usize;
         match std::mem::replace(&mut worker.phase, WorkerPhase::Idle) {
             WorkerPhase::Busy { items, started } => worker.phase = WorkerPhase::Draining { items, started },
             phase @ WorkerPhase::Draining { .. } => {
-                // Already leaving: counted when it began to.
                 worker.phase = phase;
-                return;
+                return None;
             }
             WorkerPhase::Starting => {
                 self.state.remove_worker_entry(id);
@@ -1363,6 +1345,7 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         let (now, serving) = (self.state.now, self.state.serving() as u32);
         self.accounting.workers_changed(now, serving);
         self.update_capacity();
+        Some(stage)
     }
 
     fn remove_worker(&mut self, id: u32) {

@@ -232,7 +232,7 @@ impl Cluster {
                                 let (host, _) = cluster.admit(&pool, address);
                                 cluster.connections.insert(address, pool.connection());
                                 eprintln!(
-                                    "node joined: {} at {address} ({}, {} slot(s))",
+                                    "node {} joined at {address} ({}, {} slot(s))",
                                     pool.welcome().name,
                                     pool.device(),
                                     pool.welcome().slots
