@@ -114,7 +114,9 @@ impl HostOffer {
             return Err(anyhow!("--slots must be at least 1"));
         }
         let cache_bytes = args.cache_bytes.unwrap_or_else(|| {
-            yardmaster_dataplane::cache::system_memory().map_or(DEFAULT_CACHE_BYTES, |m| (m.total as f64 * 0.85) as u64)
+            // The share of memory above which the model cache evicts anyway.
+            let share = CacheConfig::default().memory_threshold;
+            yardmaster_dataplane::cache::system_memory().map_or(DEFAULT_CACHE_BYTES, |m| (m.total as f64 * share) as u64)
         });
         Ok(HostOffer { name: args.name.clone().unwrap_or_else(host_name), slots: args.slots, cache_bytes })
     }
@@ -166,7 +168,6 @@ fn run(args: &NodeArgs) -> Result<()> {
         // Controllers (and the tests) read these two lines.
         println!("yardmaster node listening on {}", node.local_addr()?);
         println!("certificate {} ({})", node.fingerprint(), certificate.display());
-
         use std::io::Write;
         std::io::stdout().flush()?;
         // What the node offers the cluster, for the operator (stderr: controllers and

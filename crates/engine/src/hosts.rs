@@ -239,8 +239,9 @@ impl Hosts {
         };
         best(&mut self.hosts.iter().enumerate().filter(|(_, h)| h.free_slots() > 0 && h.caches(stage, variant)))
             .or_else(|| best(&mut self.hosts.iter().enumerate().filter(|(_, h)| h.free_slots() > 0)))
+            // Every slot held: the most slots, so a host without any (a node that
+            // left) is chosen only when every host has none.
             .or_else(|| self.hosts.iter().enumerate().max_by_key(|(i, h)| (h.def.slots, std::cmp::Reverse(*i))).map(|(i, _)| i as u32))
-            // A host without slots (a node that left) is chosen only when every host has none.
             .unwrap_or(0)
     }
 

@@ -249,6 +249,7 @@ impl<C: Clock, X: Executor> Engine<C, X> {
             (info.host, info.slot) = (start.host, start.slot);
             workers.push(info);
         }
+        // The hosts as the configuration lists them (names, slots, caches: no seat).
         let hosts = hosts::Hosts::new(&pipeline.hosts, pipeline.max_workers);
         Config {
             arm: arm.into(),

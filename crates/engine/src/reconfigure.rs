@@ -107,12 +107,12 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         self.state.pipeline = pipeline;
         // Workers seated on a host that has no slot now (a node that left) leave it:
         // starting and idle ones at once, busy ones after their batch.
-        for (host, def) in self.state.pipeline.hosts.clone().iter().enumerate() {
-            if def.slots == 0 {
-                for worker in self.state.hosts.workers_on(host as u32) {
-                    self.retire_worker(worker);
-                }
-            }
+        let departed: Vec<u32> = (0..self.state.pipeline.hosts.len() as u32)
+            .filter(|&host| self.state.pipeline.hosts[host as usize].slots == 0)
+            .flat_map(|host| self.state.hosts.workers_on(host))
+            .collect();
+        for worker in departed {
+            self.retire_worker(worker);
         }
 
         let mut failed = 0;

@@ -227,22 +227,9 @@ impl Cluster {
                 Ok(now) => {
                     let changes = cluster.membership.update(now);
                     for address in changes.appeared {
-                        match cluster.link.connect(address).await {
-                            Ok((pool, events)) => {
-                                let (host, _) = cluster.admit(&pool, address);
-                                cluster.connections.insert(address, pool.connection());
-                                eprintln!(
-                                    "node {} joined at {address} ({}, {} slot(s))",
-                                    pool.welcome().name,
-                                    pool.device(),
-                                    pool.welcome().slots
-                                );
-                                groups.push(HostGroup { host, workers: Box::new(pool), events });
-                            }
-                            Err(error) => {
-                                eprintln!("node {address} could not join: {error:#}");
-                                cluster.membership.forget(address);
-                            }
+                        if let Some((group, why)) = cluster.join(address).await {
+                            eprintln!("{why}");
+                            groups.push(group);
                         }
                     }
                 }
@@ -374,28 +361,36 @@ impl Cluster {
             }
         }
         for address in changes.appeared {
-            match self.link.connect(address).await {
-                Ok((pool, events)) => {
-                    let (host, back) = self.admit(&pool, address);
-                    let welcome = pool.welcome().clone();
-                    self.connections.insert(address, pool.connection());
-                    self.watch_connection(address, lost);
-                    let again = if back { " again" } else { "" };
-                    let why = format!("node {} joined{again} at {address} ({}, {} slot(s))", welcome.name, welcome.device, welcome.slots);
-                    let group = HostGroup { host, workers: Box::new(pool), events };
-                    if !self.apply(handle, Some(group), &why).await {
-                        return false;
-                    }
-                }
-                Err(error) => {
-                    tracing::warn!("node {address} could not join: {error:#}");
-                    eprintln!("node {address} could not join: {error:#}");
-                    // Tried again at the next look.
-                    self.membership.forget(address);
+            if let Some((group, why)) = self.join(address).await {
+                self.watch_connection(address, lost);
+                if !self.apply(handle, Some(group), &why).await {
+                    return false;
                 }
             }
         }
         true
+    }
+
+    /// Connect to the node at `address` and take it in as a host: its workers for the
+    /// executor, and the line that says it joined. A node that cannot join is logged
+    /// and forgotten, so the next look tries it again.
+    async fn join(&mut self, address: SocketAddr) -> Option<(HostGroup, String)> {
+        match self.link.connect(address).await {
+            Ok((pool, events)) => {
+                let (host, back) = self.admit(&pool, address);
+                self.connections.insert(address, pool.connection());
+                let welcome = pool.welcome();
+                let again = if back { " again" } else { "" };
+                let why = format!("node {} joined{again} at {address} ({}, {} slot(s))", welcome.name, welcome.device, welcome.slots);
+                Some((HostGroup { host, workers: Box::new(pool), events }, why))
+            }
+            Err(error) => {
+                tracing::warn!("node {address} could not join: {error:#}");
+                eprintln!("node {address} could not join: {error:#}");
+                self.membership.forget(address);
+                None
+            }
+        }
     }
 
     /// The connection to `address` ended. `false` once the engine is gone.
