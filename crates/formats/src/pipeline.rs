@@ -32,6 +32,39 @@ pub fn from_loki_app(json: &str, profiles: &LokiProfiles, source_name: &str) -> 
 
 pub use loki::LokiProfiles;
 
+/// Read a cluster's hosts: a TOML file of `[[host]]` tables (`name`, `slots`,
+/// `cache_gib`, `speed`), as in a pipeline file and as `yardmaster cluster hosts`
+/// writes them from a live controller. At least one host; names unique.
+pub fn hosts_from_toml(text: &str, source_name: &str) -> Result<Vec<HostDef>, PipelineError> {
+    let error = |message: String| PipelineError { source_name: source_name.into(), message };
+    let file: toml_format::HostsFile = toml::from_str(text).map_err(|e| error(e.to_string()))?;
+    let hosts = file.hosts.iter().map(|h| h.to_def()).collect::<Result<Vec<_>, _>>().map_err(error)?;
+    if hosts.is_empty() {
+        return Err(error("no [[host]] table: give each server of the cluster as [[host]] name, slots".into()));
+    }
+    for (i, host) in hosts.iter().enumerate() {
+        if hosts[..i].iter().any(|h| h.name == host.name) {
+            return Err(error(format!("host {:?} is given twice", host.name)));
+        }
+    }
+    Ok(hosts)
+}
+
+/// Hosts as `[[host]]` tables that [`hosts_from_toml`] reads back.
+pub fn hosts_to_toml(hosts: &[HostDef]) -> String {
+    let mut out = String::new();
+    for host in hosts {
+        out.push_str(&format!(
+            "[[host]]\nname = {}\nslots = {}\ncache_gib = {}\nspeed = {}\n\n",
+            toml_string(&host.name),
+            host.slots,
+            host.cache_bytes as f64 / (1u64 << 30) as f64,
+            host.speed
+        ));
+    }
+    out
+}
+
 /// One stage of a pipeline as a one-stage pipeline file in our TOML format (what
 /// `yardmaster profile` writes and a model repository's profile cache holds): the
 /// stage's batch stage settings and variants, without its edges; `slo_ms` is the
@@ -92,12 +125,40 @@ mod toml_format {
     /// A `[[host]]` table: a server of the cluster.
     #[derive(Deserialize)]
     #[serde(deny_unknown_fields)]
-    struct HostFile {
+    pub struct HostFile {
         name: String,
         /// Device slots (GPUs).
         slots: u32,
         /// Host memory for cached model parameters, GiB.
         cache_gib: Option<f64>,
+        /// Speed relative to the stages' profiles (default 1).
+        speed: Option<f64>,
+    }
+
+    impl HostFile {
+        /// The host it defines, checked.
+        pub fn to_def(&self) -> Result<HostDef, String> {
+            let gib = self.cache_gib.unwrap_or((DEFAULT_HOST_CACHE_BYTES >> 30) as f64);
+            if !(gib.is_finite() && gib >= 0.0) {
+                return Err(format!("host {:?}: cache_gib must be a number of GiB, at least 0", self.name));
+            }
+            if self.slots == 0 {
+                return Err(format!("host {:?} has no slot", self.name));
+            }
+            let speed = self.speed.unwrap_or(1.0);
+            if !(speed.is_finite() && speed > 0.0) {
+                return Err(format!("host {:?}: speed must be a positive number (1 runs jobs in their profiled time)", self.name));
+            }
+            Ok(HostDef { speed, ..HostDef::new(self.name.clone(), self.slots, (gib * (1u64 << 30) as f64) as u64) })
+        }
+    }
+
+    /// A file of `[[host]]` tables only: a cluster to simulate a pipeline on.
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct HostsFile {
+        #[serde(rename = "host", default)]
+        pub hosts: Vec<HostFile>,
     }
 
     #[derive(Deserialize)]
@@ -286,14 +347,7 @@ mod toml_format {
             let initial = stages.iter().map(|s| s.replicas as u64).sum::<u64>().min(u32::MAX as u64) as u32;
             let mut hosts = Vec::new();
             for h in &self.hosts {
-                let gib = h.cache_gib.unwrap_or((DEFAULT_HOST_CACHE_BYTES >> 30) as f64);
-                if !(gib.is_finite() && gib >= 0.0) {
-                    return Err(format!("host {:?}: cache_gib must be a number of GiB, at least 0", h.name));
-                }
-                if h.slots == 0 {
-                    return Err(format!("host {:?} has no slot", h.name));
-                }
-                hosts.push(HostDef { name: h.name.clone(), slots: h.slots, cache_bytes: (gib * (1u64 << 30) as f64) as u64 });
+                hosts.push(h.to_def()?);
             }
             let slots = hosts.iter().map(|h| h.slots as u64).sum::<u64>().min(MAX_WORKERS as u64) as u32;
             let max_workers = self.max_workers.unwrap_or_else(|| {
@@ -352,25 +406,29 @@ mod loki {
             let mut profiles = LokiProfiles { accelerator: accelerator.into(), ..Default::default() };
             let runtimes = read("profiling__simulator_runtimes.csv")?;
             let mut lines = runtimes.lines();
-            let header: Vec<&str> = lines.next().ok_or("empty runtimes file")?.split(',').collect();
-            let col = |name: &str| header.iter().position(|h| *h == name).ok_or_else(|| format!("runtimes file has no {name} column"));
+            let runtimes_path = dir.join("profiling__simulator_runtimes.csv");
+            let header: Vec<&str> =
+                lines.next().ok_or_else(|| format!("{}: empty runtimes file", runtimes_path.display()))?.split(',').collect();
+            let col =
+                |name: &str| header.iter().position(|h| *h == name).ok_or_else(|| format!("{}: no {name} column", runtimes_path.display()));
             let (model, accel, batch, p50, p90) = (col("Model")?, col("Accel")?, col("batchsize")?, col("50th_pct")?, col("90th_pct")?);
             for (n, line) in lines.enumerate() {
                 let f: Vec<&str> = line.split(',').collect();
                 let parse = |i: usize| {
-                    f.get(i).and_then(|v| v.parse::<f64>().ok()).ok_or_else(|| format!("runtimes line {}: bad field {i}", n + 2))
+                    f.get(i)
+                        .and_then(|v| v.parse::<f64>().ok())
+                        .ok_or_else(|| format!("{} line {}: bad field {i}", runtimes_path.display(), n + 2))
                 };
-                profiles.runtimes.entry((f[model].to_string(), f[accel].to_string())).or_default().push((
-                    parse(batch)? as u32,
-                    parse(p50)?,
-                    parse(p90)?,
-                ));
+                let text = |i: usize| {
+                    f.get(i).map(|v| v.to_string()).ok_or_else(|| format!("{} line {}: no field {i}", runtimes_path.display(), n + 2))
+                };
+                profiles.runtimes.entry((text(model)?, text(accel)?)).or_default().push((parse(batch)? as u32, parse(p50)?, parse(p90)?));
             }
             for points in profiles.runtimes.values_mut() {
                 points.sort_by_key(|p| p.0);
                 points.dedup_by_key(|p| p.0);
             }
-            for entry in std::fs::read_dir(dir).map_err(|e| e.to_string())?.flatten() {
+            for entry in std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?.flatten() {
                 let name = entry.file_name().to_string_lossy().into_owned();
                 if name.starts_with("traces__model_variants__") {
                     for line in read(&name)?.lines() {
@@ -390,7 +448,7 @@ mod loki {
                     let parse = |i: usize| {
                         f.get(i)
                             .and_then(|v| v.parse::<f64>().ok())
-                            .ok_or_else(|| format!("profiled__runtimes_all line {}: bad field {i}", n + 1))
+                            .ok_or_else(|| format!("{} line {}: bad field {i}", dir.join("profiled__runtimes_all.csv").display(), n + 1))
                     };
                     if f.len() < 8 {
                         continue;
@@ -512,15 +570,27 @@ mod loki {
         })
     }
 
+    /// The pseudo-tasks of Loki's format: `source`, a root that only hands each query
+    /// to the real tasks below it, and `sink`, where branches end. Neither runs a model,
+    /// so both take no time and count as fully accurate.
+    pub const PSEUDO_TASKS: [&str; 2] = ["source", "sink"];
+
+    /// Whether `task` is one of [`PSEUDO_TASKS`] (by its task name, or when its only
+    /// variants carry such a name, as the authors' files list them).
+    fn is_pseudo_task(task: &Task) -> bool {
+        PSEUDO_TASKS.contains(&task.task.as_str())
+            || (!task.model_variants.is_empty() && task.model_variants.iter().all(|m| PSEUDO_TASKS.contains(&m.as_str())))
+    }
+
     fn visit(task: &Task, profiles: &LokiProfiles, stages: &mut Vec<StageDef>, ids: &mut HashMap<String, u32>) -> Result<u32, String> {
         if let Some(&id) = ids.get(&task.task) {
             return Ok(id);
         }
         let mut variants = Vec::new();
         let mut missing = None;
+        let pseudo = is_pseudo_task(task);
         for model in &task.model_variants {
-            let sink = task.task == "sink";
-            let profile = if sink {
+            let profile = if pseudo {
                 Profile::Linear { alpha_ns: 0.0, beta_ns: 0.0 }
             } else {
                 match profiles.profile(model) {
@@ -538,7 +608,7 @@ mod loki {
             // as perfectly accurate.
             let accuracy = match profiles.accuracy.get(model) {
                 Some(&accuracy) => accuracy,
-                None if sink => 1.0,
+                None if pseudo => 1.0,
                 None => {
                     let error = format!("no published accuracy of {model:?}");
                     tracing::warn!(task = %task.task, %error, "leaving out a variant");
@@ -603,6 +673,18 @@ mod loki {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_cluster_written_as_hosts_reads_back_the_same_and_bad_hosts_are_refused_with_the_file() {
+        let hosts = vec![HostDef { speed: 0.75, ..HostDef::new("node-0", 2, 8 << 30) }, HostDef::new("node \"1\"", 1, 0)];
+        assert_eq!(hosts_from_toml(&hosts_to_toml(&hosts), "hosts.toml").unwrap(), hosts);
+        let refused = |text: &str| hosts_from_toml(text, "cluster.toml").unwrap_err().to_string();
+        assert!(refused("").contains("no [[host]]"));
+        assert!(refused("[[host]]\nname = \"a\"\nslots = 1\nspeed = 0\n").contains("speed must be a positive"));
+        assert!(refused("[[host]]\nname = \"a\"\nslots = 0\n").contains("has no slot"));
+        let twice = refused("[[host]]\nname = \"a\"\nslots = 1\n[[host]]\nname = \"a\"\nslots = 2\n");
+        assert!(twice.contains("given twice") && twice.contains("cluster.toml"), "{twice}");
+    }
 
     #[test]
     fn a_fan_out_lists_its_successors_in_stage_order_every_time() {
@@ -747,6 +829,53 @@ mod tests {
         let linear = Profile::Linear { alpha_ns: 2.0, beta_ns: 5.0 };
         assert_eq!(linear.mean(10), 25);
         assert_eq!(linear.to_points(6).iter().map(|p| p.batch).collect::<Vec<_>>(), vec![1, 2, 4, 6]);
+    }
+
+    /// Loki's published data directory, beside the clone.
+    fn loki_dir() -> std::path::PathBuf {
+        std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/data/loki")).to_path_buf()
+    }
+
+    #[test]
+    fn a_root_pseudo_task_and_the_sink_both_take_no_time() {
+        // The authors' format allows a pseudo-task at the root (`source`) as well as the
+        // sink; the import refused it ("no published accuracy of \"source\"").
+        let profiles = LokiProfiles::load(&loki_dir(), "onnxruntime_gpu_ampere").unwrap();
+        let app = r#"{"appName": "rooted", "latencySLOInMSec": 300, "root": {"task": "source", "model_variants": ["source"],
+            "children": [{"task": "a", "model_variants": ["yolov5n", "yolov5s"], "children": [{"task": "sink", "model_variants": ["sink"]}]},
+                         {"task": "b", "model_variants": ["efficientnet-b0"], "children": [{"task": "sink", "model_variants": ["sink"]}]}]}}"#;
+        let p = from_loki_app(app, &profiles, "rooted.json").unwrap_or_else(|e| panic!("{e}"));
+        let names: Vec<&str> = p.stages.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["source", "a", "sink", "b"]);
+        assert_eq!(p.streams[0].entry, 0, "requests enter at the pseudo root");
+        for pseudo in [0, 2] {
+            let stage = &p.stages[pseudo];
+            assert!(stage.takes_no_time(), "{} takes no time", stage.name);
+            assert_eq!(stage.variants[0].accuracy, 1.0);
+            assert_eq!(stage.replicas, 1, "a pseudo-task keeps one worker");
+        }
+        assert!(!p.stages[1].takes_no_time() && p.stages[1].replicas == 8);
+        assert_eq!(p.stages[0].successors, vec![1, 3], "the root hands each query to both tasks");
+        // A real task of the same name as no model is still refused with its file named.
+        let bad = app.replace("\"efficientnet-b0\"", "\"no-such-model\"");
+        let error = from_loki_app(&bad, &profiles, "rooted.json").unwrap_err().to_string();
+        assert!(error.contains("rooted.json") && error.contains("no-such-model"), "{error}");
+    }
+
+    #[test]
+    fn every_import_error_names_the_file() {
+        let profiles = LokiProfiles::load(&loki_dir(), "onnxruntime_gpu_ampere").unwrap();
+        for (text, why) in [
+            ("{", "not a Loki application JSON"),
+            (r#"{"appName": "x", "latencySLOInMSec": 100, "root": {"task": "t", "model_variants": []}}"#, "no model variants"),
+            (r#"{"appName": "x", "latencySLOInMSec": 100, "root": {"task": "t", "model_variants": ["nope"]}}"#, "no profile of"),
+        ] {
+            let error = from_loki_app(text, &profiles, "some/app.json").unwrap_err().to_string();
+            assert!(error.contains("some/app.json") && error.contains(why), "{error}");
+        }
+        let missing = std::env::temp_dir().join(format!("ym-no-profiles-{}", std::process::id()));
+        let error = LokiProfiles::load(&missing, "onnxruntime_gpu_ampere").unwrap_err();
+        assert!(error.contains(&missing.join("profiling__simulator_runtimes.csv").display().to_string()), "{error}");
     }
 
     #[test]

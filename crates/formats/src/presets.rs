@@ -42,12 +42,14 @@ pub fn pipeline(name_or_path: &str) -> Result<Pipeline, String> {
         let names: Vec<&str> = PIPELINES.iter().map(|(n, _)| *n).collect();
         return Err(format!("{name_or_path:?} is neither a preset pipeline ({}) nor a file", names.join(", ")));
     }
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let text = std::fs::read_to_string(path).map_err(|e| format!("pipeline {}: {e}", path.display()))?;
     if path.extension().is_some_and(|e| e == "json") {
-        let dir = path.parent().unwrap_or(std::path::Path::new("."));
+        // A bare file name has an empty parent: its profiles are in the current folder.
+        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
         // No fallback profile: a variant Loki did not profile is left out, with a
         // warning that names it, rather than given latencies nobody measured.
-        let profiles = pipeline::LokiProfiles::load(dir, "onnxruntime_gpu_ampere")?;
+        let profiles = pipeline::LokiProfiles::load(dir, "onnxruntime_gpu_ampere")
+            .map_err(|e| format!("pipeline {name_or_path}: Loki's profiles beside it: {e}"))?;
         pipeline::from_loki_app(&text, &profiles, name_or_path).map_err(|e| e.to_string())
     } else {
         pipeline::from_toml(&text, name_or_path).map_err(|e| e.to_string())
