@@ -17,8 +17,9 @@ pub struct SweepArgs {
     /// Policies: shipped names or `.wasm` files, comma-separated.
     #[arg(long, value_delimiter = ',', default_values_t = ["fifo", "edf", "pard", "flex", "quart", "loki"].map(String::from))]
     pub policies: Vec<String>,
-    /// Pipelines: presets, `.toml` files or Loki application `.json` files, comma-separated.
-    #[arg(long, value_delimiter = ',', default_values_t = ["vision-chain", "traffic-dag"].map(String::from))]
+    /// Pipelines: presets, `.toml` files or Loki application `.json` files,
+    /// comma-separated (default: vision-chain, traffic-dag; none with --random-apps).
+    #[arg(long, value_delimiter = ',')]
     pub pipelines: Vec<String>,
     /// Load multiples of each pipeline's capacity bound (default: 0.25, 0.5, 0.75, 1,
     /// 1.25, 1.5, 2, 3, 5, 10; with --quick: 0.5, 1, 2, 5).
@@ -44,6 +45,19 @@ pub struct SweepArgs {
     /// Directory for sweep.csv, sweep.json and the heatmaps (default: sweep).
     #[arg(long, default_value = "sweep")]
     pub out: PathBuf,
+    /// Add N random applications in Loki's format to the pipelines (chains, fan-outs
+    /// at the root or in the middle with or without a join, diamonds, a pseudo-task
+    /// root; docs/sweep.md), written to --out/apps/; with no --pipelines given, only
+    /// them.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub random_apps: usize,
+    /// The seed the random applications are drawn from.
+    #[arg(long, value_name = "S", default_value_t = 1)]
+    pub app_seed: u64,
+    /// Loki's published profiles, which the random applications' models, latencies
+    /// and accuracies come from.
+    #[arg(long, value_name = "DIR", default_value = "../shared/data/loki")]
+    pub loki_data: PathBuf,
     /// Exit with status 1 when a cliff or a low-load miss is found.
     #[arg(long)]
     pub strict: bool,
@@ -96,9 +110,17 @@ fn try_sim_sweep(args: &SweepArgs) -> anyhow::Result<bool> {
     let duration_s = args.duration.unwrap_or(if args.quick { 5.0 } else { 60.0 });
     anyhow::ensure!(duration_s > 0.0, "--duration must be positive");
     let mut pipelines = Vec::new();
-    for name in &args.pipelines {
+    let named: Vec<String> = match (args.pipelines.is_empty(), args.random_apps) {
+        (false, _) => args.pipelines.clone(),
+        (true, 0) => ["vision-chain", "traffic-dag"].map(String::from).to_vec(),
+        (true, _) => Vec::new(),
+    };
+    for name in &named {
         let pipeline = yardmaster::formats::presets::pipeline(name).map_err(|e| anyhow::anyhow!(e))?;
         pipelines.push(SweptPipeline { name: name.clone(), pipeline });
+    }
+    if args.random_apps > 0 {
+        pipelines.extend(random_apps(args)?);
     }
     let mut policies = Vec::new();
     for policy in &args.policies {
@@ -136,6 +158,32 @@ fn try_sim_sweep(args: &SweepArgs) -> anyhow::Result<bool> {
     files.extend(sweep::write_heatmaps(&args.out, &outcome)?);
     println!("wrote {} files to {} (sweep.csv, sweep.json, a heatmap per policy)", files.len(), args.out.display());
     Ok(!outcome.rows.iter().any(|r| r.cliff || r.low_load_miss))
+}
+
+/// `--random-apps`: the generated applications, imported, each written to
+/// `--out/apps/NAME.json`.
+fn random_apps(args: &SweepArgs) -> anyhow::Result<Vec<SweptPipeline>> {
+    use yardmaster::formats::pipeline::{from_loki_app, LokiProfiles};
+    let profiles = LokiProfiles::load(&args.loki_data, "onnxruntime_gpu_ampere")
+        .map_err(|e| anyhow::anyhow!("--loki-data {}: {e}", args.loki_data.display()))?;
+    let apps = yardmaster::formats::random_app::generate(args.random_apps, args.app_seed, &profiles).map_err(|e| anyhow::anyhow!(e))?;
+    let dir = args.out.join("apps");
+    std::fs::create_dir_all(&dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
+    let mut pipelines = Vec::new();
+    for app in apps {
+        let path = dir.join(format!("{}.json", app.name));
+        std::fs::write(&path, &app.json).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        let pipeline = from_loki_app(&app.json, &profiles, &path.display().to_string())?;
+        eprintln!(
+            "{}: {} tasks, critical path {:.1} ms, SLO {:.0} ms",
+            app.name,
+            app.tasks,
+            app.critical_path_ms,
+            pipeline.streams[0].slo_ns as f64 / 1e6
+        );
+        pipelines.push(SweptPipeline { name: app.name, pipeline });
+    }
+    Ok(pipelines)
 }
 
 /// `--replot`: the table and heatmaps of a saved sweep, nothing run.

@@ -11,6 +11,7 @@
 //!   replayed by either);
 //! - [`pipeline`]: pipeline files (our TOML, Loki's application JSON and profiles);
 //! - [`presets`]: the built-in pipelines;
+//! - [`random_app`]: random applications in Loki's format, of varied shape;
 //! - [`model_repository`]: Triton model repositories (`config.pbtxt`, version folders
 //!   of ONNX models), read for serving the user's own models.
 
@@ -19,6 +20,7 @@
 pub mod model_repository;
 pub mod pipeline;
 pub mod presets;
+pub mod random_app;
 pub mod rate_series;
 pub mod rng;
 pub mod sources;

@@ -478,7 +478,14 @@ mod loki {
             Ok(profiles)
         }
 
-        fn profile(&self, model: &str) -> Result<Profile, String> {
+        /// The published accuracy of `model` in [0, 1], if any.
+        pub fn accuracy(&self, model: &str) -> Option<f64> {
+            self.accuracy.get(model).copied()
+        }
+
+        /// The latency profile of `model` on the chosen accelerator (else the serving
+        /// system's profile, else the fallback); an error naming the model when none.
+        pub fn profile(&self, model: &str) -> Result<Profile, String> {
             let points = self.runtimes.get(&(model.to_string(), self.accelerator.clone())).or_else(|| self.serving_runtimes.get(model));
             let Some(points) = points else {
                 return match &self.fallback {
@@ -511,6 +518,11 @@ mod loki {
     struct Task {
         task: String,
         model_variants: Vec<String>,
+        /// Yardmaster's extension of the format: mean pieces this task receives per
+        /// query its parent serves (on this edge), for every variant of the parent.
+        /// Absent: the parent's published branching (a detector's), else one.
+        #[serde(default)]
+        fan_out: Option<f64>,
         #[serde(default)]
         children: Vec<Task>,
     }
@@ -524,7 +536,8 @@ mod loki {
         let app: App = serde_json::from_str(json).map_err(|e| format!("not a Loki application JSON: {e}"))?;
         let mut stages: Vec<StageDef> = Vec::new();
         let mut ids: HashMap<String, u32> = HashMap::new();
-        visit(&app.root, profiles, &mut stages, &mut ids)?;
+        let mut edges: HashMap<(u32, u32), f64> = HashMap::new();
+        visit(&app.root, profiles, &mut stages, &mut ids, &mut edges)?;
         link_predecessors(&mut stages);
         // Detector fan-out: pieces per frame split between the child tasks.
         for i in 0..stages.len() {
@@ -538,6 +551,16 @@ mod loki {
                         .map(|(s, name)| (*s, total * shares.get(name).copied().unwrap_or(0.0)))
                         .collect();
                 }
+                // A fan-out the application states on an edge is the edge's.
+                for s in &successors {
+                    if let Some(&stated) = edges.get(&(i as u32, *s)) {
+                        match variant.fan_out.iter_mut().find(|(t, _)| t == s) {
+                            Some(entry) => entry.1 = stated,
+                            None => variant.fan_out.push((*s, stated)),
+                        }
+                    }
+                }
+                variant.fan_out.sort_by_key(|&(successor, _)| successor);
             }
         }
         // Loki's application JSON names no cluster size: eight workers per task, said
@@ -582,7 +605,13 @@ mod loki {
             || (!task.model_variants.is_empty() && task.model_variants.iter().all(|m| PSEUDO_TASKS.contains(&m.as_str())))
     }
 
-    fn visit(task: &Task, profiles: &LokiProfiles, stages: &mut Vec<StageDef>, ids: &mut HashMap<String, u32>) -> Result<u32, String> {
+    fn visit(
+        task: &Task,
+        profiles: &LokiProfiles,
+        stages: &mut Vec<StageDef>,
+        ids: &mut HashMap<String, u32>,
+        edges: &mut HashMap<(u32, u32), f64>,
+    ) -> Result<u32, String> {
         if let Some(&id) = ids.get(&task.task) {
             return Ok(id);
         }
@@ -662,7 +691,13 @@ mod loki {
             llm: LlmCosts::default(),
         });
         for child in &task.children {
-            let child_id = visit(child, profiles, stages, ids)?;
+            let child_id = visit(child, profiles, stages, ids, edges)?;
+            if let Some(fan_out) = child.fan_out {
+                if !(fan_out.is_finite() && fan_out >= 0.0) {
+                    return Err(format!("task {:?}: fan_out {fan_out} is not a number of pieces (at least 0)", child.task));
+                }
+                edges.insert((id, child_id), fan_out);
+            }
             if !stages[id as usize].successors.contains(&child_id) {
                 stages[id as usize].successors.push(child_id);
             }

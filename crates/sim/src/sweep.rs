@@ -521,6 +521,17 @@ pub fn render_table(outcome: &SweepOutcome) -> String {
     for r in misses {
         let _ = writeln!(out, "  {} on {} at {}×: {:.3} on time", r.policy, r.pipeline, r.load, r.on_time);
     }
+    let spread = load_spread(outcome);
+    if !spread.is_empty() {
+        let _ = writeln!(out, "goodput ÷ bound per policy and load over the pipelines and shapes it serves: mean, worst (where):");
+        for s in &spread {
+            let _ = writeln!(
+                out,
+                "  {:<16} {:>5}×  mean {:.3}  worst {:.3} ({} {})  over {}",
+                s.policy, s.load, s.mean, s.worst, s.worst_pipeline, s.worst_shape, s.rows
+            );
+        }
+    }
     if !outcome.cost_growth.is_empty() {
         let _ = writeln!(out, "decision cost per event at the highest load ÷ at 1×, in ns (in fuel):");
         for g in &outcome.cost_growth {
@@ -528,6 +539,65 @@ pub fn render_table(outcome: &SweepOutcome) -> String {
         }
     }
     out
+}
+
+/// One policy at one load, over every pipeline and shape it did not refuse.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoadSpread {
+    /// Policy.
+    pub policy: String,
+    /// Load multiple of capacity.
+    pub load: f64,
+    /// Rows (pipeline × shape) averaged.
+    pub rows: usize,
+    /// Mean goodput ÷ bound.
+    pub mean: f64,
+    /// The lowest goodput ÷ bound.
+    pub worst: f64,
+    /// Where the lowest was.
+    pub worst_pipeline: String,
+    /// Its shape.
+    pub worst_shape: String,
+}
+
+/// Goodput ÷ bound per policy and load: the mean and the worst over the pipelines and
+/// shapes (refused ones left out), in the rows' order of policies and loads.
+pub fn load_spread(outcome: &SweepOutcome) -> Vec<LoadSpread> {
+    let mut spread: Vec<LoadSpread> = Vec::new();
+    for r in outcome.rows.iter().filter(|r| r.refused.is_none()) {
+        let at = spread.iter().position(|s| s.policy == r.policy && (s.load - r.load).abs() < 1e-9);
+        match at {
+            Some(i) => {
+                let s = &mut spread[i];
+                s.mean += r.goodput_of_bound;
+                s.rows += 1;
+                if r.goodput_of_bound < s.worst {
+                    (s.worst, s.worst_pipeline, s.worst_shape) = (r.goodput_of_bound, r.pipeline.clone(), r.shape.clone());
+                }
+            }
+            None => spread.push(LoadSpread {
+                policy: r.policy.clone(),
+                load: r.load,
+                rows: 1,
+                mean: r.goodput_of_bound,
+                worst: r.goodput_of_bound,
+                worst_pipeline: r.pipeline.clone(),
+                worst_shape: r.shape.clone(),
+            }),
+        }
+    }
+    for s in &mut spread {
+        s.mean /= s.rows as f64;
+    }
+    let mut order: Vec<&str> = Vec::new();
+    for r in &outcome.rows {
+        if !order.contains(&r.policy.as_str()) {
+            order.push(&r.policy);
+        }
+    }
+    let rank = |policy: &str| order.iter().position(|p| *p == policy);
+    spread.sort_by(|a, b| rank(&a.policy).cmp(&rank(&b.policy)).then(a.load.total_cmp(&b.load)));
+    spread
 }
 
 /// Write `sweep.csv` (one line per cell and seed) and `sweep.json` (cells, rows,
@@ -769,6 +839,12 @@ mod tests {
         let table = render_table(&outcome);
         assert!(table.contains("cliffs (goodput under 0.9 of the best at a lower load): 1"), "{table}");
         assert!(table.contains("cliff on p poisson at 5×"), "{table}");
+        // The spread over pipelines: one pipeline here, so mean and worst agree.
+        let spread = load_spread(&outcome);
+        let at = |policy: &str, load: f64| spread.iter().find(|s| s.policy == policy && s.load == load).unwrap();
+        assert_eq!(at("steady", 2.0).rows, 1);
+        assert!((at("cliff", 5.0).worst - 40.0 / 100.0).abs() < 1e-9 && at("cliff", 5.0).worst == at("cliff", 5.0).mean);
+        assert_eq!(spread.iter().map(|s| s.policy.as_str()).collect::<Vec<_>>(), ["steady", "steady", "steady", "cliff", "cliff", "cliff"]);
     }
 
     #[test]

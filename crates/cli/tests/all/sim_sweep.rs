@@ -43,3 +43,45 @@ fn a_small_sweep_writes_its_table_files_and_heatmaps_and_strict_fails_on_a_cliff
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_random_application_sweep_writes_its_applications_and_names_each_row_by_its_shape() {
+    let dir = scratch("sweep-random");
+    let loki = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/data/loki"));
+    let sweep = |out: &std::path::Path| {
+        Command::new(env!("CARGO_BIN_EXE_yardmaster"))
+            .args(["sim", "sweep", "--random-apps", "3", "--app-seed", "5", "--loki-data"])
+            .arg(loki)
+            .args(["--policies", "edf", "--loads", "0.25", "--shapes", "poisson", "--seeds", "1", "--duration", "1", "--out"])
+            .arg(out)
+            .output()
+            .unwrap()
+    };
+    let (a, b) = (dir.join("a"), dir.join("b"));
+    let run = sweep(&a);
+    let (stdout, stderr) = (String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&run.stderr));
+    assert!(run.status.success(), "{stdout}\n{stderr}");
+    assert!(stderr.contains("sweeping 3 runs"), "only the generated applications: {stderr}");
+    let names = ["r00-chain", "r01-root-fan", "r02-root-fan-join"];
+    for name in names {
+        assert!(stdout.contains(name), "{name}: {stdout}");
+        assert!(a.join("apps").join(format!("{name}.json")).exists(), "{name} written");
+    }
+    let svg = std::fs::read_to_string(a.join("heatmap-edf.svg")).unwrap();
+    assert!(names.iter().all(|n| svg.contains(n)), "one row per application, named by its shape");
+    // The same seed draws the same applications.
+    assert!(sweep(&b).status.success());
+    for name in names {
+        let read = |d: &std::path::Path| std::fs::read_to_string(d.join("apps").join(format!("{name}.json"))).unwrap();
+        assert_eq!(read(&a), read(&b), "{name}");
+    }
+    // A missing profile folder is named.
+    let run = Command::new(env!("CARGO_BIN_EXE_yardmaster"))
+        .args(["sim", "sweep", "--random-apps", "1", "--loki-data", "/no/such/loki", "--out"])
+        .arg(dir.join("c"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success() && stderr.contains("/no/such/loki"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
