@@ -15,11 +15,12 @@
 //! Every task takes its models from one of the families the authors profiled —
 //! detection (`yolov5*`), car classification (`efficientnet-*`) and face recognition
 //! (`genderNet*`) — a run of 1 to all of the family's variants that have both a
-//! published latency profile and a published accuracy, in the family's order. Edge
-//! fan-outs (the format's `fan_out` extension, see `pipeline::from_loki_app`) are
-//! drawn per edge: 1–4 pieces per query out of a detector, 0.5–1.5 on the other
-//! branches of a fan-out point, one on a plain chain edge, and never more than
-//! [`MAX_PIECES`] pieces per query at any task. The SLO is drawn as 2.5–5 times the
+//! published latency profile and a published accuracy, in the family's order. Out of
+//! a detector, each edge states its fan-out (the format's `fan_out` extension, see
+//! `pipeline::from_loki_app`), drawn in [`DETECTOR_FAN_OUT`] pieces per query and
+//! capped so that no task receives more than [`MAX_PIECES`] per query; every other edge
+//! hands on exactly the piece it gets (a fan-out point of another task gives each
+//! branch the same piece). The SLO is drawn as 2.5–5 times the
 //! application's critical path: the slowest root-to-leaf path of the most accurate
 //! variants, each at the batch of the pieces one query brings it.
 //!
@@ -33,6 +34,14 @@ use crate::rng::SimRng;
 /// The most pieces one query may bring any task (the product of the fan-outs above
 /// it), so that a chain of detectors does not make a query into thousands of pieces.
 pub const MAX_PIECES: f64 = 32.0;
+
+/// Pieces per query out of a detector, drawn in this range per edge: at least 1.5, so
+/// that few queries bring no piece at all below it (a query with none ends there, on
+/// time, with less work than the capacity bound's mean counts on).
+pub const DETECTOR_FAN_OUT: (f64, f64) = (1.5, 4.0);
+
+/// The index of the detection family in [`FAMILIES`].
+const DETECT: usize = 0;
 
 /// The SLO as a multiple of the critical path: drawn in this range.
 pub const SLO_FACTOR: (f64, f64) = (2.5, 5.0);
@@ -271,24 +280,22 @@ impl Builder<'_> {
     /// Draw every edge's fan-out (see the module's documentation), top down;
     /// `pieces`: pieces per query reaching `node`.
     fn fan_outs(&mut self, node: &mut Node, pieces: f64) {
-        let siblings = node.children.len();
         let parent_family = if node.pseudo { None } else { Some(node.family) };
         for child in &mut node.children {
-            if child.pseudo {
-                // A sink receives what reaches it (stated, as a detector's published
-                // branching names only the authors' tasks).
-                child.fan_out = Some(1.0);
-                continue;
-            }
-            let drawn = match parent_family {
-                None => 1.0,
-                Some(0) => self.rng.uniform_range(1.0, 4.0),
-                Some(_) if siblings > 1 => self.rng.uniform_range(0.5, 1.5),
-                Some(_) => 1.0,
+            // A detector's pieces are drawn (Poisson, by the simulator) around its
+            // stated mean, capped so that no task receives more than MAX_PIECES per
+            // query; every other edge, and every edge into a sink, carries exactly the
+            // piece it is given, which a stated mean would turn into a draw.
+            child.fan_out = match parent_family {
+                Some(DETECT) if !child.pseudo => {
+                    let drawn = self.rng.uniform_range(DETECTOR_FAN_OUT.0, DETECTOR_FAN_OUT.1);
+                    Some((drawn.min(MAX_PIECES / pieces) * 100.0).round() / 100.0)
+                }
+                // The sink under a detector: one piece, stated (the detector's published
+                // branching names only the authors' tasks, so would give it none).
+                Some(DETECT) => Some(1.0),
+                _ => None,
             };
-            // Capped so that no task receives more than MAX_PIECES per query.
-            let fan_out = (drawn.min(MAX_PIECES / pieces) * 100.0).round() / 100.0;
-            child.fan_out = Some(fan_out);
         }
         for child in &mut node.children {
             let below = pieces * child.fan_out.unwrap_or(1.0);
