@@ -1,7 +1,7 @@
 //! The conformance harness: `yardmaster policy check FILE.wasm`.
 //!
 //! It runs any policy on the real engine ([`yardmaster_engine::Engine`], the one the
-//! simulator and the server run) through two scripted scenarios ([`Scenario`]):
+//! simulator and the server run) through three scripted scenarios ([`Scenario`]):
 //! - the *cluster* scenario: a small cluster ([`scripted`]) and a scripted workload
 //!   that covers every event kind — arrivals on a two-stage chain and an LLM stage,
 //!   idle workers, finished batches, frames, ticks, timers, a worker added and
@@ -10,7 +10,11 @@
 //!   served — three independent one-stage models, each its own stream, and a
 //!   two-step ensemble — with arrivals on every stream, changed under the running
 //!   engine: a model unloaded while its requests are queued (its stage offline), a
-//!   new model appended, the first loaded again.
+//!   new model appended, the first loaded again;
+//! - the *zero-time* scenario ([`zero_time`]): an entry stage, a fan-out point and a
+//!   sink that take no time around two real tasks, under a light load, where a policy
+//!   that divides by a zero latency faults, is rejected, or drops what it should
+//!   serve (at least [`zero_time::MIN_ON_TIME`] of its requests must end on time).
 //!
 //! In each it checks that:
 //! - every action the policy returns is valid (none rejected);
@@ -30,6 +34,7 @@ pub mod repository;
 pub mod scripted;
 #[cfg(test)]
 mod tests;
+pub mod zero_time;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -108,17 +113,20 @@ pub enum Scenario {
     Cluster,
     /// The repository cluster ([`repository`]), reconfigured while it serves.
     Repository,
+    /// Stages that take no time ([`zero_time`]) under a light load.
+    ZeroTime,
 }
 
 impl Scenario {
     /// Every scenario, in the order the check runs them.
-    pub const ALL: [Scenario; 2] = [Scenario::Cluster, Scenario::Repository];
+    pub const ALL: [Scenario; 3] = [Scenario::Cluster, Scenario::Repository, Scenario::ZeroTime];
 
-    /// Its short name (`cluster`, `repository`).
+    /// Its short name (`cluster`, `repository`, `zero-time`).
     pub fn name(self) -> &'static str {
         match self {
             Scenario::Cluster => "cluster",
             Scenario::Repository => "repository",
+            Scenario::ZeroTime => "zero-time",
         }
     }
 
@@ -135,6 +143,11 @@ impl Scenario {
                     changes.join(", ")
                 )
             }
+            Scenario::ZeroTime => format!(
+                "stages that take no time ({}) around two tasks, at a light load; at least {:.0} % on time",
+                zero_time::ZERO_TIME_STAGES.join(", "),
+                100.0 * zero_time::MIN_ON_TIME
+            ),
         }
     }
 
@@ -143,6 +156,7 @@ impl Scenario {
         match self {
             Scenario::Cluster => scripted::pipeline(),
             Scenario::Repository => repository::pipeline(),
+            Scenario::ZeroTime => zero_time::pipeline(),
         }
     }
 
@@ -151,6 +165,7 @@ impl Scenario {
         match self {
             Scenario::Cluster => arrival_script(options),
             Scenario::Repository => repository::arrivals(options),
+            Scenario::ZeroTime => zero_time::arrivals(options),
         }
     }
 
@@ -159,6 +174,7 @@ impl Scenario {
         match self {
             Scenario::Cluster => vec![(300 * MS, Scripted::Cancel), (400 * MS, Scripted::AddWorker), (700 * MS, Scripted::RemoveWorker)],
             Scenario::Repository => repository::RECONFIGURATIONS.iter().map(|r| (r.at, Scripted::Reconfigure(*r))).collect(),
+            Scenario::ZeroTime => Vec::new(),
         }
     }
 }
@@ -286,14 +302,29 @@ pub struct CheckReport {
     pub actions: u64,
     /// What the repository scenario found.
     pub repository: ScenarioReport,
+    /// What the zero-time scenario found.
+    pub zero_time: ScenarioReport,
 }
 
 impl CheckReport {
     /// A report of the cluster scenario's and the repository scenario's findings,
     /// with the cluster scenario's decision costs.
-    fn of(cluster: ScenarioReport, repository: ScenarioReport, costs: BTreeMap<&'static str, KindCost>) -> Self {
+    fn of(cluster: ScenarioReport, repository: ScenarioReport, zero_time: ScenarioReport, costs: BTreeMap<&'static str, KindCost>) -> Self {
         let ScenarioReport { outcomes, lost, rejected, faults, violations, deterministic, events, actions, .. } = cluster;
-        Self { outcomes, lost, rejected, faults, violations, deterministic, costs, events, actions, repository, ..Self::default() }
+        Self {
+            outcomes,
+            lost,
+            rejected,
+            faults,
+            violations,
+            deterministic,
+            costs,
+            events,
+            actions,
+            repository,
+            zero_time,
+            ..Self::default()
+        }
     }
 
     /// The cluster scenario's findings, as a scenario report.
@@ -313,8 +344,8 @@ impl CheckReport {
     }
 
     /// Every scenario's findings, in the order the check ran them.
-    pub fn scenarios(&self) -> [ScenarioReport; 2] {
-        [self.cluster(), self.repository.clone()]
+    pub fn scenarios(&self) -> [ScenarioReport; 3] {
+        [self.cluster(), self.repository.clone(), self.zero_time.clone()]
     }
 
     /// Whether the policy conforms: it passed every scenario.
@@ -370,9 +401,10 @@ pub fn check_component(name: &str, bytes: &[u8], options: &CheckOptions) -> Resu
     let simulated = component_arm(name, &simulate, &sim_module);
     let (cluster, costs) = simulated_twice(Scenario::Cluster, &simulated, options);
     let (repository, _) = simulated_twice(Scenario::Repository, &simulated, options);
+    let (zero_time, _) = simulated_twice(Scenario::ZeroTime, &simulated, options);
     let timed = run(Scenario::Cluster, &component_arm(name, &serve, &serve_module), options);
 
-    let mut report = CheckReport::of(cluster, repository, costs);
+    let mut report = CheckReport::of(cluster, repository, zero_time, costs);
     report.policy = format!("{name} ({} bytes)", bytes.len());
     report.sha256 = Some(sim_module.sha256_hex());
     report.from_cache = sim_module.from_cache();
@@ -392,7 +424,8 @@ pub fn check_native<P: yardmaster_sdk::Policy + Send>(name: &str, options: &Chec
     };
     let cluster = run(Scenario::Cluster, &start, options);
     let repository = run(Scenario::Repository, &start, options);
-    let mut report = CheckReport::of(cluster.report, repository.report, cluster.costs);
+    let zero_time = run(Scenario::ZeroTime, &start, options);
+    let mut report = CheckReport::of(cluster.report, repository.report, zero_time.report, cluster.costs);
     report.policy = format!("{name} (native)");
     report
 }
@@ -538,6 +571,16 @@ fn run(scenario: Scenario, start: &dyn Fn(Config, &ClusterState) -> (Arm, ArmOut
     }
     report.lost = harness.lost();
     report.lost.sort();
+    if scenario == Scenario::ZeroTime && (outcomes.on_time as f64) < zero_time::MIN_ON_TIME * requests as f64 {
+        report.violations.push(format!(
+            "{} of {requests} requests on time at a light load ({} dropped, {} late): under {:.0} % — a stage that takes no time ({}) mishandled?",
+            outcomes.on_time,
+            outcomes.dropped,
+            outcomes.late,
+            100.0 * zero_time::MIN_ON_TIME,
+            zero_time::ZERO_TIME_STAGES.join(", ")
+        ));
+    }
     report.outcomes = outcomes;
     report.violations.extend(harness.violations().iter().cloned());
     report.actions = harness.arm().stats().accepted_total();

@@ -402,3 +402,115 @@ fn every_shipped_policy_passes_the_repository_scenario() {
     }
     assert!(failed.is_empty(), "{}", failed.join("\n"));
 }
+
+// The zero-time scenario: stages that take no time, at a light load.
+
+/// First come, first served per stage, but sizes each batch as `budget / latency(1)`
+/// in integer arithmetic: a stage that takes no time divides by zero.
+#[derive(Default)]
+struct Divider {
+    held: Vec<(RequestId, StageId)>,
+}
+
+impl Policy for Divider {
+    fn init(_ctx: &mut Ctx) -> Result<Self, String> {
+        Ok(Self::default())
+    }
+
+    fn on_arrival(&mut self, _ctx: &mut Ctx, request: Request) {
+        self.held.push((request.id, request.stage));
+    }
+
+    fn on_request_ended(&mut self, _ctx: &mut Ctx, request: RequestId, _reason: EndReason) {
+        self.held.retain(|(id, _)| *id != request);
+    }
+
+    fn on_events_done(&mut self, ctx: &mut Ctx) {
+        for stage in 0..ctx.config().stages.len() as StageId {
+            let latency = ctx.latency().mean(stage, 0, 1).unwrap_or(1);
+            let fits = (50 * MS / latency) as u32;
+            let most = ctx.config().stages[stage as usize].max_batch.max(1);
+            ctx.set_batch_limit(stage, fits.clamp(1, most));
+        }
+        serve_in_order(ctx, &mut self.held);
+    }
+}
+
+/// First come, first served per stage, except that it drops what arrives at a stage
+/// whose batch of one takes no time (it cannot estimate a throughput there): every
+/// request, at the entry.
+#[derive(Default)]
+struct ZeroDropper {
+    held: Vec<(RequestId, StageId)>,
+}
+
+impl Policy for ZeroDropper {
+    fn init(_ctx: &mut Ctx) -> Result<Self, String> {
+        Ok(Self::default())
+    }
+
+    fn on_arrival(&mut self, ctx: &mut Ctx, request: Request) {
+        if ctx.latency().mean(request.stage, 0, 1) == Some(0) {
+            ctx.drop_request(request.id, yardmaster_sdk::DropReason::DeadlineUnreachable);
+        } else {
+            self.held.push((request.id, request.stage));
+        }
+    }
+
+    fn on_request_ended(&mut self, _ctx: &mut Ctx, request: RequestId, _reason: EndReason) {
+        self.held.retain(|(id, _)| *id != request);
+    }
+
+    fn on_events_done(&mut self, ctx: &mut Ctx) {
+        serve_in_order(ctx, &mut self.held);
+    }
+}
+
+#[test]
+fn the_zero_time_cluster_has_the_shape_the_check_promises() {
+    use super::zero_time::{self, ZERO_TIME_STAGES};
+    let pipeline = zero_time::pipeline();
+    let zero: Vec<&str> = pipeline.stages.iter().filter(|s| s.takes_no_time()).map(|s| s.name.as_str()).collect();
+    assert_eq!(zero, ZERO_TIME_STAGES);
+    assert_eq!(pipeline.stages[pipeline.streams[0].entry as usize].name, "source", "the entry takes no time");
+    let split = pipeline.stages.iter().find(|s| s.name == "split").unwrap();
+    assert_eq!(split.successors.len(), 2, "the fan-out point takes no time");
+    let sink = pipeline.stages.iter().find(|s| s.name == "sink").unwrap();
+    assert_eq!(sink.predecessors.len(), 2, "the join takes no time");
+    // A light load: a small share of the capacity bound.
+    let arrivals = zero_time::arrivals(&CheckOptions::default());
+    let rate = arrivals.len() as f64 / (zero_time::ARRIVALS_FOR as f64 / 1e9);
+    let bound = yardmaster_engine::bound::capacity_bound(&pipeline, pipeline.max_workers);
+    assert!(rate < 0.1 * bound, "{rate} req/s against a bound of {bound}");
+    assert!(arrivals.windows(2).all(|w| w[0].sent_at <= w[1].sent_at));
+}
+
+#[test]
+fn a_policy_that_divides_by_a_zero_latency_or_drops_at_a_zero_time_stage_fails_the_zero_time_scenario() {
+    let options = CheckOptions::default();
+    let divider = check_native::<Divider>("divider", &options);
+    assert!(divider.cluster().passed() && divider.repository.passed(), "no stage takes no time there: {}", divider.render());
+    assert!(!divider.zero_time.faults.is_empty(), "{}", divider.render());
+    assert!(divider.render().contains("failed in   zero-time scenario"), "{}", divider.render());
+    let dropper = check_native::<ZeroDropper>("zero-dropper", &options);
+    assert!(dropper.cluster().passed() && dropper.repository.passed(), "{}", dropper.render());
+    assert!(dropper.zero_time.violations.iter().any(|v| v.contains("requests on time at a light load")), "{}", dropper.render());
+    assert!(!dropper.passed());
+}
+
+#[test]
+fn every_shipped_policy_passes_the_zero_time_scenario() {
+    let options = CheckOptions::default();
+    let sandbox = yardmaster_policy::Sandbox::new(yardmaster_policy::Mode::Simulate, options.limits.clone()).expect("wasm engine");
+    let loader = yardmaster_policy::PolicyLoader::new(sandbox.clone(), None);
+    let mut failed = Vec::new();
+    for artifact in yardmaster_policy_artifacts::SHIPPED {
+        let module = loader.load(artifact.name, artifact.bytes).expect("a shipped policy loads");
+        let (report, _) = simulated_twice(Scenario::ZeroTime, &component_arm(artifact.name, &sandbox, &module), &options);
+        assert_eq!(report.deterministic, Some(true), "{}", artifact.name);
+        if !report.passed() {
+            failed.push(format!("{}:\n{}", artifact.name, report.render()));
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}

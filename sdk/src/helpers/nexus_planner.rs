@@ -49,15 +49,18 @@ pub struct NexusPlan {
 }
 
 /// Best batch within a budget: `(batch, requests per second per replica)`, or
-/// `(0, 0)` if even a batch of one exceeds half the budget.
+/// `(0, 0)` if even a batch of one exceeds half the budget. A batch that takes no
+/// time (a pseudo stage: a source, a sink) fits any budget, none included, and counts
+/// as taking a nanosecond: its throughput is huge but finite, so the replicas it asks
+/// for stay one and a capacity over it stays a number.
 fn best_batch(budget: Duration, max_batch: u32, latency: &impl Fn(u32) -> Duration) -> (u32, f64) {
     let mut best = (0, 0.0);
-    for b in 1..=max_batch {
+    for b in 1..=max_batch.max(1) {
         let d = latency(b);
-        if d == 0 || 2 * d > budget {
+        if 2 * d > budget {
             continue;
         }
-        let tp = b as f64 * NS_PER_S / d as f64;
+        let tp = b as f64 * NS_PER_S / d.max(1) as f64;
         if tp > best.1 {
             best = (b, tp);
         }
@@ -116,7 +119,8 @@ impl NexusPlan {
         best[depth].iter_mut().for_each(|c| *c = 0.0);
         for i in (0..depth).rev() {
             for g in 0..=steps {
-                for own in 1..=g {
+                // A level of stages that take no time needs no budget (`own` = 0).
+                for own in 0..=g {
                     let total = cost[i][own] + best[i + 1][g - own];
                     if total < best[i][g] {
                         best[i][g] = total;
@@ -385,6 +389,26 @@ mod tests {
         assert_eq!(best_batch(100 * MS, 32, &d).0, 5);
         assert_eq!(best_batch(49 * MS, 32, &d), (0, 0.0));
         assert_eq!(best_batch(1000 * MS, 8, &d).0, 8);
+    }
+
+    #[test]
+    fn stages_that_take_no_time_need_no_budget_and_one_replica() {
+        // A source and a sink (pseudo stages, no time) around two real stages: the
+        // planner refused the pipeline ("the SLO is too tight"), a zero latency
+        // counting as a stage that fits no budget.
+        let profiles = [(0, 0), (25, 5), (8, 2), (0, 0)];
+        let graph = StageGraph::chain(4);
+        let real_only = NexusPlan::solve(&StageGraph::chain(2), 200 * MS, MS, linear(&profiles[1..3]), |_| 32, |_| 1.0).unwrap();
+        let plan = NexusPlan::solve(&graph, 200 * MS, MS, linear(&profiles), |_| 32, |_| 1.0).expect("a plan");
+        assert_eq!((plan.budget[0], plan.budget[3]), (0, 0), "no time, no budget: {:?}", plan.budget);
+        assert_eq!(&plan.budget[1..3], &real_only.budget[..], "the real stages split the whole SLO as alone");
+        assert_eq!(&plan.batch[1..3], &real_only.batch[..]);
+        let replicas = plan.replicas(1000.0, &[(1, 64); 4], 64);
+        assert_eq!((replicas[0], replicas[3]), (1, 1), "{replicas:?}");
+        assert_eq!(&replicas[1..3], &real_only.replicas(1000.0, &[(1, 64); 2], 62)[..]);
+        let capacity = plan.capacity(&replicas);
+        assert!(capacity.is_finite() && (capacity - real_only.capacity(&replicas[1..3])).abs() < 1e-6, "{capacity}");
+        assert!(plan.capacity(&[0, replicas[1], replicas[2], 1]) == 0.0, "a pseudo stage with no worker passes nothing");
     }
 
     #[test]
