@@ -1,6 +1,7 @@
 //! The `yardmaster` command line.
 
 mod admin_cli;
+mod cluster_cli;
 mod dataplane_cli;
 mod policy_new;
 mod repository_cli;
@@ -58,9 +59,10 @@ enum Command {
     /// Host workers for a controller on another machine: a host of its cluster
     /// (inter-node QUIC; see docs/internode.md and docs/kubernetes.md).
     Node(yardmaster::cluster::node::NodeArgs),
-    /// The cluster's certificates: a CA and the node certificate it signs.
+    /// The cluster: its certificates (a CA and the node certificate it signs), and a
+    /// running controller's hosts as the simulator's host list.
     #[command(subcommand)]
-    Cluster(ClusterCommand),
+    Cluster(cluster_cli::ClusterCommand),
     /// A running server's admin API: list the policy, swap it for a file or a shipped one.
     Admin(admin_cli::AdminArgs),
     /// Model repositories in Triton's layout: check one before serving it.
@@ -70,22 +72,6 @@ enum Command {
     /// the traffic and the workers), compare the arms with confidence intervals,
     /// promote the candidate or roll back.
     Ab(admin_cli::AbArgs),
-}
-
-/// `yardmaster cluster …`.
-#[derive(Subcommand)]
-enum ClusterCommand {
-    /// Make a cluster CA and a node certificate it signs, valid for NODE_NAME and
-    /// `*.NODE_NAME` (a headless Service's name covers every pod behind it): ca.pem,
-    /// ca-key.pem, node.pem and node-key.pem in --out.
-    Certificates {
-        /// Folder to write the four files into.
-        #[arg(long)]
-        out: PathBuf,
-        /// The name nodes are reached by (e.g. `yardmaster-nodes.default.svc.cluster.local`).
-        #[arg(long = "node-name")]
-        node_name: String,
-    },
 }
 
 #[derive(Subcommand)]
@@ -150,6 +136,13 @@ struct SimArgs {
     /// (`cpu`, `cuda:0`).
     #[arg(long = "profile-device", default_value = "cpu")]
     profile_device: String,
+    /// Simulate on these hosts: a TOML file of `[[host]]` tables (name, slots,
+    /// cache_gib, speed, threads), as `yardmaster cluster hosts` writes a live
+    /// controller's.
+    /// A model repository's instance counts are then per host, as the controller runs
+    /// them; a pipeline keeps its replicas and takes the hosts.
+    #[arg(long, value_name = "FILE")]
+    hosts: Option<PathBuf>,
     /// Workload: a preset (poisson, wikipedia, twitter, azure-functions, or the
     /// per-second rate replays wikipedia-per-second, twitter-per-second,
     /// azure-functions-per-second) at --rate, `rates:FILE` (per-second rates),
@@ -359,21 +352,7 @@ fn main() -> ExitCode {
         Some(Command::Load(args)) => serve_cli::load(&args),
         Some(Command::ServeBench(args)) => serve_cli::serve_bench(&args),
         Some(Command::Node(args)) => yardmaster::cluster::node::main(&args),
-        Some(Command::Cluster(ClusterCommand::Certificates { out, node_name })) => {
-            match yardmaster::cluster::tls::issue_cluster_certificates(&out, &node_name) {
-                Ok(files) => {
-                    println!("cluster CA: {} (give it to the controller: [cluster] ca)", files.ca.display());
-                    println!("CA key: {} (keep it off the nodes)", files.ca_key.display());
-                    println!("node certificate: {} for {node_name} and *.{node_name}", files.node.display());
-                    println!("node key: {}", files.node_key.display());
-                    ExitCode::SUCCESS
-                }
-                Err(error) => {
-                    eprintln!("error: {error:#}");
-                    ExitCode::FAILURE
-                }
-            }
-        }
+        Some(Command::Cluster(command)) => cluster_cli::run(command),
         Some(Command::Admin(args)) => admin_cli::run(&args),
         Some(Command::Ab(args)) => admin_cli::run_ab(&args),
         Some(Command::Repository(command)) => repository_cli::run(command),
@@ -552,6 +531,10 @@ fn try_sim_compare(policies: &[String], args: &SimArgs) -> anyhow::Result<()> {
         }
         pipeline
     };
+    let pipeline = match &args.hosts {
+        Some(path) => on_hosts(pipeline, path, !args.model_repository.is_empty())?,
+        None => pipeline,
+    };
     let mut specs = Vec::new();
     for policy in policies {
         let (name, bytes) = load_bytes(policy).map_err(|e| anyhow::anyhow!(e))?;
@@ -627,6 +610,28 @@ fn try_sim_compare(policies: &[String], args: &SimArgs) -> anyhow::Result<()> {
         println!("wrote {} files to {} (summary.json, CSV time series, plots)", files.len(), dir.display());
     }
     Ok(())
+}
+
+/// `pipeline` on the hosts of the file at `path`; a model repository's (`per_host`)
+/// instance counts become per host, as the cluster controller runs them.
+fn on_hosts(
+    mut pipeline: yardmaster::engine::Pipeline,
+    path: &std::path::Path,
+    per_host: bool,
+) -> anyhow::Result<yardmaster::engine::Pipeline> {
+    let source = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("{source}: {e}"))?;
+    let hosts = yardmaster::formats::pipeline::hosts_from_toml(&text, &source)?;
+    if per_host {
+        let counts: Vec<u32> = pipeline.stages.iter().map(|s| s.replicas).collect();
+        yardmaster::serve::membership::spread(&mut pipeline, &counts, hosts);
+    } else {
+        pipeline.hosts = hosts;
+    }
+    pipeline.validate(&source)?;
+    let slots: u32 = pipeline.hosts.iter().map(|h| h.slots).sum();
+    eprintln!("  on {} hosts from {source} ({slots} slots, {} workers at start)", pipeline.hosts.len(), pipeline.initial_workers().len());
+    Ok(pipeline)
 }
 
 fn sim_bench(seconds: u64) -> ExitCode {

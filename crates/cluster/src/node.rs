@@ -83,6 +83,11 @@ pub struct NodeArgs {
     /// machine's memory). A replica whose parameters are cached starts warm.
     #[arg(long)]
     pub cache_bytes: Option<u64>,
+    /// Intra-op threads each worker may use, at most (default: the cores this process
+    /// may use — its cgroup's CPU quota on Kubernetes — divided among its slots). The
+    /// controller lets the policy give a worker no more; a request for more is capped.
+    #[arg(long)]
+    pub threads: Option<u32>,
 }
 
 /// The machine's host name (`/proc/sys/kernel/hostname`, else `$HOSTNAME`, else
@@ -105,6 +110,8 @@ pub struct HostOffer {
     pub slots: u32,
     /// Parameter-cache capacity, bytes.
     pub cache_bytes: u64,
+    /// Intra-op threads each worker may use.
+    pub threads: u32,
 }
 
 impl HostOffer {
@@ -118,7 +125,14 @@ impl HostOffer {
             let share = CacheConfig::default().memory_threshold;
             yardmaster_dataplane::cache::system_memory().map_or(DEFAULT_CACHE_BYTES, |m| (m.total as f64 * share) as u64)
         });
-        Ok(HostOffer { name: args.name.clone().unwrap_or_else(host_name), slots: args.slots, cache_bytes })
+        if args.threads == Some(0) {
+            return Err(anyhow!("--threads must be at least 1"));
+        }
+        let threads = args.threads.unwrap_or_else(|| {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+            (cores / args.slots).max(1)
+        });
+        Ok(HostOffer { name: args.name.clone().unwrap_or_else(host_name), slots: args.slots, cache_bytes, threads })
     }
 }
 
@@ -172,8 +186,14 @@ fn run(args: &NodeArgs) -> Result<()> {
         std::io::stdout().flush()?;
         // What the node offers the cluster, for the operator (stderr: controllers and
         // tests read the two lines above and may close stdout after them).
-        let _ =
-            writeln!(std::io::stderr(), "host {}: {} slot(s), {} MiB of parameter cache", offer.name, offer.slots, offer.cache_bytes >> 20);
+        let _ = writeln!(
+            std::io::stderr(),
+            "host {}: {} slot(s), {} MiB of parameter cache, {} thread(s) per worker",
+            offer.name,
+            offer.slots,
+            offer.cache_bytes >> 20,
+            offer.threads
+        );
         node.serve().await;
         Ok(())
     })
@@ -310,14 +330,20 @@ async fn serve_connection(connection: Connection, shared: Arc<Shared>) -> Result
         }
     };
     let offer = &shared.offer;
-    let welcome =
-        Message::Welcome { device: shared.device.clone(), name: offer.name.clone(), slots: offer.slots, cache_bytes: offer.cache_bytes };
+    let welcome = Message::Welcome {
+        device: shared.device.clone(),
+        name: offer.name.clone(),
+        slots: offer.slots,
+        cache_bytes: offer.cache_bytes,
+        threads: offer.threads,
+    };
     let welcome = framing::encode(&welcome).map_err(|e| e.to_string())?;
     if transport::write_frame(&mut send, welcome).await.is_err() {
         return Ok(());
     }
     let (inbound_tx, inbound) = mpsc::unbounded_channel();
-    let mut session = Session { connection, host, streams: HashMap::new(), routes: HashMap::new(), next_key: 0, inbound_tx };
+    let max_threads = offer.threads;
+    let mut session = Session { connection, host, streams: HashMap::new(), routes: HashMap::new(), next_key: 0, inbound_tx, max_threads };
     session.add_stream(send, recv, true);
     let outcome = session.run(events, inbound).await;
     session.host.stop();
@@ -427,6 +453,8 @@ struct Session {
     routes: HashMap<u32, u64>,
     next_key: u64,
     inbound_tx: UnboundedSender<Inbound>,
+    /// The most intra-op threads a worker gets (the node's offer).
+    max_threads: u32,
 }
 
 impl Session {
@@ -522,7 +550,8 @@ impl Session {
                 provisioned.remove(&worker);
             }
             Message::SetThreads { worker, threads } => {
-                if let Err(error) = pool.set_threads(worker, threads) {
+                // Never more than the node offered (a controller of an older build may ask).
+                if let Err(error) = pool.set_threads(worker, threads.min(self.max_threads)) {
                     reply(WorkerEvent::ReconfigureFailed { worker, error });
                 }
             }

@@ -388,6 +388,8 @@ pub struct Welcome {
     pub slots: u32,
     /// Its parameter-cache capacity, bytes.
     pub cache_bytes: u64,
+    /// Intra-op threads each of its workers may use.
+    pub threads: u32,
 }
 
 /// Connect to the node at `address` (admitted by `trust`), send `hello` on the first
@@ -421,7 +423,9 @@ pub async fn handshake(
     let answer = match tokio::time::timeout(idle_timeout, exchange).await {
         Err(_) => Err(anyhow!("node {address} did not answer the hello within {idle_timeout:?}")),
         Ok(Err(error)) => Err(anyhow!("sending the hello to node {address}: {error}")),
-        Ok(Ok(Ok(Some(Message::Welcome { device, name, slots, cache_bytes })))) => Ok(Welcome { device, name, slots, cache_bytes }),
+        Ok(Ok(Ok(Some(Message::Welcome { device, name, slots, cache_bytes, threads })))) => {
+            Ok(Welcome { device, name, slots, cache_bytes, threads })
+        }
         Ok(Ok(Ok(Some(Message::Refused { reason })))) => Err(anyhow!("node {address} refused {what}: {reason}")),
         Ok(Ok(Ok(Some(other)))) => Err(anyhow!("node {address} answered the hello with a {}", other.name())),
         Ok(Ok(Ok(None))) => Err(anyhow!("node {address} ended the hello stream without an answer")),

@@ -43,6 +43,38 @@ pub struct HostDef {
     pub slots: u32,
     /// Host memory for cached model parameters.
     pub cache_bytes: u64,
+    /// Speed of its devices relative to the stages' profiles: 1 runs a job in its
+    /// profiled time, 2 in half of it. The simulator runs jobs at this speed; live, the
+    /// engine measures each host's own ([`HostReport::measured_speed`]).
+    pub speed: f64,
+    /// Intra-op threads each of its workers may use (its cores per slot; 0: not
+    /// stated). The policy may give a worker no more threads than the fewest any
+    /// host with a slot offers.
+    pub threads: u32,
+}
+
+impl HostDef {
+    /// A host of `slots` slots and `cache_bytes` of parameter cache, at the profiles' speed.
+    pub fn new(name: impl Into<String>, slots: u32, cache_bytes: u64) -> Self {
+        Self { name: name.into(), slots, cache_bytes, speed: 1.0, threads: 0 }
+    }
+}
+
+/// A host as an operator (and the simulator's host list) sees it: its definition,
+/// what it caches and runs, and how fast its jobs ran against their profiles.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostReport {
+    /// Its definition (slots, cache capacity, configured speed).
+    pub def: HostDef,
+    /// Bytes of parameters cached.
+    pub cache_used: u64,
+    /// Workers seated on it.
+    pub workers: u32,
+    /// Batch jobs whose time was measured on it.
+    pub jobs: u64,
+    /// Profiled time over measured time of those jobs (`None` before the first):
+    /// the speed to give this host in a simulated cluster.
+    pub measured_speed: Option<f64>,
 }
 
 /// Where a new worker starts, and whether from the host's cache.
@@ -88,6 +120,8 @@ struct HostModel {
     taken: BTreeMap<u32, u32>,
     /// Least recently used first.
     cache: Vec<CacheEntry>,
+    /// Batch jobs measured here: (jobs, profiled ns, measured ns).
+    measured: (u64, u128, u128),
 }
 
 impl HostModel {
@@ -147,12 +181,8 @@ impl Hosts {
     /// The hosts `defs` names, or the implicit one with `max_workers` slots.
     pub(crate) fn new(defs: &[HostDef], max_workers: u32) -> Self {
         let implicit = defs.is_empty();
-        let defs = if implicit {
-            vec![HostDef { name: IMPLICIT_HOST.into(), slots: max_workers, cache_bytes: DEFAULT_HOST_CACHE_BYTES }]
-        } else {
-            defs.to_vec()
-        };
-        let hosts = defs.into_iter().map(|def| HostModel { def, taken: BTreeMap::new(), cache: Vec::new() }).collect();
+        let defs = if implicit { vec![HostDef::new(IMPLICIT_HOST, max_workers, DEFAULT_HOST_CACHE_BYTES)] } else { defs.to_vec() };
+        let hosts = defs.into_iter().map(|def| HostModel { def, taken: BTreeMap::new(), cache: Vec::new(), measured: (0, 0, 0) }).collect();
         Self { hosts, implicit, seats: FxHashMap::default() }
     }
 
@@ -186,7 +216,7 @@ impl Hosts {
         for def in defs {
             match self.hosts.iter_mut().find(|h| h.def.name == def.name) {
                 Some(host) => host.def = def.clone(),
-                None => self.hosts.push(HostModel { def: def.clone(), taken: BTreeMap::new(), cache: Vec::new() }),
+                None => self.hosts.push(HostModel { def: def.clone(), taken: BTreeMap::new(), cache: Vec::new(), measured: (0, 0, 0) }),
             }
         }
         Ok(())
@@ -197,11 +227,6 @@ impl Hosts {
         let mut workers: Vec<u32> = self.seats.iter().filter(|(_, seat)| seat.host == host).map(|(w, _)| *w).collect();
         workers.sort_unstable();
         workers
-    }
-
-    /// The host a worker is seated on.
-    pub(crate) fn host_of(&self, worker: u32) -> Option<u32> {
-        self.seats.get(&worker).map(|seat| seat.host)
     }
 
     /// Seat a new worker of `stage` running `variant` (`bytes` of parameters) where
@@ -300,6 +325,38 @@ impl Hosts {
         self.hosts.iter().fold((0, 0), |(used, cap), h| (used + h.cache_used(), cap + h.def.cache_bytes))
     }
 
+    /// The most intra-op threads a worker may use on every host with a slot (`None`
+    /// when no such host states it).
+    pub(crate) fn thread_limit(&self) -> Option<u32> {
+        self.hosts.iter().filter(|h| h.def.slots > 0 && h.def.threads > 0).map(|h| h.def.threads).min()
+    }
+
+    /// A batch job on `worker` took `measured` ns against `profiled` ns by its profile.
+    pub(crate) fn job_measured(&mut self, worker: u32, profiled: u64, measured: u64) {
+        if let Some(seat) = self.seats.get(&worker) {
+            let total = &mut self.hosts[seat.host as usize].measured;
+            *total = (total.0 + 1, total.1 + profiled as u128, total.2 + measured as u128);
+        }
+    }
+
+    /// Every host as an operator sees it.
+    pub(crate) fn reports(&self) -> Vec<HostReport> {
+        self.hosts
+            .iter()
+            .enumerate()
+            .map(|(i, h)| {
+                let (jobs, profiled, measured) = h.measured;
+                HostReport {
+                    def: h.def.clone(),
+                    cache_used: h.cache_used(),
+                    workers: self.seats.values().filter(|seat| seat.host == i as u32).count() as u32,
+                    jobs,
+                    measured_speed: (jobs > 0 && measured > 0).then(|| profiled as f64 / measured as f64),
+                }
+            })
+            .collect()
+    }
+
     /// A host's slots as the validator sees them.
     pub(crate) fn slots(&self, host: u32) -> Option<HostSlots> {
         let h = self.hosts.get(host as usize)?;
@@ -312,7 +369,7 @@ mod tests {
     use super::*;
 
     fn two_hosts() -> Hosts {
-        let def = |name: &str, slots| HostDef { name: name.into(), slots, cache_bytes: 10 << 30 };
+        let def = |name: &str, slots| HostDef::new(name, slots, 10 << 30);
         Hosts::new(&[def("a", 2), def("b", 4)], 6)
     }
 
@@ -340,7 +397,7 @@ mod tests {
 
     #[test]
     fn entries_are_evicted_least_recently_used_first_above_85_percent_of_the_cache() {
-        let mut hosts = Hosts::new(&[HostDef { name: "a".into(), slots: 8, cache_bytes: 10 << 30 }], 8);
+        let mut hosts = Hosts::new(&[HostDef::new("a", 8, 10 << 30)], 8);
         // 8.5 GiB fit: 3 × 2.5 GiB = 7.5 fit, a fourth does not.
         let gib = |x: f64| (x * (1u64 << 30) as f64) as u64;
         for stage in 0..3 {
@@ -357,7 +414,7 @@ mod tests {
 
     #[test]
     fn without_cache_memory_every_start_is_cold() {
-        let mut hosts = Hosts::new(&[HostDef { name: "a".into(), slots: 4, cache_bytes: 0 }], 4);
+        let mut hosts = Hosts::new(&[HostDef::new("a", 4, 0)], 4);
         for worker in 0..3 {
             assert!(!hosts.place(worker, 0, 0, 1 << 30, None, 0).warm);
             hosts.release(worker);
@@ -385,5 +442,32 @@ mod tests {
         hosts.set_max_workers(5);
         assert_eq!(hosts.slots(0).unwrap().free, vec![0, 1, 2, 3, 4]);
         assert_eq!(hosts.info()[0].cache_capacity, DEFAULT_HOST_CACHE_BYTES);
+    }
+
+    #[test]
+    fn a_host_measures_its_speed_from_the_jobs_seated_on_it() {
+        let mut hosts = two_hosts();
+        let on_b = hosts.place(1, 0, 0, 0, None, 0);
+        assert_eq!(on_b.host, 1);
+        assert_eq!(hosts.reports()[1].measured_speed, None);
+        hosts.job_measured(1, 10_000, 20_000);
+        hosts.job_measured(1, 30_000, 60_000);
+        hosts.job_measured(99, 10, 1_000); // not seated: ignored
+        let reports = hosts.reports();
+        assert_eq!((reports[1].jobs, reports[1].measured_speed), (2, Some(0.5)));
+        assert_eq!((reports[0].jobs, reports[0].workers, reports[1].workers), (0, 0, 1));
+    }
+
+    #[test]
+    fn the_thread_limit_is_the_fewest_threads_a_serving_host_offers() {
+        let mut hosts = two_hosts();
+        assert_eq!(hosts.thread_limit(), None, "not stated");
+        let def = |name: &str, slots, threads| HostDef { threads, ..HostDef::new(name, slots, 10 << 30) };
+        hosts.set_defs(&[def("a", 2, 4), def("b", 4, 0)]).unwrap();
+        assert_eq!(hosts.thread_limit(), Some(4));
+        hosts.set_defs(&[def("a", 2, 4), def("b", 4, 0), def("c", 1, 2)]).unwrap();
+        assert_eq!(hosts.thread_limit(), Some(2));
+        hosts.set_defs(&[def("a", 2, 4), def("b", 4, 0), def("c", 0, 2)]).unwrap();
+        assert_eq!(hosts.thread_limit(), Some(4), "a host without a slot (it left) limits nothing");
     }
 }

@@ -629,6 +629,11 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         let stage_id = worker.info.stage;
         let variant_id = worker.info.variant;
         let kind = self.state.pipeline.stages[stage_id as usize].kind;
+        if kind == StageKind::Batch {
+            // The host's measured speed: this job's profiled time against its own.
+            let profiled = self.state.pipeline.stages[stage_id as usize].variants[variant_id as usize].profile.mean(items.len() as u32);
+            self.state.hosts.job_measured(result.worker, profiled, result.duration);
+        }
         // Accelerator time, attributed to the origins of the job's pieces (those that
         // ended meanwhile too: their time was wasted).
         let origins = std::mem::take(&mut worker.job_origins);

@@ -178,18 +178,11 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         Ok(outcome)
     }
 
-    /// Which host each serving worker is seated on, by host name: `(worker, stage,
-    /// host)` in worker order.
-    pub fn seats(&self) -> Vec<(u32, u32, String)> {
-        let names = self.state.host_info();
-        self.state
-            .workers
-            .values()
-            .filter_map(|w| {
-                let host = self.state.hosts.host_of(w.info.id)?;
-                Some((w.info.id, w.info.stage, names.get(host as usize)?.name.clone()))
-            })
-            .collect()
+    /// Every host of the cluster with what it caches and runs and how fast its batch
+    /// jobs ran against their profiles (`yardmaster cluster hosts` writes these as the
+    /// simulator's host list).
+    pub fn host_reports(&self) -> Vec<crate::hosts::HostReport> {
+        self.state.hosts.reports()
     }
 
     /// Replace the policy parameters (the models' own settings change as models are

@@ -438,7 +438,7 @@ impl ClusterView for ClusterState {
     }
 
     fn max_threads(&self) -> u32 {
-        self.max_threads
+        self.hosts.thread_limit().map_or(self.max_threads, |limit| limit.min(self.max_threads))
     }
 
     fn host_slots(&self, host: u32) -> Option<HostSlots> {

@@ -33,7 +33,7 @@ pub fn from_loki_app(json: &str, profiles: &LokiProfiles, source_name: &str) -> 
 pub use loki::LokiProfiles;
 
 /// Read a cluster's hosts: a TOML file of `[[host]]` tables (`name`, `slots`,
-/// `cache_gib`, `speed`), as in a pipeline file and as `yardmaster cluster hosts`
+/// `cache_gib`, `speed`, `threads`), as in a pipeline file and as `yardmaster cluster hosts`
 /// writes them from a live controller. At least one host; names unique.
 pub fn hosts_from_toml(text: &str, source_name: &str) -> Result<Vec<HostDef>, PipelineError> {
     let error = |message: String| PipelineError { source_name: source_name.into(), message };
@@ -55,12 +55,16 @@ pub fn hosts_to_toml(hosts: &[HostDef]) -> String {
     let mut out = String::new();
     for host in hosts {
         out.push_str(&format!(
-            "[[host]]\nname = {}\nslots = {}\ncache_gib = {}\nspeed = {}\n\n",
+            "[[host]]\nname = {}\nslots = {}\ncache_gib = {}\nspeed = {}\n",
             toml_string(&host.name),
             host.slots,
             host.cache_bytes as f64 / (1u64 << 30) as f64,
             host.speed
         ));
+        if host.threads > 0 {
+            out.push_str(&format!("threads = {}\n", host.threads));
+        }
+        out.push('\n');
     }
     out
 }
@@ -133,6 +137,8 @@ mod toml_format {
         cache_gib: Option<f64>,
         /// Speed relative to the stages' profiles (default 1).
         speed: Option<f64>,
+        /// Intra-op threads each of its workers may use (default: not stated).
+        threads: Option<u32>,
     }
 
     impl HostFile {
@@ -149,7 +155,8 @@ mod toml_format {
             if !(speed.is_finite() && speed > 0.0) {
                 return Err(format!("host {:?}: speed must be a positive number (1 runs jobs in their profiled time)", self.name));
             }
-            Ok(HostDef { speed, ..HostDef::new(self.name.clone(), self.slots, (gib * (1u64 << 30) as f64) as u64) })
+            let threads = self.threads.unwrap_or(0);
+            Ok(HostDef { speed, threads, ..HostDef::new(self.name.clone(), self.slots, (gib * (1u64 << 30) as f64) as u64) })
         }
     }
 

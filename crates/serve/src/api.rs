@@ -11,7 +11,9 @@
 //! statistics extension, when the backend keeps statistics),
 //! `POST /v2/models/{model}[/versions/{v}]/infer`, `POST /v2/repository/index`
 //! (Triton's repository index; load and unload are refused with the reason), and
-//! `GET /metrics` (Prometheus text, when a renderer is set).
+//! `GET /metrics` (Prometheus text, when a renderer is set), and `GET /v2/cluster` (a
+//! cluster controller's hosts as JSON, when a reporter is set: see
+//! `super::membership::cluster_view`).
 //!
 //! Status codes: 400 for a malformed request (with the reason), 404 for an unknown
 //! model or route, 405 for a wrong method, 413 for an oversized body, 503 when the
@@ -282,6 +284,9 @@ impl ApiResponse {
 /// Renders the Prometheus text exposition.
 pub type MetricsRenderer = Arc<dyn Fn() -> String + Send + Sync>;
 
+/// Describes the live cluster's hosts for `GET /v2/cluster`.
+pub type ClusterReporter = Arc<dyn Fn() -> Value + Send + Sync>;
+
 /// The client API.
 pub struct Api {
     backend: Arc<dyn Backend>,
@@ -289,6 +294,7 @@ pub struct Api {
     /// its model up here, read again when the backend's generation moves on.
     models: std::sync::RwLock<(u64, Arc<Vec<ModelMetadata>>)>,
     metrics: Option<MetricsRenderer>,
+    cluster: Option<ClusterReporter>,
     max_body: usize,
     admission: Admission,
 }
@@ -330,7 +336,7 @@ impl Api {
     pub fn new(backend: Arc<dyn Backend>) -> Self {
         let models = std::sync::RwLock::new((backend.generation(), Arc::new(backend.models())));
         let admission = Admission { limit: DEFAULT_MAX_IN_FLIGHT, in_flight: Arc::default(), refused: AtomicU64::new(0) };
-        Self { backend, models, metrics: None, max_body: DEFAULT_MAX_BODY, admission }
+        Self { backend, models, metrics: None, cluster: None, max_body: DEFAULT_MAX_BODY, admission }
     }
 
     /// The backend's models as of its current generation.
@@ -369,6 +375,12 @@ impl Api {
         self
     }
 
+    /// Serve `GET /v2/cluster` with `report` (a cluster controller).
+    pub fn with_cluster(mut self, report: ClusterReporter) -> Self {
+        self.cluster = Some(report);
+        self
+    }
+
     /// Refuse bodies larger than `bytes` with 413.
     pub fn with_max_body(mut self, bytes: usize) -> Self {
         self.max_body = bytes;
@@ -402,6 +414,12 @@ impl Api {
                 &json!({ "name": "yardmaster", "version": env!("CARGO_PKG_VERSION"), "extensions": EXTENSIONS }),
             ),
             ["v2", "models", "stats"] if get => self.statistics(None),
+            ["v2", "cluster"] if get => match &self.cluster {
+                Some(report) => ApiResponse::json(StatusCode::OK, &report()),
+                None => {
+                    ApiResponse::error(StatusCode::NOT_FOUND, "this server is not a cluster controller (no [cluster] nodes are configured)")
+                }
+            },
             ["v2", "repository", "index"] if request.method == Method::POST => self.repository_index(&request),
             ["v2", "repository", "models", model, action @ ("load" | "unload")] if request.method == Method::POST => {
                 self.model_control(&request, model, action).await
@@ -686,6 +704,11 @@ mod tests {
         assert_eq!(body["id"], "a");
         assert_eq!(body["outputs"][0]["data"], json!([3.0, 4.0]));
         assert_eq!(&call(&api, Method::GET, "/metrics", "").body[..], b"up 1\n");
+        let cluster = call(&api, Method::GET, "/v2/cluster", "");
+        assert_eq!(cluster.status, StatusCode::NOT_FOUND);
+        assert!(String::from_utf8_lossy(&cluster.body).contains("not a cluster controller"));
+        let api = api.with_cluster(Arc::new(|| json!({"hosts": [{"name": "node-0"}]})));
+        assert_eq!(json_of(&call(&api, Method::GET, "/v2/cluster", ""))["hosts"][0]["name"], "node-0");
     }
 
     #[test]

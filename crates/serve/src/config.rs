@@ -476,12 +476,16 @@ impl ServeConfig {
         self.device.parse().map_err(|e: String| anyhow::anyhow!(e))
     }
 
-    /// The engine's options for this configuration: the policy parameters and the LLM
-    /// accounting's LS time between tokens (`tbt_ms`); the rest at their defaults.
+    /// The engine's options for this configuration: the policy parameters, the LLM
+    /// accounting's LS time between tokens (`tbt_ms`), and no more intra-op threads per
+    /// worker than this machine's cores (a cluster's nodes each state their own); the
+    /// rest at their defaults.
     pub fn engine_options(&self) -> EngineOptions {
         let params = self.policy_params();
         let ls_time_between_tokens = EngineOptions::ls_time_between_tokens_from(self.tbt_ms, &params);
-        EngineOptions { params, ls_time_between_tokens, ..EngineOptions::default() }
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+        let max_threads = EngineOptions::default().max_threads.min(cores);
+        EngineOptions { params, ls_time_between_tokens, max_threads, ..EngineOptions::default() }
     }
 
     /// The policy parameters in the contract's form.

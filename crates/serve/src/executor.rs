@@ -39,11 +39,12 @@ use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
-use yardmaster_dataplane::{Job, ModelSpec, Request, Tensor, WorkerEvent};
+use yardmaster_dataplane::{Job, ModelSpec, Request, StartKind, Tensor, WorkerEvent};
 
 use super::actor::{Actor, ActorHandle};
 use super::payload::{PayloadStore, Prepared};
 use super::stages::StageProgram;
+use super::starts::{StartCount, StartLog};
 use super::watchdog::{self, WatchdogConfig};
 use super::workers::Workers;
 use yardmaster_engine::{BatchJob, Executor, ItemResult, JobResult, MonotonicClock, Pipeline, Profile, WorkerStart};
@@ -271,6 +272,8 @@ struct Shared {
     /// Worker → its group, for workers seated on a cluster host (the others follow
     /// their stage's group).
     worker_groups: Mutex<HashMap<u32, usize>>,
+    /// Where workers were seated and predicted to start warm, against their `Ready`.
+    starts: Mutex<StartLog>,
 }
 
 impl Shared {
@@ -450,6 +453,7 @@ impl OnnxExecutor {
             replaced: Mutex::default(),
             host_groups: RwLock::default(),
             worker_groups: Mutex::default(),
+            starts: Mutex::default(),
         });
         let finishers = start_finishers(&shared);
         let mut groups = Vec::with_capacity(placements.len());
@@ -487,6 +491,13 @@ impl OnnxExecutor {
             executor.provision(worker, stage, 0, start);
         }
         executor
+    }
+
+    /// Worker starts so far: where, warm or cold, against the engine's prediction;
+    /// and how many started on another host than the one they were seated on.
+    pub fn worker_starts(&self) -> (Vec<StartCount>, u64) {
+        let log = lock(&self.shared.starts);
+        (log.counts(), log.misplaced())
     }
 
     /// The worker board.
@@ -738,6 +749,7 @@ impl Executor for OnnxExecutor {
     fn provision(&mut self, worker: u32, stage: u32, variant: u32, start: WorkerStart) {
         self.worker_stage.insert(worker, (stage, variant));
         self.shared.board.set(worker, stage, WorkerStatus::Loading);
+        lock(&self.shared.starts).seated(worker, start.host, start.warm);
         // A worker seated on a cluster host runs there when the host serves its stage
         // (a model loaded after the host joined is served by this host's pools).
         let host_group = read(&self.shared.host_groups).get(&start.host).copied();
@@ -749,6 +761,7 @@ impl Executor for OnnxExecutor {
         let Some(group) = self.group_of(worker) else { return };
         let provisioned = lock(&group).provision(worker, stage, variant);
         if let Err(error) = provisioned {
+            lock(&self.shared.starts).forget(worker);
             tracing::error!(worker, stage, variant, "worker could not be provisioned: {error}; it is reported lost");
             self.shared.board.set(worker, stage, WorkerStatus::Failed(error.to_string()));
             // The engine counts it as starting until told: a stage whose only workers
@@ -761,6 +774,7 @@ impl Executor for OnnxExecutor {
         // The next `Retired` of this id is this retirement's (or the replaced
         // instance's, which is gone as well).
         lock(&self.shared.replaced).remove(&worker);
+        lock(&self.shared.starts).forget(worker);
         if let Some(group) = self.group_of(worker) {
             lock(&group).retire(worker);
         }
@@ -809,7 +823,7 @@ fn start_group(
     let pump_shared = Arc::clone(shared);
     let finishers = finishers.clone();
     let spawned =
-        std::thread::Builder::new().name(format!("yardmaster-pump-{index}")).spawn(move || pump(&pump_shared, events, &finishers));
+        std::thread::Builder::new().name(format!("yardmaster-pump-{index}")).spawn(move || pump(&pump_shared, index, events, &finishers));
     if let Err(error) = spawned {
         tracing::error!("starting the event pump of worker group {index}: {error}; its workers' results will not arrive");
     }
@@ -870,15 +884,19 @@ fn start_finishers(shared: &Arc<Shared>) -> mpsc::Sender<Finishing> {
 /// The event pump of one placement: runs until every sender of `events` is gone. A
 /// finished job is claimed here, in the order of the worker's events, and folded by the
 /// finishers.
-fn pump(shared: &Shared, events: Receiver<WorkerEvent>, finishers: &mpsc::Sender<Finishing>) {
+fn pump(shared: &Shared, group: usize, events: Receiver<WorkerEvent>, finishers: &mpsc::Sender<Finishing>) {
     while let Ok(event) = events.recv() {
         match event {
             WorkerEvent::Ready { worker, model, kind, took } => {
                 tracing::info!(worker, %model, ?kind, took_ms = took.as_secs_f64() * 1e3, "worker ready");
+                // The host whose connection this group is (the controller's own otherwise).
+                let host = read(&shared.host_groups).iter().find(|(_, &g)| g == group).map_or(0, |(&host, _)| host);
+                lock(&shared.starts).ready(worker, host, kind == StartKind::Warm, took);
                 shared.board.update(worker, WorkerStatus::Ready);
                 let _ = shared.handle.worker_ready(worker);
             }
             WorkerEvent::StartFailed { worker, error } => {
+                lock(&shared.starts).forget(worker);
                 let error = error.to_string();
                 let stage = shared.board.update(worker, WorkerStatus::Failed(error.clone()));
                 tracing::error!(worker, ?stage, "worker failed to start: {error}; jobs sent to it fail with this error");

@@ -41,6 +41,7 @@ pub mod repository;
 pub mod server;
 pub mod stack;
 pub mod stages;
+pub mod starts;
 pub mod swap;
 pub mod tensor_codec;
 pub mod tiny_model;

@@ -81,6 +81,8 @@ pub struct HostEntry {
     pub slots: u32,
     /// Parameter-cache capacity, bytes.
     pub cache_bytes: u64,
+    /// Intra-op threads each of its workers may use (0: not stated).
+    pub threads: u32,
     /// Its address (none for the controller's own host).
     pub address: Option<SocketAddr>,
     /// Where it stands.
@@ -94,7 +96,7 @@ impl HostEntry {
             HostState::Local | HostState::Live => self.slots,
             HostState::Left | HostState::Lost => 0,
         };
-        HostDef { name: self.name.clone(), slots, cache_bytes: self.cache_bytes }
+        HostDef { threads: self.threads, ..HostDef::new(self.name.clone(), slots, self.cache_bytes) }
     }
 }
 
@@ -109,6 +111,65 @@ pub struct ClusterStatus {
     pub last_pause: Duration,
     /// The longest such pause.
     pub max_pause: Duration,
+}
+
+/// The cluster as `GET /v2/cluster` answers it: every host in engine order with its
+/// state, address, slots (what it offers; none once it left or was lost), parameter
+/// cache (capacity and bytes in use), workers, and the speed its batch jobs ran at
+/// against their profiles (`measured_speed`, with the `jobs` it was measured on; null
+/// before the first) — what `yardmaster cluster hosts` turns into the simulator's
+/// host list. `reports` are the engine's (`Engine::host_reports`), matched by name.
+pub fn cluster_view(status: &ClusterStatus, reports: &[yardmaster_engine::hosts::HostReport]) -> serde_json::Value {
+    let hosts: Vec<serde_json::Value> = status
+        .hosts
+        .iter()
+        .map(|host| {
+            let report = reports.iter().find(|r| r.def.name == host.name);
+            serde_json::json!({
+                "name": host.name,
+                "state": host.state.name(),
+                "address": host.address.map(|a| a.to_string()),
+                "slots": host.def().slots,
+                "offered_slots": host.slots,
+                "cache_bytes": host.cache_bytes,
+                "threads": host.threads,
+                "cache_used_bytes": report.map_or(0, |r| r.cache_used),
+                "workers": report.map_or(0, |r| r.workers),
+                "jobs": report.map_or(0, |r| r.jobs),
+                "measured_speed": report.and_then(|r| r.measured_speed),
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "hosts": hosts,
+        "membership_changes": status.changes,
+        "last_pause_seconds": status.last_pause.as_secs_f64(),
+        "max_pause_seconds": status.max_pause.as_secs_f64(),
+    })
+}
+
+/// The hosts of a [`cluster_view`] as a simulated cluster: every host with a slot
+/// (a node that left or was lost is not simulated; the controller's own host only
+/// when it has slots), with its cache capacity and its measured speed (1 where
+/// none was measured yet). `Err` when the view has no such host.
+pub fn simulated_hosts(view: &serde_json::Value) -> Result<Vec<HostDef>, String> {
+    let hosts = view["hosts"].as_array().ok_or("the answer has no \"hosts\" list: is this a Yardmaster cluster controller?")?;
+    let mut defs = Vec::new();
+    for host in hosts {
+        let name = host["name"].as_str().ok_or("a host without a name")?;
+        let slots = host["slots"].as_u64().ok_or_else(|| format!("host {name} has no slot count"))? as u32;
+        if slots == 0 {
+            continue;
+        }
+        let cache_bytes = host["cache_bytes"].as_u64().unwrap_or(0);
+        let speed = host["measured_speed"].as_f64().filter(|s| s.is_finite() && *s > 0.0).unwrap_or(1.0);
+        let threads = host["threads"].as_u64().unwrap_or(0) as u32;
+        defs.push(HostDef { speed, threads, ..HostDef::new(name, slots, cache_bytes) });
+    }
+    if defs.is_empty() {
+        return Err("no host of the cluster has a slot: no node has joined".into());
+    }
+    Ok(defs)
 }
 
 /// The status, shared.
@@ -213,6 +274,7 @@ impl Cluster {
             name: local_name.to_string(),
             slots: local_slots,
             cache_bytes: yardmaster_engine::hosts::DEFAULT_HOST_CACHE_BYTES,
+            threads: (machine_cores() / local_slots.max(1)).max(1),
             address: None,
             state: HostState::Local,
         };
@@ -279,6 +341,7 @@ impl Cluster {
             name: welcome.name.clone(),
             slots: welcome.slots,
             cache_bytes: welcome.cache_bytes,
+            threads: welcome.threads,
             address: Some(address),
             state: HostState::Live,
         };
@@ -477,6 +540,54 @@ pub fn spread(pipeline: &mut Pipeline, per_host: &[u32], hosts: Vec<HostDef>) {
     pipeline.hosts = hosts;
 }
 
+/// The cores this process may use (its cgroup's quota on Kubernetes).
+fn machine_cores() -> u32 {
+    std::thread::available_parallelism().map_or(1, |n| n.get() as u32)
+}
+
 fn lock(status: &Mutex<ClusterStatus>) -> std::sync::MutexGuard<'_, ClusterStatus> {
     status.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use yardmaster_engine::hosts::HostReport;
+
+    #[test]
+    fn the_cluster_view_becomes_the_simulated_cluster_of_the_hosts_that_serve() {
+        let entry =
+            |name: &str, slots, state| HostEntry { name: name.into(), slots, cache_bytes: 4 << 30, threads: 2, address: None, state };
+        let status = ClusterStatus {
+            hosts: vec![
+                entry("controller", 0, HostState::Local),
+                entry("node-0", 2, HostState::Live),
+                entry("node-1", 1, HostState::Lost),
+                entry("node-2", 1, HostState::Live),
+            ],
+            changes: 3,
+            ..Default::default()
+        };
+        let report = |name: &str, speed| HostReport {
+            def: HostDef::new(name, 1, 4 << 30),
+            cache_used: 0,
+            workers: 1,
+            jobs: 5,
+            measured_speed: speed,
+        };
+        let view = cluster_view(&status, &[report("node-0", Some(0.5)), report("node-2", None)]);
+        assert_eq!(view["hosts"][2]["state"], "lost");
+        assert_eq!(view["hosts"][2]["slots"], 0, "a lost node offers nothing");
+        assert_eq!(view["hosts"][2]["offered_slots"], 1);
+        assert_eq!(view["membership_changes"], 3);
+        let hosts = simulated_hosts(&view).unwrap();
+        let expected = vec![
+            HostDef { speed: 0.5, threads: 2, ..HostDef::new("node-0", 2, 4 << 30) },
+            HostDef { threads: 2, ..HostDef::new("node-2", 1, 4 << 30) },
+        ];
+        assert_eq!(hosts, expected);
+        let nobody = ClusterStatus { hosts: vec![entry("controller", 0, HostState::Local)], ..Default::default() };
+        assert!(simulated_hosts(&cluster_view(&nobody, &[])).unwrap_err().contains("no node has joined"));
+        assert!(simulated_hosts(&serde_json::json!({"error": "x"})).unwrap_err().contains("no \"hosts\""));
+    }
 }

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use super::ab::Arms;
+use yardmaster_engine::hosts::HostReport;
 use yardmaster_engine::metrics::{Histogram, Stats};
 use yardmaster_engine::{Clock, Engine, EngineStats, Executor};
 use yardmaster_policy::arm::SWAP_PAUSE_BUCKETS_US;
@@ -392,16 +393,18 @@ pub fn render_gpu_memory(device: yardmaster_dataplane::Device) -> String {
     }
 }
 
-/// The live cluster's hosts (`[cluster]`, see `super::membership`):
-/// `yardmaster_cluster_host_slots` per host
-/// (labelled `host` and `state`: local, live, left or lost),
-/// `yardmaster_cluster_membership_changes_total`, and the wall time the last and the
-/// longest membership change held the engine.
+/// The live cluster's hosts (`[cluster]`, see `super::membership`), per host (labels
+/// `host`, and `state` on the slots: local, live, left or lost):
+/// `yardmaster_cluster_host_slots`, `yardmaster_cluster_host_workers`, the parameter
+/// cache's `yardmaster_cluster_host_cache_bytes` and `…_cache_capacity_bytes`, and
+/// `yardmaster_cluster_host_speed_ratio` (profiled over measured time of its batch
+/// jobs, once it ran one); then `yardmaster_cluster_membership_changes_total` and the
+/// wall time the last and the longest membership change held the engine.
 ///
-/// `seats` are the engine's `(worker, stage, host)` (`Engine::seats`):
-/// `yardmaster_cluster_host_workers` counts the workers each host runs.
-pub fn render_cluster(status: &super::membership::ClusterStatus, seats: &[(u32, u32, String)]) -> String {
+/// `reports` are the engine's hosts (`Engine::host_reports`), matched by name.
+pub fn render_cluster(status: &super::membership::ClusterStatus, reports: &[HostReport]) -> String {
     let mut out = Exposition::new();
+    let report_of = |name: &str| reports.iter().find(|r| r.def.name == name);
     for host in &status.hosts {
         let labels = [("host", host.name.as_str()), ("state", host.state.name())];
         out.sample(
@@ -413,9 +416,35 @@ pub fn render_cluster(status: &super::membership::ClusterStatus, seats: &[(u32, 
         );
     }
     for host in &status.hosts {
-        let workers = seats.iter().filter(|(_, _, name)| *name == host.name).count();
         let labels = [("host", host.name.as_str())];
+        let report = report_of(&host.name);
+        let workers = report.map_or(0, |r| r.workers);
         out.sample("yardmaster_cluster_host_workers", "gauge", "Model workers running on each host.", &labels, workers as f64);
+        out.sample(
+            "yardmaster_cluster_host_cache_bytes",
+            "gauge",
+            "Bytes of model parameters each host caches (as the engine models its cache).",
+            &labels,
+            report.map_or(0, |r| r.cache_used) as f64,
+        );
+        out.sample(
+            "yardmaster_cluster_host_cache_capacity_bytes",
+            "gauge",
+            "Parameter-cache capacity of each host.",
+            &labels,
+            host.cache_bytes as f64,
+        );
+    }
+    for host in &status.hosts {
+        if let Some(speed) = report_of(&host.name).and_then(|r| r.measured_speed) {
+            out.sample(
+                "yardmaster_cluster_host_speed_ratio",
+                "gauge",
+                "Profiled time over measured time of each host's batch jobs (1: as profiled; 2: twice as fast).",
+                &[("host", host.name.as_str())],
+                speed,
+            );
+        }
     }
     out.sample(
         "yardmaster_cluster_membership_changes_total",
@@ -437,6 +466,50 @@ pub fn render_cluster(status: &super::membership::ClusterStatus, seats: &[(u32, 
         "The longest wall time a membership change held the engine.",
         &[],
         status.max_pause.as_secs_f64(),
+    );
+    out.finish()
+}
+
+/// Worker starts, from the executor's start log (`super::starts`):
+/// `yardmaster_worker_starts_total{host,kind,predicted}` (kind: what the worker's
+/// process did, warm from its model cache or cold from disk; predicted: what the
+/// engine's model of the hosts' caches said), `yardmaster_worker_start_seconds_total{host,kind}`,
+/// and `yardmaster_worker_starts_misplaced_total` (started on another host than the
+/// engine seated them on; 0 unless placement is broken). `hosts` names the engine's
+/// hosts by id.
+pub fn render_worker_starts(counts: &[crate::starts::StartCount], misplaced: u64, hosts: &[String]) -> String {
+    let mut out = Exposition::new();
+    let kind = |warm: bool| if warm { "warm" } else { "cold" };
+    let name = |host: u32| hosts.get(host as usize).cloned().unwrap_or_else(|| format!("host-{host}"));
+    for count in counts {
+        let host = name(count.host);
+        out.sample(
+            "yardmaster_worker_starts_total",
+            "counter",
+            "Worker starts by host, by what happened (warm: from the model cache) and what the engine predicted.",
+            &[("host", &host), ("kind", kind(count.warm)), ("predicted", kind(count.predicted_warm))],
+            count.starts as f64,
+        );
+    }
+    let mut seconds: BTreeMap<(String, bool), f64> = BTreeMap::new();
+    for count in counts {
+        *seconds.entry((name(count.host), count.warm)).or_default() += count.seconds;
+    }
+    for ((host, warm), total) in &seconds {
+        out.sample(
+            "yardmaster_worker_start_seconds_total",
+            "counter",
+            "Time workers took to start (load their model), by host and start kind.",
+            &[("host", host), ("kind", kind(*warm))],
+            *total,
+        );
+    }
+    out.sample(
+        "yardmaster_worker_starts_misplaced_total",
+        "counter",
+        "Workers that started on another host than the engine seated them on.",
+        &[],
+        misplaced as f64,
     );
     out.finish()
 }
@@ -477,6 +550,82 @@ fn render_one<C: Clock, X: Executor>(out: &mut Exposition, engine: &Engine<C, X>
         &[("arm", arm)],
         engine.in_flight() as f64,
     );
+    render_stage_loads(out, arm, &stage_loads(engine.state()));
+}
+
+/// What one stage holds now: the gauges a gateway's endpoint picker reads.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StageLoad {
+    /// The stage (the `stage` label).
+    pub name: String,
+    /// Requests (pieces) waiting at it: queued for the policy, handed back until a
+    /// time, or waiting for their siblings at a fan-in.
+    pub waiting: u64,
+    /// Requests in a job running on one of its workers, or resident and paused on one
+    /// (an LLM sequence between frames).
+    pub running: u64,
+    /// An LLM stage's KV cache: bytes resident and its workers' capacity.
+    pub kv_cache: Option<(u64, u64)>,
+}
+
+/// Every stage's load, counted from the engine's pieces and workers (at scrape time).
+pub fn stage_loads(state: &yardmaster_engine::ClusterState) -> Vec<StageLoad> {
+    use yardmaster_engine::PieceState;
+    use yardmaster_policy::contract::StageKind;
+    let stages = &state.pipeline().stages;
+    let mut loads: Vec<StageLoad> = stages
+        .iter()
+        .map(|s| StageLoad { name: s.name.clone(), waiting: 0, running: 0, kv_cache: (s.kind == StageKind::Iteration).then_some((0, 0)) })
+        .collect();
+    for piece in state.pieces().values() {
+        let Some(load) = loads.get_mut(piece.request.stage as usize) else { continue };
+        match piece.state {
+            PieceState::Queued | PieceState::Deferred | PieceState::Merging => load.waiting += 1,
+            PieceState::Running(_) | PieceState::Paused(_) => load.running += 1,
+        }
+    }
+    for worker in state.workers().values() {
+        if let Some(Some((used, capacity))) = loads.get_mut(worker.info.stage as usize).map(|l| l.kv_cache.as_mut()) {
+            *used += worker.resident.values().sum::<u64>();
+            *capacity += worker.info.memory_bytes;
+        }
+    }
+    loads
+}
+
+/// `yardmaster_requests_waiting` and `yardmaster_requests_running` per stage, and
+/// `yardmaster_kv_cache_usage_ratio` per LLM stage (0–1; 0 with no capacity yet).
+pub fn render_stage_loads(out: &mut Exposition, arm: &str, loads: &[StageLoad]) {
+    for load in loads {
+        let labels = [("arm", arm), ("stage", load.name.as_str())];
+        out.sample(
+            "yardmaster_requests_waiting",
+            "gauge",
+            "Requests waiting at each stage (not in a running job).",
+            &labels,
+            load.waiting as f64,
+        );
+        out.sample(
+            "yardmaster_requests_running",
+            "gauge",
+            "Requests in a running job at each stage (or resident between LLM frames).",
+            &labels,
+            load.running as f64,
+        );
+    }
+    for load in loads {
+        if let Some((used, capacity)) = load.kv_cache {
+            let ratio = if capacity == 0 { 0.0 } else { used as f64 / capacity as f64 };
+            let labels = [("arm", arm), ("stage", load.name.as_str())];
+            out.sample(
+                "yardmaster_kv_cache_usage_ratio",
+                "gauge",
+                "Fraction of an LLM stage's KV cache its resident sequences hold.",
+                &labels,
+                ratio,
+            );
+        }
+    }
 }
 
 #[cfg(test)]
@@ -524,6 +673,69 @@ mod tests {
             "yardmaster_policy_infeasible_plans_total{arm=\"a\"} 2",
             "yardmaster_policy_emitted_values_total{arm=\"a\",metric=\"loki.plan_infeasible\"} 7",
             "yardmaster_policy_emitted_last{arm=\"a\",metric=\"queue_depth\"} 12.5",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+        }
+    }
+
+    #[test]
+    fn an_endpoint_picker_finds_waiting_running_and_kv_cache_gauges_per_stage() {
+        let loads = [
+            StageLoad { name: "detect".into(), waiting: 4, running: 2, kv_cache: None },
+            StageLoad { name: "decode".into(), waiting: 0, running: 3, kv_cache: Some((1 << 30, 4 << 30)) },
+        ];
+        let mut out = Exposition::new();
+        render_stage_loads(&mut out, "main", &loads);
+        let text = out.finish();
+        for line in [
+            "yardmaster_requests_waiting{arm=\"main\",stage=\"detect\"} 4",
+            "yardmaster_requests_running{arm=\"main\",stage=\"detect\"} 2",
+            "yardmaster_requests_running{arm=\"main\",stage=\"decode\"} 3",
+            "yardmaster_kv_cache_usage_ratio{arm=\"main\",stage=\"decode\"} 0.25",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+        }
+        assert!(!text.contains("kv_cache_usage_ratio{arm=\"main\",stage=\"detect\"}"), "a batch stage has no KV cache");
+    }
+
+    #[test]
+    fn the_cluster_s_hosts_show_cache_use_and_measured_speed() {
+        use super::super::membership::{ClusterStatus, HostEntry, HostState};
+        use yardmaster_engine::hosts::HostDef;
+        let entry = |name: &str, state| HostEntry { name: name.into(), slots: 1, cache_bytes: 8 << 30, threads: 1, address: None, state };
+        let status =
+            ClusterStatus { hosts: vec![entry("node-0", HostState::Live), entry("node-1", HostState::Lost)], ..Default::default() };
+        let report = |name: &str, speed| HostReport {
+            def: HostDef::new(name, 1, 8 << 30),
+            cache_used: 1 << 20,
+            workers: 2,
+            jobs: 10,
+            measured_speed: speed,
+        };
+        let text = render_cluster(&status, &[report("node-0", Some(0.8)), report("node-1", None)]);
+        for line in [
+            "yardmaster_cluster_host_slots{host=\"node-1\",state=\"lost\"} 0",
+            "yardmaster_cluster_host_workers{host=\"node-0\"} 2",
+            "yardmaster_cluster_host_cache_bytes{host=\"node-0\"} 1048576",
+            "yardmaster_cluster_host_cache_capacity_bytes{host=\"node-1\"} 8589934592",
+            "yardmaster_cluster_host_speed_ratio{host=\"node-0\"} 0.8",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+        }
+        assert!(!text.contains("speed_ratio{host=\"node-1\"}"), "no speed before a measured job");
+    }
+
+    #[test]
+    fn worker_starts_are_labelled_by_host_kind_and_prediction() {
+        use crate::starts::StartCount;
+        let count = |host, predicted_warm, warm, starts, seconds| StartCount { host, predicted_warm, warm, starts, seconds };
+        let counts = [count(1, false, false, 2, 0.5), count(1, true, true, 3, 0.25), count(2, true, false, 1, 0.5)];
+        let text = render_worker_starts(&counts, 0, &["local".into(), "node-a".into(), "node-b".into()]);
+        for line in [
+            "yardmaster_worker_starts_total{host=\"node-a\",kind=\"warm\",predicted=\"warm\"} 3",
+            "yardmaster_worker_starts_total{host=\"node-b\",kind=\"cold\",predicted=\"warm\"} 1",
+            "yardmaster_worker_start_seconds_total{host=\"node-a\",kind=\"cold\"} 0.5",
+            "yardmaster_worker_starts_misplaced_total 0",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
         }

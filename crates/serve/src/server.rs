@@ -157,15 +157,28 @@ impl Server {
         let renderer: MetricsRenderer = Arc::new(move || {
             let mut text = metrics_handle.inspect_arms(prometheus::render_arms).unwrap_or_else(|e| format!("# {e}\n"));
             if let Some(status) = &cluster_metrics {
-                let seats = metrics_handle.inspect(|engine| engine.seats()).unwrap_or_default();
-                text.push_str(&prometheus::render_cluster(&status.lock().unwrap_or_else(|p| p.into_inner()), &seats));
+                let reports = metrics_handle.inspect(|engine| engine.host_reports()).unwrap_or_default();
+                text.push_str(&prometheus::render_cluster(&status.lock().unwrap_or_else(|p| p.into_inner()), &reports));
             }
+            let starts = metrics_handle.inspect(|engine| {
+                let hosts: Vec<String> = engine.host_reports().into_iter().map(|r| r.def.name).collect();
+                let (counts, misplaced) = engine.executor().borrow().worker_starts();
+                prometheus::render_worker_starts(&counts, misplaced, &hosts)
+            });
+            text.push_str(&starts.unwrap_or_default());
             text.push_str(&prometheus::render_gpu_memory(gpu));
             text
         });
-        let api = Arc::new(
-            Api::new(backend).with_metrics(renderer).with_max_body(config.max_body_bytes).with_max_in_flight(config.max_in_flight),
-        );
+        let mut api =
+            Api::new(backend).with_metrics(renderer).with_max_body(config.max_body_bytes).with_max_in_flight(config.max_in_flight);
+        if let Some(status) = &cluster {
+            let (status, engine) = (status.clone(), handle.clone());
+            api = api.with_cluster(Arc::new(move || {
+                let reports = engine.inspect(|engine| engine.host_reports()).unwrap_or_default();
+                super::membership::cluster_view(&status.lock().unwrap_or_else(|p| p.into_inner()), &reports)
+            }));
+        }
+        let api = Arc::new(api);
         let listeners = Listeners::start(&config.listen_options(), api).await?;
         let admin = Admin::start(&config.admin, Arc::new(Swapper::new(handle.clone(), sandbox, failure))).await?;
         let remote = config.remote.clone();

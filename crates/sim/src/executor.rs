@@ -1,7 +1,8 @@
 //! The simulator's executor: jobs take their profiled latency (with noise), LLM
 //! frames generate tokens and pay for prefill, swaps and the spread of input lengths,
 //! detectors fan out, and new workers start warm or cold as the engine's model of the
-//! hosts' parameter caches says (`yardmaster_engine::hosts`).
+//! hosts' parameter caches says (`yardmaster_engine::hosts`); a job runs at its
+//! host's speed (`HostDef::speed`) times its worker's own (`--worker-speed`).
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
@@ -63,6 +64,8 @@ pub enum ExecEvent {
 struct SimWorker {
     variant: u32,
     threads: u32,
+    /// Its speed against the profile: its host's, times its own `worker_speed`.
+    speed: f64,
     /// Bumped on abort and retire, so a stale completion is ignored.
     generation: u64,
 }
@@ -88,9 +91,11 @@ impl SimExecutor {
     /// are already serving.
     pub fn new(pipeline: &Pipeline, options: SimExecutorOptions, rng: SimRng) -> Self {
         let mut workers = FxHashMap::default();
-        for (worker, stage) in pipeline.initial_workers() {
+        for (worker, stage, start) in yardmaster_engine::hosts::initial_seats(pipeline) {
             let threads = pipeline.stages[stage as usize].threads;
-            workers.insert(worker, SimWorker { variant: 0, threads, generation: 0 });
+            let host_speed = pipeline.hosts.get(start.host as usize).map_or(1.0, |h| h.speed);
+            let speed = host_speed * options.speed_of(worker);
+            workers.insert(worker, SimWorker { variant: 0, threads, speed, generation: 0 });
         }
         Self {
             pipeline: std::sync::Arc::new(pipeline.clone()),
@@ -194,8 +199,9 @@ impl Executor for SimExecutor {
         let pipeline = self.pipeline.clone();
         let def = &pipeline.stages[job.stage as usize];
         let variant = &def.variants[job.variant as usize];
-        let threads = self.workers.get(&job.worker).map_or(def.threads, |w| w.threads);
-        let factor = self.thread_factor(job.stage, threads) * self.noise() / self.options.speed_of(job.worker);
+        let (threads, speed) =
+            self.workers.get(&job.worker).map_or((def.threads, self.options.speed_of(job.worker)), |w| (w.threads, w.speed));
+        let factor = self.thread_factor(job.stage, threads) * self.noise() / speed;
         let batch = job.items.len() as u32;
         let (duration, items) = match def.kind {
             StageKind::Batch => {
@@ -245,7 +251,9 @@ impl Executor for SimExecutor {
 
     fn provision(&mut self, worker: u32, stage: u32, variant: u32, start: WorkerStart) {
         let def = &self.pipeline.stages[stage as usize];
-        self.workers.insert(worker, SimWorker { variant, threads: def.threads, generation: 0 });
+        let host_speed = self.pipeline.hosts.get(start.host as usize).map_or(1.0, |h| h.speed);
+        let speed = host_speed * self.options.speed_of(worker);
+        self.workers.insert(worker, SimWorker { variant, threads: def.threads, speed, generation: 0 });
         let (warm, cold) = (def.variants[variant as usize].warm_start_ns, def.variants[variant as usize].cold_start_ns);
         let delay = if start.warm {
             self.starts.0 += 1;
@@ -306,6 +314,27 @@ mod tests {
             }
         }
         out
+    }
+
+    #[test]
+    fn a_job_runs_at_its_hosts_speed_times_its_workers_own() {
+        use yardmaster_engine::hosts::HostDef;
+        let mut p = pipeline();
+        p.hosts = vec![HostDef { speed: 0.5, ..HostDef::new("slow", 64, 0) }, HostDef { speed: 2.0, ..HostDef::new("fast", 64, 0) }];
+        let mut options = SimExecutorOptions { noise_cv: 0.0, ..Default::default() };
+        options.worker_speed.insert(200, 2.0);
+        let mut executor = SimExecutor::new(&p, options, SimRng::new(1));
+        executor.provision(100, 0, 0, WorkerStart { host: 0, slot: 0, warm: true });
+        executor.provision(200, 0, 0, WorkerStart { host: 1, slot: 0, warm: true });
+        let _ = drain(&mut executor);
+        let item = |id| JobItem { id, input_size: 0, generated: 0, expected_tokens: 0, resume: Resume::Fresh };
+        let profiled = p.stages[0].variants[0].profile.mean(1);
+        for (worker, expected) in [(100, profiled * 2), (200, profiled / 4)] {
+            let now = executor.now;
+            executor.start(BatchJob { worker, stage: 0, variant: 0, items: vec![item(worker as u64)], frame_steps: 1 });
+            let events = drain(&mut executor);
+            assert_eq!(events[0].0 - now, expected, "worker {worker}");
+        }
     }
 
     #[test]

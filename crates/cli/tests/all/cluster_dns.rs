@@ -274,6 +274,40 @@ fn a_controller_finds_its_nodes_through_dns_and_loses_and_gains_one_under_load()
             || metrics.contains("yardmaster_cluster_host_slots{host=\"node-c\",state=\"left\"} 0"),
         "{metrics}"
     );
-    eprintln!("{} requests, {ok} served; arrivals metric {arrivals}", answers.len());
+    // Every worker started where the engine seated it, warm exactly where the engine's
+    // model of the nodes' caches said (the nodes' own model caches decide).
+    assert_eq!(metric(&metrics, "yardmaster_worker_starts_misplaced_total"), Some(0.0), "{metrics}");
+    let starts: Vec<&str> = metrics.lines().filter(|l| l.starts_with("yardmaster_worker_starts_total{")).collect();
+    assert!(starts.iter().any(|l| l.contains("host=\"node-d\"")), "node-d started a worker: {starts:?}");
+    for line in &starts {
+        let agrees = line.contains("kind=\"warm\",predicted=\"warm\"") || line.contains("kind=\"cold\",predicted=\"cold\"");
+        assert!(agrees, "a start the engine predicted otherwise: {line}");
+    }
+    // The gauges a gateway's endpoint picker reads are there, per stage.
+    assert!(metric(&metrics, "yardmaster_requests_waiting{arm=\"primary\",stage=\"tiny\"}").is_some(), "{metrics}");
+    assert!(metric(&metrics, "yardmaster_requests_running{arm=\"primary\",stage=\"tiny\"}").is_some(), "{metrics}");
+
+    // The controller describes its cluster, and `cluster hosts` turns it into the
+    // simulator's host list: the three nodes serving, each with its measured speed.
+    let (status, view) = request(&http, "GET", "/v2/cluster", "").unwrap();
+    assert_eq!(status, 200, "{view}");
+    let view: serde_json::Value = serde_json::from_str(&view).unwrap();
+    let host = |name: &str| view["hosts"].as_array().unwrap().iter().find(|h| h["name"] == name).cloned().unwrap_or_default();
+    assert_eq!(host("node-c")["state"], "lost", "{view}");
+    assert_eq!(host("node-d")["state"], "live", "{view}");
+    assert!(host("node-a")["jobs"].as_u64().unwrap_or(0) > 0, "node-a ran jobs: {view}");
+    assert!(host("node-a")["measured_speed"].as_f64().is_some_and(|s| s > 0.0), "{view}");
+    let hosts_file = dir.join("hosts.toml");
+    let written = Command::new(env!("CARGO_BIN_EXE_yardmaster"))
+        .args(["cluster", "hosts", "--url", &http, "--out"])
+        .arg(&hosts_file)
+        .output()
+        .unwrap();
+    assert!(written.status.success(), "{}", String::from_utf8_lossy(&written.stderr));
+    let hosts = yardmaster::formats::pipeline::hosts_from_toml(&std::fs::read_to_string(&hosts_file).unwrap(), "hosts.toml").unwrap();
+    let names: Vec<&str> = hosts.iter().map(|h| h.name.as_str()).collect();
+    assert_eq!(names, ["node-a", "node-b", "node-d"], "the serving nodes, in host order");
+    assert!(hosts.iter().all(|h| h.slots == 1 && h.speed > 0.0), "{hosts:?}");
+    eprintln!("{} requests, {ok} served; arrivals metric {arrivals}; hosts {hosts:?}", answers.len());
     drop(dns);
 }

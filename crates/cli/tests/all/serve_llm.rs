@@ -242,7 +242,7 @@ fn remote_decoders(runtime: &tokio::runtime::Runtime) -> DecoderPlacement {
             model_root: None,
             idle_timeout: Duration::from_secs(5),
             context: WorkerContext { runtime: Runtime::global().unwrap(), cache: Arc::new(ModelCache::default()) },
-            offer: HostOffer { name: "llm-node".into(), slots: 1, cache_bytes: 1 << 30 },
+            offer: HostOffer { name: "llm-node".into(), slots: 1, cache_bytes: 1 << 30, threads: 1 },
         })
         .unwrap();
         let (address, pin) = (node.local_addr().unwrap(), node.fingerprint());
@@ -276,7 +276,7 @@ fn a_node_without_the_decoder_refuses_it_naming_the_path() {
             model_root: Some(dir.clone()),
             idle_timeout: Duration::from_secs(5),
             context: WorkerContext { runtime: Runtime::global().unwrap(), cache: Arc::new(ModelCache::default()) },
-            offer: HostOffer { name: "llm-node".into(), slots: 1, cache_bytes: 1 << 30 },
+            offer: HostOffer { name: "llm-node".into(), slots: 1, cache_bytes: 1 << 30, threads: 1 },
         })
         .unwrap();
         let (address, pin) = (node.local_addr().unwrap(), node.fingerprint());

@@ -79,7 +79,7 @@ fn start_node(name: &str) -> TestNode {
         model_root: None,
         idle_timeout: Duration::from_secs(5),
         context: context(),
-        offer: HostOffer { name: format!("node-{name}"), slots: 3, cache_bytes: 5 << 30 },
+        offer: HostOffer { name: format!("node-{name}"), slots: 3, cache_bytes: 5 << 30, threads: 4 },
     })
     .unwrap();
     let test_node = TestNode { address: node.local_addr().unwrap(), pin: node.fingerprint(), shutdown: node.shutdown_handle() };
@@ -343,7 +343,8 @@ async fn garbling_node() -> (SocketAddr, Fingerprint) {
         let (mut send, mut recv) = connection.accept_bi().await.unwrap();
         transport::read_frame(&mut recv).await.unwrap();
         let welcome =
-            framing::encode(&Message::Welcome { device: "impostor".into(), name: "impostor".into(), slots: 1, cache_bytes: 0 }).unwrap();
+            framing::encode(&Message::Welcome { device: "impostor".into(), name: "impostor".into(), slots: 1, cache_bytes: 0, threads: 1 })
+                .unwrap();
         send.write_all(&welcome).await.unwrap();
         let (mut send, mut recv) = connection.accept_bi().await.unwrap();
         transport::read_frame(&mut recv).await.unwrap(); // the provision

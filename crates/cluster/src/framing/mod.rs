@@ -33,7 +33,7 @@ use yardmaster_dataplane::{
 };
 
 /// The framing version this build speaks.
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 /// Bytes of the length prefix.
 pub const PREFIX_LEN: usize = 4;
 /// The largest frame, prefix included (256 MiB: a batch of 8 detector inputs of
@@ -167,6 +167,8 @@ pub enum Message {
         slots: u32,
         /// Host memory it keeps for cached model parameters, in bytes.
         cache_bytes: u64,
+        /// Intra-op threads each of its workers may use (its cores per slot).
+        threads: u32,
     },
     /// The node refused the hello.
     Refused {
@@ -330,6 +332,7 @@ pub fn decode(frame: &[u8]) -> Result<Message, FrameError> {
             name: r.string("name")?,
             slots: r.u32("slots")?,
             cache_bytes: r.u64("cache bytes")?,
+            threads: r.u32("threads")?,
         },
         kind::REFUSED => Message::Refused { reason: r.string("reason")? },
         kind::READY => Message::Event(WorkerEvent::Ready {
@@ -535,7 +538,7 @@ impl Sizer {
             Message::Welcome { device, name, .. } => {
                 self.string(device);
                 self.string(name);
-                self.add(4 + 8);
+                self.add(4 + 8 + 4);
             }
             Message::Refused { reason } => self.string(reason),
             Message::Event(event) => match event {
@@ -698,12 +701,13 @@ fn write_body(w: &mut Writer, message: &Message) {
             w.u32(*worker);
             w.u32(*variant);
         }
-        Message::Welcome { device, name, slots, cache_bytes } => {
+        Message::Welcome { device, name, slots, cache_bytes, threads } => {
             w.u8(kind::WELCOME);
             w.string(device);
             w.string(name);
             w.u32(*slots);
             w.u64(*cache_bytes);
+            w.u32(*threads);
         }
         Message::Refused { reason } => {
             w.u8(kind::REFUSED);

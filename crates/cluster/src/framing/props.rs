@@ -100,7 +100,13 @@ impl Gen {
             kind::RETIRE => Message::Retire { worker },
             kind::SET_THREADS => Message::SetThreads { worker, threads: self.u32() },
             kind::SET_VARIANT => Message::SetVariant { worker, variant: self.u32() },
-            kind::WELCOME => Message::Welcome { device: self.string(), name: self.string(), slots: self.u32(), cache_bytes: self.next() },
+            kind::WELCOME => Message::Welcome {
+                device: self.string(),
+                name: self.string(),
+                slots: self.u32(),
+                cache_bytes: self.next(),
+                threads: self.u32(),
+            },
             kind::REFUSED => Message::Refused { reason: self.string() },
             kind::READY => Message::Event(WorkerEvent::Ready {
                 worker,

@@ -313,10 +313,7 @@ fn new_replicas_start_where_the_policy_places_them_warm_where_their_parameters_a
     let mut pipeline = chain(1, 1);
     pipeline.stages[0].max_replicas = 6;
     pipeline.max_workers = 6;
-    pipeline.hosts = vec![
-        hosts::HostDef { name: "h0".into(), slots: 2, cache_bytes: 1 << 30 },
-        hosts::HostDef { name: "h1".into(), slots: 4, cache_bytes: 1 << 30 },
-    ];
+    pipeline.hosts = vec![hosts::HostDef::new("h0", 2, 1 << 30), hosts::HostDef::new("h1", 4, 1 << 30)];
     pipeline.validate("test").unwrap();
     let config = Engine::<ManualClock, TestExecutor>::policy_config(&pipeline, "test", &EngineOptions::default());
     assert_eq!(config.hosts.iter().map(|h| (h.name.as_str(), h.slots)).collect::<Vec<_>>(), [("h0", 2), ("h1", 4)]);
