@@ -5,7 +5,8 @@
 //! A policy may scale every stage between its replica bounds within the cluster's
 //! `max_workers`, run any variant, and form batches up to `max_batch`. So each stage's
 //! best per-replica throughput is its fastest variant at its best batch size
-//! (`b / mean(b)`, over `b ≤ max_batch`), a request reaching stage `i` brings
+//! (`b / mean(b)`, over `b ≤ max_batch` whose `mean(b)` is within the longest SLO:
+//! a request riding a longer batch is late whatever else happens), a request reaching stage `i` brings
 //! `pieces[i]` pieces there (fan-out), and the bound is the largest `T` for which
 //! replicas `r_i = max(min_i, ⌈T·pieces_i / rate_i⌉)` fit: every `r_i ≤ max_i` and
 //! `Σ r_i ≤ max_workers`. It is found by bisection on `T` (the replica total grows with
@@ -14,15 +15,22 @@
 use super::pipeline::Pipeline;
 
 /// The best throughput of one replica of each stage, requests (pieces) per second:
-/// the fastest variant at its best batch size.
+/// the fastest variant at its best batch size among those that take no longer than
+/// the pipeline's longest SLO (a request riding a longer batch cannot be on time; a
+/// batch of one always counts).
 pub fn best_replica_rates(pipeline: &Pipeline) -> Vec<f64> {
+    let longest_slo = pipeline.streams.iter().map(|s| s.slo_ns).max().unwrap_or(u64::MAX);
     pipeline
         .stages
         .iter()
         .map(|stage| {
             let batches = 1..=stage.max_batch.max(1);
             let per_variant = |v: &super::pipeline::VariantDef| {
-                batches.clone().map(|b| b as f64 / (v.profile.mean(b).max(1) as f64 / 1e9)).fold(0.0, f64::max)
+                batches
+                    .clone()
+                    .filter(|&b| b == 1 || v.profile.mean(b) <= longest_slo)
+                    .map(|b| b as f64 / (v.profile.mean(b).max(1) as f64 / 1e9))
+                    .fold(0.0, f64::max)
             };
             stage.variants.iter().map(per_variant).fold(0.0, f64::max)
         })
@@ -136,5 +144,19 @@ mod tests {
         assert!((capacity_bound(&capped, 5) - 200.0).abs() < 1e-6);
         // Too few workers for the minimums: nothing fits.
         assert_eq!(capacity_bound(&p, 1), 0.0);
+    }
+
+    #[test]
+    fn a_batch_longer_than_the_slo_does_not_count() {
+        // One stage, 1 ms per request plus 1 ms, batches up to 64: at batch 64 (65 ms)
+        // 985 req/s a replica, but with an SLO of 20 ms no request riding a batch over
+        // 20 ms is on time: the best is batch 19 (20 ms), 950 req/s.
+        let mut p = chain(&[(&[1.0], 64, 1, 1)], 1);
+        assert!((capacity_bound(&p, 1) - 64.0 / 0.065).abs() < 1e-6);
+        p.streams[0].slo_ns = 20_000_000;
+        assert!((capacity_bound(&p, 1) - 19.0 / 0.020).abs() < 1e-6, "{}", capacity_bound(&p, 1));
+        // Not even a batch of one fits: the batch of one counts (the bound stays a rate).
+        p.streams[0].slo_ns = 1_000_000;
+        assert!((capacity_bound(&p, 1) - 1.0 / 0.002).abs() < 1e-6);
     }
 }
