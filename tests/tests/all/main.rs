@@ -16,6 +16,7 @@ mod loki_sim;
 mod native_vs_wasm;
 mod no_cliff;
 mod pard;
+mod random_apps;
 mod sandbox_escape;
 mod simulator;
 mod validation;

@@ -1,0 +1,87 @@
+//! Applications nobody chose (issue 43): the generated applications of
+//! `yardmaster sim sweep --random-apps` (`yardmaster::formats::random_app`), here one
+//! whose entry is a pseudo-task that takes no time (`source`), as the Loki authors'
+//! own applications have.
+
+use yardmaster::engine::{EngineOptions, Pipeline};
+use yardmaster::formats::pipeline::{from_loki_app, LokiProfiles};
+use yardmaster::formats::random_app::{generate, AppShape};
+use yardmaster::formats::WorkloadSpec;
+use yardmaster::policy::{Limits, Mode};
+use yardmaster::sim::executor::SimExecutorOptions;
+use yardmaster::sim::reproduce::shipped;
+use yardmaster::sim::sweep::{capacity, LOW_LOAD_ON_TIME};
+use yardmaster::sim::{run, SimSpec};
+use yardmaster_tests::loader;
+
+/// The seed whose seventh application (the first with a pseudo-task root) is a tree —
+/// `r06-src-root-fan`, a source feeding one task that fans out — which Loki's family
+/// serves (it refuses a diamond).
+const APP_SEED: u64 = 3;
+
+/// The generated application with a zero-time entry.
+fn zero_time_entry_application() -> Pipeline {
+    let dir = yardmaster::sim::reproduce::loki::data_dir();
+    let profiles = LokiProfiles::load(&dir, "onnxruntime_gpu_ampere").unwrap();
+    let app = generate(7, APP_SEED, &profiles).unwrap().pop().unwrap();
+    assert!(app.source_root && app.shape != AppShape::Diamond, "{}", app.name);
+    let pipeline = from_loki_app(&app.json, &profiles, &app.name).unwrap();
+    assert!(pipeline.stages[pipeline.streams[0].entry as usize].takes_no_time(), "{}", app.name);
+    pipeline
+}
+
+/// On-time share of `policy` on `pipeline` under Poisson load at `load` × its capacity
+/// bound for `duration_s` simulated seconds; no fault, no fallback.
+fn on_time(policy: &str, pipeline: &Pipeline, load: f64, duration_s: f64) -> f64 {
+    let duration = (duration_s * 1e9) as u64;
+    let rate = load * capacity(pipeline).unwrap();
+    let spec = SimSpec {
+        pipeline: pipeline.clone(),
+        seed: 1,
+        duration,
+        executor: SimExecutorOptions::default(),
+        engine: EngineOptions::default(),
+        decision_interval: 0,
+        capture_dir: None,
+    };
+    let arrivals = WorkloadSpec::Preset { name: "poisson".into(), rate }.arrivals(duration, spec.seed).unwrap();
+    let loader = loader(Mode::Simulate, Limits::default());
+    let out = run::run(&spec, &shipped(policy, policy).unwrap(), &loader, arrivals, &mut |_| {}).unwrap();
+    assert!(out.arm.init_refusal.is_none(), "{policy} refused the application: {:?}", out.arm.init_refusal);
+    assert!(out.arm.faults.is_empty() && out.arm.fallbacks == 0, "{policy} faulted: {:?}", out.arm.faults);
+    let overall = &out.report.summary.overall;
+    overall.outcomes.on_time as f64 / overall.arrivals.max(1) as f64
+}
+
+#[test]
+fn the_reference_policies_and_their_baselines_are_on_time_at_a_quarter_of_capacity_behind_a_zero_time_entry() {
+    // Before: PARD and its baselines refused it ("the SLO is too tight": the Nexus
+    // planner found no budget for a stage that takes no time); QUART's fixed, reactive
+    // and uniform baselines kept eight workers a task from the import and were 34 % on
+    // time (the detector needs most of them); Loki 97.5 %. Two baselines still miss
+    // here and are left out, with their figures in docs/sweep.md: `flex-nexus` (52 %)
+    // and `loki-proteus` (85 %).
+    let app = zero_time_entry_application();
+    let mut missed = Vec::new();
+    for policy in [
+        "flex",
+        "flex-clockwork",
+        "pard",
+        "pard-clipper",
+        "pard-naive",
+        "pard-nexus",
+        "loki",
+        "loki-inferline",
+        "quart",
+        "quart-fixed",
+        "quart-reactive",
+        "quart-uniform",
+    ] {
+        let share = on_time(policy, &app, 0.25, 4.0);
+        eprintln!("{policy}: {:.2} % on time", 100.0 * share);
+        if share < LOW_LOAD_ON_TIME {
+            missed.push(format!("{policy}: {:.2} %", 100.0 * share));
+        }
+    }
+    assert!(missed.is_empty(), "under {} % on time at 0.25×: {missed:?}", 100.0 * LOW_LOAD_ON_TIME);
+}
