@@ -85,3 +85,27 @@ fn the_reference_policies_and_their_baselines_are_on_time_at_a_quarter_of_capaci
     }
     assert!(missed.is_empty(), "under {} % on time at 0.25×: {missed:?}", 100.0 * LOW_LOAD_ON_TIME);
 }
+
+/// The generated application `index` of seed `seed`, imported.
+fn generated(seed: u64, index: usize) -> (String, Pipeline) {
+    let dir = yardmaster::sim::reproduce::loki::data_dir();
+    let profiles = LokiProfiles::load(&dir, "onnxruntime_gpu_ampere").unwrap();
+    let app = generate(index + 1, seed, &profiles).unwrap().pop().unwrap();
+    let pipeline = from_loki_app(&app.json, &profiles, &app.name).unwrap();
+    (app.name, pipeline)
+}
+
+#[test]
+fn loki_plans_past_its_hardware_capacity_within_an_event_call_s_budget_on_a_generated_fan_out() {
+    // `r01-root-fan` of seed 1: a detector fanning out into two branches, five tasks of
+    // 2–4 variants. Loki's first plan (100 ms after the first request, in a call of
+    // request events) ran its greedy single-path search over every variant choice
+    // (144), each a search over every batch vector, when none could fit the cluster:
+    // out of the call's fuel from half the capacity bound on, and the host's FIFO
+    // fallback served (0.01 of the bound at 1×; cliffs on 10 of the 16 applications
+    // Loki serves in the random sweep of docs/sweep.md). `run`'s check that it never faulted is the test.
+    let (name, app) = generated(1, 1);
+    assert_eq!(name, "r01-root-fan");
+    let share = on_time("loki", &app, 1.0, 2.0);
+    assert!(share > 0.5, "{name} at 1×: {:.1} % on time", 100.0 * share);
+}
