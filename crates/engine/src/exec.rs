@@ -146,6 +146,13 @@ pub trait Executor {
         let _ = result;
         true
     }
+    /// Whether the workers of an engine that serves at once (`Engine::new`) still load
+    /// their models and report `Engine::worker_ready` when done (a live executor), so
+    /// that until then their parameters are not yet in their host's cache. By default
+    /// they are already loaded (the simulator's).
+    fn initial_workers_report_ready(&self) -> bool {
+        false
+    }
 }
 
 /// One executor driven by several engines on the same thread: the arms of an A/B run
@@ -192,6 +199,9 @@ impl<X: Executor> Executor for SharedExecutor<X> {
     }
     fn provision(&mut self, worker: u32, stage: u32, variant: u32, start: WorkerStart) {
         self.0.borrow_mut().provision(worker, stage, variant, start)
+    }
+    fn initial_workers_report_ready(&self) -> bool {
+        self.0.borrow().initial_workers_report_ready()
     }
     fn retire(&mut self, worker: u32) {
         self.0.borrow_mut().retire(worker)

@@ -6,8 +6,11 @@
 //! from disk). The engine keeps this model because the policy decides placement
 //! (contract 0.2's `scale.placement`) and needs to see it (`snapshot.hosts`):
 //!
-//! - **Admission.** Starting a replica on a host caches its parameters there; so does
-//!   switching a worker to another variant. An entry outlives the replica.
+//! - **Admission.** Starting a replica on a host caches its parameters there once it
+//!   has loaded them (`Engine::worker_ready`): a second replica placed there while the
+//!   first is still loading starts cold too, as the host's own cache would have it.
+//!   Switching a worker to another variant caches that variant. An entry outlives the
+//!   replica; one whose loading replica never became ready is dropped.
 //! - **Eviction.** Above [`CACHE_HIGH_WATER`] of a host's cache capacity, entries are
 //!   evicted least recently used first (a warm start counts as a use).
 //! - **Placement.** A replica goes where the policy says; otherwise to a host that
@@ -90,7 +93,7 @@ pub struct WorkerStart {
 
 /// Where the engine seats a pipeline's initial workers (the default rule, in worker
 /// order): `(worker, stage, start)`. Executors that start these workers themselves
-/// provision each where this says.
+/// provision each where this says; they all load at once, so each is a cold start.
 pub fn initial_seats(pipeline: &crate::Pipeline) -> Vec<(u32, u32, WorkerStart)> {
     let mut hosts = Hosts::new(&pipeline.hosts, pipeline.max_workers);
     pipeline
@@ -98,7 +101,7 @@ pub fn initial_seats(pipeline: &crate::Pipeline) -> Vec<(u32, u32, WorkerStart)>
         .into_iter()
         .map(|(worker, stage)| {
             let bytes = pipeline.stages[stage as usize].variants[0].memory_bytes;
-            (worker, stage, hosts.place(worker, stage, 0, bytes, None, 0))
+            (worker, stage, hosts.place(worker, stage, 0, bytes, None, 0, true))
         })
         .collect()
 }
@@ -110,6 +113,8 @@ struct CacheEntry {
     variant: u32,
     bytes: u64,
     last_used: u64,
+    /// The worker still loading these parameters (not a warm source until it is ready).
+    loader: Option<u32>,
 }
 
 /// One host's slots and cache.
@@ -137,15 +142,17 @@ impl HostModel {
         self.cache.iter().any(|e| e.stage == stage && e.variant == variant)
     }
 
-    /// Use (or admit) an entry; whether it was there. Evicts above the high-water mark.
-    fn touch(&mut self, stage: u32, variant: u32, bytes: u64, now: u64) -> bool {
+    /// Use (or admit, loaded by `loader` when given) an entry; whether it was there and
+    /// loaded: a warm start. Evicts above the high-water mark.
+    fn touch(&mut self, stage: u32, variant: u32, bytes: u64, now: u64, loader: Option<u32>) -> bool {
         let hit = if let Some(i) = self.cache.iter().position(|e| e.stage == stage && e.variant == variant) {
             let mut entry = self.cache.remove(i);
             entry.last_used = now;
+            let loaded = entry.loader.is_none();
             self.cache.push(entry);
-            true
+            loaded
         } else {
-            self.cache.push(CacheEntry { stage, variant, bytes, last_used: now });
+            self.cache.push(CacheEntry { stage, variant, bytes, last_used: now, loader });
             false
         };
         let limit = (self.def.cache_bytes as f64 * CACHE_HIGH_WATER) as u64;
@@ -230,7 +237,9 @@ impl Hosts {
     }
 
     /// Seat a new worker of `stage` running `variant` (`bytes` of parameters) where
-    /// `placement` says, or by the default rule; cache its parameters there.
+    /// `placement` says, or by the default rule; cache its parameters there — from
+    /// when it is ready ([`Hosts::loaded`]) if it is `loading` them.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn place(
         &mut self,
         worker: u32,
@@ -239,6 +248,7 @@ impl Hosts {
         bytes: u64,
         placement: Option<&Placement>,
         now: u64,
+        loading: bool,
     ) -> WorkerStart {
         let host = match placement {
             Some(p) if (p.host as usize) < self.hosts.len() => p.host,
@@ -251,7 +261,7 @@ impl Hosts {
             (model.def.slots..).find(|s| !model.taken.contains_key(s)).expect("a free number")
         });
         model.taken.insert(slot, worker);
-        let warm = model.touch(stage, variant, bytes, now);
+        let warm = model.touch(stage, variant, bytes, now, loading.then_some(worker));
         self.seats.insert(worker, Seat { host, slot, stage });
         WorkerStart { host, slot, warm }
     }
@@ -270,17 +280,31 @@ impl Hosts {
             .unwrap_or(0)
     }
 
-    /// A worker left: its slot is free again (its host's cache keeps its parameters).
+    /// A worker left: its slot is free again (its host's cache keeps its parameters,
+    /// unless it left before it had loaded them).
     pub(crate) fn release(&mut self, worker: u32) {
         if let Some(seat) = self.seats.remove(&worker) {
-            self.hosts[seat.host as usize].taken.remove(&seat.slot);
+            let host = &mut self.hosts[seat.host as usize];
+            host.taken.remove(&seat.slot);
+            host.cache.retain(|e| e.loader != Some(worker));
+        }
+    }
+
+    /// `worker` has loaded its parameters: its host's cache holds them from now on.
+    pub(crate) fn loaded(&mut self, worker: u32) {
+        if let Some(seat) = self.seats.get(&worker) {
+            for entry in &mut self.hosts[seat.host as usize].cache {
+                if entry.loader == Some(worker) {
+                    entry.loader = None;
+                }
+            }
         }
     }
 
     /// A worker switched to `variant`: its host loads (and caches) those parameters.
     pub(crate) fn switch_variant(&mut self, worker: u32, variant: u32, bytes: u64, now: u64) {
         if let Some(seat) = self.seats.get(&worker).copied() {
-            self.hosts[seat.host as usize].touch(seat.stage, variant, bytes, now);
+            self.hosts[seat.host as usize].touch(seat.stage, variant, bytes, now, None);
         }
     }
 
@@ -377,16 +401,16 @@ mod tests {
     fn an_unplaced_replica_goes_where_its_parameters_are_cached_else_to_the_most_free_slots() {
         let mut hosts = two_hosts();
         // Nothing cached: host b has more free slots.
-        let first = hosts.place(1, 0, 0, 1 << 30, None, 10);
+        let first = hosts.place(1, 0, 0, 1 << 30, None, 10, false);
         assert_eq!(first, WorkerStart { host: 1, slot: 0, warm: false });
         // Host a now has as many free slots (2, against 3): b still has more.
-        assert_eq!(hosts.place(2, 1, 0, 1 << 30, None, 20).host, 1);
+        assert_eq!(hosts.place(2, 1, 0, 1 << 30, None, 20, false).host, 1);
         // Stage 1 cached on b, which has a free slot: warm there.
         hosts.release(2);
-        assert_eq!(hosts.place(3, 1, 0, 1 << 30, None, 30), WorkerStart { host: 1, slot: 1, warm: true });
+        assert_eq!(hosts.place(3, 1, 0, 1 << 30, None, 30, false), WorkerStart { host: 1, slot: 1, warm: true });
         // A named host and slot are honoured; the cache of a is cold for stage 0.
         let named = Placement { host: 0, slot: Some(1) };
-        assert_eq!(hosts.place(4, 0, 0, 1 << 30, Some(&named), 40), WorkerStart { host: 0, slot: 1, warm: false });
+        assert_eq!(hosts.place(4, 0, 0, 1 << 30, Some(&named), 40, false), WorkerStart { host: 0, slot: 1, warm: false });
         assert_eq!(hosts.slots(0), Some(HostSlots { slots: 2, free: vec![0] }));
         let stats = hosts.stats(2);
         assert_eq!(stats[0].free_slots, 1);
@@ -396,17 +420,32 @@ mod tests {
     }
 
     #[test]
+    fn a_replica_placed_while_the_parameters_are_still_loading_there_starts_cold() {
+        let mut hosts = Hosts::new(&[HostDef::new("a", 4, 10 << 30)], 4);
+        assert!(!hosts.place(1, 0, 0, 1 << 20, None, 0, true).warm);
+        assert!(!hosts.place(2, 0, 0, 1 << 20, None, 1, true).warm, "worker 1 has not loaded them yet");
+        hosts.loaded(1);
+        assert!(hosts.place(3, 0, 0, 1 << 20, None, 2, true).warm);
+        // A loader that leaves before it is ready takes its entry with it.
+        assert!(!hosts.place(4, 1, 0, 1 << 20, None, 3, true).warm);
+        hosts.release(4);
+        assert_eq!(hosts.stats(2)[0].cached.iter().map(|c| c.stage).collect::<Vec<_>>(), vec![0]);
+        assert!(!hosts.place(5, 1, 0, 1 << 20, None, 4, false).warm);
+        assert!(hosts.place(6, 1, 0, 1 << 20, None, 5, false).warm, "loaded at once when not loading");
+    }
+
+    #[test]
     fn entries_are_evicted_least_recently_used_first_above_85_percent_of_the_cache() {
         let mut hosts = Hosts::new(&[HostDef::new("a", 8, 10 << 30)], 8);
         // 8.5 GiB fit: 3 × 2.5 GiB = 7.5 fit, a fourth does not.
         let gib = |x: f64| (x * (1u64 << 30) as f64) as u64;
         for stage in 0..3 {
-            hosts.place(stage, stage, 0, gib(2.5), None, stage as u64);
+            hosts.place(stage, stage, 0, gib(2.5), None, stage as u64, false);
         }
         // Stage 0 starts warm again: it becomes the most recently used.
         hosts.release(0);
-        assert!(hosts.place(10, 0, 0, gib(2.5), None, 5).warm);
-        hosts.place(11, 3, 0, gib(2.5), None, 6);
+        assert!(hosts.place(10, 0, 0, gib(2.5), None, 5, false).warm);
+        hosts.place(11, 3, 0, gib(2.5), None, 6, false);
         let cached: Vec<u32> = hosts.stats(4)[0].cached.iter().map(|c| c.stage).collect();
         assert_eq!(cached, vec![2, 0, 3], "stage 1, the least recently used, was evicted");
         assert_eq!(hosts.cache_totals(), (gib(7.5), 10 << 30));
@@ -416,7 +455,7 @@ mod tests {
     fn without_cache_memory_every_start_is_cold() {
         let mut hosts = Hosts::new(&[HostDef::new("a", 4, 0)], 4);
         for worker in 0..3 {
-            assert!(!hosts.place(worker, 0, 0, 1 << 30, None, 0).warm);
+            assert!(!hosts.place(worker, 0, 0, 1 << 30, None, 0, false).warm);
             hosts.release(worker);
         }
         assert_eq!(hosts.cache_totals(), (0, 0));
@@ -426,10 +465,10 @@ mod tests {
     fn with_every_slot_held_a_replica_shares_one_beyond_the_count() {
         let mut hosts = two_hosts();
         for worker in 0..6 {
-            hosts.place(worker, 0, 0, 0, None, 0);
+            hosts.place(worker, 0, 0, 0, None, 0, false);
         }
         assert!(hosts.stats(1).iter().all(|h| h.free_slots == 0));
-        let extra = hosts.place(6, 0, 0, 0, None, 0);
+        let extra = hosts.place(6, 0, 0, 0, None, 0, false);
         assert_eq!((extra.host, extra.slot), (1, 4));
         assert_eq!(hosts.slots(1), Some(HostSlots { slots: 4, free: vec![] }));
     }
@@ -447,7 +486,7 @@ mod tests {
     #[test]
     fn a_host_measures_its_speed_from_the_jobs_seated_on_it() {
         let mut hosts = two_hosts();
-        let on_b = hosts.place(1, 0, 0, 0, None, 0);
+        let on_b = hosts.place(1, 0, 0, 0, None, 0, false);
         assert_eq!(on_b.host, 1);
         assert_eq!(hosts.reports()[1].measured_speed, None);
         hosts.job_measured(1, 10_000, 20_000);

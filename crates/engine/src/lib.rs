@@ -311,16 +311,17 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         if serving_at_once {
             // The configuration numbers the initial workers from 0, as the executors do.
             ids.reserve_workers(config.workers.len() as u32);
+            let loading = executor.initial_workers_report_ready();
             for worker in &config.workers {
                 let seat = contract::Placement { host: worker.host, slot: Some(worker.slot) };
-                state.add_worker(*worker, WorkerPhase::Idle, Some(&seat));
+                state.add_worker(*worker, WorkerPhase::Idle, Some(&seat), loading);
                 state.stages[worker.stage as usize].replicas += 1;
             }
         } else {
             for worker in std::mem::take(&mut config.workers) {
                 let mut info = worker;
                 info.id = ids.worker();
-                let start = state.add_worker(info, WorkerPhase::Starting, None);
+                let start = state.add_worker(info, WorkerPhase::Starting, None, true);
                 state.stages[info.stage as usize].replicas += 1;
                 provision.push((info.id, info.stage, info.variant, start));
             }
@@ -562,6 +563,8 @@ impl<C: Clock, X: Executor> Engine<C, X> {
     /// A worker finished starting.
     pub fn worker_ready(&mut self, worker: u32) {
         self.now();
+        // Its parameters are in its host's cache now (an initial worker's too).
+        self.state.hosts.loaded(worker);
         let Some(entry) = self.state.workers.get_mut(&worker) else { return };
         if entry.phase != WorkerPhase::Starting {
             return;
@@ -1282,7 +1285,7 @@ impl<C: Clock, X: Executor> Engine<C, X> {
                 let def = &self.state.pipeline.stages[stage as usize];
                 let mut info = worker_info(id, stage, def);
                 info.variant = variant;
-                let start = self.state.add_worker(info, WorkerPhase::Starting, placement.get(i));
+                let start = self.state.add_worker(info, WorkerPhase::Starting, placement.get(i), true);
                 self.executor.provision(id, stage, variant, start);
             }
         } else {

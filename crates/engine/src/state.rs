@@ -286,11 +286,17 @@ impl ClusterState {
     }
 
     /// Add a worker in `phase`, seated where `placement` says (or by the hosts'
-    /// default rule); `info`'s host and slot are filled in. Where it starts, and
-    /// whether warm.
-    pub(crate) fn add_worker(&mut self, mut info: contract::Worker, phase: WorkerPhase, placement: Option<&Placement>) -> WorkerStart {
+    /// default rule); `info`'s host and slot are filled in. A worker `loading` its
+    /// model caches it on its host once ready. Where it starts, and whether warm.
+    pub(crate) fn add_worker(
+        &mut self,
+        mut info: contract::Worker,
+        phase: WorkerPhase,
+        placement: Option<&Placement>,
+        loading: bool,
+    ) -> WorkerStart {
         let bytes = self.pipeline.stages[info.stage as usize].variants.get(info.variant as usize).map_or(0, |v| v.memory_bytes);
-        let start = self.hosts.place(info.id, info.stage, info.variant, bytes, placement, self.now);
+        let start = self.hosts.place(info.id, info.stage, info.variant, bytes, placement, self.now, loading);
         info.host = start.host;
         info.slot = start.slot;
         self.workers.insert(info.id, WorkerEntry::new(info, phase));

@@ -805,6 +805,12 @@ impl Executor for OnnxExecutor {
         }
     }
 
+    fn initial_workers_report_ready(&self) -> bool {
+        // The initial workers load on their hosts after the engine starts, and each
+        // reports `Ready` (the pump calls `worker_ready`).
+        true
+    }
+
     fn evict(&mut self, worker: u32, sequence: u64, _mode: EvictMode) {
         // Only iteration (LLM) stages hold sequences; the ONNX executor serves batch
         // stages, so the engine never has anything resident here.

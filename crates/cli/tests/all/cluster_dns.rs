@@ -24,7 +24,7 @@ const NAME: &str = "yardmaster-nodes.cluster-test.svc";
 const DNS_ADDRESS: &str = "127.0.0.153";
 const INFER: &str = r#"{"inputs":[{"name":"x","shape":[1,4],"datatype":"FP32","data":[0,1,2,3]}]}"#;
 
-fn scratch(name: &str) -> PathBuf {
+pub(crate) fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("yardmaster-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -58,7 +58,7 @@ fn which(program: &str) -> Option<PathBuf> {
 }
 
 /// A child process killed when dropped.
-struct Process(Child);
+pub(crate) struct Process(pub(crate) Child);
 
 impl Drop for Process {
     fn drop(&mut self) {
@@ -105,10 +105,17 @@ fn write_hosts(path: &Path, addresses: &[&str]) {
     std::fs::write(path, text).unwrap();
 }
 
-/// A `yardmaster node` on `ip:port` named `name`, with the cluster's node certificate.
+/// A `yardmaster node` on `ip:port` named `name` with one slot, with the cluster's
+/// node certificate.
 fn start_node(ip: &str, port: u16, name: &str, certs: &Path) -> Process {
+    start_node_with_slots(ip, port, name, certs, 1)
+}
+
+/// A `yardmaster node` on `ip:port` named `name` with `slots` slots, with the
+/// cluster's node certificate.
+pub(crate) fn start_node_with_slots(ip: &str, port: u16, name: &str, certs: &Path, slots: u32) -> Process {
     let mut child = Command::new(env!("CARGO_BIN_EXE_yardmaster"))
-        .args(["node", "--listen", &format!("{ip}:{port}"), "--name", name, "--slots", "1", "--idle-timeout", "2"])
+        .args(["node", "--listen", &format!("{ip}:{port}"), "--name", name, "--slots", &slots.to_string(), "--idle-timeout", "2"])
         .arg("--cert")
         .arg(certs.join("node.pem"))
         .arg("--key")
@@ -123,15 +130,15 @@ fn start_node(ip: &str, port: u16, name: &str, certs: &Path) -> Process {
     Process(child)
 }
 
-fn free_udp_port(ip: &str) -> u16 {
+pub(crate) fn free_udp_port(ip: &str) -> u16 {
     UdpSocket::bind(format!("{ip}:0")).unwrap().local_addr().unwrap().port()
 }
 
-fn free_tcp_port() -> u16 {
+pub(crate) fn free_tcp_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-fn request(address: &str, method: &str, path: &str, body: &str) -> Result<(u16, String), String> {
+pub(crate) fn request(address: &str, method: &str, path: &str, body: &str) -> Result<(u16, String), String> {
     let mut stream = TcpStream::connect(address).map_err(|e| e.to_string())?;
     stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     write!(
@@ -147,7 +154,7 @@ fn request(address: &str, method: &str, path: &str, body: &str) -> Result<(u16, 
 }
 
 /// The value of a metric line starting with `prefix`.
-fn metric(text: &str, prefix: &str) -> Option<f64> {
+pub(crate) fn metric(text: &str, prefix: &str) -> Option<f64> {
     text.lines().find(|l| l.starts_with(prefix)).and_then(|l| l.rsplit(' ').next()?.parse().ok())
 }
 
@@ -245,10 +252,30 @@ fn a_controller_finds_its_nodes_through_dns_and_loses_and_gains_one_under_load()
         .collect();
     std::thread::sleep(Duration::from_millis(1500));
 
-    // node-c dies; node-d takes its place in the Service's records.
+    // node-c dies; node-d takes its place in the Service's records. Timed: the loss
+    // until the controller counts the node lost, the DNS change until node-d's first
+    // job (figures for the closing note, not assertions).
+    let killed = Instant::now();
     drop(nodes.pop());
     let _node_d = start_node("127.0.0.5", port, "node-d", &certs);
+    let answered = Instant::now();
     dns.answer(&["127.0.0.2", "127.0.0.3", "127.0.0.5"]);
+    let (mut lost_after, mut first_job_after) = (None, None);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while (lost_after.is_none() || first_job_after.is_none()) && Instant::now() < deadline {
+        if let Ok((200, body)) = request(&http, "GET", "/v2/cluster", "") {
+            let view: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+            let host = |name: &str| view["hosts"].as_array().into_iter().flatten().find(|h| h["name"] == name).cloned();
+            if lost_after.is_none() && host("node-c").is_some_and(|h| h["state"] == "lost") {
+                lost_after = Some(killed.elapsed());
+            }
+            if first_job_after.is_none() && host("node-d").is_some_and(|h| h["jobs"].as_u64().unwrap_or(0) > 0) {
+                first_job_after = Some(answered.elapsed());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!("node lost: counted lost {lost_after:?} after the kill (idle timeout 2 s); node added: first job {first_job_after:?} after the DNS change (resolve_secs 0.5)");
     wait_for(&http, "the added node gets replicas and the lost one none", |m| {
         host_workers(m, "node-d") >= 1.0 && host_workers(m, "node-c") == 0.0
     });

@@ -4,6 +4,7 @@
 //! run links the crate's dependencies once.
 
 mod cluster_dns;
+mod cluster_quart;
 mod command_line;
 #[path = "../../../dataplane/tests/all/common/mod.rs"]
 mod common;

@@ -322,9 +322,10 @@ fn new_replicas_start_where_the_policy_places_them_warm_where_their_parameters_a
     let (mut engine, clock) = engine_with::<Placer>(pipeline);
     let starts: Vec<(u32, u32, bool)> = engine.executor().starts.iter().map(|(_, s)| (s.host, s.slot, s.warm)).collect();
     // Host 1 caches the stage (its initial worker): warm there; host 0 is cold for the
-    // first and warm for the fourth replica, which the host placed where the
-    // parameters now are (h0 and h1 both cache them and have one free slot: h0).
-    assert_eq!(starts, [(1, 2, true), (1, 1, true), (0, 0, false), (0, 1, true)]);
+    // third replica, and for the fourth, which the host placed where the parameters
+    // are going (h0 and h1 both hold an entry and have one free slot: h0) — cold too,
+    // because the third replica is still loading them there.
+    assert_eq!(starts, [(1, 2, true), (1, 1, true), (0, 0, false), (0, 1, false)]);
     let hosts = engine.state().hosts();
     assert_eq!((hosts[0].free_slots, hosts[1].free_slots), (0, 1));
     assert_eq!(hosts[1].replicas, [3]);
