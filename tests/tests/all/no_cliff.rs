@@ -182,11 +182,15 @@ fn flex_has_no_cliff_on_loki_s_application() {
     // batches of 12 (128 ms): FLEX's largest window grew its batches with the queue, past that
     // sweet spot, and fell from 1,680 on-time requests/s at half the bound to 966 at
     // twice it. Capped at each model's most productive batch (`productive_batches`) it
-    // serves more at 2× than at 0.5×; the paper's rule (batches up to B_max) is the
+    // serves more at 2× than at 0.5×. Since the downstream reserve counts each later
+    // stage's largest batch within the SLO (issue 43), not its largest (yolov5x at 64
+    // frames, 2 s), the detector's own budget caps its batches too, and either fix
+    // alone holds: the paper's rules for both (batches up to B_max, no reserve) are the
     // failing arm.
     let app = loki_application();
     for (param, holds) in [("true", true), ("false", false)] {
-        let params = [("productive_batches", param)];
+        let reserve = if holds { "2" } else { "0" };
+        let params = [("productive_batches", param), ("downstream_reserve", reserve)];
         let half = run_at("flex", &app, 0.5, 3_000_000_000, &params);
         let over = run_at("flex", &app, 2.0, 3_000_000_000, &params);
         let held = over.served() >= CLIFF_FRACTION * half.served();

@@ -109,3 +109,16 @@ fn loki_plans_past_its_hardware_capacity_within_an_event_call_s_budget_on_a_gene
     let share = on_time("loki", &app, 1.0, 2.0);
     assert!(share > 0.5, "{name} at 1×: {:.1} % on time", 100.0 * share);
 }
+
+#[test]
+fn flex_keeps_a_budget_for_the_first_stage_when_a_later_stage_s_largest_batch_outlasts_the_slo() {
+    // `r00-chain` of seed 7: efficientnet-b5 then a detector (yolov5n, yolov5s), SLO
+    // 59 ms. FLEX's reserve for the detector counted its largest batch (yolov5s at 64
+    // frames, 635 ms): scaled to fit the SLO it left the first stage 11 ms, about one
+    // batch of one, and FLEX dropped every request there, at every load (0.0 % on time
+    // at 0.25×). The reserve now counts the largest batch within the SLO.
+    let (name, app) = generated(7, 0);
+    assert_eq!(name, "r00-chain");
+    let share = on_time("flex", &app, 0.25, 3.0);
+    assert!(share >= LOW_LOAD_ON_TIME, "{name} at 0.25×: {:.1} % on time", 100.0 * share);
+}
