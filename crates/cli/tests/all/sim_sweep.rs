@@ -85,3 +85,30 @@ fn a_random_application_sweep_writes_its_applications_and_names_each_row_by_its_
     assert!(!run.status.success() && stderr.contains("/no/such/loki"), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_small_random_application_sweep_of_the_reference_policies_holds_strictly() {
+    // CI's random-application sweep: two applications nobody chose (seed 1: a chain of
+    // three tasks, and a detector fanning out into two branches), the four reference
+    // policies, a quarter of the capacity bound, the bound and twice it, 5 s each.
+    // `--strict` fails on any cliff or low-load miss. It failed before issue 43's
+    // fixes: Loki ran out of an event call's fuel on the fan-out from 0.5× on (a cliff
+    // at 1×, 0.01 of its best below).
+    let dir = scratch("sweep-random-strict");
+    let loki = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/data/loki"));
+    let run = Command::new(env!("CARGO_BIN_EXE_yardmaster"))
+        .args(["sim", "sweep", "--random-apps", "2", "--app-seed", "1", "--loki-data"])
+        .arg(loki)
+        .args(["--policies", "pard,flex,quart,loki", "--loads", "0.25,1,2", "--shapes", "poisson", "--seeds", "1"])
+        .args(["--duration", "5", "--strict", "--out"])
+        .arg(dir.join("out"))
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&run.stderr));
+    assert!(stderr.contains("sweeping 24 runs"), "{stderr}");
+    assert!(stdout.contains("r00-chain") && stdout.contains("r01-root-fan"), "{stdout}");
+    assert!(stdout.contains("cliffs (goodput under 0.9 of the best at a lower load): 0"), "{stdout}");
+    assert!(stdout.contains("low-load misses (Poisson ≤ 0.5×, under 0.99 on time): 0"), "{stdout}");
+    assert_eq!(run.status.code(), Some(0), "--strict:\n{stdout}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
