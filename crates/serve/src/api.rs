@@ -15,8 +15,12 @@
 //! cluster controller's hosts as JSON, when a reporter is set: see
 //! `super::membership::cluster_view`).
 //!
+//! Bodies may come compressed (`Content-Encoding: gzip` or `deflate`) and answers go
+//! compressed when `Accept-Encoding` asks (`super::compression`).
+//!
 //! Status codes: 400 for a malformed request (with the reason), 404 for an unknown
-//! model or route, 405 for a wrong method, 413 for an oversized body, 503 when the
+//! model or route, 405 for a wrong method, 413 for an oversized body (inflated too),
+//! 415 for a body encoding other than gzip and deflate, 503 when the
 //! scheduling policy dropped the request (the body says it was dropped and why), the
 //! server is not ready, or it already holds its admission cap of inference requests
 //! ([`Api::with_max_in_flight`]: the body says so), 500 when a worker failed on it.
@@ -35,6 +39,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use serde_json::{json, Value};
 
+use super::compression;
 use super::kserve::{self, DataType, InferRequest, InferResponse};
 
 /// Largest request body accepted (bytes).
@@ -392,8 +397,28 @@ impl Api {
         self.max_body
     }
 
-    /// Answer one request.
-    pub async fn handle(&self, request: ApiRequest) -> ApiResponse {
+    /// Answer one request: its body inflated if it came compressed, the answer
+    /// compressed if the client accepts it (`super::compression`).
+    pub async fn handle(&self, mut request: ApiRequest) -> ApiResponse {
+        if request.headers.contains_key(http::header::CONTENT_ENCODING) {
+            match compression::decode_request_body(&request.headers, std::mem::take(&mut request.body), self.max_body) {
+                Ok(body) => {
+                    request.body = body;
+                    request.headers.remove(http::header::CONTENT_ENCODING);
+                }
+                Err(refused) => return ApiResponse::error(refused.status, &refused.reason),
+            }
+        }
+        let encoding = compression::response_encoding(&request.headers);
+        let mut response = self.route(request).await;
+        if let Some(encoding) = encoding.filter(|_| !response.body.is_empty()) {
+            response.body = compression::encode_response_body(encoding, &mut response.headers, &response.body);
+        }
+        response
+    }
+
+    /// Answer one request whose body is as the client wrote it.
+    async fn route(&self, request: ApiRequest) -> ApiResponse {
         let segments: Vec<&str> = request.path.trim_matches('/').split('/').collect();
         let get = request.method == Method::GET || request.method == Method::HEAD;
         match segments.as_slice() {

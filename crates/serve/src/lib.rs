@@ -22,6 +22,7 @@ pub mod bench;
 pub mod builtin_repository;
 pub mod capture;
 pub mod client;
+pub mod compression;
 pub mod config;
 pub mod executor;
 pub mod grpc;

@@ -12,7 +12,9 @@
 //! 400 `INVALID_ARGUMENT`, 404 `NOT_FOUND`, 409 `FAILED_PRECONDITION`, 503
 //! `UNAVAILABLE` (dropped by the policy, over the admission cap, not ready), 500
 //! `INTERNAL`; the message is the same reason. The A/B split key comes from the
-//! `split_key` request parameter or the `x-yardmaster-key` metadata entry.
+//! `split_key` request parameter or the `x-yardmaster-key` metadata entry. Messages
+//! may come compressed (gzip or deflate, `grpc-encoding`), and answers go compressed
+//! in the encoding the client accepts (`grpc-accept-encoding`).
 //!
 //! The protocol's `.proto` files live in `proto/` (written for Yardmaster from the
 //! published protocol) and are compiled by the build script with no `protoc`.
@@ -28,6 +30,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tokio_stream::{Stream, StreamExt};
+use tonic::codec::CompressionEncoding;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::api::{Api, Refusal, ServedModel, EXTENSIONS};
@@ -48,7 +51,12 @@ pub const DEFAULT_PORT: u16 = 8001;
 pub async fn serve(listener: TcpListener, api: Arc<Api>, mut shutdown: watch::Receiver<bool>) {
     let service = GrpcInferenceServiceServer::new(InferenceService { api: Arc::clone(&api) })
         .max_decoding_message_size(api.max_body())
-        .max_encoding_message_size(usize::MAX);
+        .max_encoding_message_size(usize::MAX)
+        // gRPC message compression both ways, as Triton's clients ask for it.
+        .accept_compressed(CompressionEncoding::Gzip)
+        .accept_compressed(CompressionEncoding::Deflate)
+        .send_compressed(CompressionEncoding::Gzip)
+        .send_compressed(CompressionEncoding::Deflate);
     let incoming = TcpListenerStream::new(listener).map(|stream| {
         if let Ok(stream) = &stream {
             let _ = stream.set_nodelay(true);
