@@ -181,30 +181,43 @@ pub fn hardware_scaling(model: &PipelineModel, factors: &Factors, demand: f64, c
 
 /// Greedy accuracy scaling: among every single-path variant choice, the most
 /// accurate one whose cheapest sizing fits the cluster (ties: fewer workers).
+///
+/// The choices are tried from the most accurate down, and the search stops at the
+/// first accuracy below the best that fits: past STEP1's reach the most accurate
+/// choices fit rarely, but the cheapest fit early, so trying them from the cheapest
+/// up (as before) sized nearly every choice, each a search over every batch vector
+/// (on a random eight-task application, out of an event call's fuel). Choices that
+/// cannot fit whatever their batches ([`fewest_workers`]) are passed over unsized.
+/// More than [`MAX_ORDERED_CHOICES`] choices are tried in odometer order instead.
 pub fn best_single_path(model: &PipelineModel, factors: &Factors, demand: f64, cap_ms: f64, cluster: u32) -> Option<Plan> {
+    let count = model.tasks.iter().try_fold(1usize, |n, t| n.checked_mul(t.variants.len().max(1)));
+    let mut choices: Vec<(f64, Vec<usize>)> = Vec::new();
+    let ordered = count.is_some_and(|n| n <= MAX_ORDERED_CHOICES);
     let mut choice = vec![0usize; model.tasks.len()];
     let mut best: Option<(f64, u32, Plan)> = None;
+    let consider = |choice: &[usize], accuracy: f64, best: &mut Option<(f64, u32, Plan)>| {
+        if fewest_workers(model, factors, choice, demand) > cluster as u64 {
+            return;
+        }
+        if let Some(sizing) = cheapest_sizing(model, factors, choice, demand, cap_ms) {
+            let workers = sizing.workers();
+            let better = best.as_ref().is_none_or(|(a, w, _)| accuracy > *a + 1e-12 || (accuracy >= *a - 1e-12 && workers < *w));
+            if workers <= cluster && better {
+                *best = Some((accuracy, workers, plan_from_sizing(model, choice, &sizing, demand, Regime::Accuracy)));
+            }
+        }
+    };
     loop {
         let accuracy = choice_accuracy(model, &choice);
-        let promising = best.as_ref().is_none_or(|(a, _, _)| accuracy >= *a - 1e-12);
-        // A choice whose tasks need more workers than the cluster has, each at its
-        // best batch, fits at no batch vector: passed over without the search (past
-        // the cluster's reach that was every choice, each a full search: on a random
-        // five-task application at 1.5x its hardware capacity, 4 ms native, and Loki's
-        // first plan ran out of an event call's fuel).
-        if promising && fewest_workers(model, factors, &choice, demand) <= cluster as u64 {
-            if let Some(sizing) = cheapest_sizing(model, factors, &choice, demand, cap_ms) {
-                let workers = sizing.workers();
-                let better = best.as_ref().is_none_or(|(a, w, _)| accuracy > *a + 1e-12 || (accuracy >= *a - 1e-12 && workers < *w));
-                if workers <= cluster && better {
-                    best = Some((accuracy, workers, plan_from_sizing(model, &choice, &sizing, demand, Regime::Accuracy)));
-                }
-            }
+        if ordered {
+            choices.push((accuracy, choice.clone()));
+        } else if best.as_ref().is_none_or(|(a, _, _)| accuracy >= *a - 1e-12) {
+            consider(&choice, accuracy, &mut best);
         }
         let mut slot = 0;
         loop {
             if slot == choice.len() {
-                return best.map(|(_, _, plan)| plan);
+                break;
             }
             choice[slot] += 1;
             if choice[slot] < model.tasks[slot].variants.len() {
@@ -213,8 +226,26 @@ pub fn best_single_path(model: &PipelineModel, factors: &Factors, demand: f64, c
             choice[slot] = 0;
             slot += 1;
         }
+        if slot == choice.len() {
+            break;
+        }
     }
+    if ordered {
+        // Stable: equal accuracies keep the odometer order.
+        choices.sort_by(|a, b| b.0.total_cmp(&a.0));
+        for (accuracy, choice) in &choices {
+            if best.as_ref().is_some_and(|(a, _, _)| *accuracy < *a - 1e-12) {
+                break;
+            }
+            consider(choice, *accuracy, &mut best);
+        }
+    }
+    best.map(|(_, _, plan)| plan)
 }
+
+/// The most variant choices [`best_single_path`] lists to try from the most accurate
+/// down (beyond, it tries them in odometer order).
+pub const MAX_ORDERED_CHOICES: usize = 1 << 16;
 
 /// The fewest workers `choice` needs for `demand`, every task at its most productive
 /// batch and the latency cap aside: a lower bound on its [`cheapest_sizing`].
