@@ -450,7 +450,10 @@ impl Api {
                 self.model_control(&request, model, action).await
             }
             ["v2", "models", model, rest @ ..] => self.model_route(&request, model, rest).await,
-            ["v2", ..] | ["metrics"] => ApiResponse::error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this route"),
+            other if known_route(other) => ApiResponse::error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                &format!("method {} not allowed on {} (see the Allow list in docs/serving.md)", request.method, request.path),
+            ),
             _ => ApiResponse::error(StatusCode::NOT_FOUND, &format!("no route {} {}", request.method, request.path)),
         }
     }
@@ -483,14 +486,15 @@ impl Api {
         let models = self.models();
         let Some(index) = models.iter().position(|m| m.name == name) else {
             let known: Vec<&str> = models.iter().map(|m| m.name.as_str()).collect();
-            return Err(Refusal::new(StatusCode::NOT_FOUND, format!("unknown model {name:?} (served: {})", known.join(", "))));
+            let message = kserve::unknown_model_message(name);
+            return Err(Refusal::new(StatusCode::NOT_FOUND, format!("{message} (served: {})", known.join(", "))));
         };
         if let Some(version) = version {
             let versions = &models[index].versions;
             if !versions.iter().any(|v| v == version) {
                 return Err(Refusal::new(
                     StatusCode::NOT_FOUND,
-                    format!("model {name:?} has no version {version:?} (versions: {})", versions.join(", ")),
+                    format!("{} (versions: {})", kserve::unknown_version_message(name, version), versions.join(", ")),
                 ));
             }
         }
@@ -624,6 +628,21 @@ impl Api {
     }
 }
 
+/// Whether `segments` name a route this API answers with some method (so another
+/// method gets 405, and an unknown route 404).
+fn known_route(segments: &[&str]) -> bool {
+    matches!(
+        segments,
+        ["metrics"]
+            | ["v2"]
+            | ["v2", "health", "live" | "ready"]
+            | ["v2", "models", "stats"]
+            | ["v2", "cluster"]
+            | ["v2", "repository", "index"]
+            | ["v2", "repository", "models", _, "load" | "unload"]
+    )
+}
+
 /// Inputs must be the model's, with its types and compatible shapes.
 fn check_inputs(request: &InferRequest, metadata: &ModelMetadata) -> Result<(), String> {
     for tensor in &request.inputs {
@@ -740,8 +759,17 @@ mod tests {
     fn refusals_have_the_right_status_and_a_reason() {
         let api = Api::new(Arc::new(Doubler)).with_max_body(1000);
         let cases = [
-            (Method::GET, "/v2/models/nope", "".to_string(), StatusCode::NOT_FOUND, "unknown model"),
-            (Method::GET, "/v2/models/double/versions/7", "".into(), StatusCode::NOT_FOUND, "no version"),
+            (Method::GET, "/v2/models/nope", "".to_string(), StatusCode::NOT_FOUND, "Request for unknown model: 'nope' is not found"),
+            (
+                Method::GET,
+                "/v2/models/double/versions/7",
+                "".into(),
+                StatusCode::NOT_FOUND,
+                "Request for unknown model: 'double' version 7 is not found",
+            ),
+            (Method::GET, "/v2/systemsharedmemory/status", "".into(), StatusCode::NOT_FOUND, "no route"),
+            (Method::DELETE, "/v2/health/ready", "".into(), StatusCode::METHOD_NOT_ALLOWED, "not allowed"),
+            (Method::GET, "/v2/repository/index", "".into(), StatusCode::METHOD_NOT_ALLOWED, "not allowed"),
             (Method::GET, "/v2/models/double/infer", "".into(), StatusCode::METHOD_NOT_ALLOWED, "not allowed"),
             (Method::GET, "/elsewhere", "".into(), StatusCode::NOT_FOUND, "no route"),
             (Method::POST, "/v2/models/double/infer", "{".into(), StatusCode::BAD_REQUEST, "not valid JSON"),

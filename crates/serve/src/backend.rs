@@ -395,9 +395,14 @@ impl EngineBackend {
                 let gone = tables.unavailable.iter().any(|(name, _)| name == model);
                 if gone {
                     // Unloaded since the API checked the model against its metadata.
-                    return Err(InferError::Unavailable(format!("model {model:?} is not served now (served: {})", names.join(", "))));
+                    let message = super::kserve::unavailable_model_message(model);
+                    return Err(InferError::Unavailable(format!("{message}: unloaded (served: {})", names.join(", "))));
                 }
-                return Err(InferError::Invalid(format!("unknown model {model:?} version {version:?} (served: {})", names.join(", "))));
+                let message = match &version {
+                    Some(version) => super::kserve::unknown_version_message(model, version),
+                    None => super::kserve::unknown_model_message(model),
+                };
+                return Err(InferError::Invalid(format!("{message} (served: {})", names.join(", "))));
             };
             let program = tables.programs.get(served.entry as usize).cloned();
             (served, program.ok_or_else(|| InferError::Failed(format!("model {model:?} has no entry stage program")))?)
@@ -551,7 +556,7 @@ impl Backend for EngineBackend {
             .collect();
         drop(tables);
         if models.is_empty() {
-            return Err(format!("unknown model {:?}", model.unwrap_or_default()));
+            return Err(super::kserve::unknown_model_message(model.unwrap_or_default()));
         }
         let wanted: Vec<(String, u32, Option<u32>, bool)> =
             models.iter().map(|(name, _, stream, stage, latest)| (name.clone(), *stream, *stage, *latest)).collect();

@@ -23,6 +23,22 @@ use serde_json::{Map, Number, Value};
 /// body is.
 pub const HEADER_CONTENT_LENGTH: &str = "inference-header-content-length";
 
+/// Triton's wording for a model it does not serve (clients match on it); our detail
+/// goes after it.
+pub fn unknown_model_message(name: &str) -> String {
+    format!("Request for unknown model: '{name}' is not found")
+}
+
+/// Triton's wording for a version of a model it does not serve.
+pub fn unknown_version_message(name: &str, version: &str) -> String {
+    format!("Request for unknown model: '{name}' version {version} is not found")
+}
+
+/// Triton's wording for a model it knows but serves no version of now (unloaded).
+pub fn unavailable_model_message(name: &str) -> String {
+    format!("Request for unknown model: '{name}' has no available versions")
+}
+
 /// Largest number of elements a tensor may declare (guards `shape` products against
 /// overflow and absurd allocations).
 pub const MAX_ELEMENTS: u64 = 1 << 31;

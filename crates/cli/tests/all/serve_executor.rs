@@ -222,7 +222,7 @@ fn malformed_requests_are_refused_with_the_reason() {
         ("tiny", vec![Tensor::raw("x", DataType::I32, vec![4], vec![0; 16]).unwrap()], "must be FP32"),
         ("tiny", vec![Tensor::f32("x", vec![2, 2], &[0.0; 4]).unwrap()], "must have shape [-1, 4]"),
         ("tiny", vec![], "input \"x\" is missing"),
-        ("nope", vec![tiny_input([0.0; 4])], "unknown model \"nope\""),
+        ("nope", vec![tiny_input([0.0; 4])], "Request for unknown model: 'nope' is not found"),
     ];
     for (model, inputs, reason) in cases {
         match bounded(&rt, 10, backend.infer(model, request(inputs, None))) {

@@ -48,7 +48,8 @@ impl LlmBackend {
     async fn run(&self, model: &str, request: InferRequest) -> Result<InferResponse, InferError> {
         let Some(stream) = self.service.stream(model) else {
             let names: Vec<&str> = self.models.iter().map(|m| m.name.as_str()).collect();
-            return Err(InferError::Invalid(format!("unknown model {model:?} (served: {})", names.join(", "))));
+            let message = crate::kserve::unknown_model_message(model);
+            return Err(InferError::Invalid(format!("{message} (served: {})", names.join(", "))));
         };
         let prompt = prompt_ids(&request).map_err(InferError::Invalid)?;
         let max_tokens = max_tokens(&request.parameters).map_err(InferError::Invalid)?;
