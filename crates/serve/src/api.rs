@@ -11,7 +11,11 @@
 //! statistics extension, when the backend keeps statistics),
 //! `POST /v2/models/{model}[/versions/{v}]/infer`, `POST /v2/repository/index`
 //! (Triton's repository index; load and unload are refused with the reason), and
-//! `GET /metrics` (Prometheus text, when a renderer is set), and `GET /v2/cluster` (a
+//! `/v2/systemsharedmemory/…` (Triton's system shared-memory extension: register,
+//! unregister and status; inputs read from and outputs written into registered
+//! regions, see `super::shared_memory`), `/v2/cudasharedmemory/…` (status empty,
+//! registration refused: not supported), `GET /metrics` (Prometheus text, when a
+//! renderer is set), and `GET /v2/cluster` (a
 //! cluster controller's hosts as JSON, when a reporter is set: see
 //! `super::membership::cluster_view`).
 //!
@@ -41,6 +45,7 @@ use serde_json::{json, Value};
 
 use super::compression;
 use super::kserve::{self, DataType, InferRequest, InferResponse};
+use super::shared_memory::SharedMemoryRegistry;
 
 /// Largest request body accepted (bytes).
 pub const DEFAULT_MAX_BODY: usize = 64 << 20;
@@ -300,6 +305,7 @@ pub struct Api {
     models: std::sync::RwLock<(u64, Arc<Vec<ModelMetadata>>)>,
     metrics: Option<MetricsRenderer>,
     cluster: Option<ClusterReporter>,
+    shared_memory: SharedMemoryRegistry,
     max_body: usize,
     admission: Admission,
 }
@@ -341,7 +347,15 @@ impl Api {
     pub fn new(backend: Arc<dyn Backend>) -> Self {
         let models = std::sync::RwLock::new((backend.generation(), Arc::new(backend.models())));
         let admission = Admission { limit: DEFAULT_MAX_IN_FLIGHT, in_flight: Arc::default(), refused: AtomicU64::new(0) };
-        Self { backend, models, metrics: None, cluster: None, max_body: DEFAULT_MAX_BODY, admission }
+        Self {
+            backend,
+            models,
+            metrics: None,
+            cluster: None,
+            shared_memory: SharedMemoryRegistry::default(),
+            max_body: DEFAULT_MAX_BODY,
+            admission,
+        }
     }
 
     /// The backend's models as of its current generation.
@@ -439,6 +453,12 @@ impl Api {
                 &json!({ "name": "yardmaster", "version": env!("CARGO_PKG_VERSION"), "extensions": EXTENSIONS }),
             ),
             ["v2", "models", "stats"] if get => self.statistics(None),
+            ["v2", "systemsharedmemory", rest @ ..] => self.system_shared_memory(&request, rest),
+            ["v2", "cudasharedmemory", "status"] if get => ApiResponse::json(StatusCode::OK, &json!([])),
+            ["v2", "cudasharedmemory", ..] if request.method == Method::POST => ApiResponse::error(
+                StatusCode::BAD_REQUEST,
+                "CUDA shared memory is not supported by this server: use system shared memory (/v2/systemsharedmemory)",
+            ),
             ["v2", "cluster"] if get => match &self.cluster {
                 Some(report) => ApiResponse::json(StatusCode::OK, &report()),
                 None => {
@@ -454,6 +474,55 @@ impl Api {
                 StatusCode::METHOD_NOT_ALLOWED,
                 &format!("method {} not allowed on {} (see the Allow list in docs/serving.md)", request.method, request.path),
             ),
+            _ => ApiResponse::error(StatusCode::NOT_FOUND, &format!("no route {} {}", request.method, request.path)),
+        }
+    }
+
+    /// The shared-memory regions registered with this server (shared with gRPC).
+    pub fn shared_memory(&self) -> &SharedMemoryRegistry {
+        &self.shared_memory
+    }
+
+    /// Triton's system shared-memory extension: `GET status`, `GET region/{r}/status`,
+    /// `POST region/{r}/register` (`{"key", "offset", "byte_size"}`), `POST
+    /// region/{r}/unregister`, `POST unregister` (every region).
+    fn system_shared_memory(&self, request: &ApiRequest, rest: &[&str]) -> ApiResponse {
+        let get = request.method == Method::GET || request.method == Method::HEAD;
+        let post = request.method == Method::POST;
+        let refused = |e: super::shared_memory::SharedMemoryError| ApiResponse::error(StatusCode::BAD_REQUEST, &e.0);
+        match rest {
+            ["status"] if get => self.shared_memory.status(None).map_or_else(refused, |v| ApiResponse::json(StatusCode::OK, &v)),
+            ["region", name, "status"] if get => {
+                self.shared_memory.status(Some(name)).map_or_else(refused, |v| ApiResponse::json(StatusCode::OK, &v))
+            }
+            ["region", name, "register"] if post => {
+                let body: Value = match serde_json::from_slice(&request.body) {
+                    Ok(body) => body,
+                    Err(e) => return ApiResponse::error(StatusCode::BAD_REQUEST, &format!("the register request is not valid JSON: {e}")),
+                };
+                let Some(key) = body["key"].as_str() else {
+                    return ApiResponse::error(StatusCode::BAD_REQUEST, "register needs a \"key\" string (the shm_open name)");
+                };
+                let Some(byte_size) = body["byte_size"].as_u64() else {
+                    return ApiResponse::error(StatusCode::BAD_REQUEST, "register needs a \"byte_size\" (a non-negative integer)");
+                };
+                let offset = body["offset"].as_u64().unwrap_or(0);
+                match self.shared_memory.register(name, key, offset, byte_size) {
+                    Ok(()) => ApiResponse::empty(StatusCode::OK),
+                    Err(e) => refused(e),
+                }
+            }
+            ["region", name, "unregister"] if post => match self.shared_memory.unregister(name) {
+                Ok(()) => ApiResponse::empty(StatusCode::OK),
+                Err(e) => refused(e),
+            },
+            ["unregister"] if post => {
+                self.shared_memory.unregister_all();
+                ApiResponse::empty(StatusCode::OK)
+            }
+            ["status"] | ["region", _, "status" | "register" | "unregister"] | ["unregister"] => {
+                ApiResponse::error(StatusCode::METHOD_NOT_ALLOWED, &format!("method {} not allowed on {}", request.method, request.path))
+            }
             _ => ApiResponse::error(StatusCode::NOT_FOUND, &format!("no route {} {}", request.method, request.path)),
         }
     }
@@ -601,7 +670,7 @@ impl Api {
                 }
             },
         };
-        let mut decoded = match kserve::decode_request(&request.body, json_length) {
+        let mut decoded = match kserve::decode_request_in(&request.body, json_length, Some(&self.shared_memory)) {
             Ok(decoded) => decoded,
             Err(e) => return ApiResponse::error(StatusCode::BAD_REQUEST, &e.0),
         };
@@ -611,7 +680,7 @@ impl Api {
         let requested = decoded.outputs.clone();
         let all_binary = decoded.parameters.get("binary_data_output").and_then(Value::as_bool).unwrap_or(false);
         match self.run_inference(model, decoded).await {
-            Ok(response) => match kserve::encode_response(&response, &requested, all_binary) {
+            Ok(response) => match kserve::encode_response_in(&response, &requested, all_binary, Some(&self.shared_memory)) {
                 Ok(encoded) => {
                     let mut headers = HeaderMap::new();
                     headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -638,6 +707,7 @@ fn known_route(segments: &[&str]) -> bool {
             | ["v2", "health", "live" | "ready"]
             | ["v2", "models", "stats"]
             | ["v2", "cluster"]
+            | ["v2", "cudasharedmemory", ..]
             | ["v2", "repository", "index"]
             | ["v2", "repository", "models", _, "load" | "unload"]
     )
@@ -767,7 +837,9 @@ mod tests {
                 StatusCode::NOT_FOUND,
                 "Request for unknown model: 'double' version 7 is not found",
             ),
-            (Method::GET, "/v2/systemsharedmemory/status", "".into(), StatusCode::NOT_FOUND, "no route"),
+            (Method::GET, "/v2/nothing/here", "".into(), StatusCode::NOT_FOUND, "no route"),
+            (Method::GET, "/v2/systemsharedmemory/region/x/status", "".into(), StatusCode::BAD_REQUEST, "Unable to find"),
+            (Method::POST, "/v2/cudasharedmemory/region/x/register", "{}".into(), StatusCode::BAD_REQUEST, "not supported"),
             (Method::DELETE, "/v2/health/ready", "".into(), StatusCode::METHOD_NOT_ALLOWED, "not allowed"),
             (Method::GET, "/v2/repository/index", "".into(), StatusCode::METHOD_NOT_ALLOWED, "not allowed"),
             (Method::GET, "/v2/models/double/infer", "".into(), StatusCode::METHOD_NOT_ALLOWED, "not allowed"),

@@ -17,6 +17,7 @@
 
 use std::fmt;
 
+use super::shared_memory::SharedMemoryRegistry;
 use serde_json::{Map, Number, Value};
 
 /// Name of the HTTP header that says how long the JSON part of a binary-extension
@@ -313,12 +314,42 @@ pub struct InferRequest {
 }
 
 /// An output named in a request.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RequestedOutput {
     /// Output name.
     pub name: String,
     /// Return it in the binary extension rather than as JSON.
     pub binary: bool,
+    /// Write it into this system shared-memory region instead of the response.
+    pub shared_memory: Option<SharedMemoryPlace>,
+}
+
+/// A place in a registered shared-memory region (the `shared_memory_region`,
+/// `shared_memory_offset` and `shared_memory_byte_size` parameters).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedMemoryPlace {
+    /// The region's name.
+    pub region: String,
+    /// Offset into the region.
+    pub offset: u64,
+    /// Bytes of the region given to the tensor.
+    pub byte_size: u64,
+}
+
+impl SharedMemoryPlace {
+    /// The place `parameters` name, if they name one.
+    fn from_parameters(parameters: &Map<String, Value>, what: &str) -> Result<Option<SharedMemoryPlace>, ProtocolError> {
+        let Some(region) = parameters.get("shared_memory_region") else { return Ok(None) };
+        let Some(region) = region.as_str() else {
+            return error(format!("{what}: shared_memory_region must be a string, got {region}"));
+        };
+        let in_what = |e: ProtocolError| ProtocolError(format!("{what}: {e}"));
+        let Some(byte_size) = optional_uint(parameters, "shared_memory_byte_size").map_err(in_what)? else {
+            return error(format!("{what}: shared_memory_region needs shared_memory_byte_size"));
+        };
+        let offset = optional_uint(parameters, "shared_memory_offset").map_err(in_what)?.unwrap_or(0);
+        Ok(Some(SharedMemoryPlace { region: region.to_string(), offset, byte_size }))
+    }
 }
 
 /// A response to encode.
@@ -351,6 +382,16 @@ pub struct EncodedBody {
 /// extension): the first `json_length` bytes are JSON, the rest the inputs' binary data
 /// in the order of the inputs that declare `binary_data_size`.
 pub fn decode_request(body: &[u8], json_length: Option<usize>) -> Result<InferRequest, ProtocolError> {
+    decode_request_in(body, json_length, None)
+}
+
+/// [`decode_request`], reading inputs that name a system shared-memory region from
+/// `regions` (refused when there are none).
+pub fn decode_request_in(
+    body: &[u8],
+    json_length: Option<usize>,
+    regions: Option<&SharedMemoryRegistry>,
+) -> Result<InferRequest, ProtocolError> {
     let (json, mut binary) = match json_length {
         Some(n) if n > body.len() => {
             return error(format!("Inference-Header-Content-Length is {n} but the body has only {} bytes", body.len()))
@@ -375,7 +416,7 @@ pub fn decode_request(body: &[u8], json_length: Option<usize>) -> Result<InferRe
     }
     let mut inputs = Vec::with_capacity(raw_inputs.len());
     for (index, raw) in raw_inputs.into_iter().enumerate() {
-        let tensor = decode_input(index, raw, &mut binary)?;
+        let tensor = decode_input(index, raw, &mut binary, regions)?;
         if inputs.iter().any(|t: &Tensor| t.name == tensor.name) {
             return error(format!("input {:?} appears twice", tensor.name));
         }
@@ -399,7 +440,8 @@ pub fn decode_request(body: &[u8], json_length: Option<usize>) -> Result<InferRe
                     Some(Value::Bool(b)) => *b,
                     Some(other) => return error(format!("output {name:?}: binary_data must be a boolean, got {other}")),
                 };
-                outputs.push(RequestedOutput { name, binary });
+                let shared_memory = SharedMemoryPlace::from_parameters(&parameters, &format!("output {name:?}"))?;
+                outputs.push(RequestedOutput { name, binary, shared_memory });
             }
         }
         Some(other) => return error(format!("\"outputs\" must be an array, got {other}")),
@@ -425,7 +467,7 @@ fn optional_uint(parameters: &Map<String, Value>, key: &str) -> Result<Option<u6
     }
 }
 
-fn decode_input(index: usize, raw: Value, binary: &mut &[u8]) -> Result<Tensor, ProtocolError> {
+fn decode_input(index: usize, raw: Value, binary: &mut &[u8], regions: Option<&SharedMemoryRegistry>) -> Result<Tensor, ProtocolError> {
     let Value::Object(mut object) = raw else { return error(format!("inputs[{index}] must be an object")) };
     let Some(Value::String(name)) = object.remove("name") else {
         return error(format!("inputs[{index}] needs a \"name\" string"));
@@ -445,6 +487,15 @@ fn decode_input(index: usize, raw: Value, binary: &mut &[u8]) -> Result<Tensor, 
     let parameters = take_parameters(&mut object, &format!("input {name:?}"))?;
     let binary_size = optional_uint(&parameters, "binary_data_size").map_err(|e| ProtocolError(format!("input {name:?}: {e}")))?;
     let data = object.remove("data");
+    if let Some(place) = SharedMemoryPlace::from_parameters(&parameters, &format!("input {name:?}"))? {
+        if binary_size.is_some() || data.is_some() {
+            return error(format!("input {name:?} names a shared memory region and also carries data"));
+        }
+        let regions = regions.ok_or_else(|| ProtocolError(format!("input {name:?}: system shared memory is not available here")))?;
+        let bytes =
+            regions.read(&place.region, place.offset, place.byte_size).map_err(|e| ProtocolError(format!("input {name:?}: {e}")))?;
+        return Tensor::from_binary(&name, datatype, shape, bytes);
+    }
     match (binary_size, data) {
         (Some(_), Some(_)) => error(format!("input {name:?} has both \"data\" and binary_data_size")),
         (None, None) => error(format!("input {name:?} has no \"data\" (and no binary_data_size)")),
@@ -589,6 +640,17 @@ fn json_values(tensor: &Tensor) -> Result<Vec<Value>, ProtocolError> {
 /// Encode a response. Outputs named in `binary` (or every output when `all_binary`)
 /// go into the binary extension; the rest are JSON.
 pub fn encode_response(response: &InferResponse, requested: &[RequestedOutput], all_binary: bool) -> Result<EncodedBody, ProtocolError> {
+    encode_response_in(response, requested, all_binary, None)
+}
+
+/// [`encode_response`], writing the outputs a request placed in system shared memory
+/// into `regions` (the response then carries their shape and type, not their data).
+pub fn encode_response_in(
+    response: &InferResponse,
+    requested: &[RequestedOutput],
+    all_binary: bool,
+    regions: Option<&SharedMemoryRegistry>,
+) -> Result<EncodedBody, ProtocolError> {
     let mut object = Map::new();
     object.insert("model_name".into(), Value::String(response.model_name.clone()));
     if let Some(version) = &response.model_version {
@@ -608,7 +670,21 @@ pub fn encode_response(response: &InferResponse, requested: &[RequestedOutput], 
         out.insert("name".into(), Value::String(tensor.name.clone()));
         out.insert("datatype".into(), Value::String(tensor.datatype.name().into()));
         out.insert("shape".into(), Value::Array(tensor.shape.iter().map(|d| Value::from(*d)).collect()));
-        if as_binary {
+        if let Some(place) = wanted.and_then(|r| r.shared_memory.as_ref()) {
+            let regions =
+                regions.ok_or_else(|| ProtocolError(format!("output {:?}: system shared memory is not available here", tensor.name)))?;
+            let bytes = tensor.binary();
+            regions
+                .write(&place.region, place.offset, place.byte_size, &bytes)
+                .map_err(|e| ProtocolError(format!("output {:?}: {e}", tensor.name)))?;
+            let mut parameters = Map::new();
+            parameters.insert("shared_memory_region".into(), Value::String(place.region.clone()));
+            parameters.insert("shared_memory_byte_size".into(), Value::from(bytes.len()));
+            if place.offset > 0 {
+                parameters.insert("shared_memory_offset".into(), Value::from(place.offset));
+            }
+            out.insert("parameters".into(), Value::Object(parameters));
+        } else if as_binary {
             let bytes = tensor.binary();
             let mut parameters = Map::new();
             parameters.insert("binary_data_size".into(), Value::from(bytes.len()));
@@ -679,7 +755,7 @@ mod tests {
         assert_eq!(request.parameters["tenant"], "a");
         assert_eq!(request.inputs[0].as_f32().unwrap(), vec![1.0, 2.0, 3.0, 4.5]);
         assert_eq!(request.inputs[1].data, TensorData::Strings(vec![b"hi".to_vec(), b"yo".to_vec()]));
-        assert_eq!(request.outputs, vec![RequestedOutput { name: "y".into(), binary: true }]);
+        assert_eq!(request.outputs, vec![RequestedOutput { name: "y".into(), binary: true, shared_memory: None }]);
     }
 
     #[test]
@@ -746,11 +822,11 @@ mod tests {
     fn requested_outputs_filter_and_unknown_output_is_refused() {
         let outputs = vec![Tensor::f32("a", vec![1], &[1.0]).unwrap(), Tensor::f32("b", vec![1], &[2.0]).unwrap()];
         let response = InferResponse { model_name: "m".into(), model_version: None, id: None, parameters: Map::new(), outputs };
-        let only_b = [RequestedOutput { name: "b".into(), binary: false }];
+        let only_b = [RequestedOutput { name: "b".into(), binary: false, shared_memory: None }];
         let value: Value = serde_json::from_slice(&encode_response(&response, &only_b, false).unwrap().bytes).unwrap();
         assert_eq!(value["outputs"].as_array().unwrap().len(), 1);
         assert_eq!(value["outputs"][0]["name"], "b");
-        let missing = [RequestedOutput { name: "zzz".into(), binary: false }];
+        let missing = [RequestedOutput { name: "zzz".into(), binary: false, shared_memory: None }];
         assert!(encode_response(&response, &missing, false).unwrap_err().0.contains("zzz"));
     }
 

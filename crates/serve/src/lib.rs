@@ -40,6 +40,7 @@ pub mod prometheus;
 pub use yardmaster_cluster as remote;
 pub mod repository;
 pub mod server;
+pub mod shared_memory;
 pub mod stack;
 pub mod stages;
 pub mod starts;

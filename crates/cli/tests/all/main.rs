@@ -28,6 +28,7 @@ mod serve_policies;
 mod serve_prometheus;
 mod serve_remote;
 mod serve_repository;
+mod serve_shared_memory;
 mod serve_swap;
 mod serve_transports;
 mod sim_sweep;

@@ -117,7 +117,7 @@ pub fn infer_request(request: ModelInferRequest) -> Result<InferRequest, Protoco
         }
         inputs.push(tensor);
     }
-    let outputs = request.outputs.into_iter().map(|o| RequestedOutput { name: o.name, binary: true }).collect();
+    let outputs = request.outputs.into_iter().map(|o| RequestedOutput { name: o.name, binary: true, shared_memory: None }).collect();
     let id = (!request.id.is_empty()).then_some(request.id);
     Ok(InferRequest { id, schedule, parameters, inputs, outputs })
 }
@@ -312,9 +312,9 @@ mod tests {
         assert_eq!(all.outputs.iter().map(|o| o.name.as_str()).collect::<Vec<_>>(), ["a", "b"]);
         assert_eq!(all.raw_output_contents[1], 3.0f32.to_le_bytes());
         assert_eq!(all.parameters["arm"].parameter_choice, Some(ParameterChoice::StringParam("primary".into())));
-        let one = infer_response(&response, &[RequestedOutput { name: "b".into(), binary: true }]).unwrap();
+        let one = infer_response(&response, &[RequestedOutput { name: "b".into(), binary: true, shared_memory: None }]).unwrap();
         assert_eq!((one.outputs.len(), one.outputs[0].shape.as_slice()), (1, &[1i64][..]));
-        assert!(infer_response(&response, &[RequestedOutput { name: "c".into(), binary: true }])
+        assert!(infer_response(&response, &[RequestedOutput { name: "c".into(), binary: true, shared_memory: None }])
             .unwrap_err()
             .0
             .contains("no output \"c\""));

@@ -1,0 +1,24 @@
+//! Triton's system shared-memory extension with Triton's own client and its
+//! shared-memory utilities: regions registered, an input read from one and the output
+//! written into another (equal to a plain request's), and the bad cases refused with
+//! the reason — a size past the region, an unregistered region, a key that does not
+//! exist.
+
+use super::serve_end_to_end::{run_client, scratch};
+use super::serve_repository::{repository, serve_repository_with};
+
+#[test]
+fn tritonclient_infers_through_system_shared_memory_over_http() {
+    let dir = scratch("shared-memory");
+    let models = repository(&dir);
+    let (server, _stderr) = serve_repository_with(&dir, &models, &[]);
+    let seen = run_client("triton_shared_memory.py", &[&server.address, "add"]);
+    assert_eq!(seen["status"], serde_json::json!(["input", "output"]), "{seen}");
+    assert_eq!(seen["y_from_shared_memory"], serde_json::json!([2.0, 3.0, 4.0, 5.0]), "{seen}");
+    assert_eq!(seen["y_plain"], seen["y_from_shared_memory"], "{seen}");
+    assert_eq!(seen["output_parameters"]["shared_memory_region"], "output", "{seen}");
+    assert!(seen["past_the_region"].as_str().unwrap().contains("do not fit in shared memory region 'input'"), "{seen}");
+    assert!(seen["after_unregister"].as_str().unwrap().contains("Unable to find system shared memory region: 'input'"), "{seen}");
+    assert!(seen["missing_key"].as_str().unwrap().starts_with("Unable to open shared memory region"), "{seen}");
+    assert_eq!(seen["status_after"], serde_json::json!([]), "{seen}");
+}
