@@ -1,12 +1,13 @@
-"""System shared memory with Triton's own Python client and its shared-memory
-utilities (tritonclient.utils.shared_memory), over HTTP.
+"""System shared memory with Triton's own Python clients and its shared-memory
+utilities (tritonclient.utils.shared_memory), over HTTP and gRPC.
 
-Usage: triton_shared_memory.py HTTP_HOST:PORT MODEL
+Usage: triton_shared_memory.py HTTP_HOST:PORT GRPC_HOST:PORT MODEL
 MODEL takes one FP32 input x of shape [batch, 4] and answers y = x + 1. Creates an
 input and an output region, registers them, reads the status, infers with the input
 read from and the output written into shared memory (and once plainly, to compare),
 then the bad cases: a byte size past the region, an unregistered region, a key that
-does not exist; then unregisters everything. Prints one JSON line with what it saw;
+does not exist; then unregisters everything. Then the same inference over gRPC, and
+CUDA shared memory refused with a reason that names it. Prints one JSON line with what it saw;
 exits non-zero on any failure.
 """
 import json
@@ -14,6 +15,7 @@ import os
 import sys
 
 import numpy as np
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
@@ -28,7 +30,7 @@ def refusal(call):
 
 
 def main():
-    address, model = sys.argv[1:3]
+    address, grpc_address, model = sys.argv[1:4]
     client = httpclient.InferenceServerClient(address)
     client.unregister_system_shared_memory()
     x = np.array([[1, 2, 3, 4]], dtype=np.float32)
@@ -63,6 +65,26 @@ def main():
         seen["missing_key"] = refusal(lambda: client.register_system_shared_memory("nope", f"/ym_missing_{suffix}", 16))
         client.unregister_system_shared_memory()
         seen["status_after"] = client.get_system_shared_memory_status()
+
+        grpc = grpcclient.InferenceServerClient(grpc_address)
+        shm.set_shared_memory_region(output_handle, [np.zeros_like(x)])
+        grpc.register_system_shared_memory("input", f"/ym_input_{suffix}", size)
+        grpc.register_system_shared_memory("output", f"/ym_output_{suffix}", size)
+        status = grpc.get_system_shared_memory_status(as_json=True)
+        seen["grpc_status"] = sorted(status.get("regions", {}).keys())
+        tensor = grpcclient.InferInput("x", [1, 4], "FP32")
+        tensor.set_shared_memory("input", size)
+        wanted = grpcclient.InferRequestedOutput("y")
+        wanted.set_shared_memory("output", size)
+        grpc.infer(model, [tensor], outputs=[wanted])
+        seen["grpc_y_from_shared_memory"] = shm.get_contents_as_numpy(output_handle, np.float32, [1, 4]).flatten().tolist()
+        grpc.unregister_system_shared_memory("input")
+        seen["grpc_after_unregister"] = refusal(lambda: grpc.infer(model, [tensor], outputs=[wanted]))
+        grpc.unregister_system_shared_memory()
+        seen["grpc_status_after"] = grpc.get_system_shared_memory_status(as_json=True).get("regions", {})
+        seen["grpc_cuda_status"] = grpc.get_cuda_shared_memory_status(as_json=True).get("regions", {})
+        seen["grpc_cuda_register"] = refusal(lambda: grpc.register_cuda_shared_memory("gpu", b"aGFuZGxl", 0, 16))
+        seen["http_cuda_register"] = refusal(lambda: client.register_cuda_shared_memory("gpu", b"aGFuZGxl", 0, 16))
     finally:
         shm.destroy_shared_memory_region(input_handle)
         shm.destroy_shared_memory_region(output_handle)

@@ -337,8 +337,8 @@ pub struct SharedMemoryPlace {
 }
 
 impl SharedMemoryPlace {
-    /// The place `parameters` name, if they name one.
-    fn from_parameters(parameters: &Map<String, Value>, what: &str) -> Result<Option<SharedMemoryPlace>, ProtocolError> {
+    /// The place `parameters` name, if they name one (`what` names the tensor in errors).
+    pub fn from_parameters(parameters: &Map<String, Value>, what: &str) -> Result<Option<SharedMemoryPlace>, ProtocolError> {
         let Some(region) = parameters.get("shared_memory_region") else { return Ok(None) };
         let Some(region) = region.as_str() else {
             return error(format!("{what}: shared_memory_region must be a string, got {region}"));

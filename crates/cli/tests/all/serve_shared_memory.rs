@@ -1,18 +1,19 @@
-//! Triton's system shared-memory extension with Triton's own client and its
-//! shared-memory utilities: regions registered, an input read from one and the output
+//! Triton's system shared-memory extension with Triton's own clients (HTTP and gRPC)
+//! and its shared-memory utilities: regions registered, an input read from one and the output
 //! written into another (equal to a plain request's), and the bad cases refused with
 //! the reason — a size past the region, an unregistered region, a key that does not
-//! exist.
+//! exist; CUDA shared memory refused with a reason that names it.
 
 use super::serve_end_to_end::{run_client, scratch};
 use super::serve_repository::{repository, serve_repository_with};
 
 #[test]
-fn tritonclient_infers_through_system_shared_memory_over_http() {
+fn tritonclient_infers_through_system_shared_memory_over_http_and_grpc() {
     let dir = scratch("shared-memory");
     let models = repository(&dir);
     let (server, _stderr) = serve_repository_with(&dir, &models, &[]);
-    let seen = run_client("triton_shared_memory.py", &[&server.address, "add"]);
+    let grpc = server.grpc.clone().expect("the banner names the gRPC address");
+    let seen = run_client("triton_shared_memory.py", &[&server.address, &grpc, "add"]);
     assert_eq!(seen["status"], serde_json::json!(["input", "output"]), "{seen}");
     assert_eq!(seen["y_from_shared_memory"], serde_json::json!([2.0, 3.0, 4.0, 5.0]), "{seen}");
     assert_eq!(seen["y_plain"], seen["y_from_shared_memory"], "{seen}");
@@ -21,4 +22,12 @@ fn tritonclient_infers_through_system_shared_memory_over_http() {
     assert!(seen["after_unregister"].as_str().unwrap().contains("Unable to find system shared memory region: 'input'"), "{seen}");
     assert!(seen["missing_key"].as_str().unwrap().starts_with("Unable to open shared memory region"), "{seen}");
     assert_eq!(seen["status_after"], serde_json::json!([]), "{seen}");
+    assert_eq!(seen["grpc_status"], serde_json::json!(["input", "output"]), "{seen}");
+    assert_eq!(seen["grpc_y_from_shared_memory"], serde_json::json!([2.0, 3.0, 4.0, 5.0]), "over gRPC: {seen}");
+    assert!(seen["grpc_after_unregister"].as_str().unwrap().contains("Unable to find system shared memory region: 'input'"), "{seen}");
+    assert_eq!(seen["grpc_status_after"], serde_json::json!({}), "{seen}");
+    assert_eq!(seen["grpc_cuda_status"], serde_json::json!({}), "{seen}");
+    for refusal in ["grpc_cuda_register", "http_cuda_register"] {
+        assert!(seen[refusal].as_str().unwrap().contains("CUDA shared memory is not supported"), "{refusal}: {seen}");
+    }
 }

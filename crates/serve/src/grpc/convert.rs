@@ -14,7 +14,10 @@ use super::proto::{
     model_repository_parameter::ParameterChoice as RepositoryChoice, InferParameter, InferTensorContents, ModelInferRequest,
     ModelInferResponse, ModelRepositoryParameter,
 };
-use crate::kserve::{self, DataType, InferRequest, InferResponse, ProtocolError, RequestedOutput, Schedule, Tensor, TensorData};
+use crate::kserve::{
+    self, DataType, InferRequest, InferResponse, ProtocolError, RequestedOutput, Schedule, SharedMemoryPlace, Tensor, TensorData,
+};
+use crate::shared_memory::SharedMemoryRegistry;
 
 /// The protocol's message descriptors, compiled from `proto/` by the build script.
 fn descriptors() -> &'static DescriptorPool {
@@ -94,32 +97,65 @@ fn invalid<T>(message: impl Into<String>) -> Result<T, ProtocolError> {
 /// A `ModelInferRequest` as the transport-independent request: inputs from
 /// `raw_input_contents` (one entry per input, in order) or from each input's typed
 /// `contents`, the schedule from the request parameters as over HTTP.
-pub fn infer_request(request: ModelInferRequest) -> Result<InferRequest, ProtocolError> {
+pub fn infer_request(request: ModelInferRequest, regions: Option<&SharedMemoryRegistry>) -> Result<InferRequest, ProtocolError> {
     let parameters = parameters_json(&request.parameters);
     let schedule = Schedule::from_parameters(&parameters)?;
     if request.inputs.is_empty() {
         return invalid("the request has no inputs");
     }
+    // Inputs in shared memory have no raw contents entry; the others one each, in order.
+    let mut places = Vec::with_capacity(request.inputs.len());
+    for input in &request.inputs {
+        places.push(SharedMemoryPlace::from_parameters(&parameters_json(&input.parameters), &format!("input {:?}", input.name))?);
+    }
+    let carried = places.iter().filter(|p| p.is_none()).count();
     let raw = request.raw_input_contents;
-    if !raw.is_empty() && raw.len() != request.inputs.len() {
+    if !raw.is_empty() && raw.len() != carried {
         return invalid(format!(
-            "raw_input_contents has {} entries for {} inputs: give one per input, or none and each input's contents",
+            "raw_input_contents has {} entries for {carried} inputs not in shared memory: give one per such input, or none and each input's contents",
             raw.len(),
-            request.inputs.len()
         ));
     }
     let mut raw = raw.into_iter();
     let mut inputs: Vec<Tensor> = Vec::with_capacity(request.inputs.len());
-    for input in request.inputs {
-        let tensor = input_tensor(input, raw.next())?;
+    for (input, place) in request.inputs.into_iter().zip(places) {
+        let tensor = match place {
+            Some(place) => shared_memory_tensor(input, &place, regions)?,
+            None => input_tensor(input, raw.next())?,
+        };
         if inputs.iter().any(|t| t.name == tensor.name) {
             return invalid(format!("input {:?} appears twice", tensor.name));
         }
         inputs.push(tensor);
     }
-    let outputs = request.outputs.into_iter().map(|o| RequestedOutput { name: o.name, binary: true, shared_memory: None }).collect();
+    let mut outputs = Vec::with_capacity(request.outputs.len());
+    for output in request.outputs {
+        let shared_memory = SharedMemoryPlace::from_parameters(&parameters_json(&output.parameters), &format!("output {:?}", output.name))?;
+        outputs.push(RequestedOutput { name: output.name, binary: true, shared_memory });
+    }
     let id = (!request.id.is_empty()).then_some(request.id);
     Ok(InferRequest { id, schedule, parameters, inputs, outputs })
+}
+
+/// An input read from the system shared-memory region `place` names.
+fn shared_memory_tensor(
+    input: InferInputTensor,
+    place: &SharedMemoryPlace,
+    regions: Option<&SharedMemoryRegistry>,
+) -> Result<Tensor, ProtocolError> {
+    let name = input.name;
+    if input.contents.as_ref().is_some_and(|c| !contents_empty(c)) {
+        return invalid(format!("input {name:?} names a shared memory region and also carries contents"));
+    }
+    let datatype = DataType::parse(&input.datatype).map_err(|e| ProtocolError(format!("input {name:?}: {e}")))?;
+    let shape = input
+        .shape
+        .iter()
+        .map(|&d| u64::try_from(d).map_err(|_| ProtocolError(format!("input {name:?}: shape entries must be non-negative, got {d}"))))
+        .collect::<Result<Vec<u64>, _>>()?;
+    let regions = regions.ok_or_else(|| ProtocolError(format!("input {name:?}: system shared memory is not available here")))?;
+    let bytes = regions.read(&place.region, place.offset, place.byte_size).map_err(|e| ProtocolError(format!("input {name:?}: {e}")))?;
+    Tensor::from_binary(&name, datatype, shape, bytes)
 }
 
 fn input_tensor(input: InferInputTensor, raw: Option<Vec<u8>>) -> Result<Tensor, ProtocolError> {
@@ -200,19 +236,41 @@ fn typed_tensor(name: String, datatype: DataType, shape: Vec<u64>, count: u64, c
 
 /// The transport-independent response as a `ModelInferResponse`: the outputs asked
 /// for (all when none were named) in `raw_output_contents`, as Triton answers over gRPC.
-pub fn infer_response(response: &InferResponse, requested: &[RequestedOutput]) -> Result<ModelInferResponse, ProtocolError> {
+///
+/// An output placed in system shared memory is written into its region; it keeps its
+/// place in `raw_output_contents` with an empty entry (clients index that list by the
+/// outputs' order) and says where it went in its parameters.
+pub fn infer_response(
+    response: &InferResponse,
+    requested: &[RequestedOutput],
+    regions: Option<&SharedMemoryRegistry>,
+) -> Result<ModelInferResponse, ProtocolError> {
     let selected = kserve::requested_outputs(response, requested)?;
     let mut outputs = Vec::with_capacity(selected.len());
     let mut raw = Vec::with_capacity(selected.len());
-    for (tensor, _) in selected {
+    for (tensor, wanted) in selected {
+        let mut parameters = HashMap::new();
+        let bytes = tensor.binary();
+        match wanted.and_then(|w| w.shared_memory.as_ref()) {
+            Some(place) => {
+                let regions = regions
+                    .ok_or_else(|| ProtocolError(format!("output {:?}: system shared memory is not available here", tensor.name)))?;
+                regions
+                    .write(&place.region, place.offset, place.byte_size, &bytes)
+                    .map_err(|e| ProtocolError(format!("output {:?}: {e}", tensor.name)))?;
+                parameters.insert("shared_memory_region".to_string(), parameter_of_json(&Value::String(place.region.clone())));
+                parameters.insert("shared_memory_byte_size".to_string(), parameter_of_json(&Value::from(bytes.len())));
+                raw.push(Vec::new());
+            }
+            None => raw.push(bytes),
+        }
         outputs.push(InferOutputTensor {
             name: tensor.name.clone(),
             datatype: tensor.datatype.name().to_string(),
             shape: tensor.shape.iter().map(|&d| d as i64).collect(),
-            parameters: HashMap::new(),
+            parameters,
             contents: None,
         });
-        raw.push(tensor.binary());
     }
     Ok(ModelInferResponse {
         model_name: response.model_name.clone(),
@@ -248,7 +306,7 @@ mod tests {
             inputs: vec![input("x", "FP32", &[1, 4], Some(InferTensorContents { fp32_contents: values.to_vec(), ..Default::default() }))],
             ..Default::default()
         };
-        let (raw, typed) = (infer_request(raw).unwrap(), infer_request(typed).unwrap());
+        let (raw, typed) = (infer_request(raw, None).unwrap(), infer_request(typed, None).unwrap());
         assert_eq!(raw.inputs, typed.inputs);
         assert_eq!(raw.inputs[0].as_f32().unwrap(), values);
     }
@@ -267,7 +325,7 @@ mod tests {
             raw_input_contents: vec![raw],
             ..Default::default()
         };
-        let decoded = infer_request(request).unwrap();
+        let decoded = infer_request(request, None).unwrap();
         assert_eq!(decoded.id.as_deref(), Some("r1"));
         assert_eq!((decoded.schedule.priority, decoded.schedule.timeout_us), (Some(2), Some(5_000)));
         assert_eq!(decoded.inputs[0].data, TensorData::Strings(strings.to_vec()));
@@ -294,7 +352,7 @@ mod tests {
         ];
         for (inputs, raw, expected) in cases {
             let request = ModelInferRequest { inputs, raw_input_contents: raw, ..Default::default() };
-            let error = infer_request(request).unwrap_err();
+            let error = infer_request(request, None).unwrap_err();
             assert!(error.0.contains(expected), "{expected:?} not in {:?}", error.0);
         }
     }
@@ -308,13 +366,13 @@ mod tests {
             parameters: [("arm".to_string(), json!("primary"))].into_iter().collect(),
             outputs: vec![Tensor::f32("a", vec![2], &[1.0, 2.0]).unwrap(), Tensor::f32("b", vec![1], &[3.0]).unwrap()],
         };
-        let all = infer_response(&response, &[]).unwrap();
+        let all = infer_response(&response, &[], None).unwrap();
         assert_eq!(all.outputs.iter().map(|o| o.name.as_str()).collect::<Vec<_>>(), ["a", "b"]);
         assert_eq!(all.raw_output_contents[1], 3.0f32.to_le_bytes());
         assert_eq!(all.parameters["arm"].parameter_choice, Some(ParameterChoice::StringParam("primary".into())));
-        let one = infer_response(&response, &[RequestedOutput { name: "b".into(), binary: true, shared_memory: None }]).unwrap();
+        let one = infer_response(&response, &[RequestedOutput { name: "b".into(), binary: true, shared_memory: None }], None).unwrap();
         assert_eq!((one.outputs.len(), one.outputs[0].shape.as_slice()), (1, &[1i64][..]));
-        assert!(infer_response(&response, &[RequestedOutput { name: "c".into(), binary: true, shared_memory: None }])
+        assert!(infer_response(&response, &[RequestedOutput { name: "c".into(), binary: true, shared_memory: None }], None)
             .unwrap_err()
             .0
             .contains("no output \"c\""));

@@ -7,8 +7,10 @@
 //! (`ServerMetadata`, `ModelMetadata`), inference (`ModelInfer`, and
 //! `ModelStreamInfer`, one response per request on the stream, matched by id),
 //! Triton's extensions `ModelConfig`, `ModelStatistics`, `RepositoryIndex`,
-//! `RepositoryModelLoad` and `RepositoryModelUnload`. Others (shared memory, trace and
-//! log settings) answer `UNIMPLEMENTED`. Refusals map HTTP's statuses to gRPC codes:
+//! `RepositoryModelLoad`, `RepositoryModelUnload`, and system shared memory
+//! (`SystemSharedMemory*`, the regions shared with HTTP, see `super::shared_memory`;
+//! `CudaSharedMemory*` answer an empty status and refuse registration). Trace and log
+//! settings answer `UNIMPLEMENTED`. Refusals map HTTP's statuses to gRPC codes:
 //! 400 `INVALID_ARGUMENT`, 404 `NOT_FOUND`, 409 `FAILED_PRECONDITION`, 503
 //! `UNAVAILABLE` (dropped by the policy, over the admission cap, not ready), 500
 //! `INTERNAL`; the message is the same reason. The A/B split key comes from the
@@ -103,13 +105,13 @@ impl InferenceService {
     async fn infer(api: &Api, request: ModelInferRequest, split_key: Option<String>) -> Result<ModelInferResponse, Status> {
         let _admitted = api.admit().map_err(status_of)?;
         let model = api.served_model(&request.model_name, given(&request.model_version)).map_err(status_of)?;
-        let mut decoded = convert::infer_request(request).map_err(|e| Status::invalid_argument(e.0))?;
+        let mut decoded = convert::infer_request(request, Some(api.shared_memory())).map_err(|e| Status::invalid_argument(e.0))?;
         if decoded.schedule.split_key.is_none() {
             decoded.schedule.split_key = split_key;
         }
         let requested = decoded.outputs.clone();
         let response = api.run_inference(&model, decoded).await.map_err(status_of)?;
-        convert::infer_response(&response, &requested).map_err(|e| Status::invalid_argument(e.0))
+        convert::infer_response(&response, &requested, Some(api.shared_memory())).map_err(|e| Status::invalid_argument(e.0))
     }
 }
 
@@ -265,4 +267,72 @@ impl GrpcInferenceService for InferenceService {
         self.api.backend().unload_model(&request.model_name, parameters).await.map_err(|e| status_of(e.into()))?;
         Ok(Response::new(RepositoryModelUnloadResponse {}))
     }
+
+    async fn system_shared_memory_status(
+        &self,
+        request: Request<SystemSharedMemoryStatusRequest>,
+    ) -> Result<Response<SystemSharedMemoryStatusResponse>, Status> {
+        let name = request.into_inner().name;
+        let registry = self.api.shared_memory();
+        if !name.is_empty() {
+            registry.status(Some(&name)).map_err(|e| Status::invalid_argument(e.0))?;
+        }
+        let regions = registry
+            .regions()
+            .into_iter()
+            .filter(|(region, ..)| name.is_empty() || *region == name)
+            .map(|(name, key, offset, byte_size)| {
+                (name.clone(), system_shared_memory_status_response::RegionStatus { name, key, offset, byte_size })
+            })
+            .collect();
+        Ok(Response::new(SystemSharedMemoryStatusResponse { regions }))
+    }
+
+    async fn system_shared_memory_register(
+        &self,
+        request: Request<SystemSharedMemoryRegisterRequest>,
+    ) -> Result<Response<SystemSharedMemoryRegisterResponse>, Status> {
+        let r = request.into_inner();
+        self.api.shared_memory().register(&r.name, &r.key, r.offset, r.byte_size).map_err(|e| Status::invalid_argument(e.0))?;
+        Ok(Response::new(SystemSharedMemoryRegisterResponse {}))
+    }
+
+    async fn system_shared_memory_unregister(
+        &self,
+        request: Request<SystemSharedMemoryUnregisterRequest>,
+    ) -> Result<Response<SystemSharedMemoryUnregisterResponse>, Status> {
+        let name = request.into_inner().name;
+        let registry = self.api.shared_memory();
+        if name.is_empty() {
+            registry.unregister_all();
+        } else {
+            registry.unregister(&name).map_err(|e| Status::invalid_argument(e.0))?;
+        }
+        Ok(Response::new(SystemSharedMemoryUnregisterResponse {}))
+    }
+
+    async fn cuda_shared_memory_status(
+        &self,
+        _: Request<CudaSharedMemoryStatusRequest>,
+    ) -> Result<Response<CudaSharedMemoryStatusResponse>, Status> {
+        Ok(Response::new(CudaSharedMemoryStatusResponse { regions: Default::default() }))
+    }
+
+    async fn cuda_shared_memory_register(
+        &self,
+        _: Request<CudaSharedMemoryRegisterRequest>,
+    ) -> Result<Response<CudaSharedMemoryRegisterResponse>, Status> {
+        Err(Status::unimplemented(CUDA_SHARED_MEMORY_REFUSAL))
+    }
+
+    async fn cuda_shared_memory_unregister(
+        &self,
+        _: Request<CudaSharedMemoryUnregisterRequest>,
+    ) -> Result<Response<CudaSharedMemoryUnregisterResponse>, Status> {
+        Err(Status::unimplemented(CUDA_SHARED_MEMORY_REFUSAL))
+    }
 }
+
+/// Why a CUDA shared-memory registration is refused.
+const CUDA_SHARED_MEMORY_REFUSAL: &str =
+    "CUDA shared memory is not supported by this server: use system shared memory (SystemSharedMemoryRegister)";
