@@ -677,13 +677,8 @@ pub fn encode_response_in(
             regions
                 .write(&place.region, place.offset, place.byte_size, &bytes)
                 .map_err(|e| ProtocolError(format!("output {:?}: {e}", tensor.name)))?;
-            let mut parameters = Map::new();
-            parameters.insert("shared_memory_region".into(), Value::String(place.region.clone()));
-            parameters.insert("shared_memory_byte_size".into(), Value::from(bytes.len()));
-            if place.offset > 0 {
-                parameters.insert("shared_memory_offset".into(), Value::from(place.offset));
-            }
-            out.insert("parameters".into(), Value::Object(parameters));
+            // Name, type and shape only, as Triton answers: its C++ client reads any
+            // output `parameters` as the binary extension's.
         } else if as_binary {
             let bytes = tensor.binary();
             let mut parameters = Map::new();
