@@ -312,12 +312,7 @@ fn main() -> ExitCode {
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
         }
     }
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("YARDMASTER_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    install_logging();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         // Help and version go to stdout, which may already be closed: print what fits.
@@ -357,6 +352,18 @@ fn main() -> ExitCode {
         Some(Command::Ab(args)) => admin_cli::run_ab(&args),
         Some(Command::Repository(command)) => repository_cli::run(command),
     }
+}
+
+/// Log to stderr at `YARDMASTER_LOG`'s filter (warnings by default), changeable while
+/// serving through Triton's logging extension (`yardmaster::serve::logging`).
+fn install_logging() {
+    use tracing_subscriber::prelude::*;
+    use tracing_subscriber::EnvFilter;
+    let configured = std::env::var("YARDMASTER_LOG").ok().filter(|f| EnvFilter::try_new(f).is_ok());
+    let initial = configured.unwrap_or_else(|| "warn".to_string());
+    let (filter, handle) = tracing_subscriber::reload::Layer::new(EnvFilter::new(&initial));
+    tracing_subscriber::registry().with(filter).with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr)).init();
+    yardmaster::serve::logging::install(&initial, move |threshold| handle.reload(EnvFilter::new(threshold)).map_err(|e| e.to_string()));
 }
 
 /// The default job: check every shipped policy, then serve PP-OCR under a short load.

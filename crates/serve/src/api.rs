@@ -454,6 +454,20 @@ impl Api {
             ),
             ["v2", "models", "stats"] if get => self.statistics(None),
             ["v2", "systemsharedmemory", rest @ ..] => self.system_shared_memory(&request, rest),
+            ["v2", "logging"] if get => ApiResponse::json(StatusCode::OK, &super::logging::current().to_json()),
+            ["v2", "logging"] if request.method == Method::POST => {
+                let changes = match serde_json::from_slice::<Value>(&request.body) {
+                    Ok(Value::Object(changes)) => changes,
+                    Ok(other) => {
+                        return ApiResponse::error(StatusCode::BAD_REQUEST, &format!("log settings must be a JSON object, got {other}"))
+                    }
+                    Err(e) => return ApiResponse::error(StatusCode::BAD_REQUEST, &format!("the log settings are not valid JSON: {e}")),
+                };
+                match super::logging::update(&changes) {
+                    Ok(settings) => ApiResponse::json(StatusCode::OK, &settings.to_json()),
+                    Err(reason) => ApiResponse::error(StatusCode::BAD_REQUEST, &reason),
+                }
+            }
             ["v2", "cudasharedmemory", "status"] if get => ApiResponse::json(StatusCode::OK, &json!([])),
             ["v2", "cudasharedmemory", ..] if request.method == Method::POST => ApiResponse::error(
                 StatusCode::BAD_REQUEST,
@@ -707,6 +721,7 @@ fn known_route(segments: &[&str]) -> bool {
             | ["v2", "health", "live" | "ready"]
             | ["v2", "models", "stats"]
             | ["v2", "cluster"]
+            | ["v2", "logging"]
             | ["v2", "cudasharedmemory", ..]
             | ["v2", "repository", "index"]
             | ["v2", "repository", "models", _, "load" | "unload"]

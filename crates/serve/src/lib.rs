@@ -32,6 +32,7 @@ pub mod kserve;
 pub mod listeners;
 pub mod llm;
 pub mod load;
+pub mod logging;
 pub mod membership;
 pub mod model_control;
 pub mod payload;

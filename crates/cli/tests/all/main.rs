@@ -22,6 +22,7 @@ mod serve_grpc;
 mod serve_hostile;
 mod serve_llm;
 mod serve_llm_http;
+mod serve_logging;
 mod serve_model_control;
 mod serve_overload;
 mod serve_policies;

@@ -9,8 +9,9 @@
 //! Triton's extensions `ModelConfig`, `ModelStatistics`, `RepositoryIndex`,
 //! `RepositoryModelLoad`, `RepositoryModelUnload`, and system shared memory
 //! (`SystemSharedMemory*`, the regions shared with HTTP, see `super::shared_memory`;
-//! `CudaSharedMemory*` answer an empty status and refuse registration). Trace and log
-//! settings answer `UNIMPLEMENTED`. Refusals map HTTP's statuses to gRPC codes:
+//! `CudaSharedMemory*` answer an empty status and refuse registration), and
+//! `LogSettings` (Triton's logging extension, `super::logging`). Trace settings answer
+//! `UNIMPLEMENTED`. Refusals map HTTP's statuses to gRPC codes:
 //! 400 `INVALID_ARGUMENT`, 404 `NOT_FOUND`, 409 `FAILED_PRECONDITION`, 503
 //! `UNAVAILABLE` (dropped by the policy, over the admission cap, not ready), 500
 //! `INTERNAL`; the message is the same reason. The A/B split key comes from the
@@ -309,6 +310,43 @@ impl GrpcInferenceService for InferenceService {
             registry.unregister(&name).map_err(|e| Status::invalid_argument(e.0))?;
         }
         Ok(Response::new(SystemSharedMemoryUnregisterResponse {}))
+    }
+
+    async fn log_settings(&self, request: Request<LogSettingsRequest>) -> Result<Response<LogSettingsResponse>, Status> {
+        use log_settings_request::setting_value::ParameterChoice as In;
+        use log_settings_response::setting_value::ParameterChoice as Out;
+        let changes: serde_json::Map<String, Value> = request
+            .into_inner()
+            .settings
+            .into_iter()
+            .map(|(key, value)| {
+                let value = match value.parameter_choice {
+                    Some(In::BoolParam(b)) => Value::Bool(b),
+                    Some(In::Uint32Param(u)) => Value::from(u),
+                    Some(In::StringParam(s)) => Value::String(s),
+                    None => Value::Null,
+                };
+                (key, value)
+            })
+            .collect();
+        let settings = if changes.is_empty() {
+            super::logging::current()
+        } else {
+            super::logging::update(&changes).map_err(Status::invalid_argument)?
+        };
+        let Value::Object(answer) = settings.to_json() else { unreachable!("settings are an object") };
+        let settings = answer
+            .into_iter()
+            .map(|(key, value)| {
+                let choice = match value {
+                    Value::Bool(b) => Out::BoolParam(b),
+                    Value::Number(n) => Out::Uint32Param(n.as_u64().unwrap_or(0) as u32),
+                    other => Out::StringParam(other.as_str().unwrap_or_default().to_string()),
+                };
+                (key, log_settings_response::SettingValue { parameter_choice: Some(choice) })
+            })
+            .collect();
+        Ok(Response::new(LogSettingsResponse { settings }))
     }
 
     async fn cuda_shared_memory_status(
