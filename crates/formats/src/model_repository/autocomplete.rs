@@ -106,7 +106,7 @@ fn derived(kind: &str, tensor: &TensorSignature, batched: bool, max_batch_size: 
         }
         dims.remove(0);
     }
-    Ok(TensorConfig { name: tensor.name.clone(), data_type: tensor.data_type, dims, reshape: None, optional: false })
+    Ok(TensorConfig { name: tensor.name.clone(), data_type: tensor.data_type, dims, reshape: None, optional: false, format: None })
 }
 
 /// Check configuration tensor `tensor` against the graph's tensors of its kind.

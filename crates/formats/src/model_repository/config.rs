@@ -133,6 +133,10 @@ pub struct TensorConfig {
     pub reshape: Option<Vec<i64>>,
     /// Inputs only: a request may leave it out.
     pub optional: bool,
+    /// Inputs only: Triton's `format` (`FORMAT_NONE`, `FORMAT_NHWC`, `FORMAT_NCHW`),
+    /// kept and served in the configuration; it describes the tensor's layout to
+    /// clients and does not change what the model is fed.
+    pub format: Option<String>,
 }
 
 /// Triton's `dynamic_batching` settings. In Yardmaster they are parameters the policy
@@ -533,6 +537,7 @@ impl Reader<'_> {
     fn tensor(&mut self, path: &str, kind: &str, message: &Message, is_input: bool) -> Result<TensorConfig, ParseError> {
         let mut seen = Seen::default();
         let (mut name, mut data_type, mut dims, mut reshape, mut optional) = (None, None, Vec::new(), None, false);
+        let mut format = None;
         let mut dims_at = None;
         for field in &message.fields {
             match field.name.as_str() {
@@ -566,6 +571,10 @@ impl Reader<'_> {
                     seen.once(self, path, field)?;
                     optional = self.boolean(path, field)?;
                 }
+                "format" if is_input => {
+                    seen.once(self, path, field)?;
+                    format = Some(self.ident(path, field, &["FORMAT_NONE", "FORMAT_NHWC", "FORMAT_NCHW"])?.to_string());
+                }
                 _ => self.ignore(kind, field),
             }
         }
@@ -575,7 +584,7 @@ impl Reader<'_> {
         if dims_at.is_none() {
             return Err(self.error(at, format!("{path} ({name:?}): dims is missing")));
         }
-        Ok(TensorConfig { name, data_type, dims, reshape, optional })
+        Ok(TensorConfig { name, data_type, dims, reshape, optional, format })
     }
 
     /// One dimension: -1 (any) or positive.
@@ -885,6 +894,8 @@ mod json {
         is_shape_tensor: bool,
         #[serde(skip_serializing_if = "Option::is_none")]
         optional: Option<bool>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        format: Option<&'a str>,
     }
 
     #[derive(Serialize)]
@@ -944,6 +955,7 @@ mod json {
             reshape: t.reshape.as_deref().map(|shape| ReshapeJson { shape }),
             is_shape_tensor: false,
             optional: is_input.then_some(t.optional),
+            format: is_input.then(|| t.format.as_deref().unwrap_or("FORMAT_NONE")),
         }
     }
 
@@ -1079,7 +1091,8 @@ instance_group [
         assert_eq!(c.instance_count(), 2 * 2 + 1);
         assert_eq!(c.version_policy, VersionPolicy::Latest { num_versions: 1 });
         assert_eq!(c.from_graph, None);
-        assert_eq!(c.ignored_fields, ["input.format", "output.label_filename"]);
+        assert_eq!(c.ignored_fields, ["output.label_filename"]);
+        assert_eq!(c.input[0].format.as_deref(), Some("FORMAT_NCHW"), "kept, to be served");
     }
 
     #[test]
@@ -1193,8 +1206,8 @@ instance_group [
             "version_policy": { "latest": { "num_versions": 1 } },
             "max_batch_size": 8,
             "input": [
-                { "name": "pixels", "data_type": "TYPE_FP32", "dims": [3, 224, 224], "is_shape_tensor": false, "optional": false },
-                { "name": "mask", "data_type": "TYPE_BOOL", "dims": [-1], "reshape": { "shape": [] }, "is_shape_tensor": false, "optional": true }
+                { "name": "pixels", "data_type": "TYPE_FP32", "dims": [3, 224, 224], "is_shape_tensor": false, "optional": false, "format": "FORMAT_NCHW" },
+                { "name": "mask", "data_type": "TYPE_BOOL", "dims": [-1], "reshape": { "shape": [] }, "is_shape_tensor": false, "optional": true, "format": "FORMAT_NONE" }
             ],
             "output": [ { "name": "scores", "data_type": "TYPE_FP32", "dims": [1000], "is_shape_tensor": false } ],
             "dynamic_batching": { "preferred_batch_size": [4, 8], "max_queue_delay_microseconds": 100, "priority_levels": 0, "default_priority_level": 0 },
