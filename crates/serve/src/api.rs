@@ -176,8 +176,10 @@ impl ServedModel {
 }
 
 /// The protocol extensions the server metadata announces.
-pub const EXTENSIONS: [&str; 6] = [
+pub const EXTENSIONS: [&str; 8] = [
     "binary_tensor_data",
+    "system_shared_memory",
+    "logging",
     "schedule_policy",
     "model_configuration",
     "statistics",
@@ -454,6 +456,10 @@ impl Api {
             ),
             ["v2", "models", "stats"] if get => self.statistics(None),
             ["v2", "systemsharedmemory", rest @ ..] => self.system_shared_memory(&request, rest),
+            ["v2", "trace", "setting"] | ["v2", "models", _, "trace", "setting"] => ApiResponse::error(
+                StatusCode::NOT_IMPLEMENTED,
+                "the trace extension is not supported yet: use the server's capture (docs/serving.md) or the metrics",
+            ),
             ["v2", "logging"] if get => ApiResponse::json(StatusCode::OK, &super::logging::current().to_json()),
             ["v2", "logging"] if request.method == Method::POST => {
                 let changes = match serde_json::from_slice::<Value>(&request.body) {
@@ -853,6 +859,7 @@ mod tests {
                 "Request for unknown model: 'double' version 7 is not found",
             ),
             (Method::GET, "/v2/nothing/here", "".into(), StatusCode::NOT_FOUND, "no route"),
+            (Method::GET, "/v2/trace/setting", "".into(), StatusCode::NOT_IMPLEMENTED, "trace extension is not supported"),
             (Method::GET, "/v2/systemsharedmemory/region/x/status", "".into(), StatusCode::BAD_REQUEST, "Unable to find"),
             (Method::POST, "/v2/cudasharedmemory/region/x/register", "{}".into(), StatusCode::BAD_REQUEST, "not supported"),
             (Method::DELETE, "/v2/health/ready", "".into(), StatusCode::METHOD_NOT_ALLOWED, "not allowed"),

@@ -24,6 +24,28 @@ use serde_json::{Map, Number, Value};
 /// body is.
 pub const HEADER_CONTENT_LENGTH: &str = "inference-header-content-length";
 
+/// Refuse what a request asks of Triton's extensions that Yardmaster does not serve
+/// yet, naming it, rather than ignore it: a stateful sequence (`sequence_id`,
+/// `sequence_start`, `sequence_end`; Triton refuses these for a model without a
+/// sequence batcher too) and the classification extension on an output.
+pub fn refuse_unsupported(parameters: &Map<String, Value>, outputs: &[(String, Map<String, Value>)]) -> Result<(), ProtocolError> {
+    let set = |key: &str| match parameters.get(key) {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => false,
+        Some(Value::Number(n)) => n.as_u64() != Some(0),
+        Some(Value::String(s)) => !s.is_empty(),
+        Some(_) => true,
+    };
+    if let Some(key) = ["sequence_id", "sequence_start", "sequence_end"].into_iter().find(|k| set(k)) {
+        return error(format!(
+            "{key}: stateful sequences are not supported yet (no model here has a sequence batcher); send requests without a correlation ID"
+        ));
+    }
+    if let Some((name, _)) = outputs.iter().find(|(_, p)| p.contains_key("classification")) {
+        return error(format!("output {name:?}: the classification extension (class_count) is not supported yet; ask for the raw output"));
+    }
+    Ok(())
+}
+
 /// Triton's wording for a model it does not serve (clients match on it); our detail
 /// goes after it.
 pub fn unknown_model_message(name: &str) -> String {
@@ -407,6 +429,7 @@ pub fn decode_request_in(
         Some(other) => return error(format!("\"id\" must be a string, got {other}")),
     };
     let parameters = take_parameters(&mut object, "request")?;
+    refuse_unsupported(&parameters, &[])?;
     let schedule = Schedule::from_parameters(&parameters)?;
     let Some(Value::Array(raw_inputs)) = object.remove("inputs") else {
         return error("request needs an \"inputs\" array");
@@ -441,6 +464,7 @@ pub fn decode_request_in(
                     Some(other) => return error(format!("output {name:?}: binary_data must be a boolean, got {other}")),
                 };
                 let shared_memory = SharedMemoryPlace::from_parameters(&parameters, &format!("output {name:?}"))?;
+                refuse_unsupported(&Map::new(), &[(name.clone(), parameters)])?;
                 outputs.push(RequestedOutput { name, binary, shared_memory });
             }
         }
@@ -734,6 +758,17 @@ mod tests {
         // Found by fuzzing: the shape's element count was reserved up front (64 GiB).
         let err = decode(r#"{"inputs":[{"name":"x","datatype":"FP32","shape":[2147483648],"data":[1]}]}"#).unwrap_err();
         assert!(err.0.contains("needs 2147483648 elements"), "{err}");
+    }
+
+    #[test]
+    fn sequences_and_classification_are_refused_naming_them() {
+        let body = |extra: &str| format!(r#"{{"inputs":[{{"name":"x","shape":[1],"datatype":"FP32","data":[1]}}]{extra}}}"#);
+        let refused = |extra: &str| decode_request(body(extra).as_bytes(), None).unwrap_err().0;
+        assert!(refused(r#","parameters":{"sequence_id":7}"#).starts_with("sequence_id: stateful sequences are not supported"));
+        assert!(refused(r#","parameters":{"sequence_start":true}"#).contains("sequence_start"));
+        let class = refused(r#","outputs":[{"name":"y","parameters":{"classification":3}}]"#);
+        assert!(class.contains("output \"y\"") && class.contains("classification"), "{class}");
+        assert!(decode_request(body(r#","parameters":{"sequence_id":0,"sequence_end":false}"#).as_bytes(), None).is_ok(), "unset");
     }
 
     #[test]

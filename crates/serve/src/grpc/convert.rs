@@ -99,6 +99,9 @@ fn invalid<T>(message: impl Into<String>) -> Result<T, ProtocolError> {
 /// `contents`, the schedule from the request parameters as over HTTP.
 pub fn infer_request(request: ModelInferRequest, regions: Option<&SharedMemoryRegistry>) -> Result<InferRequest, ProtocolError> {
     let parameters = parameters_json(&request.parameters);
+    let output_parameters: Vec<(String, Map<String, Value>)> =
+        request.outputs.iter().map(|o| (o.name.clone(), parameters_json(&o.parameters))).collect();
+    kserve::refuse_unsupported(&parameters, &output_parameters)?;
     let schedule = Schedule::from_parameters(&parameters)?;
     if request.inputs.is_empty() {
         return invalid("the request has no inputs");
