@@ -162,6 +162,15 @@ fn host_workers(metrics: &str, host: &str) -> f64 {
     metric(metrics, &format!("yardmaster_cluster_host_workers{{host=\"{host}\"}}")).unwrap_or(0.0)
 }
 
+/// Wait until the controller at `http` is ready, or fail with its log.
+pub(crate) fn wait_ready(http: &str, log: &Path) {
+    let ready = Instant::now() + Duration::from_secs(60);
+    while !matches!(request(http, "GET", "/v2/health/ready", ""), Ok((200, _))) {
+        assert!(Instant::now() < ready, "the controller was not ready in 60 s:\n{}", std::fs::read_to_string(log).unwrap_or_default());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// Wait until `check` holds, or fail with what the metrics say.
 fn wait_for(address: &str, what: &str, check: impl Fn(&str) -> bool) {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -222,11 +231,7 @@ fn a_controller_finds_its_nodes_through_dns_and_loses_and_gains_one_under_load()
         .spawn()
         .unwrap();
     let _controller = Process(controller);
-    let ready = Instant::now() + Duration::from_secs(60);
-    while !matches!(request(&http, "GET", "/v2/health/ready", ""), Ok((200, _))) {
-        assert!(Instant::now() < ready, "the controller was not ready in 60 s:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_ready(&http, &log);
 
     // One model's replicas spread over all three nodes.
     wait_for(&http, "a replica on each of the three nodes", |m| ["node-a", "node-b", "node-c"].iter().all(|h| host_workers(m, h) >= 1.0));

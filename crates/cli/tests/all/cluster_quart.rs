@@ -11,9 +11,8 @@
 //! Needs the magika model the set-up script downloads (`scripts/setup.sh --deps`).
 
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
-use super::cluster_dns::{free_tcp_port, free_udp_port, metric, request, scratch, start_node_with_slots, Process};
+use super::cluster_dns::{free_tcp_port, free_udp_port, metric, request, scratch, start_node_with_slots, wait_ready, Process};
 
 /// The model's profile: about 8 ms an item on one core (what `yardmaster profile`
 /// measures for it on this machine), beside its configuration so the test does not
@@ -80,11 +79,7 @@ fn quart_places_new_replicas_live_and_they_start_warm_where_the_node_caches_the_
         .spawn()
         .unwrap();
     let _controller = Process(controller);
-    let ready = Instant::now() + Duration::from_secs(60);
-    while !matches!(request(&http, "GET", "/v2/health/ready", ""), Ok((200, _))) {
-        assert!(Instant::now() < ready, "the controller was not ready in 60 s:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_ready(&http, &log);
 
     // A burst past what three replicas serve: QUART scales the model up.
     let mut scaled = false;

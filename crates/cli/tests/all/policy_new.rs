@@ -66,7 +66,8 @@ fn scaffold_builds_and_passes_the_check(lang: &str) {
     let edf = yardmaster().args(["policy", "check", "edf"]).output().expect("yardmaster runs");
     assert!(edf.status.success(), "{}", text(&edf));
     let expected = outcomes(&text(&edf));
-    assert_eq!(expected.len(), 2, "one line per scenario:\n{}", text(&edf));
+    let scenarios = text(&edf).lines().filter(|l| l.trim_start().starts_with("scenario")).count();
+    assert!(scenarios >= 2 && expected.len() == scenarios, "one requests line per scenario:\n{}", text(&edf));
     assert_eq!(outcomes(&log), expected, "{lang}: the starter ends requests unlike edf:\n{log}");
     let _ = std::fs::remove_dir_all(&scratch);
 }

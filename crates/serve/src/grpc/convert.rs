@@ -150,25 +150,25 @@ fn shared_memory_tensor(
     if input.contents.as_ref().is_some_and(|c| !contents_empty(c)) {
         return invalid(format!("input {name:?} names a shared memory region and also carries contents"));
     }
-    let datatype = DataType::parse(&input.datatype).map_err(|e| ProtocolError(format!("input {name:?}: {e}")))?;
-    let shape = input
-        .shape
-        .iter()
-        .map(|&d| u64::try_from(d).map_err(|_| ProtocolError(format!("input {name:?}: shape entries must be non-negative, got {d}"))))
-        .collect::<Result<Vec<u64>, _>>()?;
+    let (datatype, shape) = input_type_and_shape(&name, &input.datatype, &input.shape)?;
     let regions = regions.ok_or_else(|| ProtocolError(format!("input {name:?}: system shared memory is not available here")))?;
     let bytes = regions.read(&place.region, place.offset, place.byte_size).map_err(|e| ProtocolError(format!("input {name:?}: {e}")))?;
     Tensor::from_binary(&name, datatype, shape, bytes)
 }
 
-fn input_tensor(input: InferInputTensor, raw: Option<Vec<u8>>) -> Result<Tensor, ProtocolError> {
-    let name = input.name;
-    let datatype = DataType::parse(&input.datatype).map_err(|e| ProtocolError(format!("input {name:?}: {e}")))?;
-    let shape = input
-        .shape
+/// An input's element type and shape, checked.
+fn input_type_and_shape(name: &str, datatype: &str, shape: &[i64]) -> Result<(DataType, Vec<u64>), ProtocolError> {
+    let datatype = DataType::parse(datatype).map_err(|e| ProtocolError(format!("input {name:?}: {e}")))?;
+    let shape = shape
         .iter()
         .map(|&d| u64::try_from(d).map_err(|_| ProtocolError(format!("input {name:?}: shape entries must be non-negative, got {d}"))))
         .collect::<Result<Vec<u64>, _>>()?;
+    Ok((datatype, shape))
+}
+
+fn input_tensor(input: InferInputTensor, raw: Option<Vec<u8>>) -> Result<Tensor, ProtocolError> {
+    let name = input.name;
+    let (datatype, shape) = input_type_and_shape(&name, &input.datatype, &input.shape)?;
     let count = kserve::element_count(&name, &shape)?;
     let typed = input.contents.filter(|c| !contents_empty(c));
     match (raw, typed) {
