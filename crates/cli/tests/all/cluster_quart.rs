@@ -59,11 +59,13 @@ fn quart_places_new_replicas_live_and_they_start_warm_where_the_node_caches_the_
     let _nodes: Vec<Process> =
         (2..=4).map(|i| start_node_with_slots(&format!("127.0.0.{i}"), port, &format!("node-{i}"), &certs, 2)).collect();
     let http = format!("127.0.0.1:{}", free_tcp_port());
+    // A generous decision deadline: on a loaded two-core test machine a wall-clock
+    // timeout would put QUART's fallback in charge, which does not scale.
     let config = dir.join("server.toml");
     std::fs::write(
         &config,
         format!(
-            "model_repository = [\"{}\"]\npolicy = \"quart\"\nlisten = \"{http}\"\ngrpc = false\nhttp3 = false\n\n[cluster]\n\
+            "model_repository = [\"{}\"]\nlisten = \"{http}\"\ngrpc = false\nhttp3 = false\n\n[policy]\nname = \"quart\"\ndeadline_ms = 1000\n\n[cluster]\n\
              nodes = \"static:127.0.0.2:{port},127.0.0.3:{port},127.0.0.4:{port}\"\nca = \"{}\"\nnode_name = \"{name}\"\nstartup_wait_secs = 30\n",
             repository.display(),
             certs.join("ca.pem").display()
