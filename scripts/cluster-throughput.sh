@@ -5,7 +5,7 @@
 # reaches over QUIC. Open-loop Poisson load over HTTP/1.1 well past what either
 # serves; the figure is requests answered per second, and the ratio cluster / local.
 #
-#   scripts/cluster-throughput.sh [--rate 20000] [--duration 5] [--policy edf] [--out DIR]
+#   scripts/cluster-throughput.sh [--rate 60000] [--duration 5] [--policy edf] [--out DIR]
 #
 # Needs the release binary (cargo build --release -p yardmaster). On a machine with
 # few cores the nodes, the controller and the load generator share them: the ratio
@@ -14,7 +14,7 @@ set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
 bin="${YARDMASTER_BIN:-$root/target/release/yardmaster}"
-rate=20000
+rate=60000
 duration=5
 policy=edf
 out="$(mktemp -d /tmp/yardmaster-cluster-throughput.XXXXXX)"
