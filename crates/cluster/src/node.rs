@@ -129,7 +129,7 @@ impl HostOffer {
             return Err(anyhow!("--threads must be at least 1"));
         }
         let threads = args.threads.unwrap_or_else(|| {
-            let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+            let cores = yardmaster_dataplane::parallel::cores() as u32;
             (cores / args.slots).max(1)
         });
         Ok(HostOffer { name: args.name.clone().unwrap_or_else(host_name), slots: args.slots, cache_bytes, threads })

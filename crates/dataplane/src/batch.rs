@@ -175,7 +175,7 @@ fn copy_requests(requests: &[&[Tensor]], k: usize, target: &[usize], item: usize
             copy_padded(tensor, target, slot);
         }
     };
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(requests.len()).min(8);
+    let threads = crate::parallel::cores().min(requests.len()).min(8);
     if item == 0 || threads < 2 || std::mem::size_of_val(out) < PARALLEL_COPY_BYTES {
         for (request, slot) in requests.iter().zip(out.chunks_mut(item.max(1))) {
             copy_one(request, slot);

@@ -1,7 +1,14 @@
 //! Independent work items run on scoped threads, the calling thread among them: the
 //! stacking of a large batch's requests, the folding of a job's outputs per request.
 
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
+
+/// The cores this process may use, read once: `std::thread::available_parallelism`
+/// reads cgroup files on every call, too slow for once per batch (at least 1).
+pub fn cores() -> usize {
+    static CORES: OnceLock<usize> = OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
 
 /// Run `work` on every item of `items` on up to `threads` threads, the calling one
 /// included (one thread, or one item, runs them all here). Helpers take items from a

@@ -483,7 +483,7 @@ impl ServeConfig {
     pub fn engine_options(&self) -> EngineOptions {
         let params = self.policy_params();
         let ls_time_between_tokens = EngineOptions::ls_time_between_tokens_from(self.tbt_ms, &params);
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+        let cores = yardmaster_dataplane::parallel::cores() as u32;
         let max_threads = EngineOptions::default().max_threads.min(cores);
         EngineOptions { params, ls_time_between_tokens, max_threads, ..EngineOptions::default() }
     }

@@ -359,7 +359,7 @@ impl Shared {
     /// while the worker waits for the job's report). Items come back in `each`'s order.
     fn apply_all(&self, stage: u32, each: Vec<(u64, Vec<Vec<Tensor>>)>) -> Vec<ItemResult> {
         let count = each.len();
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(count);
+        let threads = yardmaster_dataplane::parallel::cores().min(count);
         let ids: Vec<u64> = each.iter().map(|(id, _)| *id).collect();
         let done: Vec<Mutex<Option<ItemResult>>> = (0..count).map(|_| Mutex::new(None)).collect();
         yardmaster_dataplane::parallel::each(
@@ -866,7 +866,7 @@ struct Finishing {
 fn start_finishers(shared: &Arc<Shared>) -> mpsc::Sender<Finishing> {
     let (sender, receiver) = mpsc::channel::<Finishing>();
     let receiver = Arc::new(Mutex::new(receiver));
-    let count = std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(2, 8);
+    let count = yardmaster_dataplane::parallel::cores().clamp(2, 8);
     for index in 0..count {
         let (shared, receiver) = (Arc::clone(shared), Arc::clone(&receiver));
         let spawned =

@@ -542,7 +542,7 @@ pub fn spread(pipeline: &mut Pipeline, per_host: &[u32], hosts: Vec<HostDef>) {
 
 /// The cores this process may use (its cgroup's quota on Kubernetes).
 fn machine_cores() -> u32 {
-    std::thread::available_parallelism().map_or(1, |n| n.get() as u32)
+    yardmaster_dataplane::parallel::cores() as u32
 }
 
 fn lock(status: &Mutex<ClusterStatus>) -> std::sync::MutexGuard<'_, ClusterStatus> {
