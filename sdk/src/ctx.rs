@@ -148,7 +148,9 @@ impl Ctx {
         self.resident.get(&worker).map(Vec::as_slice).unwrap_or(&[])
     }
 
-    /// The current batch limit of a stage (its `max-batch` until changed).
+    /// The current batch limit of a stage: its `max-batch` until changed, by this
+    /// policy (`set_batch_limit`) or as a tick's snapshot says the host holds it (a
+    /// limit set by the policy this instance took over from, or one the host refused).
     pub fn batch_limit(&self, stage: StageId) -> u32 {
         self.batch_limits.get(stage as usize).copied().unwrap_or(1).max(1)
     }
@@ -210,6 +212,19 @@ impl Ctx {
     /// Replace the routing table of a stage.
     pub fn set_routes(&mut self, stage: StageId, source: Option<WorkerId>, targets: Vec<Route>) {
         self.actions.push(Action::SetRoutes(SetRoutes { stage, source, targets }));
+    }
+
+    /// Take the batch limits in force from a snapshot (no action): a limit this
+    /// instance set that the host refused, or one a predecessor set before this
+    /// instance took over (a fallback, a swap), is what the host holds the batches to.
+    pub fn follow_batch_limits(&mut self, snapshot: &crate::Snapshot) {
+        for stats in &snapshot.stages {
+            if let Some(slot) = self.batch_limits.get_mut(stats.stage as usize) {
+                if stats.batch_limit > 0 {
+                    *slot = stats.batch_limit;
+                }
+            }
+        }
     }
 
     /// Change the largest batch formed for a stage.

@@ -37,7 +37,10 @@ impl<P: Policy> Driver<P> {
                     ctx.record_frame(&frame);
                     policy.on_frame(ctx, frame)
                 }
-                Event::Tick(snapshot) => policy.on_tick(ctx, snapshot),
+                Event::Tick(snapshot) => {
+                    ctx.follow_batch_limits(&snapshot);
+                    policy.on_tick(ctx, snapshot)
+                }
                 Event::Timer(token) => policy.on_timer(ctx, token),
                 Event::WorkerAdded(worker) => {
                     ctx.add_worker(worker);

@@ -954,16 +954,27 @@ impl Arm {
         };
         self.healthy_since = now;
 
-        let mut replay: Vec<Event> = self.ledger.in_arrival_order().into_iter().map(Event::Arrival).collect();
-        self.stats.replayed += replay.len() as u64;
-        replay.extend(view.idle_workers().into_iter().map(Event::WorkerIdle));
+        // The last snapshot first (unless a tick is pending): the fresh instance learns
+        // the state in force — the batch limits its predecessor set among it — before
+        // it is handed the requests and the idle workers to dispatch to.
+        let mut replay: Vec<Event> = Vec::new();
         let had_tick = pending.iter().any(|e| matches!(e, Event::Tick(_)));
-        replay.extend(pending.into_iter().filter(|e| !matches!(e, Event::Arrival(_) | Event::WorkerIdle(_) | Event::RequestEnded(_))));
         if !had_tick {
             if let Some(snapshot) = &self.last_snapshot {
-                replay.push(Event::Tick(snapshot.clone()));
+                let mut snapshot = snapshot.clone();
+                for stats in &mut snapshot.stages {
+                    if let Some(stage) = view.stage(stats.stage) {
+                        stats.batch_limit = stage.batch_limit;
+                    }
+                }
+                replay.push(Event::Tick(snapshot));
             }
         }
+        let arrivals: Vec<Event> = self.ledger.in_arrival_order().into_iter().map(Event::Arrival).collect();
+        self.stats.replayed += arrivals.len() as u64;
+        replay.extend(arrivals);
+        replay.extend(view.idle_workers().into_iter().map(Event::WorkerIdle));
+        replay.extend(pending.into_iter().filter(|e| !matches!(e, Event::Arrival(_) | Event::WorkerIdle(_) | Event::RequestEnded(_))));
         let mut output = self.accept(init_actions, view);
         if replay.is_empty() {
             return output;

@@ -1039,3 +1039,39 @@ fn a_refused_dispatch_hands_its_worker_back_to_the_policy() {
     assert_eq!(engine.executor().started.len(), 1, "the worker was handed back");
     assert_eq!(engine.arm().stats().rejected_total(), 1);
 }
+
+/// Limits stage 0 to batches of one, then faults on its second arrival.
+struct LimitThenFault {
+    arrivals: u32,
+}
+
+impl Policy for LimitThenFault {
+    fn init(ctx: &mut Ctx) -> Result<Self, String> {
+        ctx.set_batch_limit(0, 1);
+        Ok(Self { arrivals: 0 })
+    }
+    fn on_arrival(&mut self, _ctx: &mut Ctx, _request: sdk::Request) {
+        self.arrivals += 1;
+        assert!(self.arrivals < 2, "a policy bug on the second arrival");
+    }
+}
+
+#[test]
+fn a_fallback_keeps_to_the_batch_limit_its_predecessor_set() {
+    let (mut engine, clock) = engine_with::<LimitThenFault>(chain(1, 1));
+    engine.submit(Submission::default());
+    engine.flush();
+    // A tick: the arm keeps the snapshot it will hand a fresh instance.
+    clock.set(1_000 * MS);
+    engine.advance();
+    engine.flush();
+    for _ in 0..5 {
+        engine.submit(Submission::default());
+    }
+    engine.flush();
+    let stats = engine.arm().stats();
+    assert_eq!(stats.fallbacks, 1, "the policy faulted and the fallback took over");
+    assert_eq!(stats.rejected.get("batch-over-limit"), None, "the fallback dispatched past the limit in force: {:?}", stats.rejected);
+    let job = engine.executor().started.last().expect("the fallback dispatched");
+    assert_eq!(job.items.len(), 1, "batches of one, as the limit in force says");
+}
