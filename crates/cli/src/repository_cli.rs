@@ -11,7 +11,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 use yardmaster::formats::model_repository::config::{Backend, TensorConfig};
-use yardmaster::formats::model_repository::{scan, ModelEntry};
+use yardmaster::formats::model_repository::{scan, ModelEntry, ModelError};
 use yardmaster::serve::builtin_repository::BuiltinRepository;
 use yardmaster::serve::repository::default_profile_cache;
 
@@ -94,6 +94,15 @@ fn check(args: CheckArgs) -> ExitCode {
         }
     };
     repository.complete_from_graphs();
+    // The server's own check of each model's tensors: what `serve` would refuse is
+    // refused here, in its words.
+    for model in repository.models.values_mut() {
+        if let Ok(entry) = model {
+            if let Err(message) = yardmaster::serve::repository::servable(entry) {
+                *model = Err(ModelError { model: entry.name.clone(), message: format!("serve refuses it: {message}") });
+            }
+        }
+    }
     let refused = repository.errors().count();
     if args.json {
         let models: serde_json::Map<String, serde_json::Value> = repository

@@ -290,6 +290,26 @@ pub(crate) fn assemble(prepared: &[Prepared], previous: Option<&ServedPipeline>)
     Ok(served)
 }
 
+/// Whether `serve` carries this plain model's tensors: the check [`prepare`] makes of
+/// every served version before it loads or profiles anything, with its words (element
+/// types the data plane carries, no `reshape`, no optional input, a non-batching
+/// model's leading dimension of 1, every graph tensor in the configuration).
+/// `repository check` calls it too, so the two cannot differ on a model's tensors.
+/// Ensembles are checked when they are assembled from their steps.
+pub fn servable(entry: &ModelEntry) -> Result<(), String> {
+    if entry.config.backend == Backend::Ensemble {
+        return Ok(());
+    }
+    let versions =
+        if entry.settings.program.is_some() { &entry.versions[entry.versions.len().saturating_sub(1)..] } else { &entry.versions[..] };
+    for version in versions {
+        let in_version = |e: String| if entry.versions.len() > 1 { format!("version {}: {e}", version.version) } else { e };
+        let file = version.model_file.as_ref().ok_or_else(|| in_version("the version has no model file".into()))?;
+        codec(&entry.config, file).map_err(in_version)?;
+    }
+    Ok(())
+}
+
 /// Build the stage, stream, codec and parameters of each served version of a model,
 /// profiling them if needed; the latest version last.
 pub(crate) fn prepare(

@@ -64,3 +64,26 @@ fn a_repository_is_checked_model_by_model() {
     model(&good, "cls", 1, assets::CLS_MODEL, None);
     assert_eq!(check(&[good.to_str().unwrap()]).0, 0);
 }
+
+/// `repository check` and `serve` read a model's tensors by one rule: a model that
+/// `serve` would refuse (here: `reshape`, which the data plane does not feed, and a
+/// non-batching model whose input does not begin with a dimension of 1) is refused by
+/// the check too, in the server's words — it used to say READY.
+#[test]
+fn check_refuses_what_serve_refuses_in_its_words() {
+    let repo = repository("one-rule");
+    let reshaped = "name: \"reshaped\"\nplatform: \"onnxruntime_onnx\"\nmax_batch_size: 4\n\
+                    input [ { name: \"x\" data_type: TYPE_FP32 dims: [ 3, 48, -1 ] reshape { shape: [ 3, 48, -1 ] } } ]\n";
+    model(&repo, "reshaped", 1, assets::REC_MODEL, Some(reshaped));
+    let unbatched = "name: \"unbatched\"\nplatform: \"onnxruntime_onnx\"\nmax_batch_size: 0\n\
+                     input [ { name: \"x\" data_type: TYPE_FP32 dims: [ -1, 3, 48, -1 ] } ]\n";
+    model(&repo, "unbatched", 1, assets::REC_MODEL, Some(unbatched));
+    model(&repo, "plain", 1, assets::CLS_MODEL, None);
+    let (code, out) = check(&[repo.to_str().unwrap()]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.starts_with("3 models: 1 ready, 2 refused"), "{out}");
+    let line = |name: &str| out.lines().find(|l| l.starts_with(&format!("REFUSED {name}:"))).unwrap_or_else(|| panic!("{out}")).to_string();
+    assert!(line("reshaped").contains("serve refuses it: input \"x\": `reshape` is not supported"), "{out}");
+    assert!(line("unbatched").contains("serve refuses it") && line("unbatched").contains("leading dimension of 1"), "{out}");
+    assert!(out.contains("READY   plain"), "{out}");
+}
