@@ -300,14 +300,32 @@ pub fn servable(entry: &ModelEntry) -> Result<(), String> {
     if entry.config.backend == Backend::Ensemble {
         return Ok(());
     }
+    version_codecs(entry).map(drop)
+}
+
+/// Each version `serve` loads — all of them, or the latest only for a model running a
+/// built-in program (one ensemble's step) — with its model file and tensor codec.
+fn version_codecs(entry: &ModelEntry) -> Result<Vec<(&ModelVersion, &Path, TensorCodec)>, String> {
     let versions =
         if entry.settings.program.is_some() { &entry.versions[entry.versions.len().saturating_sub(1)..] } else { &entry.versions[..] };
-    for version in versions {
-        let in_version = |e: String| if entry.versions.len() > 1 { format!("version {}: {e}", version.version) } else { e };
-        let file = version.model_file.as_ref().ok_or_else(|| in_version("the version has no model file".into()))?;
-        codec(&entry.config, file).map_err(in_version)?;
+    versions
+        .iter()
+        .map(|version| {
+            let in_version = |e: String| in_version_of(entry, version, e);
+            let file = version.model_file.as_deref().ok_or_else(|| in_version("the version has no model file".into()))?;
+            let codec = codec(&entry.config, file).map_err(in_version)?;
+            Ok((version, file, codec))
+        })
+        .collect()
+}
+
+/// `error` about `version`, naming the version when the model has several.
+fn in_version_of(entry: &ModelEntry, version: &ModelVersion, error: String) -> String {
+    if entry.versions.len() > 1 {
+        format!("version {}: {error}", version.version)
+    } else {
+        error
     }
-    Ok(())
 }
 
 /// Build the stage, stream, codec and parameters of each served version of a model,
@@ -320,13 +338,10 @@ pub(crate) fn prepare(
 ) -> Result<Vec<Prepared>, String> {
     let config = &entry.config;
     let builtin = entry.settings.program;
-    // A model running a built-in program is one ensemble's step: its latest version only.
-    let versions = if builtin.is_some() { &entry.versions[entry.versions.len().saturating_sub(1)..] } else { &entry.versions[..] };
+    let versions = version_codecs(entry)?;
     let mut prepared = Vec::with_capacity(versions.len());
-    for version in versions {
-        let in_version = |e: String| if entry.versions.len() > 1 { format!("version {}: {e}", version.version) } else { e };
-        let file = version.model_file.as_ref().ok_or_else(|| in_version("the version has no model file".into()))?;
-        let codec = codec(config, file).map_err(in_version)?;
+    for (version, file, codec) in versions {
+        let in_version = |e: String| in_version_of(entry, version, e);
         let spec = ModelSpec::new(ModelKey::new(&entry.name, version.version.to_string()), file);
         let profile = profiled_stage(entry, version, &spec, &codec, context, options, progress).map_err(in_version)?;
         let device = if context.runtime.device() == Device::Cpu { DeviceKind::Cpu } else { DeviceKind::Gpu };
