@@ -162,8 +162,18 @@ fn host_workers(metrics: &str, host: &str) -> f64 {
     metric(metrics, &format!("yardmaster_cluster_host_workers{{host=\"{host}\"}}")).unwrap_or(0.0)
 }
 
+/// Run `command` (the binary, or a wrapper that ends by running it) with `serve
+/// --config CONFIG`, its stderr in `log`, and wait until it is ready at `http`.
+pub(crate) fn start_controller(mut command: Command, config: &Path, log: &Path, http: &str) -> Process {
+    let child =
+        command.args(["serve", "--config"]).arg(config).stdout(Stdio::null()).stderr(std::fs::File::create(log).unwrap()).spawn().unwrap();
+    let controller = Process(child);
+    wait_ready(http, log);
+    controller
+}
+
 /// Wait until the controller at `http` is ready, or fail with its log.
-pub(crate) fn wait_ready(http: &str, log: &Path) {
+fn wait_ready(http: &str, log: &Path) {
     let ready = Instant::now() + Duration::from_secs(60);
     while !matches!(request(http, "GET", "/v2/health/ready", ""), Ok((200, _))) {
         assert!(Instant::now() < ready, "the controller was not ready in 60 s:\n{}", std::fs::read_to_string(log).unwrap_or_default());
@@ -219,19 +229,13 @@ fn a_controller_finds_its_nodes_through_dns_and_loses_and_gains_one_under_load()
     )
     .unwrap();
     let log = dir.join("controller.log");
-    let controller = Command::new("unshare")
+    let mut in_namespace = Command::new("unshare");
+    in_namespace
         .args(["--mount", "--propagation", "private", "sh", "-c", "mount --bind \"$0\" /etc/resolv.conf && shift && exec \"$@\""])
         .arg(&resolv)
         .arg("placeholder")
-        .arg(env!("CARGO_BIN_EXE_yardmaster"))
-        .args(["serve", "--config"])
-        .arg(&config)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let _controller = Process(controller);
-    wait_ready(&http, &log);
+        .arg(env!("CARGO_BIN_EXE_yardmaster"));
+    let _controller = start_controller(in_namespace, &config, &log, &http);
 
     // One model's replicas spread over all three nodes.
     wait_for(&http, "a replica on each of the three nodes", |m| ["node-a", "node-b", "node-c"].iter().all(|h| host_workers(m, h) >= 1.0));

@@ -10,9 +10,9 @@
 //!
 //! Needs the magika model the set-up script downloads (`scripts/setup.sh --deps`).
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 
-use super::cluster_dns::{free_tcp_port, free_udp_port, metric, request, scratch, start_node_with_slots, wait_ready, Process};
+use super::cluster_dns::{free_tcp_port, free_udp_port, metric, request, scratch, start_controller, start_node_with_slots, Process};
 
 /// The model's profile: about 8 ms an item on one core (what `yardmaster profile`
 /// measures for it on this machine), beside its configuration so the test does not
@@ -73,15 +73,7 @@ fn quart_places_new_replicas_live_and_they_start_warm_where_the_node_caches_the_
     )
     .unwrap();
     let log = dir.join("controller.log");
-    let controller = Command::new(env!("CARGO_BIN_EXE_yardmaster"))
-        .args(["serve", "--config"])
-        .arg(&config)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let _controller = Process(controller);
-    wait_ready(&http, &log);
+    let _controller = start_controller(Command::new(env!("CARGO_BIN_EXE_yardmaster")), &config, &log, &http);
 
     // A burst past what three replicas serve: QUART scales the model up.
     let mut scaled = false;
