@@ -456,10 +456,9 @@ impl Api {
             ),
             ["v2", "models", "stats"] if get => self.statistics(None),
             ["v2", "systemsharedmemory", rest @ ..] => self.system_shared_memory(&request, rest),
-            ["v2", "trace", "setting"] | ["v2", "models", _, "trace", "setting"] => ApiResponse::error(
-                StatusCode::NOT_IMPLEMENTED,
-                "the trace extension is not supported yet: use the server's capture (docs/serving.md) or the metrics",
-            ),
+            ["v2", "trace", "setting"] | ["v2", "models", _, "trace", "setting"] => {
+                ApiResponse::error(StatusCode::NOT_IMPLEMENTED, super::grpc::TRACE_REFUSAL)
+            }
             ["v2", "logging"] if get => ApiResponse::json(StatusCode::OK, &super::logging::current().to_json()),
             ["v2", "logging"] if request.method == Method::POST => {
                 let changes = match serde_json::from_slice::<Value>(&request.body) {

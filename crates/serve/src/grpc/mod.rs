@@ -10,8 +10,8 @@
 //! `RepositoryModelLoad`, `RepositoryModelUnload`, and system shared memory
 //! (`SystemSharedMemory*`, the regions shared with HTTP, see `super::shared_memory`;
 //! `CudaSharedMemory*` answer an empty status and refuse registration), and
-//! `LogSettings` (Triton's logging extension, `super::logging`). Trace settings answer
-//! `UNIMPLEMENTED`. Refusals map HTTP's statuses to gRPC codes:
+//! `LogSettings` (Triton's logging extension, `super::logging`). `TraceSetting` answers
+//! `UNIMPLEMENTED` with a reason that names the trace extension. Refusals map HTTP's statuses to gRPC codes:
 //! 400 `INVALID_ARGUMENT`, 404 `NOT_FOUND`, 409 `FAILED_PRECONDITION`, 503
 //! `UNAVAILABLE` (dropped by the policy, over the admission cap, not ready), 500
 //! `INTERNAL`; the message is the same reason. The A/B split key comes from the
@@ -349,6 +349,10 @@ impl GrpcInferenceService for InferenceService {
         Ok(Response::new(LogSettingsResponse { settings }))
     }
 
+    async fn trace_setting(&self, _: Request<TraceSettingRequest>) -> Result<Response<TraceSettingResponse>, Status> {
+        Err(Status::unimplemented(TRACE_REFUSAL))
+    }
+
     async fn cuda_shared_memory_status(
         &self,
         _: Request<CudaSharedMemoryStatusRequest>,
@@ -370,6 +374,9 @@ impl GrpcInferenceService for InferenceService {
         Err(Status::unimplemented(CUDA_SHARED_MEMORY_REFUSAL))
     }
 }
+
+/// Why a trace setting is refused (the HTTP route answers the same, 501).
+pub const TRACE_REFUSAL: &str = "the trace extension is not supported yet: use the server's capture (docs/serving.md) or the metrics";
 
 /// Why a CUDA shared-memory registration is refused.
 const CUDA_SHARED_MEMORY_REFUSAL: &str =
