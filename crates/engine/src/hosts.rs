@@ -130,6 +130,11 @@ struct HostModel {
 }
 
 impl HostModel {
+    /// A host with every slot free and nothing cached or measured.
+    fn new(def: HostDef) -> Self {
+        HostModel { def, taken: BTreeMap::new(), cache: Vec::new(), measured: (0, 0, 0) }
+    }
+
     fn free_slots(&self) -> u32 {
         self.def.slots - self.taken.range(..self.def.slots).count() as u32
     }
@@ -189,7 +194,7 @@ impl Hosts {
     pub(crate) fn new(defs: &[HostDef], max_workers: u32) -> Self {
         let implicit = defs.is_empty();
         let defs = if implicit { vec![HostDef::new(IMPLICIT_HOST, max_workers, DEFAULT_HOST_CACHE_BYTES)] } else { defs.to_vec() };
-        let hosts = defs.into_iter().map(|def| HostModel { def, taken: BTreeMap::new(), cache: Vec::new(), measured: (0, 0, 0) }).collect();
+        let hosts = defs.into_iter().map(HostModel::new).collect();
         Self { hosts, implicit, seats: FxHashMap::default() }
     }
 
@@ -223,7 +228,7 @@ impl Hosts {
         for def in defs {
             match self.hosts.iter_mut().find(|h| h.def.name == def.name) {
                 Some(host) => host.def = def.clone(),
-                None => self.hosts.push(HostModel { def: def.clone(), taken: BTreeMap::new(), cache: Vec::new(), measured: (0, 0, 0) }),
+                None => self.hosts.push(HostModel::new(def.clone())),
             }
         }
         Ok(())

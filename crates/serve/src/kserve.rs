@@ -359,6 +359,28 @@ pub struct SharedMemoryPlace {
 }
 
 impl SharedMemoryPlace {
+    /// Input `name` (of `datatype` and `shape`) read from this place of `regions`.
+    pub fn read_input(
+        &self,
+        name: &str,
+        datatype: DataType,
+        shape: Vec<u64>,
+        regions: Option<&SharedMemoryRegistry>,
+    ) -> Result<Tensor, ProtocolError> {
+        let regions = regions.ok_or_else(|| ProtocolError(format!("input {name:?}: system shared memory is not available here")))?;
+        let bytes = regions.read(&self.region, self.offset, self.byte_size).map_err(|e| ProtocolError(format!("input {name:?}: {e}")))?;
+        Tensor::from_binary(name, datatype, shape, bytes)
+    }
+
+    /// Write output `tensor`'s bytes into this place of `regions`; how many.
+    pub fn write_output(&self, tensor: &Tensor, regions: Option<&SharedMemoryRegistry>) -> Result<usize, ProtocolError> {
+        let name = &tensor.name;
+        let regions = regions.ok_or_else(|| ProtocolError(format!("output {name:?}: system shared memory is not available here")))?;
+        let bytes = tensor.binary();
+        regions.write(&self.region, self.offset, self.byte_size, &bytes).map_err(|e| ProtocolError(format!("output {name:?}: {e}")))?;
+        Ok(bytes.len())
+    }
+
     /// The place `parameters` name, if they name one (`what` names the tensor in errors).
     pub fn from_parameters(parameters: &Map<String, Value>, what: &str) -> Result<Option<SharedMemoryPlace>, ProtocolError> {
         let Some(region) = parameters.get("shared_memory_region") else { return Ok(None) };
@@ -515,10 +537,7 @@ fn decode_input(index: usize, raw: Value, binary: &mut &[u8], regions: Option<&S
         if binary_size.is_some() || data.is_some() {
             return error(format!("input {name:?} names a shared memory region and also carries data"));
         }
-        let regions = regions.ok_or_else(|| ProtocolError(format!("input {name:?}: system shared memory is not available here")))?;
-        let bytes =
-            regions.read(&place.region, place.offset, place.byte_size).map_err(|e| ProtocolError(format!("input {name:?}: {e}")))?;
-        return Tensor::from_binary(&name, datatype, shape, bytes);
+        return place.read_input(&name, datatype, shape, regions);
     }
     match (binary_size, data) {
         (Some(_), Some(_)) => error(format!("input {name:?} has both \"data\" and binary_data_size")),
@@ -695,12 +714,7 @@ pub fn encode_response_in(
         out.insert("datatype".into(), Value::String(tensor.datatype.name().into()));
         out.insert("shape".into(), Value::Array(tensor.shape.iter().map(|d| Value::from(*d)).collect()));
         if let Some(place) = wanted.and_then(|r| r.shared_memory.as_ref()) {
-            let regions =
-                regions.ok_or_else(|| ProtocolError(format!("output {:?}: system shared memory is not available here", tensor.name)))?;
-            let bytes = tensor.binary();
-            regions
-                .write(&place.region, place.offset, place.byte_size, &bytes)
-                .map_err(|e| ProtocolError(format!("output {:?}: {e}", tensor.name)))?;
+            place.write_output(tensor, regions)?;
             // Name, type and shape only, as Triton answers: its C++ client reads any
             // output `parameters` as the binary extension's.
         } else if as_binary {

@@ -274,7 +274,7 @@ impl Cluster {
             name: local_name.to_string(),
             slots: local_slots,
             cache_bytes: yardmaster_engine::hosts::DEFAULT_HOST_CACHE_BYTES,
-            threads: (machine_cores() / local_slots.max(1)).max(1),
+            threads: (yardmaster_dataplane::parallel::cores() as u32 / local_slots.max(1)).max(1),
             address: None,
             state: HostState::Local,
         };
@@ -538,11 +538,6 @@ pub fn spread(pipeline: &mut Pipeline, per_host: &[u32], hosts: Vec<HostDef>) {
     let slots: u32 = hosts.iter().map(|h| h.slots).sum();
     pipeline.max_workers = replicas.max(slots).min(MAX_WORKERS);
     pipeline.hosts = hosts;
-}
-
-/// The cores this process may use (its cgroup's quota on Kubernetes).
-fn machine_cores() -> u32 {
-    yardmaster_dataplane::parallel::cores() as u32
 }
 
 fn lock(status: &Mutex<ClusterStatus>) -> std::sync::MutexGuard<'_, ClusterStatus> {

@@ -39,6 +39,11 @@ impl SimExecutorOptions {
     pub fn speed_of(&self, worker: u32) -> f64 {
         self.worker_speed.get(&worker).copied().unwrap_or(1.0)
     }
+
+    /// The speed of `worker` seated on `host` of `pipeline`: the host's times its own.
+    pub fn speed_on(&self, pipeline: &Pipeline, worker: u32, host: u32) -> f64 {
+        pipeline.hosts.get(host as usize).map_or(1.0, |h| h.speed) * self.speed_of(worker)
+    }
 }
 
 /// Parse a worker speed `WORKER=SPEED` (as the simulator's `--worker-speed` takes it).
@@ -100,8 +105,7 @@ impl SimExecutor {
         let mut workers = FxHashMap::default();
         for (worker, stage, start) in yardmaster_engine::hosts::initial_seats(pipeline) {
             let threads = pipeline.stages[stage as usize].threads;
-            let host_speed = pipeline.hosts.get(start.host as usize).map_or(1.0, |h| h.speed);
-            let speed = host_speed * options.speed_of(worker);
+            let speed = options.speed_on(pipeline, worker, start.host);
             workers.insert(worker, SimWorker { variant: 0, threads, speed, generation: 0, host: start.host, running: false });
         }
         Self {
@@ -291,8 +295,7 @@ impl Executor for SimExecutor {
 
     fn provision(&mut self, worker: u32, stage: u32, variant: u32, start: WorkerStart) {
         let def = &self.pipeline.stages[stage as usize];
-        let host_speed = self.pipeline.hosts.get(start.host as usize).map_or(1.0, |h| h.speed);
-        let speed = host_speed * self.options.speed_of(worker);
+        let speed = self.options.speed_on(&self.pipeline, worker, start.host);
         self.workers.insert(worker, SimWorker { variant, threads: def.threads, speed, generation: 0, host: start.host, running: false });
         let (warm, cold) = (def.variants[variant as usize].warm_start_ns, def.variants[variant as usize].cold_start_ns);
         let delay = if start.warm {

@@ -151,9 +151,7 @@ fn shared_memory_tensor(
         return invalid(format!("input {name:?} names a shared memory region and also carries contents"));
     }
     let (datatype, shape) = input_type_and_shape(&name, &input.datatype, &input.shape)?;
-    let regions = regions.ok_or_else(|| ProtocolError(format!("input {name:?}: system shared memory is not available here")))?;
-    let bytes = regions.read(&place.region, place.offset, place.byte_size).map_err(|e| ProtocolError(format!("input {name:?}: {e}")))?;
-    Tensor::from_binary(&name, datatype, shape, bytes)
+    place.read_input(&name, datatype, shape, regions)
 }
 
 /// An input's element type and shape, checked.
@@ -253,19 +251,14 @@ pub fn infer_response(
     let mut raw = Vec::with_capacity(selected.len());
     for (tensor, wanted) in selected {
         let mut parameters = HashMap::new();
-        let bytes = tensor.binary();
         match wanted.and_then(|w| w.shared_memory.as_ref()) {
             Some(place) => {
-                let regions = regions
-                    .ok_or_else(|| ProtocolError(format!("output {:?}: system shared memory is not available here", tensor.name)))?;
-                regions
-                    .write(&place.region, place.offset, place.byte_size, &bytes)
-                    .map_err(|e| ProtocolError(format!("output {:?}: {e}", tensor.name)))?;
+                let written = place.write_output(tensor, regions)?;
                 parameters.insert("shared_memory_region".to_string(), parameter_of_json(&Value::String(place.region.clone())));
-                parameters.insert("shared_memory_byte_size".to_string(), parameter_of_json(&Value::from(bytes.len())));
+                parameters.insert("shared_memory_byte_size".to_string(), parameter_of_json(&Value::from(written)));
                 raw.push(Vec::new());
             }
-            None => raw.push(bytes),
+            None => raw.push(tensor.binary()),
         }
         outputs.push(InferOutputTensor {
             name: tensor.name.clone(),
