@@ -78,6 +78,12 @@ pub fn fill(requests: &[&[Tensor]], shapes: &[Vec<usize>], pad_value: f32, buffe
 /// request would be padded, checked as [`stack`] checks, without copying anything.
 pub fn shapes(specs: &[InputSpec], requests: &[&[Tensor]]) -> Result<(Vec<Vec<usize>>, bool)> {
     check_requests(specs, requests)?;
+    if requests.len() > 1 && requests.iter().any(|r| is_whole(specs, r)) {
+        return Err(DataplaneError::Batch(format!(
+            "a batch of {} whole requests: a model without a batch dimension runs one request per call",
+            requests.len()
+        )));
+    }
     let mut padded = false;
     let mut shapes = Vec::with_capacity(specs.len());
     for (k, spec) in specs.iter().enumerate() {
@@ -91,10 +97,36 @@ pub fn shapes(specs: &[InputSpec], requests: &[&[Tensor]]) -> Result<(Vec<Vec<us
     Ok((shapes, padded))
 }
 
+/// Whether `request` is a whole input of the model rather than one item of a batch:
+/// every tensor has the rank of the model's input itself (a model without a batch
+/// dimension, Triton's `max_batch_size: 0`, is fed each request as it is, one request
+/// per run, and its outputs are the request's whole).
+pub fn is_whole(specs: &[InputSpec], request: &[Tensor]) -> bool {
+    request.len() == specs.len() && specs.iter().zip(request).all(|(spec, tensor)| tensor.shape.len() == spec.dims.len())
+}
+
 /// A batch of one request without copying it: each input's shape with a batch dimension
-/// of 1 in front, beside a view of the request's own data (checked as [`stack`] checks).
+/// of 1 in front, beside a view of the request's own data (checked as [`stack`] checks);
+/// a whole request ([`is_whole`]) as it is, checked against every fixed dimension.
 pub fn single<'a>(specs: &[InputSpec], request: &'a [Tensor]) -> Result<Vec<(Vec<usize>, &'a [f32])>> {
     check_requests(specs, &[request])?;
+    if is_whole(specs, request) {
+        return specs
+            .iter()
+            .zip(request)
+            .map(|(spec, tensor)| {
+                let fixed = spec.dims.iter().zip(&tensor.shape).enumerate().find(|(_, (want, size))| want.is_some_and(|w| w != **size));
+                if let Some((d, (want, size))) = fixed {
+                    return Err(DataplaneError::Batch(format!(
+                        "input {:?} dimension {d} is {size}, the model fixes it at {}",
+                        spec.name,
+                        want.unwrap_or_default()
+                    )));
+                }
+                Ok((tensor.shape.clone(), tensor.data.as_slice()))
+            })
+            .collect();
+    }
     specs
         .iter()
         .enumerate()
@@ -256,6 +288,21 @@ mod tests {
 
     fn spec(dims: &[Option<usize>]) -> Vec<InputSpec> {
         vec![InputSpec { name: "x".into(), dims: dims.to_vec() }]
+    }
+
+    #[test]
+    fn a_whole_request_runs_as_it_is_and_alone() {
+        let specs = spec(&[None]);
+        let whole = vec![Tensor::new(vec![3], vec![1., 2., 3.]).unwrap()];
+        assert!(is_whole(&specs, &whole));
+        let views = single(&specs, &whole).unwrap();
+        assert_eq!(views[0], (vec![3], &[1., 2., 3.][..]), "no batch dimension put in front");
+        let error = shapes(&specs, &[&whole, &whole]).unwrap_err().to_string();
+        assert!(error.contains("one request per call"), "{error}");
+        let fixed = spec(&[Some(2)]);
+        assert!(single(&fixed, &whole).unwrap_err().to_string().contains("fixes it at 2"));
+        let item = vec![Tensor::new(vec![2], vec![1., 2.]).unwrap()];
+        assert!(!is_whole(&spec(&[None, Some(2)]), &item), "an item of a batching model is not whole");
     }
 
     #[test]

@@ -109,8 +109,10 @@ pub fn request_shapes(inputs: &[InputSpec], given: Option<&[Vec<usize>]>) -> Res
                 return Err(DataplaneError::Invalid(format!("{} shapes given, the model has {} inputs", shapes.len(), inputs.len())));
             }
             for (spec, shape) in inputs.iter().zip(shapes) {
-                let dims = &spec.dims[1.min(spec.dims.len())..];
-                let fits = dims.len() == shape.len() && dims.iter().zip(shape).all(|(d, s)| d.is_none_or(|d| d == *s));
+                // An item of a batch, or a whole input of a model without a batch dimension.
+                let fits_dims =
+                    |dims: &[Option<usize>]| dims.len() == shape.len() && dims.iter().zip(shape).all(|(d, s)| d.is_none_or(|d| d == *s));
+                let fits = fits_dims(&spec.dims[1.min(spec.dims.len())..]) || fits_dims(&spec.dims);
                 if !fits {
                     return Err(DataplaneError::Invalid(format!("shape {shape:?} does not fit input {:?} of {:?}", spec.name, spec.dims)));
                 }

@@ -445,7 +445,11 @@ impl ModelSession {
         self.stack_buffers = buffers;
         let (stacked_at, outputs) = outputs?;
         let ran_at = Instant::now();
-        let per_request = batch::split(outputs, requests.len())?;
+        // A whole request (a model without a batch dimension) answers with its outputs whole.
+        let per_request = match (&batched, requests) {
+            (None, [request]) if batch::is_whole(&self.inputs, request) => vec![outputs],
+            _ => batch::split(outputs, requests.len())?,
+        };
         self.last_timing = BatchTiming { stack: stacked_at - begin, run: ran_at - stacked_at, split: ran_at.elapsed() };
         Ok(per_request)
     }

@@ -676,6 +676,9 @@ impl Api {
                 &format!("body of {} bytes exceeds the limit of {}", request.body.len(), self.max_body),
             );
         }
+        if super::decoupled::is_decoupled(&model.config()) {
+            return ApiResponse::error(StatusCode::BAD_REQUEST, &super::decoupled::unary_refusal("HTTP end point", &model.metadata().name));
+        }
         let _admitted = match self.admit() {
             Ok(admitted) => admitted,
             Err(refusal) => return ApiResponse::error(refusal.status, &refusal.reason),

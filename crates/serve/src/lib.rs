@@ -24,6 +24,7 @@ pub mod capture;
 pub mod client;
 pub mod compression;
 pub mod config;
+pub mod decoupled;
 pub mod executor;
 pub mod grpc;
 pub mod http1;

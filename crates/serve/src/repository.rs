@@ -292,8 +292,8 @@ pub(crate) fn assemble(prepared: &[Prepared], previous: Option<&ServedPipeline>)
 
 /// Whether `serve` carries this plain model's tensors: the check [`prepare`] makes of
 /// every served version before it loads or profiles anything, with its words (element
-/// types the data plane carries, no `reshape`, no optional input, a non-batching
-/// model's leading dimension of 1, every graph tensor in the configuration).
+/// types the data plane carries, no `reshape`, no optional input, every graph tensor
+/// in the configuration).
 /// `repository check` calls it too, so the two cannot differ on a model's tensors.
 /// Ensembles are checked when they are assembled from their steps.
 pub fn servable(entry: &ModelEntry) -> Result<(), String> {
@@ -507,11 +507,6 @@ fn tensor_codec(config: &ModelConfig, inputs: &[String], outputs: &[String]) -> 
             return Err(format!("{kind} {name:?}: optional inputs are not supported (the model is fed every input)"));
         }
         let shape: Vec<i64> = if batching { std::iter::once(-1).chain(tensor.dims.iter().copied()).collect() } else { tensor.dims.clone() };
-        if !batching && shape.first() != Some(&1) {
-            return Err(format!(
-                "{kind} {name:?} has shape {shape:?} and max_batch_size is 0: the data plane needs a leading dimension of 1 (or a batching model)"
-            ));
-        }
         Ok(TensorDecl { name: name.to_string(), shape, datatype })
     };
     let inputs = inputs.iter().map(|name| declare("input", name, &config.input)).collect::<Result<Vec<_>, _>>()?;
@@ -601,5 +596,8 @@ fn profile_shapes(entry: &ModelEntry, codec: &TensorCodec) -> Result<Vec<Vec<usi
         }
         return Ok(shapes.clone());
     }
-    Ok(codec.inputs.iter().map(|t| t.shape[1..].iter().map(|&d| if d < 0 { PROFILE_ANY_SIZE } else { d as usize }).collect()).collect())
+    // A batching model's requests are items (the batch dimension off); a model without
+    // one is fed whole inputs.
+    let from = usize::from(codec.batching);
+    Ok(codec.inputs.iter().map(|t| t.shape[from..].iter().map(|&d| if d < 0 { PROFILE_ANY_SIZE } else { d as usize }).collect()).collect())
 }

@@ -5,10 +5,11 @@
 //! The data plane stacks requests along a batch dimension of its own, so a request
 //! carries one item. For a model with `max_batch_size > 0` the client's shapes are
 //! `[batch] + dims` (Triton's convention) and `batch` must be 1 — the policy forms the
-//! batches; a model with `max_batch_size = 0` is sent its full shape, whose first
-//! dimension (the data plane's batch dimension) is 1. Either way the leading 1 is taken
-//! off on the way in and put back on every output. `-1` in a declared dimension takes
-//! any size.
+//! batches; the leading 1 is taken off on the way in and put back on every output. A
+//! model with `max_batch_size = 0` is sent its whole input, of any shape (scalars,
+//! dynamic dimensions, a batch axis anywhere), and runs one request per call: its
+//! tensors go to the data plane as they are and its outputs come back as they are.
+//! `-1` in a declared dimension takes any size.
 //!
 //! Element types: FP32, FP16, the 8- to 32-bit integers, INT64 and BOOL. The data plane
 //! carries elements as `f32` and ONNX Runtime gets them in the model's own type
@@ -74,8 +75,8 @@ impl TensorCodec {
         self.outputs.iter().map(|t| TensorSpec { name: t.name.clone(), datatype: t.datatype, shape: t.shape.clone() }).collect()
     }
 
-    /// The worker's tensors for a request (the leading 1 taken off), or why the
-    /// request's inputs do not fit.
+    /// The worker's tensors for a request (the leading 1 taken off for a batching
+    /// model), or why the request's inputs do not fit.
     pub fn decode(&self, request: &InferRequest) -> Result<Vec<PlaneTensor>, String> {
         let mut tensors = Vec::with_capacity(self.inputs.len());
         for decl in &self.inputs {
@@ -86,14 +87,17 @@ impl TensorCodec {
             }
             let values = carried(tensor, decl.datatype)?;
             check_shape(name, &tensor.shape, &decl.shape, self.batching)?;
-            let shape: Vec<usize> = tensor.shape[1..].iter().map(|&d| d as usize).collect();
+            let from = usize::from(self.batching);
+            let shape: Vec<usize> = tensor.shape[from..].iter().map(|&d| d as usize).collect();
             tensors.push(PlaneTensor::new(shape, values).map_err(|e| format!("input {name:?}: {e}"))?);
         }
         Ok(tensors)
     }
 
-    /// The response tensors for a request's outputs (the leading 1 put back).
+    /// The response tensors for a request's outputs (the leading 1 put back for a
+    /// batching model).
     pub fn encode(&self, outputs: Vec<PlaneTensor>) -> Result<Vec<Tensor>, String> {
+        let leading = self.batching.then_some(1u64);
         if outputs.len() != self.outputs.len() {
             return Err(format!("the model produced {} outputs, its configuration declares {}", outputs.len(), self.outputs.len()));
         }
@@ -101,7 +105,7 @@ impl TensorCodec {
             .iter()
             .zip(outputs)
             .map(|(decl, t)| {
-                let shape: Vec<u64> = std::iter::once(1).chain(t.shape.iter().map(|&d| d as u64)).collect();
+                let shape: Vec<u64> = leading.into_iter().chain(t.shape.iter().map(|&d| d as u64)).collect();
                 Tensor::raw(&decl.name, decl.datatype, shape, wire_bytes(&t.data, decl.datatype)).map_err(|e| e.0)
             })
             .collect()
@@ -163,7 +167,7 @@ fn wire_bytes(values: &[f32], datatype: DataType) -> Vec<u8> {
 }
 
 /// Check a request's shape against a declared one (`-1`: any size); a batching model's
-/// leading dimension must be 1.
+/// leading dimension must be 1, and its items must not be empty.
 fn check_shape(name: &str, got: &[u64], declared: &[i64], batching: bool) -> Result<(), String> {
     let fits = got.len() == declared.len() && got.iter().zip(declared).all(|(&g, &d)| d < 0 || g as i64 == d);
     if !fits {
@@ -175,7 +179,8 @@ fn check_shape(name: &str, got: &[u64], declared: &[i64], batching: bool) -> Res
             got.first().copied().unwrap_or(0)
         ));
     }
-    if got.contains(&0) {
+    // A model fed whole inputs may take an empty one (a request of no elements).
+    if batching && got.contains(&0) {
         return Err(format!("input {name:?} has an empty dimension: {got:?}"));
     }
     Ok(())
@@ -216,7 +221,9 @@ mod tests {
         assert_eq!(out[0].shape, vec![1, 3, 5]);
         assert_eq!(out[0].name, "y");
         let fixed = codec(false);
-        assert_eq!(fixed.decode(&request(vec![1, 3, 4])).unwrap()[0].shape, vec![3, 4]);
+        let whole = fixed.decode(&request(vec![1, 3, 4])).unwrap();
+        assert_eq!(whole[0].shape, vec![1, 3, 4], "a model without a batch dimension gets its input whole");
+        assert_eq!(fixed.encode(whole).unwrap()[0].shape, vec![1, 3, 4]);
     }
 
     #[test]

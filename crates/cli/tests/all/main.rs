@@ -15,6 +15,7 @@ mod repository_check;
 mod serve_ab;
 mod serve_builtin;
 mod serve_compression;
+mod serve_decoupled;
 mod serve_end_to_end;
 mod serve_executor;
 mod serve_faults;

@@ -106,7 +106,15 @@ fn derived(kind: &str, tensor: &TensorSignature, batched: bool, max_batch_size: 
         }
         dims.remove(0);
     }
-    Ok(TensorConfig { name: tensor.name.clone(), data_type: tensor.data_type, dims, reshape: None, optional: false, format: None })
+    Ok(TensorConfig {
+        name: tensor.name.clone(),
+        data_type: tensor.data_type,
+        dims,
+        reshape: None,
+        optional: false,
+        format: None,
+        label_filename: None,
+    })
 }
 
 /// Check configuration tensor `tensor` against the graph's tensors of its kind.

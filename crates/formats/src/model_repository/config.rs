@@ -47,6 +47,9 @@ pub struct ModelConfig {
     /// [`ModelConfig::complete_from_graph`] has run, the fields named here are empty or 0
     /// and must not be served as they are.
     pub from_graph: Option<FromGraph>,
+    /// `model_transaction_policy { decoupled }`: the model answers a request with zero,
+    /// one or many responses, over gRPC's `ModelStreamInfer` only (as in Triton).
+    pub decoupled: bool,
     /// Fields this reader does not use, as dotted paths (`optimization`,
     /// `input.format`), sorted, each once; for one warning at load.
     pub ignored_fields: Vec<String>,
@@ -137,6 +140,9 @@ pub struct TensorConfig {
     /// kept and served in the configuration; it describes the tensor's layout to
     /// clients and does not change what the model is fed.
     pub format: Option<String>,
+    /// Outputs only: `label_filename`, the file in the model's folder with one class
+    /// label per line, for Triton's classification extension.
+    pub label_filename: Option<String>,
 }
 
 /// Triton's `dynamic_batching` settings. In Yardmaster they are parameters the policy
@@ -266,6 +272,7 @@ impl ModelConfig {
             ensemble_steps: Vec::new(),
             default_model_filename: DEFAULT_MODEL_FILENAME.into(),
             from_graph: Some(FromGraph::Everything),
+            decoupled: false,
             ignored_fields: Vec::new(),
         }
     }
@@ -481,6 +488,16 @@ impl Reader<'_> {
                     }
                     config.default_model_filename = name;
                 }
+                "model_transaction_policy" => {
+                    seen.once(self, "", field)?;
+                    const PATH: &str = "model_transaction_policy";
+                    for f in &self.message("", field)?.fields {
+                        match f.name.as_str() {
+                            "decoupled" => config.decoupled = self.boolean(PATH, f)?,
+                            _ => self.ignore(PATH, f),
+                        }
+                    }
+                }
                 _ => self.ignore("", field),
             }
         }
@@ -537,7 +554,7 @@ impl Reader<'_> {
     fn tensor(&mut self, path: &str, kind: &str, message: &Message, is_input: bool) -> Result<TensorConfig, ParseError> {
         let mut seen = Seen::default();
         let (mut name, mut data_type, mut dims, mut reshape, mut optional) = (None, None, Vec::new(), None, false);
-        let mut format = None;
+        let (mut format, mut label_filename) = (None, None);
         let mut dims_at = None;
         for field in &message.fields {
             match field.name.as_str() {
@@ -575,6 +592,15 @@ impl Reader<'_> {
                     seen.once(self, path, field)?;
                     format = Some(self.ident(path, field, &["FORMAT_NONE", "FORMAT_NHWC", "FORMAT_NCHW"])?.to_string());
                 }
+                "label_filename" if !is_input => {
+                    seen.once(self, path, field)?;
+                    let file = self.string(path, field)?;
+                    if file.contains(['/', '\\']) || file == "." || file == ".." {
+                        return Err(self.error(field.value_pos, format!("{path}.label_filename {file:?} must be a plain file name")));
+                    }
+                    // "" is Triton's "no labels".
+                    label_filename = (!file.is_empty()).then_some(file);
+                }
                 _ => self.ignore(kind, field),
             }
         }
@@ -584,7 +610,7 @@ impl Reader<'_> {
         if dims_at.is_none() {
             return Err(self.error(at, format!("{path} ({name:?}): dims is missing")));
         }
-        Ok(TensorConfig { name, data_type, dims, reshape, optional, format })
+        Ok(TensorConfig { name, data_type, dims, reshape, optional, format, label_filename })
     }
 
     /// One dimension: -1 (any) or positive.
@@ -874,6 +900,12 @@ mod json {
         parameters: BTreeMap<&'a str, ParameterJson<'a>>,
         #[serde(skip_serializing_if = "Option::is_none")]
         ensemble_scheduling: Option<EnsembleJson<'a>>,
+        model_transaction_policy: TransactionPolicyJson,
+    }
+
+    #[derive(Serialize)]
+    struct TransactionPolicyJson {
+        decoupled: bool,
     }
 
     #[derive(Serialize)]
@@ -896,6 +928,8 @@ mod json {
         optional: Option<bool>,
         #[serde(skip_serializing_if = "Option::is_none")]
         format: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        label_filename: Option<&'a str>,
     }
 
     #[derive(Serialize)]
@@ -956,6 +990,7 @@ mod json {
             is_shape_tensor: false,
             optional: is_input.then_some(t.optional),
             format: is_input.then(|| t.format.as_deref().unwrap_or("FORMAT_NONE")),
+            label_filename: if is_input { None } else { Some(t.label_filename.as_deref().unwrap_or("")) },
         }
     }
 
@@ -1011,6 +1046,7 @@ mod json {
                         })
                         .collect(),
                 }),
+                model_transaction_policy: TransactionPolicyJson { decoupled: c.decoupled },
             }
         }
     }
@@ -1091,8 +1127,22 @@ instance_group [
         assert_eq!(c.instance_count(), 2 * 2 + 1);
         assert_eq!(c.version_policy, VersionPolicy::Latest { num_versions: 1 });
         assert_eq!(c.from_graph, None);
-        assert_eq!(c.ignored_fields, ["output.label_filename"]);
+        assert!(c.ignored_fields.is_empty(), "{:?}", c.ignored_fields);
+        assert_eq!(c.output[0].label_filename.as_deref(), Some("labels.txt"));
+        assert!(!c.decoupled);
         assert_eq!(c.input[0].format.as_deref(), Some("FORMAT_NCHW"), "kept, to be served");
+    }
+
+    #[test]
+    fn reads_the_transaction_policy_and_serves_it() {
+        let c = read(r#"model_transaction_policy { decoupled: true }"#);
+        assert!(c.decoupled);
+        assert_eq!(c.to_triton_json()["model_transaction_policy"]["decoupled"], true);
+        assert!(!read("").decoupled);
+        let (_, _, message) = refused("model_transaction_policy { decoupled: 3 }");
+        assert!(message.contains("model_transaction_policy.decoupled"), "{message}");
+        let (_, _, message) = refused(r#"output { name: "o" data_type: TYPE_FP32 dims: [2] label_filename: "../x" }"#);
+        assert!(message.contains("plain file name"), "{message}");
     }
 
     #[test]
@@ -1209,14 +1259,15 @@ instance_group [
                 { "name": "pixels", "data_type": "TYPE_FP32", "dims": [3, 224, 224], "is_shape_tensor": false, "optional": false, "format": "FORMAT_NCHW" },
                 { "name": "mask", "data_type": "TYPE_BOOL", "dims": [-1], "reshape": { "shape": [] }, "is_shape_tensor": false, "optional": true, "format": "FORMAT_NONE" }
             ],
-            "output": [ { "name": "scores", "data_type": "TYPE_FP32", "dims": [1000], "is_shape_tensor": false } ],
+            "output": [ { "name": "scores", "data_type": "TYPE_FP32", "dims": [1000], "is_shape_tensor": false, "label_filename": "labels.txt" } ],
             "dynamic_batching": { "preferred_batch_size": [4, 8], "max_queue_delay_microseconds": 100, "priority_levels": 0, "default_priority_level": 0 },
             "instance_group": [
                 { "name": "classifier_0", "kind": "KIND_GPU", "count": 2, "gpus": [0, 1] },
                 { "name": "classifier_1", "kind": "KIND_CPU", "count": 1, "gpus": [] }
             ],
             "default_model_filename": "model.onnx",
-            "parameters": { "k": { "string_value": "v" } }
+            "parameters": { "k": { "string_value": "v" } },
+            "model_transaction_policy": { "decoupled": false }
         });
         assert_eq!(json, expected);
         let policies = [

@@ -5,7 +5,8 @@
 //!
 //! Calls served: health (`ServerLive`, `ServerReady`, `ModelReady`), metadata
 //! (`ServerMetadata`, `ModelMetadata`), inference (`ModelInfer`, and
-//! `ModelStreamInfer`, one response per request on the stream, matched by id),
+//! `ModelStreamInfer`: one response per request on the stream, matched by id, or a
+//! decoupled model's rows, each flagged, see `super::decoupled`),
 //! Triton's extensions `ModelConfig`, `ModelStatistics`, `RepositoryIndex`,
 //! `RepositoryModelLoad`, `RepositoryModelUnload`, and system shared memory
 //! (`SystemSharedMemory*`, the regions shared with HTTP, see `super::shared_memory`;
@@ -37,6 +38,7 @@ use tonic::codec::CompressionEncoding;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::api::{Api, Refusal, ServedModel, EXTENSIONS};
+use super::decoupled;
 use proto::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
 use proto::*;
 
@@ -102,17 +104,74 @@ impl InferenceService {
     }
 
     /// One inference, from the protocol's request to its response: admitted under the
-    /// cap, decoded, run, encoded.
+    /// cap, decoded, run, encoded. A decoupled model is refused here, as in Triton: it
+    /// answers over `ModelStreamInfer` only.
     async fn infer(api: &Api, request: ModelInferRequest, split_key: Option<String>) -> Result<ModelInferResponse, Status> {
+        let (response, requested, _) = Self::run(api, request, split_key, false).await?;
+        convert::infer_response(&response, &requested, Some(api.shared_memory())).map_err(|e| Status::invalid_argument(e.0))
+    }
+
+    /// Run one request (admitted under the cap, decoded): its response, the outputs it
+    /// asked for and whether the model is decoupled (`streaming`: the caller can send a
+    /// decoupled model's responses).
+    async fn run(
+        api: &Api,
+        request: ModelInferRequest,
+        split_key: Option<String>,
+        streaming: bool,
+    ) -> Result<(super::kserve::InferResponse, Vec<super::kserve::RequestedOutput>, bool), Status> {
         let _admitted = api.admit().map_err(status_of)?;
         let model = api.served_model(&request.model_name, given(&request.model_version)).map_err(status_of)?;
+        let decoupled = decoupled::is_decoupled(&model.config());
+        if decoupled && !streaming {
+            return Err(Status::invalid_argument(decoupled::unary_refusal("ModelInfer RPC", &model.metadata().name)));
+        }
         let mut decoded = convert::infer_request(request, Some(api.shared_memory())).map_err(|e| Status::invalid_argument(e.0))?;
         if decoded.schedule.split_key.is_none() {
             decoded.schedule.split_key = split_key;
         }
         let requested = decoded.outputs.clone();
         let response = api.run_inference(&model, decoded).await.map_err(status_of)?;
-        convert::infer_response(&response, &requested, Some(api.shared_memory())).map_err(|e| Status::invalid_argument(e.0))
+        Ok((response, requested, decoupled))
+    }
+
+    /// One request on a stream: its responses, in order (one for a model that is not
+    /// decoupled; a decoupled model's rows, each flagged, see `super::decoupled`), or an
+    /// error response carrying the request's id.
+    async fn stream_answers(api: &Api, request: ModelInferRequest, split_key: Option<String>) -> Vec<ModelStreamInferResponse> {
+        let id = request.id.clone();
+        let empty_final = request
+            .parameters
+            .get(decoupled::ENABLE_EMPTY_FINAL)
+            .is_some_and(|p| matches!(p.parameter_choice, Some(proto::infer_parameter::ParameterChoice::BoolParam(true))));
+        let failed = |message: String| {
+            vec![ModelStreamInferResponse {
+                error_message: message,
+                infer_response: Some(ModelInferResponse { id: id.clone(), ..Default::default() }),
+            }]
+        };
+        let (response, requested, is_decoupled) = match Self::run(api, request, split_key, true).await {
+            Ok(ran) => ran,
+            Err(status) => return failed(status.message().to_string()),
+        };
+        let responses = if is_decoupled {
+            match decoupled::responses(response, empty_final) {
+                Ok(responses) => responses,
+                Err(error) => return failed(error),
+            }
+        } else {
+            vec![response]
+        };
+        let mut answers = Vec::with_capacity(responses.len());
+        for response in responses {
+            // An empty final response names no outputs, whatever the request asked for.
+            let wanted: &[super::kserve::RequestedOutput] = if response.outputs.is_empty() { &[] } else { &requested };
+            match convert::infer_response(&response, wanted, Some(api.shared_memory())) {
+                Ok(message) => answers.push(ModelStreamInferResponse { error_message: String::new(), infer_response: Some(message) }),
+                Err(error) => return failed(error.0),
+            }
+        }
+        answers
     }
 }
 
@@ -195,15 +254,17 @@ impl GrpcInferenceService for InferenceService {
                 };
                 let (api, sender, key) = (Arc::clone(&api), sender.clone(), key.clone());
                 tokio::spawn(async move {
-                    let id = request.id.clone();
-                    let answer = match InferenceService::infer(&api, request, key).await {
-                        Ok(response) => ModelStreamInferResponse { error_message: String::new(), infer_response: Some(response) },
-                        Err(status) => ModelStreamInferResponse {
-                            error_message: status.message().to_string(),
-                            infer_response: Some(ModelInferResponse { id, ..Default::default() }),
-                        },
+                    // A client that closes the stream cancels its requests still running
+                    // (dropping the inference ends it in the engine, once).
+                    let answers = tokio::select! {
+                        answers = InferenceService::stream_answers(&api, request, key) => answers,
+                        _ = sender.closed() => return,
                     };
-                    let _ = sender.send(Ok(answer)).await;
+                    for answer in answers {
+                        if sender.send(Ok(answer)).await.is_err() {
+                            return;
+                        }
+                    }
                 });
             }
         });
