@@ -247,12 +247,14 @@ pub struct ModelDescription {
     pub platform: String,
     /// Its effective configuration in Triton's JSON form, when it has one.
     pub config: Option<serde_json::Value>,
+    /// Class labels of the outputs that have a labels file, by output name.
+    pub labels: std::collections::BTreeMap<String, super::classification::Labels>,
 }
 
 impl Default for ModelDescription {
     /// A built-in pipeline's: version 1, platform `yardmaster_pipeline`, no configuration.
     fn default() -> Self {
-        ModelDescription { version: MODEL_VERSION.into(), platform: "yardmaster_pipeline".into(), config: None }
+        ModelDescription { version: MODEL_VERSION.into(), platform: "yardmaster_pipeline".into(), config: None, labels: Default::default() }
     }
 }
 
@@ -442,7 +444,8 @@ impl EngineBackend {
         match outcome {
             Outcome::Completed => {
                 let parcel = parcel.ok_or_else(|| InferError::Failed("the request completed but its data was lost".into()))?;
-                let outputs = served.codec.encode(parcel.payload).map_err(InferError::Failed)?;
+                let mut outputs = served.codec.encode(parcel.payload).map_err(InferError::Failed)?;
+                classify_outputs(&served, &request.outputs, &mut outputs).map_err(InferError::Invalid)?;
                 Ok(InferResponse {
                     model_name: served.name.clone(),
                     model_version: Some(served.description.version.clone()),
@@ -455,6 +458,23 @@ impl EngineBackend {
             Outcome::Failed { error } => Err(InferError::Failed(error)),
         }
     }
+}
+
+/// Replace each output asked for with a class count by its top classes (Triton's
+/// classification extension), with the output's labels when it has a labels file.
+fn classify_outputs(served: &ServedModel, requested: &[super::kserve::RequestedOutput], outputs: &mut [Tensor]) -> Result<(), String> {
+    let batching = match &served.codec {
+        Codec::Tensors(codec) | Codec::Ensemble(codec) | Codec::BuiltinStep { codec, .. } => codec.batching,
+        Codec::OcrImage => false,
+    };
+    for wanted in requested {
+        let Some(class_count) = wanted.class_count else { continue };
+        let Some(output) = outputs.iter_mut().find(|t| t.name == wanted.name) else { continue };
+        let labels = served.description.labels.get(&wanted.name).map(|l| l.as_slice());
+        *output =
+            super::classification::classify(output, class_count, labels, batching).map_err(|e| format!("model {:?}: {e}", served.name))?;
+    }
+    Ok(())
 }
 
 /// Every served version of `model` in `models`, lowest first.

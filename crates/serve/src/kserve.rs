@@ -27,8 +27,8 @@ pub const HEADER_CONTENT_LENGTH: &str = "inference-header-content-length";
 /// Refuse what a request asks of Triton's extensions that Yardmaster does not serve
 /// yet, naming it, rather than ignore it: a stateful sequence (`sequence_id`,
 /// `sequence_start`, `sequence_end`; Triton refuses these for a model without a
-/// sequence batcher too) and the classification extension on an output.
-pub fn refuse_unsupported(parameters: &Map<String, Value>, outputs: &[(String, Map<String, Value>)]) -> Result<(), ProtocolError> {
+/// sequence batcher too).
+pub fn refuse_unsupported(parameters: &Map<String, Value>) -> Result<(), ProtocolError> {
     let set = |key: &str| match parameters.get(key) {
         None | Some(Value::Null) | Some(Value::Bool(false)) => false,
         Some(Value::Number(n)) => n.as_u64() != Some(0),
@@ -39,9 +39,6 @@ pub fn refuse_unsupported(parameters: &Map<String, Value>, outputs: &[(String, M
         return error(format!(
             "{key}: stateful sequences are not supported yet (no model here has a sequence batcher); send requests without a correlation ID"
         ));
-    }
-    if let Some((name, _)) = outputs.iter().find(|(_, p)| p.contains_key("classification")) {
-        return error(format!("output {name:?}: the classification extension (class_count) is not supported yet; ask for the raw output"));
     }
     Ok(())
 }
@@ -344,6 +341,23 @@ pub struct RequestedOutput {
     pub binary: bool,
     /// Write it into this system shared-memory region instead of the response.
     pub shared_memory: Option<SharedMemoryPlace>,
+    /// Triton's classification extension: answer its top this-many classes instead
+    /// of its values (see `super::classification`).
+    pub class_count: Option<u32>,
+}
+
+/// An output's `classification` parameter (`class_count`): `None` when absent or 0, an
+/// error naming the output when it is not a non-negative integer.
+pub fn class_count(parameters: &Map<String, Value>, output: &str) -> Result<Option<u32>, ProtocolError> {
+    match parameters.get(super::classification::PARAMETER) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => match n.as_u64().and_then(|k| u32::try_from(k).ok()) {
+            Some(0) => Ok(None),
+            Some(k) => Ok(Some(k)),
+            None => error(format!("output {output:?}: classification must be a non-negative class count, got {n}")),
+        },
+        Some(other) => error(format!("output {output:?}: classification must be a class count (an integer), got {other}")),
+    }
 }
 
 /// A place in a registered shared-memory region (the `shared_memory_region`,
@@ -451,7 +465,7 @@ pub fn decode_request_in(
         Some(other) => return error(format!("\"id\" must be a string, got {other}")),
     };
     let parameters = take_parameters(&mut object, "request")?;
-    refuse_unsupported(&parameters, &[])?;
+    refuse_unsupported(&parameters)?;
     let schedule = Schedule::from_parameters(&parameters)?;
     let Some(Value::Array(raw_inputs)) = object.remove("inputs") else {
         return error("request needs an \"inputs\" array");
@@ -486,8 +500,8 @@ pub fn decode_request_in(
                     Some(other) => return error(format!("output {name:?}: binary_data must be a boolean, got {other}")),
                 };
                 let shared_memory = SharedMemoryPlace::from_parameters(&parameters, &format!("output {name:?}"))?;
-                refuse_unsupported(&Map::new(), &[(name.clone(), parameters)])?;
-                outputs.push(RequestedOutput { name, binary, shared_memory });
+                let class_count = class_count(&parameters, &name)?;
+                outputs.push(RequestedOutput { name, binary, shared_memory, class_count });
             }
         }
         Some(other) => return error(format!("\"outputs\" must be an array, got {other}")),
@@ -775,12 +789,14 @@ mod tests {
     }
 
     #[test]
-    fn sequences_and_classification_are_refused_naming_them() {
+    fn sequences_are_refused_naming_them_and_a_class_count_is_read() {
         let body = |extra: &str| format!(r#"{{"inputs":[{{"name":"x","shape":[1],"datatype":"FP32","data":[1]}}]{extra}}}"#);
         let refused = |extra: &str| decode_request(body(extra).as_bytes(), None).unwrap_err().0;
         assert!(refused(r#","parameters":{"sequence_id":7}"#).starts_with("sequence_id: stateful sequences are not supported"));
         assert!(refused(r#","parameters":{"sequence_start":true}"#).contains("sequence_start"));
-        let class = refused(r#","outputs":[{"name":"y","parameters":{"classification":3}}]"#);
+        let classified = decode_request(body(r#","outputs":[{"name":"y","parameters":{"classification":3}}]"#).as_bytes(), None).unwrap();
+        assert_eq!(classified.outputs[0].class_count, Some(3));
+        let class = refused(r#","outputs":[{"name":"y","parameters":{"classification":"three"}}]"#);
         assert!(class.contains("output \"y\"") && class.contains("classification"), "{class}");
         assert!(decode_request(body(r#","parameters":{"sequence_id":0,"sequence_end":false}"#).as_bytes(), None).is_ok(), "unset");
     }
@@ -799,7 +815,7 @@ mod tests {
         assert_eq!(request.parameters["tenant"], "a");
         assert_eq!(request.inputs[0].as_f32().unwrap(), vec![1.0, 2.0, 3.0, 4.5]);
         assert_eq!(request.inputs[1].data, TensorData::Strings(vec![b"hi".to_vec(), b"yo".to_vec()]));
-        assert_eq!(request.outputs, vec![RequestedOutput { name: "y".into(), binary: true, shared_memory: None }]);
+        assert_eq!(request.outputs, vec![RequestedOutput { name: "y".into(), binary: true, shared_memory: None, class_count: None }]);
     }
 
     #[test]
@@ -866,11 +882,11 @@ mod tests {
     fn requested_outputs_filter_and_unknown_output_is_refused() {
         let outputs = vec![Tensor::f32("a", vec![1], &[1.0]).unwrap(), Tensor::f32("b", vec![1], &[2.0]).unwrap()];
         let response = InferResponse { model_name: "m".into(), model_version: None, id: None, parameters: Map::new(), outputs };
-        let only_b = [RequestedOutput { name: "b".into(), binary: false, shared_memory: None }];
+        let only_b = [RequestedOutput { name: "b".into(), binary: false, shared_memory: None, class_count: None }];
         let value: Value = serde_json::from_slice(&encode_response(&response, &only_b, false).unwrap().bytes).unwrap();
         assert_eq!(value["outputs"].as_array().unwrap().len(), 1);
         assert_eq!(value["outputs"][0]["name"], "b");
-        let missing = [RequestedOutput { name: "zzz".into(), binary: false, shared_memory: None }];
+        let missing = [RequestedOutput { name: "zzz".into(), binary: false, shared_memory: None, class_count: None }];
         assert!(encode_response(&response, &missing, false).unwrap_err().0.contains("zzz"));
     }
 

@@ -21,6 +21,7 @@ pub mod backend;
 pub mod bench;
 pub mod builtin_repository;
 pub mod capture;
+pub mod classification;
 pub mod client;
 pub mod compression;
 pub mod config;

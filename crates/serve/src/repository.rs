@@ -32,6 +32,7 @@
 //! profile, an ensemble step without its model) is refused with the reason and the
 //! others still serve.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -49,6 +50,7 @@ use yardmaster_formats::model_repository::{read_graph_signature, scan, BuiltinPr
 use yardmaster_policy::contract::{DeviceKind, Param};
 
 use super::backend::{ocr_names, Codec, ModelDescription, ServedModel};
+use super::classification::{read_labels, Labels};
 use super::kserve::DataType as WireType;
 use super::stack::ServedPipeline;
 use super::stages::{builtin_program, EnsembleStepProgram, StageProgram, TensorProgram};
@@ -300,7 +302,22 @@ pub fn servable(entry: &ModelEntry) -> Result<(), String> {
     if entry.config.backend == Backend::Ensemble {
         return Ok(());
     }
+    output_labels(entry)?;
     version_codecs(entry).map(drop)
+}
+
+/// The class labels of each output that names a `label_filename` (a file in the
+/// model's folder, one label per line), for the classification extension; a file that
+/// cannot be read refuses the model, naming it.
+pub(crate) fn output_labels(entry: &ModelEntry) -> Result<BTreeMap<String, Labels>, String> {
+    let mut labels = BTreeMap::new();
+    for output in &entry.config.output {
+        if let Some(file) = &output.label_filename {
+            let read = read_labels(&entry.dir.join(file)).map_err(|e| format!("output {:?}: {e}", output.name))?;
+            labels.insert(output.name.clone(), read);
+        }
+    }
+    Ok(labels)
 }
 
 /// Each version `serve` loads — all of them, or the latest only for a model running a
@@ -339,6 +356,7 @@ pub(crate) fn prepare(
     let config = &entry.config;
     let builtin = entry.settings.program;
     let versions = version_codecs(entry)?;
+    let labels = output_labels(entry)?;
     let mut prepared = Vec::with_capacity(versions.len());
     for (version, file, codec) in versions {
         let in_version = |e: String| in_version_of(entry, version, e);
@@ -346,8 +364,12 @@ pub(crate) fn prepare(
         let profile = profiled_stage(entry, version, &spec, &codec, context, options, progress).map_err(in_version)?;
         let device = if context.runtime.device() == Device::Cpu { DeviceKind::Cpu } else { DeviceKind::Gpu };
         let (stage, stream) = model_stage(entry, version.version, profile, 0, device, options.threads);
-        let description =
-            ModelDescription { version: version.version.to_string(), platform: PLATFORM.into(), config: Some(config.to_triton_json()) };
+        let description = ModelDescription {
+            version: version.version.to_string(),
+            platform: PLATFORM.into(),
+            config: Some(config.to_triton_json()),
+            labels: labels.clone(),
+        };
         let model = ServedModel {
             name: entry.name.clone(),
             stream: 0,
@@ -431,7 +453,8 @@ pub(crate) fn prepare_ensemble(entry: &ModelEntry, models: &[Prepared]) -> Resul
         stages.push(PreparedStage { stage, spec: model.stages[0].spec.clone(), program });
     }
     let version = entry.versions.last().map_or_else(|| "1".to_string(), |v| v.version.to_string());
-    let description = ModelDescription { version, platform: "ensemble".into(), config: Some(config.to_triton_json()) };
+    let description =
+        ModelDescription { version, platform: "ensemble".into(), config: Some(config.to_triton_json()), labels: BTreeMap::new() };
     let model = ServedModel { name: entry.name.clone(), stream: 0, entry: 0, stages: Vec::new(), codec, description };
     let steps = config.ensemble_steps.iter().map(|s| s.model_name.clone()).collect();
     Ok(Prepared { stages, stream: Some(stream), model, codec: None, params: Vec::new(), steps, builtin: None })

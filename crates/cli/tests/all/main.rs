@@ -14,6 +14,7 @@ mod policy_new;
 mod repository_check;
 mod serve_ab;
 mod serve_builtin;
+mod serve_classification;
 mod serve_compression;
 mod serve_decoupled;
 mod serve_end_to_end;

@@ -99,9 +99,7 @@ fn invalid<T>(message: impl Into<String>) -> Result<T, ProtocolError> {
 /// `contents`, the schedule from the request parameters as over HTTP.
 pub fn infer_request(request: ModelInferRequest, regions: Option<&SharedMemoryRegistry>) -> Result<InferRequest, ProtocolError> {
     let parameters = parameters_json(&request.parameters);
-    let output_parameters: Vec<(String, Map<String, Value>)> =
-        request.outputs.iter().map(|o| (o.name.clone(), parameters_json(&o.parameters))).collect();
-    kserve::refuse_unsupported(&parameters, &output_parameters)?;
+    kserve::refuse_unsupported(&parameters)?;
     let schedule = Schedule::from_parameters(&parameters)?;
     if request.inputs.is_empty() {
         return invalid("the request has no inputs");
@@ -133,8 +131,10 @@ pub fn infer_request(request: ModelInferRequest, regions: Option<&SharedMemoryRe
     }
     let mut outputs = Vec::with_capacity(request.outputs.len());
     for output in request.outputs {
-        let shared_memory = SharedMemoryPlace::from_parameters(&parameters_json(&output.parameters), &format!("output {:?}", output.name))?;
-        outputs.push(RequestedOutput { name: output.name, binary: true, shared_memory });
+        let output_parameters = parameters_json(&output.parameters);
+        let shared_memory = SharedMemoryPlace::from_parameters(&output_parameters, &format!("output {:?}", output.name))?;
+        let class_count = kserve::class_count(&output_parameters, &output.name)?;
+        outputs.push(RequestedOutput { name: output.name, binary: true, shared_memory, class_count });
     }
     let id = (!request.id.is_empty()).then_some(request.id);
     Ok(InferRequest { id, schedule, parameters, inputs, outputs })
@@ -366,12 +366,18 @@ mod tests {
         assert_eq!(all.outputs.iter().map(|o| o.name.as_str()).collect::<Vec<_>>(), ["a", "b"]);
         assert_eq!(all.raw_output_contents[1], 3.0f32.to_le_bytes());
         assert_eq!(all.parameters["arm"].parameter_choice, Some(ParameterChoice::StringParam("primary".into())));
-        let one = infer_response(&response, &[RequestedOutput { name: "b".into(), binary: true, shared_memory: None }], None).unwrap();
+        let one =
+            infer_response(&response, &[RequestedOutput { name: "b".into(), binary: true, shared_memory: None, class_count: None }], None)
+                .unwrap();
         assert_eq!((one.outputs.len(), one.outputs[0].shape.as_slice()), (1, &[1i64][..]));
-        assert!(infer_response(&response, &[RequestedOutput { name: "c".into(), binary: true, shared_memory: None }], None)
-            .unwrap_err()
-            .0
-            .contains("no output \"c\""));
+        assert!(infer_response(
+            &response,
+            &[RequestedOutput { name: "c".into(), binary: true, shared_memory: None, class_count: None }],
+            None
+        )
+        .unwrap_err()
+        .0
+        .contains("no output \"c\""));
     }
 
     #[test]
