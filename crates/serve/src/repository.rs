@@ -294,8 +294,8 @@ pub(crate) fn assemble(prepared: &[Prepared], previous: Option<&ServedPipeline>)
 
 /// Whether `serve` carries this plain model's tensors: the check [`prepare`] makes of
 /// every served version before it loads or profiles anything, with its words (element
-/// types the data plane carries, no `reshape`, no optional input, every graph tensor
-/// in the configuration).
+/// types the data plane carries, no optional input, every graph tensor in the
+/// configuration).
 /// `repository check` calls it too, so the two cannot differ on a model's tensors.
 /// Ensembles are checked when they are assembled from their steps.
 pub fn servable(entry: &ModelEntry) -> Result<(), String> {
@@ -523,14 +523,11 @@ fn tensor_codec(config: &ModelConfig, inputs: &[String], outputs: &[String]) -> 
         if element_type(datatype).is_none() {
             return Err(format!("{kind} {name:?} is {}, which the data plane does not carry", tensor.data_type.triton_name()));
         }
-        if tensor.reshape.is_some() {
-            return Err(format!("{kind} {name:?}: `reshape` is not supported"));
-        }
         if tensor.optional {
             return Err(format!("{kind} {name:?}: optional inputs are not supported (the model is fed every input)"));
         }
         let shape: Vec<i64> = if batching { std::iter::once(-1).chain(tensor.dims.iter().copied()).collect() } else { tensor.dims.clone() };
-        Ok(TensorDecl { name: name.to_string(), shape, datatype })
+        Ok(TensorDecl { name: name.to_string(), shape, datatype, reshape: tensor.reshape.clone() })
     };
     let inputs = inputs.iter().map(|name| declare("input", name, &config.input)).collect::<Result<Vec<_>, _>>()?;
     let outputs = outputs.iter().map(|name| declare("output", name, &config.output)).collect::<Result<Vec<_>, _>>()?;
@@ -621,6 +618,8 @@ fn profile_shapes(entry: &ModelEntry, codec: &TensorCodec) -> Result<Vec<Vec<usi
     }
     // A batching model's requests are items (the batch dimension off); a model without
     // one is fed whole inputs.
+    // The model's own shape where the configuration reshapes an input.
     let from = usize::from(codec.batching);
-    Ok(codec.inputs.iter().map(|t| t.shape[from..].iter().map(|&d| if d < 0 { PROFILE_ANY_SIZE } else { d as usize }).collect()).collect())
+    let seen = |t: &TensorDecl| t.reshape.clone().unwrap_or_else(|| t.shape[from..].to_vec());
+    Ok(codec.inputs.iter().map(|t| seen(t).iter().map(|&d| if d < 0 { PROFILE_ANY_SIZE } else { d as usize }).collect()).collect())
 }

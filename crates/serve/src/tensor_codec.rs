@@ -34,6 +34,41 @@ pub struct TensorDecl {
     pub shape: Vec<i64>,
     /// Element type on the wire.
     pub datatype: DataType,
+    /// The configuration's `reshape`: the shape the model sees (without the batch
+    /// dimension when the model batches; `-1` as in `shape`), when it differs from
+    /// what clients send or receive.
+    pub reshape: Option<Vec<i64>>,
+}
+
+impl TensorDecl {
+    /// A declared tensor that the model sees as clients send it (no `reshape`).
+    pub fn new(name: &str, shape: Vec<i64>, datatype: DataType) -> Self {
+        TensorDecl { name: name.into(), shape, datatype, reshape: None }
+    }
+}
+
+/// `dims` (one item's, or a whole input's, declared as `from`) in the shape `to`
+/// declares: its fixed dimensions as they are, each `-1` taking the size of the next
+/// `-1` dimension of `from` in order when that keeps the element count, else a single
+/// `-1` taking the one size that does. `None` when no shape of `to` has the count.
+fn reshaped(dims: &[usize], from: &[i64], to: &[i64]) -> Option<Vec<usize>> {
+    let count: usize = dims.iter().product();
+    let open_in_to = to.iter().filter(|d| **d < 0).count();
+    // The `-1`s of `to` take the `-1` sizes of `from`, in order.
+    let mut open = from.iter().zip(dims).filter(|(d, _)| **d < 0).map(|(_, &size)| size);
+    let in_order: Option<Vec<usize>> = to.iter().map(|&d| if d >= 0 { Some(d as usize) } else { open.next() }).collect();
+    if let Some(shape) = in_order.filter(|s| s.iter().product::<usize>() == count) {
+        return Some(shape);
+    }
+    // Else a single `-1` is whatever keeps the element count.
+    if open_in_to != 1 {
+        return None;
+    }
+    let known: usize = to.iter().filter(|d| **d >= 0).map(|&d| d as usize).product();
+    if known == 0 || !count.is_multiple_of(known) {
+        return None;
+    }
+    Some(to.iter().map(|&d| if d >= 0 { d as usize } else { count / known }).collect())
 }
 
 /// The data plane's element type for a wire type, if it carries that type.
@@ -88,7 +123,11 @@ impl TensorCodec {
             let values = carried(tensor, decl.datatype)?;
             check_shape(name, &tensor.shape, &decl.shape, self.batching)?;
             let from = usize::from(self.batching);
-            let shape: Vec<usize> = tensor.shape[from..].iter().map(|&d| d as usize).collect();
+            let mut shape: Vec<usize> = tensor.shape[from..].iter().map(|&d| d as usize).collect();
+            if let Some(to) = &decl.reshape {
+                shape = reshaped(&shape, &decl.shape[from..], to)
+                    .ok_or_else(|| format!("input {name:?}: shape {:?} does not reshape to {to:?}", tensor.shape))?;
+            }
             tensors.push(PlaneTensor::new(shape, values).map_err(|e| format!("input {name:?}: {e}"))?);
         }
         Ok(tensors)
@@ -105,7 +144,15 @@ impl TensorCodec {
             .iter()
             .zip(outputs)
             .map(|(decl, t)| {
-                let shape: Vec<u64> = leading.into_iter().chain(t.shape.iter().map(|&d| d as u64)).collect();
+                let from = usize::from(self.batching);
+                let dims = match &decl.reshape {
+                    // The model's shape back to the one clients are told.
+                    Some(model) => reshaped(&t.shape, model, &decl.shape[from..]).ok_or_else(|| {
+                        format!("output {:?}: the model's shape {:?} does not reshape to {:?}", decl.name, t.shape, &decl.shape[from..])
+                    })?,
+                    None => t.shape.clone(),
+                };
+                let shape: Vec<u64> = leading.into_iter().chain(dims.iter().map(|&d| d as u64)).collect();
                 Tensor::raw(&decl.name, decl.datatype, shape, wire_bytes(&t.data, decl.datatype)).map_err(|e| e.0)
             })
             .collect()
@@ -193,15 +240,15 @@ mod tests {
 
     /// A batching codec of one input and one output of `width` elements.
     fn one_to_one(input: (&str, DataType), output: (&str, DataType), width: i64) -> TensorCodec {
-        let decl = |(name, datatype): (&str, DataType)| TensorDecl { name: name.into(), shape: vec![-1, width], datatype };
+        let decl = |(name, datatype): (&str, DataType)| TensorDecl::new(name, vec![-1, width], datatype);
         TensorCodec { inputs: vec![decl(input)], outputs: vec![decl(output)], batching: true }
     }
 
     fn codec(batching: bool) -> TensorCodec {
         let shape = if batching { vec![-1, 3, -1] } else { vec![1, 3, 4] };
         TensorCodec {
-            inputs: vec![TensorDecl { name: "x".into(), shape: shape.clone(), datatype: DataType::F32 }],
-            outputs: vec![TensorDecl { name: "y".into(), shape, datatype: DataType::F32 }],
+            inputs: vec![TensorDecl::new("x", shape.clone(), DataType::F32)],
+            outputs: vec![TensorDecl::new("y", shape, DataType::F32)],
             batching,
         }
     }
@@ -224,6 +271,22 @@ mod tests {
         let whole = fixed.decode(&request(vec![1, 3, 4])).unwrap();
         assert_eq!(whole[0].shape, vec![1, 3, 4], "a model without a batch dimension gets its input whole");
         assert_eq!(fixed.encode(whole).unwrap()[0].shape, vec![1, 3, 4]);
+    }
+
+    #[test]
+    fn reshape_gives_the_model_its_shape_and_clients_theirs() {
+        assert_eq!(reshaped(&[15], &[15], &[5, 3]), Some(vec![5, 3]));
+        assert_eq!(reshaped(&[1], &[1], &[]), Some(vec![]), "a scalar");
+        assert_eq!(reshaped(&[2, 6], &[-1, 6], &[-1, 2, 3]), Some(vec![2, 2, 3]), "open dimensions in order");
+        assert_eq!(reshaped(&[4, 6], &[4, -1], &[-1]), Some(vec![24]), "one open dimension from the count");
+        assert_eq!(reshaped(&[7], &[-1], &[2, -1]), None, "7 does not split in twos");
+        let mut codec = codec(true);
+        codec.inputs[0].reshape = Some(vec![-1, 3]);
+        codec.outputs[0].reshape = Some(vec![-1, 3]);
+        let tensors = codec.decode(&request(vec![1, 3, 5])).unwrap();
+        assert_eq!(tensors[0].shape, vec![5, 3], "the model sees its reshape");
+        let out = codec.encode(vec![PlaneTensor::new(vec![5, 3], vec![0.0; 15]).unwrap()]).unwrap();
+        assert_eq!(out[0].shape, vec![1, 3, 5], "clients get the declared shape back");
     }
 
     #[test]

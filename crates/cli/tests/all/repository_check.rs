@@ -66,10 +66,10 @@ fn a_repository_is_checked_model_by_model() {
 }
 
 /// `repository check` and `serve` read a model's tensors by one rule: a model that
-/// `serve` would refuse (here: `reshape`, which the data plane does not feed) is refused
-/// by the check too, in the server's words — it used to say READY — and one it serves
-/// (a non-batching model whose input does not begin with a dimension of 1: fed whole)
-/// is READY in both.
+/// `serve` would refuse (here: an optional input, which the data plane does not leave
+/// out) is refused by the check too, in the server's words — it used to say READY — and
+/// ones it serves (`reshape`; a non-batching model whose input does not begin with a
+/// dimension of 1: fed whole) are READY in both.
 #[test]
 fn check_refuses_what_serve_refuses_in_its_words() {
     let repo = repository("one-rule");
@@ -80,11 +80,15 @@ fn check_refuses_what_serve_refuses_in_its_words() {
                      input [ { name: \"x\" data_type: TYPE_FP32 dims: [ -1, 3, 48, -1 ] } ]\n";
     model(&repo, "unbatched", 1, assets::REC_MODEL, Some(unbatched));
     model(&repo, "plain", 1, assets::CLS_MODEL, None);
+    let optional = "name: \"optional\"\nplatform: \"onnxruntime_onnx\"\nmax_batch_size: 4\n\
+                    input [ { name: \"x\" data_type: TYPE_FP32 dims: [ 3, 48, -1 ] optional: true } ]\n";
+    model(&repo, "optional", 1, assets::REC_MODEL, Some(optional));
     let (code, out) = check(&[repo.to_str().unwrap()]);
     assert_eq!(code, 1, "{out}");
-    assert!(out.starts_with("3 models: 2 ready, 1 refused"), "{out}");
+    assert!(out.starts_with("4 models: 3 ready, 1 refused"), "{out}");
     let line = |name: &str| out.lines().find(|l| l.starts_with(&format!("REFUSED {name}:"))).unwrap_or_else(|| panic!("{out}")).to_string();
-    assert!(line("reshaped").contains("serve refuses it: input \"x\": `reshape` is not supported"), "{out}");
+    assert!(line("optional").contains("serve refuses it: input \"x\": optional inputs are not supported"), "{out}");
+    assert!(out.contains("READY   reshaped"), "{out}");
     assert!(out.contains("READY   unbatched"), "{out}");
     assert!(out.contains("READY   plain"), "{out}");
 }

@@ -224,3 +224,32 @@ fn a_triton_repository_serves_its_good_models_to_tritonclient_and_perf_analyzer_
     assert!(left_out.contains("left out: model \"garbage\""), "the unservable models are named: {left_out}");
     drop(server);
 }
+
+/// `reshape` as Triton's documentation describes it: clients send and receive the
+/// declared `dims`, the model sees its `reshape`. The trivial model takes `[batch, 4]`;
+/// its configuration declares `[2, 2]` both ways, reshaped to `[4]`.
+#[test]
+fn a_reshaped_model_takes_and_answers_its_declared_shapes() {
+    let dir = scratch("reshape");
+    let tiny = yardmaster::serve::tiny_model::ensure(&dir).expect("the tiny model is written");
+    let models = dir.join("models");
+    std::fs::create_dir_all(models.join("square/1")).unwrap();
+    std::fs::copy(tiny, models.join("square/1/model.onnx")).unwrap();
+    let config = "name: \"square\"\nbackend: \"onnxruntime\"\nmax_batch_size: 4\n\
+                  input [ { name: \"x\" data_type: TYPE_FP32 dims: [ 2, 2 ] reshape { shape: [ 4 ] } } ]\n\
+                  output [ { name: \"y\" data_type: TYPE_FP32 dims: [ 2, 2 ] reshape { shape: [ 4 ] } } ]\n";
+    std::fs::write(models.join("square/config.pbtxt"), config).unwrap();
+    let (server, stderr) = serve_repository_with(&dir, &models, &[]);
+    let (status, metadata) = http_get(&server.address, "/v2/models/square");
+    assert_eq!(status, 200, "{metadata}\n{}", std::fs::read_to_string(&stderr).unwrap_or_default());
+    assert!(metadata.contains("\"shape\":[-1,2,2]"), "clients are told the declared shape: {metadata}");
+    let body = r#"{"inputs":[{"name":"x","shape":[1,2,2],"datatype":"FP32","data":[[1,2],[3,4]]}]}"#;
+    let (status, answer) = super::serve_model_control::http_post(&server.address, "/v2/models/square/infer", body);
+    assert_eq!(status, 200, "{answer}");
+    let answer: serde_json::Value = serde_json::from_str(&answer).unwrap();
+    assert_eq!(answer["outputs"][0]["shape"], serde_json::json!([1, 2, 2]), "{answer}");
+    assert_eq!(answer["outputs"][0]["data"], serde_json::json!([2.0, 3.0, 4.0, 5.0]), "{answer}");
+    let flat = r#"{"inputs":[{"name":"x","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]}]}"#;
+    let (status, refused) = super::serve_model_control::http_post(&server.address, "/v2/models/square/infer", flat);
+    assert_eq!(status, 400, "the model's own shape is not the declared one: {refused}");
+}
