@@ -4,8 +4,7 @@ Usage: triton_logging.py HTTP_HOST:PORT GRPC_HOST:PORT MODEL STDERR_FILE
 Reads the log settings over HTTP, infers once (the server's log, STDERR_FILE, must
 not show debug records), raises log_verbose_level to 1 over HTTP, infers again (now
 it must), reads the settings back over gRPC, lowers the level over gRPC, and tries a
-setting the server refuses, and the trace settings (not served: refused naming them)
-over HTTP and gRPC. MODEL takes one FP32 input x of shape [batch, 4]. Prints
+setting the server refuses. MODEL takes one FP32 input x of shape [batch, 4]. Prints
 one JSON line with what it saw; exits non-zero on any failure.
 """
 import json
@@ -47,12 +46,6 @@ def main():
         seen["refused"] = None
     except InferenceServerException as error:
         seen["refused"] = error.message()
-    for name, client in [("http_trace", http), ("grpc_trace", grpc)]:
-        try:
-            client.get_trace_settings()
-            seen[name] = None
-        except InferenceServerException as error:
-            seen[name] = error.message()
     print(json.dumps(seen))
 
 

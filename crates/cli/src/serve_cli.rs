@@ -94,6 +94,10 @@ pub struct ServeArgs {
     /// file's `capture`).
     #[arg(long)]
     pub capture: Option<PathBuf>,
+    /// Where Triton's trace extension writes traced requests (overrides the file's
+    /// `trace_file`); tracing stays off until a client sets `trace_level`.
+    #[arg(long = "trace-file")]
+    pub trace_file: Option<PathBuf>,
     /// Serve for this many seconds, then stop (default: until Ctrl-C).
     #[arg(long = "for")]
     pub serve_for: Option<f64>,
@@ -156,6 +160,9 @@ pub fn serve_config(args: &ServeArgs) -> Result<ServeConfig> {
     }
     if let Some(policy) = &args.policy {
         config.policy = policy.clone();
+    }
+    if let Some(trace_file) = &args.trace_file {
+        config.trace_file = Some(trace_file.clone());
     }
     if let Some(capture) = &args.capture {
         config.capture = Some(capture.clone());

@@ -131,6 +131,10 @@ pub struct Ended {
     pub sent_at: u64,
     /// Its deadline.
     pub deadline: u64,
+    /// When the engine took it in (its queue started).
+    pub arrived_at: u64,
+    /// When a job first ran a piece of it (its compute started); `None` when none did.
+    pub first_job_at: Option<u64>,
 }
 
 /// Things the engine schedules for itself.
@@ -509,6 +513,8 @@ impl<C: Clock, X: Executor> Engine<C, X> {
                 served: 0,
                 tokens: 0,
                 queue_delay: 0,
+                arrived_at: now,
+                first_job_at: None,
                 merging: Vec::new(),
             },
         );
@@ -880,7 +886,15 @@ impl<C: Clock, X: Executor> Engine<C, X> {
             accuracy: origin.accuracy,
             queue_delay: origin.queue_delay,
         });
-        self.ended.push(Ended { id: origin_id, outcome, at: now, sent_at: origin.sent_at, deadline: origin.deadline });
+        self.ended.push(Ended {
+            id: origin_id,
+            outcome,
+            at: now,
+            sent_at: origin.sent_at,
+            deadline: origin.deadline,
+            arrived_at: origin.arrived_at,
+            first_job_at: origin.first_job_at,
+        });
     }
 
     /// End an origin early (drop, failure, cancellation, expiry): every live piece goes,
@@ -1214,6 +1228,7 @@ impl<C: Clock, X: Executor> Engine<C, X> {
                 let waited = now.saturating_sub(piece.request.arrived_at);
                 if let Some(origin) = self.state.origins.get_mut(&piece.request.origin) {
                     origin.queue_delay += waited;
+                    origin.first_job_at.get_or_insert(now);
                 }
             }
             piece.state = PieceState::Running(d.worker);

@@ -122,6 +122,10 @@ pub struct Origin {
     pub tokens: u32,
     /// Total time its pieces waited in queues.
     pub queue_delay: u64,
+    /// When the engine took it in.
+    pub arrived_at: u64,
+    /// When a job first ran a piece of it (`None`: none has yet).
+    pub first_job_at: Option<u64>,
     /// Pieces of it waiting at fan-in stages, by stage.
     pub merging: Vec<(u32, u64)>,
 }

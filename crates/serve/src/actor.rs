@@ -406,7 +406,15 @@ fn shut_down<C: Clock, X: Executor>(arms: &mut Arms<C, X>, mut waiting: HashMap<
     answer(arms, &mut waiting, capture);
     let at = arms.main().state().now();
     for (id, callback) in waiting {
-        let end = Ended { id, outcome: Outcome::Failed { error: reason.to_string() }, at, sent_at: at, deadline: at };
+        let end = Ended {
+            id,
+            outcome: Outcome::Failed { error: reason.to_string() },
+            at,
+            sent_at: at,
+            deadline: at,
+            arrived_at: at,
+            first_job_at: None,
+        };
         if let Some(recorder) = capture {
             recorder.ended(&end);
         }

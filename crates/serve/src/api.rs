@@ -46,6 +46,7 @@ use serde_json::{json, Value};
 use super::compression;
 use super::kserve::{self, DataType, InferRequest, InferResponse};
 use super::shared_memory::SharedMemoryRegistry;
+use super::trace::{RequestTiming, Tracer};
 
 /// Largest request body accepted (bytes).
 pub const DEFAULT_MAX_BODY: usize = 64 << 20;
@@ -176,10 +177,12 @@ impl ServedModel {
 }
 
 /// The protocol extensions the server metadata announces.
-pub const EXTENSIONS: [&str; 8] = [
+pub const EXTENSIONS: [&str; 10] = [
     "binary_tensor_data",
     "system_shared_memory",
     "logging",
+    "trace",
+    "classification",
     "schedule_policy",
     "model_configuration",
     "statistics",
@@ -308,6 +311,7 @@ pub struct Api {
     metrics: Option<MetricsRenderer>,
     cluster: Option<ClusterReporter>,
     shared_memory: SharedMemoryRegistry,
+    tracer: Tracer,
     max_body: usize,
     admission: Admission,
 }
@@ -355,9 +359,22 @@ impl Api {
             metrics: None,
             cluster: None,
             shared_memory: SharedMemoryRegistry::default(),
+            tracer: Tracer::default(),
             max_body: DEFAULT_MAX_BODY,
             admission,
         }
+    }
+
+    /// Traces go to `file` when a client turns tracing on (Triton's trace extension);
+    /// without one, tracing cannot be turned on.
+    pub fn with_trace_file(mut self, file: Option<std::path::PathBuf>) -> Self {
+        self.tracer = Tracer::new(file);
+        self
+    }
+
+    /// The trace settings and file.
+    pub fn tracer(&self) -> &Tracer {
+        &self.tracer
     }
 
     /// The backend's models as of its current generation.
@@ -456,9 +473,11 @@ impl Api {
             ),
             ["v2", "models", "stats"] if get => self.statistics(None),
             ["v2", "systemsharedmemory", rest @ ..] => self.system_shared_memory(&request, rest),
-            ["v2", "trace", "setting"] | ["v2", "models", _, "trace", "setting"] => {
-                ApiResponse::error(StatusCode::NOT_IMPLEMENTED, super::grpc::TRACE_REFUSAL)
-            }
+            ["v2", "trace", "setting"] => self.trace_setting(&request, None),
+            ["v2", "models", model, "trace", "setting"] => match self.served_model(model, None) {
+                Ok(served) => self.trace_setting(&request, Some(&served.metadata().name)),
+                Err(refusal) => ApiResponse::error(refusal.status, &refusal.reason),
+            },
             ["v2", "logging"] if get => ApiResponse::json(StatusCode::OK, &super::logging::current().to_json()),
             ["v2", "logging"] if request.method == Method::POST => {
                 let changes = match serde_json::from_slice::<Value>(&request.body) {
@@ -614,7 +633,28 @@ impl Api {
     pub async fn run_inference(&self, model: &ServedModel, request: InferRequest) -> Result<InferResponse, Refusal> {
         let metadata = model.metadata();
         check_inputs(&request, metadata).map_err(|message| Refusal::new(StatusCode::BAD_REQUEST, message))?;
-        self.backend.infer_version(&metadata.name, model.version(), request).await.map_err(|error| match error {
+        let traced = self.tracer.sample(&metadata.name);
+        let started = traced.as_ref().map(|_| std::time::Instant::now());
+        let answer = self.backend.infer_version(&metadata.name, model.version(), request).await;
+        if let Some(traced) = traced {
+            let version = match &answer {
+                Ok(response) => response.model_version.clone(),
+                Err(_) => None,
+            };
+            let version = version.or_else(|| model.version().map(str::to_string)).unwrap_or_else(|| "1".into());
+            let timing = match &answer {
+                Ok(InferResponse { timing: Some(timing), .. }) => *timing,
+                // A backend that keeps no engine times: the request's own span, on a clock of its own.
+                _ => RequestTiming {
+                    request_start: 0,
+                    request_end: started.map_or(0, |s| s.elapsed().as_nanos() as u64),
+                    ..Default::default()
+                },
+            };
+            let completed = matches!(&answer, Ok(InferResponse { timing: Some(_), .. }));
+            self.tracer.record(traced, &metadata.name, &version, &timing, completed);
+        }
+        answer.map_err(|error| match error {
             InferError::Invalid(message) => Refusal::new(StatusCode::BAD_REQUEST, message),
             InferError::Dropped(reason) => Refusal::new(StatusCode::SERVICE_UNAVAILABLE, format!("dropped by the scheduler: {reason}")),
             InferError::Failed(error) => Refusal::new(StatusCode::INTERNAL_SERVER_ERROR, format!("failed: {error}")),
@@ -660,6 +700,25 @@ impl Api {
         };
         let models: Vec<Value> = self.backend.repository_index().into_iter().filter(|m| !ready_only || m["state"] == "READY").collect();
         ApiResponse::json(StatusCode::OK, &Value::Array(models))
+    }
+
+    /// `GET`/`POST` of the trace settings of the server (`model`: `None`) or a model.
+    fn trace_setting(&self, request: &ApiRequest, model: Option<&str>) -> ApiResponse {
+        if request.method == Method::GET || request.method == Method::HEAD {
+            return ApiResponse::json(StatusCode::OK, &self.tracer.settings_json(model));
+        }
+        if request.method != Method::POST {
+            return ApiResponse::error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this route");
+        }
+        let changes = match serde_json::from_slice::<Value>(&request.body) {
+            Ok(Value::Object(changes)) => changes,
+            Ok(other) => return ApiResponse::error(StatusCode::BAD_REQUEST, &format!("trace settings must be a JSON object, got {other}")),
+            Err(e) => return ApiResponse::error(StatusCode::BAD_REQUEST, &format!("the trace settings are not valid JSON: {e}")),
+        };
+        match self.tracer.update(model, &changes) {
+            Ok(settings) => ApiResponse::json(StatusCode::OK, &settings),
+            Err(reason) => ApiResponse::error(StatusCode::BAD_REQUEST, &reason),
+        }
     }
 
     fn statistics(&self, model: Option<&str>) -> ApiResponse {
@@ -802,6 +861,7 @@ mod tests {
                 let x = request.inputs[0].as_f32().unwrap();
                 let y: Vec<f32> = x.iter().map(|v| v * 2.0).collect();
                 Ok(InferResponse {
+                    timing: None,
                     model_name: model,
                     model_version: Some("1".into()),
                     id: request.id,
@@ -861,7 +921,8 @@ mod tests {
                 "Request for unknown model: 'double' version 7 is not found",
             ),
             (Method::GET, "/v2/nothing/here", "".into(), StatusCode::NOT_FOUND, "no route"),
-            (Method::GET, "/v2/trace/setting", "".into(), StatusCode::NOT_IMPLEMENTED, "trace extension is not supported"),
+            (Method::POST, "/v2/trace/setting", r#"{"trace_level":["TIMESTAMPS"]}"#.into(), StatusCode::BAD_REQUEST, "needs a trace file"),
+            (Method::POST, "/v2/models/nope/trace/setting", "{}".into(), StatusCode::NOT_FOUND, "unknown model"),
             (Method::GET, "/v2/systemsharedmemory/region/x/status", "".into(), StatusCode::BAD_REQUEST, "Unable to find"),
             (Method::POST, "/v2/cudasharedmemory/region/x/register", "{}".into(), StatusCode::BAD_REQUEST, "not supported"),
             (Method::DELETE, "/v2/health/ready", "".into(), StatusCode::METHOD_NOT_ALLOWED, "not allowed"),

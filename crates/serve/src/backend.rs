@@ -28,6 +28,7 @@ use super::kserve::{DataType, InferRequest, InferResponse, Tensor, TensorData};
 use super::payload::{OcrDocument, Parcel, Payload, PayloadStore, Prepared};
 use super::stages::StageProgram;
 use super::tensor_codec::TensorCodec;
+use super::trace::RequestTiming;
 use yardmaster_engine::metrics::Outcome;
 use yardmaster_engine::{Clock, Executor, MonotonicClock, Submission};
 
@@ -273,7 +274,9 @@ impl ServedModel {
 }
 
 /// The engine's answer for one request: how it ended, and its payload when it completed.
-type Answer = (Outcome, Option<Parcel>);
+/// How a request ended: its outcome, its data when completed, and the engine's times
+/// of it (taken in, first job, end).
+type Answer = (Outcome, Option<Parcel>, (u64, Option<u64>, u64));
 
 /// What the backend serves: replaced whole by model control as models are loaded
 /// and unloaded while serving ([`EngineBackend::replace_models`]).
@@ -383,6 +386,7 @@ impl EngineBackend {
     }
 
     async fn run(&self, model: &str, version: Option<&str>, request: InferRequest) -> Result<InferResponse, InferError> {
+        let request_start = self.clock.now();
         let (served, program) = {
             let tables = self.tables();
             if tables.unloading.iter().any(|m| m == model) {
@@ -432,26 +436,29 @@ impl EngineBackend {
                         None
                     }
                 };
-                let _ = reply.send((end.outcome, parcel));
+                let _ = reply.send((end.outcome, parcel, (end.arrived_at, end.first_job_at, end.at)));
             })
         };
         let key = request.schedule.split_key.as_deref().map(|k| super::ab::key_hash(k.as_bytes()));
         self.handle
             .submit_keyed(self.submission(&served, &request), key, admitted, ended)
             .map_err(|stopped| InferError::Unavailable(stopped.to_string()))?;
-        let (outcome, parcel) = answer.await.map_err(|_| InferError::Unavailable("the scheduling engine stopped".into()))?;
+        let (outcome, parcel, (queue_start, compute_start, compute_end)) =
+            answer.await.map_err(|_| InferError::Unavailable("the scheduling engine stopped".into()))?;
         guard.disarm();
         match outcome {
             Outcome::Completed => {
                 let parcel = parcel.ok_or_else(|| InferError::Failed("the request completed but its data was lost".into()))?;
                 let mut outputs = served.codec.encode(parcel.payload).map_err(InferError::Failed)?;
                 classify_outputs(&served, &request.outputs, &mut outputs).map_err(InferError::Invalid)?;
+                let timing = RequestTiming { request_start, queue_start, compute_start, compute_end, request_end: self.clock.now() };
                 Ok(InferResponse {
                     model_name: served.name.clone(),
                     model_version: Some(served.description.version.clone()),
                     id: request.id,
                     parameters: Map::new(),
                     outputs,
+                    timing: Some(timing),
                 })
             }
             Outcome::Dropped { reason } => Err(InferError::Dropped(reason)),

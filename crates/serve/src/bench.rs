@@ -142,6 +142,7 @@ impl Backend for InlineTiny {
             let y: Vec<f32> = x.iter().map(|v| v + 1.0).collect();
             let output = Tensor::f32("y", vec![1, y.len() as u64], &y).map_err(|e| InferError::Invalid(e.0))?;
             Ok(InferResponse {
+                timing: None,
                 model_name: model,
                 model_version: None,
                 id: request.id,

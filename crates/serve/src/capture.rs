@@ -160,8 +160,16 @@ mod tests {
     #[test]
     fn a_failing_sink_stops_the_capture_and_nothing_else() {
         let mut recorder = Recorder::start(Box::new(Full { room: 100_000 }), "t").unwrap();
-        let end = Ended { id: 1, outcome: Outcome::Dropped { reason: "late".repeat(40_000) }, at: 5, sent_at: 0, deadline: 0 };
-        recorder.ended(&Ended { id: 0, outcome: Outcome::Completed, at: 1, sent_at: 0, deadline: 0 });
+        let end = Ended {
+            id: 1,
+            outcome: Outcome::Dropped { reason: "late".repeat(40_000) },
+            at: 5,
+            sent_at: 0,
+            deadline: 0,
+            arrived_at: 0,
+            first_job_at: None,
+        };
+        recorder.ended(&Ended { id: 0, outcome: Outcome::Completed, at: 1, sent_at: 0, deadline: 0, arrived_at: 0, first_job_at: None });
         recorder.flush();
         assert_eq!((recorder.records(), recorder.flushed()), (1, 1));
         recorder.ended(&end);
@@ -178,8 +186,16 @@ mod tests {
     #[test]
     fn records_are_counted() {
         let mut recorder = Recorder::start(Box::new(Vec::new()), "t").unwrap();
-        recorder.ended(&Ended { id: 1, outcome: Outcome::Completed, at: 5, sent_at: 0, deadline: 0 });
-        recorder.ended(&Ended { id: 2, outcome: Outcome::Failed { error: "x".into() }, at: 6, sent_at: 0, deadline: 0 });
+        recorder.ended(&Ended { id: 1, outcome: Outcome::Completed, at: 5, sent_at: 0, deadline: 0, arrived_at: 0, first_job_at: None });
+        recorder.ended(&Ended {
+            id: 2,
+            outcome: Outcome::Failed { error: "x".into() },
+            at: 6,
+            sent_at: 0,
+            deadline: 0,
+            arrived_at: 0,
+            first_job_at: None,
+        });
         recorder.flush();
         assert!(recorder.active());
         assert_eq!(recorder.records(), 2);

@@ -26,6 +26,8 @@
 //! max_body_bytes = 67108864   # larger request bodies get 413
 //! max_in_flight = 10000       # more inference requests at once get 503
 //! capture = "live.jsonl"      # optional: write a JSON-lines trace of what is served
+//! trace_file = "trace.json"   # optional: where Triton's trace extension writes (off until
+//!                             # a client sets trace_level, docs/serving.md)
 //! state_dir = "…"             # where a generated certificate is kept
 //!
 //! [tls]                       # optional: a certificate instead of a self-signed one
@@ -285,6 +287,9 @@ pub struct ServeConfig {
     pub watchdog: WatchdogConfig,
     /// Trace capture file.
     pub capture: Option<PathBuf>,
+    /// Where Triton's trace extension writes request traces (`None`: tracing cannot
+    /// be turned on).
+    pub trace_file: Option<PathBuf>,
     /// Where generated TLS material is kept.
     pub state_dir: Option<PathBuf>,
     /// Configured TLS material.
@@ -320,6 +325,7 @@ impl Default for ServeConfig {
             max_in_flight: super::api::DEFAULT_MAX_IN_FLIGHT,
             watchdog: WatchdogConfig::default(),
             capture: None,
+            trace_file: None,
             state_dir: None,
             tls: None,
             remote: Vec::new(),
@@ -391,6 +397,9 @@ impl ServeConfig {
         }
         if let Some(capture) = &mut config.capture {
             resolve(capture);
+        }
+        if let Some(trace_file) = &mut config.trace_file {
+            resolve(trace_file);
         }
         if let Some(cluster) = &mut config.cluster {
             if let Some(ca) = &mut cluster.ca {

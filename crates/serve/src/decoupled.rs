@@ -75,6 +75,7 @@ fn flagged(response: &InferResponse, outputs: Vec<Tensor>, last: bool) -> InferR
         id: response.id.clone(),
         parameters,
         outputs,
+        timing: None,
     }
 }
 
@@ -109,6 +110,7 @@ mod tests {
 
     fn answer(outputs: Vec<Tensor>) -> InferResponse {
         InferResponse {
+            timing: None,
             model_name: "repeat".into(),
             model_version: Some("1".into()),
             id: Some("7".into()),

@@ -423,6 +423,9 @@ pub struct InferResponse {
     pub parameters: Map<String, Value>,
     /// Outputs.
     pub outputs: Vec<Tensor>,
+    /// When its steps happened in the server, for a trace (`None`: the backend keeps
+    /// no such times). Not sent to the client.
+    pub timing: Option<super::trace::RequestTiming>,
 }
 
 /// An encoded response body: the bytes and, when it uses the binary extension, the
@@ -843,6 +846,7 @@ mod tests {
         assert_eq!(request.inputs[1].data, TensorData::Strings(vec![b"abc".to_vec()]));
 
         let response = InferResponse {
+            timing: None,
             model_name: "m".into(),
             model_version: None,
             id: Some("7".into()),
@@ -866,7 +870,14 @@ mod tests {
             Tensor::raw("i", DataType::I32, vec![1], (-7i32).to_le_bytes().to_vec()).unwrap(),
             Tensor::f32("f", vec![1, 2], &[0.5, 1.5]).unwrap(),
         ];
-        let response = InferResponse { model_name: "m".into(), model_version: Some("1".into()), id: None, parameters: Map::new(), outputs };
+        let response = InferResponse {
+            timing: None,
+            model_name: "m".into(),
+            model_version: Some("1".into()),
+            id: None,
+            parameters: Map::new(),
+            outputs,
+        };
         let encoded = encode_response(&response, &[], false).unwrap();
         assert_eq!(encoded.json_length, None);
         let value: Value = serde_json::from_slice(&encoded.bytes).unwrap();
@@ -881,7 +892,8 @@ mod tests {
     #[test]
     fn requested_outputs_filter_and_unknown_output_is_refused() {
         let outputs = vec![Tensor::f32("a", vec![1], &[1.0]).unwrap(), Tensor::f32("b", vec![1], &[2.0]).unwrap()];
-        let response = InferResponse { model_name: "m".into(), model_version: None, id: None, parameters: Map::new(), outputs };
+        let response =
+            InferResponse { timing: None, model_name: "m".into(), model_version: None, id: None, parameters: Map::new(), outputs };
         let only_b = [RequestedOutput { name: "b".into(), binary: false, shared_memory: None, class_count: None }];
         let value: Value = serde_json::from_slice(&encode_response(&response, &only_b, false).unwrap().bytes).unwrap();
         assert_eq!(value["outputs"].as_array().unwrap().len(), 1);

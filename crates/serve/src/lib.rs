@@ -50,6 +50,7 @@ pub mod starts;
 pub mod swap;
 pub mod tensor_codec;
 pub mod tiny_model;
+pub mod trace;
 pub use yardmaster_cluster::tls;
 pub mod watch;
 pub mod watchdog;

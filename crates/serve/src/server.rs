@@ -169,8 +169,11 @@ impl Server {
             text.push_str(&prometheus::render_gpu_memory(gpu));
             text
         });
-        let mut api =
-            Api::new(backend).with_metrics(renderer).with_max_body(config.max_body_bytes).with_max_in_flight(config.max_in_flight);
+        let mut api = Api::new(backend)
+            .with_metrics(renderer)
+            .with_max_body(config.max_body_bytes)
+            .with_max_in_flight(config.max_in_flight)
+            .with_trace_file(config.trace_file.clone());
         if let Some(status) = &cluster {
             let (status, engine) = (status.clone(), handle.clone());
             api = api.with_cluster(Arc::new(move || {

@@ -162,7 +162,7 @@ mod tests {
     }
 
     fn ended(id: u64, outcome: Outcome) -> Ended {
-        Ended { id, outcome, at: 0, sent_at: 0, deadline: 0 }
+        Ended { id, outcome, at: 0, sent_at: 0, deadline: 0, arrived_at: 0, first_job_at: None }
     }
 
     #[test]

@@ -33,5 +33,6 @@ mod serve_remote;
 mod serve_repository;
 mod serve_shared_memory;
 mod serve_swap;
+mod serve_trace;
 mod serve_transports;
 mod sim_sweep;

@@ -35,6 +35,7 @@ impl Backend for Negate {
         Box::pin(async move {
             let y: Vec<f32> = request.inputs[0].as_f32().unwrap().iter().map(|v| -v).collect();
             Ok(InferResponse {
+                timing: None,
                 model_name: model,
                 model_version: None,
                 id: request.id,

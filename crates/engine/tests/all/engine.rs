@@ -190,7 +190,10 @@ fn a_dag_splits_into_pieces_and_merges_them_at_the_fan_in_stage() {
     finish_all(&mut engine, &BTreeMap::new());
     let ended = engine.take_ended();
     let slo = engine.state().pipeline().streams[0].slo_ns;
-    assert_eq!(ended, vec![Ended { id, outcome: Outcome::Completed, at: 0, sent_at: 0, deadline: slo }]);
+    assert_eq!(
+        ended,
+        vec![Ended { id, outcome: Outcome::Completed, at: 0, sent_at: 0, deadline: slo, arrived_at: 0, first_job_at: Some(0) }]
+    );
 }
 
 #[test]
@@ -203,7 +206,10 @@ fn a_detector_that_finds_nothing_completes_the_request() {
     engine.flush();
     finish_all(&mut engine, &BTreeMap::from([(0, vec![(1, 0), (2, 0)])]));
     let slo = engine.state().pipeline().streams[0].slo_ns;
-    assert_eq!(engine.take_ended(), vec![Ended { id, outcome: Outcome::Completed, at: 0, sent_at: 0, deadline: slo }]);
+    assert_eq!(
+        engine.take_ended(),
+        vec![Ended { id, outcome: Outcome::Completed, at: 0, sent_at: 0, deadline: slo, arrived_at: 0, first_job_at: Some(0) }]
+    );
 }
 
 /// Preempts whatever runs as soon as anything arrives (once per worker).

@@ -356,6 +356,7 @@ mod tests {
     #[test]
     fn responses_carry_the_outputs_asked_for_as_raw_contents() {
         let response = InferResponse {
+            timing: None,
             model_name: "m".into(),
             model_version: Some("1".into()),
             id: None,

@@ -11,8 +11,8 @@
 //! `RepositoryModelLoad`, `RepositoryModelUnload`, and system shared memory
 //! (`SystemSharedMemory*`, the regions shared with HTTP, see `super::shared_memory`;
 //! `CudaSharedMemory*` answer an empty status and refuse registration), and
-//! `LogSettings` (Triton's logging extension, `super::logging`). `TraceSetting` answers
-//! `UNIMPLEMENTED` with a reason that names the trace extension. Refusals map HTTP's statuses to gRPC codes:
+//! `LogSettings` (Triton's logging extension, `super::logging`) and `TraceSetting`
+//! (Triton's trace extension, `super::trace`). Refusals map HTTP's statuses to gRPC codes:
 //! 400 `INVALID_ARGUMENT`, 404 `NOT_FOUND`, 409 `FAILED_PRECONDITION`, 503
 //! `UNAVAILABLE` (dropped by the policy, over the admission cap, not ready), 500
 //! `INTERNAL`; the message is the same reason. The A/B split key comes from the
@@ -410,8 +410,45 @@ impl GrpcInferenceService for InferenceService {
         Ok(Response::new(LogSettingsResponse { settings }))
     }
 
-    async fn trace_setting(&self, _: Request<TraceSettingRequest>) -> Result<Response<TraceSettingResponse>, Status> {
-        Err(Status::unimplemented(TRACE_REFUSAL))
+    async fn trace_setting(&self, request: Request<TraceSettingRequest>) -> Result<Response<TraceSettingResponse>, Status> {
+        let request = request.into_inner();
+        let model = match given(&request.model_name) {
+            Some(name) => Some(self.model(name, "")?.metadata().name.clone()),
+            None => None,
+        };
+        let tracer = self.api.tracer();
+        let settings = if request.settings.is_empty() {
+            tracer.settings_json(model.as_deref())
+        } else {
+            // An empty list is "back to the default", as `null` over HTTP.
+            let changes: serde_json::Map<String, Value> = request
+                .settings
+                .into_iter()
+                .map(|(key, setting)| {
+                    let value = match setting.value.as_slice() {
+                        [] => Value::Null,
+                        [one] if key != "trace_level" => Value::String(one.clone()),
+                        many => Value::Array(many.iter().cloned().map(Value::String).collect()),
+                    };
+                    (key, value)
+                })
+                .collect();
+            tracer.update(model.as_deref(), &changes).map_err(Status::invalid_argument)?
+        };
+        let settings = settings
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(key, value)| {
+                let values = match value {
+                    Value::Array(items) => items.iter().filter_map(Value::as_str).map(str::to_string).collect(),
+                    Value::String(text) => vec![text.clone()],
+                    other => vec![other.to_string()],
+                };
+                (key.clone(), trace_setting_response::SettingValue { value: values })
+            })
+            .collect();
+        Ok(Response::new(TraceSettingResponse { settings }))
     }
 
     async fn cuda_shared_memory_status(
@@ -435,9 +472,6 @@ impl GrpcInferenceService for InferenceService {
         Err(Status::unimplemented(CUDA_SHARED_MEMORY_REFUSAL))
     }
 }
-
-/// Why a trace setting is refused (the HTTP route answers the same, 501).
-pub const TRACE_REFUSAL: &str = "the trace extension is not supported yet: use the server's capture (docs/serving.md) or the metrics";
 
 /// Why a CUDA shared-memory registration is refused.
 const CUDA_SHARED_MEMORY_REFUSAL: &str =

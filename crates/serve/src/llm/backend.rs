@@ -70,6 +70,7 @@ impl LlmBackend {
                 let mut parameters = Map::new();
                 parameters.insert("engine_id".into(), Value::from(completion.id));
                 Ok(InferResponse {
+                    timing: None,
                     model_name: model.to_string(),
                     model_version: Some(MODEL_VERSION.into()),
                     id: request.id,

@@ -99,7 +99,8 @@ impl LlmServer {
             Api::new(Arc::new(backend))
                 .with_metrics(renderer)
                 .with_max_body(config.max_body_bytes)
-                .with_max_in_flight(config.max_in_flight),
+                .with_max_in_flight(config.max_in_flight)
+                .with_trace_file(config.trace_file.clone()),
         );
         let listeners = Listeners::start(&config.listen_options(), api).await?;
         let admin = Admin::start(&config.admin, Arc::new(Swapper::new(handle.clone(), sandbox, failure))).await?;
