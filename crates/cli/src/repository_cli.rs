@@ -110,7 +110,7 @@ fn check(args: CheckArgs) -> ExitCode {
             .iter()
             .map(|(name, model)| {
                 let value = match model {
-                    Ok(entry) => entry.config.to_triton_json(),
+                    Ok(entry) => yardmaster::serve::served_config::served(&entry.config),
                     Err(e) => serde_json::json!({ "error": e.message }),
                 };
                 (name.clone(), value)

@@ -299,11 +299,21 @@ pub(crate) fn assemble(prepared: &[Prepared], previous: Option<&ServedPipeline>)
 /// `repository check` calls it too, so the two cannot differ on a model's tensors.
 /// Ensembles are checked when they are assembled from their steps.
 pub fn servable(entry: &ModelEntry) -> Result<(), String> {
+    refuse_unserved(entry)?;
     if entry.config.backend == Backend::Ensemble {
         return Ok(());
     }
     output_labels(entry)?;
     version_codecs(entry).map(drop)
+}
+
+/// Refuse what a configuration asks for that would be served wrong if it were not
+/// acted on: `sequence_batching` (a stateful model served without its state).
+fn refuse_unserved(entry: &ModelEntry) -> Result<(), String> {
+    if entry.config.ignored_fields.iter().any(|f| f == "sequence_batching") {
+        return Err("sequence_batching is not served yet: a stateful model is refused rather than served without its state".into());
+    }
+    Ok(())
 }
 
 /// The class labels of each output that names a `label_filename` (a file in the
@@ -355,6 +365,7 @@ pub(crate) fn prepare(
 ) -> Result<Vec<Prepared>, String> {
     let config = &entry.config;
     let builtin = entry.settings.program;
+    refuse_unserved(entry)?;
     let versions = version_codecs(entry)?;
     let labels = output_labels(entry)?;
     let mut prepared = Vec::with_capacity(versions.len());
@@ -367,7 +378,7 @@ pub(crate) fn prepare(
         let description = ModelDescription {
             version: version.version.to_string(),
             platform: PLATFORM.into(),
-            config: Some(config.to_triton_json()),
+            config: Some(super::served_config::served(config)),
             labels: labels.clone(),
         };
         let model = ServedModel {
@@ -453,8 +464,12 @@ pub(crate) fn prepare_ensemble(entry: &ModelEntry, models: &[Prepared]) -> Resul
         stages.push(PreparedStage { stage, spec: model.stages[0].spec.clone(), program });
     }
     let version = entry.versions.last().map_or_else(|| "1".to_string(), |v| v.version.to_string());
-    let description =
-        ModelDescription { version, platform: "ensemble".into(), config: Some(config.to_triton_json()), labels: BTreeMap::new() };
+    let description = ModelDescription {
+        version,
+        platform: "ensemble".into(),
+        config: Some(super::served_config::served(config)),
+        labels: BTreeMap::new(),
+    };
     let model = ServedModel { name: entry.name.clone(), stream: 0, entry: 0, stages: Vec::new(), codec, description };
     let steps = config.ensemble_steps.iter().map(|s| s.model_name.clone()).collect();
     Ok(Prepared { stages, stream: Some(stream), model, codec: None, params: Vec::new(), steps, builtin: None })

@@ -67,7 +67,7 @@ fn a_repository_is_checked_model_by_model() {
 
 /// `repository check` and `serve` read a model's tensors by one rule: a model that
 /// `serve` would refuse (here: an optional input, which the data plane does not leave
-/// out) is refused by the check too, in the server's words — it used to say READY — and
+/// out, and `sequence_batching`, which would be served without its state) is refused by the check too, in the server's words — it used to say READY — and
 /// ones it serves (`reshape`; a non-batching model whose input does not begin with a
 /// dimension of 1: fed whole) are READY in both.
 #[test]
@@ -83,12 +83,15 @@ fn check_refuses_what_serve_refuses_in_its_words() {
     let optional = "name: \"optional\"\nplatform: \"onnxruntime_onnx\"\nmax_batch_size: 4\n\
                     input [ { name: \"x\" data_type: TYPE_FP32 dims: [ 3, 48, -1 ] optional: true } ]\n";
     model(&repo, "optional", 1, assets::REC_MODEL, Some(optional));
+    let stateful = "name: \"stateful\"\nplatform: \"onnxruntime_onnx\"\nmax_batch_size: 4\nsequence_batching { }\n";
+    model(&repo, "stateful", 1, assets::CLS_MODEL, Some(stateful));
     let (code, out) = check(&[repo.to_str().unwrap()]);
     assert_eq!(code, 1, "{out}");
-    assert!(out.starts_with("4 models: 3 ready, 1 refused"), "{out}");
+    assert!(out.starts_with("5 models: 3 ready, 2 refused"), "{out}");
     let line = |name: &str| out.lines().find(|l| l.starts_with(&format!("REFUSED {name}:"))).unwrap_or_else(|| panic!("{out}")).to_string();
     assert!(line("optional").contains("serve refuses it: input \"x\": optional inputs are not supported"), "{out}");
     assert!(out.contains("READY   reshaped"), "{out}");
+    assert!(line("stateful").contains("serve refuses it: sequence_batching is not served yet"), "{out}");
     assert!(out.contains("READY   unbatched"), "{out}");
     assert!(out.contains("READY   plain"), "{out}");
 }

@@ -47,6 +47,10 @@ pub struct ModelConfig {
     /// [`ModelConfig::complete_from_graph`] has run, the fields named here are empty or 0
     /// and must not be served as they are.
     pub from_graph: Option<FromGraph>,
+    /// The configuration as written (`config.pbtxt`, or JSON given at load), every
+    /// field of it, for serving the fields this reader does not use unchanged; `None`
+    /// for a model without one.
+    pub source: Option<pbtxt::Message>,
     /// `model_transaction_policy { decoupled }`: the model answers a request with zero,
     /// one or many responses, over gRPC's `ModelStreamInfer` only (as in Triton).
     pub decoupled: bool,
@@ -272,6 +276,7 @@ impl ModelConfig {
             ensemble_steps: Vec::new(),
             default_model_filename: DEFAULT_MODEL_FILENAME.into(),
             from_graph: Some(FromGraph::Everything),
+            source: None,
             decoupled: false,
             ignored_fields: Vec::new(),
         }
@@ -291,6 +296,7 @@ impl ModelConfig {
         let mut reader = Reader { file, ignored: BTreeSet::new(), from_json };
         let mut config = reader.model_config(tree, model)?;
         config.ignored_fields = reader.ignored.into_iter().collect();
+        config.source = Some(tree.clone());
         Ok(config)
     }
 

@@ -91,11 +91,12 @@ pub struct ModelEntry {
 
 impl ModelEntry {
     /// The one warning to log at load naming the `config.pbtxt` fields Yardmaster does
-    /// not use, if there are any.
+    /// not act on (kept and served in the configuration as written), if there are any.
     pub fn ignored_fields_warning(&self) -> Option<String> {
         let fields = &self.config.ignored_fields;
-        (!fields.is_empty())
-            .then(|| format!("model {:?}: config.pbtxt fields not used by Yardmaster, ignored: {}", self.name, fields.join(", ")))
+        (!fields.is_empty()).then(|| {
+            format!("model {:?}: config.pbtxt fields Yardmaster does not act on (served as written): {}", self.name, fields.join(", "))
+        })
     }
 }
 
@@ -595,7 +596,7 @@ mod tests {
         assert_eq!(tuned.config_file.as_deref(), Some(dir.0.join("tuned/config.pbtxt").as_path()));
         assert_eq!(
             tuned.ignored_fields_warning().unwrap(),
-            "model \"tuned\": config.pbtxt fields not used by Yardmaster, ignored: model_warmup"
+            "model \"tuned\": config.pbtxt fields Yardmaster does not act on (served as written): model_warmup"
         );
         assert_eq!(plain.ignored_fields_warning(), None);
         assert_eq!(repo.ready().count(), 7);

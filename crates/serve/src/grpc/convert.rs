@@ -28,6 +28,11 @@ fn descriptors() -> &'static DescriptorPool {
     })
 }
 
+/// The descriptor of the protocol's message `inference.NAME`.
+pub fn message_descriptor(name: &str) -> Option<prost_reflect::MessageDescriptor> {
+    descriptors().get_message_by_name(&format!("inference.{name}"))
+}
+
 /// Read a JSON document in the HTTP API's form (`GET …/config`, `GET …/stats`) into the
 /// protobuf message `T` (named `inference.NAME`): fields by name, enum values by name,
 /// 64-bit integers as numbers or strings. Fields the message does not declare are

@@ -25,6 +25,8 @@
 
 mod convert;
 
+pub use convert::{message_descriptor, message_from_json};
+
 use std::pin::Pin;
 use std::sync::Arc;
 
