@@ -312,6 +312,7 @@ pub struct Api {
     cluster: Option<ClusterReporter>,
     shared_memory: SharedMemoryRegistry,
     tracer: Tracer,
+    cuda_device: bool,
     max_body: usize,
     admission: Admission,
 }
@@ -360,6 +361,7 @@ impl Api {
             cluster: None,
             shared_memory: SharedMemoryRegistry::default(),
             tracer: Tracer::default(),
+            cuda_device: false,
             max_body: DEFAULT_MAX_BODY,
             admission,
         }
@@ -375,6 +377,23 @@ impl Api {
     /// The trace settings and file.
     pub fn tracer(&self) -> &Tracer {
         &self.tracer
+    }
+
+    /// Whether the models run on a CUDA device (so that a CUDA shared-memory refusal
+    /// can say why).
+    pub fn with_cuda_device(mut self, cuda: bool) -> Self {
+        self.cuda_device = cuda;
+        self
+    }
+
+    /// Why a CUDA shared-memory registration is refused, pointing at system shared
+    /// memory (`alternative`: where to register it).
+    pub fn cuda_shared_memory_refusal(&self, alternative: &str) -> String {
+        if self.cuda_device {
+            format!("CUDA shared memory is not supported yet by this server: use system shared memory ({alternative})")
+        } else {
+            format!("no CUDA device: this server runs its models on the CPU, so CUDA shared memory cannot be registered; use system shared memory ({alternative})")
+        }
     }
 
     /// The backend's models as of its current generation.
@@ -493,10 +512,9 @@ impl Api {
                 }
             }
             ["v2", "cudasharedmemory", "status"] if get => ApiResponse::json(StatusCode::OK, &json!([])),
-            ["v2", "cudasharedmemory", ..] if request.method == Method::POST => ApiResponse::error(
-                StatusCode::BAD_REQUEST,
-                "CUDA shared memory is not supported by this server: use system shared memory (/v2/systemsharedmemory)",
-            ),
+            ["v2", "cudasharedmemory", ..] if request.method == Method::POST => {
+                ApiResponse::error(StatusCode::BAD_REQUEST, &self.cuda_shared_memory_refusal("/v2/systemsharedmemory"))
+            }
             ["v2", "cluster"] if get => match &self.cluster {
                 Some(report) => ApiResponse::json(StatusCode::OK, &report()),
                 None => {

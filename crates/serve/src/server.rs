@@ -173,7 +173,8 @@ impl Server {
             .with_metrics(renderer)
             .with_max_body(config.max_body_bytes)
             .with_max_in_flight(config.max_in_flight)
-            .with_trace_file(config.trace_file.clone());
+            .with_trace_file(config.trace_file.clone())
+            .with_cuda_device(matches!(ort.device(), yardmaster_dataplane::Device::Cuda(_)));
         if let Some(status) = &cluster {
             let (status, engine) = (status.clone(), handle.clone());
             api = api.with_cluster(Arc::new(move || {

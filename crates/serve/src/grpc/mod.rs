@@ -464,17 +464,13 @@ impl GrpcInferenceService for InferenceService {
         &self,
         _: Request<CudaSharedMemoryRegisterRequest>,
     ) -> Result<Response<CudaSharedMemoryRegisterResponse>, Status> {
-        Err(Status::unimplemented(CUDA_SHARED_MEMORY_REFUSAL))
+        Err(Status::unimplemented(self.api.cuda_shared_memory_refusal("SystemSharedMemoryRegister")))
     }
 
     async fn cuda_shared_memory_unregister(
         &self,
         _: Request<CudaSharedMemoryUnregisterRequest>,
     ) -> Result<Response<CudaSharedMemoryUnregisterResponse>, Status> {
-        Err(Status::unimplemented(CUDA_SHARED_MEMORY_REFUSAL))
+        Err(Status::unimplemented(self.api.cuda_shared_memory_refusal("SystemSharedMemoryRegister")))
     }
 }
-
-/// Why a CUDA shared-memory registration is refused.
-const CUDA_SHARED_MEMORY_REFUSAL: &str =
-    "CUDA shared memory is not supported by this server: use system shared memory (SystemSharedMemoryRegister)";
