@@ -699,6 +699,10 @@ impl Api {
             ["stats"] if get => self.statistics(Some(&metadata.name)),
             ["config"] if get => ApiResponse::json(StatusCode::OK, &served.config()),
             ["infer"] if request.method == Method::POST => self.infer(request, &served).await,
+            ["generate"] | ["generate_stream"] => ApiResponse::error(
+                StatusCode::NOT_IMPLEMENTED,
+                "the generate extension is not supported: use POST …/infer (and gRPC ModelStreamInfer for a decoupled model's responses)",
+            ),
             [] | ["ready"] | ["config"] | ["stats"] | ["infer"] => {
                 ApiResponse::error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed on this route")
             }
@@ -939,10 +943,17 @@ mod tests {
                 "Request for unknown model: 'double' version 7 is not found",
             ),
             (Method::GET, "/v2/nothing/here", "".into(), StatusCode::NOT_FOUND, "no route"),
+            (
+                Method::POST,
+                "/v2/models/double/generate_stream",
+                "{}".into(),
+                StatusCode::NOT_IMPLEMENTED,
+                "generate extension is not supported",
+            ),
             (Method::POST, "/v2/trace/setting", r#"{"trace_level":["TIMESTAMPS"]}"#.into(), StatusCode::BAD_REQUEST, "needs a trace file"),
             (Method::POST, "/v2/models/nope/trace/setting", "{}".into(), StatusCode::NOT_FOUND, "unknown model"),
             (Method::GET, "/v2/systemsharedmemory/region/x/status", "".into(), StatusCode::BAD_REQUEST, "Unable to find"),
-            (Method::POST, "/v2/cudasharedmemory/region/x/register", "{}".into(), StatusCode::BAD_REQUEST, "not supported"),
+            (Method::POST, "/v2/cudasharedmemory/region/x/register", "{}".into(), StatusCode::BAD_REQUEST, "no CUDA device"),
             (Method::DELETE, "/v2/health/ready", "".into(), StatusCode::METHOD_NOT_ALLOWED, "not allowed"),
             (Method::GET, "/v2/repository/index", "".into(), StatusCode::METHOD_NOT_ALLOWED, "not allowed"),
             (Method::GET, "/v2/models/double/infer", "".into(), StatusCode::METHOD_NOT_ALLOWED, "not allowed"),
