@@ -1,11 +1,25 @@
 //! Batch forming: per-request tensors are stacked into one batch along a new first
 //! dimension (padding smaller ones with a fill value where the model's dimension is
 //! dynamic, refusing where it is fixed), and batch outputs are split back per request.
+//! Every element type stacks as its bytes; BYTES inputs stack when their shapes agree
+//! (a string cannot be padded).
 
 use std::sync::Arc;
 
 use crate::error::{DataplaneError, Result};
-use crate::tensor::{Tensor, TensorData};
+use crate::tensor::{ElementType, Elements, Tensor, TensorData};
+
+/// One input of a run as ONNX Runtime is given it: its shape, element type and bytes
+/// (a request's own, or a stacked batch's).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct InputView<'a> {
+    /// Dimensions, batch first where the model batches.
+    pub shape: &'a [usize],
+    /// Element type.
+    pub element: ElementType,
+    /// The elements' bytes (BYTES in their binary layout).
+    pub bytes: &'a [u8],
+}
 
 /// What a model accepts on one input: its name and dimensions, batch first; `None`
 /// marks a dynamic dimension.
@@ -50,28 +64,50 @@ pub fn stack_into(
     specs: &[InputSpec],
     requests: &[&[Tensor]],
     pad_value: f32,
-    buffers: &mut Vec<Vec<f32>>,
+    buffers: &mut Vec<Elements>,
 ) -> Result<(Vec<Vec<usize>>, bool)> {
     let (shapes, padded) = shapes(specs, requests)?;
-    fill(requests, &shapes, pad_value, buffers);
+    fill(requests, &shapes, pad_value, buffers)?;
     Ok((shapes, padded))
 }
 
 /// Copy `requests` into `buffers`, one per input, as batches of `shapes` (from
-/// [`shapes`] for these requests), padding with `pad_value`.
-pub fn fill(requests: &[&[Tensor]], shapes: &[Vec<usize>], pad_value: f32, buffers: &mut Vec<Vec<f32>>) {
-    buffers.resize_with(shapes.len(), Vec::new);
+/// [`shapes`] for these requests), padding `f32` inputs with `pad_value` and others
+/// with zeros. Refuses requests whose input types differ, and BYTES that would need
+/// padding.
+pub fn fill(requests: &[&[Tensor]], shapes: &[Vec<usize>], pad_value: f32, buffers: &mut Vec<Elements>) -> Result<()> {
+    buffers.resize_with(shapes.len(), || Elements::F32(Vec::new()));
     for ((k, shape), data) in shapes.iter().enumerate().zip(buffers.iter_mut()) {
         let target = &shape[1..];
+        let element = requests[0][k].data.element();
+        if let Some((i, other)) = requests.iter().enumerate().find(|(_, r)| r[k].data.element() != element) {
+            return Err(DataplaneError::Batch(format!(
+                "request {i}'s input {k} is {}, request 0's is {element}: one batch holds one element type",
+                other[k].data.element()
+            )));
+        }
+        if element == ElementType::Bytes {
+            if let Some(i) = requests.iter().position(|r| r[k].shape != target) {
+                return Err(DataplaneError::Batch(format!(
+                    "request {i}'s strings (input {k}) have shape {:?}, the batch {target:?}: strings are not padded",
+                    requests[i][k].shape
+                )));
+            }
+            let bytes: Vec<u8> = requests.iter().flat_map(|r| r[k].data.bytes().iter().copied()).collect();
+            *data = Elements::Bytes { data: bytes, count: requests.iter().map(|r| r[k].data.len()).sum() };
+            continue;
+        }
         let item: usize = target.iter().product();
         // Every element is written below (a request's own data, or the fill value where
-        // it is padded), so a buffer of the right length is reused as it stands.
-        if data.len() != item * requests.len() {
-            data.clear();
-            data.resize(item * requests.len(), pad_value);
+        // it is padded), so a buffer of the right type and length is reused as it stands.
+        if data.element() != element || data.len() != item * requests.len() {
+            *data = Elements::zeros(element, item * requests.len());
         }
-        copy_requests(requests, k, target, item, pad_value, data);
+        let width = element.width().expect("not BYTES");
+        let pad = if element == ElementType::F32 { pad_value.to_ne_bytes().to_vec() } else { vec![0; width] };
+        copy_requests(requests, k, target, item * width, &pad, data.bytes_mut());
     }
+    Ok(())
 }
 
 /// The batch shape of each input for `requests` (batch dimension first) and whether any
@@ -106,9 +142,9 @@ pub fn is_whole(specs: &[InputSpec], request: &[Tensor]) -> bool {
 }
 
 /// A batch of one request without copying it: each input's shape with a batch dimension
-/// of 1 in front, beside a view of the request's own data (checked as [`stack`] checks);
-/// a whole request ([`is_whole`]) as it is, checked against every fixed dimension.
-pub fn single<'a>(specs: &[InputSpec], request: &'a [Tensor]) -> Result<Vec<(Vec<usize>, &'a [f32])>> {
+/// of 1 in front, beside the request's own data (checked as [`stack`] checks); a whole
+/// request ([`is_whole`]) as it is, checked against every fixed dimension.
+pub fn single(specs: &[InputSpec], request: &[Tensor]) -> Result<Vec<Vec<usize>>> {
     check_requests(specs, &[request])?;
     if is_whole(specs, request) {
         return specs
@@ -123,7 +159,7 @@ pub fn single<'a>(specs: &[InputSpec], request: &'a [Tensor]) -> Result<Vec<(Vec
                         want.unwrap_or_default()
                     )));
                 }
-                Ok((tensor.shape.clone(), tensor.data.as_slice()))
+                Ok(tensor.shape.clone())
             })
             .collect();
     }
@@ -133,7 +169,7 @@ pub fn single<'a>(specs: &[InputSpec], request: &'a [Tensor]) -> Result<Vec<(Vec
         .map(|(k, spec)| {
             let mut shape = vec![1];
             shape.extend(batch_shape(spec, k, &[request])?);
-            Ok((shape, request[k].data.as_slice()))
+            Ok(shape)
         })
         .collect()
 }
@@ -195,53 +231,57 @@ fn batch_shape(spec: &InputSpec, k: usize, requests: &[&[Tensor]]) -> Result<Vec
 /// 736×736 images, 52 MB, in 7.7 ms on an H100 machine's host).
 const PARALLEL_COPY_BYTES: usize = 8 << 20;
 
-/// Write input `k` of each request into its `item`-element slot of `out`, padding with
-/// `pad_value` where its shape is smaller than `target`.
-fn copy_requests(requests: &[&[Tensor]], k: usize, target: &[usize], item: usize, pad_value: f32, out: &mut [f32]) {
-    let copy_one = |request: &[Tensor], slot: &mut [f32]| {
+/// Write input `k` of each request into its `item_bytes` slot of `out`, padding with
+/// copies of `pad` (one element's bytes) where its shape is smaller than `target`.
+fn copy_requests(requests: &[&[Tensor]], k: usize, target: &[usize], item_bytes: usize, pad: &[u8], out: &mut [u8]) {
+    let copy_one = |request: &[Tensor], slot: &mut [u8]| {
         let tensor = &request[k];
         if tensor.shape == target {
-            slot.copy_from_slice(&tensor.data);
+            slot.copy_from_slice(tensor.data.bytes());
         } else {
-            slot.fill(pad_value);
-            copy_padded(tensor, target, slot);
+            for element in slot.chunks_exact_mut(pad.len()) {
+                element.copy_from_slice(pad);
+            }
+            copy_padded(tensor, target, pad.len(), slot);
         }
     };
     let threads = crate::parallel::cores().min(requests.len()).min(8);
-    if item == 0 || threads < 2 || std::mem::size_of_val(out) < PARALLEL_COPY_BYTES {
-        for (request, slot) in requests.iter().zip(out.chunks_mut(item.max(1))) {
+    if item_bytes == 0 || threads < 2 || out.len() < PARALLEL_COPY_BYTES {
+        for (request, slot) in requests.iter().zip(out.chunks_mut(item_bytes.max(1))) {
             copy_one(request, slot);
         }
         return;
     }
     // Parts of a few requests each, so a thread that finishes early takes another.
     let per_part = requests.len().div_ceil(threads * 2);
-    let parts: Vec<_> = requests.chunks(per_part).zip(out.chunks_mut(per_part * item)).collect();
+    let parts: Vec<_> = requests.chunks(per_part).zip(out.chunks_mut(per_part * item_bytes)).collect();
     crate::parallel::each(parts, threads, "yardmaster-stack", |(requests, slots)| {
-        for (request, slot) in requests.iter().zip(slots.chunks_mut(item)) {
+        for (request, slot) in requests.iter().zip(slots.chunks_mut(item_bytes)) {
             copy_one(request, slot);
         }
     });
 }
 
-/// Copy `source` into the top-left corner of a `target`-shaped, pre-filled buffer.
-fn copy_padded(source: &Tensor, target: &[usize], out: &mut [f32]) {
+/// Copy `source` (elements of `width` bytes) into the top-left corner of a
+/// `target`-shaped, pre-filled buffer.
+fn copy_padded(source: &Tensor, target: &[usize], width: usize, out: &mut [u8]) {
+    let bytes = source.data.bytes();
     let rank = target.len();
     if rank == 0 {
-        out[0] = source.data[0];
+        out[..width].copy_from_slice(&bytes[..width]);
         return;
     }
-    let row = source.shape[rank - 1];
+    let row = source.shape[rank - 1] * width;
     let rows: usize = source.shape[..rank - 1].iter().product();
     let mut index = vec![0usize; rank - 1];
     for r in 0..rows {
-        // Offset of this row in the target layout.
+        // Offset of this row in the target layout, in elements.
         let mut offset = 0;
         for (d, &i) in index.iter().enumerate() {
             offset = offset * target[d] + i;
         }
-        offset *= target[rank - 1];
-        out[offset..offset + row].copy_from_slice(&source.data[r * row..(r + 1) * row]);
+        let offset = offset * target[rank - 1] * width;
+        out[offset..offset + row].copy_from_slice(&bytes[r * row..(r + 1) * row]);
         for d in (0..rank - 1).rev() {
             index[d] += 1;
             if index[d] < source.shape[d] {
@@ -264,18 +304,35 @@ pub fn split(outputs: Vec<Tensor>, n: usize) -> Result<Vec<Vec<Tensor>>> {
     Ok(per_request)
 }
 
-/// Split one batch output (batch dimension first) into `n` tensors that view its buffer.
+/// Split one batch output (batch dimension first) into `n` tensors that view its buffer
+/// (BYTES outputs are copied apart: their strings vary in length).
 pub fn split_views(output: Tensor, n: usize) -> Result<Vec<Tensor>> {
     if output.shape.first() != Some(&n) {
         return Err(DataplaneError::Batch(format!("an output has shape {:?}: no batch dimension of {n} to split along", output.shape)));
     }
     let item_shape = output.shape[1..].to_vec();
     let item: usize = item_shape.iter().product();
+    let element = output.data.element();
+    let Some(width) = element.width() else {
+        let strings = output.data.strings()?;
+        let bytes = output.data.bytes();
+        return (0..n)
+            .map(|i| {
+                let mine = strings.get(i * item..(i + 1) * item).unwrap_or_default();
+                let span = match (mine.first(), mine.last()) {
+                    (Some(first), Some(last)) => first.start - 4..last.end,
+                    _ => 0..0,
+                };
+                let data = TensorData::from_bytes(ElementType::Bytes, &bytes[span], mine.len())?;
+                Tensor::new(item_shape.clone(), data)
+            })
+            .collect();
+    };
     let (buffer, range) = output.data.into_shared();
     (0..n)
         .map(|i| {
-            let start = range.start + i * item;
-            let data = TensorData::view(Arc::clone(&buffer), start..start + item)
+            let start = range.start + i * item * width;
+            let data = TensorData::view(element, Arc::clone(&buffer), start..start + item * width)
                 .ok_or_else(|| DataplaneError::Batch(format!("an output of shape {:?} holds too few elements", item_shape)))?;
             Ok(Tensor { shape: item_shape.clone(), data })
         })
@@ -295,8 +352,8 @@ mod tests {
         let specs = spec(&[None]);
         let whole = vec![Tensor::new(vec![3], vec![1., 2., 3.]).unwrap()];
         assert!(is_whole(&specs, &whole));
-        let views = single(&specs, &whole).unwrap();
-        assert_eq!(views[0], (vec![3], &[1., 2., 3.][..]), "no batch dimension put in front");
+        let shapes_of_one = single(&specs, &whole).unwrap();
+        assert_eq!(shapes_of_one[0], vec![3], "no batch dimension put in front");
         let error = shapes(&specs, &[&whole, &whole]).unwrap_err().to_string();
         assert!(error.contains("one request per call"), "{error}");
         let fixed = spec(&[Some(2)]);
@@ -324,7 +381,7 @@ mod tests {
         let s = stack(&spec(&[None, None, None]), &[&a, &b], -1.0).unwrap();
         assert!(s.padded);
         assert_eq!(s.inputs[0].shape, vec![2, 2, 3]);
-        assert_eq!(&s.inputs[0].data[6..], &[7., 8., -1., -1., -1., -1.]);
+        assert_eq!(&s.inputs[0].data.floats()[6..], &[7., 8., -1., -1., -1., -1.]);
     }
 
     #[test]
@@ -340,15 +397,37 @@ mod tests {
             .collect();
         let refs: Vec<&[Tensor]> = requests.iter().map(|r| r.as_slice()).collect();
         let specs = spec(&[None, None, Some(cols)]);
-        let mut buffers = vec![vec![123.0; 9 * rows * cols]];
+        let mut buffers = vec![Elements::F32(vec![123.0; 9 * rows * cols])];
         let (shapes, padded) = stack_into(&specs, &refs, -1.0, &mut buffers).unwrap();
         assert!(padded);
         assert_eq!(shapes[0], vec![9, rows, cols]);
-        for (i, chunk) in buffers[0].chunks(rows * cols).enumerate() {
-            let own = &requests[i][0].data;
-            assert_eq!(&chunk[..own.len()], own.as_slice(), "request {i}");
+        let Elements::F32(stacked) = &buffers[0] else { panic!("stacked as f32") };
+        for (i, chunk) in stacked.chunks(rows * cols).enumerate() {
+            let own = requests[i][0].data.floats();
+            assert_eq!(&chunk[..own.len()], own, "request {i}");
             assert!(chunk[own.len()..].iter().all(|&v| v == -1.0), "request {i}'s padding");
         }
+    }
+
+    #[test]
+    fn typed_and_string_inputs_stack_and_split_in_their_own_type() {
+        let a = vec![Tensor::new(vec![2], TensorData::from_vec(vec![i64::MAX, 1])).unwrap()];
+        let b = vec![Tensor::new(vec![1], TensorData::from_vec(vec![-5i64])).unwrap()];
+        let s = stack(&spec(&[None, None]), &[&a, &b], 7.0).unwrap();
+        assert_eq!(s.inputs[0].data.as_slice_of::<i64>(), Some(&[i64::MAX, 1, -5, 0][..]), "integers padded with zeros");
+        let text = |words: &[&str]| {
+            let layout: Vec<u8> = words.iter().flat_map(|w| [&(w.len() as u32).to_le_bytes()[..], w.as_bytes()].concat()).collect();
+            vec![Tensor::new(vec![words.len()], TensorData::from_bytes(ElementType::Bytes, &layout, words.len()).unwrap()).unwrap()]
+        };
+        let (x, y) = (text(&["ab", ""]), text(&["cde", "f"]));
+        let s = stack(&spec(&[None, Some(2)]), &[&x, &y], 0.0).unwrap();
+        assert_eq!(s.inputs[0].data.len(), 4);
+        let back = split(s.inputs, 2).unwrap();
+        assert_eq!((&back[0], &back[1]), (&x, &y), "strings split back per request");
+        let short = text(&["g"]);
+        assert!(stack(&spec(&[None, None]), &[&x, &short], 0.0).unwrap_err().to_string().contains("strings are not padded"));
+        let floats = vec![Tensor::filled(vec![2], 1.0)];
+        assert!(stack(&spec(&[None, None]), &[&a, &floats], 0.0).unwrap_err().to_string().contains("one element type"));
     }
 
     #[test]

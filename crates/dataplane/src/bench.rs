@@ -137,7 +137,7 @@ pub fn served_vs_plain(runtime: &Arc<Runtime>, spec: &ModelSpec, options: &Bench
         for (name, tensor) in names.iter().zip(&stacked.inputs) {
             values.push((
                 name.as_str(),
-                TensorRef::from_array_view((tensor.shape.clone(), tensor.data.as_slice())).map_err(DataplaneError::ort)?,
+                TensorRef::from_array_view((tensor.shape.clone(), tensor.data.floats())).map_err(DataplaneError::ort)?,
             ));
         }
         let out = plain.run(values).map_err(DataplaneError::ort)?;

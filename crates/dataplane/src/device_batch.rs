@@ -84,7 +84,8 @@ impl DeviceStager {
             let base = tensor.data_ptr_mut() as sys::CUdeviceptr;
             let item: usize = shapes[k][1..].iter().product();
             for (i, request) in requests.iter().enumerate() {
-                let data = request[k].data.as_slice();
+                let data =
+                    request[k].data.as_f32().ok_or_else(|| DataplaneError::Batch(format!("request {i}: input {k} is not float32")))?;
                 if data.len() != item {
                     return Err(DataplaneError::Batch(format!("request {i}: input {k} has {} elements, its slot {item}", data.len())));
                 }

@@ -36,5 +36,5 @@ pub use error::{DataplaneError, Result};
 pub use pool::{ModelCatalog, WorkerPool};
 pub use runtime::{Runtime, RuntimeConfig};
 pub use session::{BatchTiming, ModelSession, ModelSpec, StartKind};
-pub use tensor::{ElementType, SharedElements, Tensor, TensorData};
+pub use tensor::{Element, ElementType, Elements, SharedBytes, Tensor, TensorData};
 pub use worker::{Job, Request, RequestOutput, Worker, WorkerContext, WorkerEvent};

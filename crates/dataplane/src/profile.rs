@@ -100,6 +100,24 @@ pub fn synthetic(shape: &[usize], seed: u64) -> Tensor {
     Tensor { shape: shape.to_vec(), data }
 }
 
+/// [`synthetic`] for an input of `element`s: `f32` values (cast by the session to a
+/// numeric type, so integers come out as -1, 0 or 1), or for strings the digits of
+/// each value.
+pub fn synthetic_of(element: crate::tensor::ElementType, shape: &[usize], seed: u64) -> Tensor {
+    let values = synthetic(shape, seed);
+    if element != crate::tensor::ElementType::Bytes {
+        return values;
+    }
+    let mut layout = Vec::new();
+    for value in values.data.floats() {
+        let text = format!("{value}");
+        layout.extend_from_slice(&(text.len() as u32).to_le_bytes());
+        layout.extend_from_slice(text.as_bytes());
+    }
+    let data = crate::tensor::Elements::Bytes { data: layout, count: values.len() };
+    Tensor { shape: shape.to_vec(), data: data.into() }
+}
+
 /// The per-request shapes to feed: the given ones, checked against the model, or the
 /// model's own where it fixes every dimension.
 pub fn request_shapes(inputs: &[InputSpec], given: Option<&[Vec<usize>]>) -> Result<Vec<Vec<usize>>> {
@@ -169,8 +187,10 @@ pub fn profile(runtime: &Arc<Runtime>, spec: &ModelSpec, options: &ProfileOption
     batches.dedup();
     let mut points = Vec::new();
     for &batch in &batches {
-        let requests: Vec<Vec<Tensor>> =
-            (0..batch).map(|i| shapes.iter().enumerate().map(|(k, s)| synthetic(s, (i * 31 + k) as u64 + 1)).collect()).collect();
+        let types = session.input_types().to_vec();
+        let requests: Vec<Vec<Tensor>> = (0..batch)
+            .map(|i| shapes.iter().enumerate().map(|(k, s)| synthetic_of(types[k], s, (i * 31 + k) as u64 + 1)).collect())
+            .collect();
         let refs: Vec<&[Tensor]> = requests.iter().map(Vec::as_slice).collect();
         for _ in 0..options.warmup {
             session.run_batch(&refs, None)?;

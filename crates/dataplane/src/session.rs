@@ -30,12 +30,12 @@ use ort::session::SessionInputValue;
 use ort::session::{RunOptions, Session};
 use ort::value::{DynValue, TensorElementType, TensorRef, ValueType};
 
-use crate::batch::{self, InputSpec};
+use crate::batch::{self, InputSpec, InputView};
 use crate::cache::{CacheKey, CachedModel, ModelCache, ModelKey};
 use crate::device::Device;
 use crate::error::{DataplaneError, Result};
 use crate::runtime::Runtime;
-use crate::tensor::{ElementType, SharedElements, Tensor, TensorData};
+use crate::tensor::{ElementType, Elements, SharedBytes, Tensor, TensorData};
 
 /// A model variant and the file it loads from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -138,7 +138,7 @@ pub struct ModelSession {
     pub pad_value: f32,
     last_timing: BatchTiming,
     /// One buffer per input that batches are stacked into, kept from batch to batch.
-    stack_buffers: Vec<Vec<f32>>,
+    stack_buffers: Vec<Elements>,
     /// Whether batches are stacked straight into GPU memory (turned off for good after
     /// a failure there, with a warning).
     #[cfg(feature = "cuda")]
@@ -400,7 +400,8 @@ impl ModelSession {
     /// With `options`, the run stops early when they are terminated
     /// ([`DataplaneError::Aborted`]).
     pub fn run(&mut self, inputs: &[Tensor], options: Option<&RunOptions>) -> Result<Vec<Tensor>> {
-        let views: Vec<(Vec<usize>, &[f32])> = inputs.iter().map(|t| (t.shape.clone(), t.data.as_slice())).collect();
+        let views: Vec<InputView<'_>> =
+            inputs.iter().map(|t| InputView { shape: &t.shape, element: t.data.element(), bytes: t.data.bytes() }).collect();
         self.run_with(&views, options)
     }
 
@@ -430,13 +431,25 @@ impl ModelSession {
         }
         let mut buffers = std::mem::take(&mut self.stack_buffers);
         let outputs = (|| {
-            let views: Vec<(Vec<usize>, &[f32])> = match &batched {
+            let single_shapes;
+            let views: Vec<InputView<'_>> = match &batched {
                 Some((shapes, _)) => {
-                    batch::fill(requests, shapes, self.pad_value, &mut buffers);
-                    shapes.iter().cloned().zip(&buffers).map(|(shape, data)| (shape, data.as_slice())).collect()
+                    batch::fill(requests, shapes, self.pad_value, &mut buffers)?;
+                    shapes
+                        .iter()
+                        .zip(&buffers)
+                        .map(|(shape, data)| InputView { shape, element: data.element(), bytes: data.bytes() })
+                        .collect()
                 }
-                // A batch of one: no shapes were worked out above.
-                None => batch::single(&self.inputs, requests[0])?,
+                // A batch of one: no shapes were worked out above; it runs on its own data.
+                None => {
+                    single_shapes = batch::single(&self.inputs, requests[0])?;
+                    single_shapes
+                        .iter()
+                        .zip(requests[0])
+                        .map(|(shape, t)| InputView { shape, element: t.data.element(), bytes: t.data.bytes() })
+                        .collect()
+                }
             };
             let stacked_at = Instant::now();
             let outputs = self.run_with(&views, options)?;
@@ -496,14 +509,18 @@ impl ModelSession {
         self.last_timing
     }
 
-    fn run_with(&mut self, inputs: &[(Vec<usize>, &[f32])], options: Option<&RunOptions>) -> Result<Vec<Tensor>> {
+    fn run_with(&mut self, inputs: &[InputView<'_>], options: Option<&RunOptions>) -> Result<Vec<Tensor>> {
         if inputs.len() != self.inputs.len() {
             return Err(DataplaneError::Invalid(format!("{} inputs given, the model takes {}", inputs.len(), self.inputs.len())));
         }
-        let index = self.session_for(inputs.iter().map(|(shape, _)| shape.clone()).collect());
+        let index = self.session_for(inputs.iter().map(|view| view.shape.to_vec()).collect());
         let mut values: Vec<(&str, SessionInputValue<'_>)> = Vec::with_capacity(inputs.len());
-        for ((spec, &element), (shape, data)) in self.inputs.iter().zip(&self.input_types).zip(inputs) {
-            values.push((spec.name.as_str(), input_value(element, shape, data)?));
+        for ((spec, &element), view) in self.inputs.iter().zip(&self.input_types).zip(inputs) {
+            let value = input_value(element, view).map_err(|e| match e {
+                DataplaneError::Invalid(reason) => DataplaneError::Invalid(format!("input {:?}: {reason}", spec.name)),
+                other => other,
+            })?;
+            values.push((spec.name.as_str(), value));
         }
         run_session(&mut self.sessions[index].session, &self.outputs, &self.output_types, values, options)
     }
@@ -560,14 +577,27 @@ fn element_type(ty: TensorElementType) -> Option<ElementType> {
         TensorElementType::Uint32 => ElementType::U32,
         TensorElementType::Bool => ElementType::Bool,
         TensorElementType::Float16 => ElementType::F16,
+        TensorElementType::Float64 => ElementType::F64,
+        TensorElementType::Uint64 => ElementType::U64,
+        TensorElementType::Bfloat16 => ElementType::Bf16,
+        TensorElementType::String => ElementType::Bytes,
         _ => return None,
     })
 }
 
-/// One input as ONNX Runtime takes it: a view of the `f32` data, or a copy cast to the
-/// model's element type.
-fn input_value<'a>(element: ElementType, shape: &[usize], data: &'a [f32]) -> Result<SessionInputValue<'a>> {
-    fn owned<T: ort::value::PrimitiveTensorElementType + std::fmt::Debug + Clone + 'static>(
+/// One input as ONNX Runtime takes it, for a model input of `element`s: a view of the
+/// elements when they are the model's type (no copy), or — for `f32` elements made by
+/// the data plane's own pipelines — a copy cast to the model's type.
+fn input_value<'a>(element: ElementType, view: &InputView<'a>) -> Result<SessionInputValue<'a>> {
+    fn borrowed<'a, T: ort::value::PrimitiveTensorElementType + bytemuck::Pod + std::fmt::Debug>(
+        shape: &[usize],
+        bytes: &'a [u8],
+    ) -> Result<SessionInputValue<'a>> {
+        let values: &'a [T] = bytemuck::try_cast_slice(bytes)
+            .map_err(|e| DataplaneError::Invalid(format!("elements not laid out as {}: {e}", std::any::type_name::<T>())))?;
+        Ok(TensorRef::from_array_view((shape.to_vec(), values)).map_err(DataplaneError::ort)?.into())
+    }
+    fn cast<T: ort::value::PrimitiveTensorElementType + std::fmt::Debug + Clone + 'static>(
         shape: &[usize],
         data: &[f32],
         cast: impl Fn(f32) -> T,
@@ -575,73 +605,173 @@ fn input_value<'a>(element: ElementType, shape: &[usize], data: &'a [f32]) -> Re
         let data: Vec<T> = data.iter().map(|&v| cast(v)).collect();
         Ok(ort::value::Tensor::from_array((shape.to_vec(), data)).map_err(DataplaneError::ort)?.into())
     }
-    Ok(match element {
-        ElementType::F32 => TensorRef::from_array_view((shape.to_vec(), data)).map_err(DataplaneError::ort)?.into(),
-        ElementType::I8 => owned(shape, data, |v| v as i8)?,
-        ElementType::I16 => owned(shape, data, |v| v as i16)?,
-        ElementType::I32 => owned(shape, data, |v| v as i32)?,
-        ElementType::I64 => owned(shape, data, |v| v as i64)?,
-        ElementType::U8 => owned(shape, data, |v| v as u8)?,
-        ElementType::U16 => owned(shape, data, |v| v as u16)?,
-        ElementType::U32 => owned(shape, data, |v| v as u32)?,
-        ElementType::Bool => owned(shape, data, |v| v != 0.0)?,
-        ElementType::F16 => owned(shape, data, half::f16::from_f32)?,
-    })
+    let shape = view.shape;
+    if view.element == element {
+        return match element {
+            ElementType::F32 => borrowed::<f32>(shape, view.bytes),
+            ElementType::F64 => borrowed::<f64>(shape, view.bytes),
+            ElementType::F16 => borrowed::<half::f16>(shape, view.bytes),
+            ElementType::Bf16 => borrowed::<half::bf16>(shape, view.bytes),
+            ElementType::I8 => borrowed::<i8>(shape, view.bytes),
+            ElementType::I16 => borrowed::<i16>(shape, view.bytes),
+            ElementType::I32 => borrowed::<i32>(shape, view.bytes),
+            ElementType::I64 => borrowed::<i64>(shape, view.bytes),
+            ElementType::U8 => borrowed::<u8>(shape, view.bytes),
+            ElementType::U16 => borrowed::<u16>(shape, view.bytes),
+            ElementType::U32 => borrowed::<u32>(shape, view.bytes),
+            ElementType::U64 => borrowed::<u64>(shape, view.bytes),
+            ElementType::Bool => {
+                if view.bytes.iter().any(|&b| b > 1) {
+                    return Err(DataplaneError::Invalid("a bool element is neither 0 nor 1".into()));
+                }
+                // SAFETY: every byte is 0 or 1, the two valid `bool` bit patterns, and
+                // `bool` has the size and alignment of `u8`.
+                let values: &'a [bool] = unsafe { std::slice::from_raw_parts(view.bytes.as_ptr().cast::<bool>(), view.bytes.len()) };
+                Ok(TensorRef::from_array_view((shape.to_vec(), values)).map_err(DataplaneError::ort)?.into())
+            }
+            ElementType::Bytes => {
+                let strings: Vec<OnnxString> =
+                    crate::tensor::string_offsets(view.bytes)?.into_iter().map(|range| OnnxString(view.bytes[range].to_vec())).collect();
+                if let Some(bad) = strings.iter().position(|s| s.0.contains(&0)) {
+                    return Err(DataplaneError::Invalid(format!("string {bad} holds a NUL byte, which ONNX Runtime's strings cannot")));
+                }
+                Ok(ort::value::Tensor::from_string_array((shape.to_vec(), strings.as_slice())).map_err(DataplaneError::ort)?.into())
+            }
+        };
+    }
+    let Some(data) = (view.element == ElementType::F32).then(|| bytemuck::try_cast_slice::<u8, f32>(view.bytes).ok()).flatten() else {
+        return Err(DataplaneError::Invalid(format!("{} elements given, the model takes {element}", view.element)));
+    };
+    match element {
+        ElementType::F64 => cast(shape, data, |v| v as f64),
+        ElementType::F16 => cast(shape, data, half::f16::from_f32),
+        ElementType::Bf16 => cast(shape, data, half::bf16::from_f32),
+        ElementType::I8 => cast(shape, data, |v| v as i8),
+        ElementType::I16 => cast(shape, data, |v| v as i16),
+        ElementType::I32 => cast(shape, data, |v| v as i32),
+        ElementType::I64 => cast(shape, data, |v| v as i64),
+        ElementType::U8 => cast(shape, data, |v| v as u8),
+        ElementType::U16 => cast(shape, data, |v| v as u16),
+        ElementType::U32 => cast(shape, data, |v| v as u32),
+        ElementType::U64 => cast(shape, data, |v| v as u64),
+        ElementType::Bool => cast(shape, data, |v| v != 0.0),
+        ElementType::F32 | ElementType::Bytes => Err(DataplaneError::Invalid(format!("float32 elements given, the model takes {element}"))),
+    }
 }
 
-/// Read one output as `f32` elements and hand them to `take` (straight from ONNX
-/// Runtime's buffer for `float32`, through a cast otherwise).
-/// An `f32` output of ONNX Runtime, held so tensors can view its buffer without a copy.
-struct OrtElements {
+/// A string element as ONNX Runtime takes it: its bytes, which need not be UTF-8 (ONNX
+/// strings are byte strings).
+#[derive(Clone)]
+struct OnnxString(Vec<u8>);
+
+impl ort::value::Utf8Data for OnnxString {
+    fn as_utf8_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// An output of ONNX Runtime, held so tensors can view its buffer without a copy.
+struct OrtBytes {
     /// Keeps the buffer alive.
     _value: DynValue,
-    data: *const f32,
+    data: *const u8,
     len: usize,
 }
 
 // SAFETY: the buffer is only read, and stays where it is while `_value` (which is Send
 // and Sync itself) lives.
-unsafe impl Send for OrtElements {}
-unsafe impl Sync for OrtElements {}
+unsafe impl Send for OrtBytes {}
+unsafe impl Sync for OrtBytes {}
 
-impl SharedElements for OrtElements {
-    fn elements(&self) -> &[f32] {
+impl SharedBytes for OrtBytes {
+    fn bytes(&self) -> &[u8] {
         // SAFETY: `data` and `len` describe the tensor buffer `_value` owns (see `read_output`).
         unsafe { std::slice::from_raw_parts(self.data, self.len) }
     }
 }
 
-/// An output as a host tensor: `f32` outputs as a view of ONNX Runtime's own buffer,
-/// other element types cast into a new one.
+/// An output as a host tensor in its own element type: numeric outputs as a view of
+/// ONNX Runtime's own buffer (no copy), strings in Triton's binary layout.
 fn read_output(value: DynValue, element: ElementType) -> Result<Tensor> {
-    fn cast<E: ort::value::PrimitiveTensorElementType + Copy + std::fmt::Debug>(
-        value: &DynValue,
-        to_f32: impl Fn(E) -> f32,
+    fn view<E: ort::value::PrimitiveTensorElementType + bytemuck::Pod + std::fmt::Debug>(
+        value: DynValue,
+        element: ElementType,
     ) -> Result<Tensor> {
         let (shape, data) = value.try_extract_tensor::<E>().map_err(DataplaneError::ort)?;
         let shape: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
-        Ok(Tensor { shape, data: data.iter().map(|&v| to_f32(v)).collect::<Vec<f32>>().into() })
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        let (pointer, len) = (bytes.as_ptr(), bytes.len());
+        let buffer: Arc<dyn SharedBytes> = Arc::new(OrtBytes { _value: value, data: pointer, len });
+        let data = TensorData::view(element, buffer, 0..len)
+            .ok_or_else(|| DataplaneError::Ort("an output's buffer is shorter than itself".into()))?;
+        Ok(Tensor { shape, data })
     }
     match element {
-        ElementType::F32 => {
-            let (shape, data) = value.try_extract_tensor::<f32>().map_err(DataplaneError::ort)?;
+        ElementType::F32 => view::<f32>(value, element),
+        ElementType::F64 => view::<f64>(value, element),
+        ElementType::F16 => view::<half::f16>(value, element),
+        ElementType::Bf16 => view::<half::bf16>(value, element),
+        ElementType::I8 => view::<i8>(value, element),
+        ElementType::I16 => view::<i16>(value, element),
+        ElementType::I32 => view::<i32>(value, element),
+        ElementType::I64 => view::<i64>(value, element),
+        ElementType::U8 => view::<u8>(value, element),
+        ElementType::U16 => view::<u16>(value, element),
+        ElementType::U32 => view::<u32>(value, element),
+        ElementType::U64 => view::<u64>(value, element),
+        ElementType::Bool => {
+            let (shape, data) = value.try_extract_tensor::<bool>().map_err(DataplaneError::ort)?;
             let shape: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
-            let (pointer, len) = (data.as_ptr(), data.len());
-            let buffer: Arc<dyn SharedElements> = Arc::new(OrtElements { _value: value, data: pointer, len });
-            let data =
-                TensorData::view(buffer, 0..len).ok_or_else(|| DataplaneError::Ort("an output's buffer is shorter than itself".into()))?;
-            Ok(Tensor { shape, data })
+            Tensor::new(shape, Elements::Bool(data.iter().map(|&b| u8::from(b)).collect()))
         }
-        ElementType::I8 => cast(&value, |v: i8| v as f32),
-        ElementType::I16 => cast(&value, |v: i16| v as f32),
-        ElementType::I32 => cast(&value, |v: i32| v as f32),
-        ElementType::I64 => cast(&value, |v: i64| v as f32),
-        ElementType::U8 => cast(&value, |v: u8| v as f32),
-        ElementType::U16 => cast(&value, |v: u16| v as f32),
-        ElementType::U32 => cast(&value, |v: u32| v as f32),
-        ElementType::Bool => cast(&value, |v: bool| if v { 1.0 } else { 0.0 }),
-        ElementType::F16 => cast(&value, |v: half::f16| v.to_f32()),
+        ElementType::Bytes => {
+            let ValueType::Tensor { shape, .. } = value.dtype() else {
+                return Err(DataplaneError::Ort("a string output that is not a tensor".into()));
+            };
+            let shape: Vec<usize> = shape.iter().map(|&d| d.max(0) as usize).collect();
+            let count: usize = shape.iter().product();
+            let (contents, offsets) = string_contents(&value, count)?;
+            let mut layout = Vec::with_capacity(contents.len() + 4 * count);
+            for (i, &start) in offsets.iter().enumerate() {
+                let end = offsets.get(i + 1).copied().unwrap_or(contents.len());
+                let string =
+                    contents.get(start..end).ok_or_else(|| DataplaneError::Ort("a string output's offsets are out of order".into()))?;
+                layout.extend_from_slice(&(string.len() as u32).to_le_bytes());
+                layout.extend_from_slice(string);
+            }
+            Tensor::new(shape, Elements::Bytes { data: layout, count })
+        }
     }
+}
+
+/// The bytes of a string tensor's `count` strings, and where each starts: read through
+/// ONNX Runtime's C API, since its strings are byte strings that need not be UTF-8
+/// (`ort`'s own reader insists on UTF-8).
+fn string_contents(value: &DynValue, count: usize) -> Result<(Vec<u8>, Vec<usize>)> {
+    use ort::AsPointer;
+    let api = ort::api();
+    let check = |status: ort::sys::OrtStatusPtr| -> Result<()> {
+        if status.0.is_null() {
+            return Ok(());
+        }
+        // SAFETY: a non-null status from the API is a valid `OrtStatus` until released,
+        // and its message a NUL-terminated string it owns.
+        let message = unsafe { std::ffi::CStr::from_ptr((api.GetErrorMessage)(status.0)) }.to_string_lossy().into_owned();
+        // SAFETY: released once, after its message was copied.
+        unsafe { (api.ReleaseStatus)(status.0) };
+        Err(DataplaneError::Ort(format!("reading a string output: {message}")))
+    };
+    let mut total = 0usize;
+    // SAFETY: `value` is a live string tensor (its element type was checked by the caller).
+    check(unsafe { (api.GetStringTensorDataLength)(value.ptr(), &mut total) })?;
+    let mut contents = vec![0u8; total];
+    let mut offsets = vec![0usize; count];
+    if count > 0 {
+        // SAFETY: the buffers have the lengths passed beside them: `total` bytes for the
+        // contents and `count` offsets, the tensor's element count.
+        check(unsafe { (api.GetStringTensorContent)(value.ptr(), contents.as_mut_ptr().cast(), total, offsets.as_mut_ptr(), count) })?;
+    }
+    Ok((contents, offsets))
 }
 
 /// A session of `spec` from bytes held in memory (its optimised graph, or the file).

@@ -1,88 +1,367 @@
-//! Host tensors: a shape and `f32` data in row-major order. Requests carry one per model
-//! input, without the batch dimension; batches carry it first.
+//! Host tensors: a shape and typed elements in row-major order. Requests carry one per
+//! model input, without the batch dimension; batches carry it first.
 //!
-//! Elements travel as `f32` whatever the model's element type ([`ElementType`]): a
-//! session casts them to the model's type on the way in and back on the way out. That
-//! is exact for every value of the 8- and 16-bit integer types, booleans, half-precision
-//! floats, and integers of magnitude up to 2^24 (token ids, byte values, class
-//! indices); the server refuses an input element it could not carry exactly.
+//! Every tensor travels in its own element type ([`ElementType`]): the integers of 8 to
+//! 64 bits, signed and unsigned, half, bfloat16, single and double precision floats,
+//! booleans (one byte, 0 or 1) and BYTES (each element a byte string). Numeric elements
+//! are held as a `Vec` of their type ([`Elements`]) and handed to ONNX Runtime as they
+//! are; BYTES elements are held as Triton's binary layout (each string after its
+//! 4-byte little-endian length).
 //!
-//! A tensor's elements ([`TensorData`]) are either its own `Vec` or a view of a buffer
-//! shared with other tensors: a batch's outputs are split per request as views of the
-//! one buffer ONNX Runtime wrote, not copied; the buffer is freed with its last view,
-//! and writing through a view copies that view first.
+//! A tensor's elements ([`TensorData`]) are either its own or a view of a buffer shared
+//! with other tensors: a batch's outputs are split per request as views of the one
+//! buffer ONNX Runtime wrote, not copied; the buffer is freed with its last view.
 
 use std::fmt;
-use std::ops::{Deref, DerefMut, Range};
+use std::ops::Range;
 use std::sync::Arc;
 
 use crate::error::{DataplaneError, Result};
 
-/// A dense `f32` tensor on the host.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Tensor {
-    /// Dimensions, outermost first.
-    pub shape: Vec<usize>,
-    /// Elements, row-major; `data.len()` is the product of `shape`.
-    pub data: TensorData,
+/// An element type a tensor may have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ElementType {
+    /// `float32`.
+    F32,
+    /// `float64`.
+    F64,
+    /// `float16` (IEEE half precision).
+    F16,
+    /// `bfloat16`.
+    Bf16,
+    /// `int8`.
+    I8,
+    /// `int16`.
+    I16,
+    /// `int32`.
+    I32,
+    /// `int64`.
+    I64,
+    /// `uint8`.
+    U8,
+    /// `uint16`.
+    U16,
+    /// `uint32`.
+    U32,
+    /// `uint64`.
+    U64,
+    /// `bool` (one byte, 0 or 1; read from bytes, any non-zero byte is true).
+    Bool,
+    /// Byte strings (ONNX `string`).
+    Bytes,
 }
 
-/// A buffer of `f32` elements that several tensors may view (ONNX Runtime's output of
-/// a whole batch, for one).
-pub trait SharedElements: Send + Sync {
-    /// Every element of the buffer.
-    fn elements(&self) -> &[f32];
-}
-
-impl SharedElements for Vec<f32> {
-    fn elements(&self) -> &[f32] {
-        self
+impl ElementType {
+    /// Bytes per element (`None` for BYTES, whose elements vary).
+    pub fn width(self) -> Option<usize> {
+        Some(match self {
+            ElementType::F64 | ElementType::I64 | ElementType::U64 => 8,
+            ElementType::F32 | ElementType::I32 | ElementType::U32 => 4,
+            ElementType::F16 | ElementType::Bf16 | ElementType::I16 | ElementType::U16 => 2,
+            ElementType::I8 | ElementType::U8 | ElementType::Bool => 1,
+            ElementType::Bytes => return None,
+        })
     }
 }
 
-/// A tensor's elements: owned, or a range of a shared buffer. Reads through
-/// `Deref<Target = [f32]>`; a write to a view copies the view into its own `Vec` first.
+impl fmt::Display for ElementType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = match self {
+            ElementType::F32 => "float32",
+            ElementType::F64 => "float64",
+            ElementType::F16 => "float16",
+            ElementType::Bf16 => "bfloat16",
+            ElementType::I8 => "int8",
+            ElementType::I16 => "int16",
+            ElementType::I32 => "int32",
+            ElementType::I64 => "int64",
+            ElementType::U8 => "uint8",
+            ElementType::U16 => "uint16",
+            ElementType::U32 => "uint32",
+            ElementType::U64 => "uint64",
+            ElementType::Bool => "bool",
+            ElementType::Bytes => "string",
+        };
+        f.write_str(name)
+    }
+}
+
+/// A numeric element type held in a `Vec` of itself.
+pub trait Element: bytemuck::Pod + Send + Sync + fmt::Debug {
+    /// Its element type.
+    const TYPE: ElementType;
+    /// Its `Vec` as [`Elements`].
+    fn into_elements(values: Vec<Self>) -> Elements;
+}
+
+macro_rules! elements {
+    ($($variant:ident($ty:ty)),* $(,)?) => {
+        /// A tensor's own elements, in a `Vec` of their type.
+        #[derive(Clone, PartialEq)]
+        pub enum Elements {
+            $(
+                #[doc = concat!("`", stringify!($ty), "` elements.")]
+                $variant(Vec<$ty>),
+            )*
+            /// Booleans, one byte each (0 or 1).
+            Bool(Vec<u8>),
+            /// BYTES: each string after its 4-byte little-endian length, and how many.
+            Bytes {
+                /// The strings in Triton's binary layout.
+                data: Vec<u8>,
+                /// How many strings.
+                count: usize,
+            },
+        }
+
+        $(
+            impl Element for $ty {
+                const TYPE: ElementType = ElementType::$variant;
+                fn into_elements(values: Vec<Self>) -> Elements {
+                    Elements::$variant(values)
+                }
+            }
+
+        )*
+
+        impl Elements {
+            /// Their element type.
+            pub fn element(&self) -> ElementType {
+                match self {
+                    $(Elements::$variant(_) => ElementType::$variant,)*
+                    Elements::Bool(_) => ElementType::Bool,
+                    Elements::Bytes { .. } => ElementType::Bytes,
+                }
+            }
+
+            /// How many elements.
+            pub fn len(&self) -> usize {
+                match self {
+                    $(Elements::$variant(v) => v.len(),)*
+                    Elements::Bool(v) => v.len(),
+                    Elements::Bytes { count, .. } => *count,
+                }
+            }
+
+            /// Whether there are none.
+            pub fn is_empty(&self) -> bool {
+                self.len() == 0
+            }
+
+            /// Their bytes (little-endian on this machine's order, which every
+            /// supported target has; BYTES in their binary layout).
+            pub fn bytes(&self) -> &[u8] {
+                match self {
+                    $(Elements::$variant(v) => bytemuck::cast_slice(v),)*
+                    Elements::Bool(v) => v,
+                    Elements::Bytes { data, .. } => data,
+                }
+            }
+
+            /// The bytes of numeric elements, for writing (BYTES: their layout).
+            pub fn bytes_mut(&mut self) -> &mut [u8] {
+                match self {
+                    $(Elements::$variant(v) => bytemuck::cast_slice_mut(v),)*
+                    Elements::Bool(v) => v,
+                    Elements::Bytes { data, .. } => data,
+                }
+            }
+
+            /// `len` elements of `element`, all zero (BYTES: empty strings).
+            pub fn zeros(element: ElementType, len: usize) -> Elements {
+                match element {
+                    $(ElementType::$variant => Elements::$variant(vec![<$ty as bytemuck::Zeroable>::zeroed(); len]),)*
+                    ElementType::Bool => Elements::Bool(vec![0; len]),
+                    ElementType::Bytes => Elements::Bytes { data: vec![0; 4 * len], count: len },
+                }
+            }
+
+            /// Elements of `element` from their little-endian bytes (one copy); BYTES
+            /// from their binary layout, `count` strings.
+            pub fn from_bytes(element: ElementType, bytes: &[u8], count: usize) -> Result<Elements> {
+                fn typed<T: bytemuck::Pod>(bytes: &[u8]) -> Vec<T> {
+                    let count = bytes.len() / std::mem::size_of::<T>();
+                    let mut values = vec![<T as bytemuck::Zeroable>::zeroed(); count];
+                    bytemuck::cast_slice_mut::<T, u8>(&mut values).copy_from_slice(&bytes[..count * std::mem::size_of::<T>()]);
+                    values
+                }
+                if let Some(width) = element.width() {
+                    if bytes.len() != count * width {
+                        return Err(DataplaneError::Invalid(format!("{count} {element} elements need {} bytes, got {}", count * width, bytes.len())));
+                    }
+                }
+                Ok(match element {
+                    $(ElementType::$variant => Elements::$variant(typed::<$ty>(bytes)),)*
+                    // Any non-zero byte is true, as C++ and numpy read a bool.
+                    ElementType::Bool => Elements::Bool(bytes.iter().map(|&b| u8::from(b != 0)).collect()),
+                    ElementType::Bytes => {
+                        let found = string_offsets(bytes)?.len();
+                        if found != count {
+                            return Err(DataplaneError::Invalid(format!("{count} strings expected, the bytes hold {found}")));
+                        }
+                        Elements::Bytes { data: bytes.to_vec(), count }
+                    }
+                })
+            }
+        }
+    };
+}
+
+elements!(F32(f32), F64(f64), F16(half::f16), Bf16(half::bf16), I8(i8), I16(i16), I32(i32), I64(i64), U8(u8), U16(u16), U32(u32), U64(u64),);
+
+impl fmt::Debug for Elements {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} × {}", self.len(), self.element())
+    }
+}
+
+/// Where each string of a BYTES buffer starts and ends (after its length), checked.
+pub fn string_offsets(bytes: &[u8]) -> Result<Vec<Range<usize>>> {
+    let mut offsets = Vec::new();
+    let mut at = 0;
+    while at < bytes.len() {
+        let Some(length) = bytes.get(at..at + 4) else {
+            return Err(DataplaneError::Invalid(format!("a string's length is cut short at byte {at}")));
+        };
+        let length = u32::from_le_bytes(length.try_into().expect("4 bytes")) as usize;
+        let start = at + 4;
+        if start + length > bytes.len() {
+            return Err(DataplaneError::Invalid(format!("a string of {length} bytes at byte {at} runs past the end")));
+        }
+        offsets.push(start..start + length);
+        at = start + length;
+    }
+    Ok(offsets)
+}
+
+/// A buffer of bytes several tensors may view (ONNX Runtime's output of a whole batch,
+/// for one). Its start is aligned for its element type.
+pub trait SharedBytes: Send + Sync {
+    /// Every byte of the buffer.
+    fn bytes(&self) -> &[u8];
+}
+
+impl SharedBytes for Elements {
+    fn bytes(&self) -> &[u8] {
+        Elements::bytes(self)
+    }
+}
+
+/// A tensor's elements: its own, or a range of a shared buffer.
 #[derive(Clone)]
 pub struct TensorData(Storage);
 
 #[derive(Clone)]
 enum Storage {
-    Owned(Vec<f32>),
-    View { buffer: Arc<dyn SharedElements>, range: Range<usize> },
+    Owned(Elements),
+    /// `range` is in bytes; `element` is never BYTES.
+    View {
+        element: ElementType,
+        buffer: Arc<dyn SharedBytes>,
+        range: Range<usize>,
+    },
 }
 
 impl TensorData {
-    /// A view of `range` of a shared `buffer` (no copy); `None` when the range is not
-    /// inside the buffer.
-    pub fn view(buffer: Arc<dyn SharedElements>, range: Range<usize>) -> Option<Self> {
-        (range.start <= range.end && range.end <= buffer.elements().len()).then_some(TensorData(Storage::View { buffer, range }))
+    /// A view of the bytes `range` of a shared `buffer` holding `element`s (no copy);
+    /// `None` when the range is not inside the buffer, is not whole elements, or the
+    /// element type is BYTES.
+    pub fn view(element: ElementType, buffer: Arc<dyn SharedBytes>, range: Range<usize>) -> Option<Self> {
+        let width = element.width()?;
+        let fits = range.start <= range.end && range.end <= buffer.bytes().len();
+        (fits && range.start.is_multiple_of(width) && range.len().is_multiple_of(width)).then_some(TensorData(Storage::View {
+            element,
+            buffer,
+            range,
+        }))
     }
 
-    /// The elements as a slice.
-    pub fn as_slice(&self) -> &[f32] {
+    /// Elements of any numeric type, owned (no copy).
+    pub fn from_vec<T: Element>(values: Vec<T>) -> Self {
+        TensorData(Storage::Owned(T::into_elements(values)))
+    }
+
+    /// Elements of `element` from little-endian bytes, `count` of them (one copy).
+    pub fn from_bytes(element: ElementType, bytes: &[u8], count: usize) -> Result<Self> {
+        Ok(TensorData(Storage::Owned(Elements::from_bytes(element, bytes, count)?)))
+    }
+
+    /// Their element type.
+    pub fn element(&self) -> ElementType {
         match &self.0 {
-            Storage::Owned(data) => data,
-            Storage::View { buffer, range } => &buffer.elements()[range.clone()],
+            Storage::Owned(elements) => elements.element(),
+            Storage::View { element, .. } => *element,
         }
     }
 
-    /// The elements as a `Vec` (moved when owned, copied from a view).
-    pub fn into_vec(self) -> Vec<f32> {
-        match self.0 {
-            Storage::Owned(data) => data,
-            Storage::View { buffer, range } => buffer.elements()[range].to_vec(),
+    /// How many elements.
+    pub fn len(&self) -> usize {
+        match &self.0 {
+            Storage::Owned(elements) => elements.len(),
+            Storage::View { element, range, .. } => range.len() / element.width().unwrap_or(1),
         }
     }
 
-    /// The elements as a shared buffer and the range of it they are (an owned `Vec`
-    /// becomes the buffer, without a copy).
-    pub fn into_shared(self) -> (Arc<dyn SharedElements>, Range<usize>) {
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The elements' bytes (BYTES in their binary layout).
+    pub fn bytes(&self) -> &[u8] {
+        match &self.0 {
+            Storage::Owned(elements) => elements.bytes(),
+            Storage::View { buffer, range, .. } => &buffer.bytes()[range.clone()],
+        }
+    }
+
+    /// The elements as a slice of `T`, when they are `T`s.
+    pub fn as_slice_of<T: Element>(&self) -> Option<&[T]> {
+        (self.element() == T::TYPE).then(|| bytemuck::try_cast_slice(self.bytes()).ok()).flatten()
+    }
+
+    /// The elements as `f32`s, when they are.
+    pub fn as_f32(&self) -> Option<&[f32]> {
+        self.as_slice_of::<f32>()
+    }
+
+    /// The `f32` elements of a tensor the data plane's own pipelines made in `f32`
+    /// (OCR, profiling, tests). Panics on another element type: a typed tensor is read
+    /// with [`TensorData::as_slice_of`].
+    pub fn floats(&self) -> &[f32] {
+        self.as_f32().unwrap_or_else(|| panic!("{} elements read as float32", self.element()))
+    }
+
+    /// The `f32` elements for writing (a view is copied into its own first); `None`
+    /// for another element type.
+    pub fn as_f32_mut(&mut self) -> Option<&mut [f32]> {
+        if let Storage::View { element: ElementType::F32, .. } = &self.0 {
+            let owned = self.as_f32()?.to_vec();
+            self.0 = Storage::Owned(Elements::F32(owned));
+        }
+        match &mut self.0 {
+            Storage::Owned(Elements::F32(values)) => Some(values),
+            _ => None,
+        }
+    }
+
+    /// The strings of a BYTES tensor, each a range of [`TensorData::bytes`].
+    pub fn strings(&self) -> Result<Vec<Range<usize>>> {
+        if self.element() != ElementType::Bytes {
+            return Err(DataplaneError::Invalid(format!("{} elements are not strings", self.element())));
+        }
+        string_offsets(self.bytes())
+    }
+
+    /// The elements as a shared buffer and the bytes range of it they are (owned
+    /// elements become the buffer, without a copy).
+    pub fn into_shared(self) -> (Arc<dyn SharedBytes>, Range<usize>) {
         match self.0 {
-            Storage::Owned(data) => {
-                let len = data.len();
-                (Arc::new(data), 0..len)
+            Storage::Owned(elements) => {
+                let len = elements.bytes().len();
+                (Arc::new(elements), 0..len)
             }
-            Storage::View { buffer, range } => (buffer, range),
+            Storage::View { buffer, range, .. } => (buffer, range),
         }
     }
 
@@ -91,34 +370,29 @@ impl TensorData {
         matches!(self.0, Storage::View { .. })
     }
 
-    /// The elements for writing: a view is copied into its own `Vec` first.
-    pub fn to_mut(&mut self) -> &mut Vec<f32> {
-        if let Storage::View { buffer, range } = &self.0 {
-            self.0 = Storage::Owned(buffer.elements()[range.clone()].to_vec());
+    /// The elements as their own [`Elements`] (moved when owned, copied from a view).
+    pub fn into_elements(self) -> Elements {
+        match self.0 {
+            Storage::Owned(elements) => elements,
+            Storage::View { element, buffer, range } => {
+                let count = range.len() / element.width().unwrap_or(1);
+                Elements::from_bytes(element, &buffer.bytes()[range], count).expect("a view holds whole elements")
+            }
         }
-        match &mut self.0 {
-            Storage::Owned(data) => data,
-            Storage::View { .. } => unreachable!("a view was just made owned"),
-        }
     }
 }
 
-impl Deref for TensorData {
-    type Target = [f32];
-    fn deref(&self) -> &[f32] {
-        self.as_slice()
-    }
-}
-
-impl DerefMut for TensorData {
-    fn deref_mut(&mut self) -> &mut [f32] {
-        self.to_mut()
-    }
-}
-
+/// `f32` elements (the type float literals take: other types go through
+/// [`TensorData::from_vec`], so that `vec![1.0, 2.0]` stays `f32`).
 impl From<Vec<f32>> for TensorData {
-    fn from(data: Vec<f32>) -> Self {
-        TensorData(Storage::Owned(data))
+    fn from(values: Vec<f32>) -> Self {
+        TensorData(Storage::Owned(Elements::F32(values)))
+    }
+}
+
+impl From<Elements> for TensorData {
+    fn from(elements: Elements) -> Self {
+        TensorData(Storage::Owned(elements))
     }
 }
 
@@ -130,40 +404,44 @@ impl FromIterator<f32> for TensorData {
 
 impl Default for TensorData {
     fn default() -> Self {
-        Vec::new().into()
+        Vec::<f32>::new().into()
     }
 }
 
 impl fmt::Debug for TensorData {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.as_slice().fmt(f)
+        match self.as_f32() {
+            Some(values) => values.fmt(f),
+            None => write!(f, "{} × {} ({} bytes)", self.len(), self.element(), self.bytes().len()),
+        }
     }
 }
 
 impl PartialEq for TensorData {
     fn eq(&self, other: &Self) -> bool {
-        self.as_slice() == other.as_slice()
+        self.element() == other.element() && self.len() == other.len() && self.bytes() == other.bytes()
     }
 }
 
 impl PartialEq<Vec<f32>> for TensorData {
     fn eq(&self, other: &Vec<f32>) -> bool {
-        self.as_slice() == other.as_slice()
+        self.as_f32() == Some(other.as_slice())
     }
 }
 
 impl PartialEq<[f32]> for TensorData {
     fn eq(&self, other: &[f32]) -> bool {
-        self.as_slice() == other
+        self.as_f32() == Some(other)
     }
 }
 
-impl<'a> IntoIterator for &'a TensorData {
-    type Item = &'a f32;
-    type IntoIter = std::slice::Iter<'a, f32>;
-    fn into_iter(self) -> Self::IntoIter {
-        self.as_slice().iter()
-    }
+/// A dense tensor on the host.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tensor {
+    /// Dimensions, outermost first.
+    pub shape: Vec<usize>,
+    /// Elements, row-major; as many as the product of `shape`.
+    pub data: TensorData,
 }
 
 impl Tensor {
@@ -177,7 +455,7 @@ impl Tensor {
         Ok(Tensor { shape, data })
     }
 
-    /// A tensor filled with `value`.
+    /// An `f32` tensor filled with `value`.
     pub fn filled(shape: Vec<usize>, value: f32) -> Self {
         let n = shape.iter().product();
         Tensor { shape, data: vec![value; n].into() }
@@ -193,59 +471,17 @@ impl Tensor {
         self.data.is_empty()
     }
 
-    /// The largest absolute difference to `other` (infinite when shapes differ).
-    pub fn max_abs_diff(&self, other: &Tensor) -> f32 {
-        if self.shape != other.shape {
-            return f32::INFINITY;
-        }
-        self.data.iter().zip(&other.data).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max)
+    /// Its element type.
+    pub fn element(&self) -> ElementType {
+        self.data.element()
     }
-}
 
-/// An element type a model's input or output may have; the data plane feeds and reads
-/// them through `f32` (see the module documentation).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ElementType {
-    /// `float32`.
-    F32,
-    /// `int8`.
-    I8,
-    /// `int16`.
-    I16,
-    /// `int32`.
-    I32,
-    /// `int64`.
-    I64,
-    /// `uint8`.
-    U8,
-    /// `uint16`.
-    U16,
-    /// `uint32`.
-    U32,
-    /// `bool` (0 or 1).
-    Bool,
-    /// `float16` (IEEE half precision; every half value is an `f32` value, so it
-    /// travels exactly both ways).
-    F16,
-}
-
-/// The largest integer magnitude an `f32` carries exactly: 2^24.
-pub const EXACT_INTEGER_LIMIT: f64 = 16_777_216.0;
-
-impl ElementType {
-    /// Whether `value` converts to this type and back without change.
-    pub fn carries_exactly(self, value: f64) -> bool {
-        let integer = value.fract() == 0.0;
-        match self {
-            ElementType::F32 => true,
-            ElementType::F16 => half::f16::from_f64(value).to_f64() == value || value.is_nan(),
-            ElementType::Bool => value == 0.0 || value == 1.0,
-            ElementType::I8 => integer && (-128.0..=127.0).contains(&value),
-            ElementType::I16 => integer && (-32_768.0..=32_767.0).contains(&value),
-            ElementType::U8 => integer && (0.0..=255.0).contains(&value),
-            ElementType::U16 => integer && (0.0..=65_535.0).contains(&value),
-            ElementType::I32 | ElementType::I64 => integer && value.abs() <= EXACT_INTEGER_LIMIT,
-            ElementType::U32 => integer && (0.0..=EXACT_INTEGER_LIMIT).contains(&value),
+    /// The largest absolute difference to `other`, for `f32` tensors (infinite when
+    /// shapes or element types differ).
+    pub fn max_abs_diff(&self, other: &Tensor) -> f32 {
+        match (self.data.as_f32(), other.data.as_f32()) {
+            (Some(a), Some(b)) if self.shape == other.shape => a.iter().zip(b).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max),
+            _ => f32::INFINITY,
         }
     }
 }
@@ -256,28 +492,46 @@ mod tests {
 
     #[test]
     fn views_share_one_buffer_and_copy_only_when_written() {
-        let buffer: Arc<dyn SharedElements> = Arc::new(vec![1.0f32, 2.0, 3.0, 4.0]);
-        let mut second = TensorData::view(Arc::clone(&buffer), 2..4).unwrap();
-        let first = TensorData::view(Arc::clone(&buffer), 0..2).unwrap();
-        assert_eq!((first.as_slice(), second.as_slice()), (&[1.0, 2.0][..], &[3.0, 4.0][..]));
+        let buffer: Arc<dyn SharedBytes> = Arc::new(Elements::F32(vec![1.0, 2.0, 3.0, 4.0]));
+        let mut second = TensorData::view(ElementType::F32, Arc::clone(&buffer), 8..16).unwrap();
+        let first = TensorData::view(ElementType::F32, Arc::clone(&buffer), 0..8).unwrap();
+        assert_eq!((first.floats(), second.floats()), (&[1.0, 2.0][..], &[3.0, 4.0][..]));
         assert!(second.is_view() && Arc::strong_count(&buffer) == 3);
-        second[0] = 9.0;
+        second.as_f32_mut().unwrap()[0] = 9.0;
         assert!(!second.is_view(), "a write makes the view its own copy");
-        assert_eq!((second.as_slice(), buffer.elements()), (&[9.0, 4.0][..], &[1.0, 2.0, 3.0, 4.0][..]));
-        assert!(TensorData::view(Arc::clone(&buffer), 3..5).is_none(), "a range past the buffer is refused");
-        assert_eq!(first.clone().into_vec(), vec![1.0, 2.0]);
+        assert_eq!((second.floats(), bytemuck::cast_slice::<u8, f32>(buffer.bytes())), (&[9.0, 4.0][..], &[1.0, 2.0, 3.0, 4.0][..]));
+        assert!(TensorData::view(ElementType::F32, Arc::clone(&buffer), 12..20).is_none(), "a range past the buffer is refused");
+        assert!(TensorData::view(ElementType::F32, Arc::clone(&buffer), 2..6).is_none(), "a range of part elements is refused");
+        assert_eq!(first.into_elements(), Elements::F32(vec![1.0, 2.0]));
     }
 
     #[test]
-    fn integers_up_to_two_to_the_24_travel_exactly() {
-        assert!(ElementType::I64.carries_exactly(16_777_216.0));
-        assert!(!ElementType::I64.carries_exactly(16_777_217.0));
-        assert!(!ElementType::I32.carries_exactly(0.5));
-        assert!(ElementType::U8.carries_exactly(255.0) && !ElementType::U8.carries_exactly(256.0));
-        assert!(!ElementType::U32.carries_exactly(-1.0));
-        assert!(ElementType::Bool.carries_exactly(1.0) && !ElementType::Bool.carries_exactly(2.0));
-        for v in [-128.0f32, 127.0] {
-            assert_eq!(v as i8 as f32, v);
-        }
+    fn every_type_keeps_its_values_exactly() {
+        let big = vec![i64::MAX, -(1 << 60), 16_777_217];
+        let ints = TensorData::from_vec(big.clone());
+        assert_eq!(ints.as_slice_of::<i64>(), Some(big.as_slice()), "beyond 2^24 and 2^53");
+        assert!(ints.as_f32().is_none());
+        let back = TensorData::from_bytes(ElementType::I64, ints.bytes(), 3).unwrap();
+        assert_eq!(back, ints);
+        let doubles = TensorData::from_vec(vec![0.1f64, 1e300]);
+        assert_eq!(doubles.as_slice_of::<f64>(), Some(&[0.1, 1e300][..]));
+        let unsigned = TensorData::from_vec(vec![u64::MAX]);
+        assert_eq!(unsigned.as_slice_of::<u64>(), Some(&[u64::MAX][..]));
+        let bools = TensorData::from_bytes(ElementType::Bool, &[0, 1, 103], 3).unwrap();
+        assert_eq!(bools.bytes(), &[0, 1, 1], "any non-zero byte is true");
+        assert!(TensorData::from_bytes(ElementType::I32, &[0; 7], 2).is_err(), "7 bytes are not two int32s");
+    }
+
+    #[test]
+    fn strings_keep_their_bytes_and_count() {
+        let layout = [&3u32.to_le_bytes()[..], b"abc", &0u32.to_le_bytes(), &2u32.to_le_bytes(), &[0xff, 0x00]].concat();
+        let strings = TensorData::from_bytes(ElementType::Bytes, &layout, 3).unwrap();
+        assert_eq!(strings.len(), 3);
+        let ranges = strings.strings().unwrap();
+        assert_eq!(&strings.bytes()[ranges[0].clone()], b"abc");
+        assert!(ranges[1].is_empty());
+        assert_eq!(&strings.bytes()[ranges[2].clone()], &[0xff, 0x00], "any bytes, not only UTF-8");
+        assert!(TensorData::from_bytes(ElementType::Bytes, &layout, 2).is_err(), "the count must match");
+        assert!(TensorData::from_bytes(ElementType::Bytes, &layout[..5], 1).is_err(), "a cut string is refused");
     }
 }

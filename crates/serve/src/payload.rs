@@ -144,7 +144,7 @@ mod tests {
         store.park(7, Parcel::new(Payload::Tensors(vec![Tensor::filled(vec![2], 1.0)])));
         let slot = store.slot(7).unwrap();
         if let Some(Parcel { payload: Payload::Tensors(t), .. }) = slot.lock().unwrap().as_mut() {
-            t[0].data[0] = 5.0;
+            t[0].data.as_f32_mut().unwrap()[0] = 5.0;
         }
         let parcel = store.take(7).unwrap();
         assert_eq!(parcel.payload, Payload::Tensors(vec![Tensor::new(vec![2], vec![5.0, 1.0]).unwrap()]));

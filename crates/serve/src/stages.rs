@@ -270,13 +270,13 @@ mod tests {
         let mut map = Tensor::filled(vec![1, ph, pw], 0.0);
         for y in rh / 3..rh / 2 {
             for x in rw / 10..rw / 2 {
-                map.data[y * pw + x] = 0.9;
+                map.data.as_f32_mut().unwrap()[y * pw + x] = 0.9;
             }
         }
         // Padding that would be a box if it were read as part of the image.
         for y in rh..ph {
             for x in 0..pw {
-                map.data[y * pw + x] = 0.9;
+                map.data.as_f32_mut().unwrap()[y * pw + x] = 0.9;
             }
         }
         program.apply(&mut payload, vec![vec![map]]).unwrap();

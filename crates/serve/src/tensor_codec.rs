@@ -11,18 +11,15 @@
 //! tensors go to the data plane as they are and its outputs come back as they are.
 //! `-1` in a declared dimension takes any size.
 //!
-//! Element types: FP32, FP16, the 8- to 32-bit integers, INT64 and BOOL. The data plane
-//! carries elements as `f32` and ONNX Runtime gets them in the model's own type
-//! (`yardmaster_dataplane::ElementType`), so an integer input element must be exactly
-//! representable there — every 8- and 16-bit value, integers up to 2^24 in magnitude —
-//! or the request is refused naming the element; every FP16 value is. FP64, UINT64,
-//! BF16 and BYTES tensors of repository models are refused at load: `f32` would round
-//! them.
+//! Element types: every type of the protocol — BOOL, the integers of 8 to 64 bits,
+//! FP16, BF16, FP32, FP64 and BYTES — travels in its own type, exactly, from the
+//! request's bytes to ONNX Runtime and back (`yardmaster_dataplane::ElementType`).
 
 use yardmaster_dataplane::{ElementType, Tensor as PlaneTensor};
 
 use super::api::TensorSpec;
-use super::kserve::{DataType, InferRequest, Tensor, TensorData};
+use super::kserve::{DataType, InferRequest, Tensor, TensorData as WireData};
+use yardmaster_dataplane::TensorData;
 
 /// One declared tensor.
 #[derive(Debug, Clone, PartialEq)]
@@ -71,10 +68,13 @@ fn reshaped(dims: &[usize], from: &[i64], to: &[i64]) -> Option<Vec<usize>> {
     Some(to.iter().map(|&d| if d >= 0 { d as usize } else { count / known }).collect())
 }
 
-/// The data plane's element type for a wire type, if it carries that type.
+/// The data plane's element type for a wire type (every one has one).
 pub fn element_type(datatype: DataType) -> Option<ElementType> {
     Some(match datatype {
         DataType::F32 => ElementType::F32,
+        DataType::F64 => ElementType::F64,
+        DataType::F16 => ElementType::F16,
+        DataType::Bf16 => ElementType::Bf16,
         DataType::I8 => ElementType::I8,
         DataType::I16 => ElementType::I16,
         DataType::I32 => ElementType::I32,
@@ -82,9 +82,9 @@ pub fn element_type(datatype: DataType) -> Option<ElementType> {
         DataType::U8 => ElementType::U8,
         DataType::U16 => ElementType::U16,
         DataType::U32 => ElementType::U32,
+        DataType::U64 => ElementType::U64,
         DataType::Bool => ElementType::Bool,
-        DataType::F16 => ElementType::F16,
-        _ => return None,
+        DataType::Bytes => ElementType::Bytes,
     })
 }
 
@@ -120,8 +120,8 @@ impl TensorCodec {
             if tensor.datatype != decl.datatype {
                 return Err(format!("input {name:?} must be {}, got {}", decl.datatype.name(), tensor.datatype.name()));
             }
-            let values = carried(tensor, decl.datatype)?;
             check_shape(name, &tensor.shape, &decl.shape, self.batching)?;
+            let values = carried(tensor, decl.datatype)?;
             let from = usize::from(self.batching);
             let mut shape: Vec<usize> = tensor.shape[from..].iter().map(|&d| d as usize).collect();
             if let Some(to) = &decl.reshape {
@@ -153,64 +153,41 @@ impl TensorCodec {
                     None => t.shape.clone(),
                 };
                 let shape: Vec<u64> = leading.into_iter().chain(dims.iter().map(|&d| d as u64)).collect();
-                Tensor::raw(&decl.name, decl.datatype, shape, wire_bytes(&t.data, decl.datatype)).map_err(|e| e.0)
+                wire_tensor(&decl.name, decl.datatype, shape, &t.data)
             })
             .collect()
     }
 }
 
-/// A request tensor's elements as the data plane carries them (`f32`), refusing an
-/// element the carrier would change.
-fn carried(tensor: &Tensor, datatype: DataType) -> Result<Vec<f32>, String> {
+/// A request tensor's elements in the data plane's type for `datatype` (one copy of
+/// the bytes; BYTES into their binary layout).
+fn carried(tensor: &Tensor, datatype: DataType) -> Result<TensorData, String> {
     let name = &tensor.name;
-    let TensorData::Raw(bytes) = &tensor.data else { return Err(format!("input {name:?}: {} elements expected", datatype.name())) };
     let element = element_type(datatype).ok_or_else(|| format!("input {name:?}: {} is not carried", datatype.name()))?;
-    let width = datatype.width().unwrap_or(1);
-    let mut values = Vec::with_capacity(bytes.len() / width);
-    for (i, chunk) in bytes.chunks_exact(width).enumerate() {
-        let value: f64 = match datatype {
-            DataType::F32 => f32::from_le_bytes(chunk.try_into().expect("4 bytes")) as f64,
-            DataType::I8 => chunk[0] as i8 as f64,
-            DataType::U8 | DataType::Bool => chunk[0] as f64,
-            DataType::I16 => i16::from_le_bytes(chunk.try_into().expect("2 bytes")) as f64,
-            DataType::U16 => u16::from_le_bytes(chunk.try_into().expect("2 bytes")) as f64,
-            DataType::I32 => i32::from_le_bytes(chunk.try_into().expect("4 bytes")) as f64,
-            DataType::U32 => u32::from_le_bytes(chunk.try_into().expect("4 bytes")) as f64,
-            DataType::I64 => i64::from_le_bytes(chunk.try_into().expect("8 bytes")) as f64,
-            DataType::F16 => half::f16::from_le_bytes(chunk.try_into().expect("2 bytes")).to_f64(),
-            _ => unreachable!("element_type accepted it"),
-        };
-        if !element.carries_exactly(value) {
-            return Err(format!(
-                "input {name:?}: element {i} is {value}, which this server carries exactly only within ±2^24 ({} values)",
-                datatype.name()
-            ));
-        }
-        values.push(value as f32);
-    }
-    Ok(values)
+    let count = tensor.element_count() as usize;
+    let data = match &tensor.data {
+        WireData::Raw(bytes) => TensorData::from_bytes(element, bytes, count),
+        WireData::Strings(_) => TensorData::from_bytes(element, &tensor.binary(), count),
+    };
+    data.map_err(|e| format!("input {name:?}: {e}"))
 }
 
-/// `f32` elements as wire bytes of `datatype` (integers rounded to the nearest).
-fn wire_bytes(values: &[f32], datatype: DataType) -> Vec<u8> {
-    let mut bytes = Vec::with_capacity(values.len() * datatype.width().unwrap_or(1));
-    for &v in values {
-        let r = v.round();
-        match datatype {
-            DataType::F32 => bytes.extend_from_slice(&v.to_le_bytes()),
-            DataType::I8 => bytes.push(r as i8 as u8),
-            DataType::U8 => bytes.push(r as u8),
-            DataType::Bool => bytes.push(u8::from(v != 0.0)),
-            DataType::I16 => bytes.extend_from_slice(&(r as i16).to_le_bytes()),
-            DataType::U16 => bytes.extend_from_slice(&(r as u16).to_le_bytes()),
-            DataType::I32 => bytes.extend_from_slice(&(r as i32).to_le_bytes()),
-            DataType::U32 => bytes.extend_from_slice(&(r as u32).to_le_bytes()),
-            DataType::I64 => bytes.extend_from_slice(&(r as i64).to_le_bytes()),
-            DataType::F16 => bytes.extend_from_slice(&half::f16::from_f32(v).to_le_bytes()),
-            _ => unreachable!("element_type accepted it"),
-        }
+/// An output of the data plane as the protocol's tensor of `datatype` (its bytes, or
+/// its strings), refusing one of another element type.
+fn wire_tensor(name: &str, datatype: DataType, shape: Vec<u64>, data: &TensorData) -> Result<Tensor, String> {
+    if Some(data.element()) != element_type(datatype) {
+        return Err(format!(
+            "output {name:?}: the model produced {} elements, the configuration declares {}",
+            data.element(),
+            datatype.name()
+        ));
     }
-    bytes
+    if datatype == DataType::Bytes {
+        let strings = data.strings().map_err(|e| format!("output {name:?}: {e}"))?;
+        let items = strings.into_iter().map(|range| data.bytes()[range].to_vec()).collect();
+        return Ok(Tensor { name: name.into(), datatype, shape, data: WireData::Strings(items) });
+    }
+    Tensor::raw(name, datatype, shape, data.bytes().to_vec()).map_err(|e| e.0)
 }
 
 /// Check a request's shape against a declared one (`-1`: any size); a batching model's
@@ -236,7 +213,6 @@ fn check_shape(name: &str, got: &[u64], declared: &[i64], batching: bool) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kserve::TensorData;
 
     /// A batching codec of one input and one output of `width` elements.
     fn one_to_one(input: (&str, DataType), output: (&str, DataType), width: i64) -> TensorCodec {
@@ -297,11 +273,10 @@ mod tests {
         let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         let input = Tensor::raw("x", DataType::F16, vec![1, 4], bytes.clone()).unwrap();
         let tensors = codec.decode(&InferRequest { inputs: vec![input], ..InferRequest::default() }).unwrap();
-        let expected: Vec<f32> = values.iter().map(|v| v.to_f32()).collect();
-        assert_eq!(tensors[0].data.as_slice(), expected.as_slice());
+        assert_eq!(tensors[0].data.as_slice_of::<half::f16>(), Some(&values[..]), "carried as half precision");
         let out = codec.encode(tensors).unwrap();
         assert_eq!(out[0].datatype, DataType::F16);
-        assert_eq!(out[0].data, TensorData::Raw(bytes), "the same bytes come back");
+        assert_eq!(out[0].data, WireData::Raw(bytes), "the same bytes come back");
     }
 
     #[test]
@@ -321,26 +296,31 @@ mod tests {
         assert!(batched.decode(&missing).unwrap_err().contains("missing"));
         let mut ints = request(vec![1, 3, 5]);
         ints.inputs[0].datatype = DataType::I64;
-        ints.inputs[0].data = TensorData::Raw(vec![0; 15 * 8]);
+        ints.inputs[0].data = WireData::Raw(vec![0; 15 * 8]);
         assert!(batched.decode(&ints).unwrap_err().contains("must be FP32"));
         assert!(codec(false).decode(&request(vec![1, 3, 5])).unwrap_err().contains("must have shape"));
     }
 
     #[test]
-    fn integer_tensors_travel_as_exact_values_and_come_back_in_their_type() {
-        let codec = one_to_one(("ids", DataType::I64), ("n", DataType::I32), 3);
-        let ids = |values: &[i64]| {
-            let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-            InferRequest { inputs: vec![Tensor::raw("ids", DataType::I64, vec![1, 3], bytes).unwrap()], ..InferRequest::default() }
-        };
-        let tensors = codec.decode(&ids(&[7, -3, 1 << 24])).unwrap();
-        assert_eq!(tensors[0].data, vec![7.0, -3.0, 16_777_216.0]);
-        let too_big = codec.decode(&ids(&[1, (1 << 24) + 1, 0])).unwrap_err();
-        assert!(too_big.contains("element 1 is 16777217"), "{too_big}");
-        let out = codec.encode(vec![PlaneTensor::new(vec![3], vec![2.0, -5.0, 9.0]).unwrap()]).unwrap();
-        assert_eq!(out[0].datatype, DataType::I32);
-        let TensorData::Raw(bytes) = &out[0].data else { panic!() };
-        let back: Vec<i32> = bytes.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
-        assert_eq!(back, [2, -5, 9]);
+    fn every_type_travels_exactly_in_its_own_type() {
+        let codec = one_to_one(("ids", DataType::I64), ("n", DataType::I64), 3);
+        let values = [i64::MAX, -(1 << 60), (1 << 24) + 1];
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let request =
+            InferRequest { inputs: vec![Tensor::raw("ids", DataType::I64, vec![1, 3], bytes.clone()).unwrap()], ..InferRequest::default() };
+        let tensors = codec.decode(&request).unwrap();
+        assert_eq!(tensors[0].data.as_slice_of::<i64>(), Some(&values[..]), "beyond 2^24 and 2^53, exactly");
+        let out = codec.encode(tensors).unwrap();
+        assert_eq!(out[0].data, WireData::Raw(bytes), "the same bytes come back");
+        // Strings: any bytes, in and out.
+        let words = one_to_one(("text", DataType::Bytes), ("echo", DataType::Bytes), 2);
+        let strings = WireData::Strings(vec![b"caf\xc3\xa9".to_vec(), vec![0xff, 0x01]]);
+        let input = Tensor { name: "text".into(), datatype: DataType::Bytes, shape: vec![1, 2], data: strings.clone() };
+        let tensors = words.decode(&InferRequest { inputs: vec![input], ..InferRequest::default() }).unwrap();
+        assert_eq!(tensors[0].data.len(), 2);
+        assert_eq!(words.encode(tensors).unwrap()[0].data, strings);
+        // An output of another type than declared is an error naming both.
+        let wrong = codec.encode(vec![PlaneTensor::new(vec![3], vec![2.0f32, -5.0, 9.0]).unwrap()]).unwrap_err();
+        assert!(wrong.contains("float32") && wrong.contains("INT64"), "{wrong}");
     }
 }

@@ -35,4 +35,5 @@ mod serve_shared_memory;
 mod serve_swap;
 mod serve_trace;
 mod serve_transports;
+mod serve_typed;
 mod sim_sweep;

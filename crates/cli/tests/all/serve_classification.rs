@@ -54,6 +54,7 @@ output [ { name: "target_label" data_type: TYPE_FP32 dims: [ 214 ] label_filenam
     let scores = session.run(&[batch], None).unwrap().remove(0);
     let expected: Vec<Vec<(usize, f32)>> = scores
         .data
+        .floats()
         .chunks(labels.len())
         .map(|row| {
             let mut order: Vec<usize> = (0..row.len()).collect();

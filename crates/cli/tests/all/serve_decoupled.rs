@@ -139,8 +139,8 @@ fn a_decoupled_model_streams_one_response_per_row_then_the_final_flag() {
 
     // perf_analyzer streams to the decoupled model and never stops with an error.
     let output = Command::new(perf_analyzer())
-        .args(["-m", "repeat_int32", "-i", "grpc", "--streaming", "-u", &grpc, "--shape", "IN:4", "--input-data", "zero"])
-        .args(["--measurement-interval", "1000", "--concurrency-range", "1:2"])
+        .args(["-m", "repeat_int32", "-i", "grpc", "--streaming", "-u", &grpc, "--shape", "IN:4"])
+        .args(["--measurement-interval", "1000", "--concurrency-range", "1:2", "--stability-percentage", "60", "--max-trials", "20"])
         .output()
         .unwrap();
     let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));

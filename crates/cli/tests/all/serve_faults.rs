@@ -274,7 +274,7 @@ impl StageProgram for Misshapen {
     }
     fn inputs(&self, payload: &Payload) -> Result<Vec<Vec<Tensor>>, String> {
         match payload {
-            Payload::Tensors(tensors) if tensors[0].data[0] == MISSHAPEN => {
+            Payload::Tensors(tensors) if tensors[0].data.floats()[0] == MISSHAPEN => {
                 Ok(vec![vec![Tensor::new(vec![5], vec![MISSHAPEN; 5]).unwrap()]])
             }
             _ => self.0.inputs(payload),
@@ -371,7 +371,7 @@ impl Workers for Holding {
         Workers::provision(&mut self.pool, worker, stage, variant)
     }
     fn start(&mut self, worker: u32, job: Job) -> yardmaster_dataplane::Result<()> {
-        if job.requests.iter().any(|r| r.inputs[0].data[0] == HOLD) {
+        if job.requests.iter().any(|r| r.inputs[0].data.floats()[0] == HOLD) {
             self.held.lock().unwrap().push(job.id);
             return Ok(());
         }

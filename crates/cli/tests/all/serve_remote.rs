@@ -128,7 +128,7 @@ fn assert_same_outputs(remote: &[RequestOutput], local: &[RequestOutput]) {
         assert_eq!(r.outputs.len(), l.outputs.len());
         for (a, b) in r.outputs.iter().zip(&l.outputs) {
             assert_eq!(a.shape, b.shape, "request {}", r.id);
-            let same_bits = a.data.iter().zip(&b.data).all(|(x, y)| x.to_bits() == y.to_bits());
+            let same_bits = a.data.floats().iter().zip(b.data.floats()).all(|(x, y)| x.to_bits() == y.to_bits());
             assert!(same_bits, "request {}: remote and local outputs differ by up to {}", r.id, a.max_abs_diff(b));
         }
     }

@@ -13,8 +13,10 @@
 //!
 //! `length` counts the bytes after itself (so it is at least 2). Integers are
 //! little-endian; strings are a `u32` byte count and UTF-8; durations are `u64`
-//! nanoseconds; a tensor is a `u8` rank, one `u32` per dimension and then the elements
-//! as raw little-endian `f32` bytes (no per-element framing). `docs/internode.md` has
+//! nanoseconds; a tensor is a `u8` element type ([`element_code`]), a `u8` rank, one
+//! `u32` per dimension and then the elements as raw little-endian bytes (no
+//! per-element framing; BYTES elements as a `u32` byte count and Triton's binary
+//! layout, each string after its 4-byte length). `docs/internode.md` has
 //! the table of every kind and body.
 //!
 //! [`decode`] is pure and total: any input, truncated, garbled or hostile, gives a
@@ -29,11 +31,11 @@ pub mod decoder;
 
 pub use decoder::{DecoderMessage, FrameOutcome};
 use yardmaster_dataplane::{
-    DataplaneError, Job, ModelCatalog, ModelKey, ModelSpec, Request, RequestOutput, StartKind, Tensor, WorkerEvent,
+    DataplaneError, ElementType, Job, ModelCatalog, ModelKey, ModelSpec, Request, RequestOutput, StartKind, Tensor, TensorData, WorkerEvent,
 };
 
 /// The framing version this build speaks.
-pub const VERSION: u8 = 3;
+pub const VERSION: u8 = 4;
 /// Bytes of the length prefix.
 pub const PREFIX_LEN: usize = 4;
 /// The largest frame, prefix included (256 MiB: a batch of 8 detector inputs of
@@ -483,7 +485,8 @@ impl Sizer {
                     format!("shape {:?} needs {elements} elements, the data has {}", tensor.shape, tensor.data.len()),
                 ));
             }
-            self.add(1 + 4 * tensor.shape.len() + 4 * tensor.data.len());
+            let strings = if tensor.data.element().width().is_none() { 4 } else { 0 };
+            self.add(2 + 4 * tensor.shape.len() + strings + tensor.data.bytes().len());
             if self.len > MAX_FRAME {
                 return Err(FrameError::TooLarge(self.len as u64));
             }
@@ -611,11 +614,16 @@ impl Writer {
     fn tensors(&mut self, tensors: &[Tensor]) {
         self.u16(tensors.len() as u16);
         for tensor in tensors {
+            let element = tensor.data.element();
+            self.u8(element_code(element));
             self.u8(tensor.shape.len() as u8);
             for &dim in &tensor.shape {
                 self.u32(dim as u32);
             }
-            put_f32s(&mut self.out, &tensor.data);
+            if element == ElementType::Bytes {
+                self.u32(tensor.data.bytes().len() as u32);
+            }
+            self.out.extend_from_slice(tensor.data.bytes());
         }
     }
     fn error(&mut self, error: &DataplaneError) {
@@ -779,36 +787,28 @@ fn write_event(w: &mut Writer, event: &WorkerEvent) {
     }
 }
 
-/// Append `values` as little-endian `f32` bytes: one copy on little-endian machines.
-#[cfg(target_endian = "little")]
-fn put_f32s(out: &mut Vec<u8>, values: &[f32]) {
-    // SAFETY: `f32` has no padding bytes, so all `size_of_val(values)` bytes behind the
-    // pointer are initialised; `u8` has alignment 1; the view lives as long as `values`.
-    let bytes = unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values)) };
-    out.extend_from_slice(bytes);
-}
+/// Every element type in the order of its code on the wire.
+const ELEMENT_TYPES: [ElementType; 14] = [
+    ElementType::F32,
+    ElementType::F64,
+    ElementType::F16,
+    ElementType::Bf16,
+    ElementType::I8,
+    ElementType::I16,
+    ElementType::I32,
+    ElementType::I64,
+    ElementType::U8,
+    ElementType::U16,
+    ElementType::U32,
+    ElementType::U64,
+    ElementType::Bool,
+    ElementType::Bytes,
+];
 
-#[cfg(not(target_endian = "little"))]
-fn put_f32s(out: &mut Vec<u8>, values: &[f32]) {
-    for value in values {
-        out.extend_from_slice(&value.to_le_bytes());
-    }
-}
-
-/// The `f32`s of little-endian bytes (`raw.len()` is a multiple of 4).
-#[cfg(target_endian = "little")]
-fn get_f32s(raw: &[u8]) -> Vec<f32> {
-    let mut values = vec![0f32; raw.len() / 4];
-    // SAFETY: the view covers exactly the initialised elements of `values`; every bit
-    // pattern is a valid `f32`, so writing arbitrary bytes through it is sound.
-    let bytes = unsafe { std::slice::from_raw_parts_mut(values.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(values.as_slice())) };
-    bytes.copy_from_slice(&raw[..bytes.len()]);
-    values
-}
-
-#[cfg(not(target_endian = "little"))]
-fn get_f32s(raw: &[u8]) -> Vec<f32> {
-    raw.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+/// An element type's code on the wire: `f32` 0, `f64` 1, `f16` 2, `bf16` 3, `i8`–`i64`
+/// 4–7, `u8`–`u64` 8–11, `bool` 12, BYTES 13.
+pub fn element_code(element: ElementType) -> u8 {
+    ELEMENT_TYPES.iter().position(|&e| e == element).expect("every element type has a code") as u8
 }
 
 // ---------------------------------------------------------------------------------
@@ -903,6 +903,8 @@ impl<'a> Reader<'a> {
     }
 
     fn tensor(&mut self) -> Result<Tensor, FrameError> {
+        let code = self.u8("tensor element type")?;
+        let element = *ELEMENT_TYPES.get(code as usize).ok_or_else(|| invalid("tensor element type", format!("unknown code {code}")))?;
         let rank = self.u8("tensor rank")? as usize;
         if rank > MAX_RANK {
             return Err(FrameError::Limit { what: "tensor rank", value: rank as u64, limit: MAX_RANK as u64 });
@@ -914,13 +916,17 @@ impl<'a> Reader<'a> {
             elements = elements.saturating_mul(dim as u64);
             shape.push(dim as usize);
         }
+        let bytes = match element.width() {
+            Some(width) => elements.saturating_mul(width as u64),
+            None => self.u32("string bytes")? as u64,
+        };
         let available = self.buf.len() - self.pos;
-        let bytes = elements.saturating_mul(4);
         if bytes > available as u64 {
             return Err(FrameError::Truncated { field: "tensor data", needed: usize::try_from(bytes).unwrap_or(usize::MAX), available });
         }
         let raw = self.take(bytes as usize, "tensor data")?;
-        Ok(Tensor { shape, data: get_f32s(raw).into() })
+        let data = TensorData::from_bytes(element, raw, elements as usize).map_err(|e| invalid("tensor data", e.to_string()))?;
+        Ok(Tensor { shape, data })
     }
 
     fn error(&mut self) -> Result<DataplaneError, FrameError> {
@@ -973,8 +979,8 @@ mod tests {
         let tensor = Tensor::new(vec![2], vec![1.0, -2.5]).unwrap();
         let frame =
             encode(&Message::Start { worker: 1, job: Job { id: 2, requests: vec![Request { id: 3, inputs: vec![tensor] }] } }).unwrap();
-        // prefix, version, kind, worker, job, 1 request, its id, 1 tensor, rank 1, dim 2, 2 floats.
-        assert_eq!(frame.len(), 4 + 2 + 4 + 8 + 4 + 8 + 2 + 1 + 4 + 8);
+        // prefix, version, kind, worker, job, 1 request, its id, 1 tensor, element type, rank 1, dim 2, 2 floats.
+        assert_eq!(frame.len(), 4 + 2 + 4 + 8 + 4 + 8 + 2 + 1 + 1 + 4 + 8);
         assert_eq!(&frame[frame.len() - 8..], [1.0f32.to_le_bytes(), (-2.5f32).to_le_bytes()].concat().as_slice());
     }
 

@@ -45,10 +45,25 @@ impl Gen {
         const PIECES: [&str; 6] = ["a", "Z", "é", "ß", "漢", "🦀"];
         (0..self.below(12)).map(|_| PIECES[self.below(PIECES.len() as u64) as usize]).collect()
     }
+    /// A tensor of one of four element types: `f32`, `i64`, `bool` or strings.
     fn tensor(&mut self) -> Tensor {
         let shape: Vec<usize> = (0..self.below(5)).map(|_| self.below(5) as usize).collect();
         let n = shape.iter().product();
-        Tensor { shape, data: (0..n).map(|_| self.f32()).collect() }
+        let data: yardmaster_dataplane::TensorData = match self.below(4) {
+            0 => (0..n).map(|_| self.f32()).collect(),
+            1 => yardmaster_dataplane::TensorData::from_vec((0..n).map(|_| self.next() as i64).collect::<Vec<i64>>()),
+            2 => yardmaster_dataplane::Elements::Bool((0..n).map(|_| self.below(2) as u8).collect()).into(),
+            _ => {
+                let mut layout = Vec::new();
+                for _ in 0..n {
+                    let text = self.string();
+                    layout.extend_from_slice(&(text.len() as u32).to_le_bytes());
+                    layout.extend_from_slice(text.as_bytes());
+                }
+                yardmaster_dataplane::Elements::Bytes { data: layout, count: n }.into()
+            }
+        };
+        Tensor { shape, data }
     }
     fn tensors(&mut self) -> Vec<Tensor> {
         (0..self.below(4)).map(|_| self.tensor()).collect()
@@ -345,6 +360,7 @@ fn hostile_counts_are_refused_before_allocating() {
     frame.extend_from_slice(&1u32.to_le_bytes());
     frame.extend_from_slice(&5u64.to_le_bytes());
     frame.extend_from_slice(&1u16.to_le_bytes());
+    frame.push(0);
     frame.push(2);
     frame.extend_from_slice(&u32::MAX.to_le_bytes());
     frame.extend_from_slice(&u32::MAX.to_le_bytes());

@@ -49,7 +49,7 @@ pub fn preprocess(crop: &RgbImage, options: &ClsOptions) -> Tensor {
 
 /// The verdict from one crop's output (`[2]`: probabilities of 0° and 180°).
 pub fn postprocess(output: &Tensor) -> Result<Direction> {
-    match output.data.as_slice() {
+    match output.data.as_f32().unwrap_or_default() {
         [p0, p180] => Ok(if p180 > p0 { Direction { angle: 180, score: *p180 } } else { Direction { angle: 0, score: *p0 } }),
         _ => Err(DataplaneError::Invalid(format!("classifier output of shape {:?}, expected [2]", output.shape))),
     }

@@ -96,7 +96,10 @@ pub fn postprocess(map: &Tensor, width: usize, height: usize, options: &DetOptio
         [1, h, w] => (*h, *w),
         other => return Err(DataplaneError::Invalid(format!("detection map of shape {other:?}, expected [1, H, W]"))),
     };
-    let pred = &map.data;
+    let pred = map
+        .data
+        .as_f32()
+        .ok_or_else(|| DataplaneError::Invalid(format!("detection map of {} elements, expected float32", map.data.element())))?;
     let raw: Vec<bool> = pred.iter().map(|&p| p > options.thresh).collect();
     let bitmap = if options.use_dilation {
         let mut out = raw.clone();
@@ -155,7 +158,7 @@ pub fn unpad_map(map: &Tensor, height: usize, width: usize) -> Result<Tensor> {
         return Ok(map.clone());
     }
     let mut data = Vec::with_capacity(height * width);
-    for row in map.data.chunks_exact(mw).take(height) {
+    for row in map.data.floats().chunks_exact(mw).take(height) {
         data.extend_from_slice(&row[..width]);
     }
     Ok(Tensor { shape: vec![1, height, width], data: data.into() })

@@ -93,9 +93,13 @@ pub fn decode(output: &Tensor, dictionary: &Dictionary) -> Result<Recognized> {
     if classes != dictionary.len() {
         return Err(DataplaneError::Invalid(format!("the recogniser has {classes} classes, its dictionary {}", dictionary.len())));
     }
+    let probabilities = output
+        .data
+        .as_f32()
+        .ok_or_else(|| DataplaneError::Invalid(format!("recogniser output of {} elements, expected float32", output.data.element())))?;
     let (mut text, mut total, mut kept, mut previous) = (String::new(), 0.0f32, 0usize, 0usize);
     for t in 0..steps {
-        let row = &output.data[t * classes..(t + 1) * classes];
+        let row = &probabilities[t * classes..(t + 1) * classes];
         let (best, p) = row.iter().enumerate().fold((0, f32::MIN), |acc, (i, &p)| if p > acc.1 { (i, p) } else { acc });
         if best != 0 && best != previous {
             text.push_str(&dictionary.labels[best]);

@@ -45,7 +45,7 @@ fn the_runtime_picks_cuda_or_explains_why_not() {
         let mut session = ModelSession::start(&runtime, &ModelCache::default(), &spec, 1).unwrap().session;
         let input = Tensor::filled(vec![3, 48, 192], 0.25);
         let out = session.run_batch(&[&[input]], None).unwrap();
-        let sum: f32 = out[0][0].data.iter().sum();
+        let sum: f32 = out[0][0].data.floats().iter().sum();
         assert!((sum - 1.0).abs() < 1e-3, "the classifier's probabilities sum to one on the GPU: {sum}");
     } else {
         assert_eq!(choice.device, Device::Cpu);

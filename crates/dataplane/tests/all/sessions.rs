@@ -34,7 +34,7 @@ fn each_input_shape_gets_its_own_session_up_to_the_limit_and_results_do_not_chan
         for (g, e) in got.iter().zip(&expected) {
             for (a, b) in g.iter().zip(e) {
                 assert_eq!(a.shape, b.shape);
-                let worst = a.data.iter().zip(b.data.iter()).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+                let worst = a.data.floats().iter().zip(b.data.floats()).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
                 assert!(worst < 1e-4, "batch of {n}: differs by {worst}");
             }
         }
