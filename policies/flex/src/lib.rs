@@ -43,7 +43,7 @@ mod tests;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use yardmaster_sdk::helpers::{Ewma, ModelCatalog, StageGraph};
+use yardmaster_sdk::helpers::{EntryShedder, Ewma, ModelCatalog, StageGraph};
 use yardmaster_sdk::{
     BatchOutcome, Ctx, DropReason, EndReason, Instant, Policy, Request, RequestId, Snapshot, StageId, StageKind, Worker, WorkerId,
 };
@@ -138,6 +138,9 @@ pub struct Flex {
     spreader: Option<Spreader>,
     /// Workers the last HERD plan was made for.
     planned_workers: usize,
+    /// Admission at the entry from the later stages' drops (`shed`; none at a single
+    /// stage).
+    shedder: Option<EntryShedder>,
 }
 
 /// Ask the host for `replicas` workers at each stage: the stages that shrink first, so
@@ -181,10 +184,29 @@ pub fn limit_to_productive_batches(catalog: &mut ModelCatalog, ctx: &Ctx, reserv
 /// longer finish, so goodput falls off a cliff past capacity. All zeros with a factor
 /// of 0 (the paper's rule) and at a single stage (SHEPHERD's setting).
 pub fn stage_reserves(ctx: &Ctx, factor: f64, max_batch: u32) -> Vec<u64> {
+    reserves(ctx, factor, max_batch).0
+}
+
+/// Per stage, the time FLEX holds back from a stage's own budget: the reserve for the
+/// stages after it ([`stage_reserves`]) plus, by the same measure, the time the stages
+/// before it take along the longest upstream path (SDK
+/// [`StageGraph::upstream_reserve`]). Past capacity a request reaches a later stage
+/// with about the SLO less the earlier stages' share left, not the whole SLO: a batch
+/// limit computed from the SLO less the downstream reserve alone counts on batches
+/// that stage never gets to form (a diamond's join after two branches: 80 ms batches
+/// assumed, 48 ms left), and the spread, which reads the limits, gives it too few
+/// workers (`upstream_share`, docs/flex.md).
+pub fn stage_held(ctx: &Ctx, factor: f64, max_batch: u32) -> Vec<u64> {
+    let (after, before) = reserves(ctx, factor, max_batch);
+    after.iter().zip(before).map(|(a, b)| a + b).collect()
+}
+
+/// The downstream and upstream reserves of every stage (see [`stage_reserves`]).
+fn reserves(ctx: &Ctx, factor: f64, max_batch: u32) -> (Vec<u64>, Vec<u64>) {
     let config = ctx.config();
     let graph = StageGraph::new(&config.stages);
     if factor <= 0.0 {
-        return vec![0; graph.len()];
+        return (vec![0; graph.len()], vec![0; graph.len()]);
     }
     let budget = config.streams.iter().map(|s| s.slo).filter(|&slo| slo > 0).min().map_or(f64::INFINITY, |slo| slo as f64);
     let cost = |s: StageId| -> f64 {
@@ -209,10 +231,28 @@ pub fn stage_reserves(ctx: &Ctx, factor: f64, max_batch: u32) -> Vec<u64> {
             .unwrap_or(0);
         factor * slowest as f64
     };
-    graph.downstream_reserve(cost, budget).into_iter().map(|r| r as u64).collect()
+    let after = graph.downstream_reserve(cost, budget).into_iter().map(|r| r as u64).collect();
+    let before = graph.upstream_reserve(cost, budget).into_iter().map(|r| r as u64).collect();
+    (after, before)
 }
 
 impl Flex {
+    /// Drop at the entry the share of fresh arrivals the shedder does not admit
+    /// ([`EntryShedder`]): the later stages are dropping that share anyway.
+    fn shed_fresh(&mut self, now: Instant, out: &mut Vec<Decision>) {
+        let Some(shedder) = &mut self.shedder else { return };
+        shedder.advance(now);
+        let tracked = &self.tracked;
+        self.fresh.retain(|id| {
+            let Some(t) = tracked.get(id) else { return true };
+            if shedder.admit(t.stage) {
+                return true;
+            }
+            out.push(Decision::Drop { request: *id, reason: DropReason::Overload });
+            false
+        });
+    }
+
     /// The scheduler instances (for tests and reports).
     pub fn groups(&self) -> &[FlexGroup] {
         &self.groups
@@ -390,7 +430,10 @@ impl Flex {
                 }
                 Decision::Drop { request, reason } => match self.tracked.get_mut(&request).map(|t| t.phys) {
                     Some(Phys::Held) => {
-                        self.tracked.remove(&request);
+                        let stage = self.tracked.remove(&request).map(|t| t.stage);
+                        if let (Some(shedder), Some(stage), false) = (&mut self.shedder, stage, reason == DropReason::Overload) {
+                            shedder.dropped(stage);
+                        }
                         ctx.drop_request(request, reason);
                     }
                     Some(Phys::Returning { .. }) => {
@@ -519,10 +562,21 @@ impl Policy for Flex {
             reserve: Vec::new(),
             spreader: None,
             planned_workers: 0,
+            shedder: None,
         };
         flex.reserve = stage_reserves(ctx, flex.params.downstream_reserve, flex.params.settings.max_batch);
         if flex.params.productive_batches {
-            limit_to_productive_batches(&mut flex.catalog, ctx, &flex.reserve, flex.params.settings.max_batch);
+            let held = if flex.params.upstream_share {
+                stage_held(ctx, flex.params.downstream_reserve, flex.params.settings.max_batch)
+            } else {
+                flex.reserve.clone()
+            };
+            limit_to_productive_batches(&mut flex.catalog, ctx, &held, flex.params.settings.max_batch);
+        }
+        if flex.params.shed_period > 0 && ctx.config().stages.len() > 1 {
+            let graph = StageGraph::new(&ctx.config().stages);
+            let entry = (0..graph.len() as StageId).map(|s| graph.predecessors(s).is_empty()).collect();
+            flex.shedder = Some(EntryShedder::new(entry, flex.params.shed_period));
         }
         if flex.params.spread {
             let mut spreader =
@@ -569,6 +623,9 @@ impl Policy for Flex {
         }
         if let Some(spreader) = &mut self.spreader {
             spreader.arrived(request.stage);
+        }
+        if let Some(shedder) = &mut self.shedder {
+            shedder.arrived(request.stage);
         }
         // The deadline at this stage keeps what the later stages need.
         let reserve = self.reserve.get(request.stage as usize).copied().unwrap_or(0);
@@ -742,7 +799,9 @@ impl Policy for Flex {
                 }
             }
         }
-        // Arrivals, one event at a time (or all queued, then one dispatch).
+        // Arrivals, one event at a time (or all queued, then one dispatch), those the
+        // backlog below would make late dropped first.
+        self.shed_fresh(now, &mut out);
         let fresh = std::mem::take(&mut self.fresh);
         let mut touched = BTreeSet::new();
         for id in fresh {

@@ -13,6 +13,8 @@
 //! | `tick_sweep` | true | drop unreachable queued requests on every tick |
 //! | `downstream_reserve` | 2 | batch durations (at the stage's largest batch) held back for each later stage of a pipeline: a request's deadline at a stage is its end-to-end deadline less the longest downstream path's reserve (scaled down to fit the SLO); `0` is the paper's rule (every stage checks the end-to-end deadline; SHEPHERD has one stage) |
 //! | `productive_batches` | true | cap each model's batches at the size that serves the most requests per second within the stage's budget (the SLO less the stage's reserve; [`yardmaster_sdk::helpers::ModelInfo::most_productive_batch_within`]), so that under overload the largest window does not form batches past the model's sweet spot; `false` is the paper's rule (every batch up to B_max; SHEPHERD's linear profiles have no sweet spot, and there the two agree) |
+//! | `upstream_share` | true | each model's batch limit (`productive_batches`) is the most productive batch within its stage's share of the SLO — the SLO less the downstream reserve and less, by the same measure, the longest upstream path ([`crate::stage_held`]) — rather than within the SLO less the downstream reserve alone; the spread reads these limits. `false`: the SLO less the downstream reserve |
+//! | `shed_period_ms` | 100 | in a pipeline, every period admit at the entry a share of the arrivals that falls by half the share of requests the later stages' drops lost in the period and climbs back by 5 % while they lose under 1 % ([`yardmaster_sdk::helpers::EntryShedder`]): past capacity the entry drops what the later stages cannot carry before work is spent on it; `0` admits by the entry stage's deadlines only |
 //! | `spread` | true | use the whole cluster: spread its `max-workers` over the stages by need, at start from the configured fan-outs, one second later and every `spread_period_s` after that from the measured demand ([`crate::spread`]); `false` serves with the workers the host started (the paper's experiments start every GPU of the cluster) |
 //! | `spread_margin` | 0.2 | head-room the spread gives every stage below the entry over the entry stage (its workers count as serving 1/(1 + margin) of their goodput): under overload the entry stage drops what the pipeline cannot carry before work is spent on it; `0` spreads for equal head-room |
 //! | `spread_period_s` | 5 | how often the spread is measured again (workers move only when the lowest head-room rises by 10 %) |
@@ -43,6 +45,11 @@ pub struct FlexParams {
     pub downstream_reserve: f64,
     /// Cap each model's batches at its most productive size within the stage's budget.
     pub productive_batches: bool,
+    /// A stage's budget (batch limit, the spread's goodput) also keeps what the stages
+    /// before it take.
+    pub upstream_share: bool,
+    /// Period of the entry shedder in nanoseconds (0: off).
+    pub shed_period: u64,
     /// Spread the cluster's workers over the stages.
     pub spread: bool,
     /// Head-room the spread gives every stage below the entry over the entry stage.
@@ -131,6 +138,10 @@ impl FlexParams {
         if !(spread_period_s > 0.0 && spread_period_s <= 1e6) {
             return Err(format!("parameter `spread_period_s` must be in (0, 1e6] (got {spread_period_s})"));
         }
+        let shed_period_ms: f64 = ctx.param_or("shed_period_ms", 100.0)?;
+        if !(0.0..=1e6).contains(&shed_period_ms) {
+            return Err(format!("parameter `shed_period_ms` must be in [0, 1e6] (got {shed_period_ms})"));
+        }
         let spread_margin: f64 = ctx.param_or("spread_margin", 0.2)?;
         if !(0.0..=10.0).contains(&spread_margin) {
             return Err(format!("parameter `spread_margin` must be in [0, 10] (got {spread_margin})"));
@@ -149,6 +160,8 @@ impl FlexParams {
             tick_sweep: ctx.param_or("tick_sweep", true)?,
             downstream_reserve,
             productive_batches: ctx.param_or("productive_batches", true)?,
+            shed_period: (shed_period_ms * 1e6) as u64,
+            upstream_share: ctx.param_or("upstream_share", true)?,
             spread: ctx.param_or("spread", true)?,
             spread_period: (spread_period_s * 1e9) as u64,
             spread_margin,

@@ -9,6 +9,8 @@
 //! * [`P2Quantile`] and [`WindowQuantile`]: streaming and windowed quantiles.
 //! * [`Pid`]: a PID controller with anti-windup.
 //! * [`StageGraph`]: the pipeline graph (downstream paths, levels, longest paths).
+//! * [`EntryShedder`]: admission at a pipeline's entry from the share of pieces its
+//!   later stages drop.
 //! * [`NexusPlan`] and [`ScalingPlanner`]: Nexus-style SLO split, batch sizes and
 //!   replica counts for a pipeline.
 //! * [`BatchBroker`]: per-worker queues and open batches with round-robin
@@ -51,6 +53,7 @@ pub mod quantile;
 pub mod queueing;
 pub mod ranked;
 pub mod replicas;
+pub mod shed;
 pub mod stage_fifo;
 pub mod stage_graph;
 pub mod window;
@@ -77,6 +80,7 @@ pub use quantile::{P2Quantile, WindowQuantile};
 pub use queueing::{erlang_c, mmc_min_servers, mmc_sojourn};
 pub use ranked::{RankedLlm, Ranking};
 pub use replicas::{bottleneck_fill, is_offline, replica_bounds};
+pub use shed::EntryShedder;
 pub use stage_fifo::StageFifo;
 pub use stage_graph::StageGraph;
 pub use window::{CountWindow, LinearWeightedWindow, SlidingWindow};

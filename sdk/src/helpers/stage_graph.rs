@@ -172,6 +172,25 @@ impl StageGraph {
         after.into_iter().map(|r| r * scale).collect()
     }
 
+    /// Per stage, the time the stages before it take: the largest total `cost` over
+    /// its upstream paths (the stage itself excluded; 0 at an entry), scaled as
+    /// [`Self::downstream_reserve`] scales (by `budget / longest` when the longest
+    /// entry-to-sink path costs more than `budget`). A stage's own budget along the
+    /// longest path through it is `budget` less both: what a request that used its
+    /// upstream stages' share has left there, after keeping the downstream stages'.
+    pub fn upstream_reserve(&self, cost: impl Fn(StageId) -> f64, budget: f64) -> Vec<f64> {
+        let n = self.len();
+        let mut before = vec![0.0f64; n];
+        let mut to = vec![0.0f64; n];
+        for &s in &self.order {
+            before[s as usize] = self.predecessors(s).iter().map(|&p| to[p as usize]).fold(0.0, f64::max);
+            to[s as usize] = before[s as usize] + cost(s).max(0.0);
+        }
+        let longest = to.iter().copied().fold(0.0, f64::max);
+        let scale = if longest > budget && longest > 0.0 { (budget / longest).max(0.0) } else { 1.0 };
+        before.into_iter().map(|r| r * scale).collect()
+    }
+
     /// The stages grouped into levels by their longest distance (in stages) from an
     /// entry: a chain gives one stage per level, a diamond puts its parallel branches
     /// in one level. Levels are run one after another; the stages of a level run side
@@ -270,6 +289,18 @@ mod tests {
         // The longest path costs 20: a budget of 10 halves every reserve.
         assert_eq!(g.downstream_reserve(cost, 10.0), vec![5.0, 2.5, 2.5, 1.5, 0.0]);
         assert_eq!(StageGraph::chain(1).downstream_reserve(|_| 7.0, 1.0), vec![0.0]);
+    }
+
+    #[test]
+    fn upstream_reserve_takes_the_heavier_branch_and_scales_as_the_downstream_one() {
+        let g = diamond();
+        let cost = |s: StageId| [10.0, 5.0, 1.0, 2.0, 3.0][s as usize];
+        // Before 3: 10+5 and 10+1; before 4: 10+5+2.
+        assert_eq!(g.upstream_reserve(cost, 100.0), vec![0.0, 10.0, 10.0, 15.0, 17.0]);
+        assert_eq!(g.upstream_reserve(cost, 10.0), vec![0.0, 5.0, 5.0, 7.5, 8.5]);
+        // Along the longest path, before + own + after is the (scaled) path.
+        let (up, down) = (g.upstream_reserve(cost, 10.0), g.downstream_reserve(cost, 10.0));
+        assert_eq!(up[3] + 0.5 * cost(3) + down[3], 10.0);
     }
 
     #[test]
