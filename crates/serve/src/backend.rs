@@ -564,6 +564,17 @@ impl Backend for EngineBackend {
     }
 
     fn statistics(&self, model: Option<&str>) -> Result<serde_json::Value, String> {
+        let stats: Vec<serde_json::Value> =
+            self.model_totals(model)?.into_iter().map(|(name, version, totals)| totals.to_triton(&name, &version)).collect();
+        Ok(serde_json::json!({ "model_stats": stats }))
+    }
+}
+
+impl EngineBackend {
+    /// Every served version of `model` (or of every model) with its counters summed
+    /// over the arms: what Triton's statistics extension and its `nv_inference_*`
+    /// metrics report.
+    fn model_totals(&self, model: Option<&str>) -> Result<Vec<(String, String, StreamTotals)>, String> {
         // A model of one stage runs its own requests and, as a step, its ensembles':
         // both count as its executions (as in Triton), the step runs as successes whose
         // times are the ensemble's.
@@ -582,7 +593,7 @@ impl Backend for EngineBackend {
             })
             .collect();
         drop(tables);
-        if models.is_empty() {
+        if models.is_empty() && model.is_some() {
             return Err(super::kserve::unknown_model_message(model.unwrap_or_default()));
         }
         let wanted: Vec<(String, u32, Option<u32>, bool)> =
@@ -613,13 +624,20 @@ impl Backend for EngineBackend {
                 totals
             })
             .map_err(|e| e.to_string())?;
-        let stats: Vec<serde_json::Value> =
-            models.iter().zip(per_stream).map(|((name, version, ..), totals)| totals.to_triton(name, version)).collect();
-        Ok(serde_json::json!({ "model_stats": stats }))
+        Ok(models.into_iter().zip(per_stream).map(|((name, version, ..), totals)| (name, version, totals)).collect())
     }
-}
 
-impl EngineBackend {
+    /// Triton's metric families for every served model version (`nv_inference_*`,
+    /// labelled `model` and `version`), so Triton's dashboards and autoscaling rules
+    /// read this server unchanged.
+    pub fn triton_metrics(&self) -> String {
+        let rows: Vec<super::prometheus::TritonModelMetrics> = match self.model_totals(None) {
+            Ok(totals) => totals.into_iter().map(|(model, version, totals)| totals.to_metrics(model, version)).collect(),
+            Err(error) => return format!("# {error}\n"),
+        };
+        super::prometheus::render_triton(&rows)
+    }
+
     /// Run a load or unload (`action`) through model control on a blocking thread (it
     /// may profile a model), or refuse it when the server does not control its models.
     fn control_model(
@@ -652,6 +670,9 @@ fn not_controlled(action: &str, model: &str) -> String {
 struct StreamTotals {
     completed: u64,
     failed: u64,
+    /// Requests that arrived, and those that ended (any outcome).
+    arrived: u64,
+    ended: u64,
     latency_ns: f64,
     queue_ns: f64,
     compute_ns: f64,
@@ -667,6 +688,8 @@ impl StreamTotals {
     fn add(&mut self, stats: &yardmaster_engine::metrics::Stats) {
         self.completed += stats.completed;
         self.failed += stats.outcomes.dropped + stats.outcomes.failed;
+        self.arrived += stats.arrivals;
+        self.ended += stats.outcomes.on_time + stats.outcomes.late + stats.outcomes.dropped + stats.outcomes.failed;
         self.latency_ns += stats.latency.mean * stats.completed as f64;
         self.queue_ns += stats.queue_delay.mean * stats.completed as f64;
         self.compute_ns += stats.accelerator_s * 1e9;
@@ -685,6 +708,23 @@ impl StreamTotals {
     /// of an ensemble count as successes and inferences too (their times are in the
     /// ensemble's statistics); `execution_count` is the batches of a model of one
     /// stage, else the requests completed.
+    /// The counters as Triton's metrics name them.
+    fn to_metrics(self, model: String, version: String) -> super::prometheus::TritonModelMetrics {
+        let runs = self.completed + self.step_runs;
+        super::prometheus::TritonModelMetrics {
+            model,
+            version,
+            success: runs,
+            failure: self.failed,
+            inference_count: runs,
+            exec_count: self.batches.unwrap_or(self.completed),
+            request_us: self.latency_ns / 1e3,
+            queue_us: self.queue_ns / 1e3,
+            compute_infer_us: self.stage_compute_ns.unwrap_or(self.compute_ns) / 1e3,
+            pending: self.arrived.saturating_sub(self.ended),
+        }
+    }
+
     fn to_triton(self, name: &str, version: &str) -> serde_json::Value {
         let duration = |count: u64, ns: f64| serde_json::json!({ "count": count, "ns": ns.max(0.0) as u64 });
         let runs = self.completed + self.step_runs;

@@ -136,6 +136,94 @@ fn number(value: f64) -> String {
     }
 }
 
+/// One model version's counters under Triton's metric names.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TritonModelMetrics {
+    /// The model's name.
+    pub model: String,
+    /// Its version.
+    pub version: String,
+    /// Requests answered (`nv_inference_request_success`).
+    pub success: u64,
+    /// Requests dropped or failed (`nv_inference_request_failure`).
+    pub failure: u64,
+    /// Inferences run, items counted (`nv_inference_count`).
+    pub inference_count: u64,
+    /// Model executions, batches counted (`nv_inference_exec_count`).
+    pub exec_count: u64,
+    /// Cumulative end-to-end time of answered requests, µs.
+    pub request_us: f64,
+    /// Cumulative time they waited in queues, µs.
+    pub queue_us: f64,
+    /// Cumulative time the model computed, µs.
+    pub compute_infer_us: f64,
+    /// Requests arrived and not yet ended (`nv_inference_pending_request_count`).
+    pub pending: u64,
+}
+
+/// Triton's per-model metric families (`nv_inference_request_success`, `…_failure`,
+/// `nv_inference_count`, `nv_inference_exec_count`, `nv_inference_request_duration_us`,
+/// `nv_inference_queue_duration_us`, `nv_inference_compute_infer_duration_us`,
+/// `nv_inference_pending_request_count`), labelled `model` and `version` as Triton
+/// labels them, so its Grafana dashboards and autoscaling rules work unchanged.
+pub fn render_triton(models: &[TritonModelMetrics]) -> String {
+    let mut out = Exposition::default();
+    for m in models {
+        let labels = [("model", m.model.as_str()), ("version", m.version.as_str())];
+        out.sample(
+            "nv_inference_request_success",
+            "counter",
+            "Number of successful inference requests, all batch sizes",
+            &labels,
+            m.success as f64,
+        );
+        out.sample(
+            "nv_inference_request_failure",
+            "counter",
+            "Number of failed inference requests, all batch sizes",
+            &labels,
+            m.failure as f64,
+        );
+        out.sample(
+            "nv_inference_count",
+            "counter",
+            "Number of inferences performed (items, not batches)",
+            &labels,
+            m.inference_count as f64,
+        );
+        out.sample("nv_inference_exec_count", "counter", "Number of model executions performed (batches)", &labels, m.exec_count as f64);
+        out.sample(
+            "nv_inference_request_duration_us",
+            "counter",
+            "Cumulative inference request duration in microseconds",
+            &labels,
+            m.request_us,
+        );
+        out.sample(
+            "nv_inference_queue_duration_us",
+            "counter",
+            "Cumulative inference queuing duration in microseconds",
+            &labels,
+            m.queue_us,
+        );
+        out.sample(
+            "nv_inference_compute_infer_duration_us",
+            "counter",
+            "Cumulative compute inference duration in microseconds",
+            &labels,
+            m.compute_infer_us,
+        );
+        out.sample(
+            "nv_inference_pending_request_count",
+            "gauge",
+            "Instantaneous number of pending requests awaiting execution",
+            &labels,
+            m.pending as f64,
+        );
+    }
+    out.finish()
+}
+
 /// Add one arm's metrics to `out`: per stream, counters of requests by outcome (so
 /// `rate()` of the on-time counter is goodput) and histograms of latency and queueing
 /// delay with buckets fitted to the stream's SLO, every series present from the start;

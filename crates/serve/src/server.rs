@@ -152,6 +152,7 @@ impl Server {
             start_capture(&handle, path)?;
         }
         let metrics_handle = handle.clone();
+        let metrics_backend = backend.clone();
         let gpu = ort.device();
         let cluster_metrics = cluster.clone();
         let renderer: MetricsRenderer = Arc::new(move || {
@@ -167,6 +168,7 @@ impl Server {
             });
             text.push_str(&starts.unwrap_or_default());
             text.push_str(&prometheus::render_gpu_memory(gpu));
+            text.push_str(&metrics_backend.triton_metrics());
             text
         });
         let mut api = Api::new(backend)

@@ -2,7 +2,8 @@
 //! scrapes a running server under load with the rules of `docs/prometheus/rules.yml`,
 //! and the queries the docs recommend are checked against the server's own counts:
 //! goodput as `rate()` of on-time requests, p99 with `histogram_quantile`, the fault
-//! rate, and the recording rules.
+//! rate, and the recording rules; and Triton's `nv_inference_*` metrics with the
+//! autoscaling rule of Triton's own chart (average queue time per request).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -147,5 +148,18 @@ fn a_real_prometheus_scrapes_the_server_and_the_documented_queries_agree_with_it
     }
     let alerts = http_get(&prometheus.address, "/api/v1/rules?type=alert").1;
     assert!(alerts.contains("YardmasterSloAttainmentLow") && alerts.contains("\"health\":\"ok\""), "{alerts}");
+
+    // Triton's metric names: its counts, and the autoscaling rule of Triton's own chart
+    // (average queue time per request) gives a number.
+    assert_eq!(query(&prometheus.address, "sum(nv_inference_request_success{model=\"tiny\",version=\"1\"})"), Some(at_server));
+    assert_eq!(query(&prometheus.address, "sum(nv_inference_request_failure)"), Some(0.0));
+    let executions = query(&prometheus.address, "sum(nv_inference_exec_count)").expect("executions");
+    assert!(executions >= 1.0 && executions <= at_server, "{executions} batches for {at_server} requests");
+    assert_eq!(query(&prometheus.address, "sum(nv_inference_pending_request_count)"), Some(0.0));
+    let compute = query(&prometheus.address, "sum(nv_inference_compute_infer_duration_us)").expect("compute time");
+    assert!(compute > 0.0, "{compute}");
+    let queue_per_request = "avg(delta(nv_inference_queue_duration_us[30s])/(1+delta(nv_inference_request_success[30s])))";
+    let average = query(&prometheus.address, queue_per_request).expect("the chart's rule gives a number");
+    assert!(average.is_finite() && average >= 0.0, "{average}");
     drop(prometheus);
 }
