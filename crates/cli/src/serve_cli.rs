@@ -578,8 +578,16 @@ pub fn serve_bench(args: &ServeBenchArgs) -> ExitCode {
 
 async fn run_serve_bench(args: &ServeBenchArgs) -> Result<()> {
     use yardmaster::serve::bench::{self, BenchOptions, BenchTarget, BenchTransport};
-    let mut config =
-        ServeConfig { listen: "127.0.0.1:0".parse()?, pipeline: "tiny".into(), policy: args.policy.clone(), ..ServeConfig::default() };
+    let trace_dir = std::env::temp_dir().join(format!("yardmaster-serve-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&trace_dir)?;
+    let trace_file = trace_dir.join("trace.json");
+    let mut config = ServeConfig {
+        listen: "127.0.0.1:0".parse()?,
+        pipeline: "tiny".into(),
+        policy: args.policy.clone(),
+        trace_file: Some(trace_file.clone()),
+        ..ServeConfig::default()
+    };
     config.policy_settings.deadline_ms = args.deadline_ms;
     let server = Server::start(&config, Vec::new()).await?;
     eprintln!("trivial model (y = x + 1 on 4 floats) on {}, policy {}", server.device, server.policy);
@@ -635,6 +643,22 @@ async fn run_serve_bench(args: &ServeBenchArgs) -> Result<()> {
             }
         }
     }
+    // Where a request's time goes: sequential requests traced (after the measured runs,
+    // so tracing costs them nothing).
+    if result.is_ok() {
+        let traced = args.sequential.clamp(100, 2_000);
+        let on = serde_json::json!({ "trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_count": traced.to_string() });
+        server.api.tracer().update(None, on.as_object().expect("an object")).map_err(|e| anyhow!(e))?;
+        let options = BenchOptions { sequential: traced, requests: 0, concurrency: 1, connections: 1 };
+        let report = bench::run(BenchTransport::Http1, &target, &options).await;
+        let trace: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&trace_file).unwrap_or_default()).unwrap_or_default();
+        match (report, bench::Breakdown::from_trace(&trace)) {
+            (Ok(report), Some(breakdown)) => println!("{}", breakdown.render(report.latency.quantile(0.5), report.model_mean_ns)),
+            (Err(e), _) => eprintln!("the per-request breakdown did not run: {e}"),
+            (Ok(_), None) => eprintln!("the per-request breakdown found no complete trace in {}", trace_file.display()),
+        }
+    }
+    let _ = std::fs::remove_dir_all(&trace_dir);
     // What the policy cost over both runs: the longest call is what a decision deadline
     // (5 ms unless the policy's settings say otherwise) must leave room for.
     if let Ok((calls, events, total, longest, faults)) = server.handle.inspect(|engine| {

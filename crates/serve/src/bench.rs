@@ -103,6 +103,70 @@ impl BenchReport {
     }
 }
 
+/// Where one request's time went in the server, from the traces of sequential
+/// requests (Triton's trace format, `super::trace`): the median of each step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Breakdown {
+    /// Requests traced.
+    pub requests: usize,
+    /// From the backend taking the request to the engine taking it in: the hand-over
+    /// to the engine actor (the request is decoded before it), ns.
+    pub to_engine_ns: u64,
+    /// From the engine taking it in to its job starting: the policy's decision and the
+    /// dispatch, ns.
+    pub to_job_ns: u64,
+    /// The job: the hand-over to the worker, stacking, ONNX Runtime's `Run`, the split
+    /// and the report back to the engine, ns.
+    pub job_ns: u64,
+    /// From the job's end to the answer: the wake-up of the request's task and turning
+    /// the worker's outputs into the response, ns.
+    pub to_answer_ns: u64,
+}
+
+impl Breakdown {
+    /// The medians of a trace file's requests (those traced with every timestamp).
+    pub fn from_trace(trace: &serde_json::Value) -> Option<Breakdown> {
+        let mut steps: [Vec<u64>; 4] = Default::default();
+        for entry in trace.as_array()? {
+            let Some(stamps) = entry["timestamps"].as_array() else { continue };
+            let at = |name: &str| stamps.iter().find(|s| s["name"] == name).and_then(|s| s["ns"].as_u64());
+            let (Some(start), Some(queue), Some(compute), Some(computed), Some(end)) =
+                (at("REQUEST_START"), at("QUEUE_START"), at("COMPUTE_START"), at("COMPUTE_END"), at("REQUEST_END"))
+            else {
+                continue;
+            };
+            for (step, span) in steps.iter_mut().zip([queue - start, compute - queue, computed - compute, end - computed]) {
+                step.push(span);
+            }
+        }
+        let median = |values: &mut Vec<u64>| {
+            values.sort_unstable();
+            values.get(values.len() / 2).copied()
+        };
+        let requests = steps[0].len();
+        let [a, b, c, d] = &mut steps;
+        Some(Breakdown { requests, to_engine_ns: median(a)?, to_job_ns: median(b)?, job_ns: median(c)?, to_answer_ns: median(d)? })
+    }
+
+    /// Lines for the terminal, beside the client's median latency and the model's time.
+    pub fn render(&self, client_p50_ns: u64, model_ns: f64) -> String {
+        let us = |ns: f64| ns / 1e3;
+        let inside = self.to_engine_ns + self.to_job_ns + self.job_ns + self.to_answer_ns;
+        format!(
+            "per request (medians of {} traced HTTP/1.1 requests, µs): to the engine {:.1} | policy and dispatch {:.1} | job {:.1} (model {:.1}) | to the answer {:.1} | in the server {:.1} of {:.1} at the client (transport, HTTP and JSON: {:.1})",
+            self.requests,
+            us(self.to_engine_ns as f64),
+            us(self.to_job_ns as f64),
+            us(self.job_ns as f64),
+            us(model_ns),
+            us(self.to_answer_ns as f64),
+            us(inside as f64),
+            us(client_p50_ns as f64),
+            us(client_p50_ns.saturating_sub(inside) as f64),
+        )
+    }
+}
+
 /// Where the benchmark sends, and how it reads the model time.
 pub struct BenchTarget {
     /// The server (TCP and UDP, same port).

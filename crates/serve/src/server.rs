@@ -50,6 +50,8 @@ pub struct Server {
     pub remote: Vec<RemotePlacement>,
     /// The live cluster's hosts, when serving on `yardmaster node`s (`[cluster]`).
     pub cluster: Option<SharedStatus>,
+    /// The client API the transports answer with (its tracer, for one).
+    pub api: Arc<Api>,
     actor: ServeActor,
     admin: Admin,
     /// Model control, when models load and unload while serving.
@@ -185,10 +187,10 @@ impl Server {
             }));
         }
         let api = Arc::new(api);
-        let listeners = Listeners::start(&config.listen_options(), api).await?;
+        let listeners = Listeners::start(&config.listen_options(), Arc::clone(&api)).await?;
         let admin = Admin::start(&config.admin, Arc::new(Swapper::new(handle.clone(), sandbox, failure))).await?;
         let remote = config.remote.clone();
-        Ok(Server { listeners, handle, policy: policy_name, models, device, remote, cluster, actor, admin, control, stop_polling })
+        Ok(Server { listeners, handle, policy: policy_name, models, device, remote, cluster, api, actor, admin, control, stop_polling })
     }
 
     /// The address clients use (TCP and UDP share the port).
