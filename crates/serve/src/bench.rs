@@ -313,3 +313,31 @@ async fn closed_loop(transport: BenchTransport, target: &BenchTarget, options: &
     let elapsed = started.elapsed().max(Duration::from_nanos(1));
     Ok((ok as f64 / elapsed.as_secs_f64(), errors))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_breakdown_is_the_median_of_each_step_of_complete_traces() {
+        let traced = |id: u64, times: [u64; 5]| {
+            let names = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_END", "REQUEST_END"];
+            let stamps: Vec<serde_json::Value> = names.iter().zip(times).map(|(n, t)| serde_json::json!({ "name": n, "ns": t })).collect();
+            [
+                serde_json::json!({ "id": id, "model_name": "tiny", "model_version": 1 }),
+                serde_json::json!({ "id": id, "timestamps": stamps }),
+            ]
+        };
+        let mut entries = Vec::new();
+        entries.extend(traced(1, [0, 10, 30, 130, 140]));
+        entries.extend(traced(2, [0, 20, 50, 250, 280]));
+        entries.extend(traced(3, [0, 30, 60, 160, 200]));
+        // A dropped request has no queue or compute times: it is left out.
+        entries
+            .push(serde_json::json!({ "id": 4, "timestamps": [{ "name": "REQUEST_START", "ns": 0 }, { "name": "REQUEST_END", "ns": 9 }] }));
+        let breakdown = Breakdown::from_trace(&serde_json::Value::Array(entries)).unwrap();
+        assert_eq!(breakdown, Breakdown { requests: 3, to_engine_ns: 20, to_job_ns: 30, job_ns: 100, to_answer_ns: 30 });
+        assert!(breakdown.render(1_000, 50.0).contains("in the server 0.2 of 1.0"), "{}", breakdown.render(1_000, 50.0));
+        assert_eq!(Breakdown::from_trace(&serde_json::json!([])), None, "no complete trace, no breakdown");
+    }
+}
