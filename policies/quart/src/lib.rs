@@ -44,7 +44,7 @@ use propagation::{predict_cvs, FlowStage};
 use service::ServiceModel;
 use smoother::{smooth_stage, SmoothInput, SmootherSettings};
 use telemetry::StageTelemetry;
-use view::{split_budget, StageView};
+use view::{batch_budgets, split_budget, StageView};
 
 /// Service time assumed for a stage without a profile, seconds.
 const UNPROFILED_SERVICE_S: f64 = 0.01;
@@ -225,21 +225,22 @@ impl Quart {
 }
 
 /// Cap each stage's batch limit at the batch (of variant 0, the one QUART runs) that
-/// serves the most requests per second within the stage's target, its share of the
-/// SLO; at least 1. Where throughput grows with the batch that is the largest batch
+/// serves the most requests per second within the stage's `budgets` entry (its target,
+/// or a larger part of its share along its longest path: [`batch_budgets`]), in
+/// seconds; at least 1. Where throughput grows with the batch that is the largest batch
 /// that fits (a limit that already fits is kept); on a profile with a sweet spot
 /// (Loki's `yolov5n`: 176 frames/s in batches of 3, 94 in batches of 12, 69 in 16) it
 /// is the sweet spot.
-fn fit_batch_limits(ctx: &mut Ctx, plans: &[StagePlan]) {
+fn fit_batch_limits(ctx: &mut Ctx, budgets: &[f64]) {
     let stages: Vec<(StageId, u32)> = ctx.config().stages.iter().map(|s| (s.id, s.max_batch)).collect();
     for (stage, max_batch) in stages {
-        let Some(plan) = plans.get(stage as usize) else { continue };
+        let Some(&budget) = budgets.get(stage as usize) else { continue };
         // An unprofiled stage (a pseudo stage) keeps its limit.
         if ctx.latency().mean(stage, 0, 1).is_none() {
             continue;
         }
         let limit = ctx.batch_limit(stage).min(max_batch.max(1));
-        let target = (plan.target * 1e9) as Duration;
+        let target = (budget * 1e9) as Duration;
         let fitted = ctx.latency().most_productive_batch_within(stage, 0, target, limit).max(1);
         if fitted < limit {
             ctx.set_batch_limit(stage, fitted);
@@ -318,7 +319,8 @@ impl Policy for Quart {
             plan.target = target;
         }
         if params.fit_batches {
-            fit_batch_limits(ctx, &plans);
+            let budgets = batch_budgets(budget, &StageGraph::new(&config.stages), &base_times, params.path_batch_fraction);
+            fit_batch_limits(ctx, &budgets);
         }
         let config = ctx.config();
         let predecessors: Vec<Vec<usize>> = plans.iter().map(|p| p.predecessors.clone()).collect();

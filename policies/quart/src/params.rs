@@ -93,6 +93,13 @@ pub struct Params {
     /// allows 64 frames, 959 ms at its detector, under a 250 ms SLO) otherwise has
     /// every request unreachable.
     pub fit_batches: bool,
+    /// With `fit_batches`, a stage's batch may also take this fraction of its share of
+    /// the SLO along the longest path through it, when that is more than its target
+    /// (`path_batch_fraction`, 0.75; 0 keeps the target). The targets split the SLO
+    /// over every stage as one chain; a fan-out's branches run side by side, and on
+    /// the random applications of issue 43 that left QUART's batches at a fraction of
+    /// what the SLO allows (docs/quart.md).
+    pub path_batch_fraction: f64,
 }
 
 impl Params {
@@ -141,6 +148,13 @@ impl Params {
             drop_unreachable: ctx.param_or("drop_unreachable", true)?,
             downstream_reserve: ctx.param_or("downstream_reserve", 2.0)?,
             fit_batches: ctx.param_or("fit_batches", true)?,
+            path_batch_fraction: {
+                let f: f64 = ctx.param_or("path_batch_fraction", 0.75)?;
+                if !(0.0..=1.0).contains(&f) {
+                    return Err(format!("parameter `path_batch_fraction` must be in [0, 1] (got {f})"));
+                }
+                f
+            },
         };
         if !(0.0..=100.0).contains(&params.downstream_reserve) {
             return Err(format!("parameter `downstream_reserve` must be in [0, 100], got {}", params.downstream_reserve));

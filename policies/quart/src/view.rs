@@ -2,7 +2,8 @@
 //! latency, its replicas and cores, its service model and its latency target, and
 //! the M/M/c estimates derived from them (§3.1–3.2).
 
-use yardmaster_sdk::helpers::{mmc_min_servers, mmc_sojourn};
+use yardmaster_sdk::helpers::{mmc_min_servers, mmc_sojourn, StageGraph};
+use yardmaster_sdk::StageId;
 
 use crate::service::ServiceModel;
 
@@ -97,6 +98,24 @@ pub fn split_budget(budget_s: f64, base_times_s: &[f64]) -> Vec<f64> {
     base_times_s.iter().map(|t| budget_s * t / total).collect()
 }
 
+/// Per stage, the time a batch may take: the larger of its target (the budget split
+/// over every stage as one chain, [`split_budget`]) and `path_fraction` of its share
+/// along the longest path through it ([`StageGraph::proportional_shares`]). On a
+/// chain the two shares agree and the target stands. Stages that run side by side (a
+/// fan-out's branches) are not one after another: split as one chain, a classifier
+/// feeding three branches got targets for a six-stage chain on a three-stage path,
+/// and QUART batched small and fell short of capacity at half the bound. The fraction
+/// leaves the rest of the path's share for queueing.
+pub fn batch_budgets(budget_s: f64, graph: &StageGraph, base_times_s: &[f64], path_fraction: f64) -> Vec<f64> {
+    let time = |s: StageId| base_times_s.get(s as usize).copied().unwrap_or(0.0).max(0.0);
+    let shares = graph.proportional_shares(time);
+    split_budget(budget_s, base_times_s)
+        .into_iter()
+        .enumerate()
+        .map(|(s, target)| target.max(path_fraction * budget_s * shares.get(s).copied().unwrap_or(0.0)))
+        .collect()
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -135,6 +154,32 @@ pub(crate) mod tests {
         assert!(v.latency_estimate() > 5.0, "the backlog dominates");
         v.pending = 2;
         assert!((v.latency_estimate() - 0.3987).abs() < 1e-4, "model with 5 replicas only");
+    }
+
+    #[test]
+    fn side_by_side_stages_may_batch_within_their_path_s_share() {
+        // 0 → {1, 2} → 3 with times 1, 2, 1, 1: as one chain each stage gets a fifth of
+        // its time; along its longest path stage 1 gets 2/4, stage 2 1/3, 0 and 3 1/4.
+        let stage = |id: StageId, successors: &[StageId]| yardmaster_sdk::Stage {
+            id,
+            name: format!("s{id}"),
+            kind: yardmaster_sdk::StageKind::Batch,
+            successors: successors.to_vec(),
+            predecessors: vec![],
+            variants: vec![],
+            max_batch: 8,
+            min_replicas: 1,
+            max_replicas: 8,
+        };
+        let graph = StageGraph::new(&[stage(0, &[1, 2]), stage(1, &[3]), stage(2, &[3]), stage(3, &[])]);
+        let times = [1.0, 2.0, 1.0, 1.0];
+        assert_eq!(split_budget(1.0, &times), vec![0.2, 0.4, 0.2, 0.2]);
+        let budgets = batch_budgets(1.0, &graph, &times, 0.8);
+        let expected = [0.2, 0.4, 0.8 / 3.0, 0.2];
+        assert!(budgets.iter().zip(expected).all(|(b, e)| (b - e).abs() < 1e-12), "{budgets:?}");
+        // Fraction 0, or a chain: the targets.
+        assert_eq!(batch_budgets(1.0, &graph, &times, 0.0), split_budget(1.0, &times));
+        assert_eq!(batch_budgets(1.0, &StageGraph::chain(2), &[1.0, 3.0], 1.0), vec![0.25, 0.75]);
     }
 
     #[test]
