@@ -1,6 +1,7 @@
 //! The `yardmaster` command line.
 
 mod admin_cli;
+mod bench_floors;
 mod cluster_cli;
 mod dataplane_cli;
 mod policy_new;
@@ -117,6 +118,11 @@ enum SimCommand {
         /// Simulated seconds of the cluster-scale run (3600 for the full hour).
         #[arg(long, default_value_t = 3600)]
         seconds: u64,
+        /// Compare the cluster hour's policy events per second ÷ a native loop's
+        /// operations per second with the floor in crates/cli/bench-floors.toml and exit
+        /// non-zero below it (by hand before landing a simulator change; not in CI).
+        #[arg(long)]
+        check: bool,
     },
 }
 
@@ -325,7 +331,7 @@ fn main() -> ExitCode {
     match cli.command {
         None => main_job(),
         Some(Command::Sim(SimCommand::Compare { policies, sim })) => sim_compare(&policies, &sim),
-        Some(Command::Sim(SimCommand::Bench { seconds })) => sim_bench(seconds),
+        Some(Command::Sim(SimCommand::Bench { seconds, check })) => sim_bench(seconds, check),
         Some(Command::Sim(SimCommand::Sweep(args))) => sweep_cli::sim_sweep(&args),
         Some(Command::Sim(SimCommand::Reproduce { name, list, seed, out, quick })) => reproduce(name, list, seed, out, quick),
         Some(Command::Policy(PolicyCommand::Check { policies, check: args })) => check(&policies, &args),
@@ -641,10 +647,17 @@ fn on_hosts(
     Ok(pipeline)
 }
 
-fn sim_bench(seconds: u64) -> ExitCode {
-    match yardmaster::sim::bench::run(seconds) {
-        Ok(text) => {
-            print!("{text}");
+fn sim_bench(seconds: u64, check: bool) -> ExitCode {
+    match yardmaster::sim::bench::measure(seconds) {
+        Ok(outcome) => {
+            print!("{}", outcome.text);
+            if check {
+                let (line, passes) = bench_floors::check("sim_policy_events_per_native_op", outcome.ratio());
+                println!("{line}");
+                if !passes {
+                    return ExitCode::FAILURE;
+                }
+            }
             ExitCode::SUCCESS
         }
         Err(error) => {

@@ -569,6 +569,11 @@ pub struct ServeBenchArgs {
     /// faults and the built-in fallback serves the rest of the run.
     #[arg(long = "deadline-ms")]
     pub deadline_ms: Option<f64>,
+    /// Compare each transport's served ÷ inline throughput with the floors in
+    /// crates/cli/bench-floors.toml and exit non-zero below them (by hand before
+    /// landing a serving-path change; not in CI).
+    #[arg(long)]
+    pub check: bool,
 }
 
 /// Run `yardmaster serve-bench`.
@@ -619,6 +624,7 @@ async fn run_serve_bench(args: &ServeBenchArgs) -> Result<()> {
     let baseline_target =
         BenchTarget { address: baseline.http1.expect("HTTP/1.1 is on"), trusted: target.trusted.clone(), model_time: Arc::new(|| (0, 0)) };
     let mut result = Ok(());
+    let mut checks_pass = true;
     println!("         end-to-end latency of sequential requests; req/s of a closed loop");
     for transport in [BenchTransport::Http1, BenchTransport::Http3] {
         let measured = async {
@@ -636,6 +642,15 @@ async fn run_serve_bench(args: &ServeBenchArgs) -> Result<()> {
                     (served.latency.quantile(0.99) as f64 - inline.latency.quantile(0.99) as f64) / 1e3,
                     served.throughput / inline.throughput.max(1e-9)
                 );
+                if args.check {
+                    let key = match transport {
+                        BenchTransport::Http1 => "serve_http1_throughput",
+                        BenchTransport::Http3 => "serve_http3_throughput",
+                    };
+                    let (line, passes) = crate::bench_floors::check(key, served.throughput / inline.throughput.max(1e-9));
+                    println!("         {line}");
+                    checks_pass &= passes;
+                }
             }
             Err(e) => {
                 result = Err(e);
@@ -674,5 +689,9 @@ async fn run_serve_bench(args: &ServeBenchArgs) -> Result<()> {
     }
     baseline.stop().await;
     server.stop().await;
-    result
+    result?;
+    if !checks_pass {
+        bail!("a served ÷ inline throughput ratio is below its floor (crates/cli/bench-floors.toml)");
+    }
+    Ok(())
 }
