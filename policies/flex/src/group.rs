@@ -249,11 +249,6 @@ impl FlexGroup {
         self.queues.iter().flat_map(|(&m, q)| q.iter().map(move |k| (m, *k)))
     }
 
-    /// Per model: how many of its requests are queued.
-    pub fn queue_lens(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
-        self.queues.iter().map(|(&m, q)| (m, q.len()))
-    }
-
     /// Number of queued requests.
     pub fn queued(&self) -> usize {
         self.queues.values().map(BTreeSet::len).sum()
