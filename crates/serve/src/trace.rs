@@ -23,6 +23,7 @@
 use std::collections::HashMap;
 use std::io::{Seek, SeekFrom, Write};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use serde_json::{json, Map, Value};
@@ -69,6 +70,9 @@ impl Default for Settings {
 #[derive(Debug, Default)]
 pub struct Tracer {
     state: Mutex<State>,
+    /// Whether any settings trace at all: while none does, a request is not sampled
+    /// without taking the lock (tracing off costs one atomic load per request).
+    on: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -100,7 +104,7 @@ pub struct Traced {
 impl Tracer {
     /// A tracer writing to `file` when tracing is on (`None`: tracing cannot be turned on).
     pub fn new(file: Option<PathBuf>) -> Self {
-        Tracer { state: Mutex::new(State { file, ..State::default() }) }
+        Tracer { state: Mutex::new(State { file, ..State::default() }), on: AtomicBool::new(false) }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -172,6 +176,8 @@ impl Tracer {
                 state.seen.clear();
             }
         }
+        let on = state.server.level == Level::Timestamps || state.models.values().any(|o| o.level == Some(Level::Timestamps));
+        self.on.store(on, Ordering::Release);
         let settings = state.effective(model);
         Ok(state.to_json(&settings))
     }
@@ -179,6 +185,9 @@ impl Tracer {
     /// Whether to trace this request to `model`: one in `trace_rate` while traces are
     /// left. Takes one of the count.
     pub fn sample(&self, model: &str) -> Option<Traced> {
+        if !self.on.load(Ordering::Acquire) {
+            return None;
+        }
         let mut state = self.lock();
         let settings = state.effective(Some(model));
         if settings.level == Level::Off || settings.count == 0 || state.file.is_none() {
@@ -226,6 +235,7 @@ impl Tracer {
                     tracing::warn!("trace file {}: {error}; tracing turned off", path.display());
                     state.server.level = Level::Off;
                     state.models.clear();
+                    self.on.store(false, Ordering::Release);
                     return;
                 }
             }
