@@ -10,6 +10,7 @@ mod command_line;
 mod common;
 mod fuzz_corpus;
 mod node_process;
+mod onnx_graph;
 mod policy_new;
 mod repository_check;
 mod serve_ab;

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use yardmaster::dataplane::proto::Message;
 
+use super::onnx_graph::{model, node, value_info};
 use super::serve_end_to_end::{http_get, run_client, scratch};
 use super::serve_repository::{perf_analyzer, serve_repository_with};
 
@@ -20,19 +21,6 @@ use super::serve_repository::{perf_analyzer, serve_repository_with};
 const INT32: i64 = 6;
 const INT64: i64 = 7;
 const UINT32: i64 = 12;
-
-/// `[n]` of `elem_type`.
-fn vector(name: &str, elem_type: i64) -> Message {
-    let n = Message::default().string(2, "n");
-    let shape = Message::default().message(1, &n);
-    let tensor_type = Message::default().int(1, elem_type).message(2, &shape);
-    Message::default().string(1, name).message(2, &Message::default().message(1, &tensor_type))
-}
-
-fn node(op: &str, inputs: &[&str], output: &str) -> Message {
-    let node = inputs.iter().fold(Message::default(), |m, input| m.string(1, input));
-    node.string(2, output).string(3, output).string(4, op)
-}
 
 /// The repeat model: `OUT = IN` and `IDX = 0..n` (UINT32), both `[n]`.
 fn repeat_model() -> Vec<u8> {
@@ -50,11 +38,10 @@ fn repeat_model() -> Vec<u8> {
         .string(2, "repeat")
         .message(5, &one)
         .message(5, &axis)
-        .message(11, &vector("IN", INT32))
-        .message(12, &vector("OUT", INT32))
-        .message(12, &vector("IDX", UINT32));
-    let opset = Message::default().string(1, "").int(2, 14);
-    Message::default().int(1, 8).string(2, "yardmaster-test").message(7, &graph).message(8, &opset).into_bytes()
+        .message(11, &value_info("IN", INT32, &["n"]))
+        .message(12, &value_info("OUT", INT32, &["n"]))
+        .message(12, &value_info("IDX", UINT32, &["n"]));
+    model(&graph, 14)
 }
 
 const CONFIG: &str = r#"

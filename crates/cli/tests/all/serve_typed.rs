@@ -8,6 +8,7 @@ use std::process::Command;
 
 use yardmaster::dataplane::proto::Message;
 
+use super::onnx_graph::{model, node, value_info};
 use super::serve_end_to_end::{run_client, scratch};
 use super::serve_repository::{perf_analyzer, serve_repository_with};
 
@@ -15,32 +16,20 @@ use super::serve_repository::{perf_analyzer, serve_repository_with};
 const TYPES: [(&str, i64); 9] =
     [("INT64", 7), ("UINT64", 13), ("INT32", 6), ("UINT32", 12), ("FP64", 11), ("BOOL", 9), ("INT8", 3), ("UINT16", 4), ("BYTES", 8)];
 
-/// `[batch, n]` of `elem_type`.
-fn value_info(name: &str, elem_type: i64) -> Message {
-    let batch = Message::default().string(2, "batch");
-    let n = Message::default().string(2, "n");
-    let shape = Message::default().message(1, &batch).message(1, &n);
-    let tensor_type = Message::default().int(1, elem_type).message(2, &shape);
-    Message::default().string(1, name).message(2, &Message::default().message(1, &tensor_type))
-}
-
 /// `OUT_T = Identity(IN_T)` for every type.
 fn echo_model() -> Vec<u8> {
     let mut graph = Message::default();
     for (name, _) in TYPES {
-        let node =
-            Message::default().string(1, &format!("IN_{name}")).string(2, &format!("OUT_{name}")).string(3, name).string(4, "Identity");
-        graph = graph.message(1, &node);
+        graph = graph.message(1, &node("Identity", &[&format!("IN_{name}")], &format!("OUT_{name}")));
     }
     graph = graph.string(2, "echo");
     for (name, elem_type) in TYPES {
-        graph = graph.message(11, &value_info(&format!("IN_{name}"), elem_type));
+        graph = graph.message(11, &value_info(&format!("IN_{name}"), elem_type, &["batch", "n"]));
     }
     for (name, elem_type) in TYPES {
-        graph = graph.message(12, &value_info(&format!("OUT_{name}"), elem_type));
+        graph = graph.message(12, &value_info(&format!("OUT_{name}"), elem_type, &["batch", "n"]));
     }
-    let opset = Message::default().string(1, "").int(2, 14);
-    Message::default().int(1, 8).string(2, "yardmaster-test").message(7, &graph).message(8, &opset).into_bytes()
+    model(&graph, 14)
 }
 
 #[test]
