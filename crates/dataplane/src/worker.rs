@@ -229,18 +229,19 @@ impl Drop for Worker {
 /// What a dynamic dimension of a model input is in the warm-up run.
 pub const WARM_UP_DIM: usize = 32;
 
-/// One inference on synthetic inputs (a batch of one, each dynamic dimension
-/// [`WARM_UP_DIM`]), so the first real job does not pay for ONNX Runtime's first run;
-/// how long it took, or none when the run failed (an input that is not `f32`, a shape
-/// the model refuses).
+/// One inference on synthetic inputs of each input's element type (a batch of one,
+/// each dynamic dimension [`WARM_UP_DIM`]), so the first real job does not pay for ONNX
+/// Runtime's first run; how long it took, or none when the run failed (a shape the
+/// model refuses).
 pub fn warm_up(session: &mut ModelSession) -> Option<Duration> {
+    let types = session.input_types().to_vec();
     let inputs: Vec<Tensor> = session
         .inputs()
         .iter()
         .enumerate()
         .map(|(k, spec)| {
             let shape: Vec<usize> = spec.dims.iter().skip(1).map(|d| d.unwrap_or(WARM_UP_DIM)).collect();
-            crate::profile::synthetic(&shape, k as u64 + 1)
+            crate::profile::synthetic_of(types[k], &shape, k as u64 + 1)
         })
         .collect();
     let begin = Instant::now();
