@@ -35,6 +35,6 @@ pub use device::{Device, DevicePreference};
 pub use error::{DataplaneError, Result};
 pub use pool::{ModelCatalog, WorkerPool};
 pub use runtime::{Runtime, RuntimeConfig};
-pub use session::{BatchTiming, ModelSession, ModelSpec, StartKind};
+pub use session::{BatchTiming, ModelSession, ModelSpec, StartKind, WarmUp, WarmUpData, WarmUpInput};
 pub use tensor::{Element, ElementType, Elements, SharedBytes, Tensor, TensorData};
 pub use worker::{Job, Request, RequestOutput, Worker, WorkerContext, WorkerEvent};

@@ -44,13 +44,51 @@ pub struct ModelSpec {
     pub key: ModelKey,
     /// The `.onnx` file.
     pub path: PathBuf,
+    /// Runs a worker makes at load, before it is ready (Triton's `model_warmup`); empty:
+    /// one run of a batch of one on synthetic inputs ([`crate::worker::warm_up`]).
+    pub warm_up: Vec<WarmUp>,
 }
 
 impl ModelSpec {
     /// A spec from a name and a file.
     pub fn new(key: ModelKey, path: impl Into<PathBuf>) -> Self {
-        ModelSpec { key, path: path.into() }
+        ModelSpec { key, path: path.into(), warm_up: Vec::new() }
     }
+}
+
+/// One warm-up sample: a batch of `batch` requests, each with these inputs, run
+/// `count` times (at least once) when a worker loads the model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WarmUp {
+    /// Its name (in errors).
+    pub name: String,
+    /// Requests in the batch.
+    pub batch: u32,
+    /// Times it runs.
+    pub count: u32,
+    /// One per model input, in the model's order.
+    pub inputs: Vec<WarmUpInput>,
+}
+
+/// One input of a warm-up request: its shape (without the batch dimension for a
+/// batching model) and where its elements come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WarmUpInput {
+    /// Dimensions.
+    pub shape: Vec<usize>,
+    /// Its elements.
+    pub data: WarmUpData,
+}
+
+/// Where a warm-up input's elements come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WarmUpData {
+    /// Zeros (empty strings for BYTES).
+    Zero,
+    /// Pseudo-random values.
+    Random,
+    /// These bytes, in the input's element type (a file's contents).
+    Given(Vec<u8>),
 }
 
 /// What the host-memory cache keeps for a warm start (`YARDMASTER_WARM_START`).

@@ -249,6 +249,35 @@ pub fn warm_up(session: &mut ModelSession) -> Option<Duration> {
     Some(begin.elapsed())
 }
 
+/// Run the model's warm-up samples (Triton's `model_warmup`), each `count` times; the
+/// first error names the sample.
+pub fn run_warm_up(session: &mut ModelSession, samples: &[crate::session::WarmUp]) -> Result<Duration, DataplaneError> {
+    use crate::session::WarmUpData;
+    let begin = Instant::now();
+    let types = session.input_types().to_vec();
+    for sample in samples {
+        let failed = |e: DataplaneError| DataplaneError::Invalid(format!("warm-up sample {:?}: {e}", sample.name));
+        if sample.inputs.len() != types.len() {
+            return Err(failed(DataplaneError::Invalid(format!("{} inputs given, the model takes {}", sample.inputs.len(), types.len()))));
+        }
+        let mut request = Vec::with_capacity(types.len());
+        for (k, (input, &element)) in sample.inputs.iter().zip(&types).enumerate() {
+            let count: usize = input.shape.iter().product();
+            let data = match &input.data {
+                WarmUpData::Zero => crate::tensor::Elements::zeros(element, count).into(),
+                WarmUpData::Random => crate::profile::synthetic_of(element, &input.shape, k as u64 + 1).data,
+                WarmUpData::Given(bytes) => crate::tensor::TensorData::from_bytes(element, bytes, count).map_err(failed)?,
+            };
+            request.push(Tensor::new(input.shape.clone(), data).map_err(failed)?);
+        }
+        let requests: Vec<&[Tensor]> = (0..sample.batch.max(1)).map(|_| request.as_slice()).collect();
+        for _ in 0..sample.count.max(1) {
+            session.run_batch(&requests, None).map_err(failed)?;
+        }
+    }
+    Ok(begin.elapsed())
+}
+
 struct WorkerLoop {
     id: u32,
     context: WorkerContext,
@@ -263,8 +292,14 @@ impl WorkerLoop {
         let mut session = match ModelSession::start(&self.context.runtime, &self.context.cache, &spec, threads) {
             Ok(mut started) => {
                 if !self.retired.load(Ordering::SeqCst) {
-                    if let Some(took) = warm_up(&mut started.session) {
-                        tracing::debug!(worker, model = %spec.key, warm_up_ms = took.as_secs_f64() * 1e3, "worker warmed up");
+                    if spec.warm_up.is_empty() {
+                        if let Some(took) = warm_up(&mut started.session) {
+                            tracing::debug!(worker, model = %spec.key, warm_up_ms = took.as_secs_f64() * 1e3, "worker warmed up");
+                        }
+                    } else if let Err(error) = run_warm_up(&mut started.session, &spec.warm_up) {
+                        // As Triton does, a model whose warm-up fails does not serve.
+                        let _ = self.events.send(WorkerEvent::StartFailed { worker, error });
+                        return;
                     }
                 }
                 if !self.retired.load(Ordering::SeqCst) {

@@ -38,9 +38,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use yardmaster_dataplane::profile::{profile, ProfileOptions};
-use yardmaster_dataplane::{Device, ModelCatalog, ModelKey, ModelSpec, WorkerContext};
+use yardmaster_dataplane::{Device, ModelCatalog, ModelKey, ModelSpec, WarmUp, WarmUpData, WarmUpInput, WorkerContext};
 use yardmaster_engine::pipeline::{StageDef, StreamDef};
-use yardmaster_formats::model_repository::config::{Backend, DataType, TensorConfig};
+use yardmaster_formats::model_repository::config::{Backend, DataType, TensorConfig, WarmupData};
 use yardmaster_formats::model_repository::repository::PROFILE_SHAPES_PARAMETER;
 use yardmaster_formats::model_repository::stages::{
     dynamic_batching_params, ensemble_order, ensemble_stages, link_places, model_stage, profile_stage_from_text, repository_pipeline,
@@ -304,7 +304,10 @@ pub fn servable(entry: &ModelEntry) -> Result<(), String> {
         return Ok(());
     }
     output_labels(entry)?;
-    version_codecs(entry).map(drop)
+    for (_, _, codec) in version_codecs(entry)? {
+        warm_up_samples(entry, &codec, Device::Cpu)?;
+    }
+    Ok(())
 }
 
 /// Refuse what a configuration asks for that would be served wrong if it were not
@@ -371,7 +374,8 @@ pub(crate) fn prepare(
     let mut prepared = Vec::with_capacity(versions.len());
     for (version, file, codec) in versions {
         let in_version = |e: String| in_version_of(entry, version, e);
-        let spec = ModelSpec::new(ModelKey::new(&entry.name, version.version.to_string()), file);
+        let mut spec = ModelSpec::new(ModelKey::new(&entry.name, version.version.to_string()), file);
+        spec.warm_up = warm_up_samples(entry, &codec, context.runtime.device()).map_err(in_version)?;
         let profile = profiled_stage(entry, version, &spec, &codec, context, options, progress).map_err(in_version)?;
         let device = if context.runtime.device() == Device::Cpu { DeviceKind::Cpu } else { DeviceKind::Gpu };
         let (stage, stream) = model_stage(entry, version.version, profile, 0, device, options.threads);
@@ -619,6 +623,79 @@ fn profiled_stage(
     }
     progress(&format!("model {}: profiled, batch 1 takes {:.2} ms", entry.name, report.points[0].mean_ms));
     profile_stage_from_text(&text, "a fresh profile")
+}
+
+/// Most batch sizes a GPU worker warms up by default (one session plan each).
+const MAX_DEFAULT_WARM_UP_BATCHES: u32 = 64;
+
+/// The warm-up a worker of this model runs at load, before it serves: the
+/// configuration's `model_warmup` samples (each input in the model's order; a file read
+/// from the model's `warmup/` folder), or — on a GPU, when the configuration gives none —
+/// one sample of zeros for every batch size the policy may form (1 to `max_batch_size`,
+/// at most 64), so that no first batch of a size pays for a new session plan. On the
+/// CPU without samples: none (the worker's own run of a batch of one).
+fn warm_up_samples(entry: &ModelEntry, codec: &TensorCodec, device: Device) -> Result<Vec<WarmUp>, String> {
+    let config = &entry.config;
+    if config.warmup.is_empty() {
+        if device == Device::Cpu {
+            return Ok(Vec::new());
+        }
+        let shapes = profile_shapes(entry, codec)?;
+        let inputs: Vec<WarmUpInput> = shapes.into_iter().map(|shape| WarmUpInput { shape, data: WarmUpData::Zero }).collect();
+        let largest = config.max_batch_size.clamp(1, MAX_DEFAULT_WARM_UP_BATCHES);
+        return Ok((1..=largest).map(|batch| WarmUp { name: format!("batch {batch}"), batch, count: 1, inputs: inputs.clone() }).collect());
+    }
+    config
+        .warmup
+        .iter()
+        .map(|sample| {
+            let name = &sample.name;
+            if !codec.batching && sample.batch_size != 1 {
+                return Err(format!(
+                    "model_warmup {name:?}: batch_size {} for a model without a batch dimension (max_batch_size 0) must be 1",
+                    sample.batch_size
+                ));
+            }
+            if let Some(extra) = sample.inputs.keys().find(|k| !codec.inputs.iter().any(|d| &d.name == *k)) {
+                return Err(format!("model_warmup {name:?}: the model has no input {extra:?}"));
+            }
+            let inputs = codec
+                .inputs
+                .iter()
+                .map(|decl| {
+                    let input =
+                        sample.inputs.get(&decl.name).ok_or_else(|| format!("model_warmup {name:?}: input {:?} is missing", decl.name))?;
+                    // The model's own shape where the configuration reshapes the input.
+                    let shape: Vec<usize> = match &decl.reshape {
+                        Some(reshape) if reshape.iter().all(|&d| d >= 0) => reshape.iter().map(|&d| d as usize).collect(),
+                        _ => input.dims.iter().map(|&d| d.max(0) as usize).collect(),
+                    };
+                    let data = match &input.data {
+                        WarmupData::Zero => WarmUpData::Zero,
+                        WarmupData::Random => WarmUpData::Random,
+                        WarmupData::File(file) => {
+                            let path = entry.dir.join("warmup").join(file);
+                            let bytes = std::fs::read(&path).map_err(|e| format!("model_warmup {name:?}: {}: {e}", path.display()))?;
+                            if let Some(width) = wire_type(input.data_type).width() {
+                                let needed = width * shape.iter().product::<usize>();
+                                if bytes.len() != needed {
+                                    return Err(format!(
+                                        "model_warmup {name:?}: {} has {} bytes, input {:?} of shape {shape:?} needs {needed}",
+                                        path.display(),
+                                        bytes.len(),
+                                        decl.name
+                                    ));
+                                }
+                            }
+                            WarmUpData::Given(bytes)
+                        }
+                    };
+                    Ok(WarmUpInput { shape, data })
+                })
+                .collect::<Result<Vec<_>, String>>()?;
+            Ok(WarmUp { name: name.clone(), batch: sample.batch_size, count: sample.count, inputs })
+        })
+        .collect()
 }
 
 /// Per-request input shapes to profile with: the model's `yardmaster.profile_shapes`

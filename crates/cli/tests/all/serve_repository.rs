@@ -253,3 +253,60 @@ fn a_reshaped_model_takes_and_answers_its_declared_shapes() {
     let (status, refused) = super::serve_model_control::http_post(&server.address, "/v2/models/square/infer", flat);
     assert_eq!(status, 400, "the model's own shape is not the declared one: {refused}");
 }
+
+/// `model_warmup` as Triton's documentation writes it: samples a worker runs at load,
+/// before the model serves. A model with good samples serves; one whose sample the
+/// model cannot run does not serve (its worker fails to start, as Triton fails the
+/// load), and one whose data file does not fit its input is refused by `repository
+/// check` and `serve` alike, naming the file.
+#[test]
+fn warm_up_samples_run_at_load_and_bad_ones_refuse_the_model() {
+    let dir = scratch("warmup");
+    let tiny = yardmaster::serve::tiny_model::ensure(&dir).expect("the tiny model is written");
+    let models = dir.join("models");
+    let model = |name: &str, warmup: &str| {
+        std::fs::create_dir_all(models.join(name).join("1")).unwrap();
+        std::fs::copy(&tiny, models.join(name).join("1/model.onnx")).unwrap();
+        let config = format!(
+            "name: \"{name}\"\nbackend: \"onnxruntime\"\nmax_batch_size: 4\n\
+             input [ {{ name: \"x\" data_type: TYPE_FP32 dims: [ 4 ] }} ]\n\
+             output [ {{ name: \"y\" data_type: TYPE_FP32 dims: [ 4 ] }} ]\n{warmup}"
+        );
+        std::fs::write(models.join(name).join("config.pbtxt"), config).unwrap();
+    };
+    model("warmed", "model_warmup [ { name: \"zeros\" batch_size: 2 count: 2 inputs { key: \"x\" value: { data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } } },\n { name: \"file\" batch_size: 1 inputs { key: \"x\" value: { data_type: TYPE_FP32 dims: [ 4 ] input_data_file: \"x.bin\" } } } ]\n");
+    std::fs::create_dir_all(models.join("warmed/warmup")).unwrap();
+    std::fs::write(models.join("warmed/warmup/x.bin"), [1.0f32, 2.0, 3.0, 4.0].iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())
+        .unwrap();
+    model(
+        "unrunnable",
+        "model_warmup { name: \"five\" batch_size: 1 inputs { key: \"x\" value: { data_type: TYPE_FP32 dims: [ 5 ] zero_data: true } } }\n",
+    );
+    model("short_file", "model_warmup { name: \"short\" batch_size: 1 inputs { key: \"x\" value: { data_type: TYPE_FP32 dims: [ 4 ] input_data_file: \"x.bin\" } } }\n");
+    std::fs::create_dir_all(models.join("short_file/warmup")).unwrap();
+    std::fs::write(models.join("short_file/warmup/x.bin"), [0u8; 6]).unwrap();
+
+    let check = Command::new(env!("CARGO_BIN_EXE_yardmaster")).args(["repository", "check"]).arg(&models).output().unwrap();
+    let out = String::from_utf8_lossy(&check.stdout).into_owned() + &String::from_utf8_lossy(&check.stderr);
+    assert!(out.contains("READY   warmed"), "{out}");
+    let refused = out.lines().find(|l| l.starts_with("REFUSED short_file:")).unwrap_or_else(|| panic!("{out}"));
+    assert!(refused.contains("x.bin has 6 bytes") && refused.contains("needs 16"), "{refused}");
+
+    let (server, stderr) = serve_repository_with(&dir, &models, &[]);
+    let log = std::fs::read_to_string(&stderr).unwrap_or_default();
+    assert!(log.contains("short_file") && log.contains("x.bin has 6 bytes"), "serve refuses it in the same words:\n{log}");
+    // Ready once its workers have run the samples.
+    let started = std::time::Instant::now();
+    while http_get(&server.address, "/v2/models/warmed/ready").0 != 200 {
+        assert!(started.elapsed() < std::time::Duration::from_secs(60), "{}", std::fs::read_to_string(&stderr).unwrap_or_default());
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let body = r#"{"inputs":[{"name":"x","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]}]}"#;
+    let (status, answer) = super::serve_model_control::http_post(&server.address, "/v2/models/warmed/infer", body);
+    assert_eq!((status, answer.contains("[2.0,3.0,4.0,5.0]")), (200, true), "{answer}");
+    // The sample the model cannot run: its worker never becomes ready, and the log says why.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert_eq!(http_get(&server.address, "/v2/models/unrunnable/ready").0, 503);
+    let log = std::fs::read_to_string(&stderr).unwrap_or_default();
+    assert!(log.contains("warm-up sample \"five\""), "{log}");
+}

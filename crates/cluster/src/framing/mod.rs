@@ -31,7 +31,8 @@ pub mod decoder;
 
 pub use decoder::{DecoderMessage, FrameOutcome};
 use yardmaster_dataplane::{
-    DataplaneError, ElementType, Job, ModelCatalog, ModelKey, ModelSpec, Request, RequestOutput, StartKind, Tensor, TensorData, WorkerEvent,
+    DataplaneError, ElementType, Job, ModelCatalog, ModelKey, ModelSpec, Request, RequestOutput, StartKind, Tensor, TensorData, WarmUp,
+    WarmUpData, WarmUpInput, WorkerEvent,
 };
 
 /// The framing version this build speaks.
@@ -467,6 +468,25 @@ impl Sizer {
         Ok(())
     }
 
+    fn warm_up(&mut self, samples: &[WarmUp]) -> Result<(), FrameError> {
+        Self::limit("warm-up samples", samples.len(), u16::MAX as usize)?;
+        self.add(2);
+        for sample in samples {
+            self.string(&sample.name);
+            Self::limit("warm-up inputs", sample.inputs.len(), u16::MAX as usize)?;
+            self.add(4 + 4 + 2);
+            for input in &sample.inputs {
+                Self::limit("tensor rank", input.shape.len(), MAX_RANK)?;
+                self.add(1 + 4 * input.shape.len() + 1);
+                if let WarmUpData::Given(bytes) = &input.data {
+                    Self::limit("warm-up bytes", bytes.len(), u32::MAX as usize)?;
+                    self.add(4 + bytes.len());
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn tensors(&mut self, tensors: &[Tensor]) -> Result<(), FrameError> {
         Self::limit("tensors of one request", tensors.len(), u16::MAX as usize)?;
         self.add(2);
@@ -524,6 +544,7 @@ impl Sizer {
                         self.string(&spec.key.model);
                         self.string(&spec.key.variant);
                         self.path(&spec.path)?;
+                        self.warm_up(&spec.warm_up)?;
                     }
                 }
             }
@@ -672,6 +693,28 @@ fn write_body(w: &mut Writer, message: &Message) {
                     w.model_key(&spec.key);
                     // Checked to be UTF-8 by the sizer.
                     w.string(spec.path.to_str().unwrap_or_default());
+                    w.u16(spec.warm_up.len() as u16);
+                    for sample in &spec.warm_up {
+                        w.string(&sample.name);
+                        w.u32(sample.batch);
+                        w.u32(sample.count);
+                        w.u16(sample.inputs.len() as u16);
+                        for input in &sample.inputs {
+                            w.u8(input.shape.len() as u8);
+                            for &dim in &input.shape {
+                                w.u32(dim as u32);
+                            }
+                            match &input.data {
+                                WarmUpData::Zero => w.u8(0),
+                                WarmUpData::Random => w.u8(1),
+                                WarmUpData::Given(bytes) => {
+                                    w.u8(2);
+                                    w.u32(bytes.len() as u32);
+                                    w.out.extend_from_slice(bytes);
+                                }
+                            }
+                        }
+                    }
                 }
             }
         }
@@ -949,6 +992,39 @@ impl<'a> Reader<'a> {
         })
     }
 
+    fn warm_up(&mut self) -> Result<Vec<WarmUp>, FrameError> {
+        let samples = self.count16("warm-up samples", u16::MAX as usize, 12)?;
+        let mut warm_up = Vec::with_capacity(samples);
+        for _ in 0..samples {
+            let name = self.string("warm-up name")?;
+            let (batch, count) = (self.u32("warm-up batch")?, self.u32("warm-up count")?);
+            let inputs = self.count16("warm-up inputs", u16::MAX as usize, 2)?;
+            let mut sample = WarmUp { name, batch, count, inputs: Vec::with_capacity(inputs) };
+            for _ in 0..inputs {
+                let rank = self.u8("warm-up rank")? as usize;
+                if rank > MAX_RANK {
+                    return Err(FrameError::Limit { what: "tensor rank", value: rank as u64, limit: MAX_RANK as u64 });
+                }
+                let mut shape = Vec::with_capacity(rank);
+                for _ in 0..rank {
+                    shape.push(self.u32("warm-up dimension")? as usize);
+                }
+                let data = match self.u8("warm-up data")? {
+                    0 => WarmUpData::Zero,
+                    1 => WarmUpData::Random,
+                    2 => {
+                        let len = self.u32("warm-up bytes")? as usize;
+                        WarmUpData::Given(self.take(len, "warm-up bytes")?.to_vec())
+                    }
+                    other => return Err(invalid("warm-up data", format!("unknown kind {other}"))),
+                };
+                sample.inputs.push(WarmUpInput { shape, data });
+            }
+            warm_up.push(sample);
+        }
+        Ok(warm_up)
+    }
+
     fn catalog(&mut self) -> Result<ModelCatalog, FrameError> {
         let stages = self.count16("stages", MAX_STAGES, 2)?;
         let mut catalog = ModelCatalog { stages: Vec::with_capacity(stages) };
@@ -957,7 +1033,8 @@ impl<'a> Reader<'a> {
             let mut specs = Vec::with_capacity(variants);
             for _ in 0..variants {
                 let key = self.model_key()?;
-                specs.push(ModelSpec { key, path: PathBuf::from(self.string("model path")?) });
+                let path = PathBuf::from(self.string("model path")?);
+                specs.push(ModelSpec { key, path, warm_up: self.warm_up()? });
             }
             catalog.stages.push(specs);
         }

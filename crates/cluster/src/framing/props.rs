@@ -65,6 +65,25 @@ impl Gen {
         };
         Tensor { shape, data }
     }
+    /// A model spec, with warm-up samples of every kind now and then.
+    fn spec(&mut self) -> ModelSpec {
+        let mut spec = ModelSpec::new(self.key(), self.string());
+        for _ in 0..self.below(3) {
+            let inputs = (0..self.below(3))
+                .map(|_| {
+                    let shape = (0..self.below(4)).map(|_| self.below(9) as usize).collect();
+                    let data = match self.below(3) {
+                        0 => yardmaster_dataplane::WarmUpData::Zero,
+                        1 => yardmaster_dataplane::WarmUpData::Random,
+                        _ => yardmaster_dataplane::WarmUpData::Given(self.string().into_bytes()),
+                    };
+                    yardmaster_dataplane::WarmUpInput { shape, data }
+                })
+                .collect();
+            spec.warm_up.push(yardmaster_dataplane::WarmUp { name: self.string(), batch: self.u32(), count: self.u32(), inputs });
+        }
+        spec
+    }
     fn tensors(&mut self) -> Vec<Tensor> {
         (0..self.below(4)).map(|_| self.tensor()).collect()
     }
@@ -97,11 +116,7 @@ impl Gen {
         match kind {
             kind::HELLO => Message::Hello {
                 threads: self.u32(),
-                catalog: ModelCatalog {
-                    stages: (0..self.below(4))
-                        .map(|_| (0..self.below(3)).map(|_| ModelSpec::new(self.key(), self.string())).collect())
-                        .collect(),
-                },
+                catalog: ModelCatalog { stages: (0..self.below(4)).map(|_| (0..self.below(3)).map(|_| self.spec()).collect()).collect() },
             },
             kind::PROVISION => Message::Provision { worker, stage: self.u32(), variant: self.u32() },
             kind::START => Message::Start {

@@ -51,6 +51,8 @@ pub struct ModelConfig {
     /// field of it, for serving the fields this reader does not use unchanged; `None`
     /// for a model without one.
     pub source: Option<pbtxt::Message>,
+    /// `model_warmup`: samples a worker runs at load, before it serves.
+    pub warmup: Vec<Warmup>,
     /// `model_transaction_policy { decoupled }`: the model answers a request with zero,
     /// one or many responses, over gRPC's `ModelStreamInfer` only (as in Triton).
     pub decoupled: bool,
@@ -147,6 +149,41 @@ pub struct TensorConfig {
     /// Outputs only: `label_filename`, the file in the model's folder with one class
     /// label per line, for Triton's classification extension.
     pub label_filename: Option<String>,
+}
+
+/// One of Triton's `model_warmup` samples.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Warmup {
+    /// Its name.
+    pub name: String,
+    /// Requests in its batch (1 for a model without a batch dimension).
+    pub batch_size: u32,
+    /// Times it runs (0 and 1 both mean once).
+    pub count: u32,
+    /// Each input: its type, shape (without the batch dimension) and data.
+    pub inputs: BTreeMap<String, WarmupInput>,
+}
+
+/// One input of a warm-up sample.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WarmupInput {
+    /// Element type.
+    pub data_type: DataType,
+    /// Shape, without the batch dimension.
+    pub dims: Vec<i64>,
+    /// Where its data comes from.
+    pub data: WarmupData,
+}
+
+/// Where a warm-up input's data comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WarmupData {
+    /// `zero_data`.
+    Zero,
+    /// `random_data`.
+    Random,
+    /// `input_data_file`: a file in the model's `warmup/` folder.
+    File(String),
 }
 
 /// Triton's `dynamic_batching` settings. In Yardmaster they are parameters the policy
@@ -277,6 +314,7 @@ impl ModelConfig {
             default_model_filename: DEFAULT_MODEL_FILENAME.into(),
             from_graph: Some(FromGraph::Everything),
             source: None,
+            warmup: Vec::new(),
             decoupled: false,
             ignored_fields: Vec::new(),
         }
@@ -493,6 +531,10 @@ impl Reader<'_> {
                         return Err(self.error(field.value_pos, format!("default_model_filename {name:?} must be a plain file name")));
                     }
                     config.default_model_filename = name;
+                }
+                "model_warmup" => {
+                    let sample = self.warmup(self.message("", field)?, field.pos)?;
+                    config.warmup.push(sample);
                 }
                 "model_transaction_policy" => {
                     seen.once(self, "", field)?;
@@ -812,6 +854,71 @@ impl Reader<'_> {
 
     /// A map entry `{ key: "k" value: … }`: with `nested_value`, the value is
     /// `{ string_value: "v" }` (`parameters`); without, a plain string.
+    /// One `model_warmup` sample.
+    fn warmup(&mut self, message: &Message, at: Pos) -> Result<Warmup, ParseError> {
+        const PATH: &str = "model_warmup";
+        let mut seen = Seen::default();
+        let mut sample = Warmup { name: String::new(), batch_size: 0, count: 0, inputs: BTreeMap::new() };
+        for field in &message.fields {
+            match field.name.as_str() {
+                "name" => {
+                    seen.once(self, PATH, field)?;
+                    sample.name = self.string(PATH, field)?;
+                }
+                "batch_size" => {
+                    seen.once(self, PATH, field)?;
+                    sample.batch_size = self.u32(PATH, field)?;
+                }
+                "count" => {
+                    seen.once(self, PATH, field)?;
+                    sample.count = self.u32(PATH, field)?;
+                }
+                "inputs" => {
+                    let entry = self.message(PATH, field)?;
+                    let key = entry.fields.iter().find(|f| f.name == "key").map(|f| self.string(PATH, f)).transpose()?;
+                    let key = key.ok_or_else(|| self.error(field.pos, "model_warmup.inputs: an entry without key"))?;
+                    let value = entry.fields.iter().find(|f| f.name == "value");
+                    let value = value.ok_or_else(|| self.error(field.pos, format!("model_warmup.inputs {key:?}: no value")))?;
+                    let input = self.warmup_input(&key, self.message(PATH, value)?, value.pos)?;
+                    sample.inputs.insert(key, input);
+                }
+                _ => self.ignore(PATH, field),
+            }
+        }
+        if sample.batch_size == 0 {
+            return Err(self.error(at, format!("model_warmup {:?}: batch_size must be at least 1", sample.name)));
+        }
+        Ok(sample)
+    }
+
+    /// One input of a `model_warmup` sample.
+    fn warmup_input(&mut self, name: &str, message: &Message, at: Pos) -> Result<WarmupInput, ParseError> {
+        let path = format!("model_warmup.inputs[{name:?}]");
+        let (mut data_type, mut dims, mut data) = (None, Vec::new(), None);
+        for field in &message.fields {
+            match field.name.as_str() {
+                "data_type" => {
+                    let names: Vec<&str> = DATA_TYPES.iter().map(|(_, n)| *n).collect();
+                    data_type = DataType::from_triton_name(self.ident(&path, field, &names)?);
+                }
+                "dims" => dims.push(self.int(&path, field, 0, i64::MAX.into())? as i64),
+                "zero_data" => data = Some(WarmupData::Zero),
+                "random_data" => data = Some(WarmupData::Random),
+                "input_data_file" => {
+                    let file = self.string(&path, field)?;
+                    if file.is_empty() || file.contains(['/', '\\']) || file == "." || file == ".." {
+                        return Err(self.error(field.value_pos, format!("{path}.input_data_file {file:?} must be a plain file name")));
+                    }
+                    data = Some(WarmupData::File(file));
+                }
+                _ => self.ignore("model_warmup.inputs", field),
+            }
+        }
+        let data_type = data_type.ok_or_else(|| self.error(at, format!("{path}: data_type is missing")))?;
+        let data = data.ok_or_else(|| self.error(at, format!("{path}: give zero_data, random_data or input_data_file")))?;
+        Ok(WarmupInput { data_type, dims, data })
+    }
+
     fn map_entry(&mut self, path: &str, message: &Message, at: Pos, nested_value: bool) -> Result<(String, String), ParseError> {
         let mut seen = Seen::default();
         let (mut key, mut value) = (None, String::new());
@@ -1137,6 +1244,26 @@ instance_group [
         assert_eq!(c.output[0].label_filename.as_deref(), Some("labels.txt"));
         assert!(!c.decoupled);
         assert_eq!(c.input[0].format.as_deref(), Some("FORMAT_NCHW"), "kept, to be served");
+    }
+
+    #[test]
+    fn reads_warm_up_samples() {
+        let c = read(
+            r#"model_warmup [ { name: "w" batch_size: 2 count: 3 inputs { key: "x" value: { data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } }
+                               inputs { key: "ids" value: { data_type: TYPE_INT64 dims: 8 input_data_file: "ids.bin" } } } ]"#,
+        );
+        assert!(c.ignored_fields.is_empty(), "{:?}", c.ignored_fields);
+        let sample = &c.warmup[0];
+        assert_eq!((sample.name.as_str(), sample.batch_size, sample.count), ("w", 2, 3));
+        assert_eq!(sample.inputs["x"].data, WarmupData::Zero);
+        assert_eq!(sample.inputs["ids"].data, WarmupData::File("ids.bin".into()));
+        assert_eq!(sample.inputs["ids"].dims, [8]);
+        let (_, _, message) =
+            refused(r#"model_warmup { name: "w" inputs { key: "x" value: { data_type: TYPE_FP32 dims: 1 zero_data: true } } }"#);
+        assert!(message.contains("batch_size must be at least 1"), "{message}");
+        let (_, _, message) =
+            refused(r#"model_warmup { name: "w" batch_size: 1 inputs { key: "x" value: { data_type: TYPE_FP32 dims: 1 } } }"#);
+        assert!(message.contains("zero_data, random_data or input_data_file"), "{message}");
     }
 
     #[test]

@@ -557,7 +557,7 @@ mod tests {
             "tuned/config.pbtxt",
             "platform: \"onnxruntime_onnx\"\nmax_batch_size: 8\ninput [ { name: \"x\" data_type: TYPE_FP32 dims: [ 3 ] } ]\n\
              output [ { name: \"y\" data_type: TYPE_FP32 dims: [ 1 ] } ]\ndynamic_batching { preferred_batch_size: [ 4, 8 ] }\n\
-             instance_group [ { count: 2 kind: KIND_CPU } ]\nmodel_warmup { name: \"w\" }\n",
+             instance_group [ { count: 2 kind: KIND_CPU } ]\nresponse_cache { enable: true }\n",
         );
 
         let repo = scan(&[&dir.0]).unwrap();
@@ -596,7 +596,7 @@ mod tests {
         assert_eq!(tuned.config_file.as_deref(), Some(dir.0.join("tuned/config.pbtxt").as_path()));
         assert_eq!(
             tuned.ignored_fields_warning().unwrap(),
-            "model \"tuned\": config.pbtxt fields Yardmaster does not act on (served as written): model_warmup"
+            "model \"tuned\": config.pbtxt fields Yardmaster does not act on (served as written): response_cache"
         );
         assert_eq!(plain.ignored_fields_warning(), None);
         assert_eq!(repo.ready().count(), 7);
