@@ -413,7 +413,7 @@ impl EngineBackend {
             let program = tables.programs.get(served.entry as usize).cloned();
             (served, program.ok_or_else(|| InferError::Failed(format!("model {model:?} has no entry stage program")))?)
         };
-        let payload = served.codec.decode(&request).map_err(InferError::Invalid)?;
+        let payload = served.codec.decode(&request).map_err(|e| InferError::Invalid(format!("model {:?}: {e}", served.name)))?;
         let elements = program.inputs(&payload).map_err(InferError::Invalid)?;
         let parcel = Parcel { payload, prepared: Some(Prepared { stage: served.entry, elements }) };
 
