@@ -7,8 +7,16 @@
 //! lengths *greater than `g`* in the most specific pool with enough samples (key,
 //! then class, then all), so the bound tightens as generation proceeds: conditioning
 //! on survival past `g` is the refinement.
+//!
+//! A bound costs a pass over its pool (up to `capacity` lengths). A scheduler that
+//! ranks every waiting request by its bound at every frame (`calm-sjf`) asked for
+//! thousands of them per decision under overload — out of an event call's fuel on a
+//! conversation trace at 36× its speed (issue 43). Bounds are a function of the class,
+//! the prompt's bucket, `g`, `q` and the cap until the next observation, so they are
+//! remembered until then: a decision costs one pass per distinct (class, bucket, `g`).
 
-use std::collections::BTreeMap;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
 
 use super::window::CountWindow;
 
@@ -19,6 +27,10 @@ pub const MIN_POOL_SAMPLES: usize = 30;
 /// is `2g` (spec §4.1).
 pub const MIN_TAIL_SAMPLES: usize = 10;
 
+/// What a bound depends on until the next observation: class, prompt bucket,
+/// generated tokens, the quantile's bits and the cap.
+type BoundKey = (u8, u8, u32, u64, u32);
+
 /// The conditional quantile estimator of output lengths.
 #[derive(Debug, Clone)]
 pub struct LengthEstimator {
@@ -27,6 +39,8 @@ pub struct LengthEstimator {
     keyed: BTreeMap<(u8, u8), CountWindow>,
     by_class: BTreeMap<u8, CountWindow>,
     global: CountWindow,
+    /// Bounds computed since the last observation.
+    remembered: RefCell<HashMap<BoundKey, u32>>,
 }
 
 /// The log₂ bucket of a prompt length (0 for prompts of 0 or 1 token).
@@ -41,13 +55,21 @@ impl LengthEstimator {
     /// # Panics
     /// If `capacity` is zero.
     pub fn new(capacity: usize, prior: u32) -> Self {
-        Self { capacity, prior: prior.max(1), keyed: BTreeMap::new(), by_class: BTreeMap::new(), global: CountWindow::new(capacity) }
+        Self {
+            capacity,
+            prior: prior.max(1),
+            keyed: BTreeMap::new(),
+            by_class: BTreeMap::new(),
+            global: CountWindow::new(capacity),
+            remembered: RefCell::new(HashMap::new()),
+        }
     }
 
     /// Record a finished request: its class (any small code), prompt and output length.
     pub fn observe(&mut self, class: u8, prompt: u32, output: u32) {
         let value = output as f64;
         let capacity = self.capacity;
+        self.remembered.get_mut().clear();
         self.keyed.entry((class, prompt_bucket(prompt))).or_insert_with(|| CountWindow::new(capacity)).push(value);
         self.by_class.entry(class).or_insert_with(|| CountWindow::new(capacity)).push(value);
         self.global.push(value);
@@ -72,6 +94,17 @@ impl LengthEstimator {
     /// `class` with `prompt` tokens that has generated `generated` tokens: always in
     /// `[generated + 1, max_tokens]` (`max_tokens` 0 means no cap).
     pub fn upper_bound(&self, class: u8, prompt: u32, generated: u32, q: f64, max_tokens: u32) -> u32 {
+        let key = (class, prompt_bucket(prompt), generated, q.to_bits(), max_tokens);
+        if let Some(&bound) = self.remembered.borrow().get(&key) {
+            return bound;
+        }
+        let bound = self.compute_upper_bound(class, prompt, generated, q, max_tokens);
+        self.remembered.borrow_mut().insert(key, bound);
+        bound
+    }
+
+    /// [`Self::upper_bound`] computed afresh: one pass over the pool.
+    fn compute_upper_bound(&self, class: u8, prompt: u32, generated: u32, q: f64, max_tokens: u32) -> u32 {
         let pool = [self.keyed.get(&(class, prompt_bucket(prompt))), self.by_class.get(&class), Some(&self.global)]
             .into_iter()
             .flatten()

@@ -422,6 +422,12 @@ pub fn plan_by_rank(
     let mut reserved: u64 = 0;
     let mut evicted: Vec<RequestId> = Vec::new();
     let residents_low_first: Vec<RequestId> = order.iter().rev().filter(|id| resident(id)).copied().collect();
+    // Residents neither running in the plan nor evicted: once none is left (or only the
+    // candidate itself), no candidate can make room, and the search for victims is
+    // skipped. Without this, every candidate that did not fit went over every resident
+    // again — under overload thousands of candidates a frame, out of an event call's
+    // fuel (`calm-sjf` on a conversation trace at 36× its speed, issue 43).
+    let mut evictable = residents_low_first.len();
     for id in order {
         if plan.run.len() >= batch {
             break;
@@ -443,7 +449,7 @@ pub fn plan_by_rank(
                 Preemption::Unguarded => true,
                 Preemption::NewestOnOverflow => is_resident,
             };
-            if may_evict {
+            if may_evict && evictable > usize::from(is_resident) {
                 for victim in &residents_low_first {
                     if held + reserved + need <= capacity {
                         break;
@@ -454,6 +460,7 @@ pub fn plan_by_rank(
                     let victim_bytes = book.get(*victim).map_or(0, |r| book.kv_bytes(r.context()));
                     held -= victim_bytes.min(held);
                     evicted.push(*victim);
+                    evictable -= 1;
                     plan.evict.push((*victim, EvictMode::Recompute));
                 }
                 fits = held + reserved + need <= capacity;
@@ -462,6 +469,9 @@ pub fn plan_by_rank(
         if fits {
             reserved += need;
             plan.run.push(*id);
+            if is_resident {
+                evictable -= 1;
+            }
         } else if preemption == Preemption::NewestOnOverflow {
             if !is_resident {
                 // Head-of-line: vLLM admits strictly in order.
@@ -470,6 +480,7 @@ pub fn plan_by_rank(
             // In arrival order, this resident is newer than those running: evict it by
             // recompute (it returns to the queue at its arrival position, the head).
             held -= book.kv_bytes(request.context()).min(held);
+            evictable -= 1;
             evicted.push(*id);
             plan.evict.push((*id, EvictMode::Recompute));
         }

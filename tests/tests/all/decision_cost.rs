@@ -4,6 +4,7 @@
 //! counted, not timed, so the test is deterministic.
 
 use yardmaster::engine::EngineOptions;
+use yardmaster::formats::workload::{Sizes, SyntheticSpec};
 use yardmaster::formats::{presets, WorkloadSpec};
 use yardmaster::policy::contract::Param;
 use yardmaster::policy::{Limits, Mode, PolicyLoader, Sandbox};
@@ -42,4 +43,48 @@ fn flex_decides_within_a_bounded_budget_however_long_its_queues_grow() {
     assert!(dropped > 10_000, "overload must queue and drop ({dropped} dropped)");
     let per_call = out.arm.fuel / out.arm.calls.max(1);
     eprintln!("{} calls, {per_call} fuel per call on average", out.arm.calls);
+}
+
+/// `calm-sjf` on the `llm` preset for 20 simulated seconds of Poisson arrivals at
+/// `rate` with chat-conversation sizes (prompts of mean 1,155 tokens, outputs of mean
+/// 211: the Azure 2023 conversation trace's; docs/sweep/conversation_trace.py), under
+/// the same fuel budget per call as FLEX above.
+fn conversation_sjf(rate: f64) -> RunOutcome {
+    let pipeline = presets::pipeline("llm").unwrap();
+    let duration = 20_000_000_000;
+    let spec = SimSpec {
+        pipeline,
+        seed: 3,
+        duration,
+        executor: SimExecutorOptions::default(),
+        engine: EngineOptions::default(),
+        decision_interval: 0,
+        capture_dir: None,
+    };
+    let sizes = Sizes { input_mean: 1155.0, input_cv: 0.53, tokens_mean: 211.0, tokens_cv: 1.28 };
+    let arrivals: Vec<_> = SyntheticSpec::poisson(rate, duration).build(spec.seed).unwrap().with_sizes(sizes).collect();
+    let limits = Limits { event_fuel: EVENT_FUEL, tick_fuel: EVENT_FUEL, ..Limits::default() };
+    let loader = PolicyLoader::new(Sandbox::new(Mode::Simulate, limits).unwrap(), None);
+    run::run(&spec, &shipped("calm-sjf", "calm-sjf").unwrap(), &loader, arrivals.into_iter(), &mut |_| {}).unwrap()
+}
+
+#[test]
+fn calm_sjf_decides_within_a_bounded_budget_from_2x_to_12x_overload() {
+    // The `llm` preset serves about 20 such requests a second. SJF ranked and sorted
+    // every waiting request at every frame, each bound a pass over its length pool, and
+    // when a candidate did not fit the KV cache it searched every resident for a victim
+    // again, for each of thousands of candidates: on a conversation trace at 36× its
+    // speed it ran out of the simulator's 1e9 fuel per call; here at 12× a call ran out
+    // of the 1e7 budget, and a call cost 2.0× as much on average as at 2×. Now: bounds
+    // remembered until the next observation, the victim search skipped when no victim
+    // is left, and a frame's plan over the residents and the best 8 batches of the rest
+    // (1.3×, no fault).
+    let low = conversation_sjf(40.0);
+    let high = conversation_sjf(240.0);
+    for (name, out) in [("2×", &low), ("12×", &high)] {
+        assert!(out.arm.faults.is_empty() && out.arm.fallbacks == 0, "{name}: {:?}", out.arm.faults);
+    }
+    let per_call = |out: &RunOutcome| out.arm.fuel as f64 / out.arm.calls.max(1) as f64;
+    eprintln!("fuel per call: {:.0} at 2×, {:.0} at 12×", per_call(&low), per_call(&high));
+    assert!(per_call(&high) <= 2.0 * per_call(&low), "{:.0} at 12× against {:.0} at 2×", per_call(&high), per_call(&low));
 }
