@@ -775,7 +775,7 @@ impl Api {
         };
         let mut decoded = match kserve::decode_request_in(&request.body, json_length, Some(&self.shared_memory)) {
             Ok(decoded) => decoded,
-            Err(e) => return ApiResponse::error(StatusCode::BAD_REQUEST, &e.0),
+            Err(e) => return ApiResponse::error(StatusCode::BAD_REQUEST, &format!("model {:?}: {}", model.metadata().name, e.0)),
         };
         if decoded.schedule.split_key.is_none() {
             decoded.schedule.split_key = request.headers.get(super::ab::KEY_HEADER).and_then(|v| v.to_str().ok()).map(str::to_string);

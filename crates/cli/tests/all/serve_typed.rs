@@ -50,6 +50,35 @@ fn every_element_type_travels_exactly_over_http_and_grpc() {
     }
     assert_eq!(seen["grpc"].as_object().unwrap().len(), TYPES.len());
 
+    // Bad input gets a 400 naming the model and the input: strings that do not match
+    // their shape, and a batch over max_batch_size (4, completed from the graph).
+    let inputs = |bytes_shape: &str, batch: usize| {
+        let mut tensors: Vec<String> = TYPES
+            .iter()
+            .filter(|(name, _)| *name != "BYTES")
+            .map(|(name, _)| {
+                let value = if *name == "BOOL" { "true" } else { "1" };
+                let data = vec![value; 3 * batch].join(",");
+                format!(r#"{{"name":"IN_{name}","shape":[{batch},3],"datatype":"{name}","data":[{data}]}}"#)
+            })
+            .collect();
+        let strings = vec![r#""a""#; 3 * batch].join(",");
+        tensors.push(format!(r#"{{"name":"IN_BYTES","shape":{bytes_shape},"datatype":"BYTES","data":[{strings}]}}"#));
+        format!(r#"{{"inputs":[{}]}}"#, tensors.join(","))
+    };
+    let post = |body: &str| super::serve_model_control::http_post(&server.address, "/v2/models/echo/infer", body);
+    let (status, answer) = post(&inputs("[1,3]", 1));
+    assert_eq!(status, 200, "a good request first: {answer}");
+    let refusal = |body: &str| {
+        let (status, answer) = post(body);
+        let error = serde_json::from_str::<serde_json::Value>(&answer).map(|a| a["error"].as_str().unwrap_or_default().to_string());
+        (status, error.unwrap_or(answer))
+    };
+    let (status, error) = refusal(&inputs("[1,4]", 1));
+    assert!(status == 400 && error.starts_with("model \"echo\": input \"IN_BYTES\""), "{status} {error}");
+    let (status, error) = refusal(&inputs("[5,3]", 5));
+    assert!(status == 400 && error.starts_with("model \"echo\"") && error.contains("a batch of 5"), "{status} {error}");
+
     // perf_analyzer's default random data, every type, over both protocols.
     for protocol in ["http", "grpc"] {
         let url = if protocol == "http" { server.address.clone() } else { grpc.clone() };
