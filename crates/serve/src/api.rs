@@ -174,6 +174,11 @@ impl ServedModel {
             None => json!({ "name": metadata.name, "platform": metadata.platform, "max_batch_size": 0 }),
         }
     }
+
+    /// Whether the model is decoupled (read in place: no copy of its configuration).
+    pub fn decoupled(&self) -> bool {
+        self.metadata().config.as_ref().is_some_and(super::decoupled::is_decoupled)
+    }
 }
 
 /// The protocol extensions the server metadata announces.
@@ -757,7 +762,7 @@ impl Api {
                 &format!("body of {} bytes exceeds the limit of {}", request.body.len(), self.max_body),
             );
         }
-        if super::decoupled::is_decoupled(&model.config()) {
+        if model.decoupled() {
             return ApiResponse::error(StatusCode::BAD_REQUEST, &super::decoupled::unary_refusal("HTTP end point", &model.metadata().name));
         }
         let _admitted = match self.admit() {

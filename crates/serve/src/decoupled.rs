@@ -15,7 +15,7 @@
 //! to a request that produced no rows). The request itself ends exactly once in the
 //! engine, like any other: its final flag is its end.
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use super::kserve::{InferResponse, Tensor, TensorData};
 
@@ -33,11 +33,6 @@ pub fn is_decoupled(config: &Value) -> bool {
 /// decoupled model, in Triton's words.
 pub fn unary_refusal(endpoint: &str, model: &str) -> String {
     format!("{endpoint} doesn't support models with decoupled transaction policy: model {model:?} answers over gRPC ModelStreamInfer only")
-}
-
-/// Whether a request asked for an empty final response (`triton_enable_empty_final_response`).
-pub fn wants_empty_final(parameters: &Map<String, Value>) -> bool {
-    parameters.get(ENABLE_EMPTY_FINAL).and_then(Value::as_bool).unwrap_or(false)
 }
 
 /// A decoupled model's answer to one request as the responses the stream sends, each
@@ -91,7 +86,7 @@ fn row_of(tensor: &Tensor, row: u64) -> Result<Tensor, String> {
     shape[0] = 1;
     let data = match &tensor.data {
         TensorData::Raw(bytes) => {
-            let width = bytes.len() / (rows as usize * per_row).max(1);
+            let width = tensor.datatype.width().unwrap_or(1);
             let start = row as usize * per_row * width;
             TensorData::Raw(bytes[start..start + per_row * width].to_vec())
         }
@@ -107,6 +102,7 @@ fn row_of(tensor: &Tensor, row: u64) -> Result<Tensor, String> {
 mod tests {
     use super::*;
     use crate::kserve::DataType;
+    use serde_json::Map;
 
     fn answer(outputs: Vec<Tensor>) -> InferResponse {
         InferResponse {

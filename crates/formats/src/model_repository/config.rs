@@ -455,6 +455,16 @@ impl Reader<'_> {
         }
     }
 
+    /// A file name that stays in its folder (no separator, not `.` or `..`); `""` is
+    /// returned as it is, for the caller to judge.
+    fn file_name(&self, path: &str, field: &Field) -> Result<String, ParseError> {
+        let file = self.string(path, field)?;
+        if file.contains(['/', '\\']) || file == "." || file == ".." {
+            return Err(self.error(field.value_pos, format!("{} {file:?} must be a plain file name", join(path, &field.name))));
+        }
+        Ok(file)
+    }
+
     fn message<'f>(&self, path: &str, field: &'f Field) -> Result<&'f Message, ParseError> {
         match &field.value {
             Value::Message(m) => Ok(m),
@@ -526,9 +536,9 @@ impl Reader<'_> {
                 }
                 "default_model_filename" => {
                     seen.once(self, "", field)?;
-                    let name = self.string("", field)?;
-                    if name.is_empty() || name.contains(['/', '\\']) || name == "." || name == ".." {
-                        return Err(self.error(field.value_pos, format!("default_model_filename {name:?} must be a plain file name")));
+                    let name = self.file_name("", field)?;
+                    if name.is_empty() {
+                        return Err(self.error(field.value_pos, "default_model_filename \"\" must be a plain file name"));
                     }
                     config.default_model_filename = name;
                 }
@@ -642,10 +652,7 @@ impl Reader<'_> {
                 }
                 "label_filename" if !is_input => {
                     seen.once(self, path, field)?;
-                    let file = self.string(path, field)?;
-                    if file.contains(['/', '\\']) || file == "." || file == ".." {
-                        return Err(self.error(field.value_pos, format!("{path}.label_filename {file:?} must be a plain file name")));
-                    }
+                    let file = self.file_name(path, field)?;
                     // "" is Triton's "no labels".
                     label_filename = (!file.is_empty()).then_some(file);
                 }
@@ -852,8 +859,6 @@ impl Reader<'_> {
         policy.ok_or_else(|| self.error(at, "version_policy is empty: give latest, all or specific"))
     }
 
-    /// A map entry `{ key: "k" value: … }`: with `nested_value`, the value is
-    /// `{ string_value: "v" }` (`parameters`); without, a plain string.
     /// One `model_warmup` sample.
     fn warmup(&mut self, message: &Message, at: Pos) -> Result<Warmup, ParseError> {
         const PATH: &str = "model_warmup";
@@ -905,9 +910,9 @@ impl Reader<'_> {
                 "zero_data" => data = Some(WarmupData::Zero),
                 "random_data" => data = Some(WarmupData::Random),
                 "input_data_file" => {
-                    let file = self.string(&path, field)?;
-                    if file.is_empty() || file.contains(['/', '\\']) || file == "." || file == ".." {
-                        return Err(self.error(field.value_pos, format!("{path}.input_data_file {file:?} must be a plain file name")));
+                    let file = self.file_name(&path, field)?;
+                    if file.is_empty() {
+                        return Err(self.error(field.value_pos, format!("{path}.input_data_file \"\" must be a plain file name")));
                     }
                     data = Some(WarmupData::File(file));
                 }
@@ -919,6 +924,8 @@ impl Reader<'_> {
         Ok(WarmupInput { data_type, dims, data })
     }
 
+    /// A map entry `{ key: "k" value: … }`: with `nested_value`, the value is
+    /// `{ string_value: "v" }` (`parameters`); without, a plain string.
     fn map_entry(&mut self, path: &str, message: &Message, at: Pos, nested_value: bool) -> Result<(String, String), ParseError> {
         let mut seen = Seen::default();
         let (mut key, mut value) = (None, String::new());

@@ -124,7 +124,7 @@ impl InferenceService {
     ) -> Result<(super::kserve::InferResponse, Vec<super::kserve::RequestedOutput>, bool), Status> {
         let _admitted = api.admit().map_err(status_of)?;
         let model = api.served_model(&request.model_name, given(&request.model_version)).map_err(status_of)?;
-        let decoupled = decoupled::is_decoupled(&model.config());
+        let decoupled = model.decoupled();
         if decoupled && !streaming {
             return Err(Status::invalid_argument(decoupled::unary_refusal("ModelInfer RPC", &model.metadata().name)));
         }
