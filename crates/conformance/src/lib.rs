@@ -659,6 +659,7 @@ fn arrival_script(options: &CheckOptions) -> Vec<Submission> {
         priority: 0,
         input_size: 64,
         expected_tokens,
+        ..Submission::default()
     };
     let mut requests = Vec::with_capacity(total as usize);
     let mut t = 0u64;

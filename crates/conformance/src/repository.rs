@@ -241,6 +241,7 @@ pub fn arrivals(options: &CheckOptions) -> Vec<Submission> {
         priority: 0,
         input_size: 64,
         expected_tokens: 0,
+        ..Submission::default()
     };
     let mut requests = Vec::with_capacity(total as usize);
     let gap = ARRIVALS_FOR as f64 / steady as f64;

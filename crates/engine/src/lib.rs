@@ -116,6 +116,23 @@ pub struct Submission {
     pub input_size: u32,
     /// Expected output tokens (0 when unknown).
     pub expected_tokens: u32,
+    /// Items the request carries: a client batch's leading dimension (0 counts as 1).
+    /// A batch's size is the sum of its requests' items.
+    pub items: u32,
+    /// The stateful sequence the request is a step of, if any.
+    pub sequence: Option<SequenceStep>,
+}
+
+/// One request's place in a stateful sequence (Triton's sequence batcher): the
+/// sequence's correlation id and whether the request starts or ends it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct SequenceStep {
+    /// The sequence's correlation id.
+    pub id: u64,
+    /// The first request of the sequence.
+    pub start: bool,
+    /// The last request of the sequence.
+    pub end: bool,
 }
 
 /// How an end-to-end request ended, for the driver (the server answers the client).

@@ -382,7 +382,7 @@ impl EngineBackend {
         let now = self.clock.now();
         let deadline = request.schedule.timeout_us.map_or(0, |us| now.saturating_add(us.saturating_mul(1_000)));
         let priority = request.schedule.priority.map_or(0, |p| PRIORITY_LEVELS + 1 - p.clamp(1, PRIORITY_LEVELS));
-        Submission { stream: model.stream, sent_at: now, deadline, priority, input_size: 0, expected_tokens: 0 }
+        Submission { stream: model.stream, sent_at: now, deadline, priority, input_size: 0, expected_tokens: 0, ..Submission::default() }
     }
 
     async fn run(&self, model: &str, version: Option<&str>, request: InferRequest) -> Result<InferResponse, InferError> {
