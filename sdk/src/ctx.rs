@@ -3,6 +3,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::fit::Constraints;
+
 use crate::{
     Action, Config, Defer, Dispatch, DropReason, DropRequest, Duration, Evict, EvictMode, Host, Instant, LatencyTable, Level, Placement,
     RequestId, Route, Scale, SequenceState, SetBatchLimit, SetRoutes, SetThreads, SetTimer, SetVariant, StageId, VariantId, VariantTarget,
@@ -30,6 +32,9 @@ pub struct Ctx {
     resident: BTreeMap<WorkerId, Vec<SequenceState>>,
     actions: Vec<Action>,
     now: Instant,
+    /// Requests that constrain a batch (several items, a sequence's worker), and the
+    /// ones withheld from a dispatch to hand back (see [`crate::fit`]).
+    constraints: Constraints,
 }
 
 impl Ctx {
@@ -55,6 +60,7 @@ impl Ctx {
             resident: BTreeMap::new(),
             actions: Vec::new(),
             now: 0,
+            constraints: Constraints::default(),
         }
     }
 
@@ -160,8 +166,17 @@ impl Ctx {
         &self.actions
     }
 
+    /// Items a request the policy holds carries (`request.items`: 1, or a client
+    /// batch's rows). A batch's size is the sum of its requests' items; a helper that
+    /// forms batches counting items keeps them within the limit itself, and
+    /// [`Ctx::dispatch`] withholds what would not fit otherwise.
+    pub fn items(&self, request: RequestId) -> u32 {
+        self.constraints.items(request)
+    }
+
     /// Drop a request.
     pub fn drop_request(&mut self, request: RequestId, reason: DropReason) {
+        self.constraints.forget(request);
         self.forget_sequence(request);
         self.actions.push(Action::Drop(DropRequest { request, reason }));
     }
@@ -172,7 +187,32 @@ impl Ctx {
     }
 
     /// Run a batch with an explicit variant.
+    ///
+    /// The batch is kept within the contract's rules (see [`crate::fit`]): at most the
+    /// stage's batch limit in items, and a stateful sequence's step only on the worker
+    /// holding the sequence. What would break them is withheld and handed back to the
+    /// policy as an arrival (at the next call, or when the sequence's worker is idle);
+    /// a step whose worker is idle now runs there at once.
     pub fn dispatch_variant(&mut self, worker: WorkerId, requests: Vec<RequestId>, variant: Option<VariantId>) {
+        let stage = self.workers.get(&worker).map(|w| w.info.stage);
+        let (limit, max_batch) = match stage {
+            Some(stage) => (self.batch_limit(stage), self.config.stages.iter().find(|s| s.id == stage).map_or(1, |s| s.max_batch)),
+            None => (u32::MAX, u32::MAX),
+        };
+        let workers = &self.workers;
+        let fitted = self.constraints.fit(worker, requests, limit, max_batch, |w| workers.get(&w).is_some_and(|v| v.idle));
+        for (holder, batch) in fitted.elsewhere {
+            self.push_dispatch(holder, batch, None);
+        }
+        if !fitted.batch.is_empty() {
+            self.push_dispatch(worker, fitted.batch, variant);
+        }
+    }
+
+    fn push_dispatch(&mut self, worker: WorkerId, requests: Vec<RequestId>, variant: Option<VariantId>) {
+        for &id in &requests {
+            self.constraints.forget(id);
+        }
         self.set_idle(worker, false);
         self.actions.push(Action::Dispatch(Dispatch { worker, requests, variant }));
     }
@@ -242,6 +282,7 @@ impl Ctx {
 
     /// Hand a request back to the host until `until`.
     pub fn defer(&mut self, request: RequestId, until: Instant) {
+        self.constraints.forget(request);
         self.actions.push(Action::Defer(Defer { request, until }));
     }
 
@@ -265,11 +306,16 @@ impl Ctx {
         }
     }
 
+    pub(crate) fn constraints(&mut self) -> &mut Constraints {
+        &mut self.constraints
+    }
+
     pub(crate) fn add_worker(&mut self, worker: Worker) {
         self.workers.insert(worker.id, WorkerView { info: worker, idle: false });
     }
 
     pub(crate) fn remove_worker(&mut self, worker: WorkerId) {
+        self.constraints.worker_gone(worker);
         self.set_idle(worker, false);
         self.workers.remove(&worker);
         self.resident.remove(&worker);

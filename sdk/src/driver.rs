@@ -25,11 +25,24 @@ impl<P: Policy> Driver<P> {
     pub fn handle(&mut self, now: Instant, events: Vec<Event>) -> Vec<Action> {
         let (policy, ctx) = (&mut self.policy, &mut self.ctx);
         ctx.set_now(now);
+        // Requests a dispatch withheld last call (they did not fit) come back first.
+        for request in ctx.constraints().take_next_call() {
+            ctx.constraints().arrived(&request);
+            policy.on_arrival(ctx, request);
+        }
         for event in events {
             match event {
-                Event::Arrival(request) => policy.on_arrival(ctx, request),
+                Event::Arrival(request) => {
+                    ctx.constraints().arrived(&request);
+                    policy.on_arrival(ctx, request)
+                }
                 Event::WorkerIdle(worker) => {
                     ctx.mark_idle(worker);
+                    // Sequence steps withheld until their worker was idle come back now.
+                    for request in ctx.constraints().take_when_idle(worker) {
+                        ctx.constraints().arrived(&request);
+                        policy.on_arrival(ctx, request);
+                    }
                     policy.on_worker_idle(ctx, worker)
                 }
                 Event::BatchDone(outcome) => policy.on_batch_done(ctx, outcome),
@@ -51,6 +64,7 @@ impl<P: Policy> Driver<P> {
                     policy.on_worker_removed(ctx, worker)
                 }
                 Event::RequestEnded((request, reason)) => {
+                    ctx.constraints().ended(request);
                     ctx.forget_sequence(request);
                     policy.on_request_ended(ctx, request, reason)
                 }

@@ -28,6 +28,7 @@
 pub mod bindings;
 mod ctx;
 mod driver;
+mod fit;
 pub mod helpers;
 mod host;
 mod latency;
@@ -43,10 +44,10 @@ pub use latency::{interpolate, most_productive_batch, LatencyTable};
 
 pub use bindings::yardmaster::policy::host::Level;
 pub use bindings::yardmaster::policy::types::{
-    Action, BatchOutcome, CachedParameters, Config, Defer, DeviceKind, Dispatch, DropReason, DropRequest, Duration, EndReason, Event,
-    Evict, EvictMode, FrameReport, HostId, HostInfo, HostStats, Instant, LatencyPoint, Param, Placement, Request, RequestId, RequestResult,
-    RequestStatus, Route, Scale, SequenceState, SetBatchLimit, SetRoutes, SetThreads, SetTimer, SetVariant, Snapshot, Stage, StageId,
-    StageKind, StageStats, Stream, StreamId, Tag, Variant, VariantId, VariantTarget, Worker, WorkerId, WorkerStats,
+    Action, BatchOutcome, CachedParameters, Config, Correlation, Defer, DeviceKind, Dispatch, DropReason, DropRequest, Duration, EndReason,
+    Event, Evict, EvictMode, FrameReport, HostId, HostInfo, HostStats, Instant, LatencyPoint, Param, Placement, Request, RequestId,
+    RequestResult, RequestStatus, Route, Scale, SequenceState, SetBatchLimit, SetRoutes, SetThreads, SetTimer, SetVariant, Snapshot, Stage,
+    StageId, StageKind, StageStats, Stream, StreamId, Tag, Variant, VariantId, VariantTarget, Worker, WorkerId, WorkerStats,
 };
 
 /// A scheduling policy: the host calls one method per event, in the order the events

@@ -70,7 +70,7 @@ pub fn one_stage(variants: Vec<Variant>, max_batch: u32, workers: u32) -> Config
 }
 
 /// Request `id` of `stream` at stage 0, sent and arrived at `at`, due at `deadline`;
-/// no input size, token hint, requeues or tags.
+/// one item; no input size, token hint, requeues, tags or sequence.
 pub fn request(id: RequestId, stream: u32, at: Instant, deadline: Instant) -> Request {
     Request {
         id,
@@ -85,6 +85,8 @@ pub fn request(id: RequestId, stream: u32, at: Instant, deadline: Instant) -> Re
         expected_tokens: 0,
         requeues: 0,
         tags: None,
+        items: 1,
+        correlation: None,
     }
 }
 

@@ -119,6 +119,8 @@ pub fn record_stream(recorder: &mut dyn PolicyInstance, batch: usize, calls: usi
                 expected_tokens: 0,
                 requeues: 0,
                 tags: None,
+                items: 1,
+                correlation: None,
             }));
             next_id += 1;
         }
@@ -278,6 +280,8 @@ fn frame_arrivals(requests: usize) -> Vec<Event> {
                 expected_tokens: 8 + ((value >> 32) % 512) as u32,
                 requeues: 0,
                 tags: None,
+                items: 1,
+                correlation: None,
             })
         })
         .collect()

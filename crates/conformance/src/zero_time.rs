@@ -124,7 +124,15 @@ pub fn arrivals(options: &CheckOptions) -> Vec<Submission> {
             let (state, value) = yardmaster_sdk::splitmix64(rng);
             rng = state;
             let sent_at = i * gap + value % gap.max(1);
-            Submission { stream: 0, sent_at, deadline: sent_at + slo, priority: 0, input_size: 64, expected_tokens: 0, ..Submission::default() }
+            Submission {
+                stream: 0,
+                sent_at,
+                deadline: sent_at + slo,
+                priority: 0,
+                input_size: 64,
+                expected_tokens: 0,
+                ..Submission::default()
+            }
         })
         .collect()
 }

@@ -137,6 +137,12 @@ pub trait Executor {
     fn set_variant(&mut self, worker: u32, variant: u32);
     /// A sequence leaves a worker's memory (iteration stages).
     fn evict(&mut self, worker: u32, sequence: u64, mode: EvictMode);
+    /// A stateful sequence's state on `worker` is no longer needed (the sequence went
+    /// idle past its timeout, or its END request did not run): free it. A worker frees
+    /// a sequence's state itself when its END request runs. By default nothing is kept.
+    fn sequence_released(&mut self, worker: u32, sequence: u64) {
+        let _ = (worker, sequence);
+    }
     /// Whether `result` belongs to the job the engine holds the worker busy with. An
     /// executor whose results travel to the engine on their own (another thread) may
     /// have one on its way when [`Executor::abort`] comes too late to stop it: it says
@@ -214,6 +220,9 @@ impl<X: Executor> Executor for SharedExecutor<X> {
     }
     fn evict(&mut self, worker: u32, sequence: u64, mode: EvictMode) {
         self.0.borrow_mut().evict(worker, sequence, mode)
+    }
+    fn sequence_released(&mut self, worker: u32, sequence: u64) {
+        self.0.borrow_mut().sequence_released(worker, sequence)
     }
     fn accept_result(&mut self, result: &JobResult) -> bool {
         self.0.borrow_mut().accept_result(result)

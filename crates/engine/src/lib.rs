@@ -28,6 +28,7 @@ pub mod hosts;
 pub mod metrics;
 pub mod pipeline;
 mod reconfigure;
+mod sequences;
 mod state;
 
 use std::cmp::Reverse;
@@ -255,6 +256,8 @@ pub struct Engine<C: Clock, X: Executor> {
     /// Per stage: why it has no worker left since its last one was lost (None while
     /// it has one, or has never lost one). Arrivals at such a stage fail at once.
     unserved: Vec<Option<String>>,
+    /// Live stateful sequences (see [`sequences`]).
+    sequences: sequences::Sequences,
     observer: Option<CallObserver>,
     /// The optimal bound's capacity (see [`bound`]), for the current `max_workers`.
     capacity_bound: f64,
@@ -370,6 +373,7 @@ impl<C: Clock, X: Executor> Engine<C, X> {
             ended: Vec::new(),
             stats: EngineStats::default(),
             unserved: Vec::new(),
+            sequences: sequences::Sequences::default(),
             observer: None,
             capacity_bound: f64::NAN,
         };
@@ -553,10 +557,68 @@ impl<C: Clock, X: Executor> Engine<C, X> {
             expected_tokens: submission.expected_tokens,
             requeues: 0,
             tags,
+            items: submission.items.max(1),
+            correlation: None,
         };
         self.schedule(deadline.saturating_add(self.options.expiry_grace), Wakeup::Expire(id));
-        self.enqueue(request, 0);
+        if (request.items > 1 || submission.sequence.is_some()) && !self.arm.sees_items_and_sequences() {
+            let error = self.unseen_by_policy(&request, submission.sequence.is_some());
+            self.finish_origin(id, Outcome::Failed { error }, now);
+            return id;
+        }
+        match submission.sequence {
+            None => self.enqueue(request, 0),
+            Some(step) => self.admit_step(request, step),
+        }
         id
+    }
+
+    /// Why a client batch or a sequence step cannot be served by the policy answering
+    /// now: it was built against a contract older than 0.3.0, which shows it neither
+    /// a request's items nor its sequence, so it would batch past the stage's limit or
+    /// run a step away from its state.
+    fn unseen_by_policy(&self, request: &Request, sequence: bool) -> String {
+        let what =
+            if sequence { "a stateful sequence's requests".to_string() } else { format!("a client batch ({} items)", request.items) };
+        let version = self.arm.contract_version().map_or_else(|| "an older contract".to_string(), |v| format!("contract {v}"));
+        format!(
+            "the policy {:?} speaks {version}, which cannot see {what}: rebuild it against contract 0.3.0 or later (see wit/README.md), or send one item per request without sequence parameters",
+            self.arm.name()
+        )
+    }
+
+    /// A step of a stateful sequence arrives: queue it bound to the sequence's worker,
+    /// hold it behind the sequence's request in flight, or refuse it (the request fails
+    /// at once, naming why; the policy never sees it).
+    fn admit_step(&mut self, mut request: Request, step: SequenceStep) {
+        match self.sequences.admit(request.stage, step, &request) {
+            Ok(sequences::Admission::Now(worker)) => {
+                request.correlation = Some(sequences::correlation(step, worker));
+                self.enqueue(request, 0);
+            }
+            Ok(sequences::Admission::Held) => {}
+            Err(error) => {
+                let now = self.state.now;
+                self.finish_origin(request.origin, Outcome::Failed { error }, now);
+            }
+        }
+    }
+
+    /// Forget a stateful sequence that has been idle past its timeout (Triton's
+    /// `max_sequence_idle_microseconds`): the executor frees its state on the worker
+    /// holding it, and a later request of the id must start it again. Returns false
+    /// when the sequence is not live or has a request in flight (it is not idle).
+    pub fn release_sequence(&mut self, stream: u32, id: u64) -> bool {
+        let Some(stage) = self.state.pipeline.streams.get(stream as usize).map(|s| s.entry) else { return false };
+        match self.sequences.release(stage, id) {
+            Some(worker) => {
+                if let Some(worker) = worker {
+                    self.executor.sequence_released(worker, id);
+                }
+                true
+            }
+            None => false,
+        }
     }
 
     /// A client gave up on a request.
@@ -611,6 +673,7 @@ impl<C: Clock, X: Executor> Engine<C, X> {
     /// until a worker is provisioned there again (a policy's or the host's scale-up).
     pub fn worker_lost(&mut self, worker: u32, reason: &str) {
         self.now();
+        self.sequences_gone(worker, &format!("was lost: {reason}"));
         // Already leaving (a scale-down counted it) or unknown: nothing more to do.
         let Some(stage) = self.retire_worker(worker) else { return };
         let serves = |w: &WorkerEntry| {
@@ -696,6 +759,12 @@ impl<C: Clock, X: Executor> Engine<C, X> {
                 continue;
             }
             self.mark_served(item.id, stage_id, variant_id);
+            if !self.sequences.is_empty() {
+                if let Some(origin) = self.state.pieces.get(&item.id).filter(|p| p.request.correlation.is_some()).map(|p| p.request.origin)
+                {
+                    self.sequences.ran(origin, result.worker);
+                }
+            }
             match kind {
                 StageKind::Batch => self.forward(item.id, &item.fan_out),
                 StageKind::Iteration => {
@@ -835,6 +904,8 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         let now = self.state.now;
         request.stage = stage;
         request.arrived_at = now;
+        // A sequence is bound at the stage it entered; later stages see a plain request.
+        request.correlation = None;
         let fan_in = self.state.pipeline.stages[stage as usize].predecessors.len() > 1;
         if !fan_in {
             self.enqueue(request, generated);
@@ -912,6 +983,41 @@ impl<C: Clock, X: Executor> Engine<C, X> {
             arrived_at: origin.arrived_at,
             first_job_at: origin.first_job_at,
         });
+        if !self.sequences.is_empty() {
+            let completed = matches!(self.ended.last().map(|e| &e.outcome), Some(Outcome::Completed));
+            self.sequence_moves_on(origin_id, completed);
+        }
+    }
+
+    /// A sequence's request ended: queue the next one, fail those that can no longer
+    /// run, free state that is no longer needed.
+    fn sequence_moves_on(&mut self, origin_id: u64, completed: bool) {
+        let after = self.sequences.origin_ended(origin_id, completed);
+        if let Some((worker, id)) = after.release {
+            self.executor.sequence_released(worker, id);
+        }
+        let now = self.state.now;
+        for (origin, error) in after.failed {
+            self.finish_origin(origin, Outcome::Failed { error }, now);
+        }
+        if let Some((mut request, worker)) = after.next {
+            let step = request.correlation.as_ref().map(|c| SequenceStep { id: c.id, start: c.start, end: c.end }).expect("a step");
+            request.correlation = Some(sequences::correlation(step, worker));
+            request.arrived_at = now;
+            self.enqueue(request, 0);
+        }
+    }
+
+    /// Every sequence bound to `worker` is gone with it (`why`: "was lost: …", "was
+    /// scaled down"): its requests fail, saying so.
+    fn sequences_gone(&mut self, worker: u32, why: &str) {
+        if self.sequences.is_empty() {
+            return;
+        }
+        let now = self.state.now;
+        for (origin, error) in self.sequences.worker_gone(worker, why) {
+            self.end_origin(origin, Outcome::Failed { error }, now, EndReason::Failed);
+        }
     }
 
     /// End an origin early (drop, failure, cancellation, expiry): every live piece goes,
@@ -1390,6 +1496,7 @@ impl<C: Clock, X: Executor> Engine<C, X> {
     }
 
     fn remove_worker(&mut self, id: u32) {
+        self.sequences_gone(id, "was scaled down");
         if self.state.remove_worker_entry(id).is_some() {
             self.executor.retire(id);
             self.pending.push(Event::WorkerRemoved(id));

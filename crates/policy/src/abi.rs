@@ -11,7 +11,7 @@
 /// The `event` variant: a one-byte discriminant, then the case's payload.
 pub mod event {
     /// Size of one `event` (the stride of a `list<event>`).
-    pub const SIZE: usize = 88;
+    pub const SIZE: usize = 120;
     /// Alignment of `event`.
     pub const ALIGN: usize = 8;
     /// Offset of every case's payload (the discriminant rounded up to the largest case's alignment).
@@ -27,7 +27,7 @@ pub mod event {
 /// The `request` record (the payload of `arrival`).
 pub mod request {
     /// Size of `request`.
-    pub const SIZE: usize = 80;
+    pub const SIZE: usize = 112;
     /// Alignment of `request`.
     pub const ALIGN: usize = 8;
     /// `id: request-id` (u64).
@@ -54,6 +54,28 @@ pub mod request {
     pub const REQUEUES: usize = 60;
     /// `tags: option<list<tag>>`: its discriminant byte (0 is `none`).
     pub const TAGS: usize = 64;
+    /// `items: u32`.
+    pub const ITEMS: usize = 76;
+    /// `correlation: option<correlation>`: its discriminant byte (0 is `none`), then
+    /// the record at [`CORRELATION_PAYLOAD`].
+    pub const CORRELATION: usize = 80;
+    /// Offset of the `correlation` record inside the request (its option's payload).
+    pub const CORRELATION_PAYLOAD: usize = 88;
+}
+
+/// The `correlation` record (a request's place in a stateful sequence).
+pub mod correlation {
+    /// `id: u64`.
+    pub const ID: usize = 0;
+    /// `start: bool` (one byte).
+    pub const START: usize = 8;
+    /// `end: bool` (one byte).
+    pub const END: usize = 9;
+    /// `worker: option<worker-id>`: its discriminant byte (0 is `none`), then the id at
+    /// [`WORKER_ID`].
+    pub const WORKER: usize = 12;
+    /// The worker id inside `worker`'s option.
+    pub const WORKER_ID: usize = 16;
 }
 
 /// The `batch-outcome` record (the payload of `batch-done`).

@@ -611,6 +611,17 @@ impl Arm {
         self.instance.as_ref().map(|i| i.label()).unwrap_or_else(|| "closed".into())
     }
 
+    /// Whether the instance answering now sees a request's items and its place in a
+    /// stateful sequence (contract 0.3.0 on); a closed arm sees nothing to refuse.
+    pub fn sees_items_and_sequences(&self) -> bool {
+        self.instance.as_ref().is_none_or(|i| i.contract_version() >= super::contract::ContractVersion::new(0, 3, 0))
+    }
+
+    /// The contract version of the instance answering now, if one answers.
+    pub fn contract_version(&self) -> Option<super::contract::ContractVersion> {
+        self.instance.as_ref().map(|i| i.contract_version())
+    }
+
     /// The counters.
     pub fn stats(&self) -> &ArmStats {
         &self.stats

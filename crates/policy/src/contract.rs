@@ -3,7 +3,8 @@
 //! the latest version, which the rest of the host uses for events and actions.
 //!
 //! Every released version of `yardmaster:policy` is a frozen directory `wit/X.Y.Z/`
-//! with a module here (`v0_1_0` for `wit/0.1.0/`, `v0_2_0` for `wit/0.2.0/`) holding
+//! with a module here (`v0_1_0` for `wit/0.1.0/`, `v0_2_0` for `wit/0.2.0/`, `v0_3_0` for
+//! `wit/0.3.0/`) holding
 //! its own `bindgen!`, its host imports and the conversions between its types and the
 //! latest ones (written with the helpers of [`convert`]). The loader reads
 //! the version a component exports (`yardmaster:policy/policy@X.Y.Z`), checks it
@@ -17,26 +18,27 @@ pub(crate) mod convert;
 mod imports;
 pub mod v0_1_0;
 pub mod v0_2_0;
+pub mod v0_3_0;
 mod version;
 
 use wasmtime::component::{InstancePre, Linker};
 use wasmtime::Store;
 
-pub use self::v0_2_0::yardmaster::policy::host::Level;
-pub use self::v0_2_0::yardmaster::policy::types::*;
+pub use self::v0_3_0::yardmaster::policy::host::Level;
+pub use self::v0_3_0::yardmaster::policy::types::*;
 pub use self::version::{exported_version, Accepted, ContractVersion, VersionError, POLICY_EXPORT};
 
 use super::instance::HostState;
 
 /// The latest contract version: the one whose types the host uses.
-pub const LATEST: ContractVersion = v0_2_0::VERSION;
+pub const LATEST: ContractVersion = v0_3_0::VERSION;
 
 /// The contract versions this host accepts: from the oldest still supported to
 /// [`LATEST`], each served by its own bindings module (see [`Binding::ALL`]).
 pub const ACCEPTED: Accepted = Accepted { oldest: v0_1_0::VERSION, latest: LATEST };
 
 /// The version of the contract this host implements natively (the latest), as text.
-pub const CONTRACT_VERSION: &str = "0.2.0";
+pub const CONTRACT_VERSION: &str = "0.3.0";
 
 /// The interfaces of the world a policy may import (without their version).
 pub const WORLD_IMPORTS: &[&str] = &["yardmaster:policy/types", "yardmaster:policy/host"];
@@ -48,17 +50,20 @@ pub enum Binding {
     V0_1_0,
     /// `wit/0.2.0`, module [`v0_2_0`].
     V0_2_0,
+    /// `wit/0.3.0`, module [`v0_3_0`].
+    V0_3_0,
 }
 
 impl Binding {
     /// Every supported version's bindings, oldest first.
-    pub const ALL: &'static [Binding] = &[Binding::V0_1_0, Binding::V0_2_0];
+    pub const ALL: &'static [Binding] = &[Binding::V0_1_0, Binding::V0_2_0, Binding::V0_3_0];
 
     /// The contract version this module binds.
     pub const fn version(self) -> ContractVersion {
         match self {
             Binding::V0_1_0 => v0_1_0::VERSION,
             Binding::V0_2_0 => v0_2_0::VERSION,
+            Binding::V0_3_0 => v0_3_0::VERSION,
         }
     }
 
@@ -76,6 +81,7 @@ impl Binding {
         match self {
             Binding::V0_1_0 => v0_1_0::add_to_linker(linker),
             Binding::V0_2_0 => v0_2_0::add_to_linker(linker),
+            Binding::V0_3_0 => v0_3_0::add_to_linker(linker),
         }
     }
 
@@ -84,6 +90,7 @@ impl Binding {
         match self {
             Binding::V0_1_0 => Ok(Linked::V0_1_0(v0_1_0::Linked::new(instance_pre)?)),
             Binding::V0_2_0 => Ok(Linked::V0_2_0(v0_2_0::Linked::new(instance_pre)?)),
+            Binding::V0_3_0 => Ok(Linked::V0_3_0(v0_3_0::Linked::new(instance_pre)?)),
         }
     }
 }
@@ -94,6 +101,8 @@ pub(crate) enum Linked {
     V0_1_0(v0_1_0::Linked),
     /// Built against 0.2.0.
     V0_2_0(v0_2_0::Linked),
+    /// Built against 0.3.0.
+    V0_3_0(v0_3_0::Linked),
 }
 
 impl Linked {
@@ -102,6 +111,7 @@ impl Linked {
         match self {
             Linked::V0_1_0(_) => Binding::V0_1_0,
             Linked::V0_2_0(_) => Binding::V0_2_0,
+            Linked::V0_3_0(_) => Binding::V0_3_0,
         }
     }
 
@@ -110,6 +120,7 @@ impl Linked {
         match self {
             Linked::V0_1_0(linked) => Ok(Exports::V0_1_0(v0_1_0::Exports::new(linked, store)?)),
             Linked::V0_2_0(linked) => Ok(Exports::V0_2_0(v0_2_0::Exports::new(linked, store)?)),
+            Linked::V0_3_0(linked) => Ok(Exports::V0_3_0(v0_3_0::Exports::new(linked, store)?)),
         }
     }
 }
@@ -121,6 +132,8 @@ pub(crate) enum Exports {
     V0_1_0(v0_1_0::Exports),
     /// Built against 0.2.0.
     V0_2_0(v0_2_0::Exports),
+    /// Built against 0.3.0.
+    V0_3_0(v0_3_0::Exports),
 }
 
 impl Exports {
@@ -129,6 +142,7 @@ impl Exports {
         match self {
             Exports::V0_1_0(exports) => exports.init(store, config),
             Exports::V0_2_0(exports) => exports.init(store, config),
+            Exports::V0_3_0(exports) => exports.init(store, config),
         }
     }
 
@@ -137,6 +151,7 @@ impl Exports {
         match self {
             Exports::V0_1_0(exports) => exports.handle(store, now, events),
             Exports::V0_2_0(exports) => exports.handle(store, now, events),
+            Exports::V0_3_0(exports) => exports.handle(store, now, events),
         }
     }
 }

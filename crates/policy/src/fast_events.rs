@@ -173,7 +173,8 @@ fn write_batch_done<T>(cx: &mut LowerContext<'_, T>, at: usize, outcome: &BatchO
     Ok(())
 }
 
-/// `arrival(request)` with `tags: none`, in the canonical ABI layout of `request`.
+/// `arrival(request)` with `tags: none`, in the canonical ABI layout of `request`
+/// (its `correlation` too).
 fn write_arrival(slot: &mut [u8], r: &Request) {
     use request::*;
     slot[0] = ARRIVAL;
@@ -189,7 +190,22 @@ fn write_arrival(slot: &mut [u8], r: &Request) {
     p[INPUT_SIZE..INPUT_SIZE + 4].copy_from_slice(&r.input_size.to_le_bytes());
     p[EXPECTED_TOKENS..EXPECTED_TOKENS + 4].copy_from_slice(&r.expected_tokens.to_le_bytes());
     p[REQUEUES..REQUEUES + 4].copy_from_slice(&r.requeues.to_le_bytes());
-    p[TAGS] = 0; // tags: none
+    // tags: none, and every byte after it zero (padding and an absent correlation's
+    // payload), so the slot holds no stale guest bytes.
+    p[TAGS..SIZE].fill(0);
+    p[ITEMS..ITEMS + 4].copy_from_slice(&r.items.to_le_bytes());
+    if let Some(c) = &r.correlation {
+        use super::abi::correlation as at;
+        p[CORRELATION] = 1;
+        let q = &mut p[CORRELATION_PAYLOAD..];
+        q[at::ID..at::ID + 8].copy_from_slice(&c.id.to_le_bytes());
+        q[at::START] = c.start as u8;
+        q[at::END] = c.end as u8;
+        if let Some(worker) = c.worker {
+            q[at::WORKER] = 1;
+            q[at::WORKER_ID..at::WORKER_ID + 4].copy_from_slice(&worker.to_le_bytes());
+        }
+    }
 }
 
 /// Debug builds: lower every hot event of the list again the generic way, in place,
@@ -212,7 +228,7 @@ fn check_against_generic<T>(cx: &mut LowerContext<'_, T>, elem: InterfaceType, e
     for (i, event) in events.iter().enumerate() {
         let at = base + i * stride;
         match event {
-            Event::Arrival(r) if r.tags.is_none() => compare_in_place(cx, elem, event, at, PAYLOAD + request::TAGS + 1)?,
+            Event::Arrival(r) if r.tags.is_none() => compare_in_place(cx, elem, event, at, PAYLOAD + request::SIZE)?,
             Event::WorkerIdle(_) => compare_in_place(cx, elem, event, at, PAYLOAD + 4)?,
             Event::BatchDone(outcome) => check_batch_done(cx, elem, outcome, at)?,
             _ => {}

@@ -88,6 +88,11 @@ pub trait PolicyInstance: Send {
     fn memory_bytes(&self) -> Option<usize> {
         None
     }
+    /// The contract version the policy was built against: what it can see of a
+    /// request (a native policy is built with the host, so it speaks the latest).
+    fn contract_version(&self) -> super::contract::ContractVersion {
+        super::contract::LATEST
+    }
 }
 
 /// A source of up-to-date latency profiles for the `profile` import.
@@ -334,6 +339,10 @@ fn concise(error: &wasmtime::Error) -> String {
 impl PolicyInstance for WasmPolicy {
     fn label(&self) -> String {
         self.store.data().label.to_string()
+    }
+
+    fn contract_version(&self) -> super::contract::ContractVersion {
+        self.module.contract_version()
     }
 
     fn init(&mut self, config: &Config, now: u64) -> Result<Vec<Action>, PolicyFault> {

@@ -153,8 +153,9 @@ payloads!(host::Event => sdk::Event {
     Arrival, WorkerIdle, BatchDone, Frame, Tick, Timer, WorkerAdded, WorkerRemoved, RequestEnded
 });
 record!(host::Request => sdk::Request {
-    id, origin, stage, stream, sent_at, arrived_at, deadline, priority, input_size, expected_tokens, requeues, tags
+    id, origin, stage, stream, sent_at, arrived_at, deadline, priority, input_size, expected_tokens, requeues, tags, items, correlation
 });
+record!(host::Correlation => sdk::Correlation { id, start, end, worker });
 record!(host::Tag => sdk::Tag { key, value });
 record!(host::BatchOutcome => sdk::BatchOutcome { worker, started_at, duration, results });
 record!(host::RequestResult => sdk::RequestResult { id, status, tokens });

@@ -109,12 +109,13 @@ pub enum Rejection {
     /// An empty batch.
     #[error("dispatch to worker {0} names no request")]
     EmptyBatch(u32),
-    /// A batch larger than the stage's limit.
-    #[error("batch of {len} over the limit of {limit} of stage {stage}")]
+    /// A batch larger than the stage's limit, in items (a request alone may carry up to
+    /// the stage's `max-batch`).
+    #[error("batch of {len} items over the limit of {limit} of stage {stage}")]
     BatchOverLimit {
         /// Stage.
         stage: u32,
-        /// Batch size asked for.
+        /// Batch size asked for, in items.
         len: usize,
         /// The limit.
         limit: u32,
@@ -196,6 +197,17 @@ pub enum Rejection {
         /// What is wrong.
         reason: String,
     },
+    /// A request of a stateful sequence dispatched to a worker other than the one
+    /// holding the sequence's state.
+    #[error("request {request} is a step of a sequence held by worker {holder}, not worker {worker}")]
+    SequenceElsewhere {
+        /// The request.
+        request: u64,
+        /// The worker holding its sequence.
+        holder: u32,
+        /// The worker it was dispatched to.
+        worker: u32,
+    },
     /// A defer or timer in the past.
     #[error("time {at} is not after now ({now})")]
     InThePast {
@@ -229,6 +241,7 @@ impl Rejection {
         "bad-threads",
         "in-the-past",
         "bad-placement",
+        "sequence-elsewhere",
     ];
 
     /// A short name of the reason, for metrics.
@@ -253,6 +266,7 @@ impl Rejection {
             Rejection::BadThreads { .. } => "bad-threads",
             Rejection::InThePast { .. } => "in-the-past",
             Rejection::BadPlacement { .. } => "bad-placement",
+            Rejection::SequenceElsewhere { .. } => "sequence-elsewhere",
         }
     }
 }
@@ -639,7 +653,7 @@ impl Checker<'_> {
         if d.requests.is_empty() {
             return Err(Rejection::EmptyBatch(d.worker));
         }
-        if d.requests.len() > stage.batch_limit as usize {
+        if d.requests.len() > stage.batch_limit as usize && d.requests.len() > 1 {
             return Err(Rejection::BatchOverLimit { stage: worker.stage, len: d.requests.len(), limit: stage.batch_limit });
         }
         if let Some(variant) = d.variant {
@@ -650,6 +664,7 @@ impl Checker<'_> {
         if let Some(id) = first_duplicate(&d.requests) {
             return Err(Rejection::RequestReused(id));
         }
+        let mut items = 0usize;
         for &id in &d.requests {
             if self.used.contains(&id) {
                 return Err(Rejection::RequestReused(id));
@@ -658,8 +673,14 @@ impl Checker<'_> {
                 Some(request) if request.stage != worker.stage => {
                     return Err(Rejection::WrongStage { request: id, queued: request.stage, worker_stage: worker.stage })
                 }
-                Some(_) => {}
+                Some(request) => {
+                    items += request.items.max(1) as usize;
+                    if let Some(holder) = request.correlation.as_ref().and_then(|c| c.worker).filter(|w| *w != d.worker) {
+                        return Err(Rejection::SequenceElsewhere { request: id, holder, worker: d.worker });
+                    }
+                }
                 None => {
+                    items += 1;
                     // Iteration workers may also re-run their own resident sequences.
                     let resident = stage.kind == StageKind::Iteration && view.sequence(id).is_some_and(|s| s.worker == d.worker);
                     if !resident {
@@ -667,6 +688,12 @@ impl Checker<'_> {
                     }
                 }
             }
+        }
+        // A batch is at most the current limit in items; one request alone may carry
+        // up to the stage's largest batch (a client batch is never split).
+        let limit = if d.requests.len() == 1 { stage.max_batch.max(stage.batch_limit) } else { stage.batch_limit };
+        if items > limit as usize {
+            return Err(Rejection::BatchOverLimit { stage: worker.stage, len: items, limit });
         }
         self.used.extend(d.requests.iter().copied());
         self.taken.insert(d.worker);
@@ -873,6 +900,26 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_counts_items_and_a_sequence_step_runs_only_where_its_state_is() {
+        // Stage 0: limit 4, max 8. Requests 10 (3 items), 11 (2 items), 12 (8 items),
+        // 13 (9 items), 14 (a sequence step held by worker 2), 15 (a first step).
+        let mut ledger = ledger();
+        for (id, items) in [(10, 3), (11, 2), (12, 8), (13, 9)] {
+            ledger.insert(Request { stage: 0, items, ..request(id) });
+        }
+        let step = |worker: Option<u32>| Some(crate::contract::Correlation { id: 7, start: worker.is_none(), end: false, worker });
+        ledger.insert(Request { stage: 0, correlation: step(Some(1)), ..request(14) });
+        ledger.insert(Request { stage: 0, correlation: step(None), ..request(15) });
+        let reasons = |actions: Vec<Action>| validate(actions, &ledger, &View).rejected.iter().map(|(_, r)| r.kind()).collect::<Vec<_>>();
+        assert!(reasons(vec![dispatch(0, &[10, 1])]).is_empty(), "3 + 1 items fit a limit of 4");
+        assert_eq!(reasons(vec![dispatch(0, &[10, 11])]), ["batch-over-limit"], "3 + 2 items do not");
+        assert!(reasons(vec![dispatch(0, &[12])]).is_empty(), "a client batch alone may fill the stage's max batch");
+        assert_eq!(reasons(vec![dispatch(0, &[13])]), ["batch-over-limit"], "but never more");
+        assert_eq!(reasons(vec![dispatch(0, &[14])]), ["sequence-elsewhere"]);
+        assert!(reasons(vec![dispatch(0, &[15, 1])]).is_empty(), "a first step goes anywhere");
+    }
+
+    #[test]
     fn a_rejected_dispatch_consumes_nothing() {
         // The first dispatch is rejected (request 77 unknown), so 1 is still free.
         let verdict = validate(vec![dispatch(0, &[1, 77]), dispatch(0, &[1])], &ledger(), &View);
@@ -983,6 +1030,8 @@ mod tests {
             expected_tokens: 0,
             requeues: 0,
             tags: None,
+            items: 1,
+            correlation: None,
         }
     }
 

@@ -194,6 +194,8 @@ mod tests_support {
             expected_tokens: 0,
             requeues: 0,
             tags: None,
+            items: 1,
+            correlation: None,
         }
     }
 

@@ -209,3 +209,81 @@ fn a_policy_built_against_contract_0_2_0_loads_and_places_as_todays_build() {
     assert_eq!(old.starts, new.starts);
     assert_eq!(old.report.summary, new.report.summary);
 }
+
+/// `fifo` as built against contract 0.3.0 (client batches and sequences), committed
+/// (see its README).
+const FIFO_0_3_0: &[u8] = include_bytes!("../../fixtures/contract-0.3.0/fifo.wasm");
+/// The fixture's SHA-256, as its README records it.
+const FIFO_0_3_0_SHA256: &str = "49d6bb333852691ee5a8325e34632ca9199908f3e4fe84fc0cefe5516aa65dbf";
+
+#[test]
+fn a_policy_built_against_contract_0_3_0_keeps_client_batches_and_sequences_within_the_rules() {
+    use std::collections::BTreeMap;
+    use yardmaster::conformance::scripted::{Fate, MS};
+    use yardmaster::engine::{SequenceStep, Submission};
+    use yardmaster::policy::contract::{Action, ContractVersion};
+    use yardmaster::policy::FailureMode;
+    use yardmaster_tests::Driver;
+
+    let loader = loader(Mode::Simulate, Limits::default());
+    let fixture = loader.load("fifo-0.3.0", FIFO_0_3_0).expect("a 0.3.0 policy loads");
+    assert_eq!(fixture.sha256_hex(), FIFO_0_3_0_SHA256, "the committed fixture changed: it must never be rebuilt");
+    assert_eq!(fixture.contract_version(), ContractVersion::new(0, 3, 0));
+
+    // On the check's cluster (detect batches at most 8 items): client batches of 3
+    // items, and two sequences of four steps each, all sent at once, interleaved.
+    let run = |name: &str, module| {
+        let mut driver = Driver::start(&loader, module, Vec::new(), FailureMode::FailOpen);
+        let now = driver.harness.now();
+        let due = now + 10_000 * MS;
+        let mut step_of = BTreeMap::new();
+        let mut batches = Vec::new();
+        for k in 0..4u32 {
+            batches.push(driver.harness.submit(Submission { stream: 0, sent_at: now, deadline: due, items: 3, ..Submission::default() }));
+            for sequence in [7u64, 8] {
+                let step = SequenceStep { id: sequence, start: k == 0, end: k == 3 };
+                let id = driver.harness.submit(Submission {
+                    stream: 0,
+                    sent_at: now,
+                    deadline: due,
+                    sequence: Some(step),
+                    ..Submission::default()
+                });
+                step_of.insert(id, (sequence, k));
+            }
+        }
+        driver.harness.flush();
+        driver.advance_to(now + 5_000 * MS);
+        let outputs = driver.outputs();
+        let rejected: Vec<_> = outputs.iter().flat_map(|o| o.rejected.iter()).collect();
+        assert!(rejected.is_empty(), "{name}: every dispatch is within the rules: {rejected:?}");
+        assert_eq!(driver.harness.count(Fate::Completed { late: false }), 12, "{name}: every request completes on time");
+        // Each sequence's steps were dispatched in order, all to one detect worker; no batch
+        // held more items than its stage's limit (detect 8, classify 4).
+        let state = driver.harness.engine().state();
+        let mut ran: BTreeMap<u64, Vec<(u32, u32)>> = BTreeMap::new();
+        for output in &outputs {
+            for action in &output.actions {
+                let Action::Dispatch(dispatch) = action else { continue };
+                let items: u32 = dispatch.requests.iter().map(|id| if batches.contains(id) { 3 } else { 1 }).sum();
+                let stage = state.workers()[&dispatch.worker].info.stage;
+                let limit = state.pipeline().stages[stage as usize].max_batch;
+                assert!(items <= limit, "{name}: a batch of {items} items, over {limit}: {dispatch:?}");
+                // A sequence is bound at the stage it enters; later stages see plain requests.
+                for id in dispatch.requests.iter().filter(|_| stage == 0) {
+                    if let Some(&(sequence, k)) = step_of.get(id) {
+                        ran.entry(sequence).or_default().push((dispatch.worker, k));
+                    }
+                }
+            }
+        }
+        for (sequence, steps) in &ran {
+            assert_eq!(steps.iter().map(|s| s.1).collect::<Vec<_>>(), [0, 1, 2, 3], "{name}: sequence {sequence} in order");
+            assert!(steps.iter().all(|s| s.0 == steps[0].0), "{name}: sequence {sequence} on one worker: {steps:?}");
+        }
+        ran
+    };
+    let old = run("fixture", fixture);
+    let today = loader.load("fifo", yardmaster_policy_artifacts::shipped("fifo").unwrap().bytes).unwrap();
+    assert_eq!(old, run("today", today), "the fixture decides as today's fifo");
+}

@@ -63,7 +63,7 @@ impl TestRng {
     }
 }
 
-fn chain(stages: usize, replicas: u32) -> Pipeline {
+pub(crate) fn chain(stages: usize, replicas: u32) -> Pipeline {
     let mut text = String::from("name = \"t\"\nslo_ms = 100\n");
     for i in 0..stages {
         text += &format!("[[stage]]\nname = \"s{i}\"\nmax_batch = 4\nreplicas = {replicas}\nmax_replicas = 4\n");
@@ -75,7 +75,7 @@ fn chain(stages: usize, replicas: u32) -> Pipeline {
     from_toml(&text, "test").unwrap()
 }
 
-fn engine_with<P: Policy + Send>(pipeline: Pipeline) -> (Engine<ManualClock, TestExecutor>, ManualClock) {
+pub(crate) fn engine_with<P: Policy + Send>(pipeline: Pipeline) -> (Engine<ManualClock, TestExecutor>, ManualClock) {
     let clock = ManualClock::default();
     let engine = Engine::new(clock.clone(), TestExecutor::default(), pipeline, EngineOptions::default(), |config, view| {
         Arm::start("test", config, Box::new(NativePolicy::<P>::new("test", 3, 100_000)), FailureMode::FailOpen, view)
@@ -84,7 +84,7 @@ fn engine_with<P: Policy + Send>(pipeline: Pipeline) -> (Engine<ManualClock, Tes
 }
 
 /// A successful result of `job`, every item yielding `fan_out`.
-fn success(job: &BatchJob, fan_out: &[(u32, u32)]) -> JobResult {
+pub(crate) fn success(job: &BatchJob, fan_out: &[(u32, u32)]) -> JobResult {
     JobResult {
         worker: job.worker,
         duration: MS,

@@ -5,3 +5,4 @@
 
 mod engine;
 mod reconfigure;
+mod sequences;

@@ -153,8 +153,16 @@ fn the_fast_lowering_constants_match_the_wit() {
             ("expected-tokens", r::EXPECTED_TOKENS),
             ("requeues", r::REQUEUES),
             ("tags", r::TAGS),
+            ("items", r::ITEMS),
+            ("correlation", r::CORRELATION),
         ],
     );
+    let correlation = contract.layout(contract.lookup("request.correlation"));
+    assert_eq!(r::CORRELATION + correlation.offsets[1], r::CORRELATION_PAYLOAD, "correlation's option payload");
+    use abi::correlation as c;
+    let worker = contract.layout(contract.lookup("correlation.worker"));
+    assert_eq!(c::WORKER + worker.offsets[1], c::WORKER_ID, "correlation.worker's option payload");
+    assert_fields(&contract, "correlation", &[("id", c::ID), ("start", c::START), ("end", c::END), ("worker", c::WORKER)]);
 
     use abi::batch_outcome as b;
     let outcome = contract.layout(Type::Id(contract.named("batch-outcome")));

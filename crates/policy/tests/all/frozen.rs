@@ -12,6 +12,7 @@ use yardmaster_policy::contract::{Binding, ContractVersion, ACCEPTED};
 const RELEASED: &[(&str, &str, &str)] = &[
     ("0.1.0", "policy.wit", "797261bcddc4cbe379f7193aed738dcc1d3985cdaea1a220e7b526784964dda0"),
     ("0.2.0", "policy.wit", "fd91f5a6c239e3636bcf52c3331b859e9342c258d235d8a20bf6bd72069e0cdc"),
+    ("0.3.0", "policy.wit", "863fe49b9286b19ef433bbe99b4c2567a9bc330d92d28732f79a18cbeeb7227b"),
 ];
 
 fn wit() -> PathBuf {
