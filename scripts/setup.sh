@@ -139,6 +139,22 @@ else
         echo "could not fetch nudenet==$nudenet_version from PyPI: the NudeNet model is not installed"
     fi
 fi
+say "Silero VAD model (PyPI wheel): a stateful model for the sequence batcher's tests"
+#   silero-vad-6.2.3/silero_vad_16k_op15.onnx  Silero's voice-activity detector at 16 kHz: its
+#                                  recurrent state is an input (state) and an output (stateN)
+silero_version=6.2.3
+silero_dir="$assets/silero-vad-$silero_version"
+if [ -f "$silero_dir/silero_vad_16k_op15.onnx" ]; then
+    echo "Silero VAD model (silero-vad $silero_version): already in $silero_dir"
+else
+    if wheel=$(fetch_wheel "silero-vad==$silero_version" "$assets/wheels/silero-vad") \
+        && mkdir -p "$silero_dir" \
+        && unzip_files "$wheel" 'silero_vad/data/silero_vad_16k_op15.onnx' "$silero_dir"; then
+        echo "Silero VAD model (silero-vad $silero_version): installed in $silero_dir"
+    else
+        echo "could not fetch silero-vad==$silero_version from PyPI: the Silero VAD model is not installed"
+    fi
+fi
 say "dnsmasq: the real DNS server the cluster test resolves node names with (Debian's dnsmasq-base)"
 if command -v dnsmasq >/dev/null 2>&1 || [ -x /usr/sbin/dnsmasq ]; then
     echo "already installed"

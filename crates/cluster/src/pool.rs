@@ -266,7 +266,13 @@ fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
 
 impl Workers for RemotePool {
     fn serves(&self, stage: u32) -> bool {
-        self.catalog.stages.get(stage as usize).is_some_and(|variants| !variants.is_empty())
+        // A stateful model's replicas run on this server's own workers: the wire
+        // protocol does not carry a request's place in its sequence, nor the model's
+        // sequence settings.
+        self.catalog
+            .stages
+            .get(stage as usize)
+            .is_some_and(|variants| !variants.is_empty() && variants.iter().all(|v| v.sequence.is_none()))
     }
 
     fn provision(&mut self, worker: u32, stage: u32, variant: u32) -> yardmaster_dataplane::Result<()> {

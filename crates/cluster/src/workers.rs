@@ -27,6 +27,11 @@ pub trait Workers: Send {
         let _ = stage;
         true
     }
+    /// Drop the state a worker holds for stateful sequence `sequence` (the engine
+    /// released it). Groups that hold no sequence state do nothing.
+    fn release_sequence(&mut self, worker: u32, sequence: u64) {
+        let _ = (worker, sequence);
+    }
     /// Give `stage` new models (a model loaded again while serving): workers
     /// provisioned from now on load them. Groups whose models are fixed refuse.
     fn set_models(&mut self, stage: u32, variants: Vec<ModelSpec>) -> Result<()> {
@@ -57,5 +62,9 @@ impl Workers for WorkerPool {
     fn set_models(&mut self, stage: u32, variants: Vec<ModelSpec>) -> Result<()> {
         WorkerPool::set_models(self, stage, variants);
         Ok(())
+    }
+    fn release_sequence(&mut self, worker: u32, sequence: u64) {
+        // A worker that is gone holds nothing.
+        let _ = WorkerPool::release_sequence(self, worker, sequence);
     }
 }

@@ -3,6 +3,11 @@
 //! dynamic, refusing where it is fixed), and batch outputs are split back per request.
 //! Every element type stacks as its bytes; BYTES inputs stack when their shapes agree
 //! (a string cannot be padded).
+//!
+//! A request that carries several rows (a client batch of N, its tensors leading with
+//! N) is handed over as N batch elements ([`rows`]: views of its tensors, no copy), so
+//! requests of different N stack, pad and split as items do; its N outputs are joined
+//! back along a leading dimension of N ([`join_rows`]).
 
 use std::sync::Arc;
 
@@ -339,6 +344,60 @@ pub fn split_views(output: Tensor, n: usize) -> Result<Vec<Tensor>> {
         .collect()
 }
 
+/// The `n` rows of a request whose tensors each lead with a dimension of `n` (a client
+/// batch): one batch element per row, each one tensor per input without that dimension,
+/// viewing the request's buffers (BYTES rows are copied apart).
+pub fn rows(tensors: &[Tensor], n: usize) -> Result<Vec<Vec<Tensor>>> {
+    let mut elements: Vec<Vec<Tensor>> = (0..n).map(|_| Vec::with_capacity(tensors.len())).collect();
+    for (k, tensor) in tensors.iter().enumerate() {
+        if tensor.shape.first() != Some(&n) {
+            return Err(DataplaneError::Batch(format!("input {k} has shape {:?}: not a batch of {n} rows", tensor.shape)));
+        }
+        for (element, row) in elements.iter_mut().zip(split_views(tensor.clone(), n)?) {
+            element.push(row);
+        }
+    }
+    Ok(elements)
+}
+
+/// Join the outputs of a request's rows (one list per row, one tensor per output, each
+/// row's output of one shape and type) into one tensor per output leading with the
+/// number of rows — the inverse of [`rows`] on the way back.
+pub fn join_rows(rows: Vec<Vec<Tensor>>) -> Result<Vec<Tensor>> {
+    let Some(first) = rows.first() else {
+        return Err(DataplaneError::Batch("no rows to join".into()));
+    };
+    let n = rows.len();
+    let mut joined = Vec::with_capacity(first.len());
+    for k in 0..first.len() {
+        let (shape, element) = (&first[k].shape, first[k].data.element());
+        let mut bytes = Vec::with_capacity(first[k].data.bytes().len() * n);
+        let mut count = 0;
+        for (i, row) in rows.iter().enumerate() {
+            let tensor =
+                row.get(k).ok_or_else(|| DataplaneError::Batch(format!("row {i} has {} outputs, row 0 {}", row.len(), first.len())))?;
+            if &tensor.shape != shape || tensor.data.element() != element {
+                return Err(DataplaneError::Batch(format!(
+                    "output {k}: row {i} is {:?} {}, row 0 {shape:?} {element}: the rows of one request do not join",
+                    tensor.shape,
+                    tensor.data.element()
+                )));
+            }
+            bytes.extend_from_slice(tensor.data.bytes());
+            count += tensor.data.len();
+        }
+        let data = match element {
+            ElementType::Bytes => Elements::Bytes { data: bytes, count },
+            _ => Elements::from_bytes(element, &bytes, count)?,
+        };
+        let mut full = Vec::with_capacity(shape.len() + 1);
+        full.push(n);
+        full.extend_from_slice(shape);
+        joined.push(Tensor::new(full, data)?);
+    }
+    Ok(joined)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -439,5 +498,45 @@ mod tests {
         let error = stack(&spec(&[Some(1), Some(3)]), &[&a, &a], 0.0).unwrap_err().to_string();
         assert!(error.contains("cannot run a batch of 2"), "{error}");
         assert!(split(vec![Tensor::filled(vec![3, 1], 0.0)], 2).is_err());
+    }
+    #[test]
+    fn requests_of_mixed_rows_stack_pad_and_split_back_to_their_rows() {
+        // Three requests of 2, 1 and 3 rows; rows of the second are shorter (padded).
+        let request = |rows: usize, width: usize, base: i64| {
+            let values: Vec<i64> = (0..(rows * width) as i64).map(|v| base + v).collect();
+            vec![Tensor::new(vec![rows, width], TensorData::from_vec(values)).unwrap()]
+        };
+        let requests = [request(2, 3, 0), request(1, 2, 100), request(3, 3, 200)];
+        let counts = [2, 1, 3];
+        let mut elements = Vec::new();
+        for (r, &n) in requests.iter().zip(&counts) {
+            elements.extend(rows(r, n).unwrap());
+        }
+        assert_eq!(elements.len(), 6, "one element per row");
+        assert!(elements[0][0].data.is_view(), "rows view the request's buffer");
+        let refs: Vec<&[Tensor]> = elements.iter().map(|e| e.as_slice()).collect();
+        let stacked = stack(&spec(&[None, None]), &refs, 0.0).unwrap();
+        assert!(stacked.padded);
+        assert_eq!(stacked.inputs[0].shape, vec![6, 3]);
+        assert_eq!(&stacked.inputs[0].data.as_slice_of::<i64>().unwrap()[6..9], &[100, 101, 0], "the short row padded with zeros");
+        let mut per_row = split(stacked.inputs, 6).unwrap().into_iter();
+        let back: Vec<Vec<Tensor>> = counts.iter().map(|&n| join_rows(per_row.by_ref().take(n).collect()).unwrap()).collect();
+        assert_eq!(back[0], requests[0], "two rows back as they came");
+        assert_eq!(back[2], requests[2], "three rows back as they came");
+        assert_eq!(back[1][0].shape, vec![1, 3], "the padded request keeps the batch's padded width");
+        assert_eq!(back[1][0].data.as_slice_of::<i64>(), Some(&[100, 101, 0][..]));
+        assert!(rows(&requests[0], 3).unwrap_err().to_string().contains("not a batch of 3 rows"));
+    }
+
+    #[test]
+    fn string_rows_split_and_join_exactly() {
+        let words = ["a", "", "\u{e9}t\u{e9}", "xyz"];
+        let layout: Vec<u8> = words.iter().flat_map(|w| [&(w.len() as u32).to_le_bytes()[..], w.as_bytes()].concat()).collect();
+        let tensor = Tensor::new(vec![2, 2], TensorData::from_bytes(ElementType::Bytes, &layout, 4).unwrap()).unwrap();
+        let split_rows = rows(std::slice::from_ref(&tensor), 2).unwrap();
+        assert_eq!(split_rows[1][0].data.len(), 2);
+        assert_eq!(join_rows(split_rows).unwrap(), vec![tensor]);
+        let mismatched = vec![vec![Tensor::filled(vec![2], 0.0)], vec![Tensor::filled(vec![3], 0.0)]];
+        assert!(join_rows(mismatched).unwrap_err().to_string().contains("do not join"));
     }
 }

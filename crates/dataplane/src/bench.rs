@@ -156,7 +156,7 @@ pub fn served_vs_plain(runtime: &Arc<Runtime>, spec: &ModelSpec, options: &Bench
     let jobs: Vec<Job> = (0..options.runs)
         .map(|j| Job {
             id: j as u64,
-            requests: requests.iter().enumerate().map(|(i, inputs)| Request { id: i as u64, inputs: inputs.clone() }).collect(),
+            requests: requests.iter().enumerate().map(|(i, inputs)| Request::new(i as u64, inputs.clone())).collect(),
         })
         .collect();
     let in_worker = std::cell::Cell::new(Duration::ZERO);

@@ -115,6 +115,11 @@ impl WorkerPool {
         }
     }
 
+    /// Drop the state a worker holds for stateful sequence `sequence`.
+    pub fn release_sequence(&self, worker: u32, sequence: u64) -> Result<()> {
+        self.get(worker)?.worker.release_sequence(sequence)
+    }
+
     /// Change a worker's intra-op threads; `Reconfigured` follows.
     pub fn set_threads(&self, worker: u32, threads: u32) -> Result<()> {
         self.get(worker)?.worker.set_threads(threads as usize)

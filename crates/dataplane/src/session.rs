@@ -47,12 +47,15 @@ pub struct ModelSpec {
     /// Runs a worker makes at load, before it is ready (Triton's `model_warmup`); empty:
     /// one run of a batch of one on synthetic inputs ([`crate::worker::warm_up`]).
     pub warm_up: Vec<WarmUp>,
+    /// A stateful model's sequence settings (Triton's `sequence_batching`): the worker
+    /// fills its control and state inputs and keeps each sequence's state.
+    pub sequence: Option<crate::sequence::SequenceSpec>,
 }
 
 impl ModelSpec {
     /// A spec from a name and a file.
     pub fn new(key: ModelKey, path: impl Into<PathBuf>) -> Self {
-        ModelSpec { key, path: path.into(), warm_up: Vec::new() }
+        ModelSpec { key, path: path.into(), warm_up: Vec::new(), sequence: None }
     }
 }
 

@@ -25,16 +25,28 @@ use ort::session::RunOptions;
 use crate::cache::{ModelCache, ModelKey};
 use crate::error::{DataplaneError, Result};
 use crate::runtime::Runtime;
+use crate::sequence::{SequenceStep, Sequences};
 use crate::session::{ModelSession, ModelSpec, StartKind};
-use crate::tensor::Tensor;
+use crate::tensor::{ElementType, Tensor};
 
-/// One request of a job: one tensor per model input, without the batch dimension.
+/// One request of a job: one tensor per model input, without the batch dimension (for
+/// a stateful model, one per input its clients send: the worker fills the control and
+/// state inputs, see [`crate::sequence`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Request {
     /// The request (piece) id.
     pub id: u64,
     /// Its input tensors.
     pub inputs: Vec<Tensor>,
+    /// Its place in a stateful sequence (a model with a sequence batcher).
+    pub sequence: Option<SequenceStep>,
+}
+
+impl Request {
+    /// A request that is no step of a sequence.
+    pub fn new(id: u64, inputs: Vec<Tensor>) -> Self {
+        Request { id, inputs, sequence: None }
+    }
 }
 
 /// A batch of requests for one worker.
@@ -133,6 +145,7 @@ enum Command {
     Run(Job, Arc<RunOptions>),
     SetThreads(usize),
     SetModel(ModelSpec),
+    ReleaseSequence(u64),
 }
 
 struct RunningJob {
@@ -203,6 +216,13 @@ impl Worker {
         self.send(Command::SetModel(spec))
     }
 
+    /// Drop the state this worker holds for stateful sequence `id` (the engine released
+    /// it: it went idle past its time, or its END did not run), after the jobs handed
+    /// over before.
+    pub fn release_sequence(&self, id: u64) -> Result<()> {
+        self.send(Command::ReleaseSequence(id))
+    }
+
     /// Stop the worker once its current job is done (a starting worker stops without
     /// reporting ready); [`WorkerEvent::Retired`] follows once the worker has released
     /// its model. Jobs still queued are dropped. A retire does not wait for a load or a
@@ -257,11 +277,20 @@ pub fn run_warm_up(session: &mut ModelSession, samples: &[crate::session::WarmUp
     let types = session.input_types().to_vec();
     for sample in samples {
         let failed = |e: DataplaneError| DataplaneError::Invalid(format!("warm-up sample {:?}: {e}", sample.name));
-        if sample.inputs.len() != types.len() {
-            return Err(failed(DataplaneError::Invalid(format!("{} inputs given, the model takes {}", sample.inputs.len(), types.len()))));
+        // A stateful model's samples give the inputs its clients send.
+        let sequence = session.spec().sequence.clone();
+        let fed: Vec<ElementType> = session
+            .inputs()
+            .iter()
+            .zip(&types)
+            .filter(|(spec, _)| !sequence.as_ref().is_some_and(|s| s.fills(&spec.name)))
+            .map(|(_, &t)| t)
+            .collect();
+        if sample.inputs.len() != fed.len() {
+            return Err(failed(DataplaneError::Invalid(format!("{} inputs given, the model takes {}", sample.inputs.len(), fed.len()))));
         }
-        let mut request = Vec::with_capacity(types.len());
-        for (k, (input, &element)) in sample.inputs.iter().zip(&types).enumerate() {
+        let mut request = Vec::with_capacity(fed.len());
+        for (k, (input, &element)) in sample.inputs.iter().zip(&fed).enumerate() {
             let count: usize = input.shape.iter().product();
             let data = match &input.data {
                 WarmUpData::Zero => crate::tensor::Elements::zeros(element, count).into(),
@@ -270,12 +299,44 @@ pub fn run_warm_up(session: &mut ModelSession, samples: &[crate::session::WarmUp
             };
             request.push(Tensor::new(input.shape.clone(), data).map_err(failed)?);
         }
+        let request = complete_warm_up(session, request).map_err(failed)?;
         let requests: Vec<&[Tensor]> = (0..sample.batch.max(1)).map(|_| request.as_slice()).collect();
         for _ in 0..sample.count.max(1) {
             session.run_batch(&requests, None).map_err(failed)?;
         }
     }
     Ok(begin.elapsed())
+}
+
+/// A warm-up request of a stateful model with its control and state inputs filled in,
+/// as the first request of a sequence that is not kept; other models' as it is.
+fn complete_warm_up(session: &ModelSession, request: Vec<Tensor>) -> Result<Vec<Tensor>, DataplaneError> {
+    let Some(spec) = session.spec().sequence.clone() else { return Ok(request) };
+    let names: Vec<String> = session.inputs().iter().map(|i| i.name.clone()).collect();
+    Sequences::new(spec).complete(&names, request, &SequenceStep { id: 0, label: None, start: true, end: true })
+}
+
+/// A job of a stateful model: each request's control and state inputs filled in from
+/// the sequences this worker holds, the batch run, each state output kept for its
+/// sequence (or dropped on END). A request whose sequence's state is not here fails the
+/// job, naming the sequence; so does a request that is no step of a sequence.
+fn run_sequences(session: &mut ModelSession, sequences: &mut Sequences, job: &Job, options: &RunOptions) -> Result<Vec<Vec<Tensor>>> {
+    let now = Instant::now();
+    sequences.expire(now);
+    let names: Vec<String> = session.inputs().iter().map(|i| i.name.clone()).collect();
+    let mut steps = Vec::with_capacity(job.requests.len());
+    let mut inputs = Vec::with_capacity(job.requests.len());
+    for request in &job.requests {
+        let step = request.sequence.as_ref().ok_or_else(|| {
+            DataplaneError::Invalid(format!("request {}: the model is stateful and the request names no sequence", request.id))
+        })?;
+        inputs.push(sequences.complete(&names, request.inputs.clone(), step)?);
+        steps.push(step);
+    }
+    let refs: Vec<&[Tensor]> = inputs.iter().map(|i| i.as_slice()).collect();
+    let outputs = session.run_batch(&refs, Some(options))?;
+    let names = session.outputs().to_vec();
+    outputs.into_iter().zip(steps).map(|(outputs, step)| sequences.keep(&names, outputs, step, now)).collect()
 }
 
 struct WorkerLoop {
@@ -313,12 +374,13 @@ impl WorkerLoop {
                 return;
             }
         };
+        let mut sequences = session.spec().sequence.clone().map(Sequences::new);
         while let Ok(command) = inbox.recv() {
             if self.retired.load(Ordering::SeqCst) {
                 break;
             }
             match command {
-                Command::Run(job, options) => self.run_job(&mut session, job, &options),
+                Command::Run(job, options) => self.run_job(&mut session, sequences.as_mut(), job, &options),
                 Command::SetThreads(threads) => {
                     let spec = session.spec().clone();
                     self.rebuild(&mut session, &spec, threads);
@@ -326,6 +388,11 @@ impl WorkerLoop {
                 Command::SetModel(spec) => {
                     let threads = session.threads();
                     self.rebuild(&mut session, &spec, threads);
+                }
+                Command::ReleaseSequence(id) => {
+                    if let Some(sequences) = sequences.as_mut() {
+                        sequences.release(id);
+                    }
                 }
             }
         }
@@ -337,10 +404,15 @@ impl WorkerLoop {
         let _ = self.events.send(WorkerEvent::Retired { worker });
     }
 
-    fn run_job(&self, session: &mut ModelSession, job: Job, options: &RunOptions) {
+    fn run_job(&self, session: &mut ModelSession, sequences: Option<&mut Sequences>, job: Job, options: &RunOptions) {
         let begin = Instant::now();
-        let inputs: Vec<&[Tensor]> = job.requests.iter().map(|r| r.inputs.as_slice()).collect();
-        let result = session.run_batch(&inputs, Some(options));
+        let result = match sequences {
+            None => {
+                let inputs: Vec<&[Tensor]> = job.requests.iter().map(|r| r.inputs.as_slice()).collect();
+                session.run_batch(&inputs, Some(options))
+            }
+            Some(sequences) => run_sequences(session, sequences, &job, options),
+        };
         let duration = begin.elapsed();
         {
             let mut running = self.running.lock().unwrap();

@@ -182,13 +182,14 @@ impl ServedModel {
 }
 
 /// The protocol extensions the server metadata announces.
-pub const EXTENSIONS: [&str; 10] = [
+pub const EXTENSIONS: [&str; 11] = [
     "binary_tensor_data",
     "system_shared_memory",
     "logging",
     "trace",
     "classification",
     "schedule_policy",
+    "sequence",
     "model_configuration",
     "statistics",
     "model_repository",
@@ -822,24 +823,34 @@ fn known_route(segments: &[&str]) -> bool {
     )
 }
 
-/// Inputs must be the model's, with its types and compatible shapes.
+/// Inputs must be the model's, with its types and compatible shapes; a refusal names
+/// the model and the input.
 fn check_inputs(request: &InferRequest, metadata: &ModelMetadata) -> Result<(), String> {
+    let model = &metadata.name;
     for tensor in &request.inputs {
         let Some(spec) = metadata.inputs.iter().find(|s| s.name == tensor.name) else {
             let names: Vec<&str> = metadata.inputs.iter().map(|s| s.name.as_str()).collect();
             return Err(format!("model {:?} has no input {:?} (inputs: {})", metadata.name, tensor.name, names.join(", ")));
         };
         if spec.datatype != tensor.datatype {
-            return Err(format!("input {:?} must be {}, got {}", tensor.name, spec.datatype.name(), tensor.datatype.name()));
+            return Err(format!(
+                "model {model:?}: input {:?} must be {}, got {}",
+                tensor.name,
+                spec.datatype.name(),
+                tensor.datatype.name()
+            ));
         }
         let fits = spec.shape.len() == tensor.shape.len()
             && spec.shape.iter().zip(&tensor.shape).all(|(want, got)| *want < 0 || *want as u64 == *got);
         if !fits {
-            return Err(format!("input {:?} must have shape {:?} (-1: any), got {:?}", tensor.name, spec.shape, tensor.shape));
+            return Err(format!(
+                "model {model:?}: input {:?} must have shape {:?} (-1: any), got {:?}",
+                tensor.name, spec.shape, tensor.shape
+            ));
         }
     }
     if let Some(missing) = metadata.inputs.iter().find(|s| !request.inputs.iter().any(|t| t.name == s.name)) {
-        return Err(format!("input {:?} is missing", missing.name));
+        return Err(format!("model {model:?}: input {:?} is missing", missing.name));
     }
     Ok(())
 }

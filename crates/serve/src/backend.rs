@@ -15,17 +15,20 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::{Duration, Instant};
 use yardmaster_formats::model_repository::stages::step_stage_model;
 
 use serde_json::Map;
 use tokio::sync::oneshot;
 use yardmaster_dataplane::ocr::RgbImage;
+use yardmaster_dataplane::SequenceStep;
 
 use super::actor::ActorHandle;
 use super::api::{Backend, BoxFuture, ControlError, InferError, ModelMetadata, TensorSpec};
 use super::executor::{ServeHandle, WorkerBoard};
 use super::kserve::{DataType, InferRequest, InferResponse, Tensor, TensorData};
 use super::payload::{OcrDocument, Parcel, Payload, PayloadStore, Prepared};
+use super::sequences::{Admitted, SequenceTable};
 use super::stages::StageProgram;
 use super::tensor_codec::TensorCodec;
 use super::trace::RequestTiming;
@@ -123,6 +126,19 @@ impl Codec {
             Codec::BuiltinStep { ensemble, .. } => Err(format!(
                 "this model runs a built-in program and serves only as a step of ensemble {ensemble:?}: send the request to {ensemble:?}"
             )),
+        }
+    }
+
+    /// The rows (client batch size) of a decoded payload: a batching model's leading
+    /// dimension, else 1.
+    pub fn rows(&self, payload: &Payload) -> u32 {
+        match (self, payload) {
+            (Codec::Tensors(codec), Payload::Tensors(tensors)) => codec.rows(tensors),
+            (Codec::Ensemble(codec), Payload::Named(tensors)) => {
+                let first = codec.inputs.first().and_then(|d| tensors.get(&d.name));
+                codec.rows(first.map(std::slice::from_ref).unwrap_or_default())
+            }
+            _ => 1,
         }
     }
 
@@ -237,6 +253,8 @@ pub struct ServedModel {
     pub codec: Codec,
     /// How it describes itself: version, platform, configuration.
     pub description: ModelDescription,
+    /// Its running sequences, when it has a sequence batcher (a stateful model).
+    pub sequences: Option<Arc<SequenceTable>>,
 }
 
 /// What a served model says about itself beyond its tensors.
@@ -377,12 +395,39 @@ impl EngineBackend {
     }
 
     /// The request's submission: deadline from Triton's `timeout` (µs), else the
-    /// stream's SLO; priority from Triton's `priority`.
-    fn submission(&self, model: &ServedModel, request: &InferRequest) -> Submission {
+    /// stream's SLO; priority from Triton's `priority`; `items` the request's client
+    /// batch (its rows: the policy counts them, and never splits the request).
+    fn submission(&self, model: &ServedModel, request: &InferRequest, items: u32, step: Option<&SequenceStep>) -> Submission {
         let now = self.clock.now();
         let deadline = request.schedule.timeout_us.map_or(0, |us| now.saturating_add(us.saturating_mul(1_000)));
         let priority = request.schedule.priority.map_or(0, |p| PRIORITY_LEVELS + 1 - p.clamp(1, PRIORITY_LEVELS));
-        Submission { stream: model.stream, sent_at: now, deadline, priority, input_size: 0, expected_tokens: 0, ..Submission::default() }
+        let sequence = step.map(|s| yardmaster_engine::SequenceStep { id: s.id, start: s.start, end: s.end });
+        Submission { stream: model.stream, sent_at: now, deadline, priority, input_size: 0, expected_tokens: 0, items, sequence }
+    }
+
+    /// Start the sweeper of a stateful model's sequence table, once: every quarter of
+    /// the idle time (10 ms to 1 s) it takes the sequences idle past their time out of
+    /// the table and has the engine forget them, which frees their state on their
+    /// replica. It stops when the model is no longer served or the engine has stopped.
+    fn watch_sequences(&self, table: &Arc<SequenceTable>, stream: u32) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        if !table.claim_sweeper() {
+            return;
+        }
+        let period = (table.idle() / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
+        let (table, handle) = (Arc::downgrade(table), self.handle.clone());
+        runtime.spawn(async move {
+            let mut ticks = tokio::time::interval(period);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticks.tick().await;
+                let Some(table) = table.upgrade() else { return };
+                table.sweep(Instant::now());
+                if release_sequences(&handle, stream, table.take_expired()).is_err() {
+                    return;
+                }
+            }
+        });
     }
 
     async fn run(&self, model: &str, version: Option<&str>, request: InferRequest) -> Result<InferResponse, InferError> {
@@ -414,8 +459,38 @@ impl EngineBackend {
             (served, program.ok_or_else(|| InferError::Failed(format!("model {model:?} has no entry stage program")))?)
         };
         let payload = served.codec.decode(&request).map_err(|e| InferError::Invalid(format!("model {:?}: {e}", served.name)))?;
+        let items = served.codec.rows(&payload);
         let elements = program.inputs(&payload).map_err(InferError::Invalid)?;
-        let parcel = Parcel { payload, prepared: Some(Prepared { stage: served.entry, elements }) };
+        // Last, once the request is otherwise good: its place in its sequence.
+        let admitted = match (&served.sequences, &request.schedule.sequence) {
+            (Some(table), params) => {
+                self.watch_sequences(table, served.stream);
+                let admitted = table.admit(params.as_ref(), items, Instant::now());
+                // The engine forgets the sequences found idle, and a START's id if it
+                // still holds a stale run of it (one that failed, say), before this
+                // request reaches it.
+                let mut stale = table.take_expired();
+                if let Ok(Admitted { step, .. }) = &admitted {
+                    if step.start && !stale.contains(&step.id) {
+                        stale.push(step.id);
+                    }
+                }
+                let _ = release_sequences(&self.handle, served.stream, stale);
+                Some(admitted.map_err(InferError::Invalid)?)
+            }
+            (None, Some(params)) => {
+                return Err(InferError::Invalid(format!(
+                    "model {:?}: {}: the model has no sequence batcher (sequence_batching in its configuration); send its requests without sequence parameters",
+                    served.name,
+                    params.named()
+                )))
+            }
+            (None, None) => None,
+        };
+        let sequence = admitted.as_ref().map(|a| a.step.clone());
+        let parcel = Parcel { payload, prepared: Some(Prepared { stage: served.entry, elements }), sequence: sequence.clone() };
+        // A sequence's request that does not complete ends its sequence at the door.
+        let on_failure = served.sequences.clone().zip(admitted.map(|a| (a.step.id, a.run)));
 
         let (reply, answer) = oneshot::channel::<Answer>();
         let guard = CancelOnDrop::new(self.handle.clone());
@@ -429,6 +504,9 @@ impl EngineBackend {
         let ended = {
             let store = self.store.clone();
             Box::new(move |end: yardmaster_engine::Ended| {
+                if let Some((table, (id, run))) = on_failure.filter(|_| !matches!(end.outcome, Outcome::Completed)) {
+                    table.failed(id, run);
+                }
                 let parcel = match end.outcome {
                     Outcome::Completed => store.take(end.id),
                     _ => {
@@ -441,7 +519,7 @@ impl EngineBackend {
         };
         let key = request.schedule.split_key.as_deref().map(|k| super::ab::key_hash(k.as_bytes()));
         self.handle
-            .submit_keyed(self.submission(&served, &request), key, admitted, ended)
+            .submit_keyed(self.submission(&served, &request, items, sequence.as_ref()), key, admitted, ended)
             .map_err(|stopped| InferError::Unavailable(stopped.to_string()))?;
         let (outcome, parcel, (queue_start, compute_start, compute_end)) =
             answer.await.map_err(|_| InferError::Unavailable("the scheduling engine stopped".into()))?;
@@ -465,6 +543,20 @@ impl EngineBackend {
             Outcome::Failed { error } => Err(InferError::Failed(error)),
         }
     }
+}
+
+/// Have the engine forget sequences `ids` of `stream` (idle past their time, or stale),
+/// freeing their state on the replica that holds it; a sequence with a request in
+/// flight is busy, not idle, and is kept. Nothing is sent for no ids.
+fn release_sequences(handle: &ServeHandle, stream: u32, ids: Vec<u64>) -> Result<(), super::actor::ActorStopped> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    handle.send(super::actor::Message::Update(Box::new(move |arms| {
+        for id in ids {
+            arms.release_sequence(stream, id);
+        }
+    })))
 }
 
 /// Replace each output asked for with a class count by its top classes (Triton's

@@ -39,7 +39,7 @@ use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
-use yardmaster_dataplane::{Job, ModelSpec, Request, StartKind, Tensor, WorkerEvent};
+use yardmaster_dataplane::{Job, ModelSpec, Request, SequenceStep, StartKind, Tensor, WorkerEvent};
 
 use super::actor::{Actor, ActorHandle};
 use super::payload::{PayloadStore, Prepared};
@@ -247,12 +247,22 @@ struct StageTable {
     next_stage: Vec<Option<u32>>,
     /// Stage → group.
     stage_group: Vec<usize>,
+    /// Each stage's batch limit in rows, where its program counts rows (a client
+    /// batch's items): a job of more rows fails rather than running past the model's
+    /// `max_batch_size`.
+    row_limit: Vec<Option<usize>>,
 }
 
 impl StageTable {
     fn new(pipeline: &Pipeline, programs: Vec<Arc<dyn StageProgram>>, stage_group: Vec<usize>) -> Self {
         let next_stage = pipeline.stages.iter().map(|s| if let [next] = s.successors[..] { Some(next) } else { None }).collect();
-        Self { programs, next_stage, stage_group }
+        let row_limit = pipeline
+            .stages
+            .iter()
+            .zip(&programs)
+            .map(|(stage, program)| (program.counts_rows() && stage.max_batch > 0).then_some(stage.max_batch as usize))
+            .collect();
+        Self { programs, next_stage, stage_group, row_limit }
     }
 }
 
@@ -317,16 +327,18 @@ impl Shared {
         let _ = self.handle.job_finished(result);
     }
 
-    /// The inputs of request `id` at `stage`: prepared ahead, or made now.
-    fn take_inputs(&self, id: u64, stage: u32) -> Result<Vec<Vec<Tensor>>, String> {
+    /// The inputs of request `id` at `stage` (prepared ahead, or made now) and its place
+    /// in a stateful sequence, if it has one.
+    fn take_inputs(&self, id: u64, stage: u32) -> Result<(Vec<Vec<Tensor>>, Option<SequenceStep>), String> {
         let slot = self.store.slot(id).ok_or_else(|| format!("no data is held for request {id}"))?;
         let mut guard = lock(&slot);
         let parcel = guard.as_mut().ok_or_else(|| format!("request {id} has already been answered"))?;
+        let sequence = parcel.sequence.clone();
         match parcel.prepared.take() {
-            Some(prepared) if prepared.stage == stage => Ok(prepared.elements),
+            Some(prepared) if prepared.stage == stage => Ok((prepared.elements, sequence)),
             _ => {
                 let program = self.program(stage)?;
-                guarded(program.name(), || program.inputs(&parcel.payload))
+                Ok((guarded(program.name(), || program.inputs(&parcel.payload))?, sequence))
             }
         }
     }
@@ -681,14 +693,28 @@ impl Executor for OnnxExecutor {
         let mut requests = Vec::new();
         for item in &job.items {
             match shared.take_inputs(item.id, job.stage) {
-                Ok(elements) => {
+                Ok((elements, sequence)) => {
                     record.shares.push(Share { id: item.id, elements: elements.len() });
                     for inputs in elements {
-                        requests.push(Request { id: requests.len() as u64, inputs });
+                        requests.push(Request { id: requests.len() as u64, inputs, sequence: sequence.clone() });
                     }
                 }
                 Err(error) => record.refused.push((item.id, error)),
             }
+        }
+        let row_limit = read(&shared.stages).row_limit.get(job.stage as usize).copied().flatten();
+        if let Some(limit) = row_limit.filter(|&limit| requests.len() > limit) {
+            // The engine keeps a batch's items within the limit; a job past it fails
+            // whole (its requests end with the reason) rather than run past the model's
+            // max_batch_size.
+            let name = shared.program(job.stage).map(|p| p.name().to_string()).unwrap_or_default();
+            let error = format!(
+                "model {name:?}: a batch of {} rows from {} requests is over max_batch_size {limit}: the batch was not run",
+                requests.len(),
+                record.shares.len()
+            );
+            shared.report(record.failed(&error));
+            return;
         }
         if requests.is_empty() {
             // Nothing for the model (no text found, or no inputs could be made): the
@@ -809,6 +835,14 @@ impl Executor for OnnxExecutor {
         // The initial workers load on their hosts after the engine starts, and each
         // reports `Ready` (the pump calls `worker_ready`).
         true
+    }
+
+    fn sequence_released(&mut self, worker: u32, sequence: u64) {
+        // The worker holding the stateful sequence's state drops it (after the jobs
+        // handed to it before).
+        if let Some(group) = self.group_of(worker) {
+            lock(&group).release_sequence(worker, sequence);
+        }
     }
 
     fn evict(&mut self, worker: u32, sequence: u64, _mode: EvictMode) {

@@ -24,23 +24,60 @@ use serde_json::{Map, Number, Value};
 /// body is.
 pub const HEADER_CONTENT_LENGTH: &str = "inference-header-content-length";
 
-/// Refuse what a request asks of Triton's extensions that Yardmaster does not serve
-/// yet, naming it, rather than ignore it: a stateful sequence (`sequence_id`,
-/// `sequence_start`, `sequence_end`; Triton refuses these for a model without a
-/// sequence batcher too).
-pub fn refuse_unsupported(parameters: &Map<String, Value>) -> Result<(), ProtocolError> {
-    let set = |key: &str| match parameters.get(key) {
-        None | Some(Value::Null) | Some(Value::Bool(false)) => false,
-        Some(Value::Number(n)) => n.as_u64() != Some(0),
-        Some(Value::String(s)) => !s.is_empty(),
-        Some(_) => true,
-    };
-    if let Some(key) = ["sequence_id", "sequence_start", "sequence_end"].into_iter().find(|k| set(k)) {
-        return error(format!(
-            "{key}: stateful sequences are not supported yet (no model here has a sequence batcher); send requests without a correlation ID"
-        ));
+/// A request's place in a stateful sequence, as Triton's parameters give it:
+/// `sequence_id` (a non-zero unsigned integer, or a non-empty string), `sequence_start`
+/// and `sequence_end` (booleans). Whether the model takes sequences, and whether the
+/// step fits the sequence's state, is the backend's to judge.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SequenceParams {
+    /// The correlation id; `None` when absent, 0 or empty.
+    pub id: Option<CorrelationId>,
+    /// `sequence_start`.
+    pub start: bool,
+    /// `sequence_end`.
+    pub end: bool,
+}
+
+/// A sequence's correlation id, as the client sent it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum CorrelationId {
+    /// An unsigned integer.
+    Number(u64),
+    /// A string.
+    Text(String),
+}
+
+impl SequenceParams {
+    /// The sequence parameters among a request's `parameters`; `None` when none is set.
+    pub fn from_parameters(parameters: &Map<String, Value>) -> Result<Option<SequenceParams>, ProtocolError> {
+        let id = match parameters.get("sequence_id") {
+            None | Some(Value::Null) => None,
+            Some(Value::Number(n)) => match n.as_u64() {
+                Some(0) => None,
+                Some(id) => Some(CorrelationId::Number(id)),
+                None => return error(format!("\"sequence_id\" must be an unsigned integer or a string, got {n}")),
+            },
+            Some(Value::String(text)) if text.is_empty() => None,
+            Some(Value::String(text)) => Some(CorrelationId::Text(text.clone())),
+            Some(other) => return error(format!("\"sequence_id\" must be an unsigned integer or a string, got {other}")),
+        };
+        let flag = |key: &str| match parameters.get(key) {
+            None | Some(Value::Null) => Ok(false),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(other) => error(format!("{key:?} must be true or false, got {other}")),
+        };
+        let (start, end) = (flag("sequence_start")?, flag("sequence_end")?);
+        Ok((id.is_some() || start || end).then_some(SequenceParams { id, start, end }))
     }
-    Ok(())
+
+    /// The parameter that is set, to name in a refusal (`sequence_id` first).
+    pub fn named(&self) -> &'static str {
+        match (&self.id, self.start) {
+            (Some(_), _) => "sequence_id",
+            (None, true) => "sequence_start",
+            (None, false) => "sequence_end",
+        }
+    }
 }
 
 /// Triton's wording for a model it does not serve (clients match on it); our detail
@@ -296,6 +333,9 @@ pub struct Schedule {
     /// `split_key`: the key an A/B run split by key hashes (e.g. a tenant); the
     /// `x-yardmaster-key` header gives it too.
     pub split_key: Option<String>,
+    /// `sequence_id`, `sequence_start`, `sequence_end`: the request's place in a
+    /// stateful sequence; `None` when none is set.
+    pub sequence: Option<SequenceParams>,
 }
 
 impl Schedule {
@@ -313,6 +353,7 @@ impl Schedule {
                 Some(Value::String(key)) => Some(key.clone()),
                 Some(other) => return error(format!("\"split_key\" must be a string, got {other}")),
             },
+            sequence: SequenceParams::from_parameters(parameters)?,
         })
     }
 }
@@ -468,7 +509,6 @@ pub fn decode_request_in(
         Some(other) => return error(format!("\"id\" must be a string, got {other}")),
     };
     let parameters = take_parameters(&mut object, "request")?;
-    refuse_unsupported(&parameters)?;
     let schedule = Schedule::from_parameters(&parameters)?;
     let Some(Value::Array(raw_inputs)) = object.remove("inputs") else {
         return error("request needs an \"inputs\" array");
@@ -792,16 +832,22 @@ mod tests {
     }
 
     #[test]
-    fn sequences_are_refused_naming_them_and_a_class_count_is_read() {
+    fn sequence_parameters_are_read_and_a_class_count_is_read() {
         let body = |extra: &str| format!(r#"{{"inputs":[{{"name":"x","shape":[1],"datatype":"FP32","data":[1]}}]{extra}}}"#);
         let refused = |extra: &str| decode_request(body(extra).as_bytes(), None).unwrap_err().0;
-        assert!(refused(r#","parameters":{"sequence_id":7}"#).starts_with("sequence_id: stateful sequences are not supported"));
-        assert!(refused(r#","parameters":{"sequence_start":true}"#).contains("sequence_start"));
+        let sequence = |extra: &str| decode_request(body(extra).as_bytes(), None).unwrap().schedule.sequence;
+        let numbered = sequence(r#","parameters":{"sequence_id":7,"sequence_start":true}"#).unwrap();
+        assert_eq!((numbered.id, numbered.start, numbered.end), (Some(CorrelationId::Number(7)), true, false));
+        let named = sequence(r#","parameters":{"sequence_id":"user-7","sequence_end":true}"#).unwrap();
+        assert_eq!((named.id, named.end), (Some(CorrelationId::Text("user-7".into())), true));
+        assert_eq!(sequence(r#","parameters":{"sequence_start":true}"#).unwrap().named(), "sequence_start", "a start without an id");
+        assert!(refused(r#","parameters":{"sequence_id":-3}"#).contains("sequence_id"));
+        assert!(refused(r#","parameters":{"sequence_end":"yes"}"#).contains("sequence_end"));
         let classified = decode_request(body(r#","outputs":[{"name":"y","parameters":{"classification":3}}]"#).as_bytes(), None).unwrap();
         assert_eq!(classified.outputs[0].class_count, Some(3));
         let class = refused(r#","outputs":[{"name":"y","parameters":{"classification":"three"}}]"#);
         assert!(class.contains("output \"y\"") && class.contains("classification"), "{class}");
-        assert!(decode_request(body(r#","parameters":{"sequence_id":0,"sequence_end":false}"#).as_bytes(), None).is_ok(), "unset");
+        assert_eq!(sequence(r#","parameters":{"sequence_id":0,"sequence_end":false}"#), None, "unset");
     }
 
     #[test]
@@ -814,7 +860,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(request.id.as_deref(), Some("r1"));
-        assert_eq!(request.schedule, Schedule { priority: Some(2), timeout_us: Some(150_000), split_key: None });
+        assert_eq!(request.schedule, Schedule { priority: Some(2), timeout_us: Some(150_000), split_key: None, sequence: None });
         assert_eq!(request.parameters["tenant"], "a");
         assert_eq!(request.inputs[0].as_f32().unwrap(), vec![1.0, 2.0, 3.0, 4.5]);
         assert_eq!(request.inputs[1].data, TensorData::Strings(vec![b"hi".to_vec(), b"yo".to_vec()]));

@@ -42,6 +42,7 @@ pub mod prometheus;
 /// The inter-node transport, now its own crate (`yardmaster-cluster`).
 pub use yardmaster_cluster as remote;
 pub mod repository;
+pub mod sequences;
 pub mod served_config;
 pub mod server;
 pub mod shared_memory;

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use yardmaster_dataplane::ocr::cls::Direction;
 use yardmaster_dataplane::ocr::det::TextBox;
 use yardmaster_dataplane::ocr::{RgbImage, TextLine};
-use yardmaster_dataplane::Tensor;
+use yardmaster_dataplane::{SequenceStep, Tensor};
 
 /// One request's data.
 #[derive(Debug, Clone, PartialEq)]
@@ -76,12 +76,15 @@ pub struct Parcel {
     pub payload: Payload,
     /// Inputs of the next stage, if already made.
     pub prepared: Option<Prepared>,
+    /// The request's place in a stateful sequence, for the worker that holds the
+    /// sequence's state (a model with a sequence batcher).
+    pub sequence: Option<SequenceStep>,
 }
 
 impl Parcel {
-    /// A parcel without prepared inputs.
+    /// A parcel without prepared inputs, of no sequence.
     pub fn new(payload: Payload) -> Self {
-        Self { payload, prepared: None }
+        Self { payload, prepared: None, sequence: None }
     }
 }
 

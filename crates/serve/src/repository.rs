@@ -38,9 +38,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use yardmaster_dataplane::profile::{profile, ProfileOptions};
+use yardmaster_dataplane::sequence::{Control, ControlKind as SequenceControl, SequenceSpec, State as SequenceState};
 use yardmaster_dataplane::{Device, ModelCatalog, ModelKey, ModelSpec, WarmUp, WarmUpData, WarmUpInput, WorkerContext};
 use yardmaster_engine::pipeline::{StageDef, StreamDef};
-use yardmaster_formats::model_repository::config::{Backend, DataType, TensorConfig, WarmupData};
+use yardmaster_formats::model_repository::config::{Backend, ControlKind, ControlValues, DataType, InitialData, TensorConfig, WarmupData};
 use yardmaster_formats::model_repository::repository::PROFILE_SHAPES_PARAMETER;
 use yardmaster_formats::model_repository::stages::{
     dynamic_batching_params, ensemble_order, ensemble_stages, link_places, model_stage, profile_stage_from_text, repository_pipeline,
@@ -52,6 +53,7 @@ use yardmaster_policy::contract::{DeviceKind, Param};
 use super::backend::{ocr_names, Codec, ModelDescription, ServedModel};
 use super::classification::{read_labels, Labels};
 use super::kserve::DataType as WireType;
+use super::sequences::SequenceTable;
 use super::stack::ServedPipeline;
 use super::stages::{builtin_program, EnsembleStepProgram, StageProgram, TensorProgram};
 use super::tensor_codec::{element_type, TensorCodec, TensorDecl};
@@ -311,12 +313,71 @@ pub fn servable(entry: &ModelEntry) -> Result<(), String> {
 }
 
 /// Refuse what a configuration asks for that would be served wrong if it were not
-/// acted on: `sequence_batching` (a stateful model served without its state).
+/// acted on. Every field read is acted on now (a sequence batcher's settings are checked
+/// by [`sequence_spec`]).
 fn refuse_unserved(entry: &ModelEntry) -> Result<(), String> {
-    if entry.config.ignored_fields.iter().any(|f| f == "sequence_batching") {
-        return Err("sequence_batching is not served yet: a stateful model is refused rather than served without its state".into());
+    sequence_spec(entry).map(|_| ())
+}
+
+/// A stateful model's sequence settings for its workers, from its `sequence_batching`:
+/// control inputs with their values in their element types, states with their shapes
+/// and initial values (zeros, or a file in the model's `initial_state/` folder, which
+/// must hold exactly the state's bytes); `None` for a model without a sequence batcher.
+pub(crate) fn sequence_spec(entry: &ModelEntry) -> Result<Option<SequenceSpec>, String> {
+    let Some(batching) = &entry.config.sequence_batching else { return Ok(None) };
+    if entry.config.backend == Backend::Ensemble {
+        return Err("sequence_batching on an ensemble is not served: give it to the stateful model the ensemble steps into".into());
     }
-    Ok(())
+    let controls = batching
+        .control_inputs
+        .iter()
+        .map(|control| {
+            let element = element_type(wire_type(control.data_type)).expect("every type is carried");
+            let (false_value, true_value) = match control.values {
+                None => (Vec::new(), Vec::new()),
+                Some(ControlValues::Int32(f, t)) => (f.to_le_bytes().to_vec(), t.to_le_bytes().to_vec()),
+                Some(ControlValues::Fp32(f, t)) => (f.to_le_bytes().to_vec(), t.to_le_bytes().to_vec()),
+                Some(ControlValues::Bool(f, t)) => (vec![u8::from(f)], vec![u8::from(t)]),
+            };
+            let kind = match control.kind {
+                ControlKind::Start => SequenceControl::Start,
+                ControlKind::End => SequenceControl::End,
+                ControlKind::Ready => SequenceControl::Ready,
+                ControlKind::CorrelationId => SequenceControl::CorrelationId,
+            };
+            Control { input: control.name.clone(), kind, element, false_value, true_value }
+        })
+        .collect();
+    let states = batching
+        .states
+        .iter()
+        .map(|state| {
+            let named = |e: String| format!("sequence_batching state {:?}: {e}", state.input_name);
+            let dims = match &state.initial {
+                Some(initial) if !initial.dims.is_empty() => &initial.dims,
+                _ => &state.dims,
+            };
+            if dims.iter().any(|&d| d < 0) {
+                return Err(named(format!("dims {dims:?}: a state's size must be fixed (give its initial_state dims)")));
+            }
+            let shape: Vec<usize> = dims.iter().map(|&d| d as usize).collect();
+            let element = element_type(wire_type(state.data_type)).expect("every type is carried");
+            let initial = match state.initial.as_ref().map(|i| &i.data) {
+                None | Some(InitialData::Zero) => Vec::new(),
+                Some(InitialData::File(file)) => {
+                    let path = entry.dir.join("initial_state").join(file);
+                    let bytes = std::fs::read(&path).map_err(|e| named(format!("{}: {e}", path.display())))?;
+                    let count: usize = shape.iter().product();
+                    yardmaster_dataplane::Elements::from_bytes(element, &bytes, count)
+                        .map_err(|e| named(format!("{} does not hold a state of shape {shape:?}: {e}", path.display())))?;
+                    bytes
+                }
+            };
+            Ok(SequenceState { input: state.input_name.clone(), output: state.output_name.clone(), element, shape, initial })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    let idle = std::time::Duration::from_micros(batching.max_sequence_idle_microseconds);
+    Ok(Some(SequenceSpec { controls, states, idle }))
 }
 
 /// The class labels of each output that names a `label_filename` (a file in the
@@ -371,11 +432,13 @@ pub(crate) fn prepare(
     refuse_unserved(entry)?;
     let versions = version_codecs(entry)?;
     let labels = output_labels(entry)?;
+    let sequence = sequence_spec(entry)?;
     let mut prepared = Vec::with_capacity(versions.len());
     for (version, file, codec) in versions {
         let in_version = |e: String| in_version_of(entry, version, e);
         let mut spec = ModelSpec::new(ModelKey::new(&entry.name, version.version.to_string()), file);
         spec.warm_up = warm_up_samples(entry, &codec, context.runtime.device()).map_err(in_version)?;
+        spec.sequence = sequence.clone();
         let profile = profiled_stage(entry, version, &spec, &codec, context, options, progress).map_err(in_version)?;
         let device = if context.runtime.device() == Device::Cpu { DeviceKind::Cpu } else { DeviceKind::Gpu };
         let (stage, stream) = model_stage(entry, version.version, profile, 0, device, options.threads);
@@ -392,10 +455,11 @@ pub(crate) fn prepare(
             stages: Vec::new(),
             codec: Codec::Tensors(codec.clone()),
             description,
+            sequences: sequence.as_ref().map(|s| Arc::new(SequenceTable::new(&entry.name, s.idle))),
         };
         let program: Arc<dyn StageProgram> = match builtin {
             Some(builtin) => builtin_program(builtin, &spec, context).map_err(in_version)?,
-            None => Arc::new(TensorProgram { name: stage.name.clone() }),
+            None => Arc::new(TensorProgram { name: stage.name.clone(), batching: codec.batching }),
         };
         prepared.push(Prepared {
             stages: vec![PreparedStage { stage, spec, program }],
@@ -463,7 +527,9 @@ pub(crate) fn prepare_ensemble(entry: &ModelEntry, models: &[Prepared]) -> Resul
                 })
                 .collect::<Result<Vec<String>, String>>()?;
             let outputs = step_codec.outputs.iter().map(|t| step.output_map.get(&t.name).cloned()).collect();
-            Arc::new(EnsembleStepProgram { name: stage.name.clone(), inputs, outputs })
+            // The ensemble's tensors lead with the request's rows when it batches.
+            let batching = step_codec.batching && matches!(&codec, Codec::Ensemble(c) if c.batching);
+            Arc::new(EnsembleStepProgram { name: stage.name.clone(), inputs, outputs, batching })
         };
         stages.push(PreparedStage { stage, spec: model.stages[0].spec.clone(), program });
     }
@@ -474,7 +540,7 @@ pub(crate) fn prepare_ensemble(entry: &ModelEntry, models: &[Prepared]) -> Resul
         config: Some(super::served_config::served(config)),
         labels: BTreeMap::new(),
     };
-    let model = ServedModel { name: entry.name.clone(), stream: 0, entry: 0, stages: Vec::new(), codec, description };
+    let model = ServedModel { name: entry.name.clone(), stream: 0, entry: 0, stages: Vec::new(), codec, description, sequences: None };
     let steps = config.ensemble_steps.iter().map(|s| s.model_name.clone()).collect();
     Ok(Prepared { stages, stream: Some(stream), model, codec: None, params: Vec::new(), steps, builtin: None })
 }
@@ -524,12 +590,29 @@ fn check_builtin_ensemble(config: &ModelConfig, program_of: &dyn Fn(&str) -> Opt
     Ok(())
 }
 
-/// The codec of a completed configuration, with tensors in the graph's order.
+/// The codec of a completed configuration, with tensors in the graph's order: of a
+/// stateful model, the inputs and outputs its clients send and get (not its control and
+/// state inputs, nor its state outputs, which the graph must have).
 fn codec(config: &ModelConfig, file: &Path) -> Result<TensorCodec, String> {
     let graph = read_graph_signature(file).map_err(|e| e.to_string())?;
     let names =
         |tensors: &[yardmaster_formats::model_repository::TensorSignature]| tensors.iter().map(|t| t.name.clone()).collect::<Vec<_>>();
-    tensor_codec(config, &names(&graph.inputs), &names(&graph.outputs))
+    let (mut inputs, mut outputs) = (names(&graph.inputs), names(&graph.outputs));
+    if let Some(batching) = &config.sequence_batching {
+        let filled = batching.control_inputs.iter().map(|c| &c.name).chain(batching.states.iter().map(|s| &s.input_name));
+        if let Some(missing) = filled.clone().find(|name| !inputs.contains(name)) {
+            return Err(format!("sequence_batching fills input {missing:?}, which the graph does not have"));
+        }
+        if let Some(missing) = batching.states.iter().find(|s| !outputs.contains(&s.output_name)) {
+            return Err(format!(
+                "sequence_batching state {:?} is read from output {:?}, which the graph does not have",
+                missing.input_name, missing.output_name
+            ));
+        }
+        inputs.retain(|name| !batching.fills_input(name));
+        outputs.retain(|name| !batching.keeps_output(name));
+    }
+    tensor_codec(config, &inputs, &outputs)
 }
 
 /// The codec of the tensors `inputs` and `outputs` (in that order), as `config` declares them.
@@ -550,7 +633,7 @@ fn tensor_codec(config: &ModelConfig, inputs: &[String], outputs: &[String]) -> 
     };
     let inputs = inputs.iter().map(|name| declare("input", name, &config.input)).collect::<Result<Vec<_>, _>>()?;
     let outputs = outputs.iter().map(|name| declare("output", name, &config.output)).collect::<Result<Vec<_>, _>>()?;
-    Ok(TensorCodec { inputs, outputs, batching })
+    Ok(TensorCodec { inputs, outputs, batching, max_batch_size: config.max_batch_size })
 }
 
 /// The wire type of a configuration's element type.
@@ -599,9 +682,16 @@ fn profiled_stage(
     let items = entry.settings.items_per_request.max(1) as usize;
     let batches: Vec<usize> =
         std::iter::successors(Some(1usize), |b| Some(b * 2)).take_while(|b| *b <= largest).map(|b| b * items).collect();
+    let mut shapes = profile_shapes(entry, codec)?;
+    if let Some(sequence) = &spec.sequence {
+        // A stateful model is profiled with its control and state inputs too.
+        let graph = read_graph_signature(&spec.path).map_err(|e| e.to_string())?;
+        let mut given = shapes.into_iter();
+        shapes = graph.inputs.iter().map(|t| sequence.filled_shape(&t.name).or_else(|| given.next()).unwrap_or_default()).collect();
+    }
     let profile_options = ProfileOptions {
         batches,
-        shapes: Some(profile_shapes(entry, codec)?),
+        shapes: Some(shapes),
         warmup: 2,
         iterations: options.iterations.max(1),
         threads: options.threads,

@@ -36,6 +36,12 @@ pub trait StageProgram: Send + Sync {
     fn inputs(&self, payload: &Payload) -> Result<Vec<Vec<Tensor>>, String>;
     /// Fold the outputs of those elements (in the same order) back into the payload.
     fn apply(&self, payload: &mut Payload, outputs: Vec<Vec<Tensor>>) -> Result<(), String>;
+    /// Whether each batch element is one row of a client batch, so that a job's
+    /// elements must not exceed the stage's batch limit (`max_batch_size`); a program
+    /// whose elements are parts of one request (an image's crops) says no.
+    fn counts_rows(&self) -> bool {
+        false
+    }
 }
 
 fn document<'a>(program: &str, payload: &'a Payload) -> Result<&'a OcrDocument, String> {
@@ -178,12 +184,36 @@ pub fn builtin_program(program: BuiltinProgram, spec: &ModelSpec, context: &Work
     })
 }
 
-/// A model fed the payload's tensors as they are: one element per request, whose
-/// outputs become the payload.
+/// A model fed the payload's tensors: a model without a batch dimension one element
+/// per request, its tensors as they are; a batching model one element per row of the
+/// request's client batch (the tensors lead with N rows). The outputs (joined back
+/// into N rows) become the payload.
 #[derive(Debug, Clone)]
 pub struct TensorProgram {
     /// Name, for logs and errors.
     pub name: String,
+    /// The model batches: the payload's tensors lead with the request's rows.
+    pub batching: bool,
+}
+
+/// One batch element per row of `tensors` (each leading with the request's rows) when
+/// `batching`, else the tensors as one element.
+fn elements_of(program: &str, tensors: Vec<Tensor>, batching: bool) -> Result<Vec<Vec<Tensor>>, String> {
+    if !batching {
+        return Ok(vec![tensors]);
+    }
+    let n = tensors.first().and_then(|t| t.shape.first().copied()).unwrap_or(1);
+    yardmaster_dataplane::batch::rows(&tensors, n).map_err(|e| format!("{program}: {e}"))
+}
+
+/// The outputs of a request's elements: joined back into rows when `batching`, else
+/// the one element's.
+fn outputs_of(program: &str, outputs: Vec<Vec<Tensor>>, batching: bool) -> Result<Vec<Tensor>, String> {
+    if batching {
+        return yardmaster_dataplane::batch::join_rows(outputs).map_err(|e| format!("{program}: {e}"));
+    }
+    let [outputs] = <[Vec<Tensor>; 1]>::try_from(outputs).map_err(|o| format!("{program}: {} outputs for one input", o.len()))?;
+    Ok(outputs)
 }
 
 impl StageProgram for TensorProgram {
@@ -193,16 +223,19 @@ impl StageProgram for TensorProgram {
 
     fn inputs(&self, payload: &Payload) -> Result<Vec<Vec<Tensor>>, String> {
         match payload {
-            Payload::Tensors(tensors) => Ok(vec![tensors.clone()]),
+            Payload::Tensors(tensors) => elements_of(&self.name, tensors.clone(), self.batching),
             Payload::Named(_) => Err(format!("{}: the request carries an ensemble's named tensors", self.name)),
             Payload::Ocr(_) => Err(format!("{}: the request carries an image, not tensors", self.name)),
         }
     }
 
     fn apply(&self, payload: &mut Payload, outputs: Vec<Vec<Tensor>>) -> Result<(), String> {
-        let [outputs] = <[Vec<Tensor>; 1]>::try_from(outputs).map_err(|o| format!("{}: {} outputs for one input", self.name, o.len()))?;
-        *payload = Payload::Tensors(outputs);
+        *payload = Payload::Tensors(outputs_of(&self.name, outputs, self.batching)?);
         Ok(())
+    }
+
+    fn counts_rows(&self) -> bool {
+        self.batching
     }
 }
 
@@ -217,11 +250,17 @@ pub struct EnsembleStepProgram {
     pub inputs: Vec<String>,
     /// The ensemble name of each model output, in the model's output order.
     pub outputs: Vec<Option<String>>,
+    /// The step's model batches: the ensemble's tensors lead with the request's rows.
+    pub batching: bool,
 }
 
 impl StageProgram for EnsembleStepProgram {
     fn name(&self) -> &str {
         &self.name
+    }
+
+    fn counts_rows(&self) -> bool {
+        self.batching
     }
 
     fn inputs(&self, payload: &Payload) -> Result<Vec<Vec<Tensor>>, String> {
@@ -233,14 +272,14 @@ impl StageProgram for EnsembleStepProgram {
             .iter()
             .map(|name| tensors.get(name).cloned().ok_or_else(|| format!("{}: no ensemble tensor {name:?} yet", self.name)))
             .collect::<Result<Vec<Tensor>, String>>()?;
-        Ok(vec![fed])
+        elements_of(&self.name, fed, self.batching)
     }
 
     fn apply(&self, payload: &mut Payload, outputs: Vec<Vec<Tensor>>) -> Result<(), String> {
         let Payload::Named(tensors) = payload else {
             return Err(format!("{}: the request does not carry an ensemble's named tensors", self.name));
         };
-        let [outputs] = <[Vec<Tensor>; 1]>::try_from(outputs).map_err(|o| format!("{}: {} outputs for one input", self.name, o.len()))?;
+        let outputs = outputs_of(&self.name, outputs, self.batching)?;
         if outputs.len() != self.outputs.len() {
             return Err(format!("{}: the model gave {} outputs, {} expected", self.name, outputs.len(), self.outputs.len()));
         }
@@ -288,7 +327,8 @@ mod tests {
 
     #[test]
     fn an_ensemble_step_reads_and_writes_the_tensors_its_maps_name() {
-        let step = EnsembleStepProgram { name: "e/add".into(), inputs: vec!["t".into()], outputs: vec![Some("y".into()), None] };
+        let step =
+            EnsembleStepProgram { name: "e/add".into(), inputs: vec!["t".into()], outputs: vec![Some("y".into()), None], batching: false };
         let mut payload = Payload::Named([("x".to_string(), Tensor::filled(vec![2], 1.0))].into());
         assert!(step.inputs(&payload).unwrap_err().contains("no ensemble tensor \"t\""));
         let Payload::Named(tensors) = &mut payload else { unreachable!() };
@@ -303,7 +343,7 @@ mod tests {
 
     #[test]
     fn programs_refuse_the_wrong_payload_and_miscounted_outputs() {
-        let tensor = TensorProgram { name: "tiny".into() };
+        let tensor = TensorProgram { name: "tiny".into(), batching: false };
         let image = Payload::Ocr(OcrDocument::new(RgbImage::filled(8, 8, [0, 0, 0])));
         assert!(tensor.inputs(&image).unwrap_err().contains("an image"));
         assert!(DetProgram::default().inputs(&Payload::Tensors(Vec::new())).unwrap_err().contains("tensors"));
@@ -314,5 +354,13 @@ mod tests {
         assert_eq!(tensor.inputs(&tensors).unwrap(), vec![vec![Tensor::filled(vec![4], 1.0)]]);
         tensor.apply(&mut tensors, vec![vec![Tensor::filled(vec![4], 2.0)]]).unwrap();
         assert_eq!(tensors, Payload::Tensors(vec![Tensor::filled(vec![4], 2.0)]));
+        // A batching model: one element per row, the outputs joined back into rows.
+        let rows = TensorProgram { name: "rows".into(), batching: true };
+        let mut three = Payload::Tensors(vec![Tensor::new(vec![3, 2], vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap()]);
+        let elements = rows.inputs(&three).unwrap();
+        assert_eq!(elements.len(), 3);
+        assert_eq!(elements[1], vec![Tensor::new(vec![2], vec![3.0, 4.0]).unwrap()]);
+        rows.apply(&mut three, elements).unwrap();
+        assert_eq!(three, Payload::Tensors(vec![Tensor::new(vec![3, 2], vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap()]));
     }
 }

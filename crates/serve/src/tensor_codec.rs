@@ -2,14 +2,15 @@
 //! declares them: which inputs a request must carry, with which shapes, and how the
 //! worker's outputs become the response.
 //!
-//! The data plane stacks requests along a batch dimension of its own, so a request
-//! carries one item. For a model with `max_batch_size > 0` the client's shapes are
-//! `[batch] + dims` (Triton's convention) and `batch` must be 1 — the policy forms the
-//! batches; the leading 1 is taken off on the way in and put back on every output. A
-//! model with `max_batch_size = 0` is sent its whole input, of any shape (scalars,
-//! dynamic dimensions, a batch axis anywhere), and runs one request per call: its
-//! tensors go to the data plane as they are and its outputs come back as they are.
-//! `-1` in a declared dimension takes any size.
+//! For a model with `max_batch_size > 0` the client's shapes are `[batch] + dims`
+//! (Triton's convention): a request carries a client batch of `1 ≤ N ≤ max_batch_size`
+//! items, the same N on every input. The decoded tensors keep the leading N (the
+//! request's rows; the stage program hands the data plane one batch element per row,
+//! and the policy counts the request as N items), and the outputs come back with the
+//! request's N rows. A model with `max_batch_size = 0` is sent its whole input, of any
+//! shape (scalars, dynamic dimensions, a batch axis anywhere), and runs one request per
+//! call: its tensors go to the data plane as they are and its outputs come back as they
+//! are. `-1` in a declared dimension takes any size.
 //!
 //! Element types: every type of the protocol — BOOL, the integers of 8 to 64 bits,
 //! FP16, BF16, FP32, FP64 and BYTES — travels in its own type, exactly, from the
@@ -97,6 +98,9 @@ pub struct TensorCodec {
     pub outputs: Vec<TensorDecl>,
     /// The model batches (`max_batch_size > 0`): shapes lead with the batch dimension.
     pub batching: bool,
+    /// The largest client batch a request may carry (`max_batch_size`; 0 when the
+    /// model does not batch).
+    pub max_batch_size: u32,
 }
 
 impl TensorCodec {
@@ -110,10 +114,12 @@ impl TensorCodec {
         self.outputs.iter().map(|t| TensorSpec { name: t.name.clone(), datatype: t.datatype, shape: t.shape.clone() }).collect()
     }
 
-    /// The worker's tensors for a request (the leading 1 taken off for a batching
-    /// model), or why the request's inputs do not fit.
+    /// The worker's tensors for a request, or why the request's inputs do not fit. A
+    /// batching model's tensors keep the request's leading dimension N (its rows, the
+    /// same on every input, `1 ≤ N ≤ max_batch_size`); a `reshape` applies to each row.
     pub fn decode(&self, request: &InferRequest) -> Result<Vec<PlaneTensor>, String> {
         let mut tensors = Vec::with_capacity(self.inputs.len());
+        let mut rows: Option<(&str, u64)> = None;
         for decl in &self.inputs {
             let name = &decl.name;
             let tensor = request.inputs.iter().find(|t| &t.name == name).ok_or_else(|| format!("input {name:?} is missing"))?;
@@ -121,6 +127,20 @@ impl TensorCodec {
                 return Err(format!("input {name:?} must be {}, got {}", decl.datatype.name(), tensor.datatype.name()));
             }
             check_shape(name, &tensor.shape, &decl.shape, self.batching)?;
+            if self.batching {
+                let n = tensor.shape[0];
+                if n > u64::from(self.max_batch_size) {
+                    return Err(format!("input {name:?} carries a batch of {n}, over max_batch_size {}", self.max_batch_size));
+                }
+                match rows {
+                    Some((first, m)) if m != n => {
+                        return Err(format!(
+                            "input {name:?} carries a batch of {n}, input {first:?} a batch of {m}: every input of a request has the same batch size"
+                        ))
+                    }
+                    _ => rows = Some((name, n)),
+                }
+            }
             let values = carried(tensor, decl.datatype)?;
             let from = usize::from(self.batching);
             let mut shape: Vec<usize> = tensor.shape[from..].iter().map(|&d| d as usize).collect();
@@ -128,15 +148,26 @@ impl TensorCodec {
                 shape = reshaped(&shape, &decl.shape[from..], to)
                     .ok_or_else(|| format!("input {name:?}: shape {:?} does not reshape to {to:?}", tensor.shape))?;
             }
+            if self.batching {
+                shape.insert(0, tensor.shape[0] as usize);
+            }
             tensors.push(PlaneTensor::new(shape, values).map_err(|e| format!("input {name:?}: {e}"))?);
         }
         Ok(tensors)
     }
 
-    /// The response tensors for a request's outputs (the leading 1 put back for a
-    /// batching model).
+    /// The rows (client batch size) of a request's decoded tensors: their leading
+    /// dimension for a batching model, 1 otherwise.
+    pub fn rows(&self, tensors: &[PlaneTensor]) -> u32 {
+        match tensors.first() {
+            Some(first) if self.batching => first.shape.first().map_or(1, |&n| n as u32),
+            _ => 1,
+        }
+    }
+
+    /// The response tensors for a request's outputs (a batching model's lead with the
+    /// request's rows, as the stage program joined them; a `reshape` applies to each row).
     pub fn encode(&self, outputs: Vec<PlaneTensor>) -> Result<Vec<Tensor>, String> {
-        let leading = self.batching.then_some(1u64);
         if outputs.len() != self.outputs.len() {
             return Err(format!("the model produced {} outputs, its configuration declares {}", outputs.len(), self.outputs.len()));
         }
@@ -145,14 +176,18 @@ impl TensorCodec {
             .zip(outputs)
             .map(|(decl, t)| {
                 let from = usize::from(self.batching);
+                if t.shape.len() < from {
+                    return Err(format!("output {:?}: the model's output has no batch dimension", decl.name));
+                }
+                let (leading, item) = t.shape.split_at(from);
                 let dims = match &decl.reshape {
                     // The model's shape back to the one clients are told.
-                    Some(model) => reshaped(&t.shape, model, &decl.shape[from..]).ok_or_else(|| {
-                        format!("output {:?}: the model's shape {:?} does not reshape to {:?}", decl.name, t.shape, &decl.shape[from..])
+                    Some(model) => reshaped(item, model, &decl.shape[from..]).ok_or_else(|| {
+                        format!("output {:?}: the model's shape {:?} does not reshape to {:?}", decl.name, item, &decl.shape[from..])
                     })?,
-                    None => t.shape.clone(),
+                    None => item.to_vec(),
                 };
-                let shape: Vec<u64> = leading.into_iter().chain(dims.iter().map(|&d| d as u64)).collect();
+                let shape: Vec<u64> = leading.iter().chain(dims.iter()).map(|&d| d as u64).collect();
                 wire_tensor(&decl.name, decl.datatype, shape, &t.data)
             })
             .collect()
@@ -169,7 +204,15 @@ fn carried(tensor: &Tensor, datatype: DataType) -> Result<TensorData, String> {
         WireData::Raw(bytes) => TensorData::from_bytes(element, bytes, count),
         WireData::Strings(_) => TensorData::from_bytes(element, &tensor.binary(), count),
     };
-    data.map_err(|e| format!("input {name:?}: {e}"))
+    let data = data.map_err(|e| format!("input {name:?}: {e}"))?;
+    if datatype == DataType::Bytes {
+        // Refused here, as the client's error, rather than by the worker.
+        let strings = data.strings().map_err(|e| format!("input {name:?}: {e}"))?;
+        if let Some(k) = strings.into_iter().position(|range| data.bytes()[range].contains(&0)) {
+            return Err(format!("input {name:?}: string {k} holds a NUL byte, which ONNX Runtime's strings cannot"));
+        }
+    }
+    Ok(data)
 }
 
 /// An output of the data plane as the protocol's tensor of `datatype` (its bytes, or
@@ -191,17 +234,14 @@ fn wire_tensor(name: &str, datatype: DataType, shape: Vec<u64>, data: &TensorDat
 }
 
 /// Check a request's shape against a declared one (`-1`: any size); a batching model's
-/// leading dimension must be 1, and its items must not be empty.
+/// items must not be empty, nor its batch.
 fn check_shape(name: &str, got: &[u64], declared: &[i64], batching: bool) -> Result<(), String> {
     let fits = got.len() == declared.len() && got.iter().zip(declared).all(|(&g, &d)| d < 0 || g as i64 == d);
     if !fits {
         return Err(format!("input {name:?} must have shape {declared:?} (-1: any size), got {got:?}"));
     }
-    if batching && got.first() != Some(&1) {
-        return Err(format!(
-            "input {name:?} carries a batch of {} in one request: send one item per request (shape [1, …]); the scheduling policy forms the batches",
-            got.first().copied().unwrap_or(0)
-        ));
+    if batching && got.first() == Some(&0) {
+        return Err(format!("input {name:?} carries a batch of 0: a request carries 1 to max_batch_size items"));
     }
     // A model fed whole inputs may take an empty one (a request of no elements).
     if batching && got.contains(&0) {
@@ -217,7 +257,7 @@ mod tests {
     /// A batching codec of one input and one output of `width` elements.
     fn one_to_one(input: (&str, DataType), output: (&str, DataType), width: i64) -> TensorCodec {
         let decl = |(name, datatype): (&str, DataType)| TensorDecl::new(name, vec![-1, width], datatype);
-        TensorCodec { inputs: vec![decl(input)], outputs: vec![decl(output)], batching: true }
+        TensorCodec { inputs: vec![decl(input)], outputs: vec![decl(output)], batching: true, max_batch_size: 8 }
     }
 
     fn codec(batching: bool) -> TensorCodec {
@@ -226,6 +266,7 @@ mod tests {
             inputs: vec![TensorDecl::new("x", shape.clone(), DataType::F32)],
             outputs: vec![TensorDecl::new("y", shape, DataType::F32)],
             batching,
+            max_batch_size: if batching { 4 } else { 0 },
         }
     }
 
@@ -236,17 +277,35 @@ mod tests {
     }
 
     #[test]
-    fn one_item_per_request_with_the_leading_one_taken_off_and_put_back() {
+    fn a_request_keeps_its_rows_on_the_way_in_and_out() {
         let batched = codec(true);
-        let tensors = batched.decode(&request(vec![1, 3, 5])).unwrap();
-        assert_eq!(tensors[0].shape, vec![3, 5]);
-        let out = batched.encode(tensors).unwrap();
-        assert_eq!(out[0].shape, vec![1, 3, 5]);
-        assert_eq!(out[0].name, "y");
+        for n in [1, 3, 4] {
+            let tensors = batched.decode(&request(vec![n, 3, 5])).unwrap();
+            assert_eq!(tensors[0].shape, vec![n as usize, 3, 5], "the rows stay in front");
+            assert_eq!(batched.rows(&tensors), n as u32);
+            let out = batched.encode(tensors).unwrap();
+            assert_eq!(out[0].shape, vec![n, 3, 5]);
+            assert_eq!(out[0].name, "y");
+        }
         let fixed = codec(false);
         let whole = fixed.decode(&request(vec![1, 3, 4])).unwrap();
         assert_eq!(whole[0].shape, vec![1, 3, 4], "a model without a batch dimension gets its input whole");
+        assert_eq!(fixed.rows(&whole), 1);
         assert_eq!(fixed.encode(whole).unwrap()[0].shape, vec![1, 3, 4]);
+    }
+
+    #[test]
+    fn a_batch_over_max_batch_size_or_of_disagreeing_inputs_is_refused() {
+        let batched = codec(true);
+        let error = batched.decode(&request(vec![5, 3, 5])).unwrap_err();
+        assert_eq!(error, "input \"x\" carries a batch of 5, over max_batch_size 4");
+        let mut two = batched.clone();
+        two.inputs.push(TensorDecl::new("z", vec![-1, 2], DataType::F32));
+        let mut r = request(vec![3, 3, 5]);
+        r.inputs.push(Tensor::f32("z", vec![2, 2], &[0.0; 4]).unwrap());
+        let error = two.decode(&r).unwrap_err();
+        assert!(error.contains("input \"z\" carries a batch of 2, input \"x\" a batch of 3"), "{error}");
+        assert!(batched.decode(&request(vec![0, 3, 5])).unwrap_err().contains("a batch of 0"));
     }
 
     #[test]
@@ -259,10 +318,10 @@ mod tests {
         let mut codec = codec(true);
         codec.inputs[0].reshape = Some(vec![-1, 3]);
         codec.outputs[0].reshape = Some(vec![-1, 3]);
-        let tensors = codec.decode(&request(vec![1, 3, 5])).unwrap();
-        assert_eq!(tensors[0].shape, vec![5, 3], "the model sees its reshape");
-        let out = codec.encode(vec![PlaneTensor::new(vec![5, 3], vec![0.0; 15]).unwrap()]).unwrap();
-        assert_eq!(out[0].shape, vec![1, 3, 5], "clients get the declared shape back");
+        let tensors = codec.decode(&request(vec![2, 3, 5])).unwrap();
+        assert_eq!(tensors[0].shape, vec![2, 5, 3], "the model sees its reshape, row by row");
+        let out = codec.encode(vec![PlaneTensor::new(vec![2, 5, 3], vec![0.0; 30]).unwrap()]).unwrap();
+        assert_eq!(out[0].shape, vec![2, 3, 5], "clients get the declared shape back");
     }
 
     #[test]
@@ -283,7 +342,7 @@ mod tests {
     fn wrong_inputs_are_refused_with_the_reason() {
         let batched = codec(true);
         let cases = [
-            (request(vec![2, 3, 5]), "a batch of 2"),
+            (request(vec![9, 3, 5]), "a batch of 9, over max_batch_size 4"),
             (request(vec![1, 4, 5]), "must have shape"),
             (request(vec![1, 3]), "must have shape"),
             (request(vec![1, 3, 0]), "empty dimension"),
@@ -319,6 +378,10 @@ mod tests {
         let tensors = words.decode(&InferRequest { inputs: vec![input], ..InferRequest::default() }).unwrap();
         assert_eq!(tensors[0].data.len(), 2);
         assert_eq!(words.encode(tensors).unwrap()[0].data, strings);
+        let nul = WireData::Strings(vec![b"ok".to_vec(), b"a\0b".to_vec()]);
+        let input = Tensor { name: "text".into(), datatype: DataType::Bytes, shape: vec![1, 2], data: nul };
+        let error = words.decode(&InferRequest { inputs: vec![input], ..InferRequest::default() }).unwrap_err();
+        assert_eq!(error, "input \"text\": string 1 holds a NUL byte, which ONNX Runtime's strings cannot");
         // An output of another type than declared is an error naming both.
         let wrong = codec.encode(vec![PlaneTensor::new(vec![3], vec![2.0f32, -5.0, 9.0]).unwrap()]).unwrap_err();
         assert!(wrong.contains("float32") && wrong.contains("INT64"), "{wrong}");

@@ -54,7 +54,7 @@ fn start(served: ServedPipeline, placements: Vec<Placement>) -> (ServeActor, Arc
 fn request(inputs: Vec<Tensor>, timeout_us: Option<u64>) -> InferRequest {
     InferRequest {
         id: Some("r".into()),
-        schedule: Schedule { priority: None, timeout_us, split_key: None },
+        schedule: Schedule { priority: None, timeout_us, split_key: None, sequence: None },
         parameters: Map::new(),
         inputs,
         outputs: Vec::new(),

@@ -292,7 +292,7 @@ async fn a_failing_onnx_runtime_call_ends_its_request_with_the_reason_and_servin
     let model = dir.0.join("broadcast.onnx");
     std::fs::write(&model, broadcast_model()).unwrap();
     served.catalog.stages[0][0] = ModelSpec::new(ModelKey::new("tiny", "broadcast"), &model);
-    served.programs[0] = Arc::new(Misshapen(TensorProgram { name: "tiny".into() }));
+    served.programs[0] = Arc::new(Misshapen(TensorProgram { name: "tiny".into(), batching: true }));
     let server = Running::start(&dir, served, Vec::new(), WatchdogConfig::default()).await;
     served_normally(server.address, 4).await;
 

@@ -61,7 +61,7 @@ fn input(shape: &[usize], seed: u64) -> Tensor {
 }
 
 fn job(id: u64, shape: &[usize], n: usize) -> Job {
-    Job { id, requests: (0..n).map(|i| Request { id: 1000 + i as u64, inputs: vec![input(shape, id * 100 + i as u64)] }).collect() }
+    Job { id, requests: (0..n).map(|i| Request::new(1000 + i as u64, vec![input(shape, id * 100 + i as u64)])).collect() }
 }
 
 /// A node in this process on a free loopback port, serving until shut down.
@@ -513,7 +513,7 @@ fn round_trips(pool: &mut dyn Workers, events: &Receiver<WorkerEvent>, floats: u
     let tensor = input(&[floats], 3);
     let mut times = Vec::with_capacity(rounds);
     for round in 0..rounds as u64 {
-        let job = Job { id: round, requests: vec![Request { id: round, inputs: vec![tensor.clone()] }] };
+        let job = Job { id: round, requests: vec![Request::new(round, vec![tensor.clone()])] };
         let begin = Instant::now();
         pool.start(1, job).unwrap();
         let outputs = finished(events, round);

@@ -322,7 +322,7 @@ pub fn decode(frame: &[u8]) -> Result<Message, FrameError> {
             let n = r.count32("requests", MAX_REQUESTS, 10)?;
             let mut requests = Vec::with_capacity(n);
             for _ in 0..n {
-                requests.push(Request { id: r.u64("request id")?, inputs: r.tensors()? });
+                requests.push(Request::new(r.u64("request id")?, r.tensors()?));
             }
             Message::Start { worker, job: Job { id, requests } }
         }
@@ -1034,7 +1034,7 @@ impl<'a> Reader<'a> {
             for _ in 0..variants {
                 let key = self.model_key()?;
                 let path = PathBuf::from(self.string("model path")?);
-                specs.push(ModelSpec { key, path, warm_up: self.warm_up()? });
+                specs.push(ModelSpec { key, path, warm_up: self.warm_up()?, sequence: None });
             }
             catalog.stages.push(specs);
         }
@@ -1054,8 +1054,7 @@ mod tests {
         let frame = encode(&Message::Abort { worker: 0x0102_0304 }).unwrap();
         assert_eq!(frame, [6, 0, 0, 0, VERSION, kind::ABORT, 4, 3, 2, 1]);
         let tensor = Tensor::new(vec![2], vec![1.0, -2.5]).unwrap();
-        let frame =
-            encode(&Message::Start { worker: 1, job: Job { id: 2, requests: vec![Request { id: 3, inputs: vec![tensor] }] } }).unwrap();
+        let frame = encode(&Message::Start { worker: 1, job: Job { id: 2, requests: vec![Request::new(3, vec![tensor])] } }).unwrap();
         // prefix, version, kind, worker, job, 1 request, its id, 1 tensor, element type, rank 1, dim 2, 2 floats.
         assert_eq!(frame.len(), 4 + 2 + 4 + 8 + 4 + 8 + 2 + 1 + 1 + 4 + 8);
         assert_eq!(&frame[frame.len() - 8..], [1.0f32.to_le_bytes(), (-2.5f32).to_le_bytes()].concat().as_slice());
@@ -1071,10 +1070,10 @@ mod tests {
     #[test]
     fn encode_refuses_what_decode_would_refuse() {
         let deep = Tensor { shape: vec![1; MAX_RANK + 1], data: vec![0.0].into() };
-        let job = Job { id: 1, requests: vec![Request { id: 1, inputs: vec![deep] }] };
+        let job = Job { id: 1, requests: vec![Request::new(1, vec![deep])] };
         assert!(matches!(encode(&Message::Start { worker: 0, job }), Err(FrameError::Limit { what: "tensor rank", .. })));
         let wrong = Tensor { shape: vec![3], data: vec![0.0].into() };
-        let job = Job { id: 1, requests: vec![Request { id: 1, inputs: vec![wrong] }] };
+        let job = Job { id: 1, requests: vec![Request::new(1, vec![wrong])] };
         assert!(matches!(encode(&Message::Start { worker: 0, job }), Err(FrameError::Invalid { what: "tensor", .. })));
     }
 

@@ -121,10 +121,7 @@ impl Gen {
             kind::PROVISION => Message::Provision { worker, stage: self.u32(), variant: self.u32() },
             kind::START => Message::Start {
                 worker,
-                job: Job {
-                    id: self.next(),
-                    requests: (0..self.below(4)).map(|_| Request { id: self.next(), inputs: self.tensors() }).collect(),
-                },
+                job: Job { id: self.next(), requests: (0..self.below(4)).map(|_| Request::new(self.next(), self.tensors())).collect() },
             },
             kind::ABORT => Message::Abort { worker },
             kind::RETIRE => Message::Retire { worker },

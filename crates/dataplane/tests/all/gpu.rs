@@ -100,7 +100,7 @@ fn several_workers_share_one_device_and_each_computes_its_own_requests() {
     }
     // The same requests on each worker at once, and once more on a session of this thread.
     let requests: Vec<Request> =
-        (0..4).map(|i| Request { id: i, inputs: vec![yardmaster_dataplane::profile::synthetic(&[3, 48, 192], 40 + i)] }).collect();
+        (0..4).map(|i| Request::new(i, vec![yardmaster_dataplane::profile::synthetic(&[3, 48, 192], 40 + i)])).collect();
     for (id, worker) in workers.iter().enumerate() {
         worker.start(Job { id: id as u64, requests: requests.clone() }).unwrap();
     }

@@ -21,7 +21,7 @@ fn input(shape: &[usize], seed: u64) -> Tensor {
 }
 
 fn job(id: u64, shape: &[usize], n: usize) -> Job {
-    Job { id, requests: (0..n).map(|i| Request { id: i as u64, inputs: vec![input(shape, id * 100 + i as u64)] }).collect() }
+    Job { id, requests: (0..n).map(|i| Request::new(i as u64, vec![input(shape, id * 100 + i as u64)])).collect() }
 }
 
 fn ready(events: &Receiver<WorkerEvent>) -> (StartKind, Duration) {
@@ -95,8 +95,7 @@ fn requests_of_different_sizes_are_padded_into_one_batch() {
     let (tx, events) = mpsc::channel();
     let worker = Worker::provision(1, common::model(assets::REC_MODEL, "rec"), 1, context(), tx);
     ready(&events);
-    let requests =
-        vec![Request { id: 10, inputs: vec![input(&[3, 48, 160], 1)] }, Request { id: 11, inputs: vec![input(&[3, 48, 320], 2)] }];
+    let requests = vec![Request::new(10, vec![input(&[3, 48, 160], 1)]), Request::new(11, vec![input(&[3, 48, 320], 2)])];
     worker.start(Job { id: 1, requests }).unwrap();
     match next(&events) {
         WorkerEvent::Finished { job, result, .. } => {
@@ -109,7 +108,7 @@ fn requests_of_different_sizes_are_padded_into_one_batch() {
         other => panic!("{other:?}"),
     }
     // A request whose channel count the model fixes at 3 is refused with a clear error.
-    worker.start(Job { id: 2, requests: vec![Request { id: 12, inputs: vec![input(&[4, 48, 320], 3)] }] }).unwrap();
+    worker.start(Job { id: 2, requests: vec![Request::new(12, vec![input(&[4, 48, 320], 3)])] }).unwrap();
     match next(&events) {
         WorkerEvent::Finished { result: Err(error), .. } => assert!(error.to_string().contains("fixes it at 3"), "{error}"),
         other => panic!("{other:?}"),

@@ -56,6 +56,9 @@ pub struct ModelConfig {
     /// `model_transaction_policy { decoupled }`: the model answers a request with zero,
     /// one or many responses, over gRPC's `ModelStreamInfer` only (as in Triton).
     pub decoupled: bool,
+    /// Triton's `sequence_batching`, when given: the model is stateful, its requests
+    /// come in sequences (correlation ids).
+    pub sequence_batching: Option<SequenceBatching>,
     /// Fields this reader does not use, as dotted paths (`optimization`,
     /// `input.format`), sorted, each once; for one warning at load.
     pub ignored_fields: Vec<String>,
@@ -184,6 +187,119 @@ pub enum WarmupData {
     Random,
     /// `input_data_file`: a file in the model's `warmup/` folder.
     File(String),
+}
+
+/// Triton's `sequence_batching`: a stateful model's requests come in sequences, each
+/// named by a correlation id; a sequence's requests run in order on the replica that
+/// holds its state. In Yardmaster the policy still forms every batch (which sequences
+/// run together, and when): both strategies are accepted and mean the same.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SequenceBatching {
+    /// `direct` or `oldest`.
+    pub strategy: SequenceStrategy,
+    /// A sequence that has no request for this long ends (its state is released);
+    /// Triton's default is one second.
+    pub max_sequence_idle_microseconds: u64,
+    /// `control_input`: inputs the server fills for each request (not sent by clients).
+    pub control_inputs: Vec<ControlInput>,
+    /// `state`: implicit state, fed back from one request of a sequence to the next.
+    pub states: Vec<SequenceState>,
+}
+
+/// Triton's default `max_sequence_idle_microseconds`: one second.
+pub const DEFAULT_MAX_SEQUENCE_IDLE_MICROSECONDS: u64 = 1_000_000;
+
+/// The sequence batcher's strategy as written (the policy forms the batches either way).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SequenceStrategy {
+    /// `direct` (Triton's default).
+    #[default]
+    Direct,
+    /// `oldest`.
+    Oldest,
+}
+
+/// What a control input tells the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ControlKind {
+    /// `CONTROL_SEQUENCE_START`: the first request of its sequence.
+    Start,
+    /// `CONTROL_SEQUENCE_END`: the last request of its sequence.
+    End,
+    /// `CONTROL_SEQUENCE_READY`: the batch slot holds a request.
+    Ready,
+    /// `CONTROL_SEQUENCE_CORRID`: the sequence's correlation id.
+    CorrelationId,
+}
+
+/// The false and true values of a flag control, in its element type.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ControlValues {
+    /// `int32_false_true`.
+    Int32(i32, i32),
+    /// `fp32_false_true`.
+    Fp32(f32, f32),
+    /// `bool_false_true`.
+    Bool(bool, bool),
+}
+
+/// One control input (`control_input { name control { kind … } }`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ControlInput {
+    /// The model input it fills.
+    pub name: String,
+    /// What it carries.
+    pub kind: ControlKind,
+    /// A flag's false and true values (`None` for the correlation id).
+    pub values: Option<ControlValues>,
+    /// Its element type: the values' for a flag, `data_type` for the correlation id.
+    pub data_type: DataType,
+}
+
+/// One implicit state (`state { input_name output_name data_type dims initial_state }`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SequenceState {
+    /// The model input fed the state.
+    pub input_name: String,
+    /// The model output the next state is read from.
+    pub output_name: String,
+    /// Element type.
+    pub data_type: DataType,
+    /// Shape, without the batch dimension when the model batches.
+    pub dims: Vec<i64>,
+    /// What the state is at a sequence's start (`None`: zeros).
+    pub initial: Option<InitialState>,
+}
+
+/// A state's value at the start of a sequence (`initial_state`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct InitialState {
+    /// Shape.
+    pub dims: Vec<i64>,
+    /// `zero_data`, or `data_file` (a file in the model's `initial_state/` folder).
+    pub data: InitialData,
+}
+
+/// Where an initial state's elements come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InitialData {
+    /// `zero_data`.
+    Zero,
+    /// `data_file`: a file in the model's `initial_state/` folder.
+    File(String),
+}
+
+impl SequenceBatching {
+    /// Whether `name` is an input the server fills (a control or a state input), not
+    /// one clients send.
+    pub fn fills_input(&self, name: &str) -> bool {
+        self.control_inputs.iter().any(|c| c.name == name) || self.states.iter().any(|s| s.input_name == name)
+    }
+
+    /// Whether `name` is a state output, which the server keeps and clients never get.
+    pub fn keeps_output(&self, name: &str) -> bool {
+        self.states.iter().any(|s| s.output_name == name)
+    }
 }
 
 /// Triton's `dynamic_batching` settings. In Yardmaster they are parameters the policy
@@ -316,6 +432,7 @@ impl ModelConfig {
             source: None,
             warmup: Vec::new(),
             decoupled: false,
+            sequence_batching: None,
             ignored_fields: Vec::new(),
         }
     }
@@ -545,6 +662,10 @@ impl Reader<'_> {
                 "model_warmup" => {
                     let sample = self.warmup(self.message("", field)?, field.pos)?;
                     config.warmup.push(sample);
+                }
+                "sequence_batching" => {
+                    seen.once(self, "", field)?;
+                    config.sequence_batching = Some(self.sequence_batching(self.message("", field)?, field.pos)?);
                 }
                 "model_transaction_policy" => {
                     seen.once(self, "", field)?;
@@ -894,6 +1015,202 @@ impl Reader<'_> {
             return Err(self.error(at, format!("model_warmup {:?}: batch_size must be at least 1", sample.name)));
         }
         Ok(sample)
+    }
+
+    /// `sequence_batching`: its strategy, idle time, control inputs and states.
+    fn sequence_batching(&mut self, message: &Message, at: Pos) -> Result<SequenceBatching, ParseError> {
+        const PATH: &str = "sequence_batching";
+        let mut seen = Seen::default();
+        let mut batching = SequenceBatching {
+            strategy: SequenceStrategy::Direct,
+            max_sequence_idle_microseconds: DEFAULT_MAX_SEQUENCE_IDLE_MICROSECONDS,
+            control_inputs: Vec::new(),
+            states: Vec::new(),
+        };
+        let mut strategies = 0;
+        for field in &message.fields {
+            match field.name.as_str() {
+                "direct" | "oldest" => {
+                    strategies += 1;
+                    if strategies > 1 {
+                        return Err(self.error(field.pos, "sequence_batching: give one strategy, direct or oldest"));
+                    }
+                    batching.strategy = if field.name == "direct" { SequenceStrategy::Direct } else { SequenceStrategy::Oldest };
+                    // Their settings tune Triton's own batcher; the policy forms the batches here.
+                    for f in &self.message(PATH, field)?.fields {
+                        self.ignore(&join(PATH, &field.name), f);
+                    }
+                }
+                "max_sequence_idle_microseconds" => {
+                    seen.once(self, PATH, field)?;
+                    batching.max_sequence_idle_microseconds = self.u64(PATH, field)?;
+                }
+                "control_input" => {
+                    let input = self.message(PATH, field)?;
+                    batching.control_inputs.extend(self.control_input(input, field.pos)?);
+                }
+                "state" => {
+                    let state = self.sequence_state(self.message(PATH, field)?, field.pos)?;
+                    batching.states.push(state);
+                }
+                _ => self.ignore(PATH, field),
+            }
+        }
+        let mut names: Vec<&str> = batching.control_inputs.iter().map(|c| c.name.as_str()).collect();
+        names.extend(batching.states.iter().map(|s| s.input_name.as_str()));
+        names.sort_unstable();
+        if let Some(twice) = names.windows(2).find(|w| w[0] == w[1]) {
+            return Err(self.error(at, format!("sequence_batching fills input {:?} twice", twice[0])));
+        }
+        Ok(batching)
+    }
+
+    /// One `control_input { name control [ { kind … } ] }`: one control per input.
+    fn control_input(&mut self, message: &Message, at: Pos) -> Result<Vec<ControlInput>, ParseError> {
+        const PATH: &str = "sequence_batching.control_input";
+        let mut name = None;
+        let mut controls = Vec::new();
+        for field in &message.fields {
+            match field.name.as_str() {
+                "name" => name = Some(self.string(PATH, field)?),
+                "control" => controls.push((self.message(PATH, field)?, field.pos)),
+                _ => self.ignore(PATH, field),
+            }
+        }
+        let name = name.filter(|n| !n.is_empty()).ok_or_else(|| self.error(at, format!("{PATH}: name is missing")))?;
+        if controls.len() != 1 {
+            return Err(self.error(at, format!("{PATH} {name:?}: give exactly one control, {} given", controls.len())));
+        }
+        let mut parsed = Vec::new();
+        for (control, at) in controls {
+            let path = format!("{PATH}[{name:?}].control");
+            let (mut kind, mut values, mut data_type) = (None, None, None);
+            let (mut ints, mut floats, mut bools) = (Vec::new(), Vec::new(), Vec::new());
+            for field in &control.fields {
+                match field.name.as_str() {
+                    "kind" => {
+                        let kinds = ["CONTROL_SEQUENCE_START", "CONTROL_SEQUENCE_READY", "CONTROL_SEQUENCE_END", "CONTROL_SEQUENCE_CORRID"];
+                        kind = Some(match self.ident(&path, field, &kinds)? {
+                            "CONTROL_SEQUENCE_START" => ControlKind::Start,
+                            "CONTROL_SEQUENCE_READY" => ControlKind::Ready,
+                            "CONTROL_SEQUENCE_END" => ControlKind::End,
+                            _ => ControlKind::CorrelationId,
+                        });
+                    }
+                    "int32_false_true" => ints.push(self.int(&path, field, i32::MIN.into(), i32::MAX.into())? as i32),
+                    "fp32_false_true" => floats.push(match &field.value {
+                        Value::Float(f) => *f as f32,
+                        Value::Int(i) => *i as f32,
+                        _ => return Err(self.expected(&path, field, "a number")),
+                    }),
+                    "bool_false_true" => bools.push(self.boolean(&path, field)?),
+                    "data_type" => {
+                        let names: Vec<&str> = DATA_TYPES.iter().map(|(_, n)| *n).collect();
+                        data_type = DataType::from_triton_name(self.ident(&path, field, &names)?);
+                    }
+                    _ => self.ignore(&path, field),
+                }
+            }
+            let kind = kind.ok_or_else(|| self.error(at, format!("{path}: kind is missing")))?;
+            let given = [!ints.is_empty(), !floats.is_empty(), !bools.is_empty()].iter().filter(|g| **g).count();
+            let pair = |n: usize| -> Result<(), ParseError> {
+                if n == 2 {
+                    Ok(())
+                } else {
+                    Err(self.error(at, format!("{path}: the false and true values are two, {n} given")))
+                }
+            };
+            if kind == ControlKind::CorrelationId {
+                if given > 0 {
+                    return Err(self.error(at, format!("{path}: CONTROL_SEQUENCE_CORRID takes data_type, not false/true values")));
+                }
+                let data_type = data_type.ok_or_else(|| self.error(at, format!("{path}: CONTROL_SEQUENCE_CORRID needs data_type")))?;
+                let carried = [DataType::Uint64, DataType::Int64, DataType::Uint32, DataType::Int32, DataType::String];
+                if !carried.contains(&data_type) {
+                    return Err(self.error(
+                        at,
+                        format!(
+                            "{path}: a correlation id is TYPE_UINT64, TYPE_INT64, TYPE_UINT32, TYPE_INT32 or TYPE_STRING, not {}",
+                            data_type.triton_name()
+                        ),
+                    ));
+                }
+                parsed.push(ControlInput { name: name.clone(), kind, values: None, data_type });
+                continue;
+            }
+            if given != 1 {
+                return Err(self.error(at, format!("{path}: give one of int32_false_true, fp32_false_true or bool_false_true")));
+            }
+            if !ints.is_empty() {
+                pair(ints.len())?;
+                values = Some((ControlValues::Int32(ints[0], ints[1]), DataType::Int32));
+            } else if !floats.is_empty() {
+                pair(floats.len())?;
+                values = Some((ControlValues::Fp32(floats[0], floats[1]), DataType::Fp32));
+            } else if !bools.is_empty() {
+                pair(bools.len())?;
+                values = Some((ControlValues::Bool(bools[0], bools[1]), DataType::Bool));
+            }
+            let (values, data_type) = values.expect("one kind of values was given");
+            parsed.push(ControlInput { name: name.clone(), kind, values: Some(values), data_type });
+        }
+        Ok(parsed)
+    }
+
+    /// One implicit `state { input_name output_name data_type dims initial_state }`.
+    fn sequence_state(&mut self, message: &Message, at: Pos) -> Result<SequenceState, ParseError> {
+        const PATH: &str = "sequence_batching.state";
+        let (mut input_name, mut output_name, mut data_type, mut dims, mut initial) = (None, None, None, Vec::new(), None);
+        for field in &message.fields {
+            match field.name.as_str() {
+                "input_name" => input_name = Some(self.string(PATH, field)?),
+                "output_name" => output_name = Some(self.string(PATH, field)?),
+                "data_type" => {
+                    let names: Vec<&str> = DATA_TYPES.iter().map(|(_, n)| *n).collect();
+                    data_type = DataType::from_triton_name(self.ident(PATH, field, &names)?);
+                }
+                "dims" => dims.push(self.dim(PATH, field)?),
+                "initial_state" => {
+                    if initial.is_some() {
+                        return Err(self.error(field.pos, format!("{PATH}: one initial_state per state")));
+                    }
+                    initial = Some(self.initial_state(self.message(PATH, field)?, field.pos)?);
+                }
+                _ => self.ignore(PATH, field),
+            }
+        }
+        let missing = |what: &str| self.error(at, format!("{PATH}: {what} is missing"));
+        let input_name = input_name.filter(|n| !n.is_empty()).ok_or_else(|| missing("input_name"))?;
+        let output_name = output_name.filter(|n| !n.is_empty()).ok_or_else(|| missing("output_name"))?;
+        let data_type = data_type.ok_or_else(|| missing("data_type"))?;
+        if dims.is_empty() {
+            return Err(missing("dims"));
+        }
+        Ok(SequenceState { input_name, output_name, data_type, dims, initial })
+    }
+
+    /// A state's `initial_state { data_type dims zero_data | data_file name }`.
+    fn initial_state(&mut self, message: &Message, at: Pos) -> Result<InitialState, ParseError> {
+        const PATH: &str = "sequence_batching.state.initial_state";
+        let (mut dims, mut data) = (Vec::new(), None);
+        for field in &message.fields {
+            match field.name.as_str() {
+                "dims" => dims.push(self.int(PATH, field, 0, i64::MAX.into())? as i64),
+                "zero_data" => data = Some(InitialData::Zero),
+                "data_file" => {
+                    let file = self.file_name(PATH, field)?;
+                    if file.is_empty() {
+                        return Err(self.error(field.value_pos, format!("{PATH}.data_file \"\" must be a plain file name")));
+                    }
+                    data = Some(InitialData::File(file));
+                }
+                // Its data_type and name repeat the state's.
+                "data_type" | "name" => {}
+                _ => self.ignore(PATH, field),
+            }
+        }
+        let data = data.ok_or_else(|| self.error(at, format!("{PATH}: give zero_data or data_file")))?;
+        Ok(InitialState { dims, data })
     }
 
     /// One input of a `model_warmup` sample.
@@ -1271,6 +1588,81 @@ instance_group [
         let (_, _, message) =
             refused(r#"model_warmup { name: "w" batch_size: 1 inputs { key: "x" value: { data_type: TYPE_FP32 dims: 1 } } }"#);
         assert!(message.contains("zero_data, random_data or input_data_file"), "{message}");
+    }
+
+    #[test]
+    fn reads_a_sequence_batcher_with_its_controls_and_states() {
+        let c = read(
+            r#"sequence_batching {
+                 max_sequence_idle_microseconds: 5000
+                 oldest { max_candidate_sequences: 4 }
+                 control_input [
+                   { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+                   { name: "END" control [ { kind: CONTROL_SEQUENCE_END bool_false_true: [ false, true ] } ] },
+                   { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY fp32_false_true: [ 0, 1.5 ] } ] },
+                   { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_STRING } ] }
+                 ]
+                 state [ { input_name: "h" output_name: "h_next" data_type: TYPE_FP32 dims: [ 2, -1 ]
+                           initial_state { data_type: TYPE_FP32 dims: [ 2, 3 ] data_file: "h0" name: "warm" } } ]
+               }"#,
+        );
+        let batching = c.sequence_batching.as_ref().expect("a sequence batcher");
+        assert_eq!((batching.strategy, batching.max_sequence_idle_microseconds), (SequenceStrategy::Oldest, 5000));
+        assert_eq!(c.ignored_fields, ["sequence_batching.oldest.max_candidate_sequences"], "its settings tune Triton's own batcher");
+        let kinds: Vec<(&str, ControlKind, DataType)> =
+            batching.control_inputs.iter().map(|i| (i.name.as_str(), i.kind, i.data_type)).collect();
+        assert_eq!(
+            kinds,
+            [
+                ("START", ControlKind::Start, DataType::Int32),
+                ("END", ControlKind::End, DataType::Bool),
+                ("READY", ControlKind::Ready, DataType::Fp32),
+                ("CORRID", ControlKind::CorrelationId, DataType::String)
+            ]
+        );
+        assert_eq!(batching.control_inputs[2].values, Some(ControlValues::Fp32(0.0, 1.5)));
+        assert_eq!(batching.control_inputs[3].values, None);
+        let state = &batching.states[0];
+        assert_eq!((state.input_name.as_str(), state.output_name.as_str(), state.dims.as_slice()), ("h", "h_next", &[2, -1][..]));
+        assert_eq!(state.initial, Some(InitialState { dims: vec![2, 3], data: InitialData::File("h0".into()) }));
+        assert!(batching.fills_input("READY") && batching.fills_input("h") && !batching.fills_input("x"));
+        assert!(batching.keeps_output("h_next") && !batching.keeps_output("h"));
+        let plain = read("sequence_batching { }");
+        let defaults = plain.sequence_batching.unwrap();
+        assert_eq!(
+            (defaults.strategy, defaults.max_sequence_idle_microseconds),
+            (SequenceStrategy::Direct, 1_000_000),
+            "Triton's defaults"
+        );
+        assert_eq!(read("").sequence_batching, None);
+        for (text, wanted) in [
+            ("sequence_batching { direct { } oldest { } }", "give one strategy"),
+            (
+                r#"sequence_batching { control_input { name: "S" control { kind: CONTROL_SEQUENCE_START } } }"#,
+                "give one of int32_false_true",
+            ),
+            (
+                r#"sequence_batching { control_input { name: "S" control { kind: CONTROL_SEQUENCE_START int32_false_true: [ 1 ] } } }"#,
+                "two, 1 given",
+            ),
+            (r#"sequence_batching { control_input { name: "C" control { kind: CONTROL_SEQUENCE_CORRID } } }"#, "needs data_type"),
+            (
+                r#"sequence_batching { control_input { name: "C" control { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_FP32 } } }"#,
+                "not TYPE_FP32",
+            ),
+            (
+                r#"sequence_batching { control_input { name: "S" control { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } }
+                                       state { input_name: "S" output_name: "o" data_type: TYPE_FP32 dims: 1 } }"#,
+                "fills input \"S\" twice",
+            ),
+            (
+                r#"sequence_batching { state { input_name: "h" output_name: "o" data_type: TYPE_FP32 dims: 1 initial_state { dims: 1 } } }"#,
+                "zero_data or data_file",
+            ),
+        ] {
+            let (_, _, message) = refused(text);
+            assert!(message.contains(wanted), "{text}: {message}");
+        }
     }
 
     #[test]

@@ -184,6 +184,16 @@ impl<C: Clock, X: Executor> Arms<C, X> {
         (slot, self.slots[slot].engine.submit(submission))
     }
 
+    /// A stateful sequence of `stream` went idle past its time: every arm forgets it
+    /// (it runs in one of them), freeing its state on its replica. Whether one did.
+    pub fn release_sequence(&mut self, stream: u32, id: u64) -> bool {
+        let mut released = false;
+        for slot in &mut self.slots {
+            released |= slot.engine.release_sequence(stream, id);
+        }
+        released
+    }
+
     /// The engine of slot `slot`.
     pub fn engine(&self, slot: usize) -> &ArmEngine<C, X> {
         &self.slots[slot].engine

@@ -104,7 +104,6 @@ fn invalid<T>(message: impl Into<String>) -> Result<T, ProtocolError> {
 /// `contents`, the schedule from the request parameters as over HTTP.
 pub fn infer_request(request: ModelInferRequest, regions: Option<&SharedMemoryRegistry>) -> Result<InferRequest, ProtocolError> {
     let parameters = parameters_json(&request.parameters);
-    kserve::refuse_unsupported(&parameters)?;
     let schedule = Schedule::from_parameters(&parameters)?;
     if request.inputs.is_empty() {
         return invalid("the request has no inputs");
