@@ -1,5 +1,6 @@
 //! Workers on real models (CPU): batching equivalence, abort of a running batch, warm
-//! and cold replica starts, reconfiguration and retirement.
+//! and cold replica starts, reconfiguration and retirement, and a stateful model's
+//! sequence state.
 
 use crate::common;
 
@@ -321,4 +322,65 @@ fn a_session_is_warmed_up_with_one_run() {
     let (first, second) = (timed(&mut fresh, &inputs), timed(&mut fresh, &inputs));
     let after_warm_up = timed(&mut warmed, &inputs);
     eprintln!("cls: a fresh session's first run {first:?}, its second {second:?}; a warmed-up session's first job {after_warm_up:?} (warm-up {took:?})");
+}
+
+/// Silero's voice-activity detector (the `silero-vad` wheel): its recurrent state is an
+/// input (`state`) and an output (`stateN`), kept by the worker per sequence.
+fn stateful_vad() -> ModelSpec {
+    use yardmaster_dataplane::sequence::{SequenceSpec, State};
+    let path = assets::assets_dir().join("silero-vad-6.2.3/silero_vad_16k_op15.onnx");
+    assert!(path.exists(), "{} is missing: run `bash scripts/setup.sh --deps`", path.display());
+    let mut spec = ModelSpec::new(yardmaster_dataplane::ModelKey::new("vad", "1"), path);
+    let state = State {
+        input: "state".into(),
+        output: "stateN".into(),
+        element: yardmaster_dataplane::ElementType::F32,
+        shape: vec![2, 1, 128],
+        initial: Vec::new(),
+    };
+    spec.sequence = Some(SequenceSpec { controls: Vec::new(), states: vec![state], idle: Duration::from_secs(60) });
+    spec
+}
+
+#[test]
+fn a_stateful_worker_carries_each_sequence_s_state_and_drops_it_when_released() {
+    use yardmaster_dataplane::{SequenceStep, TensorData};
+    let (tx, events) = mpsc::channel();
+    let spec = stateful_vad();
+    let worker = Worker::provision(1, spec.clone(), 1, context(), tx);
+    ready(&events);
+    let chunk = |k: u64| input(&[1, 512], 900 + k);
+    let sr = || Tensor::new(vec![], TensorData::from_vec(vec![16000i64])).unwrap();
+    let step = |id: u64, start: bool| Some(SequenceStep { id, label: None, start, end: false });
+    let run = |job: u64, id: u64, start: bool, k: u64| {
+        let request = Request { id: job, inputs: vec![chunk(k), sr()], sequence: step(id, start) };
+        worker.start(Job { id: job, requests: vec![request] }).unwrap();
+        next(&events)
+    };
+    // The reference: ONNX Runtime with the state carried by hand.
+    let mut session = yardmaster_dataplane::ModelSession::from_file(&common::runtime(), &ModelSpec { sequence: None, ..spec }, 1).unwrap();
+    let mut state = Tensor::new(vec![2, 1, 128], vec![0.0f32; 256]).unwrap();
+    for (job, k) in [(1, 0), (2, 1), (3, 2)] {
+        let mut expected = session.run(&[chunk(k), state, sr()], None).unwrap();
+        state = expected.remove(1);
+        match run(job, 5, job == 1, k) {
+            WorkerEvent::Finished { result, .. } => {
+                let outputs = result.unwrap().remove(0).outputs;
+                assert_eq!(outputs.len(), 1, "the state output is kept, not answered");
+                assert_eq!(outputs[0].data.bytes(), expected[0].data.bytes(), "chunk {k}: the state carried from the previous request");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    worker.release_sequence(5).unwrap();
+    match run(4, 5, false, 3) {
+        WorkerEvent::Finished { result: Err(error), .. } => {
+            assert!(error.to_string().contains("sequence 5: this worker holds no state"), "{error}")
+        }
+        other => panic!("a released sequence's state is gone: {other:?}"),
+    }
+    match run(5, 6, false, 0) {
+        WorkerEvent::Finished { result: Err(error), .. } => assert!(error.to_string().contains("sequence 6"), "{error}"),
+        other => panic!("a sequence that never started has no state: {other:?}"),
+    }
 }
