@@ -22,5 +22,6 @@ pub mod runtime;
 pub mod settings;
 pub mod single_path;
 pub mod step2;
+mod vectors;
 
 pub use runtime::{InferLineFlavour, LokiFlavour, LokiPolicy, ProteusFlavour};

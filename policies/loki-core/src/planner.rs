@@ -1,5 +1,4 @@
-//! The Resource Manager's planning step: hardware scaling first (STEP1, exact by
-//! enumeration); if that needs more than the cluster, accuracy scaling (STEP2, the
+//! The Resource Manager's planning step: hardware scaling first (STEP1, exact); if that needs more than the cluster, accuracy scaling (STEP2, the
 //! MILP, warm-started from the previous plan and the greedy single-path plan); if
 //! even that is infeasible, the plan for the largest demand any plan serves; and
 //! if no plan meets the latency cap at all, `FASTEST`.
@@ -26,11 +25,14 @@ pub struct SolverLimits {
     pub time_slice_ns: u64,
     /// Work (tableau entries touched) per call.
     pub work_slice: u64,
+    /// Most paths of the augmented graph the MILP is built over (beyond, no MILP:
+    /// the greedy single-path plan serves).
+    pub max_paths: u64,
 }
 
 impl Default for SolverLimits {
     fn default() -> Self {
-        Self { max_nodes: 400, max_pivots: 200_000, time_slice_ns: 0, work_slice: u64::MAX }
+        Self { max_nodes: 400, max_pivots: 200_000, time_slice_ns: 0, work_slice: u64::MAX, max_paths: u64::MAX }
     }
 }
 
@@ -89,6 +91,14 @@ struct Floor {
     plan: Plan,
 }
 
+/// The accuracy stage still to build: the demand, the plan in force (a warm start)
+/// and the greedy plan (a warm start, and the plan if the MILP finds none).
+struct Pending {
+    demand: f64,
+    previous: Option<Plan>,
+    greedy: Option<Plan>,
+}
+
 /// A Resource Manager run in progress.
 pub struct PlanJob {
     factors: Factors,
@@ -98,6 +108,8 @@ pub struct PlanJob {
     fill_spare: bool,
     /// Set once the first stage is built.
     stage: Option<Stage>,
+    /// What the first slice builds the first stage from.
+    pending: Option<Pending>,
     /// The fastest plan's capacity, computed when hardware scaling fails.
     floor: Option<Floor>,
     stats: PlanStats,
@@ -118,12 +130,20 @@ pub enum Started {
 /// MILP (so the capacity found is never below the fastest plan's, whatever the
 /// solver's budget), and they serve meanwhile whenever no greedy plan meets the
 /// demand and the plan in force serves less.
+///
+/// The MILP itself is built in the job's first slice, not here: on a tree of seven
+/// tasks its augmented graph has hundreds of paths, and building it (with the warm
+/// starts' flow LPs) in a call of request events ran out of that call's fuel. A graph
+/// of more than [`SolverLimits::max_paths`] paths is not solved at all: the greedy
+/// single-path plan serves, or past every single path's reach the most accurate
+/// single path serving the fastest plan's capacity.
 pub fn start(request: &PlanRequest) -> Started {
     let (model, factors, cap, cluster) = (request.model, request.factors, request.cap_ms, request.cluster);
     if let Some(plan) = hardware_scaling_with_slack(model, factors, request.demand, request.slack, cap, cluster) {
         return Started::Done(plan);
     }
     let floor = fastest_capacity(model, factors, cap, cluster).map(|(capacity, plan)| Floor { capacity, plan });
+    let greedy = best_single_path(model, factors, request.demand, cap, cluster);
     let mut job = PlanJob {
         factors: factors.clone(),
         cluster,
@@ -131,35 +151,32 @@ pub fn start(request: &PlanRequest) -> Started {
         limits: request.limits,
         fill_spare: request.fill_spare,
         stage: None,
+        pending: None,
         floor,
         stats: PlanStats::default(),
     };
-    // The plan to serve with while the MILP runs when no greedy plan meets the demand:
-    // the fastest plan, unless the plan in force already serves as much.
-    let floor_interim = |job: &PlanJob| -> Option<Plan> {
-        let floor = job.floor.as_ref()?;
-        let served = request.previous.map_or(0.0, |p| p.demand);
-        (served < floor.capacity * (1.0 - 1e-6)).then(|| job.finish_plan(model, floor.plan.clone(), Regime::Capped))
-    };
-    match job.accuracy_stage(model, request.demand, false, request.previous) {
-        Some(stage) => {
-            let interim = match &stage {
-                Stage::Accuracy { greedy, .. } => greedy.clone(),
-                Stage::Capacity { .. } => None,
-            };
-            let interim = interim.or_else(|| floor_interim(&job));
-            job.stage = Some(stage);
-            Started::Pending(interim, Box::new(job))
-        }
-        None => match job.capacity_stage(model) {
-            Some(stage) => {
-                job.stage = Some(stage);
-                let interim = floor_interim(&job);
-                Started::Pending(interim, Box::new(job))
-            }
-            None => Started::Done(job.floor_or_fastest(model, request.demand)),
-        },
+    if augmented_paths(model) > request.limits.max_paths {
+        return Started::Done(job.without_milp(model, greedy, request.demand));
     }
+    // The plan to serve with while the MILP runs: the greedy one, else the fastest
+    // plan, unless the plan in force already serves as much.
+    let served = request.previous.map_or(0.0, |p| p.demand);
+    let interim = greedy.clone().or_else(|| {
+        let floor = job.floor.as_ref()?;
+        (served < floor.capacity * (1.0 - 1e-6)).then(|| job.finish_plan(model, floor.plan.clone(), Regime::Capped))
+    });
+    job.pending = Some(Pending { demand: request.demand, previous: request.previous.cloned(), greedy });
+    Started::Pending(interim, Box::new(job))
+}
+
+/// Paths of the augmented graph (one variant per task along each branch): the
+/// MILP's size.
+pub fn augmented_paths(model: &PipelineModel) -> u64 {
+    model
+        .branches
+        .iter()
+        .map(|branch| branch.iter().fold(1u64, |n, &t| n.saturating_mul(model.tasks[t].variants.len() as u64)))
+        .fold(0u64, u64::saturating_add)
 }
 
 /// Plan for a demand, running the MILP to the end in one go (the `SOLVE` cascade).
@@ -180,8 +197,14 @@ impl PlanJob {
         &self.stats
     }
 
-    fn accuracy_stage(&mut self, model: &PipelineModel, demand: f64, capped: bool, previous: Option<&Plan>) -> Option<Stage> {
-        let greedy = best_single_path(model, &self.factors, demand, self.cap_ms, self.cluster);
+    fn accuracy_stage(
+        &mut self,
+        model: &PipelineModel,
+        demand: f64,
+        capped: bool,
+        previous: Option<&Plan>,
+        greedy: Option<Plan>,
+    ) -> Option<Stage> {
         let step = Step2::build(model, &self.factors, self.cluster, self.cap_ms, Goal::Accuracy { demand })?;
         self.stats.size = step.size();
         let mut warm = Vec::new();
@@ -215,6 +238,22 @@ impl PlanJob {
         }
     }
 
+    /// The plan when the MILP is not solved: the greedy plan, else the most accurate
+    /// single path serving the fastest plan's capacity, else the fastest plan.
+    fn without_milp(&self, model: &PipelineModel, greedy: Option<Plan>, demand: f64) -> Plan {
+        if let Some(plan) = greedy {
+            return self.finish_plan(model, plan, Regime::Accuracy);
+        }
+        let capped = self
+            .floor
+            .as_ref()
+            .and_then(|floor| best_single_path(model, &self.factors, floor.capacity.min(demand) * (1.0 - 1e-6), self.cap_ms, self.cluster));
+        match capped {
+            Some(plan) => self.finish_plan(model, plan, Regime::Capped),
+            None => self.floor_or_fastest(model, demand),
+        }
+    }
+
     fn finish_plan(&self, model: &PipelineModel, mut plan: Plan, regime: Regime) -> Plan {
         plan.regime = regime;
         if self.fill_spare {
@@ -244,6 +283,15 @@ impl PlanJob {
             slice_work: self.limits.work_slice,
         };
         self.stats.slices += 1;
+        if let Some(pending) = self.pending.take() {
+            match self.accuracy_stage(model, pending.demand, false, pending.previous.as_ref(), pending.greedy) {
+                Some(stage) => self.stage = Some(stage),
+                None => match self.capacity_stage(model) {
+                    Some(stage) => self.stage = Some(stage),
+                    None => return Some(self.floor_or_fastest(model, pending.demand)),
+                },
+            }
+        }
         match self.stage.as_mut()? {
             Stage::Accuracy { step, search, demand, capped, greedy } => {
                 let solution = search.run(&budget)?;
@@ -281,7 +329,9 @@ impl PlanJob {
                 let Some((capacity, fallback)) = best else {
                     return Some(fastest(model, &self.factors, 0.0, self.cluster));
                 };
-                match self.accuracy_stage(model, capacity * (1.0 - 1e-6), true, None) {
+                let demand = capacity * (1.0 - 1e-6);
+                let greedy = best_single_path(model, &self.factors, demand, self.cap_ms, self.cluster);
+                match self.accuracy_stage(model, demand, true, None, greedy) {
                     Some(stage) => {
                         self.stage = Some(stage);
                         None

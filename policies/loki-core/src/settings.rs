@@ -8,6 +8,11 @@ use crate::budgets::BudgetRule;
 use crate::model::DEFAULT_BATCHES;
 use crate::planner::SolverLimits;
 
+/// The most paths of the augmented graph (one variant per task along each branch)
+/// the MILP is built over by default; beyond, the greedy single-path plan serves
+/// (docs/loki.md, "Trees of seven and eight tasks").
+pub const MAX_MILP_PATHS: u64 = 500;
+
 /// Which planner a flavour of the policy runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PlannerKind {
@@ -56,7 +61,8 @@ pub struct Settings {
     /// slice of `milp_work_per_tick` 30 000 000 tableau updates). Every default budget
     /// counts work, never time, so a simulated run is a pure function of its inputs
     /// and seed whatever the machine's load. `milp_ms_per_tick` (default 0: off) also
-    /// ends a slice after that many ms of the host's clock.
+    /// ends a slice after that many ms of the host's clock. `milp_paths`
+    /// ([`MAX_MILP_PATHS`]): the largest augmented graph the MILP is built over.
     pub limits: SolverLimits,
     /// Latency budgets (`budget`: `slo_share`, `task_share` or a multiple of the
     /// batch latency such as `2`, the paper's rule; default `slo_share`, and
@@ -113,6 +119,7 @@ impl Settings {
                 max_pivots: ctx.param_or("milp_pivots", 200_000u64)?,
                 time_slice_ns: (ctx.param_or("milp_ms_per_tick", 0.0f64)? * 1e6) as u64,
                 work_slice: ctx.param_or("milp_work_per_tick", 30_000_000u64)?,
+                max_paths: ctx.param_or("milp_paths", MAX_MILP_PATHS)?,
             },
             budget: ctx.param_or("budget", if planner == PlannerKind::Proteus { BudgetRule::TaskShare } else { BudgetRule::SloShare })?,
             fill_spare: ctx.param_or("fill_spare", true)?,

@@ -1,12 +1,13 @@
 //! Plans that route every query down one path per branch (one variant per task):
 //! the exact hardware-scaling step (STEP1: the most accurate variants, per-task batch
-//! sizes by enumeration, fewest workers), the greedy accuracy-scaling fallback (the
+//! sizes searched exactly over the tree's Pareto frontiers, fewest workers), the greedy accuracy-scaling fallback (the
 //! most accurate variant choice that fits the cluster), the served fraction of a
 //! fixed choice on the whole cluster (the InferLine-like baseline), and the
 //! `FASTEST` fallback.
 
 use crate::model::{multiplier, Factors, PipelineModel};
 use crate::plan::{Hosting, Plan, Regime};
+use crate::vectors::{cheapest, quickest, Vectors, NOT_ALLOWED};
 use yardmaster_sdk::helpers::bottleneck_fill;
 
 /// The cheapest batch sizes for a fixed variant choice.
@@ -41,109 +42,69 @@ pub fn per_query_load(model: &PipelineModel, factors: &Factors, choice: &[usize]
     load
 }
 
-/// Every batch vector (one batch index per task) whose branches meet `cap_ms`, in
-/// odometer order (task 0's index turning fastest), less the families of vectors
-/// that `skip` rules out; `f` gets each vector and its longest branch latency. Before
-/// fixing the tasks below `from`, `skip(vector, from)` is asked (tasks `from..` fixed
-/// in `vector`, the others still free) and a `true` passes over every vector that
-/// shares those indices; it is asked of each whole vector too (`from` 0) before `f`.
-/// Families none of whose vectors can meet the cap are passed over as well, so `f`
-/// sees exactly the vectors of the full scan that `skip` does not rule out, in the
-/// same order.
-fn search_batch_vectors(
-    model: &PipelineModel,
-    choice: &[usize],
-    cap_ms: f64,
-    mut skip: impl FnMut(&[usize], usize) -> bool,
-    f: &mut dyn FnMut(&[usize], f64),
-) {
-    let tasks = model.tasks.len();
-    if tasks == 0 {
-        return;
-    }
-    let latency = |t: usize, b: usize| model.tasks[t].variants[choice[t]].latency_ms[b];
-    // Each task's lowest latency over the batch sizes: what a free task adds at least.
-    let fastest: Vec<f64> = (0..tasks).map(|t| (0..model.batches.len()).map(|b| latency(t, b)).fold(f64::INFINITY, f64::min)).collect();
-    let mut vector = vec![0usize; tasks];
-    // Depth-first with the highest task outermost: the leaves come in odometer order.
-    let mut stack: Vec<(usize, usize)> = vec![(tasks - 1, 0)];
-    while let Some((t, b)) = stack.pop() {
-        if b >= model.batches.len() {
-            continue;
-        }
-        stack.push((t, b + 1));
-        vector[t] = b;
-        if t == 0 {
-            let mut worst: f64 = 0.0;
-            let mut ok = true;
-            for branch in &model.branches {
-                let total: f64 = branch.iter().map(|&task| latency(task, vector[task])).sum();
-                if total.is_nan() || total > cap_ms {
-                    ok = false;
-                    break;
-                }
-                worst = worst.max(total);
-            }
-            if ok && !skip(&vector, 0) {
-                f(&vector, worst);
-            }
-            continue;
-        }
-        let hopeless = model.branches.iter().any(|branch| {
-            let least: f64 = branch.iter().map(|&task| if task >= t { latency(task, vector[task]) } else { fastest[task] }).sum();
-            least.is_nan() || least > cap_ms * (1.0 + 1e-9)
-        });
-        if hopeless || skip(&vector, t) {
-            continue;
-        }
-        stack.push((t - 1, 0));
-    }
+/// Fewest workers serving `demand` with one variant per task (`choice`) within the
+/// per-path latency cap; ties go to the lower longest-branch latency, then to the
+/// first batch vector in odometer order (task 0's index turning fastest). `None` when
+/// no batch vector meets the cap.
+pub fn cheapest_sizing(model: &PipelineModel, factors: &Factors, choice: &[usize], demand: f64, cap_ms: f64) -> Option<Sizing> {
+    cheapest_sizing_within(model, factors, choice, demand, cap_ms, u64::MAX)
 }
 
-/// Fewest workers serving `demand` with one variant per task (`choice`) within the
-/// per-path latency cap; ties go to the lower longest-branch latency. `None` when no
-/// batch vector meets the cap.
-pub fn cheapest_sizing(model: &PipelineModel, factors: &Factors, choice: &[usize], demand: f64, cap_ms: f64) -> Option<Sizing> {
-    let per_query = per_query_load(model, factors, choice);
-    // Workers each task needs at each batch index; above its cap where it cannot.
-    let replicas_at: Vec<Vec<u32>> = (0..model.tasks.len())
-        .map(|t| {
-            let v = &model.tasks[t].variants[choice[t]];
-            (0..model.batches.len())
-                .map(|b| {
-                    let need = demand * per_query[t] / v.throughput(b, &model.batches);
-                    ((need - 1e-9).ceil().max(1.0)) as u32
-                })
-                .collect()
-        })
-        .collect();
-    // Each task's fewest workers at any batch size: what a free task needs at least.
-    let fewest: Vec<u32> = replicas_at.iter().map(|r| r.iter().copied().min().unwrap_or(u32::MAX)).collect();
-    let best = std::cell::RefCell::new(None::<(u32, f64, Vec<usize>)>);
-    // A family whose fewest workers exceed the best's cannot replace it.
-    let skip = |vector: &[usize], from: usize| {
-        let Some((w, ..)) = &*best.borrow() else { return false };
-        let least: u32 =
-            (0..vector.len()).map(|t| if t >= from { replicas_at[t][vector[t]] } else { fewest[t] }).fold(0u32, u32::saturating_add);
-        least > *w
-    };
-    search_batch_vectors(model, choice, cap_ms, skip, &mut |vector, latency| {
-        let mut best = best.borrow_mut();
-        let mut workers = 0u32;
-        for (t, &b) in vector.iter().enumerate() {
-            let r = replicas_at[t][b];
-            if r > model.tasks[t].max_replicas {
-                return;
-            }
-            workers = workers.saturating_add(r);
+/// [`cheapest_sizing`] among the sizings of at most `limit` workers.
+fn cheapest_sizing_within(
+    model: &PipelineModel,
+    factors: &Factors,
+    choice: &[usize],
+    demand: f64,
+    cap_ms: f64,
+    limit: u64,
+) -> Option<Sizing> {
+    Tables::new(model, factors, choice, demand, cap_ms).sizing(limit, |_| true)
+}
+
+/// What sizing one variant choice for a demand needs.
+struct Tables<'a> {
+    vectors: Vectors<'a>,
+    per_query: Vec<f64>,
+    /// Workers each task needs at each batch index ([`NOT_ALLOWED`] above its cap).
+    replicas_at: Vec<Vec<u64>>,
+}
+
+impl<'a> Tables<'a> {
+    fn new(model: &'a PipelineModel, factors: &Factors, choice: &[usize], demand: f64, cap_ms: f64) -> Self {
+        let per_query = per_query_load(model, factors, choice);
+        let replicas_at = (0..model.tasks.len())
+            .map(|t| {
+                let v = &model.tasks[t].variants[choice[t]];
+                (0..model.batches.len())
+                    .map(|b| {
+                        let need = demand * per_query[t] / v.throughput(b, &model.batches);
+                        let r = (need - 1e-9).ceil().max(1.0);
+                        if r <= model.tasks[t].max_replicas as f64 {
+                            r as u64
+                        } else {
+                            NOT_ALLOWED
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
+        Self { vectors: Vectors::new(model, choice, cap_ms), per_query, replicas_at }
+    }
+
+    /// The cheapest sizing of at most `limit` workers, if `wanted` takes its worker
+    /// count (asked before the batch vector is picked out).
+    fn sizing(self, limit: u64, wanted: impl FnOnce(u32) -> bool) -> Option<Sizing> {
+        let fixed = vec![None; self.replicas_at.len()];
+        let (workers, _) = cheapest(&self.vectors.frontier(&self.replicas_at, &fixed, limit))?;
+        if !wanted(workers as u32) {
+            return None;
         }
-        if best.as_ref().is_none_or(|(w, l, _)| workers < *w || workers == *w && latency < *l - 1e-9) {
-            *best = Some((workers, latency, vector.to_vec()));
-        }
-    });
-    let (_, max_latency, batch) = best.into_inner()?;
-    let replicas = batch.iter().enumerate().map(|(t, &b)| replicas_at[t][b]).collect();
-    Some(Sizing { batch, replicas, per_query, max_latency })
+        let batch = self.vectors.first_with(&self.replicas_at, limit, cheapest)?;
+        let replicas = batch.iter().enumerate().map(|(t, &b)| self.replicas_at[t][b] as u32).collect();
+        let max_latency = self.vectors.longest(&batch);
+        Some(Sizing { batch, replicas, per_query: self.per_query, max_latency })
+    }
 }
 
 /// A plan from a single-path sizing.
@@ -162,12 +123,9 @@ pub fn plan_from_sizing(model: &PipelineModel, choice: &[usize], sizing: &Sizing
 
 /// Branch-averaged accuracy of a single-path choice.
 pub fn choice_accuracy(model: &PipelineModel, choice: &[usize]) -> f64 {
-    let total: f64 = (0..model.branches.len())
-        .map(|b| {
-            let path: Vec<usize> = model.branches[b].iter().map(|&t| choice[t]).collect();
-            model.path_accuracy(b, &path)
-        })
-        .sum();
+    // Each branch's product taken from the root down, as `path_accuracy` takes it.
+    let total: f64 =
+        model.branches.iter().map(|branch| branch.iter().map(|&t| model.tasks[t].variants[choice[t]].accuracy).product::<f64>()).sum();
     total / model.branches.len() as f64
 }
 
@@ -175,99 +133,208 @@ pub fn choice_accuracy(model: &PipelineModel, choice: &[usize]) -> f64 {
 /// `None` when that needs more than `cluster` workers (or no batch meets the cap).
 pub fn hardware_scaling(model: &PipelineModel, factors: &Factors, demand: f64, cap_ms: f64, cluster: u32) -> Option<Plan> {
     let choice: Vec<usize> = model.tasks.iter().map(|t| t.most_accurate).collect();
-    let sizing = cheapest_sizing(model, factors, &choice, demand, cap_ms)?;
-    (sizing.workers() <= cluster).then(|| plan_from_sizing(model, &choice, &sizing, demand, Regime::Hardware))
+    let sizing = Tables::new(model, factors, &choice, demand, cap_ms).sizing(cluster as u64, |_| true)?;
+    Some(plan_from_sizing(model, &choice, &sizing, demand, Regime::Hardware))
 }
 
 /// Greedy accuracy scaling: among every single-path variant choice, the most
-/// accurate one whose cheapest sizing fits the cluster (ties: fewer workers).
+/// accurate one whose cheapest sizing fits the cluster (ties: fewer workers, then the
+/// first choice in odometer order, task 0's variant turning fastest).
 ///
-/// The choices are tried from the most accurate down, and the search stops at the
-/// first accuracy below the best that fits: past STEP1's reach the most accurate
-/// choices fit rarely, but the cheapest fit early, so trying them from the cheapest
-/// up (as before) sized nearly every choice, each a search over every batch vector
-/// (on a random eight-task application, out of an event call's fuel). Choices that
-/// cannot fit whatever their batches ([`fewest_workers`]) are passed over unsized.
-/// More than [`MAX_ORDERED_CHOICES`] choices are tried in odometer order instead.
+/// Only the choices that can fit whatever their batches ([`fewest_workers`] within
+/// the cluster) are listed ([`fitting_choices`], which passes over the rest a family
+/// at a time); they are sized from the most accurate down, and the search stops at
+/// the first accuracy below the best that fits. Listing every choice, each with its
+/// accuracy and its bound, was what ran out of an event call's fuel on a random
+/// seven-task application (21,000 choices, of which one or none can fit). More than
+/// [`MAX_ORDERED_CHOICES`] fitting choices are sized in the order they are found.
 pub fn best_single_path(model: &PipelineModel, factors: &Factors, demand: f64, cap_ms: f64, cluster: u32) -> Option<Plan> {
-    let count = model.tasks.iter().try_fold(1usize, |n, t| n.checked_mul(t.variants.len().max(1)));
-    let mut choices: Vec<(f64, Vec<usize>)> = Vec::new();
-    let ordered = count.is_some_and(|n| n <= MAX_ORDERED_CHOICES);
-    let mut choice = vec![0usize; model.tasks.len()];
     let mut best: Option<(f64, u32, Plan)> = None;
     let consider = |choice: &[usize], accuracy: f64, best: &mut Option<(f64, u32, Plan)>| {
-        if fewest_workers(model, factors, choice, demand) > cluster as u64 {
-            return;
-        }
-        if let Some(sizing) = cheapest_sizing(model, factors, choice, demand, cap_ms) {
-            let workers = sizing.workers();
-            let better = best.as_ref().is_none_or(|(a, w, _)| accuracy > *a + 1e-12 || (accuracy >= *a - 1e-12 && workers < *w));
-            if workers <= cluster && better {
-                *best = Some((accuracy, workers, plan_from_sizing(model, choice, &sizing, demand, Regime::Accuracy)));
-            }
+        // Sized only when it would replace the best (the fewest workers come first).
+        let better = |workers: u32| best.as_ref().is_none_or(|(a, w, _)| accuracy > *a + 1e-12 || (accuracy >= *a - 1e-12 && workers < *w));
+        if let Some(sizing) = Tables::new(model, factors, choice, demand, cap_ms).sizing(cluster as u64, better) {
+            *best = Some((accuracy, sizing.workers(), plan_from_sizing(model, choice, &sizing, demand, Regime::Accuracy)));
         }
     };
-    loop {
-        let accuracy = choice_accuracy(model, &choice);
-        if ordered {
-            choices.push((accuracy, choice.clone()));
-        } else if best.as_ref().is_none_or(|(a, _, _)| accuracy >= *a - 1e-12) {
+    // Each fitting choice by its accuracy and odometer rank (its variants decoded
+    // from the rank when it is sized).
+    let mut choices: Vec<(f64, u64)> = Vec::new();
+    let listed = fitting_choices(model, factors, demand, cluster, &mut |choice, rank| {
+        if choices.len() == MAX_ORDERED_CHOICES {
+            return false;
+        }
+        choices.push((choice_accuracy(model, choice), rank));
+        true
+    });
+    if listed {
+        // The most accurate first; equal accuracies in odometer order.
+        choices.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        let mut choice = vec![0usize; model.tasks.len()];
+        for &(accuracy, rank) in &choices {
+            if best.as_ref().is_some_and(|(a, _, _)| accuracy < *a - 1e-12) {
+                break;
+            }
+            let mut left = rank;
+            for (t, task) in model.tasks.iter().enumerate() {
+                let n = task.variants.len() as u64;
+                choice[t] = (left % n) as usize;
+                left /= n;
+            }
             consider(&choice, accuracy, &mut best);
         }
-        let mut slot = 0;
-        loop {
-            if slot == choice.len() {
-                break;
+    } else {
+        fitting_choices(model, factors, demand, cluster, &mut |choice, _| {
+            let accuracy = choice_accuracy(model, choice);
+            if best.as_ref().is_none_or(|(a, _, _)| accuracy >= *a - 1e-12) {
+                consider(choice, accuracy, &mut best);
             }
-            choice[slot] += 1;
-            if choice[slot] < model.tasks[slot].variants.len() {
-                break;
-            }
-            choice[slot] = 0;
-            slot += 1;
-        }
-        if slot == choice.len() {
-            break;
-        }
-    }
-    if ordered {
-        // Stable: equal accuracies keep the odometer order.
-        choices.sort_by(|a, b| b.0.total_cmp(&a.0));
-        for (accuracy, choice) in &choices {
-            if best.as_ref().is_some_and(|(a, _, _)| *accuracy < *a - 1e-12) {
-                break;
-            }
-            consider(choice, *accuracy, &mut best);
-        }
+            true
+        });
     }
     best.map(|(_, _, plan)| plan)
 }
 
-/// The most variant choices [`best_single_path`] lists to try from the most accurate
-/// down (beyond, it tries them in odometer order).
+/// The most fitting variant choices [`best_single_path`] lists to size from the most
+/// accurate down (beyond, it sizes them in the order they are found).
 pub const MAX_ORDERED_CHOICES: usize = 1 << 16;
+
+/// The most root-level sub-requests a second one worker of each task's each variant
+/// serves, at its most productive batch.
+fn best_throughput(model: &PipelineModel) -> Vec<Vec<f64>> {
+    model
+        .tasks
+        .iter()
+        .map(|task| {
+            task.variants.iter().map(|v| (0..model.batches.len()).map(|b| v.throughput(b, &model.batches)).fold(0.0, f64::max)).collect()
+        })
+        .collect()
+}
+
+/// Workers a variant serving `best` sub-requests a second per worker needs for
+/// `demand` root queries with `per_query` sub-requests each (at least one).
+fn least_workers(best: f64, demand: f64, per_query: f64) -> u64 {
+    let need = demand * per_query / best;
+    if need.is_finite() {
+        ((need - 1e-9).ceil().max(1.0)) as u64
+    } else {
+        u64::MAX / 64
+    }
+}
 
 /// The fewest workers `choice` needs for `demand`, every task at its most productive
 /// batch and the latency cap aside: a lower bound on its [`cheapest_sizing`].
 pub fn fewest_workers(model: &PipelineModel, factors: &Factors, choice: &[usize], demand: f64) -> u64 {
     let per_query = per_query_load(model, factors, choice);
-    (0..model.tasks.len())
-        .map(|t| {
-            let v = &model.tasks[t].variants[choice[t]];
-            let best = (0..model.batches.len()).map(|b| v.throughput(b, &model.batches)).fold(0.0, f64::max);
-            let need = demand * per_query[t] / best;
-            if need.is_finite() {
-                ((need - 1e-9).ceil().max(1.0)) as u64
-            } else {
-                u64::MAX / 64
+    let best = best_throughput(model);
+    (0..model.tasks.len()).map(|t| least_workers(best[t][choice[t]], demand, per_query[t])).fold(0u64, u64::saturating_add)
+}
+
+/// Every variant choice whose [`fewest_workers`] fit `cluster`, with its rank in
+/// odometer order (task 0's variant turning fastest), handed to `visit` until it
+/// returns `false`; `true` when every one was handed over.
+///
+/// Depth first over the tasks, parents first, so a task's sub-requests per query are
+/// known when its variant is fixed: a family of choices (the variants fixed so far)
+/// is passed over as soon as the fixed tasks' workers and the least the others can
+/// need (each at the fewest sub-requests any choice above it sends, on its most
+/// productive variant) pass the cluster.
+pub fn fitting_choices(
+    model: &PipelineModel,
+    factors: &Factors,
+    demand: f64,
+    cluster: u32,
+    visit: &mut dyn FnMut(&[usize], u64) -> bool,
+) -> bool {
+    let tasks = model.tasks.len();
+    if tasks == 0 {
+        return true;
+    }
+    // Each task's parent and its slot there.
+    let mut parent: Vec<Option<(usize, usize)>> = vec![None; tasks];
+    for (t, task) in model.tasks.iter().enumerate() {
+        for (slot, &c) in task.children.iter().enumerate() {
+            parent[c] = Some((t, slot));
+        }
+    }
+    // The fewest sub-requests per query any choice sends each task, and the fewest
+    // workers it can need; `rest[t]`: those of tasks `t..` together.
+    let mut least_per_query = vec![1.0f64; tasks];
+    for t in 1..tasks {
+        if let Some((p, slot)) = parent[t] {
+            let factor = factors[p].iter().map(|f| f[slot]).fold(f64::INFINITY, f64::min);
+            least_per_query[t] = least_per_query[p] * factor;
+        }
+    }
+    let best = best_throughput(model);
+    let mut rest = vec![0u64; tasks + 1];
+    for t in (0..tasks).rev() {
+        let least = best[t].iter().map(|&b| least_workers(b, demand, least_per_query[t])).min().unwrap_or(u64::MAX / 64);
+        rest[t] = rest[t + 1].saturating_add(least);
+    }
+    let mut stride = vec![1u64; tasks];
+    for t in 1..tasks {
+        stride[t] = stride[t - 1].saturating_mul(model.tasks[t - 1].variants.len() as u64);
+    }
+    let search = Search { model, factors, demand, cluster: cluster as u64, parent, best, rest, stride };
+    let mut choice = vec![0usize; tasks];
+    let mut per_query = vec![0.0f64; tasks];
+    search.down(0, 0, 0, &mut choice, &mut per_query, visit)
+}
+
+/// The depth-first search of [`fitting_choices`].
+struct Search<'a> {
+    model: &'a PipelineModel,
+    factors: &'a Factors,
+    demand: f64,
+    cluster: u64,
+    parent: Vec<Option<(usize, usize)>>,
+    /// [`best_throughput`].
+    best: Vec<Vec<f64>>,
+    rest: Vec<u64>,
+    stride: Vec<u64>,
+}
+
+impl Search<'_> {
+    /// Fix task `t`'s variant (tasks before it fixed, using `used` workers, at odometer
+    /// rank `rank` so far); `false` once `visit` asks to stop.
+    fn down(
+        &self,
+        t: usize,
+        used: u64,
+        rank: u64,
+        choice: &mut [usize],
+        per_query: &mut [f64],
+        visit: &mut dyn FnMut(&[usize], u64) -> bool,
+    ) -> bool {
+        if t == choice.len() {
+            return visit(choice, rank);
+        }
+        // As `multiplier` computes it: 1 at the root, the factors above multiplied in
+        // from the root down.
+        per_query[t] = match self.parent[t] {
+            Some((p, slot)) => per_query[p] * self.factors[p][choice[p]][slot],
+            None => 1.0,
+        };
+        for v in 0..self.model.tasks[t].variants.len() {
+            let used = used.saturating_add(least_workers(self.best[t][v], self.demand, per_query[t]));
+            if used.saturating_add(self.rest[t + 1]) > self.cluster {
+                continue;
             }
-        })
-        .fold(0u64, u64::saturating_add)
+            choice[t] = v;
+            if !self.down(t + 1, used, rank.saturating_add((v as u64).saturating_mul(self.stride[t])), choice, per_query, visit) {
+                return false;
+            }
+        }
+        true
+    }
 }
 
 /// The largest fraction of `demand` (at most 1) that `cluster` workers serve with a
-/// fixed variant choice, with the plan that does it: every batch vector meeting the
-/// cap, workers added one at a time to the bottleneck task.
+/// fixed variant choice, with the plan that does it: the best of every batch vector
+/// meeting the cap, workers added one at a time to the bottleneck task (found as the
+/// highest capacity some vector's cheapest sizing fits the cluster at; ties to the
+/// lowest longest-branch latency, then the first vector in odometer order).
 pub fn max_served_fraction(
     model: &PipelineModel,
     factors: &Factors,
@@ -297,43 +364,73 @@ pub fn max_served_fraction(
         })
         .collect();
     let caps: Vec<u32> = model.tasks.iter().map(|t| t.max_replicas).collect();
-    // Each task's best unit at any batch size: what a free task gives at most.
-    let best_unit: Vec<f64> = unit_table.iter().map(|u| u.iter().copied().fold(0.0, f64::max)).collect();
-    // The share of `demand` units could serve at most: the capacity passes neither
-    // `cluster / Σ 1/unit` (every task needs capacity/unit workers) nor any task's
-    // cap × unit (a hair of slack for rounding).
-    let reach = |unit: &dyn Fn(usize) -> f64| {
-        let spread = cluster as f64 / (0..tasks).map(|t| 1.0 / unit(t)).sum::<f64>();
-        let capped = (0..tasks).map(|t| caps[t] as f64 * unit(t)).fold(f64::INFINITY, f64::min);
-        let bound = spread.min(capped) * (1.0 + 1e-9);
-        if demand > 0.0 {
-            (bound / demand).min(1.0)
+    // Workers each task needs to serve `capacity` root queries per second at each
+    // batch index: a vector serves it on `cluster` workers exactly when spreading them
+    // one at a time to the bottleneck reaches it (the spread maximises the lowest
+    // capacity), so the best vectors are the cheapest at the capacity they reach.
+    let need = |capacity: f64| -> Vec<Vec<u64>> {
+        (0..tasks)
+            .map(|t| {
+                unit_table[t]
+                    .iter()
+                    .map(|&unit| {
+                        let r = if unit.is_infinite() { 1.0 } else { (capacity / unit - 1e-9).ceil().max(1.0) };
+                        if r <= caps[t] as f64 {
+                            r as u64
+                        } else {
+                            NOT_ALLOWED
+                        }
+                    })
+                    .collect()
+            })
+            .collect()
+    };
+    let vectors = Vectors::new(model, choice, cap_ms);
+    let none_fixed = vec![None; tasks];
+    let serves = |capacity: f64| !vectors.frontier(&need(capacity), &none_fixed, cluster as u64).is_empty();
+    if !serves(0.0) {
+        return None;
+    }
+    // The largest share of `demand` a vector serves: 1 if one serves it all, else
+    // the highest capacity level `r × unit` some vector reaches.
+    let best = if demand <= 0.0 || serves(demand) {
+        1.0
+    } else {
+        let mut levels: Vec<f64> = (0..tasks)
+            .flat_map(|t| {
+                let top = caps[t].min(cluster);
+                unit_table[t].iter().filter(|u| u.is_finite() && **u > 0.0).flat_map(move |&u| (1..=top).map(move |r| r as f64 * u))
+            })
+            .filter(|&c| c < demand)
+            .collect();
+        levels.sort_by(f64::total_cmp);
+        levels.dedup();
+        // `serves` falls with the capacity: the last level it holds at.
+        let (mut low, mut high) = (0usize, levels.len());
+        while low < high {
+            let mid = (low + high) / 2;
+            if serves(levels[mid]) {
+                low = mid + 1;
+            } else {
+                high = mid;
+            }
+        }
+        if low == 0 {
+            0.0
         } else {
-            1.0
+            levels[low - 1] / demand
         }
     };
-    let mut unit = vec![0.0; tasks];
+    // Among the vectors within a hair of the best share, the lowest longest-branch
+    // latency, then the first in odometer order.
+    let target = if demand > 0.0 { (best - 1e-12).max(0.0) * demand } else { 0.0 };
+    let batch = vectors.first_with(&need(target), cluster as u64, quickest)?;
+    let unit: Vec<f64> = (0..tasks).map(|t| unit_table[t][batch[t]]).collect();
     let floors = vec![1u32; tasks];
     let mut replicas = vec![1u32; tasks];
-    let best = std::cell::RefCell::new(None::<(f64, f64, Vec<usize>, Vec<u32>)>);
-    // A family that cannot come within the tie margin of the best cannot replace it.
-    let skip = |vector: &[usize], from: usize| {
-        let Some((f, ..)) = &*best.borrow() else { return false };
-        reach(&|t| if t >= from { unit_table[t][vector[t]] } else { best_unit[t] }) < *f - 1e-12
-    };
-    search_batch_vectors(model, choice, cap_ms, skip, &mut |vector, latency| {
-        let mut best = best.borrow_mut();
-        for t in 0..tasks {
-            unit[t] = unit_table[t][vector[t]];
-        }
-        bottleneck_fill(&unit, &floors, &caps, cluster, &mut replicas);
-        let capacity = (0..tasks).map(|t| replicas[t] as f64 * unit[t]).fold(f64::INFINITY, f64::min);
-        let fraction = if demand > 0.0 { (capacity / demand).min(1.0) } else { 1.0 };
-        if best.as_ref().is_none_or(|(f, l, _, _)| fraction > *f + 1e-12 || (fraction >= *f - 1e-12 && latency < *l)) {
-            *best = Some((fraction, latency, vector.to_vec(), replicas.clone()));
-        }
-    });
-    let (fraction, _, batch, replicas) = best.into_inner()?;
+    bottleneck_fill(&unit, &floors, &caps, cluster, &mut replicas);
+    let capacity = (0..tasks).map(|t| replicas[t] as f64 * unit[t]).fold(f64::INFINITY, f64::min);
+    let fraction = if demand > 0.0 { (capacity / demand).min(1.0) } else { 1.0 };
     let sizing = Sizing { batch, replicas, per_query, max_latency: 0.0 };
     Some((fraction, plan_from_sizing(model, choice, &sizing, demand * fraction, Regime::Capped)))
 }
