@@ -176,7 +176,7 @@ impl Ctx {
 
     /// Drop a request.
     pub fn drop_request(&mut self, request: RequestId, reason: DropReason) {
-        self.constraints.forget(request);
+        self.constraints.ended(request);
         self.forget_sequence(request);
         self.actions.push(Action::Drop(DropRequest { request, reason }));
     }
@@ -200,16 +200,18 @@ impl Ctx {
             None => (u32::MAX, u32::MAX),
         };
         let workers = &self.workers;
-        let fitted = self.constraints.fit(worker, requests, limit, max_batch, |w| workers.get(&w).is_some_and(|v| v.idle));
+        let fitted = self.constraints.fit(worker, requests, limit, max_batch, variant, |w| workers.get(&w).is_some_and(|v| v.idle));
         for (holder, batch) in fitted.elsewhere {
             self.push_dispatch(holder, batch, None);
         }
-        if !fitted.batch.is_empty() {
+        if fitted.batch.is_empty() {
+            self.constraints.emptied(worker);
+        } else {
             self.push_dispatch(worker, fitted.batch, variant);
         }
     }
 
-    fn push_dispatch(&mut self, worker: WorkerId, requests: Vec<RequestId>, variant: Option<VariantId>) {
+    pub(crate) fn push_dispatch(&mut self, worker: WorkerId, requests: Vec<RequestId>, variant: Option<VariantId>) {
         for &id in &requests {
             self.constraints.forget(id);
         }
@@ -219,6 +221,7 @@ impl Ctx {
 
     /// Abort the batch running on a worker; its requests come back as arrivals.
     pub fn preempt(&mut self, worker: WorkerId) {
+        self.constraints.preempted(worker);
         self.actions.push(Action::Preempt(worker));
     }
 
@@ -282,7 +285,7 @@ impl Ctx {
 
     /// Hand a request back to the host until `until`.
     pub fn defer(&mut self, request: RequestId, until: Instant) {
-        self.constraints.forget(request);
+        self.constraints.ended(request);
         self.actions.push(Action::Defer(Defer { request, until }));
     }
 

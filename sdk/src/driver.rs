@@ -30,6 +30,12 @@ impl<P: Policy> Driver<P> {
             ctx.constraints().arrived(&request);
             policy.on_arrival(ctx, request);
         }
+        // Workers whose dispatch the guard emptied are idle still: the policy hears so.
+        for worker in ctx.constraints().take_idle_again() {
+            if ctx.worker(worker).is_some_and(|w| w.idle) {
+                policy.on_worker_idle(ctx, worker);
+            }
+        }
         for event in events {
             match event {
                 Event::Arrival(request) => {
@@ -38,6 +44,12 @@ impl<P: Policy> Driver<P> {
                 }
                 Event::WorkerIdle(worker) => {
                     ctx.mark_idle(worker);
+                    // The next run of a dispatch over the limit starts first; the
+                    // policy hears the worker is idle after the last.
+                    if let Some((run, variant)) = ctx.constraints().next_run(worker) {
+                        ctx.push_dispatch(worker, run, variant);
+                        continue;
+                    }
                     // Sequence steps withheld until their worker was idle come back now.
                     for request in ctx.constraints().take_when_idle(worker) {
                         ctx.constraints().arrived(&request);

@@ -1,7 +1,7 @@
 //! The conformance harness: `yardmaster policy check FILE.wasm`.
 //!
 //! It runs any policy on the real engine ([`yardmaster_engine::Engine`], the one the
-//! simulator and the server run) through three scripted scenarios ([`Scenario`]):
+//! simulator and the server run) through four scripted scenarios ([`Scenario`]):
 //! - the *cluster* scenario: a small cluster ([`scripted`]) and a scripted workload
 //!   that covers every event kind — arrivals on a two-stage chain and an LLM stage,
 //!   idle workers, finished batches, frames, ticks, timers, a worker added and
@@ -14,7 +14,11 @@
 //! - the *zero-time* scenario ([`zero_time`]): an entry stage, a fan-out point and a
 //!   sink that take no time around two real tasks, under a light load, where a policy
 //!   that divides by a zero latency faults, is rejected, or drops what it should
-//!   serve (at least [`zero_time::MIN_ON_TIME`] of its requests must end on time).
+//!   serve (at least [`zero_time::MIN_ON_TIME`] of its requests must end on time);
+//! - the *batches* scenario ([`batches`]): client batches of one to four items and
+//!   interleaved stateful sequences, where a policy must count a batch in items and
+//!   keep each sequence on the worker holding its state (contract 0.3.0; no request
+//!   may fail).
 //!
 //! In each it checks that:
 //! - every action the policy returns is valid (none rejected);
@@ -29,6 +33,7 @@
 //! (serve mode) and fuel (simulate mode, i.e. instructions, which is what a
 //! simulation replay spends).
 
+pub mod batches;
 pub mod bench;
 pub mod repository;
 pub mod scripted;
@@ -115,18 +120,21 @@ pub enum Scenario {
     Repository,
     /// Stages that take no time ([`zero_time`]) under a light load.
     ZeroTime,
+    /// Client batches and stateful sequences ([`batches`]) under a light load.
+    Batches,
 }
 
 impl Scenario {
     /// Every scenario, in the order the check runs them.
-    pub const ALL: [Scenario; 3] = [Scenario::Cluster, Scenario::Repository, Scenario::ZeroTime];
+    pub const ALL: [Scenario; 4] = [Scenario::Cluster, Scenario::Repository, Scenario::ZeroTime, Scenario::Batches];
 
-    /// Its short name (`cluster`, `repository`, `zero-time`).
+    /// Its short name (`cluster`, `repository`, `zero-time`, `batches`).
     pub fn name(self) -> &'static str {
         match self {
             Scenario::Cluster => "cluster",
             Scenario::Repository => "repository",
             Scenario::ZeroTime => "zero-time",
+            Scenario::Batches => "batches",
         }
     }
 
@@ -148,6 +156,12 @@ impl Scenario {
                 zero_time::ZERO_TIME_STAGES.join(", "),
                 100.0 * zero_time::MIN_ON_TIME
             ),
+            Scenario::Batches => format!(
+                "client batches of 1 to {} items and {} interleaved sequences of {} steps; none may fail",
+                batches::MAX_ITEMS,
+                batches::SEQUENCES,
+                batches::SEQUENCE_STEPS
+            ),
         }
     }
 
@@ -157,6 +171,7 @@ impl Scenario {
             Scenario::Cluster => scripted::pipeline(),
             Scenario::Repository => repository::pipeline(),
             Scenario::ZeroTime => zero_time::pipeline(),
+            Scenario::Batches => batches::pipeline(),
         }
     }
 
@@ -166,6 +181,7 @@ impl Scenario {
             Scenario::Cluster => arrival_script(options),
             Scenario::Repository => repository::arrivals(options),
             Scenario::ZeroTime => zero_time::arrivals(options),
+            Scenario::Batches => batches::arrivals(options),
         }
     }
 
@@ -174,7 +190,7 @@ impl Scenario {
         match self {
             Scenario::Cluster => vec![(300 * MS, Scripted::Cancel), (400 * MS, Scripted::AddWorker), (700 * MS, Scripted::RemoveWorker)],
             Scenario::Repository => repository::RECONFIGURATIONS.iter().map(|r| (r.at, Scripted::Reconfigure(*r))).collect(),
-            Scenario::ZeroTime => Vec::new(),
+            Scenario::ZeroTime | Scenario::Batches => Vec::new(),
         }
     }
 }
@@ -206,6 +222,9 @@ pub struct ScenarioReport {
     /// queued at a stage going offline dropped, requests replayed into the policy's
     /// new instance).
     pub reconfigurations: Vec<String>,
+    /// What the reader should know that is neither a pass nor a failure (a scenario
+    /// that does not apply to the policy, and why).
+    pub notes: Vec<String>,
 }
 
 impl ScenarioReport {
@@ -239,6 +258,9 @@ impl ScenarioReport {
         );
         for line in &self.reconfigurations {
             let _ = writeln!(out, "  reconfigured {line}");
+        }
+        for line in &self.notes {
+            let _ = writeln!(out, "  note        {line}");
         }
         let _ = writeln!(out, "  events      {}   actions accepted {}", self.events, self.actions);
         if let Some(d) = self.deterministic {
@@ -304,12 +326,14 @@ pub struct CheckReport {
     pub repository: ScenarioReport,
     /// What the zero-time scenario found.
     pub zero_time: ScenarioReport,
+    /// What the batches scenario found.
+    pub batches: ScenarioReport,
 }
 
 impl CheckReport {
     /// A report of the cluster scenario's and the repository scenario's findings,
     /// with the cluster scenario's decision costs.
-    fn of(cluster: ScenarioReport, repository: ScenarioReport, zero_time: ScenarioReport, costs: BTreeMap<&'static str, KindCost>) -> Self {
+    fn of(cluster: ScenarioReport, [repository, zero_time, batches]: [ScenarioReport; 3], costs: BTreeMap<&'static str, KindCost>) -> Self {
         let ScenarioReport { outcomes, lost, rejected, faults, violations, deterministic, events, actions, .. } = cluster;
         Self {
             outcomes,
@@ -323,6 +347,7 @@ impl CheckReport {
             actions,
             repository,
             zero_time,
+            batches,
             ..Self::default()
         }
     }
@@ -340,12 +365,13 @@ impl CheckReport {
             events: self.events,
             actions: self.actions,
             reconfigurations: Vec::new(),
+            notes: Vec::new(),
         }
     }
 
     /// Every scenario's findings, in the order the check ran them.
-    pub fn scenarios(&self) -> [ScenarioReport; 3] {
-        [self.cluster(), self.repository.clone(), self.zero_time.clone()]
+    pub fn scenarios(&self) -> [ScenarioReport; 4] {
+        [self.cluster(), self.repository.clone(), self.zero_time.clone(), self.batches.clone()]
     }
 
     /// Whether the policy conforms: it passed every scenario.
@@ -402,9 +428,10 @@ pub fn check_component(name: &str, bytes: &[u8], options: &CheckOptions) -> Resu
     let (cluster, costs) = simulated_twice(Scenario::Cluster, &simulated, options);
     let (repository, _) = simulated_twice(Scenario::Repository, &simulated, options);
     let (zero_time, _) = simulated_twice(Scenario::ZeroTime, &simulated, options);
+    let (batches, _) = simulated_twice(Scenario::Batches, &simulated, options);
     let timed = run(Scenario::Cluster, &component_arm(name, &serve, &serve_module), options);
 
-    let mut report = CheckReport::of(cluster, repository, zero_time, costs);
+    let mut report = CheckReport::of(cluster, [repository, zero_time, batches], costs);
     report.policy = format!("{name} ({} bytes)", bytes.len());
     report.sha256 = Some(sim_module.sha256_hex());
     report.from_cache = sim_module.from_cache();
@@ -425,7 +452,8 @@ pub fn check_native<P: yardmaster_sdk::Policy + Send>(name: &str, options: &Chec
     let cluster = run(Scenario::Cluster, &start, options);
     let repository = run(Scenario::Repository, &start, options);
     let zero_time = run(Scenario::ZeroTime, &start, options);
-    let mut report = CheckReport::of(cluster.report, repository.report, zero_time.report, cluster.costs);
+    let batches = run(Scenario::Batches, &start, options);
+    let mut report = CheckReport::of(cluster.report, [repository.report, zero_time.report, batches.report], cluster.costs);
     report.policy = format!("{name} (native)");
     report
 }
@@ -580,6 +608,9 @@ fn run(scenario: Scenario, start: &dyn Fn(Config, &ClusterState) -> (Arm, ArmOut
             100.0 * zero_time::MIN_ON_TIME,
             zero_time::ZERO_TIME_STAGES.join(", ")
         ));
+    }
+    if scenario == Scenario::Batches {
+        batches::judge(&harness, &outcomes, &mut report);
     }
     report.outcomes = outcomes;
     report.violations.extend(harness.violations().iter().cloned());

@@ -514,3 +514,184 @@ fn every_shipped_policy_passes_the_zero_time_scenario() {
     }
     assert!(failed.is_empty(), "{}", failed.join("\n"));
 }
+
+/// A policy written without the SDK that counts a batch in requests, not items, and
+/// sends a sequence's step to whichever worker is idle: first come, first served, up
+/// to the stage's `max_batch` requests per dispatch.
+#[derive(Default)]
+struct CountsRequests {
+    stage_of: std::collections::BTreeMap<u32, u32>,
+    max_batch: Vec<u32>,
+    queued: Vec<Vec<u64>>,
+    idle: std::collections::BTreeSet<u32>,
+    cost: yardmaster_policy::CallCost,
+}
+
+impl CountsRequests {
+    fn dispatch(&mut self) -> Vec<Action> {
+        let mut actions = Vec::new();
+        for worker in std::mem::take(&mut self.idle) {
+            let stage = self.stage_of[&worker] as usize;
+            let queue = &mut self.queued[stage];
+            if queue.is_empty() {
+                self.idle.insert(worker);
+                continue;
+            }
+            let take = queue.len().min(self.max_batch[stage] as usize);
+            let requests: Vec<u64> = queue.drain(..take).collect();
+            actions.push(Action::Dispatch(yardmaster_policy::contract::Dispatch { worker, requests, variant: None }));
+        }
+        actions
+    }
+}
+
+impl yardmaster_policy::PolicyInstance for CountsRequests {
+    fn label(&self) -> String {
+        "counts-requests".into()
+    }
+    fn init(&mut self, config: &Config, _now: u64) -> Result<Vec<Action>, yardmaster_policy::PolicyFault> {
+        self.max_batch = config.stages.iter().map(|s| s.max_batch).collect();
+        self.queued = vec![Vec::new(); config.stages.len()];
+        for worker in &config.workers {
+            self.stage_of.insert(worker.id, worker.stage);
+            self.idle.insert(worker.id);
+        }
+        Ok(Vec::new())
+    }
+    fn handle(
+        &mut self,
+        events: &[Event],
+        _now: u64,
+        _kind: yardmaster_policy::CallKind,
+    ) -> Result<Vec<Action>, yardmaster_policy::PolicyFault> {
+        for event in events {
+            match event {
+                Event::Arrival(request) => self.queued[request.stage as usize].push(request.id),
+                Event::WorkerIdle(worker) => {
+                    self.idle.insert(*worker);
+                }
+                Event::WorkerAdded(worker) => {
+                    self.stage_of.insert(worker.id, worker.stage);
+                    self.idle.insert(worker.id);
+                }
+                Event::WorkerRemoved(worker) => {
+                    self.idle.remove(worker);
+                }
+                Event::RequestEnded((id, _)) => self.queued.iter_mut().for_each(|q| q.retain(|r| r != id)),
+                _ => {}
+            }
+        }
+        Ok(self.dispatch())
+    }
+    fn last_cost(&self) -> yardmaster_policy::CallCost {
+        self.cost
+    }
+    fn take_emitted(&mut self) -> Vec<(String, f64)> {
+        Vec::new()
+    }
+}
+
+#[test]
+fn the_batches_scenario_sends_client_batches_and_interleaved_sequences() {
+    use super::batches::{self, MAX_ITEMS, SEQUENCES, SEQUENCE_STEPS};
+    let arrivals = batches::arrivals(&CheckOptions::default());
+    assert!(arrivals.windows(2).all(|w| w[0].sent_at <= w[1].sent_at), "sorted by send time");
+    let steps: Vec<_> = arrivals.iter().filter_map(|s| s.sequence).collect();
+    assert_eq!(steps.len() as u64, SEQUENCES * u64::from(SEQUENCE_STEPS));
+    assert_eq!(steps.iter().filter(|s| s.start).count() as u64, SEQUENCES);
+    assert!(arrivals.iter().any(|s| s.items == MAX_ITEMS) && arrivals.iter().any(|s| s.items == 1));
+    assert!(arrivals.iter().all(|s| s.items <= MAX_ITEMS), "no request carries more than a stage it passes takes");
+    // The sequences overlap in time (interleaved), each step after its sequence's start.
+    let first_end = arrivals.iter().position(|s| s.sequence.is_some_and(|q| q.end)).unwrap();
+    assert!(arrivals[..first_end].iter().filter(|s| s.sequence.is_some_and(|q| q.start)).count() as u64 == SEQUENCES);
+}
+
+#[test]
+fn a_policy_that_counts_requests_not_items_fails_the_batches_scenario_and_the_sdk_keeps_the_rules() {
+    let options = CheckOptions::default();
+    let start = |config: Config, view: &ClusterState| {
+        Arm::start("counts-requests", config, Box::new(CountsRequests::default()), FailureMode::FailOpen, view)
+    };
+    let naive = run(Scenario::Batches, &start, &options).report;
+    assert!(!naive.passed(), "{}", naive.render());
+    assert!(
+        naive.rejected.iter().any(|r| r.contains("items")) && naive.rejected.iter().any(|r| r.contains("is a step of a sequence held by")),
+        "a batch over the limit in items and a step away from its state are both rejected: {}",
+        naive.render()
+    );
+    // The same first come, first served on the SDK, through the whole check.
+    let in_order = check_native::<InOrder>("in-order", &options);
+    assert!(in_order.batches.passed(), "{}", in_order.render());
+    let o = &in_order.batches.outcomes;
+    assert_eq!(o.on_time + o.late, o.requests, "{}", in_order.render());
+}
+
+/// First come, first served on the SDK ([`serve_in_order`]): it counts requests, and
+/// the SDK's dispatch keeps a batch's items and a sequence's worker within the rules.
+#[derive(Default)]
+struct InOrder {
+    held: Vec<(RequestId, StageId)>,
+}
+
+impl Policy for InOrder {
+    fn init(_ctx: &mut Ctx) -> Result<Self, String> {
+        Ok(Self::default())
+    }
+
+    fn on_arrival(&mut self, _ctx: &mut Ctx, request: Request) {
+        self.held.push((request.id, request.stage));
+    }
+
+    fn on_request_ended(&mut self, _ctx: &mut Ctx, request: RequestId, _reason: EndReason) {
+        self.held.retain(|(id, _)| *id != request);
+    }
+
+    fn on_events_done(&mut self, ctx: &mut Ctx) {
+        serve_in_order(ctx, &mut self.held);
+    }
+}
+
+#[test]
+fn every_shipped_policy_passes_the_batches_scenario() {
+    let options = CheckOptions::default();
+    let sandbox = yardmaster_policy::Sandbox::new(yardmaster_policy::Mode::Simulate, options.limits.clone()).expect("wasm engine");
+    let loader = yardmaster_policy::PolicyLoader::new(sandbox.clone(), None);
+    let mut failed = Vec::new();
+    for artifact in yardmaster_policy_artifacts::SHIPPED {
+        let module = loader.load(artifact.name, artifact.bytes).expect("a shipped policy loads");
+        let (report, _) = simulated_twice(Scenario::Batches, &component_arm(artifact.name, &sandbox, &module), &options);
+        assert_eq!(report.deterministic, Some(true), "{}", artifact.name);
+        if !report.passed() {
+            failed.push(format!("{}:\n{}", artifact.name, report.render()));
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+#[test]
+fn tmp_debug_flex() {
+    let options = CheckOptions::default();
+    let sandbox = yardmaster_policy::Sandbox::new(yardmaster_policy::Mode::Simulate, options.limits.clone()).expect("wasm engine");
+    let loader = yardmaster_policy::PolicyLoader::new(sandbox.clone(), None);
+    let artifact = yardmaster_policy_artifacts::shipped("flex").unwrap();
+    let module = loader.load(artifact.name, artifact.bytes).unwrap();
+    let result = run(Scenario::Batches, &component_arm(artifact.name, &sandbox, &module), &options);
+    for call in result.harness.calls() {
+        let hit_e: Vec<String> = call
+            .events
+            .iter()
+            .filter(|e| format!("{e:?}").contains("id: 26,") || format!("{e:?}").contains("WorkerIdle"))
+            .map(|e| format!("{e:?}"))
+            .collect();
+        let hit_a: Vec<String> = call
+            .output
+            .actions
+            .iter()
+            .chain(call.output.rejected.iter().map(|r| &r.0))
+            .filter(|a| format!("{a:?}").contains(" 26,") || format!("{a:?}").contains("[26") || format!("{a:?}").contains(" 26]"))
+            .map(|a| format!("{a:?}"))
+            .collect();
+        if !hit_a.is_empty() || call.events.iter().any(|e| format!("{e:?}").contains("id: 26,")) {
+            eprintln!("CALL events {:?}\n   actions {:?}", hit_e, hit_a);
+        }
+    }
+}

@@ -447,6 +447,12 @@ impl Flex {
 
     /// Dispatch every pending batch whose worker is idle and whose requests are held.
     fn flush_pending(&mut self, ctx: &mut Ctx) {
+        // A pending batch keeps only requests still waiting at its worker's stage.
+        for (worker, pending) in self.pending.iter_mut() {
+            let stage = ctx.worker(*worker).map(|w| w.info.stage);
+            pending.requests.retain(|id| self.tracked.get(id).is_some_and(|t| Some(t.stage) == stage));
+        }
+        self.pending.retain(|_, p| !p.requests.is_empty());
         let ready: Vec<WorkerId> = self
             .pending
             .iter()
@@ -612,6 +618,17 @@ impl Policy for Flex {
                     return;
                 }
                 Phys::Held => return,
+            }
+        }
+        // A request that moved on is forgotten at its last stage: where FLEX still
+        // believes it queued or batched (the SDK ran a sequence's step on the worker
+        // holding its state, not on the one FLEX chose), nothing of it is left to run.
+        if let Some(old) = self.tracked.get(&request.id).copied() {
+            let g = self.group_of_stream(old.stream);
+            if let crate::group::Forgotten::InBatch(worker) = self.groups[g].forget(old.model, &old.key) {
+                if let Some(pending) = self.pending.get_mut(&worker) {
+                    pending.requests.retain(|id| *id != request.id);
+                }
             }
         }
         let Some(model) = self.catalog.model_of(request.stream, request.stage) else {
