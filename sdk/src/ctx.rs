@@ -189,11 +189,17 @@ impl Ctx {
     /// Run a batch with an explicit variant.
     ///
     /// The batch is kept within the contract's rules (see [`crate::fit`]): at most the
-    /// stage's batch limit in items, and a stateful sequence's step only on the worker
-    /// holding the sequence. What would break them is withheld and handed back to the
-    /// policy as an arrival (at the next call, or when the sequence's worker is idle);
-    /// a step whose worker is idle now runs there at once.
+    /// stage's batch limit in items (a batch over it runs as consecutive runs on the
+    /// worker), and a stateful sequence's step only on the worker holding the sequence
+    /// (it runs there, at once if that worker is idle, else it comes back as an arrival
+    /// when it is).
     pub fn dispatch_variant(&mut self, worker: WorkerId, requests: Vec<RequestId>, variant: Option<VariantId>) {
+        if self.constraints.is_clear() {
+            // No request of several items or of a sequence is held: nothing to fit.
+            self.set_idle(worker, false);
+            self.actions.push(Action::Dispatch(Dispatch { worker, requests, variant }));
+            return;
+        }
         let stage = self.workers.get(&worker).map(|w| w.info.stage);
         let (limit, max_batch) = match stage {
             Some(stage) => (self.batch_limit(stage), self.config.stages.iter().find(|s| s.id == stage).map_or(1, |s| s.max_batch)),

@@ -58,6 +58,13 @@ pub(crate) struct Fitted {
 }
 
 impl Constraints {
+    /// Whether no held request constrains a batch (the common case: every dispatch
+    /// passes as it is).
+    #[inline]
+    pub(crate) fn is_clear(&self) -> bool {
+        self.special.is_empty()
+    }
+
     /// Note an arrival: remember it if it constrains a batch.
     pub(crate) fn arrived(&mut self, request: &Request) {
         if request.items > 1 || request.correlation.as_ref().is_some_and(|c| c.worker.is_some()) {
