@@ -21,6 +21,13 @@ mod embedded {
 /// accepts it).
 const ZIG_CONTRACT: &str = "0.1.0";
 
+/// The contract the Python and JavaScript starters are written for: they count every
+/// request as one item and know no stateful sequences, so they stay on the newest
+/// contract without either (0.3.0 added them), where the host never gives them a client
+/// batch or a sequence step. The Rust starter is on the SDK, which keeps both rules for
+/// it, and takes the latest contract.
+const STARTER_CONTRACT: &str = "0.2.0";
+
 /// The arguments of `yardmaster policy new`.
 #[derive(clap::Args, Debug)]
 pub struct NewArgs {
@@ -72,7 +79,8 @@ impl Lang {
     fn contract(self) -> &'static str {
         match self {
             Lang::Zig => ZIG_CONTRACT,
-            _ => CONTRACT_VERSION,
+            Lang::Python | Lang::Js => STARTER_CONTRACT,
+            Lang::Rust => CONTRACT_VERSION,
         }
     }
 

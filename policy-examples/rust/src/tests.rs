@@ -57,6 +57,8 @@ fn arrival(id: u64, at: Instant, deadline_ms: u64) -> Event {
         expected_tokens: 0,
         requeues: 0,
         tags: None,
+        items: 1,
+        correlation: None,
     })
 }
 

@@ -68,7 +68,16 @@ fn scaffold_builds_and_passes_the_check(lang: &str) {
     let expected = outcomes(&text(&edf));
     let scenarios = text(&edf).lines().filter(|l| l.trim_start().starts_with("scenario")).count();
     assert!(scenarios >= 2 && expected.len() == scenarios, "one requests line per scenario:\n{}", text(&edf));
-    assert_eq!(outcomes(&log), expected, "{lang}: the starter ends requests unlike edf:\n{log}");
+    let (mut found, mut expected) = (outcomes(&log), expected);
+    if lang != "rust" {
+        // The Python, JavaScript and Zig starters are built against a contract before
+        // 0.3.0: the batches scenario does not apply to them (the host gives them no
+        // client batch or sequence), and says so.
+        assert!(log.contains("note        not applicable: the policy speaks contract 0."), "{lang}:\n{log}");
+        found.pop();
+        expected.pop();
+    }
+    assert_eq!(found, expected, "{lang}: the starter ends requests unlike edf:\n{log}");
     let _ = std::fs::remove_dir_all(&scratch);
 }
 

@@ -83,7 +83,10 @@ fn check_refuses_what_serve_refuses_in_its_words() {
     let optional = "name: \"optional\"\nplatform: \"onnxruntime_onnx\"\nmax_batch_size: 4\n\
                     input [ { name: \"x\" data_type: TYPE_FP32 dims: [ 3, 48, -1 ] optional: true } ]\n";
     model(&repo, "optional", 1, assets::REC_MODEL, Some(optional));
-    let stateful = "name: \"stateful\"\nplatform: \"onnxruntime_onnx\"\nmax_batch_size: 4\nsequence_batching { }\n";
+    // A sequence batcher whose START control fills an input the graph does not have.
+    let stateful = "name: \"stateful\"\nplatform: \"onnxruntime_onnx\"\nmax_batch_size: 4\n\
+                    sequence_batching { control_input [ { name: \"START\" control [ { kind: CONTROL_SEQUENCE_START \
+                    int32_false_true: [ 0, 1 ] } ] } ] }\n";
     model(&repo, "stateful", 1, assets::CLS_MODEL, Some(stateful));
     let (code, out) = check(&[repo.to_str().unwrap()]);
     assert_eq!(code, 1, "{out}");
@@ -91,7 +94,7 @@ fn check_refuses_what_serve_refuses_in_its_words() {
     let line = |name: &str| out.lines().find(|l| l.starts_with(&format!("REFUSED {name}:"))).unwrap_or_else(|| panic!("{out}")).to_string();
     assert!(line("optional").contains("serve refuses it: input \"x\": optional inputs are not supported"), "{out}");
     assert!(out.contains("READY   reshaped"), "{out}");
-    assert!(line("stateful").contains("serve refuses it: sequence_batching is not served yet"), "{out}");
+    assert!(line("stateful").contains("serve refuses it: sequence_batching fills input \"START\", which the graph does not have"), "{out}");
     assert!(out.contains("READY   unbatched"), "{out}");
     assert!(out.contains("READY   plain"), "{out}");
 }
