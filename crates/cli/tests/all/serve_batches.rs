@@ -124,7 +124,10 @@ fn client_batches_answer_their_rows_exactly_and_perf_analyzer_sends_them() {
     assert!(status == 400 && error.starts_with("model \"rows\": input \"IN_FP32\" carries a batch of 3"), "{status} {error}");
     // A string ONNX Runtime cannot hold is the client's error too, not the worker's.
     let (status, error) = post(&body(1, 1).replace(r#""s","s""#, r#""s","a\u0000b""#));
-    assert_eq!((status, error.as_str()), (400, "model \"rows\": input \"IN_BYTES\": string 1 holds a NUL byte, which ONNX Runtime's strings cannot"));
+    assert_eq!(
+        (status, error.as_str()),
+        (400, "model \"rows\": input \"IN_BYTES\": string 1 holds a NUL byte, which ONNX Runtime's strings cannot")
+    );
 
     // perf_analyzer: batches of 4 and of max_batch_size, concurrency 1 to 4, its own
     // random data, over both protocols.
