@@ -30,6 +30,9 @@ use std::collections::{BTreeMap, VecDeque};
 
 use crate::{Request, RequestId, VariantId, WorkerId};
 
+/// A run still to start on a worker: its requests, and the variant the dispatch asked for.
+type Run = (Vec<Request>, Option<VariantId>);
+
 /// What the guard remembers of the requests that constrain a batch.
 #[derive(Debug, Default)]
 pub(crate) struct Constraints {
@@ -37,7 +40,7 @@ pub(crate) struct Constraints {
     special: BTreeMap<RequestId, Request>,
     /// Runs of a dispatch over the limit still to start, per worker, in order: each
     /// starts when the worker goes idle.
-    runs: BTreeMap<WorkerId, VecDeque<(Vec<Request>, Option<VariantId>)>>,
+    runs: BTreeMap<WorkerId, VecDeque<Run>>,
     /// Requests to hand back to the policy at the next call (their worker went away).
     next_call: Vec<Request>,
     /// Sequence steps withheld from a dispatch, to hand back when their worker is idle.
