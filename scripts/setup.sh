@@ -155,6 +155,24 @@ else
         echo "could not fetch silero-vad==$silero_version from PyPI: the Silero VAD model is not installed"
     fi
 fi
+say "ONNX backend node-test models (the onnx wheel on PyPI): real models for the serving tests"
+#   onnx-node-1.19.1/test_max_int64/model.onnx             Max of two INT64 [3] inputs (opset 13)
+#   onnx-node-1.19.1/test_split_equal_parts_2d/model.onnx  Split of an FP32 [2, 6] input into two
+#                                  FP32 [2, 3] outputs (opset 18)
+onnx_version=1.19.1
+onnx_node_dir="$assets/onnx-node-$onnx_version"
+onnx_node_tests=(test_max_int64 test_split_equal_parts_2d)
+if [ -f "$onnx_node_dir/test_max_int64/model.onnx" ] && [ -f "$onnx_node_dir/test_split_equal_parts_2d/model.onnx" ]; then
+    echo "ONNX node-test models (onnx $onnx_version): already in $onnx_node_dir"
+elif wheel=$(fetch_wheel "onnx==$onnx_version" "$assets/wheels/onnx"); then
+    for t in "${onnx_node_tests[@]}"; do
+        mkdir -p "$onnx_node_dir/$t"
+        unzip_files "$wheel" "onnx/backend/test/data/node/$t/model.onnx" "$onnx_node_dir/$t"
+    done
+    echo "ONNX node-test models (onnx $onnx_version): installed in $onnx_node_dir"
+else
+    echo "could not fetch onnx==$onnx_version from PyPI: the ONNX node-test models are not installed"
+fi
 say "dnsmasq: the real DNS server the cluster test resolves node names with (Debian's dnsmasq-base)"
 if command -v dnsmasq >/dev/null 2>&1 || [ -x /usr/sbin/dnsmasq ]; then
     echo "already installed"

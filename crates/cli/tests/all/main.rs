@@ -39,4 +39,5 @@ mod serve_swap;
 mod serve_trace;
 mod serve_transports;
 mod serve_typed;
+mod serve_wheel_models;
 mod sim_sweep;
