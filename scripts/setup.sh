@@ -154,10 +154,12 @@ say "ONNX backend node-test models (the onnx wheel on PyPI): real models for the
 #   onnx-node-1.19.1/test_max_int64/model.onnx             Max of two INT64 [3] inputs (opset 13)
 #   onnx-node-1.19.1/test_split_equal_parts_2d/model.onnx  Split of an FP32 [2, 6] input into two
 #                                  FP32 [2, 3] outputs (opset 18)
+#   onnx-node-1.19.1/test_mod_mixed_sign_int64/model.onnx  Mod of two INT64 [6] inputs (an integer
+#                                  divisor: profiled on ones, as zeros cannot run)
 onnx_version=1.19.1
 onnx_node_dir="$assets/onnx-node-$onnx_version"
 onnx_node_files=()
-for t in test_max_int64 test_split_equal_parts_2d; do
+for t in test_max_int64 test_split_equal_parts_2d test_mod_mixed_sign_int64; do
     onnx_node_files+=("onnx/backend/test/data/node/$t/model.onnx" "$onnx_node_dir/$t")
 done
 wheel_files "ONNX node-test models" "onnx==$onnx_version" "" "${onnx_node_files[@]}"

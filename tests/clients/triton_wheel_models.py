@@ -1,8 +1,9 @@
 """Two real ONNX models from the onnx wheel's backend node tests, with Triton's clients.
 
-Usage: triton_wheel_models.py HTTP_HOST:PORT GRPC_HOST:PORT MAX_MODEL SPLIT_MODEL
+Usage: triton_wheel_models.py HTTP_HOST:PORT GRPC_HOST:PORT MAX_MODEL SPLIT_MODEL MOD_MODEL
 MAX_MODEL is test_max_int64 (result = max(data_0, data_1), INT64 [3] each); SPLIT_MODEL is
-test_split_equal_parts_2d (input FP32 [2, 6] into output_1 and output_2, FP32 [2, 3]).
+test_split_equal_parts_2d (input FP32 [2, 6] into output_1 and output_2, FP32 [2, 3]);
+MOD_MODEL is test_mod_mixed_sign_int64 (z = x mod y, INT64 [6] each).
 Each model gets one request over HTTP with binary data, over HTTP as JSON (the INT64
 model only: JSON has no NaN or infinity) and over gRPC. Prints one JSON line: for each
 model, the inputs sent and, for each transport, each output's shape and bytes (hex),
@@ -22,6 +23,13 @@ def max_inputs():
     data_0 = np.array([(1 << 53) + 1, -(1 << 62) - 1, (1 << 24) + 1], dtype=np.int64)
     data_1 = np.array([1 << 53, -(1 << 62), 1 << 24], dtype=np.int64)
     return {"data_0": ("INT64", data_0), "data_1": ("INT64", data_1)}
+
+
+def mod_inputs():
+    # Mixed signs, and values only an exact 64-bit integer holds.
+    x = np.array([-(1 << 62) - 1, (1 << 53) + 1, 7, -7, (1 << 40) + 3, 5], dtype=np.int64)
+    y = np.array([3, -4, -3, 3, (1 << 24) + 1, 8], dtype=np.int64)
+    return {"x": ("INT64", x), "y": ("INT64", y)}
 
 
 def split_inputs():
@@ -52,12 +60,13 @@ def infer(client, module, model, inputs, outputs, binary):
 
 
 def main():
-    http, grpc_address, max_model, split_model = sys.argv[1:5]
+    http, grpc_address, max_model, split_model, mod_model = sys.argv[1:6]
     http_client = httpclient.InferenceServerClient(http)
     grpc_client = grpcclient.InferenceServerClient(grpc_address)
     cases = [
         ("max", max_model, max_inputs(), ["result"], True),
         ("split", split_model, split_inputs(), ["output_1", "output_2"], False),
+        ("mod", mod_model, mod_inputs(), ["z"], True),
     ]
     seen = {}
     for key, model, inputs, outputs, json_too in cases:

@@ -186,11 +186,22 @@ pub fn profile(runtime: &Arc<Runtime>, spec: &ModelSpec, options: &ProfileOption
     batches.sort_unstable();
     batches.dedup();
     let mut points = Vec::new();
+    let types = session.input_types().to_vec();
+    let mut integer_ones = false;
     for &batch in &batches {
-        let types = session.input_types().to_vec();
-        let requests: Vec<Vec<Tensor>> = (0..batch)
-            .map(|i| shapes.iter().enumerate().map(|(k, s)| synthetic_of(types[k], s, (i * 31 + k) as u64 + 1)).collect())
-            .collect();
+        let mut requests = profile_requests(&types, &shapes, batch, integer_ones);
+        // Synthetic integers are zeros, which a model that divides by an input (an
+        // integer `Div` or `Mod`) cannot run: such a model is measured on ones.
+        if let Err(on_zeros) = session.run_batch(&requests.iter().map(Vec::as_slice).collect::<Vec<_>>(), None) {
+            if integer_ones || !types.iter().any(|t| t.is_integer()) {
+                return Err(on_zeros);
+            }
+            integer_ones = true;
+            requests = profile_requests(&types, &shapes, batch, true);
+            session
+                .run_batch(&requests.iter().map(Vec::as_slice).collect::<Vec<_>>(), None)
+                .map_err(|on_ones| DataplaneError::Invalid(format!("{on_zeros}; and with every integer input 1: {on_ones}")))?;
+        }
         let refs: Vec<&[Tensor]> = requests.iter().map(Vec::as_slice).collect();
         for _ in 0..options.warmup {
             session.run_batch(&refs, None)?;
@@ -230,6 +241,23 @@ pub fn profile(runtime: &Arc<Runtime>, spec: &ModelSpec, options: &ProfileOption
         gpu_mib,
         memory_mib: gpu_mib.unwrap_or(cached_mib),
     })
+}
+
+/// `batch` requests of synthetic inputs ([`synthetic_of`]) of `shapes`; with
+/// `integer_ones`, every element of an integer input is 1 instead.
+fn profile_requests(types: &[crate::tensor::ElementType], shapes: &[Vec<usize>], batch: usize, integer_ones: bool) -> Vec<Vec<Tensor>> {
+    (0..batch)
+        .map(|i| {
+            shapes
+                .iter()
+                .enumerate()
+                .map(|(k, s)| match integer_ones && types[k].is_integer() {
+                    true => Tensor { shape: s.clone(), data: vec![1.0f32; s.iter().product()].into() },
+                    false => synthetic_of(types[k], s, (i * 31 + k) as u64 + 1),
+                })
+                .collect()
+        })
+        .collect()
 }
 
 fn quoted(text: &str) -> String {

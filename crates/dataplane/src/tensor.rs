@@ -52,6 +52,12 @@ pub enum ElementType {
 }
 
 impl ElementType {
+    /// Whether its values are integers (signed or unsigned; not `bool`).
+    pub fn is_integer(self) -> bool {
+        use ElementType::*;
+        matches!(self, I8 | I16 | I32 | I64 | U8 | U16 | U32 | U64)
+    }
+
     /// Bytes per element (`None` for BYTES, whose elements vary).
     pub fn width(self) -> Option<usize> {
         Some(match self {

@@ -5,7 +5,9 @@
 //! 2^24 and 2^53 that differ only in their last bit (the same number as a float or a
 //! double); `test_split_equal_parts_2d` answers two
 //! FP32 [2, 3] outputs from one FP32 [2, 6] input, fed signed zeros, a subnormal,
-//! infinities and a NaN. tritonclient sends them over HTTP (binary data, and JSON for the
+//! infinities and a NaN; `test_mod_mixed_sign_int64` takes the modulo of two INT64 [6]
+//! inputs (an integer divisor: the server's profiling run measures it on ones, as it
+//! cannot run on zeros). tritonclient sends them over HTTP (binary data, and JSON for the
 //! integers) and gRPC; every output equals a plain ONNX Runtime run of the same inputs,
 //! byte for byte, at the shape the configuration declares.
 
@@ -67,6 +69,30 @@ output [
 ]
 "#;
 
+const MOD_CONFIG: &str = r#"name: "mod_int64"
+platform: "onnxruntime_onnx"
+max_batch_size: 0
+input [
+  {
+    name: "x"
+    data_type: TYPE_INT64
+    dims: [ 6 ]
+  },
+  {
+    name: "y"
+    data_type: TYPE_INT64
+    dims: [ 6 ]
+  }
+]
+output [
+  {
+    name: "z"
+    data_type: TYPE_INT64
+    dims: [ 6 ]
+  }
+]
+"#;
+
 /// A node-test model from the wheel, in the assets folder.
 fn wheel_model(test: &str) -> PathBuf {
     yardmaster::dataplane::assets::assets_dir().join(format!("onnx-node-{ONNX_VERSION}/{test}/model.onnx"))
@@ -99,7 +125,11 @@ struct Case {
 
 #[test]
 fn wheel_node_test_models_answer_exactly_over_http_and_grpc() {
-    let tests = [("max_int64", "test_max_int64", MAX_CONFIG), ("split_equal_parts_2d", "test_split_equal_parts_2d", SPLIT_CONFIG)];
+    let tests = [
+        ("max_int64", "test_max_int64", MAX_CONFIG),
+        ("split_equal_parts_2d", "test_split_equal_parts_2d", SPLIT_CONFIG),
+        ("mod_int64", "test_mod_mixed_sign_int64", MOD_CONFIG),
+    ];
     for (_, test, _) in tests {
         let file = wheel_model(test);
         assert!(file.exists(), "{} is missing: run `bash scripts/setup.sh --deps`", file.display());
@@ -114,7 +144,7 @@ fn wheel_node_test_models_answer_exactly_over_http_and_grpc() {
     let (server, stderr) = serve_repository_with(&dir, &models, &[]);
     let grpc = server.grpc.clone().expect("the banner names the gRPC address");
     let log = || std::fs::read_to_string(&stderr).unwrap_or_default();
-    let seen = run_client("triton_wheel_models.py", &[&server.address, &grpc, tests[0].0, tests[1].0]);
+    let seen = run_client("triton_wheel_models.py", &[&server.address, &grpc, tests[0].0, tests[1].0, tests[2].0]);
 
     // The reference: a plain ONNX Runtime run of the same inputs.
     let runtime = Runtime::global().unwrap();
@@ -132,6 +162,13 @@ fn wheel_node_test_models_answer_exactly_over_http_and_grpc() {
             inputs: &[("input", ElementType::F32)],
             outputs: &[("output_1", &[2, 3]), ("output_2", &[2, 3])],
             transports: &["http_binary", "grpc"],
+        },
+        Case {
+            key: "mod",
+            name: tests[2].0,
+            inputs: &[("x", ElementType::I64), ("y", ElementType::I64)],
+            outputs: &[("z", &[6])],
+            transports: &["http_binary", "http_json", "grpc"],
         },
     ];
     for Case { key, name, inputs, outputs, transports } in cases {
