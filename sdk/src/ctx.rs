@@ -32,8 +32,8 @@ pub struct Ctx {
     resident: BTreeMap<WorkerId, Vec<SequenceState>>,
     actions: Vec<Action>,
     now: Instant,
-    /// Requests that constrain a batch (several items, a sequence's worker), and the
-    /// ones withheld from a dispatch to hand back (see [`crate::fit`]).
+    /// Requests that constrain a batch (several items, a sequence's worker), and what
+    /// the guard holds back of a dispatch (see [`crate::fit`]).
     constraints: Constraints,
 }
 
@@ -169,7 +169,7 @@ impl Ctx {
     /// Items a request the policy holds carries (`request.items`: 1, or a client
     /// batch's rows). A batch's size is the sum of its requests' items; a helper that
     /// forms batches counting items keeps them within the limit itself, and
-    /// [`Ctx::dispatch`] withholds what would not fit otherwise.
+    /// [`Ctx::dispatch`] runs a batch that would not fit as consecutive runs otherwise.
     pub fn items(&self, request: RequestId) -> u32 {
         self.constraints.items(request)
     }

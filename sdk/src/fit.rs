@@ -130,13 +130,13 @@ impl Constraints {
         self.special.get(&id).map_or(1, |r| r.items.max(1))
     }
 
-    /// Split a dispatch of `requests` on `worker` into what keeps the rules: sequence
-    /// steps go to their holder (run there now, as a batch of their own, when
-    /// `is_idle` says it is idle; else handed back when it goes idle), and the batch is
-    /// at most `limit` items (a request alone up to `max_batch`): requests of several
-    /// items are withheld, the last first, until it fits, and handed back at the next
-    /// call. (A batch over the limit in one-item requests alone is the policy's own
-    /// doing and left for the host to reject.)
+    /// Split a dispatch of `requests` on `worker` into what keeps the rules (called only
+    /// while some held request constrains a batch, [`Constraints::is_clear`]): sequence
+    /// steps go to their holder (run there now, as a batch of their own, when `is_idle`
+    /// says it is idle; else handed back when it goes idle), and each batch is at most
+    /// `limit` items (a request alone up to `max_batch`), the rest left as later runs on
+    /// the same worker ([`Constraints::within`]). (A batch over the limit in one-item
+    /// requests alone is the policy's own doing and left for the host to reject.)
     pub(crate) fn fit(
         &mut self,
         worker: WorkerId,
@@ -146,9 +146,6 @@ impl Constraints {
         variant: Option<VariantId>,
         is_idle: impl Fn(WorkerId) -> bool,
     ) -> Fitted {
-        if self.special.is_empty() {
-            return Fitted { batch: requests, elsewhere: Vec::new() };
-        }
         let mut fitted = Fitted::default();
         let mut elsewhere: BTreeMap<WorkerId, Vec<RequestId>> = BTreeMap::new();
         for id in requests {
@@ -179,13 +176,12 @@ impl Constraints {
         max_batch: u32,
         variant: Option<VariantId>,
     ) -> Vec<RequestId> {
-        let items_of = |id: &RequestId, special: &BTreeMap<RequestId, Request>| special.get(id).map_or(1, |r| r.items.max(1));
-        let fits = |batch: &[RequestId], special: &BTreeMap<RequestId, Request>| {
-            let items: u32 = batch.iter().map(|id| items_of(id, special)).sum();
+        let fits = |constraints: &Self, batch: &[RequestId]| {
+            let items: u32 = batch.iter().map(|&id| constraints.items(id)).sum();
             items <= limit || (batch.len() == 1 && items <= max_batch.max(limit))
         };
         let mut later: Vec<Request> = Vec::new();
-        while !fits(&batch, &self.special) {
+        while !fits(self, &batch) {
             let Some(at) = batch.iter().rposition(|id| self.special.get(id).is_some_and(|r| r.items > 1)) else { break };
             if batch.len() == 1 {
                 break;
