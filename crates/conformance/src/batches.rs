@@ -19,20 +19,18 @@
 //! the policy's contract): for it the scenario is not applicable and passes with a note.
 
 use yardmaster_engine::{Pipeline, SequenceStep, Submission};
-use yardmaster_policy::contract::ContractVersion;
+use yardmaster_policy::contract::ITEMS_AND_SEQUENCES;
 
 use super::scripted::{Harness, MS};
 use super::{CheckOptions, Outcomes, ScenarioReport};
 
-/// The contract version that shows a policy items and sequences.
-pub const SINCE: ContractVersion = ContractVersion::new(0, 3, 0);
-
-/// Judge a run beyond every scenario's checks: a policy older than [`SINCE`] gets a
-/// note (the host gave it no batch and no step); for any other no request may fail.
+/// Judge a run beyond every scenario's checks: a policy older than
+/// [`ITEMS_AND_SEQUENCES`] gets a note (the host gave it no batch and no step); for any
+/// other no request may fail.
 pub(crate) fn judge(harness: &Harness, outcomes: &Outcomes, report: &mut ScenarioReport) {
-    if let Some(version) = harness.arm().contract_version().filter(|v| *v < SINCE) {
+    if let Some(version) = harness.arm().contract_version().filter(|v| *v < ITEMS_AND_SEQUENCES) {
         report.notes.push(format!(
-            "not applicable: the policy speaks contract {version}, which cannot see client batches or sequences (contract {SINCE} added them), so the host gave it none — {} of the requests failed at once naming its contract",
+            "not applicable: the policy speaks contract {version}, which cannot see client batches or sequences (contract {ITEMS_AND_SEQUENCES} added them), so the host gave it none — {} of the requests failed at once naming its contract",
             outcomes.failed
         ));
         return;

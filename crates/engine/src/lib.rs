@@ -582,8 +582,9 @@ impl<C: Clock, X: Executor> Engine<C, X> {
             if sequence { "a stateful sequence's requests".to_string() } else { format!("a client batch ({} items)", request.items) };
         let version = self.arm.contract_version().map_or_else(|| "an older contract".to_string(), |v| format!("contract {v}"));
         format!(
-            "the policy {:?} speaks {version}, which cannot see {what}: rebuild it against contract 0.3.0 or later (see wit/README.md), or send one item per request without sequence parameters",
-            self.arm.name()
+            "the policy {:?} speaks {version}, which cannot see {what}: rebuild it against contract {} or later (see wit/README.md), or send one item per request without sequence parameters",
+            self.arm.name(),
+            contract::ITEMS_AND_SEQUENCES
         )
     }
 
@@ -1001,7 +1002,7 @@ impl<C: Clock, X: Executor> Engine<C, X> {
             self.finish_origin(origin, Outcome::Failed { error }, now);
         }
         if let Some((mut request, worker)) = after.next {
-            let step = request.correlation.as_ref().map(|c| SequenceStep { id: c.id, start: c.start, end: c.end }).expect("a step");
+            let step = sequences::step_of(&request);
             request.correlation = Some(sequences::correlation(step, worker));
             request.arrived_at = now;
             self.enqueue(request, 0);

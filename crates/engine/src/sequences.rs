@@ -212,7 +212,8 @@ pub(crate) fn correlation(step: SequenceStep, worker: Option<u32>) -> yardmaster
     yardmaster_policy::contract::Correlation { id: step.id, start: step.start, end: step.end, worker }
 }
 
-fn step_of(request: &Request) -> SequenceStep {
+/// The step a request of a sequence is (it carries its correlation).
+pub(crate) fn step_of(request: &Request) -> SequenceStep {
     let c = request.correlation.as_ref().expect("a held request has its correlation");
     SequenceStep { id: c.id, start: c.start, end: c.end }
 }

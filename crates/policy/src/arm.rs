@@ -614,7 +614,7 @@ impl Arm {
     /// Whether the instance answering now sees a request's items and its place in a
     /// stateful sequence (contract 0.3.0 on); a closed arm sees nothing to refuse.
     pub fn sees_items_and_sequences(&self) -> bool {
-        self.instance.as_ref().is_none_or(|i| i.contract_version() >= super::contract::ContractVersion::new(0, 3, 0))
+        self.instance.as_ref().is_none_or(|i| i.contract_version() >= super::contract::ITEMS_AND_SEQUENCES)
     }
 
     /// The contract version of the instance answering now, if one answers.

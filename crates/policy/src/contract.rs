@@ -33,6 +33,11 @@ use super::instance::HostState;
 /// The latest contract version: the one whose types the host uses.
 pub const LATEST: ContractVersion = v0_3_0::VERSION;
 
+/// The first contract version that shows a policy a request's items (a client
+/// batch's rows) and its place in a stateful sequence: an older policy is never given
+/// either.
+pub const ITEMS_AND_SEQUENCES: ContractVersion = v0_3_0::VERSION;
+
 /// The contract versions this host accepts: from the oldest still supported to
 /// [`LATEST`], each served by its own bindings module (see [`Binding::ALL`]).
 pub const ACCEPTED: Accepted = Accepted { oldest: v0_1_0::VERSION, latest: LATEST };
