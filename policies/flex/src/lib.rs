@@ -447,12 +447,6 @@ impl Flex {
 
     /// Dispatch every pending batch whose worker is idle and whose requests are held.
     fn flush_pending(&mut self, ctx: &mut Ctx) {
-        // A pending batch keeps only requests still waiting at its worker's stage.
-        for (worker, pending) in self.pending.iter_mut() {
-            let stage = ctx.worker(*worker).map(|w| w.info.stage);
-            pending.requests.retain(|id| self.tracked.get(id).is_some_and(|t| Some(t.stage) == stage));
-        }
-        self.pending.retain(|_, p| !p.requests.is_empty());
         let ready: Vec<WorkerId> = self
             .pending
             .iter()
@@ -628,6 +622,9 @@ impl Policy for Flex {
             if let crate::group::Forgotten::InBatch(worker) = self.groups[g].forget(old.model, &old.key) {
                 if let Some(pending) = self.pending.get_mut(&worker) {
                     pending.requests.retain(|id| *id != request.id);
+                    if pending.requests.is_empty() {
+                        self.pending.remove(&worker);
+                    }
                 }
             }
         }
