@@ -275,17 +275,12 @@ pub fn run_warm_up(session: &mut ModelSession, samples: &[crate::session::WarmUp
     use crate::session::WarmUpData;
     let begin = Instant::now();
     let types = session.input_types().to_vec();
+    // A stateful model's samples give the inputs its clients send.
+    let sequence = session.spec().sequence.as_ref();
+    let fed: Vec<ElementType> =
+        session.inputs().iter().zip(&types).filter(|(spec, _)| !sequence.is_some_and(|s| s.fills(&spec.name))).map(|(_, &t)| t).collect();
     for sample in samples {
         let failed = |e: DataplaneError| DataplaneError::Invalid(format!("warm-up sample {:?}: {e}", sample.name));
-        // A stateful model's samples give the inputs its clients send.
-        let sequence = session.spec().sequence.clone();
-        let fed: Vec<ElementType> = session
-            .inputs()
-            .iter()
-            .zip(&types)
-            .filter(|(spec, _)| !sequence.as_ref().is_some_and(|s| s.fills(&spec.name)))
-            .map(|(_, &t)| t)
-            .collect();
         if sample.inputs.len() != fed.len() {
             return Err(failed(DataplaneError::Invalid(format!("{} inputs given, the model takes {}", sample.inputs.len(), fed.len()))));
         }
