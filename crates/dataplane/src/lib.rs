@@ -18,6 +18,7 @@ pub mod device;
 #[cfg(feature = "cuda")]
 mod device_batch;
 pub mod error;
+pub mod events;
 pub mod llm;
 pub mod ocr;
 pub mod parallel;
@@ -34,6 +35,7 @@ pub use batch::InputSpec;
 pub use cache::{CacheConfig, ModelCache, ModelKey};
 pub use device::{Device, DevicePreference};
 pub use error::{DataplaneError, Result};
+pub use events::{EventHandler, EventSink};
 pub use pool::{ModelCatalog, WorkerPool};
 pub use runtime::{Runtime, RuntimeConfig};
 pub use sequence::{SequenceSpec, SequenceStep};

@@ -4,11 +4,12 @@
 //! the server's executor is a thin adapter over this pool and its event channel.
 
 use std::collections::HashMap;
-use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::mpsc::Receiver;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::error::{DataplaneError, Result};
+use crate::events::EventSink;
 use crate::session::ModelSpec;
 use crate::worker::{Job, Worker, WorkerContext, WorkerEvent};
 
@@ -51,7 +52,7 @@ pub struct WorkerPool {
     workers: HashMap<u32, PoolWorker>,
     /// Threads of retired workers that may still be running.
     retiring: Vec<JoinHandle<()>>,
-    events: Sender<WorkerEvent>,
+    events: EventSink,
 }
 
 impl std::fmt::Debug for WorkerPool {
@@ -64,8 +65,14 @@ impl WorkerPool {
     /// An empty pool whose workers start with `threads` intra-op threads; events of
     /// every worker arrive on the returned receiver.
     pub fn new(context: WorkerContext, catalog: ModelCatalog, threads: usize) -> (Self, Receiver<WorkerEvent>) {
-        let (events, receiver) = mpsc::channel();
-        (WorkerPool { context, catalog, threads, workers: HashMap::new(), retiring: Vec::new(), events }, receiver)
+        let (events, receiver) = EventSink::channel();
+        (Self::with_events(context, catalog, threads, events), receiver)
+    }
+
+    /// An empty pool whose workers send their events to `events` (a handler there runs
+    /// on each worker's thread).
+    pub fn with_events(context: WorkerContext, catalog: ModelCatalog, threads: usize, events: EventSink) -> Self {
+        WorkerPool { context, catalog, threads, workers: HashMap::new(), retiring: Vec::new(), events }
     }
 
     /// Start worker `worker` with the model of (stage, variant): warm when the cache

@@ -24,6 +24,7 @@ use ort::session::RunOptions;
 
 use crate::cache::{ModelCache, ModelKey};
 use crate::error::{DataplaneError, Result};
+use crate::events::EventSink;
 use crate::runtime::Runtime;
 use crate::sequence::{SequenceStep, Sequences};
 use crate::session::{ModelSession, ModelSpec, StartKind};
@@ -170,9 +171,11 @@ impl std::fmt::Debug for Worker {
 
 impl Worker {
     /// Start a worker that loads `spec` with `threads` intra-op threads; a
-    /// [`WorkerEvent::Ready`] (or `StartFailed`) follows on `events`. Jobs handed over
-    /// before it is ready wait for the load.
-    pub fn provision(id: u32, spec: ModelSpec, threads: usize, context: WorkerContext, events: Sender<WorkerEvent>) -> Worker {
+    /// [`WorkerEvent::Ready`] (or `StartFailed`) follows on `events` (a channel's
+    /// sender, or an [`EventSink`]). Jobs handed over before it is ready wait for the
+    /// load.
+    pub fn provision(id: u32, spec: ModelSpec, threads: usize, context: WorkerContext, events: impl Into<EventSink>) -> Worker {
+        let events = events.into();
         let (commands, inbox) = mpsc::channel();
         let running = Arc::new(Mutex::new(None));
         let retired = Arc::new(AtomicBool::new(false));
@@ -337,7 +340,7 @@ fn run_sequences(session: &mut ModelSession, sequences: &mut Sequences, job: &Jo
 struct WorkerLoop {
     id: u32,
     context: WorkerContext,
-    events: Sender<WorkerEvent>,
+    events: EventSink,
     running: Arc<Mutex<Option<RunningJob>>>,
     retired: Arc<AtomicBool>,
 }
