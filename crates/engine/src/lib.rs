@@ -22,6 +22,7 @@
 
 #![warn(missing_docs)]
 
+mod agenda;
 pub mod bound;
 mod exec;
 pub mod hosts;
@@ -30,9 +31,6 @@ pub mod pipeline;
 mod reconfigure;
 mod sequences;
 mod state;
-
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
 
 pub use exec::{
     BatchJob, Clock, Executor, IdSpace, ItemResult, JobItem, JobResult, ManualClock, MonotonicClock, RecordingExecutor, Resume,
@@ -247,8 +245,7 @@ pub struct Engine<C: Clock, X: Executor> {
     state: ClusterState,
     options: EngineOptions,
     pending: Vec<Event>,
-    agenda: BinaryHeap<Reverse<(u64, u64, Wakeup)>>,
-    agenda_seq: u64,
+    agenda: agenda::Agenda<Wakeup>,
     ids: IdSpace,
     accounting: Accounting,
     ended: Vec<Ended>,
@@ -366,8 +363,7 @@ impl<C: Clock, X: Executor> Engine<C, X> {
             state,
             options,
             pending: Vec::new(),
-            agenda: BinaryHeap::new(),
-            agenda_seq: 0,
+            agenda: agenda::Agenda::default(),
             ids,
             accounting,
             ended: Vec::new(),
@@ -481,6 +477,12 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         std::mem::take(&mut self.ended)
     }
 
+    /// [`Engine::take_ended`] onto the end of `out`, for a driver that reuses one
+    /// buffer at every decision point (the engine keeps its own buffer too).
+    pub fn take_ended_into(&mut self, out: &mut Vec<Ended>) {
+        out.append(&mut self.ended);
+    }
+
     /// End-to-end requests not yet ended.
     pub fn in_flight(&self) -> usize {
         self.state.origins.len()
@@ -488,7 +490,7 @@ impl<C: Clock, X: Executor> Engine<C, X> {
 
     /// When the engine next needs the driver to call [`Engine::advance`].
     pub fn next_wakeup(&self) -> Option<u64> {
-        self.agenda.peek().map(|Reverse((at, _, _))| *at)
+        self.agenda.next_time()
     }
 
     /// Whether events wait for the next [`Engine::flush`].
@@ -503,8 +505,7 @@ impl<C: Clock, X: Executor> Engine<C, X> {
     }
 
     fn schedule(&mut self, at: u64, what: Wakeup) {
-        self.agenda_seq += 1;
-        self.agenda.push(Reverse((at, self.agenda_seq, what)));
+        self.agenda.schedule(at, what);
     }
 
     /// A client request arrives; returns its id.
@@ -726,8 +727,13 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         }
         // Accelerator time, attributed to the origins of the job's pieces (those that
         // ended meanwhile too: their time was wasted).
-        let origins = std::mem::take(&mut worker.job_origins);
-        self.accounting.batch_finished(BatchRecord { at: now, worker: result.worker, duration: result.duration, requests: &origins });
+        self.accounting.batch_finished(BatchRecord {
+            at: now,
+            worker: result.worker,
+            duration: result.duration,
+            requests: &worker.job_origins,
+        });
+        worker.job_origins.clear();
         let pieces = &self.state.pieces;
         self.accounting.stage_ran(
             stage_id,
@@ -1071,11 +1077,7 @@ impl<C: Clock, X: Executor> Engine<C, X> {
     /// Handle everything due at or before now: ticks, timers, deferred requests, expiry.
     pub fn advance(&mut self) {
         let now = self.now();
-        while let Some(Reverse((at, _, _))) = self.agenda.peek() {
-            if *at > now {
-                break;
-            }
-            let Reverse((_, _, what)) = self.agenda.pop().expect("peeked");
+        while let Some(what) = self.agenda.pop_due(now) {
             match what {
                 Wakeup::Tick => {
                     let snapshot = self.state.snapshot(self.options.tick_interval);
@@ -1310,19 +1312,18 @@ impl<C: Clock, X: Executor> Engine<C, X> {
     fn start_job(&mut self, d: contract::Dispatch) {
         let now = self.state.now;
         let Some(worker) = self.state.workers.get(&d.worker) else { return };
-        let stage = worker.info.stage;
+        let (stage, mut variant) = (worker.info.stage, worker.info.variant);
         let def = &self.state.pipeline.stages[stage as usize];
         let kind = def.kind;
         let kv_per_token = def.llm.kv_bytes_per_token;
-        if let Some(variant) = d.variant {
-            if self.state.workers[&d.worker].info.variant != variant {
-                self.state.switch_variant(d.worker, variant);
-                self.executor.set_variant(d.worker, variant);
-            }
+        if let Some(wanted) = d.variant.filter(|&v| v != variant) {
+            self.state.switch_variant(d.worker, wanted);
+            self.executor.set_variant(d.worker, wanted);
+            variant = wanted;
         }
-        let worker = &self.state.workers[&d.worker];
         // Iteration workers: new sequences must fit in the KV cache.
         if kind == StageKind::Iteration {
+            let worker = &self.state.workers[&d.worker];
             let resident: u64 = worker.resident.values().sum();
             let extra: u64 = d
                 .requests
@@ -1344,7 +1345,6 @@ impl<C: Clock, X: Executor> Engine<C, X> {
                 return;
             }
         }
-        let variant = worker.info.variant;
         let mut items = Vec::with_capacity(d.requests.len());
         for id in &d.requests {
             let Some(piece) = self.state.pieces.get_mut(id) else { continue };
@@ -1367,10 +1367,11 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         let stage_entry = &mut self.state.stages[stage as usize];
         stage_entry.window.jobs += 1;
         stage_entry.window.job_items += items.len() as u64;
-        let origins = d.requests.iter().filter_map(|id| self.state.pieces.get(id).map(|p| p.request.origin)).collect();
         let worker = self.state.workers.get_mut(&d.worker).expect("checked");
+        let pieces = &self.state.pieces;
+        worker.job_origins.clear();
+        worker.job_origins.extend(d.requests.iter().filter_map(|id| pieces.get(id).map(|p| p.request.origin)));
         worker.phase = WorkerPhase::Busy { items: d.requests, started: now };
-        worker.job_origins = origins;
         self.stats.record_batch(items.len());
         let frame_steps = if kind == StageKind::Iteration { self.options.frame_steps } else { 0 };
         self.executor.start(BatchJob { worker: d.worker, stage, variant, items, frame_steps });
@@ -1385,13 +1386,13 @@ impl<C: Clock, X: Executor> Engine<C, X> {
         worker.busy_in_window += now.saturating_sub(started);
         self.executor.abort(worker_id);
         self.stats.preemptions += 1;
-        let origins = std::mem::take(&mut worker.job_origins);
         self.accounting.batch_finished(BatchRecord {
             at: now,
             worker: worker_id,
             duration: now.saturating_sub(started),
-            requests: &origins,
+            requests: &worker.job_origins,
         });
+        worker.job_origins.clear();
         for id in items {
             let Some(piece) = self.state.pieces.get(&id) else { continue };
             let mut request = piece.request.clone();

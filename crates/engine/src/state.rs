@@ -46,9 +46,14 @@ pub struct Piece {
 /// Reads go through `Deref` to the map; changes go through [`PieceTable::insert`] and
 /// [`PieceTable::remove`], which keep the index. A piece's `request.origin` must not be
 /// changed in place (no caller does: a piece keeps its origin for life).
+///
+/// The piece whose id is its origin's (the request as submitted, before any fan-out)
+/// is not indexed: it is found by its id. So a request moving along a chain of stages
+/// never touches the index — only the pieces of a fan-out do.
 #[derive(Debug, Clone, Default)]
 pub struct PieceTable {
     by_id: FxHashMap<u64, Piece>,
+    /// Pieces by origin, except the one whose id is the origin's.
     by_origin: FxHashMap<u64, Vec<u64>>,
 }
 
@@ -60,7 +65,9 @@ impl PieceTable {
         if let Some(old) = &replaced {
             self.unindex(old.request.origin, id);
         }
-        self.by_origin.entry(origin).or_default().push(id);
+        if id != origin {
+            self.by_origin.entry(origin).or_default().push(id);
+        }
         replaced
     }
 
@@ -79,11 +86,18 @@ impl PieceTable {
     /// The ids of an origin's pieces, ascending.
     pub fn of_origin(&self, origin: u64) -> Vec<u64> {
         let mut ids = self.by_origin.get(&origin).cloned().unwrap_or_default();
+        if self.by_id.get(&origin).is_some_and(|p| p.request.origin == origin) {
+            ids.push(origin);
+        }
         ids.sort_unstable();
         ids
     }
 
+    /// Take `id` out of `origin`'s index (the origin's own piece is not in it).
     fn unindex(&mut self, origin: u64, id: u64) {
+        if id == origin {
+            return;
+        }
         if let Some(ids) = self.by_origin.get_mut(&origin) {
             if let Some(at) = ids.iter().position(|&x| x == id) {
                 ids.swap_remove(at);
@@ -453,5 +467,58 @@ impl ClusterView for ClusterState {
 
     fn host_slots(&self, host: u32) -> Option<HostSlots> {
         self.hosts.slots(host)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn piece(id: u64, origin: u64) -> Piece {
+        let request = Request {
+            id,
+            origin,
+            stage: 0,
+            stream: 0,
+            sent_at: 0,
+            arrived_at: 0,
+            deadline: 1,
+            priority: 0,
+            input_size: 0,
+            expected_tokens: 0,
+            requeues: 0,
+            tags: None,
+            items: 1,
+            correlation: None,
+        };
+        Piece { request, state: PieceState::Queued, generated: 0, resume: super::super::exec::Resume::Fresh }
+    }
+
+    #[test]
+    fn an_origins_pieces_are_its_own_and_those_of_its_fan_out() {
+        let mut table = PieceTable::default();
+        table.insert(1, piece(1, 1));
+        table.insert(2, piece(2, 2));
+        assert_eq!(table.of_origin(1), vec![1]);
+        assert!(table.by_origin.is_empty(), "a piece that is its origin is found by its id");
+        // A fan-out of origin 1: its own piece ends, children begin.
+        table.remove(&1);
+        table.insert(5, piece(5, 1));
+        table.insert(3, piece(3, 1));
+        assert_eq!(table.of_origin(1), vec![3, 5]);
+        // A merge keeps one of them; the others go.
+        table.remove(&5);
+        assert_eq!(table.of_origin(1), vec![3]);
+        table.remove(&3);
+        assert!(table.of_origin(1).is_empty());
+        assert!(table.by_origin.is_empty(), "no origin is left indexed");
+        // The origin's own piece beside pieces of its fan-out, ascending.
+        table.insert(7, piece(7, 2));
+        table.insert(4, piece(4, 2));
+        assert_eq!(table.of_origin(2), vec![2, 4, 7]);
+        // Replacing a piece moves it to its new origin's index.
+        table.insert(4, piece(4, 1));
+        assert_eq!((table.of_origin(1), table.of_origin(2)), (vec![4], vec![2, 7]));
+        assert!(table.of_origin(9).is_empty());
     }
 }

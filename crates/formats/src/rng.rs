@@ -19,6 +19,27 @@ fn splitmix64(state: &mut u64) -> u64 {
     output
 }
 
+/// A log-normal distribution given by its mean and coefficient of variation, its
+/// parameters worked out once (see [`SimRng::lognormal`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LogNormal {
+    mu: f64,
+    sigma: f64,
+}
+
+impl LogNormal {
+    /// The distribution of mean `mean` and coefficient of variation `cv`
+    /// (`sigma² = ln(1 + cv²)`, `mu = ln(mean) − sigma² / 2`); `None` when `cv ≤ 0`
+    /// (no spread: the value is the mean).
+    pub fn with_mean_cv(mean: f64, cv: f64) -> Option<Self> {
+        if cv <= 0.0 {
+            return None;
+        }
+        let sigma2 = cv.mul_add(cv, 1.0).ln();
+        Some(Self { mu: mean.ln() - sigma2 / 2.0, sigma: sigma2.sqrt() })
+    }
+}
+
 /// A deterministic pseudo-random generator (xoshiro256++ seeded through SplitMix64).
 ///
 /// Not cryptographically secure; meant for simulation only.
@@ -91,12 +112,17 @@ impl SimRng {
     ///
     /// Uses `sigma² = ln(1 + cv²)` and `mu = ln(mean) − sigma² / 2`.
     pub fn lognormal_with_mean_cv(&mut self, mean: f64, cv: f64) -> f64 {
-        if cv <= 0.0 {
-            return mean;
+        match LogNormal::with_mean_cv(mean, cv) {
+            Some(distribution) => self.lognormal(distribution),
+            None => mean,
         }
-        let sigma2 = cv.mul_add(cv, 1.0).ln();
-        let mu = mean.ln() - sigma2 / 2.0;
-        self.normal(mu, sigma2.sqrt()).exp()
+    }
+
+    /// A value drawn from `distribution` (for a caller drawing many from one: its
+    /// parameters are worked out once, and the draws are those of
+    /// [`SimRng::lognormal_with_mean_cv`]).
+    pub fn lognormal(&mut self, distribution: LogNormal) -> f64 {
+        self.normal(distribution.mu, distribution.sigma).exp()
     }
 
     /// A gamma-distributed value with the given shape (`k > 0`) and scale

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BinaryHeap};
 use rustc_hash::FxHashMap;
 
 use yardmaster_engine::{BatchJob, Executor, ItemResult, JobResult, Pipeline, Resume, WorkerStart};
-use yardmaster_formats::rng::SimRng;
+use yardmaster_formats::rng::{LogNormal, SimRng};
 use yardmaster_policy::contract::{DeviceKind, EvictMode, StageKind};
 
 /// Output tokens assumed for an LLM request that gives no length.
@@ -80,15 +80,49 @@ struct SimWorker {
     running: bool,
 }
 
+/// An event on the executor's queue: due `at`, ordered by `(at, seq)` (`seq` is unique,
+/// so ties at one instant go in the order they were scheduled), for `worker` as of its
+/// `generation` (a later generation makes it stale).
+#[derive(Debug)]
+struct Scheduled {
+    at: u64,
+    seq: u64,
+    worker: u32,
+    generation: u64,
+    event: ExecEvent,
+}
+
+impl PartialEq for Scheduled {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+
+impl Eq for Scheduled {}
+
+impl PartialOrd for Scheduled {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Scheduled {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.at, self.seq).cmp(&(other.at, other.seq))
+    }
+}
+
 /// The latency-model executor.
 pub struct SimExecutor {
     pipeline: std::sync::Arc<Pipeline>,
     options: SimExecutorOptions,
+    /// The jobs' noise ([`SimExecutorOptions::noise_cv`]; `None`: none).
+    noise: Option<LogNormal>,
     rng: SimRng,
     now: u64,
     workers: FxHashMap<u32, SimWorker>,
-    queue: BinaryHeap<Reverse<(u64, u64, u32, u64)>>,
-    payloads: FxHashMap<u64, ExecEvent>,
+    /// What will happen, soonest first (its payload with it: no look-up by `seq`).
+    queue: BinaryHeap<Reverse<Scheduled>>,
     seq: u64,
     /// Warm and cold starts so far.
     pub starts: (u64, u64),
@@ -110,12 +144,12 @@ impl SimExecutor {
         }
         Self {
             pipeline: std::sync::Arc::new(pipeline.clone()),
+            noise: LogNormal::with_mean_cv(1.0, options.noise_cv),
             options,
             rng,
             now: 0,
             workers,
             queue: BinaryHeap::new(),
-            payloads: FxHashMap::default(),
             seq: 0,
             starts: (0, 0),
             tokens_by_worker: BTreeMap::new(),
@@ -130,17 +164,13 @@ impl SimExecutor {
 
     /// When the next executor event happens.
     pub fn next_time(&self) -> Option<u64> {
-        self.queue.peek().map(|Reverse((at, ..))| *at)
+        self.queue.peek().map(|Reverse(scheduled)| scheduled.at)
     }
 
     /// The next event due at or before `now`, if any (stale ones are skipped).
     pub fn pop_due(&mut self, now: u64) -> Option<ExecEvent> {
-        while let Some(Reverse((at, seq, worker, generation))) = self.queue.peek().copied() {
-            if at > now {
-                return None;
-            }
-            self.queue.pop();
-            let event = self.payloads.remove(&seq).expect("payload");
+        while self.queue.peek().is_some_and(|Reverse(next)| next.at <= now) {
+            let Reverse(Scheduled { worker, generation, event, .. }) = self.queue.pop().expect("peeked");
             let current = self.workers.get(&worker).map(|w| w.generation);
             if current == Some(generation) {
                 if let ExecEvent::Finished(result) = &event {
@@ -189,15 +219,13 @@ impl SimExecutor {
     fn push(&mut self, at: u64, worker: u32, event: ExecEvent) {
         self.seq += 1;
         let generation = self.workers.get(&worker).map_or(0, |w| w.generation);
-        self.queue.push(Reverse((at, self.seq, worker, generation)));
-        self.payloads.insert(self.seq, event);
+        self.queue.push(Reverse(Scheduled { at, seq: self.seq, worker, generation, event }));
     }
 
     fn noise(&mut self) -> f64 {
-        if self.options.noise_cv <= 0.0 {
-            1.0
-        } else {
-            self.rng.lognormal_with_mean_cv(1.0, self.options.noise_cv)
+        match self.noise {
+            Some(distribution) => self.rng.lognormal(distribution),
+            None => 1.0,
         }
     }
 

@@ -142,6 +142,8 @@ pub fn run_with_jobs(
     let mut caused_rounds = 0u32;
     let mut next_progress = 0u64;
     let mut memory = Vec::with_capacity(102);
+    // The requests that ended at each decision point (one buffer for the run).
+    let mut ended = Vec::new();
     let progress_step = (spec.duration / 100).max(1);
     loop {
         let next_arrival = [arrivals.peek().map(|a| a.at), driver.next_time()].into_iter().flatten().min();
@@ -221,12 +223,13 @@ pub fn run_with_jobs(
             engine.advance();
         }
         engine.flush();
-        let ended = engine.take_ended();
+        ended.clear();
+        engine.take_ended_into(&mut ended);
         // Compound jobs whose stage completed submit their next one now (delivered to
         // the policy at this instant, as events the last answer caused).
         driver.ended(&ended, now, &mut |s, tags| engine.submit_tagged(s, Some(tags)));
         if let Some(capture) = capture.as_mut() {
-            for end in ended {
+            for end in ended.drain(..) {
                 capture.write(TraceRecord::Completion(end.into()))?;
             }
         }

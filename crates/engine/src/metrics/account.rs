@@ -837,6 +837,13 @@ impl Accounting {
         }
         let share = batch.duration as f64 / batch.requests.len() as f64;
         for &id in batch.requests {
+            // A request with time in flight has not ended (an end takes its entry out),
+            // so the small map of requests in flight answers most batches without a
+            // look into the large one of recent ends.
+            if let Some(in_flight) = self.in_flight.get_mut(&id) {
+                *in_flight += share;
+                continue;
+            }
             match self.recent.get(id) {
                 Some(Settled { stream, class }) => {
                     self.overall.settle(class, share);
