@@ -10,6 +10,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let descriptors = protox::compile(["grpc_service.proto"], ["proto"])?;
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
     std::fs::write(out.join("inference_descriptor.bin"), prost::Message::encode_to_vec(&descriptors))?;
-    tonic_prost_build::configure().build_client(false).build_server(true).compile_fds(descriptors)?;
+    // Tensor contents as `bytes::Bytes`: a request's raw inputs are slices of the buffer
+    // tonic decoded the message from (no copy), and a response's raw outputs slices of
+    // the buffers the data plane produced them in.
+    tonic_prost_build::configure()
+        .build_client(false)
+        .build_server(true)
+        .bytes(".inference.ModelInferRequest.raw_input_contents")
+        .bytes(".inference.ModelInferResponse.raw_output_contents")
+        .compile_fds(descriptors)?;
     Ok(())
 }

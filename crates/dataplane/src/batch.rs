@@ -362,20 +362,21 @@ pub fn rows(tensors: &[Tensor], n: usize) -> Result<Vec<Vec<Tensor>>> {
 
 /// Join the outputs of a request's rows (one list per row, one tensor per output, each
 /// row's output of one shape and type) into one tensor per output leading with the
-/// number of rows — the inverse of [`rows`] on the way back.
+/// number of rows — the inverse of [`rows`] on the way back. Nothing is copied for one
+/// row, nor for rows that lie one after another in one buffer (a request's rows run in
+/// one batch); other rows are copied once, into the joined tensor.
 pub fn join_rows(rows: Vec<Vec<Tensor>>) -> Result<Vec<Tensor>> {
     let Some(first) = rows.first() else {
         return Err(DataplaneError::Batch("no rows to join".into()));
     };
     let n = rows.len();
-    let mut joined = Vec::with_capacity(first.len());
-    for k in 0..first.len() {
-        let (shape, element) = (&first[k].shape, first[k].data.element());
-        let mut bytes = Vec::with_capacity(first[k].data.bytes().len() * n);
-        let mut count = 0;
-        for (i, row) in rows.iter().enumerate() {
-            let tensor =
-                row.get(k).ok_or_else(|| DataplaneError::Batch(format!("row {i} has {} outputs, row 0 {}", row.len(), first.len())))?;
+    let outputs = first.len();
+    for (i, row) in rows.iter().enumerate() {
+        if row.len() != outputs {
+            return Err(DataplaneError::Batch(format!("row {i} has {} outputs, row 0 {outputs}", row.len())));
+        }
+        for (k, tensor) in row.iter().enumerate() {
+            let (shape, element) = (&first[k].shape, first[k].data.element());
             if &tensor.shape != shape || tensor.data.element() != element {
                 return Err(DataplaneError::Batch(format!(
                     "output {k}: row {i} is {:?} {}, row 0 {shape:?} {element}: the rows of one request do not join",
@@ -383,19 +384,72 @@ pub fn join_rows(rows: Vec<Vec<Tensor>>) -> Result<Vec<Tensor>> {
                     tensor.data.element()
                 )));
             }
-            bytes.extend_from_slice(tensor.data.bytes());
-            count += tensor.data.len();
         }
-        let data = match element {
-            ElementType::Bytes => Elements::Bytes { data: bytes, count },
-            _ => Elements::from_bytes(element, &bytes, count)?,
-        };
-        let mut full = Vec::with_capacity(shape.len() + 1);
-        full.push(n);
-        full.extend_from_slice(shape);
-        joined.push(Tensor::new(full, data)?);
     }
-    Ok(joined)
+    let mut columns: Vec<Vec<Tensor>> = (0..outputs).map(|_| Vec::with_capacity(n)).collect();
+    for row in rows {
+        for (column, tensor) in columns.iter_mut().zip(row) {
+            column.push(tensor);
+        }
+    }
+    columns.into_iter().map(join_column).collect()
+}
+
+/// One output of every row (checked to agree in shape and type) as one tensor leading
+/// with the number of rows.
+fn join_column(column: Vec<Tensor>) -> Result<Tensor> {
+    let n = column.len();
+    let mut full = Vec::with_capacity(column[0].shape.len() + 1);
+    full.push(n);
+    full.extend_from_slice(&column[0].shape);
+    let element = column[0].data.element();
+    if n == 1 {
+        let data = column.into_iter().next().expect("one row").data;
+        return Tensor::new(full, data);
+    }
+    if let Some(data) = adjacent_views(&column, element) {
+        return Tensor::new(full, data);
+    }
+    let count = column.iter().map(|t| t.data.len()).sum();
+    let data = match element {
+        ElementType::Bytes => {
+            let mut bytes = Vec::with_capacity(column.iter().map(|t| t.data.bytes().len()).sum());
+            for tensor in &column {
+                bytes.extend_from_slice(tensor.data.bytes());
+            }
+            Elements::Bytes { data: bytes, count }
+        }
+        _ => {
+            let mut joined = Elements::zeros(element, count);
+            let mut at = 0;
+            let out = joined.bytes_mut();
+            for tensor in &column {
+                let bytes = tensor.data.bytes();
+                out[at..at + bytes.len()].copy_from_slice(bytes);
+                at += bytes.len();
+            }
+            joined
+        }
+    };
+    Tensor::new(full, data)
+}
+
+/// The rows as one view when each is a view of the same buffer right after the one
+/// before (the split of one batch's output, as a request's rows run together).
+fn adjacent_views(column: &[Tensor], element: ElementType) -> Option<TensorData> {
+    if element == ElementType::Bytes || !column.iter().all(|t| t.data.is_view()) {
+        return None;
+    }
+    let (buffer, first) = column[0].data.clone().into_shared();
+    let mut end = first.end;
+    for tensor in &column[1..] {
+        let (other, range) = tensor.data.clone().into_shared();
+        if !std::ptr::addr_eq(Arc::as_ptr(&other), Arc::as_ptr(&buffer)) || range.start != end {
+            return None;
+        }
+        end = range.end;
+    }
+    TensorData::view(element, buffer, first.start..end)
 }
 
 #[cfg(test)]
@@ -526,6 +580,21 @@ mod tests {
         assert_eq!(back[1][0].shape, vec![1, 3], "the padded request keeps the batch's padded width");
         assert_eq!(back[1][0].data.as_slice_of::<i64>(), Some(&[100, 101, 0][..]));
         assert!(rows(&requests[0], 3).unwrap_err().to_string().contains("not a batch of 3 rows"));
+    }
+
+    #[test]
+    fn one_row_and_adjacent_rows_join_without_a_copy() {
+        let output = Tensor::new(vec![3, 2], vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap();
+        let split_rows = split(vec![output.clone()], 3).unwrap();
+        let one = join_rows(vec![split_rows[1].clone()]).unwrap();
+        assert_eq!(one[0].shape, vec![1, 2]);
+        assert!(one[0].data.shares(split_rows[1][0].data.bytes()), "one row is its own output");
+        let two = join_rows(split_rows[1..].to_vec()).unwrap();
+        assert!(two[0].data.shares(&output.data.bytes()[8..]), "rows side by side in one buffer are one view");
+        assert_eq!(two[0].data.floats(), &[3.0, 4.0, 5.0, 6.0]);
+        let apart = join_rows(vec![split_rows[2].clone(), split_rows[0].clone()]).unwrap();
+        assert_eq!(apart[0].data.floats(), &[5.0, 6.0, 1.0, 2.0], "rows out of order are copied once");
+        assert!(!apart[0].data.is_view());
     }
 
     #[test]

@@ -545,6 +545,13 @@ impl ModelSession {
         Ok(Some(per_request))
     }
 
+    /// Bytes of the buffers the session keeps to stack batches into (0 until a batch of
+    /// several requests is stacked on the host: a batch of one runs on the request's
+    /// own bytes, handed to ONNX Runtime in place).
+    pub fn stacked_bytes(&self) -> usize {
+        self.stack_buffers.iter().map(|b| b.bytes().len()).sum()
+    }
+
     /// Where the last [`ModelSession::run_batch`] spent its time.
     pub fn last_timing(&self) -> BatchTiming {
         self.last_timing
@@ -634,8 +641,12 @@ fn input_value<'a>(element: ElementType, view: &InputView<'a>) -> Result<Session
         shape: &[usize],
         bytes: &'a [u8],
     ) -> Result<SessionInputValue<'a>> {
-        let values: &'a [T] = bytemuck::try_cast_slice(bytes)
-            .map_err(|e| DataplaneError::Invalid(format!("elements not laid out as {}: {e}", std::any::type_name::<T>())))?;
+        // No elements: an empty slice of `T`, wherever the empty bytes point.
+        let values: &'a [T] = match bytes.is_empty() {
+            true => &[],
+            false => bytemuck::try_cast_slice(bytes)
+                .map_err(|e| DataplaneError::Invalid(format!("elements not laid out as {}: {e}", std::any::type_name::<T>())))?,
+        };
         Ok(TensorRef::from_array_view((shape.to_vec(), values)).map_err(DataplaneError::ort)?.into())
     }
     fn cast<T: ort::value::PrimitiveTensorElementType + std::fmt::Debug + Clone + 'static>(

@@ -10,7 +10,11 @@
 //!
 //! A tensor's elements ([`TensorData`]) are either its own or a view of a buffer shared
 //! with other tensors: a batch's outputs are split per request as views of the one
-//! buffer ONNX Runtime wrote, not copied; the buffer is freed with its last view.
+//! buffer ONNX Runtime wrote, not copied; the buffer is freed with its last view. A
+//! server hands the data plane views of the request's own receive buffer where its
+//! bytes are aligned for their type ([`TensorData::shared_or_copied`]). Either way a
+//! clone shares the elements (a reference count, not a copy); a write copies them
+//! first when they are shared.
 
 use std::fmt;
 use std::ops::Range;
@@ -221,6 +225,20 @@ impl fmt::Debug for Elements {
     }
 }
 
+/// Whether `pointer` is aligned for elements of `element` (BYTES: any address).
+fn aligned_for(element: ElementType, pointer: *const u8) -> bool {
+    let align = match element {
+        ElementType::F32 => std::mem::align_of::<f32>(),
+        ElementType::F64 => std::mem::align_of::<f64>(),
+        ElementType::F16 | ElementType::Bf16 => std::mem::align_of::<half::f16>(),
+        ElementType::I8 | ElementType::U8 | ElementType::Bool | ElementType::Bytes => 1,
+        ElementType::I16 | ElementType::U16 => std::mem::align_of::<u16>(),
+        ElementType::I32 | ElementType::U32 => std::mem::align_of::<u32>(),
+        ElementType::I64 | ElementType::U64 => std::mem::align_of::<u64>(),
+    };
+    (pointer as usize).is_multiple_of(align)
+}
+
 /// Where each string of a BYTES buffer starts and ends (after its length), checked.
 pub fn string_offsets(bytes: &[u8]) -> Result<Vec<Range<usize>>> {
     let mut offsets = Vec::new();
@@ -253,43 +271,74 @@ impl SharedBytes for Elements {
     }
 }
 
-/// A tensor's elements: its own, or a range of a shared buffer.
+/// A tensor's elements: its own, or a range of a shared buffer. Cloning shares them.
 #[derive(Clone)]
 pub struct TensorData(Storage);
 
 #[derive(Clone)]
 enum Storage {
-    Owned(Elements),
+    /// Shared by clones; copied on write while shared.
+    Owned(Arc<Elements>),
     /// `range` is in bytes; `element` is never BYTES.
-    View {
-        element: ElementType,
-        buffer: Arc<dyn SharedBytes>,
-        range: Range<usize>,
-    },
+    View { element: ElementType, buffer: Arc<dyn SharedBytes>, range: Range<usize> },
 }
 
 impl TensorData {
     /// A view of the bytes `range` of a shared `buffer` holding `element`s (no copy);
-    /// `None` when the range is not inside the buffer, is not whole elements, or the
-    /// element type is BYTES.
+    /// `None` when the range is not inside the buffer, is not whole elements, does not
+    /// start at an address aligned for the element type, or the element type is BYTES.
     pub fn view(element: ElementType, buffer: Arc<dyn SharedBytes>, range: Range<usize>) -> Option<Self> {
         let width = element.width()?;
-        let fits = range.start <= range.end && range.end <= buffer.bytes().len();
-        (fits && range.start.is_multiple_of(width) && range.len().is_multiple_of(width)).then_some(TensorData(Storage::View {
-            element,
-            buffer,
-            range,
-        }))
+        let bytes = buffer.bytes();
+        let fits = range.start <= range.end && range.end <= bytes.len();
+        // (An empty range reads nothing, wherever it points.)
+        let aligned = fits && (range.is_empty() || aligned_for(element, bytes[range.start..].as_ptr()));
+        (aligned && range.len().is_multiple_of(width)).then_some(TensorData(Storage::View { element, buffer, range }))
+    }
+
+    /// `count` elements of `element` at the bytes `range` of `buffer` (a request's
+    /// receive buffer, say): a view of them where they can be read in place — aligned
+    /// for their type, and for `bool` every byte 0 or 1 — else one copy of them
+    /// ([`TensorData::from_bytes`]; BYTES always).
+    pub fn shared_or_copied(element: ElementType, buffer: Arc<dyn SharedBytes>, range: Range<usize>, count: usize) -> Result<Self> {
+        let bytes = buffer
+            .bytes()
+            .get(range.clone())
+            .ok_or_else(|| DataplaneError::Invalid(format!("bytes {range:?} of a buffer of {} bytes", buffer.bytes().len())))?;
+        if let Some(width) = element.width() {
+            if bytes.len() != count * width {
+                return Err(DataplaneError::Invalid(format!(
+                    "{count} {element} elements need {} bytes, got {}",
+                    count * width,
+                    bytes.len()
+                )));
+            }
+            // (No elements: nothing to share; an owned empty buffer is aligned.)
+            let readable = !bytes.is_empty() && (element != ElementType::Bool || bytes.iter().all(|&b| b <= 1));
+            if readable {
+                if let Some(view) = TensorData::view(element, Arc::clone(&buffer), range.clone()) {
+                    return Ok(view);
+                }
+            }
+        }
+        TensorData::from_bytes(element, bytes, count)
     }
 
     /// Elements of any numeric type, owned (no copy).
     pub fn from_vec<T: Element>(values: Vec<T>) -> Self {
-        TensorData(Storage::Owned(T::into_elements(values)))
+        TensorData(Storage::Owned(Arc::new(T::into_elements(values))))
     }
 
     /// Elements of `element` from little-endian bytes, `count` of them (one copy).
     pub fn from_bytes(element: ElementType, bytes: &[u8], count: usize) -> Result<Self> {
-        Ok(TensorData(Storage::Owned(Elements::from_bytes(element, bytes, count)?)))
+        Ok(TensorData(Storage::Owned(Arc::new(Elements::from_bytes(element, bytes, count)?))))
+    }
+
+    /// Whether the elements are these bytes in place (not a copy of them): for tests
+    /// and checks that a path does not copy.
+    pub fn shares(&self, bytes: &[u8]) -> bool {
+        let own = self.bytes();
+        own.as_ptr() == bytes.as_ptr() && own.len() == bytes.len()
     }
 
     /// Their element type.
@@ -343,10 +392,13 @@ impl TensorData {
     pub fn as_f32_mut(&mut self) -> Option<&mut [f32]> {
         if let Storage::View { element: ElementType::F32, .. } = &self.0 {
             let owned = self.as_f32()?.to_vec();
-            self.0 = Storage::Owned(Elements::F32(owned));
+            self.0 = Storage::Owned(Arc::new(Elements::F32(owned)));
         }
         match &mut self.0 {
-            Storage::Owned(Elements::F32(values)) => Some(values),
+            Storage::Owned(elements) if elements.element() == ElementType::F32 => match Arc::make_mut(elements) {
+                Elements::F32(values) => Some(values),
+                _ => None,
+            },
             _ => None,
         }
     }
@@ -365,7 +417,7 @@ impl TensorData {
         match self.0 {
             Storage::Owned(elements) => {
                 let len = elements.bytes().len();
-                (Arc::new(elements), 0..len)
+                (elements as Arc<dyn SharedBytes>, 0..len)
             }
             Storage::View { buffer, range, .. } => (buffer, range),
         }
@@ -379,7 +431,7 @@ impl TensorData {
     /// The elements as their own [`Elements`] (moved when owned, copied from a view).
     pub fn into_elements(self) -> Elements {
         match self.0 {
-            Storage::Owned(elements) => elements,
+            Storage::Owned(elements) => Arc::try_unwrap(elements).unwrap_or_else(|shared| (*shared).clone()),
             Storage::View { element, buffer, range } => {
                 let count = range.len() / element.width().unwrap_or(1);
                 Elements::from_bytes(element, &buffer.bytes()[range], count).expect("a view holds whole elements")
@@ -392,13 +444,13 @@ impl TensorData {
 /// [`TensorData::from_vec`], so that `vec![1.0, 2.0]` stays `f32`).
 impl From<Vec<f32>> for TensorData {
     fn from(values: Vec<f32>) -> Self {
-        TensorData(Storage::Owned(Elements::F32(values)))
+        TensorData(Storage::Owned(Arc::new(Elements::F32(values))))
     }
 }
 
 impl From<Elements> for TensorData {
     fn from(elements: Elements) -> Self {
-        TensorData(Storage::Owned(elements))
+        TensorData(Storage::Owned(Arc::new(elements)))
     }
 }
 
@@ -509,6 +561,40 @@ mod tests {
         assert!(TensorData::view(ElementType::F32, Arc::clone(&buffer), 12..20).is_none(), "a range past the buffer is refused");
         assert!(TensorData::view(ElementType::F32, Arc::clone(&buffer), 2..6).is_none(), "a range of part elements is refused");
         assert_eq!(first.into_elements(), Elements::F32(vec![1.0, 2.0]));
+    }
+
+    #[test]
+    fn clones_share_the_elements_and_a_write_copies_them_first() {
+        let original = TensorData::from(vec![1.0f32, 2.0]);
+        let mut copy = original.clone();
+        assert!(copy.shares(original.bytes()), "a clone is a reference, not a copy");
+        copy.as_f32_mut().unwrap()[0] = 5.0;
+        assert_eq!((original.floats(), copy.floats()), (&[1.0, 2.0][..], &[5.0, 2.0][..]), "the write went to a copy");
+        let mut alone = TensorData::from(vec![3.0f32]);
+        let before = alone.bytes().as_ptr();
+        alone.as_f32_mut().unwrap()[0] = 4.0;
+        assert_eq!(alone.bytes().as_ptr(), before, "unshared elements are written in place");
+    }
+
+    #[test]
+    fn received_bytes_are_viewed_where_aligned_and_copied_once_where_not() {
+        let words: Vec<u64> = vec![0, u64::from_le_bytes([1, 0, 0, 0, 2, 0, 0, 0]), 0];
+        let buffer: Arc<dyn SharedBytes> = Arc::new(Elements::U64(words));
+        let viewed = TensorData::shared_or_copied(ElementType::I32, Arc::clone(&buffer), 8..16, 2).unwrap();
+        assert!(viewed.is_view() && viewed.shares(&buffer.bytes()[8..16]));
+        assert_eq!(viewed.as_slice_of::<i32>(), Some(&[1, 2][..]));
+        let shifted = TensorData::shared_or_copied(ElementType::I16, Arc::clone(&buffer), 7..11, 2).unwrap();
+        assert!(!shifted.is_view(), "an odd address is copied into an aligned buffer");
+        assert_eq!(shifted.as_slice_of::<i16>(), Some(&[256, 0][..]));
+        assert!(TensorData::view(ElementType::I16, Arc::clone(&buffer), 7..11).is_none(), "views must be aligned");
+        let bools = TensorData::shared_or_copied(ElementType::Bool, Arc::clone(&buffer), 8..13, 5).unwrap();
+        assert!(!bools.is_view() && bools.bytes() == [1, 0, 0, 0, 1], "bytes other than 0 and 1 are read as bools in a copy");
+        let flags = TensorData::shared_or_copied(ElementType::Bool, Arc::clone(&buffer), 8..10, 2).unwrap();
+        assert!(flags.is_view(), "0s and 1s are bools as they are");
+        assert!(TensorData::shared_or_copied(ElementType::I32, Arc::clone(&buffer), 8..16, 3).is_err(), "the count must fit");
+        let none = TensorData::shared_or_copied(ElementType::I32, Arc::clone(&buffer), 9..9, 0).unwrap();
+        assert_eq!(none.as_slice_of::<i32>(), Some(&[][..]), "no elements, wherever they would start");
+        assert!(TensorData::shared_or_copied(ElementType::I32, buffer, 20..28, 2).is_err(), "the range must fit");
     }
 
     #[test]

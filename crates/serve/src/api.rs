@@ -255,6 +255,88 @@ pub trait Backend: Send + Sync {
     }
 }
 
+/// A request body as its transport hands it over, in pieces (HTTP/1.1's reads, HTTP/3's
+/// DATA frames), kept as they are until [`BodyChunks::gather`] makes one buffer of them.
+#[derive(Debug, Default)]
+pub struct BodyChunks {
+    chunks: Vec<Bytes>,
+    len: usize,
+}
+
+impl BodyChunks {
+    /// Add the next piece (not copied).
+    pub fn push(&mut self, chunk: Bytes) {
+        if !chunk.is_empty() {
+            self.len += chunk.len();
+            self.chunks.push(chunk);
+        }
+    }
+
+    /// Bytes so far.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing came.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The body in one buffer: a body that came in one piece as it is (no copy); one in
+    /// several pieces copied once, into a buffer where the binary data of an inference
+    /// request (after the `Inference-Header-Content-Length` bytes of JSON that `headers`
+    /// announce, for a body not compressed) starts at an address aligned for every
+    /// element type, so that its tensors are handed to ONNX Runtime in place, without
+    /// a further copy.
+    pub fn gather(self, headers: &HeaderMap) -> Bytes {
+        if self.chunks.len() <= 1 {
+            return self.chunks.into_iter().next().unwrap_or_default();
+        }
+        let json_length = headers
+            .get(kserve::HEADER_CONTENT_LENGTH)
+            .filter(|_| !headers.contains_key(http::header::CONTENT_ENCODING))
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|&n| n <= self.len)
+            .unwrap_or(0);
+        let mut body = AlignedBody::new(json_length, self.len);
+        let out = body.bytes_mut();
+        let mut at = 0;
+        for chunk in &self.chunks {
+            out[at..at + chunk.len()].copy_from_slice(chunk);
+            at += chunk.len();
+        }
+        Bytes::from_owner(body)
+    }
+}
+
+/// Bytes whose byte `lead` sits at an address aligned for 8-byte words (the widest
+/// element type), in a buffer of words.
+struct AlignedBody {
+    words: Vec<u64>,
+    start: usize,
+    len: usize,
+}
+
+impl AlignedBody {
+    /// Room for `len` bytes, byte `lead` of them aligned.
+    fn new(lead: usize, len: usize) -> Self {
+        let start = (8 - lead % 8) % 8;
+        AlignedBody { words: vec![0; (start + len).div_ceil(8)], start, len }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        let (start, len) = (self.start, self.len);
+        &mut bytemuck::cast_slice_mut(&mut self.words)[start..start + len]
+    }
+}
+
+impl AsRef<[u8]> for AlignedBody {
+    fn as_ref(&self) -> &[u8] {
+        &bytemuck::cast_slice(&self.words)[self.start..self.start + self.len]
+    }
+}
+
 /// A request, transport-independent.
 #[derive(Debug, Clone)]
 pub struct ApiRequest {
@@ -872,6 +954,39 @@ fn metadata_json(metadata: &ModelMetadata) -> Value {
 mod tests {
     use super::*;
     use crate::kserve::Tensor;
+
+    #[test]
+    fn a_body_in_pieces_is_gathered_once_with_its_binary_data_aligned_and_reaches_the_data_plane_in_place() {
+        use crate::tensor_codec::{TensorCodec, TensorDecl};
+        let header = r#"{"inputs":[{"name":"x","shape":[1,3],"datatype":"FP32","parameters":{"binary_data_size":12}}]}"#;
+        let values = [0.25f32, -1.0, 3.5];
+        let mut body = header.as_bytes().to_vec();
+        body.extend(values.iter().flat_map(|v| v.to_le_bytes()));
+        let mut headers = HeaderMap::new();
+        headers.insert(kserve::HEADER_CONTENT_LENGTH, HeaderValue::from(header.len()));
+        let mut pieces = BodyChunks::default();
+        for piece in body.chunks(7) {
+            pieces.push(Bytes::copy_from_slice(piece));
+        }
+        let gathered = pieces.gather(&headers);
+        assert_eq!(&gathered[..], &body[..]);
+        assert!((gathered[header.len()..].as_ptr() as usize).is_multiple_of(8), "the binary data starts aligned");
+        let whole = Bytes::from(body.clone());
+        let mut one = BodyChunks::default();
+        one.push(whole.clone());
+        assert_eq!(one.gather(&headers).as_ptr(), whole.as_ptr(), "a body in one piece is not copied");
+        // Decoded and carried to the data plane: the gathered body's bytes, in place.
+        let request = kserve::decode_request_in(&gathered, Some(header.len()), None).unwrap();
+        let codec = TensorCodec {
+            inputs: vec![TensorDecl::new("x", vec![-1, 3], DataType::F32)],
+            outputs: vec![TensorDecl::new("y", vec![-1, 3], DataType::F32)],
+            batching: true,
+            max_batch_size: 4,
+        };
+        let tensors = codec.decode(&request).unwrap();
+        assert!(tensors[0].data.shares(&gathered[header.len()..]), "the data plane's input is the body's bytes");
+        assert_eq!(tensors[0].data.as_f32(), Some(&values[..]));
+    }
 
     /// Doubles its FP32 input; drops requests whose priority is 9.
     struct Doubler;

@@ -198,7 +198,7 @@ fn decode_image(tensor: &Tensor) -> Result<RgbImage, String> {
     let TensorData::Raw(bytes) = &tensor.data else {
         return Err(format!("input {name:?}: UINT8 elements expected"));
     };
-    Ok(RgbImage { width: width as usize, height: height as usize, data: bytes.clone() })
+    Ok(RgbImage { width: width as usize, height: height as usize, data: bytes.to_vec() })
 }
 
 fn check_image_size(name: &str, width: u64, height: u64) -> Result<(), String> {

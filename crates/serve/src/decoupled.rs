@@ -88,7 +88,7 @@ fn row_of(tensor: &Tensor, row: u64) -> Result<Tensor, String> {
         TensorData::Raw(bytes) => {
             let width = tensor.datatype.width().unwrap_or(1);
             let start = row as usize * per_row * width;
-            TensorData::Raw(bytes[start..start + per_row * width].to_vec())
+            TensorData::Raw(bytes.slice(start..start + per_row * width))
         }
         TensorData::Strings(items) => {
             let start = row as usize * per_row;
@@ -133,7 +133,7 @@ mod tests {
         assert_eq!(sent.len(), 3);
         assert_eq!(sent.iter().map(flag).collect::<Vec<_>>(), [false, false, true]);
         assert_eq!(sent[1].outputs[0].shape, [1]);
-        assert_eq!(sent[1].outputs[0].data, TensorData::Raw(5i32.to_le_bytes().to_vec()));
+        assert_eq!(sent[1].outputs[0].data, TensorData::Raw(5i32.to_le_bytes().to_vec().into()));
         assert_eq!(sent[2].outputs[1].data, TensorData::Strings(vec![b"c".to_vec()]));
         assert!(sent.iter().all(|r| r.id.as_deref() == Some("7")));
     }

@@ -14,7 +14,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use super::api::{Api, ApiRequest, ApiResponse};
+use super::api::{Api, ApiRequest, ApiResponse, BodyChunks};
 
 /// Serve `api` on `listener` until `shutdown` turns true; connections already open
 /// finish their current request.
@@ -74,18 +74,28 @@ where
 
 async fn answer(api: &Api, request: http::Request<Incoming>, _peer: SocketAddr) -> http::Response<Full<Bytes>> {
     let (parts, body) = request.into_parts();
-    let body = match Limited::new(body, api.max_body()).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(error) => {
-            let status = if error.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
-                http::StatusCode::PAYLOAD_TOO_LARGE
-            } else {
-                http::StatusCode::BAD_REQUEST
-            };
-            let message = format!("reading the request body: {error}");
-            return into_hyper(ApiResponse::error_response(status, &message));
+    // The body's pieces as hyper read them, then one buffer (see `BodyChunks::gather`).
+    let mut body = Limited::new(body, api.max_body());
+    let mut chunks = BodyChunks::default();
+    while let Some(frame) = body.frame().await {
+        match frame {
+            Ok(frame) => {
+                if let Ok(data) = frame.into_data() {
+                    chunks.push(data);
+                }
+            }
+            Err(error) => {
+                let status = if error.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
+                    http::StatusCode::PAYLOAD_TOO_LARGE
+                } else {
+                    http::StatusCode::BAD_REQUEST
+                };
+                let message = format!("reading the request body: {error}");
+                return into_hyper(ApiResponse::error_response(status, &message));
+            }
         }
-    };
+    }
+    let body = chunks.gather(&parts.headers);
     let request = ApiRequest { method: parts.method, path: parts.uri.path().to_string(), headers: parts.headers, body };
     into_hyper(api.handle(request).await)
 }

@@ -6,11 +6,11 @@
 use std::sync::Arc;
 
 use anyhow::{anyhow, Result};
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, Bytes};
 use quinn::crypto::rustls::QuicServerConfig;
 use tokio::sync::watch;
 
-use super::api::{Api, ApiRequest, ApiResponse};
+use super::api::{Api, ApiRequest, ApiResponse, BodyChunks};
 use super::tls::Identity;
 
 /// The ALPN protocol of HTTP/3.
@@ -87,7 +87,9 @@ async fn read_and_answer<S>(api: &Api, request: http::Request<()>, stream: &mut 
 where
     S: h3::quic::BidiStream<Bytes>,
 {
-    let mut body = BytesMut::new();
+    // The DATA frames' payloads as they came (slices of what QUIC received), then one
+    // buffer (see `BodyChunks::gather`).
+    let mut body = BodyChunks::default();
     loop {
         match stream.recv_data().await {
             Ok(Some(mut chunk)) => {
@@ -97,17 +99,13 @@ where
                         &format!("body exceeds the limit of {} bytes", api.max_body()),
                     );
                 }
-                while chunk.has_remaining() {
-                    let piece = chunk.chunk();
-                    body.extend_from_slice(piece);
-                    let n = piece.len();
-                    chunk.advance(n);
-                }
+                body.push(chunk.copy_to_bytes(chunk.remaining()));
             }
             Ok(None) => break,
             Err(error) => return ApiResponse::error_response(http::StatusCode::BAD_REQUEST, &format!("reading the request body: {error}")),
         }
     }
     let (parts, ()) = request.into_parts();
-    api.handle(ApiRequest { method: parts.method, path: parts.uri.path().to_string(), headers: parts.headers, body: body.freeze() }).await
+    let body = body.gather(&parts.headers);
+    api.handle(ApiRequest { method: parts.method, path: parts.uri.path().to_string(), headers: parts.headers, body }).await
 }

@@ -8,7 +8,9 @@
 //!
 //! Tensors keep their elements as raw little-endian bytes (what the binary extension
 //! carries and what ONNX Runtime takes), except `BYTES` tensors, whose elements are
-//! byte strings of their own.
+//! byte strings of their own. Raw elements are [`Bytes`]: a binary input is a slice of
+//! the request body it came in (no copy), and an output handed over by the data plane
+//! is a slice of ONNX Runtime's buffer.
 //!
 //! The schedule-policy parameters of a request follow Triton's names: `priority`
 //! (an unsigned integer, 1 is the highest; 0 means the default) and `timeout` (the
@@ -16,6 +18,8 @@
 //! key of an A/B run split by key.
 
 use std::fmt;
+
+use bytes::Bytes;
 
 use super::shared_memory::SharedMemoryRegistry;
 use serde_json::{Map, Number, Value};
@@ -214,8 +218,9 @@ impl DataType {
 /// A tensor's elements.
 #[derive(Debug, Clone, PartialEq)]
 pub enum TensorData {
-    /// Fixed-width elements, little-endian, row-major.
-    Raw(Vec<u8>),
+    /// Fixed-width elements, little-endian, row-major (a slice of the buffer they came
+    /// in, shared).
+    Raw(Bytes),
     /// `BYTES` elements.
     Strings(Vec<Vec<u8>>),
 }
@@ -241,6 +246,12 @@ impl Tensor {
 
     /// A fixed-width tensor from little-endian bytes; checks the length against the shape.
     pub fn raw(name: &str, datatype: DataType, shape: Vec<u64>, bytes: Vec<u8>) -> Result<Tensor, ProtocolError> {
+        Tensor::raw_bytes(name, datatype, shape, bytes.into())
+    }
+
+    /// [`Tensor::raw`] of bytes held elsewhere (a request body, a data plane buffer),
+    /// shared rather than copied.
+    pub fn raw_bytes(name: &str, datatype: DataType, shape: Vec<u64>, bytes: Bytes) -> Result<Tensor, ProtocolError> {
         let width = datatype.width().ok_or_else(|| ProtocolError("BYTES tensors are not raw".into()))?;
         let count = element_count(name, &shape)?;
         if bytes.len() as u64 != count * width as u64 {
@@ -257,9 +268,10 @@ impl Tensor {
     /// A tensor from its elements laid out as the binary extension (and gRPC's raw
     /// contents) lay them: fixed-width elements little-endian, `BYTES` elements each
     /// after a 4-byte length; checks them against the shape.
-    pub fn from_binary(name: &str, datatype: DataType, shape: Vec<u64>, bytes: Vec<u8>) -> Result<Tensor, ProtocolError> {
+    pub fn from_binary(name: &str, datatype: DataType, shape: Vec<u64>, bytes: impl Into<Bytes>) -> Result<Tensor, ProtocolError> {
+        let bytes = bytes.into();
         if datatype != DataType::Bytes {
-            return Tensor::raw(name, datatype, shape, bytes);
+            return Tensor::raw_bytes(name, datatype, shape, bytes);
         }
         let count = element_count(name, &shape)?;
         let items = split_length_prefixed(name, &bytes)?;
@@ -293,17 +305,28 @@ impl Tensor {
         }
     }
 
-    /// The elements as the binary extension lays them out.
-    pub fn binary(&self) -> Vec<u8> {
+    /// The elements as the binary extension lays them out (raw elements shared, not
+    /// copied; strings written out after their lengths).
+    pub fn binary(&self) -> Bytes {
         match &self.data {
             TensorData::Raw(bytes) => bytes.clone(),
-            TensorData::Strings(items) => {
+            TensorData::Strings(_) => {
                 let mut out = Vec::with_capacity(self.byte_size());
+                self.write_binary(&mut out);
+                out.into()
+            }
+        }
+    }
+
+    /// Append the elements as the binary extension lays them out to `out`.
+    pub fn write_binary(&self, out: &mut Vec<u8>) {
+        match &self.data {
+            TensorData::Raw(bytes) => out.extend_from_slice(bytes),
+            TensorData::Strings(items) => {
                 for item in items {
                     out.extend_from_slice(&(item.len() as u32).to_le_bytes());
                     out.extend_from_slice(item);
                 }
-                out
             }
         }
     }
@@ -423,6 +446,7 @@ impl SharedMemoryPlace {
         regions: Option<&SharedMemoryRegistry>,
     ) -> Result<Tensor, ProtocolError> {
         let regions = regions.ok_or_else(|| ProtocolError(format!("input {name:?}: system shared memory is not available here")))?;
+        // The one copy of these bytes: out of the region, into a buffer of the request's.
         let bytes = regions.read(&self.region, self.offset, self.byte_size).map_err(|e| ProtocolError(format!("input {name:?}: {e}")))?;
         Tensor::from_binary(name, datatype, shape, bytes)
     }
@@ -484,13 +508,14 @@ pub struct EncodedBody {
 /// extension): the first `json_length` bytes are JSON, the rest the inputs' binary data
 /// in the order of the inputs that declare `binary_data_size`.
 pub fn decode_request(body: &[u8], json_length: Option<usize>) -> Result<InferRequest, ProtocolError> {
-    decode_request_in(body, json_length, None)
+    decode_request_in(&Bytes::copy_from_slice(body), json_length, None)
 }
 
-/// [`decode_request`], reading inputs that name a system shared-memory region from
-/// `regions` (refused when there are none).
+/// [`decode_request`] of a body held in `Bytes`, whose binary inputs are slices of it
+/// (no copy), reading inputs that name a system shared-memory region from `regions`
+/// (refused when there are none).
 pub fn decode_request_in(
-    body: &[u8],
+    body: &Bytes,
     json_length: Option<usize>,
     regions: Option<&SharedMemoryRegistry>,
 ) -> Result<InferRequest, ProtocolError> {
@@ -498,8 +523,8 @@ pub fn decode_request_in(
         Some(n) if n > body.len() => {
             return error(format!("Inference-Header-Content-Length is {n} but the body has only {} bytes", body.len()))
         }
-        Some(n) => body.split_at(n),
-        None => (body, &[][..]),
+        Some(n) => (&body[..n], body.slice(n..)),
+        None => (&body[..], Bytes::new()),
     };
     let value: Value = serde_json::from_slice(json).map_err(|e| ProtocolError(format!("request is not valid JSON: {e}")))?;
     let Value::Object(mut object) = value else { return error("request must be a JSON object") };
@@ -570,7 +595,7 @@ fn optional_uint(parameters: &Map<String, Value>, key: &str) -> Result<Option<u6
     }
 }
 
-fn decode_input(index: usize, raw: Value, binary: &mut &[u8], regions: Option<&SharedMemoryRegistry>) -> Result<Tensor, ProtocolError> {
+fn decode_input(index: usize, raw: Value, binary: &mut Bytes, regions: Option<&SharedMemoryRegistry>) -> Result<Tensor, ProtocolError> {
     let Value::Object(mut object) = raw else { return error(format!("inputs[{index}] must be an object")) };
     let Some(Value::String(name)) = object.remove("name") else {
         return error(format!("inputs[{index}] needs a \"name\" string"));
@@ -604,9 +629,9 @@ fn decode_input(index: usize, raw: Value, binary: &mut &[u8], regions: Option<&S
             if size > binary.len() {
                 return error(format!("input {name:?}: binary_data_size {size} but only {} bytes of binary data remain", binary.len()));
             }
-            let (bytes, rest) = binary.split_at(size);
-            *binary = rest;
-            Tensor::from_binary(&name, datatype, shape, bytes.to_vec())
+            // A slice of the body, shared: no copy.
+            let bytes = binary.split_to(size);
+            Tensor::from_binary(&name, datatype, shape, bytes)
         }
         (None, Some(data)) => {
             // The shape is only a claim: reserve no more than a small bound ahead of
@@ -701,7 +726,7 @@ fn json_elements(name: &str, datatype: DataType, values: &[Value]) -> Result<Ten
             DataType::Bytes => unreachable!("handled above"),
         }
     }
-    Ok(TensorData::Raw(bytes))
+    Ok(TensorData::Raw(bytes.into()))
 }
 
 /// JSON values of a tensor's elements (flat, row-major), for a JSON response.
@@ -762,7 +787,9 @@ pub fn encode_response_in(
     if !response.parameters.is_empty() {
         object.insert("parameters".into(), Value::Object(response.parameters.clone()));
     }
-    let mut binary = Vec::new();
+    // Which outputs go as binary data, written after the JSON in one buffer: the one
+    // copy of their bytes on the way out.
+    let mut binary: Vec<&Tensor> = Vec::new();
     let mut outputs = Vec::new();
     for (tensor, wanted) in requested_outputs(response, requested)? {
         let as_binary = all_binary || wanted.is_some_and(|r| r.binary);
@@ -775,20 +802,24 @@ pub fn encode_response_in(
             // Name, type and shape only, as Triton answers: its C++ client reads any
             // output `parameters` as the binary extension's.
         } else if as_binary {
-            let bytes = tensor.binary();
             let mut parameters = Map::new();
-            parameters.insert("binary_data_size".into(), Value::from(bytes.len()));
+            parameters.insert("binary_data_size".into(), Value::from(tensor.byte_size()));
             out.insert("parameters".into(), Value::Object(parameters));
-            binary.extend_from_slice(&bytes);
+            binary.push(tensor);
         } else {
             out.insert("data".into(), Value::Array(json_values(tensor)?));
         }
         outputs.push(Value::Object(out));
     }
     object.insert("outputs".into(), Value::Array(outputs));
-    let mut bytes = serde_json::to_vec(&Value::Object(object)).expect("JSON values serialise");
+    let binary_size: usize = binary.iter().map(|t| t.byte_size()).sum();
+    let mut bytes = Vec::with_capacity(binary_size + 1024);
+    serde_json::to_writer(&mut bytes, &Value::Object(object)).expect("JSON values serialise");
     let json_length = (!binary.is_empty()).then_some(bytes.len());
-    bytes.extend_from_slice(&binary);
+    bytes.reserve_exact(binary_size);
+    for tensor in binary {
+        tensor.write_binary(&mut bytes);
+    }
     Ok(EncodedBody { bytes, json_length })
 }
 
@@ -873,7 +904,7 @@ mod tests {
             decode(r#"{"parameters":{"priority":0,"timeout":0},"inputs":[{"name":"x","shape":[1],"datatype":"INT64","data":[-3]}]}"#)
                 .unwrap();
         assert_eq!(request.schedule, Schedule::default());
-        assert_eq!(request.inputs[0].data, TensorData::Raw((-3i64).to_le_bytes().to_vec()));
+        assert_eq!(request.inputs[0].data, TensorData::Raw((-3i64).to_le_bytes().to_vec().into()));
     }
 
     #[test]
@@ -906,6 +937,24 @@ mod tests {
         assert_eq!(json["outputs"][0]["parameters"]["binary_data_size"], 12);
         assert_eq!(json["outputs"][1]["parameters"]["binary_data_size"], 7);
         assert_eq!(&encoded.bytes[json_length..], &body[sent_json_length..], "binary data comes back byte for byte");
+    }
+
+    #[test]
+    fn binary_inputs_are_slices_of_the_request_body_not_copies() {
+        let header = r#"{"inputs":[{"name":"x","shape":[2],"datatype":"FP32","parameters":{"binary_data_size":8}},
+                                     {"name":"y","shape":[1],"datatype":"INT64","parameters":{"binary_data_size":8}}]}"#;
+        let mut body = header.as_bytes().to_vec();
+        body.extend_from_slice(&[1.0f32.to_le_bytes(), 2.0f32.to_le_bytes()].concat());
+        body.extend_from_slice(&(-9i64).to_le_bytes());
+        let body = Bytes::from(body);
+        let request = decode_request_in(&body, Some(header.len()), None).unwrap();
+        let binary = &body[header.len()..];
+        for (tensor, range) in request.inputs.iter().zip([0..8, 8..16]) {
+            let TensorData::Raw(bytes) = &tensor.data else { panic!("raw") };
+            assert_eq!(bytes.as_ptr(), binary[range.clone()].as_ptr(), "input {:?} is the body's bytes in place", tensor.name);
+            assert_eq!(bytes.len(), range.len());
+        }
+        assert_eq!(request.inputs[0].as_f32().unwrap(), vec![1.0, 2.0]);
     }
 
     #[test]

@@ -15,8 +15,17 @@
 //! Element types: every type of the protocol — BOOL, the integers of 8 to 64 bits,
 //! FP16, BF16, FP32, FP64 and BYTES — travels in its own type, exactly, from the
 //! request's bytes to ONNX Runtime and back (`yardmaster_dataplane::ElementType`).
+//!
+//! Copies: a request's fixed-width input becomes a view of the buffer it came in when
+//! its bytes are aligned for their type (the data plane hands them to ONNX Runtime in
+//! place), else it is copied once into an aligned buffer; an output's bytes go to the
+//! response as a slice of the data plane's buffer (ONNX Runtime's), not copied.
 
-use yardmaster_dataplane::{ElementType, Tensor as PlaneTensor};
+use std::ops::Range;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use yardmaster_dataplane::{ElementType, SharedBytes, Tensor as PlaneTensor};
 
 use super::api::TensorSpec;
 use super::kserve::{DataType, InferRequest, Tensor, TensorData as WireData};
@@ -194,15 +203,49 @@ impl TensorCodec {
     }
 }
 
-/// A request tensor's elements in the data plane's type for `datatype` (one copy of
-/// the bytes; BYTES into their binary layout).
+/// A request's bytes as a buffer the data plane's tensors view.
+struct WireBytes(Bytes);
+
+impl SharedBytes for WireBytes {
+    fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// A range of the data plane's buffer (ONNX Runtime's output, say) as the bytes of a
+/// response's tensor.
+struct PlaneBytes {
+    buffer: Arc<dyn SharedBytes>,
+    range: Range<usize>,
+}
+
+impl AsRef<[u8]> for PlaneBytes {
+    fn as_ref(&self) -> &[u8] {
+        &self.buffer.bytes()[self.range.clone()]
+    }
+}
+
+/// A request tensor's elements in the data plane's type for `datatype`: a view of the
+/// request's own bytes where they are aligned for the type, else one copy; BYTES in
+/// their binary layout.
 fn carried(tensor: &Tensor, datatype: DataType) -> Result<TensorData, String> {
     let name = &tensor.name;
     let element = element_type(datatype).ok_or_else(|| format!("input {name:?}: {} is not carried", datatype.name()))?;
     let count = tensor.element_count() as usize;
     let data = match &tensor.data {
-        WireData::Raw(bytes) => TensorData::from_bytes(element, bytes, count),
-        WireData::Strings(_) => TensorData::from_bytes(element, &tensor.binary(), count),
+        WireData::Raw(bytes) => {
+            let len = bytes.len();
+            TensorData::shared_or_copied(element, Arc::new(WireBytes(bytes.clone())), 0..len, count)
+        }
+        // Strings are laid out once, in the binary layout the data plane keeps.
+        WireData::Strings(items) if items.len() == count => {
+            let mut layout = Vec::with_capacity(tensor.byte_size());
+            tensor.write_binary(&mut layout);
+            Ok(TensorData::from(yardmaster_dataplane::Elements::Bytes { data: layout, count }))
+        }
+        WireData::Strings(items) => {
+            Err(yardmaster_dataplane::DataplaneError::Invalid(format!("{count} strings expected, got {}", items.len())))
+        }
     };
     let data = data.map_err(|e| format!("input {name:?}: {e}"))?;
     if datatype == DataType::Bytes {
@@ -230,7 +273,9 @@ fn wire_tensor(name: &str, datatype: DataType, shape: Vec<u64>, data: &TensorDat
         let items = strings.into_iter().map(|range| data.bytes()[range].to_vec()).collect();
         return Ok(Tensor { name: name.into(), datatype, shape, data: WireData::Strings(items) });
     }
-    Tensor::raw(name, datatype, shape, data.bytes().to_vec()).map_err(|e| e.0)
+    // The data plane's buffer itself, shared: no copy.
+    let (buffer, range) = data.clone().into_shared();
+    Tensor::raw_bytes(name, datatype, shape, Bytes::from_owner(PlaneBytes { buffer, range })).map_err(|e| e.0)
 }
 
 /// Check a request's shape against a declared one (`-1`: any size); a batching model's
@@ -335,7 +380,44 @@ mod tests {
         assert_eq!(tensors[0].data.as_slice_of::<half::f16>(), Some(&values[..]), "carried as half precision");
         let out = codec.encode(tensors).unwrap();
         assert_eq!(out[0].datatype, DataType::F16);
-        assert_eq!(out[0].data, WireData::Raw(bytes), "the same bytes come back");
+        assert_eq!(out[0].data, WireData::Raw(bytes.into()), "the same bytes come back");
+    }
+
+    /// `values` at byte `offset` of a buffer whose start is aligned for 8-byte words.
+    fn placed(values: &[f32], offset: usize) -> Bytes {
+        struct Words(Vec<u64>);
+        impl AsRef<[u8]> for Words {
+            fn as_ref(&self) -> &[u8] {
+                bytemuck::cast_slice(&self.0)
+            }
+        }
+        let mut words = Words(vec![0u64; (offset + 4 * values.len()).div_ceil(8)]);
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut words.0);
+        for (i, v) in values.iter().enumerate() {
+            bytes[offset + 4 * i..offset + 4 * i + 4].copy_from_slice(&v.to_le_bytes());
+        }
+        Bytes::from_owner(words).slice(offset..offset + 4 * values.len())
+    }
+
+    #[test]
+    fn aligned_inputs_are_viewed_in_place_and_outputs_are_not_copied() {
+        let codec = one_to_one(("x", DataType::F32), ("y", DataType::F32), 3);
+        let values = [1.5f32, -2.0, 7.25];
+        let decode = |wire: &Bytes| {
+            let input = Tensor::raw_bytes("x", DataType::F32, vec![1, 3], wire.clone()).unwrap();
+            codec.decode(&InferRequest { inputs: vec![input], ..InferRequest::default() }).unwrap()
+        };
+        let aligned = placed(&values, 8);
+        let tensors = decode(&aligned);
+        assert!(tensors[0].data.is_view() && tensors[0].data.shares(&aligned), "aligned: the request's bytes, viewed");
+        let misaligned = placed(&values, 9);
+        let copied = decode(&misaligned);
+        assert!(!copied[0].data.is_view(), "misaligned: copied once, into an aligned buffer");
+        assert_eq!(copied[0].data.as_f32(), Some(&values[..]));
+        let out = codec.encode(tensors).unwrap();
+        let WireData::Raw(sent) = &out[0].data else { panic!("raw") };
+        assert_eq!(sent.as_ptr(), aligned.as_ptr(), "the output's bytes are the data plane's buffer, not a copy");
+        assert_eq!(out[0].as_f32().unwrap(), values);
     }
 
     #[test]
@@ -355,7 +437,7 @@ mod tests {
         assert!(batched.decode(&missing).unwrap_err().contains("missing"));
         let mut ints = request(vec![1, 3, 5]);
         ints.inputs[0].datatype = DataType::I64;
-        ints.inputs[0].data = WireData::Raw(vec![0; 15 * 8]);
+        ints.inputs[0].data = WireData::Raw(vec![0; 15 * 8].into());
         assert!(batched.decode(&ints).unwrap_err().contains("must be FP32"));
         assert!(codec(false).decode(&request(vec![1, 3, 5])).unwrap_err().contains("must have shape"));
     }
@@ -370,7 +452,7 @@ mod tests {
         let tensors = codec.decode(&request).unwrap();
         assert_eq!(tensors[0].data.as_slice_of::<i64>(), Some(&values[..]), "beyond 2^24 and 2^53, exactly");
         let out = codec.encode(tensors).unwrap();
-        assert_eq!(out[0].data, WireData::Raw(bytes), "the same bytes come back");
+        assert_eq!(out[0].data, WireData::Raw(bytes.into()), "the same bytes come back");
         // Strings: any bytes, in and out.
         let words = one_to_one(("text", DataType::Bytes), ("echo", DataType::Bytes), 2);
         let strings = WireData::Strings(vec![b"caf\xc3\xa9".to_vec(), vec![0xff, 0x01]]);

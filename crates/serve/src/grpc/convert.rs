@@ -168,7 +168,9 @@ fn input_type_and_shape(name: &str, datatype: &str, shape: &[i64]) -> Result<(Da
     Ok((datatype, shape))
 }
 
-fn input_tensor(input: InferInputTensor, raw: Option<Vec<u8>>) -> Result<Tensor, ProtocolError> {
+/// An input from its raw contents (a slice of the message's receive buffer, kept as it
+/// is) or its typed contents.
+fn input_tensor(input: InferInputTensor, raw: Option<bytes::Bytes>) -> Result<Tensor, ProtocolError> {
     let name = input.name;
     let (datatype, shape) = input_type_and_shape(&name, &input.datatype, &input.shape)?;
     let count = kserve::element_count(&name, &shape)?;
@@ -176,7 +178,7 @@ fn input_tensor(input: InferInputTensor, raw: Option<Vec<u8>>) -> Result<Tensor,
     match (raw, typed) {
         (Some(_), Some(_)) => invalid(format!("input {name:?} has both raw contents and typed contents")),
         (Some(bytes), None) => Tensor::from_binary(&name, datatype, shape, bytes),
-        (None, None) if count == 0 => Tensor::from_binary(&name, datatype, shape, Vec::new()),
+        (None, None) if count == 0 => Tensor::from_binary(&name, datatype, shape, bytes::Bytes::new()),
         (None, None) => invalid(format!("input {name:?} has no contents (neither raw_input_contents nor contents)")),
         (None, Some(contents)) => typed_tensor(name, datatype, shape, count, contents),
     }
@@ -260,8 +262,9 @@ pub fn infer_response(
                 let written = place.write_output(tensor, regions)?;
                 parameters.insert("shared_memory_region".to_string(), parameter_of_json(&Value::String(place.region.clone())));
                 parameters.insert("shared_memory_byte_size".to_string(), parameter_of_json(&Value::from(written)));
-                raw.push(Vec::new());
+                raw.push(bytes::Bytes::new());
             }
+            // Raw outputs shared with the data plane's buffers, not copied.
             None => raw.push(tensor.binary()),
         }
         outputs.push(InferOutputTensor {
@@ -298,7 +301,7 @@ mod tests {
         let raw = ModelInferRequest {
             model_name: "m".into(),
             inputs: vec![input("x", "FP32", &[1, 4], None)],
-            raw_input_contents: vec![values.iter().flat_map(|v| v.to_le_bytes()).collect()],
+            raw_input_contents: vec![values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>().into()],
             ..Default::default()
         };
         let typed = ModelInferRequest {
@@ -312,6 +315,35 @@ mod tests {
     }
 
     #[test]
+    fn raw_contents_are_slices_of_the_received_message_and_raw_outputs_are_not_copied() {
+        use prost::Message;
+        let values = [0.5f32, 1.5, -3.0];
+        let request = ModelInferRequest {
+            model_name: "m".into(),
+            inputs: vec![input("x", "FP32", &[1, 3], None)],
+            raw_input_contents: vec![values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>().into()],
+            ..Default::default()
+        };
+        // As tonic hands prost a message: one buffer, whose `bytes` fields are sliced.
+        let received = bytes::Bytes::from(request.encode_to_vec());
+        let decoded = infer_request(ModelInferRequest::decode(received.clone()).unwrap(), None).unwrap();
+        let TensorData::Raw(raw) = &decoded.inputs[0].data else { panic!("raw") };
+        let inside = received.as_ptr_range();
+        assert!(inside.contains(&raw.as_ptr()) && raw.len() == 12, "the input is the message's bytes in place");
+        let response = InferResponse {
+            timing: None,
+            model_name: "m".into(),
+            model_version: None,
+            id: None,
+            parameters: Map::new(),
+            outputs: decoded.inputs.clone(),
+        };
+        let message = infer_response(&response, &[], None).unwrap();
+        assert_eq!(message.raw_output_contents[0].as_ptr(), raw.as_ptr(), "the output goes out as the same bytes, not a copy");
+        assert_eq!(&message.raw_output_contents[0][..], &received[received.len() - 12..]);
+    }
+
+    #[test]
     fn schedule_parameters_and_strings_come_through() {
         let mut parameters = HashMap::new();
         parameters.insert("priority".to_string(), InferParameter { parameter_choice: Some(ParameterChoice::Int64Param(2)) });
@@ -322,7 +354,7 @@ mod tests {
             id: "r1".into(),
             parameters,
             inputs: vec![input("s", "BYTES", &[2], None)],
-            raw_input_contents: vec![raw],
+            raw_input_contents: vec![raw.into()],
             ..Default::default()
         };
         let decoded = infer_request(request, None).unwrap();
@@ -351,6 +383,7 @@ mod tests {
             ),
         ];
         for (inputs, raw, expected) in cases {
+            let raw = raw.into_iter().map(bytes::Bytes::from).collect();
             let request = ModelInferRequest { inputs, raw_input_contents: raw, ..Default::default() };
             let error = infer_request(request, None).unwrap_err();
             assert!(error.0.contains(expected), "{expected:?} not in {:?}", error.0);
@@ -369,7 +402,7 @@ mod tests {
         };
         let all = infer_response(&response, &[], None).unwrap();
         assert_eq!(all.outputs.iter().map(|o| o.name.as_str()).collect::<Vec<_>>(), ["a", "b"]);
-        assert_eq!(all.raw_output_contents[1], 3.0f32.to_le_bytes());
+        assert_eq!(all.raw_output_contents[1][..], 3.0f32.to_le_bytes());
         assert_eq!(all.parameters["arm"].parameter_choice, Some(ParameterChoice::StringParam("primary".into())));
         let one =
             infer_response(&response, &[RequestedOutput { name: "b".into(), binary: true, shared_memory: None, class_count: None }], None)
