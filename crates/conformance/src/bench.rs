@@ -187,11 +187,23 @@ fn shipped_component(name: &str, mode: Mode, limits: Limits) -> anyhow::Result<(
     Ok((sandbox, module))
 }
 
+/// Set to the path of an `edf` component (one built without stripping its names, for
+/// a profile), `bench_edf` measures that file instead of the shipped one.
+pub const EDF_OVERRIDE_ENV: &str = "YARDMASTER_BENCH_EDF_WASM";
+
 /// Benchmark the shipped `edf` policy.
 pub fn bench_edf(batches: &[usize], events_per_run: usize, repetitions: usize) -> anyhow::Result<Vec<BenchRow>> {
     // The deadline bounds runaway policies; a benchmark on a busy machine must not trip it.
     let limits = Limits { event_deadline: std::time::Duration::from_secs(1), ..Limits::default() };
-    let (sandbox, module) = shipped_component("edf", Mode::Serve, limits)?;
+    let (sandbox, module) = match std::env::var_os(EDF_OVERRIDE_ENV) {
+        Some(path) => {
+            let sandbox = Sandbox::new(Mode::Serve, limits)?;
+            let bytes = std::fs::read(&path).map_err(|e| anyhow::anyhow!("read {}: {e}", path.to_string_lossy()))?;
+            let module = PolicyLoader::new(sandbox.clone(), None).load("edf", &bytes)?;
+            (sandbox, module)
+        }
+        None => shipped_component("edf", Mode::Serve, limits)?,
+    };
     let max_actions = sandbox.limits().max_actions;
     measure(
         &module,

@@ -111,3 +111,41 @@ pub mod request_result {
     /// Discriminant of `request-status.failed`.
     pub const STATUS_FAILED: u8 = 1;
 }
+
+/// The `action` variant (an element of the `list<action>` `handle` returns): a one-byte
+/// discriminant, then the case's payload.
+pub mod action {
+    /// Size of one `action` (the stride of a `list<action>`).
+    pub const SIZE: usize = 32;
+    /// Alignment of `action`.
+    pub const ALIGN: usize = 8;
+    /// Offset of every case's payload.
+    pub const PAYLOAD: usize = 8;
+    /// Discriminant of `drop(drop-request)`.
+    pub const DROP: u8 = 0;
+    /// Discriminant of `dispatch(dispatch)`.
+    pub const DISPATCH: u8 = 1;
+}
+
+/// The `drop-request` record (the payload of `drop`).
+pub mod drop_request {
+    /// `request: request-id` (u64).
+    pub const REQUEST: usize = 0;
+    /// `reason: drop-reason` (a one-byte enum).
+    pub const REASON: usize = 8;
+    /// Cases of `drop-reason` (its discriminants are 0 to `REASONS - 1`).
+    pub const REASONS: u8 = 5;
+}
+
+/// The `dispatch` record (the payload of `dispatch`).
+pub mod dispatch {
+    /// `worker: worker-id` (u32).
+    pub const WORKER: usize = 0;
+    /// `requests: list<request-id>`: the list's pointer (u32), then its length (u32).
+    pub const REQUESTS: usize = 4;
+    /// `variant: option<variant-id>`: its discriminant byte (0 is `none`), then the id
+    /// at [`VARIANT_ID`].
+    pub const VARIANT: usize = 12;
+    /// The variant id inside `variant`'s option.
+    pub const VARIANT_ID: usize = 16;
+}

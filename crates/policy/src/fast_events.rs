@@ -27,6 +27,9 @@ use super::abi::event::{ARRIVAL, BATCH_DONE, PAYLOAD, WORKER_IDLE};
 use super::abi::{batch_outcome, request, request_result};
 use super::contract::{BatchOutcome, Event, Request, RequestStatus};
 
+/// Size of one `event` (the stride of the event list).
+const STRIDE: usize = super::abi::event::SIZE;
+
 /// Size of `request-result` (the stride of the results list).
 const RESULT_SIZE: usize = request_result::SIZE;
 
@@ -116,7 +119,8 @@ fn lower_events<T>(cx: &mut LowerContext<'_, T>, elem: InterfaceType, events: &[
         let memory = cx.as_slice_mut();
         let region = memory.get_mut(base..base + size).ok_or_else(|| wasmtime::Error::msg("event list out of the policy's memory"))?;
         while let Some(event) = events.get(i) {
-            let slot = &mut region[i * stride..(i + 1) * stride];
+            // A fixed-size view: every write below is at a constant offset.
+            let slot: &mut [u8; STRIDE] = (&mut region[i * stride..(i + 1) * stride]).try_into().expect("one event's bytes");
             match event {
                 Event::Arrival(request) if request.tags.is_none() => write_arrival(slot, request),
                 Event::WorkerIdle(worker) => {
@@ -175,10 +179,10 @@ fn write_batch_done<T>(cx: &mut LowerContext<'_, T>, at: usize, outcome: &BatchO
 
 /// `arrival(request)` with `tags: none`, in the canonical ABI layout of `request`
 /// (its `correlation` too).
-fn write_arrival(slot: &mut [u8], r: &Request) {
+fn write_arrival(slot: &mut [u8; STRIDE], r: &Request) {
     use request::*;
     slot[0] = ARRIVAL;
-    let p = &mut slot[PAYLOAD..];
+    let p: &mut [u8; STRIDE - PAYLOAD] = (&mut slot[PAYLOAD..]).try_into().expect("the payload's bytes");
     p[ID..ID + 8].copy_from_slice(&r.id.to_le_bytes());
     p[ORIGIN..ORIGIN + 8].copy_from_slice(&r.origin.to_le_bytes());
     p[STAGE..STAGE + 4].copy_from_slice(&r.stage.to_le_bytes());

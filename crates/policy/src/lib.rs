@@ -2,12 +2,14 @@
 //!
 //! - [`contract`]: the host side of the WIT contract: the latest version's types, one
 //!   bindings module per supported version, and the versions the host accepts;
-//! - [`abi`]: the canonical-ABI layout of the hot event records (tested against the WIT);
+//! - [`abi`]: the canonical-ABI layout of the hot event and action records (tested
+//!   against the WIT);
 //! - [`sandbox`]: the wasmtime engine, its modes (epoch deadlines when serving, fuel
 //!   when simulating) and limits;
 //! - [`loader`]: SHA-256, the contract version and import checks, compilation and its cache;
 //! - [`instance`]: a running component, its host imports, fault classification;
 //! - [`fast_events`]: the fast lowering of the hot events into a policy's memory;
+//! - [`fast_actions`]: the fast lifting of the hot actions out of it;
 //! - [`native`]: SDK policies compiled into the host (the built-in fallback);
 //! - [`validate`]: checking actions against the host's truth;
 //! - [`arm`]: one live policy with its held requests and its failure mode;
@@ -16,6 +18,7 @@
 pub mod abi;
 pub mod arm;
 pub mod contract;
+pub mod fast_actions;
 pub mod fast_events;
 pub mod instance;
 pub mod loader;

@@ -3,12 +3,13 @@
 //!
 //! 0.3.0 is the latest version, so its types *are* the latest ones (the parent module
 //! re-exports them) and the conversions are the identity: an event list is lowered
-//! straight from the host's slice by the fast path in [`crate::fast_events`]. The
+//! straight from the host's slice by the fast path in [`crate::fast_events`], and the
+//! actions lifted by the one in [`crate::fast_actions`]. The
 //! conversion functions are written against both names (`latest::…` and this module's
 //! own types), so when a newer version becomes the latest they stop compiling until
 //! they convert for real (as `v0_1_0`'s do) — and `handle` must then call through
-//! wasmtime's generic lowering of this version's own event type instead of the fast
-//! path, which only knows the latest layout.
+//! wasmtime's generic lowering of this version's own event type (and lifting of its
+//! action type) instead of the fast paths, which only know the latest layout.
 #![allow(missing_docs)] // the bindings wasmtime generates from the WIT carry the WIT's own docs only
 
 use std::borrow::Cow;
@@ -18,6 +19,7 @@ use wasmtime::Store;
 
 use super::ContractVersion;
 use crate::contract as latest;
+use crate::fast_actions::ActionList;
 use crate::fast_events::EventList;
 use crate::instance::HostState;
 
@@ -63,8 +65,9 @@ fn level_into_latest(level: Level) -> latest::Level {
     level
 }
 
-/// The typed `handle` export, called with the fast event lowering.
-type HandleFunc = TypedFunc<(u64, EventList), (Vec<Action>,)>;
+/// The typed `handle` export, called with the fast event lowering and the fast action
+/// lifting.
+type HandleFunc = TypedFunc<(u64, EventList), (ActionList,)>;
 
 /// The exports of an instance of this version.
 pub(crate) struct Exports {
@@ -80,7 +83,7 @@ impl Exports {
         let missing = || wasmtime::Error::msg(format!("the component does not export {POLICY_EXPORT}#handle"));
         let interface = instance.get_export_index(&mut *store, None, POLICY_EXPORT).ok_or_else(missing)?;
         let handle = instance.get_export_index(&mut *store, Some(&interface), "handle").ok_or_else(missing)?;
-        let handle = instance.get_typed_func::<(u64, EventList), (Vec<Action>,)>(&mut *store, &handle)?;
+        let handle = instance.get_typed_func::<(u64, EventList), (ActionList,)>(&mut *store, &handle)?;
         Ok(Self { bindings, handle })
     }
 
@@ -100,7 +103,7 @@ impl Exports {
         let events = events_from_latest(events);
         // SAFETY: the list view lives only for this call, while `events` is borrowed.
         let list = unsafe { EventList::new(&events) };
-        let (actions,) = self.handle.call(store, (now, list))?;
+        let (ActionList(actions),) = self.handle.call(store, (now, list))?;
         Ok(actions_into_latest(actions))
     }
 }

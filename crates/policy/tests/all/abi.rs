@@ -181,6 +181,32 @@ fn the_fast_lowering_constants_match_the_wit() {
     assert_eq!(rr::STATUS_FAILED as usize, contract.case("request-status", "failed"));
 }
 
+#[test]
+fn the_fast_lifting_constants_match_the_wit() {
+    let contract = Contract::load(&LATEST.to_string());
+
+    let action = contract.layout(Type::Id(contract.named("action")));
+    assert_eq!((abi::action::SIZE, abi::action::ALIGN, abi::action::PAYLOAD), (action.size, action.align, action.offsets[1]), "action");
+    assert_eq!(abi::action::DROP as usize, contract.case("action", "drop"));
+    assert_eq!(abi::action::DISPATCH as usize, contract.case("action", "dispatch"));
+    assert_eq!(contract.lookup("action.drop"), Type::Id(contract.named("drop-request")));
+    assert_eq!(contract.lookup("action.dispatch"), Type::Id(contract.named("dispatch")));
+
+    use abi::drop_request as d;
+    assert_fields(&contract, "drop-request", &[("request", d::REQUEST), ("reason", d::REASON)]);
+    let TypeDefKind::Enum(reasons) = &contract.resolve.types[contract.named("drop-reason")].kind else { panic!("drop-reason is an enum") };
+    assert_eq!(d::REASONS as usize, reasons.cases.len(), "drop-reason's cases");
+    let order = ["deadline-unreachable", "overload", "queue-full", "preempted", "policy"];
+    for (index, case) in order.iter().enumerate() {
+        assert_eq!(contract.case("drop-reason", case), index, "the fast lifting reads drop-reason {index} as {case}");
+    }
+
+    use abi::dispatch as p;
+    assert_fields(&contract, "dispatch", &[("worker", p::WORKER), ("requests", p::REQUESTS), ("variant", p::VARIANT)]);
+    let variant = contract.layout(contract.lookup("dispatch.variant"));
+    assert_eq!(p::VARIANT + variant.offsets[1], p::VARIANT_ID, "dispatch.variant's option payload");
+}
+
 /// One line of `canonical_layouts` in abi.zig.
 #[derive(Debug)]
 struct ZigLayout {
