@@ -20,12 +20,73 @@ pub struct WorkerView {
     pub idle: bool,
 }
 
+/// Worker ids below this are kept in a slot each; larger ones in a map.
+const DENSE_WORKER_IDS: WorkerId = 4096;
+
+/// Workers by id, ascending. Hosts number their workers from 0, so a look-up is an
+/// index into a slot per id: policies look workers up on every event (is it idle,
+/// what does a batch on it cost), and inside a component a B-tree search costs about
+/// three times what it does natively. The rare id past [`DENSE_WORKER_IDS`] goes to a
+/// map, so a host numbering its workers sparsely costs no memory per unused id there.
+#[derive(Debug, Clone, Default)]
+struct WorkerTable {
+    dense: Vec<Option<WorkerView>>,
+    sparse: BTreeMap<WorkerId, WorkerView>,
+}
+
+impl WorkerTable {
+    fn get(&self, id: WorkerId) -> Option<&WorkerView> {
+        if id < DENSE_WORKER_IDS {
+            self.dense.get(id as usize)?.as_ref()
+        } else {
+            self.sparse.get(&id)
+        }
+    }
+
+    fn get_mut(&mut self, id: WorkerId) -> Option<&mut WorkerView> {
+        if id < DENSE_WORKER_IDS {
+            self.dense.get_mut(id as usize)?.as_mut()
+        } else {
+            self.sparse.get_mut(&id)
+        }
+    }
+
+    /// Add a worker, or replace the one with its id.
+    fn insert(&mut self, view: WorkerView) {
+        let id = view.info.id;
+        if id < DENSE_WORKER_IDS {
+            let index = id as usize;
+            if self.dense.len() <= index {
+                self.dense.resize(index + 1, None);
+            }
+            self.dense[index] = Some(view);
+        } else {
+            self.sparse.insert(id, view);
+        }
+    }
+
+    fn remove(&mut self, id: WorkerId) {
+        if id < DENSE_WORKER_IDS {
+            if let Some(slot) = self.dense.get_mut(id as usize) {
+                *slot = None;
+            }
+        } else {
+            self.sparse.remove(&id);
+        }
+    }
+
+    /// Every worker, lowest id first (every sparse id is above every dense one).
+    fn values(&self) -> impl Iterator<Item = &WorkerView> {
+        self.dense.iter().flatten().chain(self.sparse.values())
+    }
+}
+
 /// What a policy method can see and do.
 pub struct Ctx {
     config: Config,
     host: Box<dyn Host + Send>,
     latency: LatencyTable,
-    workers: BTreeMap<WorkerId, WorkerView>,
+    workers: WorkerTable,
     /// Idle workers per stage, ascending (kept in step with `workers`).
     idle_by_stage: Vec<Vec<WorkerId>>,
     batch_limits: Vec<u32>,
@@ -41,7 +102,10 @@ impl Ctx {
     /// A context for `config` with the given host.
     pub fn new(config: Config, host: Box<dyn Host + Send>) -> Self {
         let latency = LatencyTable::from_config(&config);
-        let workers = config.workers.iter().map(|w| (w.id, WorkerView { info: *w, idle: false })).collect();
+        let mut workers = WorkerTable::default();
+        for w in &config.workers {
+            workers.insert(WorkerView { info: *w, idle: false });
+        }
         let mut batch_limits = Vec::new();
         for stage in &config.stages {
             let index = stage.id as usize;
@@ -112,7 +176,7 @@ impl Ctx {
 
     /// Mean latency of a batch on a worker's stage and variant (0 without a profile).
     pub fn batch_latency(&self, worker: WorkerId, batch: u32) -> Duration {
-        self.workers.get(&worker).and_then(|w| self.latency.mean(w.info.stage, w.info.variant, batch)).unwrap_or(0)
+        self.workers.get(worker).and_then(|w| self.latency.mean(w.info.stage, w.info.variant, batch)).unwrap_or(0)
     }
 
     /// Every known worker.
@@ -122,7 +186,7 @@ impl Ctx {
 
     /// One worker.
     pub fn worker(&self, id: WorkerId) -> Option<&WorkerView> {
-        self.workers.get(&id)
+        self.workers.get(id)
     }
 
     /// Idle workers of a stage, lowest id first.
@@ -132,7 +196,7 @@ impl Ctx {
 
     /// Record a worker's idleness in both views.
     fn set_idle(&mut self, worker: WorkerId, idle: bool) {
-        let Some(view) = self.workers.get_mut(&worker) else { return };
+        let Some(view) = self.workers.get_mut(worker) else { return };
         view.idle = idle;
         let stage = view.info.stage as usize;
         if self.idle_by_stage.len() <= stage {
@@ -200,13 +264,13 @@ impl Ctx {
             self.actions.push(Action::Dispatch(Dispatch { worker, requests, variant }));
             return;
         }
-        let stage = self.workers.get(&worker).map(|w| w.info.stage);
+        let stage = self.workers.get(worker).map(|w| w.info.stage);
         let (limit, max_batch) = match stage {
             Some(stage) => (self.batch_limit(stage), self.config.stages.iter().find(|s| s.id == stage).map_or(1, |s| s.max_batch)),
             None => (u32::MAX, u32::MAX),
         };
         let workers = &self.workers;
-        let fitted = self.constraints.fit(worker, requests, limit, max_batch, variant, |w| workers.get(&w).is_some_and(|v| v.idle));
+        let fitted = self.constraints.fit(worker, requests, limit, max_batch, variant, |w| workers.get(w).is_some_and(|v| v.idle));
         for (holder, batch) in fitted.elsewhere {
             self.push_dispatch(holder, batch, None);
         }
@@ -251,7 +315,7 @@ impl Ctx {
     /// Switch the variant of a worker or a stage.
     pub fn set_variant(&mut self, target: VariantTarget, variant: VariantId) {
         if let VariantTarget::Worker(id) = target {
-            if let Some(view) = self.workers.get_mut(&id) {
+            if let Some(view) = self.workers.get_mut(id) {
                 view.info.variant = variant;
             }
         }
@@ -320,17 +384,50 @@ impl Ctx {
     }
 
     pub(crate) fn add_worker(&mut self, worker: Worker) {
-        self.workers.insert(worker.id, WorkerView { info: worker, idle: false });
+        self.workers.insert(WorkerView { info: worker, idle: false });
     }
 
     pub(crate) fn remove_worker(&mut self, worker: WorkerId) {
         self.constraints.worker_gone(worker);
         self.set_idle(worker, false);
-        self.workers.remove(&worker);
+        self.workers.remove(worker);
         self.resident.remove(&worker);
     }
 
     pub(crate) fn take_actions(&mut self) -> Vec<Action> {
         std::mem::take(&mut self.actions)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::DeviceKind;
+
+    fn view(id: WorkerId, stage: StageId) -> WorkerView {
+        let info = Worker { id, stage, variant: 0, device: DeviceKind::Gpu, threads: 1, memory_bytes: 0, host: 0, slot: 0 };
+        WorkerView { info, idle: false }
+    }
+
+    #[test]
+    fn the_worker_table_keeps_dense_and_sparse_ids_in_order() {
+        let mut table = WorkerTable::default();
+        for id in [DENSE_WORKER_IDS + 7, 3, 0, DENSE_WORKER_IDS, 9] {
+            table.insert(view(id, 1));
+        }
+        let ids: Vec<WorkerId> = table.values().map(|v| v.info.id).collect();
+        assert_eq!(ids, [0, 3, 9, DENSE_WORKER_IDS, DENSE_WORKER_IDS + 7]);
+        // Replacing, changing and removing, on both sides of the boundary.
+        table.insert(view(3, 2));
+        assert_eq!(table.get(3).map(|v| v.info.stage), Some(2));
+        table.get_mut(DENSE_WORKER_IDS).unwrap().idle = true;
+        assert!(table.get(DENSE_WORKER_IDS).unwrap().idle);
+        table.remove(0);
+        table.remove(DENSE_WORKER_IDS + 7);
+        table.remove(12_345_678);
+        table.remove(100);
+        assert!(table.get(0).is_none() && table.get(DENSE_WORKER_IDS + 7).is_none() && table.get(100).is_none());
+        let ids: Vec<WorkerId> = table.values().map(|v| v.info.id).collect();
+        assert_eq!(ids, [3, 9, DENSE_WORKER_IDS]);
     }
 }

@@ -37,8 +37,12 @@ impl Edf {
     fn form_batch(&mut self, ctx: &mut Ctx, stage: u32, worker: WorkerId) -> Vec<RequestId> {
         let now = ctx.now();
         let limit = ctx.batch_limit(stage) as usize;
-        // Iteration workers keep running their resident sequences first.
-        let mut batch: Vec<RequestId> = ctx.resident(worker).iter().take(limit).map(|s| s.id).collect();
+        // Iteration workers keep running their resident sequences first. The batch is
+        // sized for what it can hold up front: growing it reallocates and copies, and
+        // inside a component that is the allocator's work and a bulk copy each time.
+        let resident = ctx.resident(worker);
+        let mut batch: Vec<RequestId> = Vec::with_capacity(limit.min(resident.len() + self.queues[stage as usize].len()));
+        batch.extend(resident.iter().take(limit).map(|s| s.id));
         let mut binding_deadline = Instant::MAX;
         while batch.len() < limit {
             let Some(&Reverse((deadline, id))) = self.queues[stage as usize].peek() else { break };
