@@ -31,7 +31,7 @@ use anyhow::{anyhow, Context, Result};
 use quinn::{Connection, RecvStream, SendStream};
 use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender};
 use yardmaster_dataplane::{
-    assets, CacheConfig, DataplaneError, ModelCache, ModelCatalog, Runtime, WorkerContext, WorkerEvent, WorkerPool,
+    assets, CacheConfig, DataplaneError, JobTiming, ModelCache, ModelCatalog, Runtime, WorkerContext, WorkerEvent, WorkerPool,
 };
 
 use super::decoder_host::{self, DecoderHost};
@@ -539,7 +539,13 @@ impl Session {
             Message::Start { worker, job } => {
                 let id = job.id;
                 if let Err(error) = pool.start(worker, job) {
-                    reply(WorkerEvent::Finished { worker, job: id, duration: Duration::ZERO, result: Err(error) });
+                    reply(WorkerEvent::Finished {
+                        worker,
+                        job: id,
+                        duration: Duration::ZERO,
+                        timing: JobTiming::default(),
+                        result: Err(error),
+                    });
                 }
             }
             Message::Abort { worker } => {
@@ -605,9 +611,9 @@ async fn read_stream(key: u64, mut recv: RecvStream, inbound: UnboundedSender<In
 /// large for one frame still end their job, with the reason.
 fn unencodable_event(message: Message, error: FrameError) -> Option<Vec<u8>> {
     match message {
-        Message::Event(WorkerEvent::Finished { worker, job, duration, result: Ok(_) }) => {
+        Message::Event(WorkerEvent::Finished { worker, job, duration, timing, result: Ok(_) }) => {
             let error = DataplaneError::Invalid(format!("the job's outputs cannot be sent to the controller: {error}"));
-            framing::encode(&Message::Event(WorkerEvent::Finished { worker, job, duration, result: Err(error) })).ok()
+            framing::encode(&Message::Event(WorkerEvent::Finished { worker, job, duration, timing, result: Err(error) })).ok()
         }
         other => {
             tracing::error!("node: cannot encode a {}: {error}", other.name());

@@ -31,7 +31,7 @@ use anyhow::Result;
 use quinn::{Connection, RecvStream};
 use tokio::runtime::Handle;
 use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender};
-use yardmaster_dataplane::{DataplaneError, Job, ModelCatalog, WorkerEvent};
+use yardmaster_dataplane::{DataplaneError, Job, JobTiming, ModelCatalog, WorkerEvent};
 
 use super::framing::{self, Message};
 use super::transport::{self, ReadError, Trust, Welcome, CLOSE_DONE, CLOSE_PROTOCOL};
@@ -153,8 +153,13 @@ impl Shared {
         // Jobs first: their requests are what clients wait on.
         for (worker, state) in &workers {
             for &job in &state.jobs {
-                let _ =
-                    self.events.send(WorkerEvent::Finished { worker: *worker, job, duration: Duration::ZERO, result: Err(error.clone()) });
+                let _ = self.events.send(WorkerEvent::Finished {
+                    worker: *worker,
+                    job,
+                    duration: Duration::ZERO,
+                    timing: JobTiming::default(),
+                    result: Err(error.clone()),
+                });
             }
         }
         for (worker, state) in workers {
@@ -374,6 +379,7 @@ async fn worker_stream(connection: Connection, outbox: UnboundedReceiver<Message
                 worker,
                 job: job.id,
                 duration: Duration::ZERO,
+                timing: JobTiming::default(),
                 result: Err(DataplaneError::Invalid(format!("the job cannot be sent to the node: {error}"))),
             });
         }

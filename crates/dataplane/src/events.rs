@@ -33,14 +33,14 @@ impl EventSink {
         EventSink::Handler(Arc::new(handler))
     }
 
-    /// Deliver `event`. Returns it when no one listens any more (a channel whose
-    /// receiver is gone).
-    pub fn send(&self, event: WorkerEvent) -> Result<(), WorkerEvent> {
+    /// Deliver `event`; false when no one listens any more (a channel whose receiver
+    /// is gone: the event is dropped).
+    pub fn send(&self, event: WorkerEvent) -> bool {
         match self {
-            EventSink::Channel(sender) => sender.send(event).map_err(|mpsc::SendError(event)| event),
+            EventSink::Channel(sender) => sender.send(event).is_ok(),
             EventSink::Handler(handler) => {
                 handler(event);
-                Ok(())
+                true
             }
         }
     }
@@ -69,10 +69,10 @@ mod tests {
     #[test]
     fn a_channel_delivers_to_its_receiver_and_a_handler_on_the_sending_thread() {
         let (sink, receiver) = EventSink::channel();
-        sink.send(WorkerEvent::Retired { worker: 3 }).unwrap();
+        assert!(sink.send(WorkerEvent::Retired { worker: 3 }));
         assert!(matches!(receiver.try_recv(), Ok(WorkerEvent::Retired { worker: 3 })));
         drop(receiver);
-        assert!(matches!(sink.send(WorkerEvent::Retired { worker: 4 }), Err(WorkerEvent::Retired { worker: 4 })));
+        assert!(!sink.send(WorkerEvent::Retired { worker: 4 }), "no one listens");
 
         let seen = Arc::new(Mutex::new(Vec::new()));
         let record = Arc::clone(&seen);
@@ -83,12 +83,12 @@ mod tests {
         });
         let other = sink.clone();
         let thread = std::thread::spawn(move || {
-            other.send(WorkerEvent::Retired { worker: 5 }).unwrap();
+            assert!(other.send(WorkerEvent::Retired { worker: 5 }));
             std::thread::current().id()
         })
         .join()
         .unwrap();
-        sink.send(WorkerEvent::Retired { worker: 6 }).unwrap();
+        assert!(sink.send(WorkerEvent::Retired { worker: 6 }));
         assert_eq!(*seen.lock().unwrap(), vec![(5, thread), (6, std::thread::current().id())]);
     }
 }

@@ -41,4 +41,4 @@ pub use runtime::{Runtime, RuntimeConfig};
 pub use sequence::{SequenceSpec, SequenceStep};
 pub use session::{BatchTiming, ModelSession, ModelSpec, StartKind, WarmUp, WarmUpData, WarmUpInput};
 pub use tensor::{Element, ElementType, Elements, SharedBytes, Tensor, TensorData};
-pub use worker::{Job, Request, RequestOutput, Worker, WorkerContext, WorkerEvent};
+pub use worker::{Job, JobTiming, Request, RequestOutput, Worker, WorkerContext, WorkerEvent};

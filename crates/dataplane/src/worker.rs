@@ -27,7 +27,7 @@ use crate::error::{DataplaneError, Result};
 use crate::events::EventSink;
 use crate::runtime::Runtime;
 use crate::sequence::{SequenceStep, Sequences};
-use crate::session::{ModelSession, ModelSpec, StartKind};
+use crate::session::{BatchTiming, ModelSession, ModelSpec, StartKind};
 use crate::tensor::{ElementType, Tensor};
 
 /// One request of a job: one tensor per model input, without the batch dimension (for
@@ -97,6 +97,9 @@ pub enum WorkerEvent {
         job: u64,
         /// Execution time (stack, run, split).
         duration: Duration,
+        /// Where the job's time went on the worker (zero where the worker does not
+        /// measure it: a remote host's).
+        timing: JobTiming,
         /// Per-request outputs, in the job's order, or the job's error.
         result: Result<Vec<RequestOutput>>,
     },
@@ -133,6 +136,17 @@ pub enum WorkerEvent {
     },
 }
 
+/// Where one job's time went on its worker.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct JobTiming {
+    /// From the hand-over ([`Worker::start`]) to the worker taking the job up: the
+    /// wake-up of its thread, or the job before it.
+    pub waited: Duration,
+    /// Stacking, `Run` and the split of the job's batch (for a stateful model's job,
+    /// of its last step).
+    pub batch: BatchTiming,
+}
+
 /// What workers share: the runtime and the parameter cache.
 #[derive(Debug, Clone)]
 pub struct WorkerContext {
@@ -143,7 +157,8 @@ pub struct WorkerContext {
 }
 
 enum Command {
-    Run(Job, Arc<RunOptions>),
+    /// A job, its run options, and when it was handed over.
+    Run(Job, Arc<RunOptions>, Instant),
     SetThreads(usize),
     SetModel(ModelSpec),
     ReleaseSequence(u64),
@@ -196,7 +211,7 @@ impl Worker {
     pub fn start(&self, job: Job) -> Result<()> {
         let options = Arc::new(RunOptions::new().map_err(DataplaneError::ort)?);
         *self.running.lock().unwrap() = Some(RunningJob { job: job.id, options: Arc::clone(&options) });
-        self.send(Command::Run(job, options))
+        self.send(Command::Run(job, options, Instant::now()))
     }
 
     /// Abort the job handed over last, if it has not finished: it stops as soon as
@@ -378,7 +393,7 @@ impl WorkerLoop {
                 break;
             }
             match command {
-                Command::Run(job, options) => self.run_job(&mut session, sequences.as_mut(), job, &options),
+                Command::Run(job, options, handed) => self.run_job(&mut session, sequences.as_mut(), job, &options, handed),
                 Command::SetThreads(threads) => {
                     let spec = session.spec().clone();
                     self.rebuild(&mut session, &spec, threads);
@@ -402,7 +417,7 @@ impl WorkerLoop {
         let _ = self.events.send(WorkerEvent::Retired { worker });
     }
 
-    fn run_job(&self, session: &mut ModelSession, sequences: Option<&mut Sequences>, job: Job, options: &RunOptions) {
+    fn run_job(&self, session: &mut ModelSession, sequences: Option<&mut Sequences>, job: Job, options: &RunOptions, handed: Instant) {
         let begin = Instant::now();
         let result = match sequences {
             None => {
@@ -424,6 +439,7 @@ impl WorkerLoop {
                 worker: self.id,
                 job: job.id,
                 duration,
+                timing: JobTiming { waited: begin.saturating_duration_since(handed), batch: session.last_timing() },
                 result: result
                     .map(|outputs| job.requests.iter().zip(outputs).map(|(r, outputs)| RequestOutput { id: r.id, outputs }).collect()),
             },

@@ -161,26 +161,29 @@ pub trait Executor {
     }
 }
 
-/// One executor driven by several engines on the same thread: the arms of an A/B run
-/// each schedule their own workers, all of which live in this one executor. Cloning
-/// gives another handle to the same executor. Worker and request ids must not collide
-/// between the engines ([`super::IdSpace`] sees to that).
-pub struct SharedExecutor<X>(std::rc::Rc<std::cell::RefCell<X>>);
+/// One executor driven by several engines: the arms of an A/B run each schedule their
+/// own workers, all of which live in this one executor. Cloning gives another handle
+/// to the same executor. Worker and request ids must not collide between the engines
+/// ([`super::IdSpace`] sees to that). The engines and their executor move between
+/// threads together (the server runs an engine's turn on whichever thread brings it
+/// work), so the executor is behind a mutex; it is never contended, since only the
+/// thread running a turn reaches it.
+pub struct SharedExecutor<X>(std::sync::Arc<std::sync::Mutex<X>>);
 
 impl<X> SharedExecutor<X> {
     /// Share `executor`.
     pub fn new(executor: X) -> Self {
-        Self(std::rc::Rc::new(std::cell::RefCell::new(executor)))
+        Self(std::sync::Arc::new(std::sync::Mutex::new(executor)))
     }
 
-    /// The executor, for reading.
-    pub fn borrow(&self) -> std::cell::Ref<'_, X> {
-        self.0.borrow()
+    /// The executor, for reading (held until the guard drops: do not take it twice).
+    pub fn borrow(&self) -> std::sync::MutexGuard<'_, X> {
+        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// The executor, for changing.
-    pub fn borrow_mut(&self) -> std::cell::RefMut<'_, X> {
-        self.0.borrow_mut()
+    /// The executor, for changing (held until the guard drops: do not take it twice).
+    pub fn borrow_mut(&self) -> std::sync::MutexGuard<'_, X> {
+        self.borrow()
     }
 }
 
@@ -192,40 +195,40 @@ impl<X> Clone for SharedExecutor<X> {
 
 impl<X: std::fmt::Debug> std::fmt::Debug for SharedExecutor<X> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("SharedExecutor").field(&*self.0.borrow()).finish()
+        f.debug_tuple("SharedExecutor").field(&*self.borrow()).finish()
     }
 }
 
 impl<X: Executor> Executor for SharedExecutor<X> {
     fn start(&mut self, job: BatchJob) {
-        self.0.borrow_mut().start(job)
+        self.borrow_mut().start(job)
     }
     fn abort(&mut self, worker: u32) {
-        self.0.borrow_mut().abort(worker)
+        self.borrow_mut().abort(worker)
     }
     fn provision(&mut self, worker: u32, stage: u32, variant: u32, start: WorkerStart) {
-        self.0.borrow_mut().provision(worker, stage, variant, start)
+        self.borrow_mut().provision(worker, stage, variant, start)
     }
     fn initial_workers_report_ready(&self) -> bool {
-        self.0.borrow().initial_workers_report_ready()
+        self.borrow().initial_workers_report_ready()
     }
     fn retire(&mut self, worker: u32) {
-        self.0.borrow_mut().retire(worker)
+        self.borrow_mut().retire(worker)
     }
     fn set_threads(&mut self, worker: u32, threads: u32) {
-        self.0.borrow_mut().set_threads(worker, threads)
+        self.borrow_mut().set_threads(worker, threads)
     }
     fn set_variant(&mut self, worker: u32, variant: u32) {
-        self.0.borrow_mut().set_variant(worker, variant)
+        self.borrow_mut().set_variant(worker, variant)
     }
     fn evict(&mut self, worker: u32, sequence: u64, mode: EvictMode) {
-        self.0.borrow_mut().evict(worker, sequence, mode)
+        self.borrow_mut().evict(worker, sequence, mode)
     }
     fn sequence_released(&mut self, worker: u32, sequence: u64) {
-        self.0.borrow_mut().sequence_released(worker, sequence)
+        self.borrow_mut().sequence_released(worker, sequence)
     }
     fn accept_result(&mut self, result: &JobResult) -> bool {
-        self.0.borrow_mut().accept_result(result)
+        self.borrow_mut().accept_result(result)
     }
 }
 

@@ -1,13 +1,25 @@
-//! The engine as an actor: one thread owns all scheduling state, and everything else
-//! (ingress handlers, workers, the admin API) talks to it by message. There is no lock
-//! around a queue, and the order in which messages arrive is the order the policy sees.
+//! The engine as an actor: one owner of all scheduling state at a time, and everything
+//! else (ingress handlers, workers, the admin API) talks to it by message. There is no
+//! lock around a queue, and the order in which messages arrive is the order the policy
+//! sees.
 //!
-//! Each turn of the loop takes every message already waiting, so whatever happened up
-//! to a decision point reaches the policy in one call; between messages the actor
-//! sleeps until the engine's next wake-up (tick, timer, deferral, expiry).
+//! A turn takes every message already waiting, so whatever happened up to a decision
+//! point reaches the policy in one call, then answers the requests that ended. Turns
+//! run on the engine's own thread, woken by a message, and on the serving path's
+//! senders ([`ActorHandle::send_here`]): when the engine is free, a client's request is
+//! decided on its own task's thread and a finished job is taken in on its worker's
+//! thread, so neither waits for another thread to wake up (each hand-over cost a
+//! wake-up of tens of microseconds). A sender that finds the engine busy leaves its
+//! message to the turn in progress (which looks for waiting messages again after
+//! letting go), and one that has run two turns with messages still arriving leaves the
+//! backlog to the engine's thread, so no client's task is held by others' requests. A
+//! sender holding a lock that a turn may take (an executor reporting from under its own
+//! lock) must use [`ActorHandle::send`], which only wakes the engine's thread. The
+//! engine's thread also runs the engine's timed wake-ups (tick, timer, deferral,
+//! expiry), sleeping in between, and drops the engine when it stops.
 //!
-//! A client's request is submitted with two callbacks: `admitted` runs on the actor
-//! thread as soon as the request has its id and before any policy decision, so the
+//! A client's request is submitted with two callbacks: `admitted` runs in the turn that
+//! takes the request in, as soon as it has its id and before any policy decision, so the
 //! caller can park the request's tensors where the executor will look for them; `ended`
 //! runs exactly once, when the request completes, is dropped or fails.
 //!
@@ -21,8 +33,11 @@
 //! that owns it.
 
 use std::collections::HashMap;
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::thread::JoinHandle;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::thread::{JoinHandle, Thread};
 use std::time::Duration;
 
 use super::ab::{AbStatus, ArmEngine, Arms, Split};
@@ -126,11 +141,12 @@ pub enum Message<C: Clock, X: Executor> {
 /// A cheap, clonable way to reach the actor.
 pub struct ActorHandle<C: Clock, X: Executor> {
     sender: Sender<Message<C, X>>,
+    inner: Arc<dyn Turns>,
 }
 
 impl<C: Clock, X: Executor> Clone for ActorHandle<C, X> {
     fn clone(&self) -> Self {
-        Self { sender: self.sender.clone() }
+        Self { sender: self.sender.clone(), inner: Arc::clone(&self.inner) }
     }
 }
 
@@ -147,25 +163,57 @@ impl std::fmt::Display for ActorStopped {
 impl std::error::Error for ActorStopped {}
 
 impl<C: Clock, X: Executor> ActorHandle<C, X> {
-    /// Send any message.
+    /// Send any message; the engine's thread takes it in (woken for it).
     pub fn send(&self, message: Message<C, X>) -> Result<(), ActorStopped> {
-        self.sender.send(message).map_err(|_| ActorStopped)
+        self.post(message)?;
+        self.inner.wake_engine_thread();
+        Ok(())
     }
 
-    /// Submit a request (see the module docs for the callbacks). When the actor has
-    /// stopped, `ended` is not called and the error says so.
+    /// Send a message and, when the engine is free, run its turn at once on this thread
+    /// (see the module docs); otherwise whoever holds the engine takes the message in.
+    /// Only for a caller that holds no lock a turn might take (the executor's, a
+    /// worker's, the payload store's): the turn would wait for it forever.
+    pub fn send_here(&self, message: Message<C, X>) -> Result<(), ActorStopped> {
+        self.post(message)?;
+        self.inner.run_turns(TURNS_ON_A_SENDER);
+        Ok(())
+    }
+
+    fn post(&self, message: Message<C, X>) -> Result<(), ActorStopped> {
+        if self.inner.stopped() {
+            return Err(ActorStopped);
+        }
+        self.sender.send(message).map_err(|_| ActorStopped)?;
+        // Counted after the send: a turn may take the message in first, so the count
+        // dips below zero for a moment, but it is above zero whenever a message waits
+        // that no turn has started to drain.
+        self.inner.pending().fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Submit a request (see the module docs for the callbacks), running the engine's
+    /// turn on this thread when it is free (see [`ActorHandle::send_here`]: hold no
+    /// lock). When the actor has stopped, `ended` is not called and the error says so.
     pub fn submit(&self, submission: Submission, admitted: Admitted, ended: OnEnd) -> Result<(), ActorStopped> {
-        self.send(Message::Submit { submission, key: None, admitted, ended })
+        self.send_here(Message::Submit { submission, key: None, admitted, ended })
     }
 
-    /// Submit a request with the hash of its A/B split key ([`super::ab::key_hash`]).
+    /// Submit a request with the hash of its A/B split key ([`super::ab::key_hash`]), as
+    /// [`ActorHandle::submit`] does.
     pub fn submit_keyed(&self, submission: Submission, key: Option<u64>, admitted: Admitted, ended: OnEnd) -> Result<(), ActorStopped> {
-        self.send(Message::Submit { submission, key, admitted, ended })
+        self.send_here(Message::Submit { submission, key, admitted, ended })
     }
 
     /// Report a finished job.
     pub fn job_finished(&self, result: JobResult) -> Result<(), ActorStopped> {
         self.send(Message::JobFinished(result))
+    }
+
+    /// Report a finished job and take it in on this thread when the engine is free (see
+    /// [`ActorHandle::send_here`]: hold no lock).
+    pub fn job_finished_here(&self, result: JobResult) -> Result<(), ActorStopped> {
+        self.send_here(Message::JobFinished(result))
     }
 
     /// Report a worker ready.
@@ -267,16 +315,215 @@ impl<C: Clock, X: Executor> ActorHandle<C, X> {
     }
 }
 
+/// How many turns a thread that sends a message runs before it leaves a backlog to the
+/// engine's own thread: a client's task must not be kept from its connection by a
+/// steady stream of other clients' requests.
+const TURNS_ON_A_SENDER: usize = 2;
+
+/// What the handles and the engine's thread share.
+struct Inner<C: Clock, X: Executor> {
+    /// The engine, taken by whichever thread runs a turn (`None` until the engine's
+    /// thread has built it, and again once it has stopped).
+    core: Mutex<Option<Core<C, X>>>,
+    /// Messages sent that no turn has taken in yet (briefly below zero, see `send`).
+    pending: AtomicIsize,
+    /// The engine's next wake-up, in its clock's nanoseconds (`u64::MAX`: none).
+    next_wakeup: AtomicU64,
+    /// Set once the engine has stopped: messages are refused.
+    stopped: AtomicBool,
+    /// The engine's own thread, woken for a wake-up earlier than it sleeps for, a
+    /// backlog, or the stop.
+    thread: OnceLock<Thread>,
+}
+
+/// The state a turn works on.
+struct Core<C: Clock, X: Executor> {
+    arms: Arms<C, X>,
+    clock: C,
+    receiver: Receiver<Message<C, X>>,
+    /// Requests taken in, by id, with how to tell their end.
+    waiting: HashMap<u64, OnEnd>,
+    capture: Option<Recorder>,
+}
+
+/// How a turn left the engine.
+#[derive(Debug, PartialEq, Eq)]
+enum TurnEnd {
+    /// Serving on.
+    Running,
+    /// Stopped: every request has ended.
+    Stopped,
+}
+
+/// What a handle asks of the engine it reaches, whatever its clock and executor.
+trait Turns: Send + Sync {
+    /// Messages sent that no turn has taken in yet.
+    fn pending(&self) -> &AtomicIsize;
+    /// Whether the engine has stopped.
+    fn stopped(&self) -> bool;
+    /// Run up to `turns` turns on this thread while messages wait and the engine is free.
+    fn run_turns(&self, turns: usize);
+    /// Wake the engine's own thread.
+    fn wake_engine_thread(&self);
+}
+
+impl<C: Clock + Send, X: Executor + Send> Turns for Inner<C, X> {
+    fn pending(&self) -> &AtomicIsize {
+        &self.pending
+    }
+    fn stopped(&self) -> bool {
+        self.stopped.load(Ordering::SeqCst)
+    }
+    fn run_turns(&self, turns: usize) {
+        Inner::run_turns(self, turns)
+    }
+    fn wake_engine_thread(&self) {
+        Inner::wake_engine_thread(self)
+    }
+}
+
+impl<C: Clock, X: Executor> Inner<C, X> {
+    /// Run up to `turns` turns on this thread while messages wait and the engine is
+    /// free; a backlog left is the engine thread's to take.
+    fn run_turns(&self, turns: usize) {
+        for _ in 0..turns {
+            if self.pending.load(Ordering::SeqCst) <= 0 {
+                return;
+            }
+            let Ok(mut core) = self.core.try_lock() else {
+                // Whoever holds it looks at `pending` again after letting go.
+                return;
+            };
+            let Some(state) = core.as_mut() else { return };
+            let end = self.turn(state);
+            drop(core);
+            if end == TurnEnd::Stopped {
+                return;
+            }
+        }
+        if self.pending.load(Ordering::SeqCst) > 0 {
+            self.wake_engine_thread();
+        }
+    }
+
+    /// One turn: take in every message waiting, let the engine handle what is due,
+    /// deliver the events to the policy, answer the requests that ended. A panic in
+    /// the turn stops the engine (as it stopped the actor's thread before).
+    fn turn(&self, core: &mut Core<C, X>) -> TurnEnd {
+        let outcome = catch_unwind(AssertUnwindSafe(|| core.turn(&self.pending)));
+        let end = match outcome {
+            Ok(end) => end,
+            Err(panic) => {
+                let message = panic.downcast_ref::<String>().cloned().or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()));
+                tracing::error!("the scheduling engine panicked: {}; it stops", message.unwrap_or_else(|| "no message".into()));
+                TurnEnd::Stopped
+            }
+        };
+        if end == TurnEnd::Stopped {
+            self.stopped.store(true, Ordering::SeqCst);
+            self.wake_engine_thread();
+            return end;
+        }
+        let at = core.arms.next_wakeup().unwrap_or(u64::MAX);
+        if at < self.next_wakeup.swap(at, Ordering::SeqCst) {
+            self.wake_engine_thread();
+        }
+        end
+    }
+
+    fn wake_engine_thread(&self) {
+        if let Some(thread) = self.thread.get() {
+            thread.unpark();
+        }
+    }
+}
+
+impl<C: Clock, X: Executor> Core<C, X> {
+    fn turn(&mut self, pending: &AtomicIsize) -> TurnEnd {
+        let mut stop = None;
+        loop {
+            let message = match self.receiver.try_recv() {
+                Ok(message) => message,
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
+                    stop = Some("every handle was dropped".to_string());
+                    break;
+                }
+            };
+            pending.fetch_sub(1, Ordering::SeqCst);
+            if let Message::Shutdown(reason) = message {
+                stop = Some(reason);
+                break;
+            }
+            self.handle(message);
+        }
+        self.arms.advance_and_flush(self.clock.now());
+        answer(&mut self.arms, &mut self.waiting, &mut self.capture);
+        if let Some(reason) = stop {
+            shut_down(&mut self.arms, std::mem::take(&mut self.waiting), &mut self.capture, &reason);
+            return TurnEnd::Stopped;
+        }
+        if let Some(recorder) = &mut self.capture {
+            recorder.flush();
+        }
+        TurnEnd::Running
+    }
+
+    fn handle(&mut self, message: Message<C, X>) {
+        let arms = &mut self.arms;
+        match message {
+            Message::Submit { submission, key, admitted, ended } => {
+                let (input_size, expected_tokens) = (submission.input_size, submission.expected_tokens);
+                let (slot, id) = arms.submit(submission, key);
+                if let Some(recorder) = &mut self.capture {
+                    recorder.arrival(arms.engine(slot), id, input_size, expected_tokens);
+                }
+                admitted(id);
+                self.waiting.insert(id, ended);
+            }
+            Message::Cancel(id) => arms.cancel(id),
+            Message::JobFinished(result) => {
+                if let Some(recorder) = &mut self.capture {
+                    recorder.batch(arms.engine_of_worker(result.worker), &result);
+                }
+                arms.job_finished(result)
+            }
+            Message::Capture(recorder) => {
+                if let Some(mut old) = std::mem::replace(&mut self.capture, recorder) {
+                    old.flush();
+                }
+            }
+            Message::WorkerReady(worker) => arms.worker_ready(worker),
+            Message::WorkerLost(worker, reason) => arms.worker_lost(worker, &reason),
+            Message::Inspect(question) => question(arms.main()),
+            Message::InspectArms(question) => question(arms),
+            Message::Update(change) => change(arms),
+            Message::Swap { arm: None, candidate, done } => done(Ok(arms.main_mut().swap(candidate))),
+            Message::Swap { arm: Some(label), candidate, done } => match arms.engine_mut(&label) {
+                Some(engine) => done(Ok(engine.swap(candidate))),
+                None => done(Err(format!("no arm named {label:?} (arms: {})", arms.labels().join(", ")))),
+            },
+            Message::Shadow { candidate: Some(candidate), done } => done(arms.main_mut().start_shadow(candidate)),
+            Message::Shadow { candidate: None, done } => done(arms.main_mut().stop_shadow()),
+            Message::Ab { command: AbCommand::Start { candidate, label, split, warm }, done } => {
+                done(arms.start_with(*candidate, &label, split, warm))
+            }
+            Message::Ab { command: AbCommand::End(winner), done } => done(arms.end(&winner)),
+            Message::Shutdown(_) => unreachable!("a turn stops at Shutdown before handling it"),
+        }
+    }
+}
+
 /// The running actor.
 pub struct Actor<C: Clock, X: Executor> {
     handle: ActorHandle<C, X>,
     thread: Option<JoinHandle<()>>,
 }
 
-impl<C: Clock + Send + 'static, X: Executor + 'static> Actor<C, X> {
-    /// Start the actor thread; `build` makes the engine on that thread (so the engine
-    /// and its policy instance never cross threads) and gets a handle for the
-    /// executor to report back with. `label` names the engine's arm in metrics.
+impl<C: Clock + Send + 'static, X: Executor + Send + 'static> Actor<C, X> {
+    /// Start the engine's thread; `build` makes the engine on that thread and gets a
+    /// handle for the executor to report back with. `label` names the engine's arm in
+    /// metrics. Messages sent before the engine is built wait for it.
     pub fn spawn(
         name: &str,
         clock: C,
@@ -284,13 +531,35 @@ impl<C: Clock + Send + 'static, X: Executor + 'static> Actor<C, X> {
         build: impl FnOnce(ActorHandle<C, X>) -> ArmEngine<C, X> + Send + 'static,
     ) -> std::io::Result<Self> {
         let (sender, receiver) = mpsc::channel();
-        let handle = ActorHandle { sender };
+        let inner = Arc::new(Inner {
+            core: Mutex::new(None),
+            pending: AtomicIsize::new(0),
+            next_wakeup: AtomicU64::new(u64::MAX),
+            stopped: AtomicBool::new(false),
+            thread: OnceLock::new(),
+        });
+        let handle = ActorHandle { sender, inner: Arc::clone(&inner) as Arc<dyn Turns> };
         let for_engine = handle.clone();
         let label = label.to_string();
+        let engine_side = Arc::clone(&inner);
         let thread = std::thread::Builder::new().name(name.to_string()).spawn(move || {
-            let engine = build(for_engine);
-            run(Arms::new(clock.clone(), &label, engine), clock, receiver);
+            let inner = engine_side;
+            let engine = match catch_unwind(AssertUnwindSafe(|| build(for_engine))) {
+                Ok(engine) => engine,
+                Err(_) => {
+                    // No engine: refuse messages (the receiver goes with this thread).
+                    inner.stopped.store(true, Ordering::SeqCst);
+                    tracing::error!("building the scheduling engine panicked; it does not run");
+                    return;
+                }
+            };
+            let arms = Arms::new(clock.clone(), &label, engine);
+            *lock(&inner.core) = Some(Core { arms, clock: clock.clone(), receiver, waiting: HashMap::new(), capture: None });
+            engine_thread(&inner, &clock);
         })?;
+        let _ = inner.thread.set(thread.thread().clone());
+        // Messages sent before the thread was known: wake it for them.
+        thread.thread().unpark();
         Ok(Self { handle, thread: Some(thread) })
     }
 
@@ -301,92 +570,56 @@ impl<C: Clock + Send + 'static, X: Executor + 'static> Actor<C, X> {
 
     /// Stop the actor (requests in flight fail with `reason`) and wait for it.
     pub fn shutdown(mut self, reason: &str) {
-        let _ = self.handle.send(Message::Shutdown(reason.to_string()));
+        self.stop(reason);
+    }
+}
+
+impl<C: Clock, X: Executor> Actor<C, X> {
+    fn stop(&mut self, reason: &str) {
         if let Some(thread) = self.thread.take() {
+            let _ = self.handle.send(Message::Shutdown(reason.to_string()));
+            self.handle.inner.wake_engine_thread();
             let _ = thread.join();
         }
     }
+}
+
+/// The engine's own thread: it runs the turns no sender ran (a backlog, a message sent
+/// while another thread held the engine and was letting go) and the engine's timed
+/// wake-ups (ticks, timers, deferrals, expiries), and drops the engine once it stops.
+fn engine_thread<C: Clock, X: Executor>(inner: &Inner<C, X>, clock: &C) {
+    loop {
+        if inner.stopped.load(Ordering::SeqCst) {
+            break;
+        }
+        let at = inner.next_wakeup.load(Ordering::SeqCst);
+        let now = clock.now();
+        let due = at <= now;
+        if inner.pending.load(Ordering::SeqCst) <= 0 && !due {
+            match at {
+                u64::MAX => std::thread::park(),
+                at => std::thread::park_timeout(Duration::from_nanos(at - now)),
+            }
+            continue;
+        }
+        let mut core = lock(&inner.core);
+        let Some(state) = core.as_mut() else { break };
+        if inner.turn(state) == TurnEnd::Stopped {
+            break;
+        }
+    }
+    // Dropped here, not on a client's thread: the executor waits for its workers.
+    let core = lock(&inner.core).take();
+    drop(core);
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl<C: Clock, X: Executor> Drop for Actor<C, X> {
     fn drop(&mut self) {
-        if let Some(thread) = self.thread.take() {
-            let _ = self.handle.send(Message::Shutdown("the server is shutting down".into()));
-            let _ = thread.join();
-        }
-    }
-}
-
-/// The actor loop.
-fn run<C: Clock, X: Executor>(mut arms: Arms<C, X>, clock: C, receiver: Receiver<Message<C, X>>) {
-    let mut waiting: HashMap<u64, OnEnd> = HashMap::new();
-    let mut capture: Option<Recorder> = None;
-    loop {
-        let first = match arms.next_wakeup() {
-            Some(at) => match receiver.recv_timeout(Duration::from_nanos(at.saturating_sub(clock.now()))) {
-                Ok(message) => Some(message),
-                Err(RecvTimeoutError::Timeout) => None,
-                Err(RecvTimeoutError::Disconnected) => return shut_down(&mut arms, waiting, &mut capture, "every handle was dropped"),
-            },
-            None => match receiver.recv() {
-                Ok(message) => Some(message),
-                Err(_) => return shut_down(&mut arms, waiting, &mut capture, "every handle was dropped"),
-            },
-        };
-        let mut stop = None;
-        for message in first.into_iter().chain(std::iter::from_fn(|| receiver.try_recv().ok())) {
-            match message {
-                Message::Submit { submission, key, admitted, ended } => {
-                    let (input_size, expected_tokens) = (submission.input_size, submission.expected_tokens);
-                    let (slot, id) = arms.submit(submission, key);
-                    if let Some(recorder) = &mut capture {
-                        recorder.arrival(arms.engine(slot), id, input_size, expected_tokens);
-                    }
-                    admitted(id);
-                    waiting.insert(id, ended);
-                }
-                Message::Cancel(id) => arms.cancel(id),
-                Message::JobFinished(result) => {
-                    if let Some(recorder) = &mut capture {
-                        recorder.batch(arms.engine_of_worker(result.worker), &result);
-                    }
-                    arms.job_finished(result)
-                }
-                Message::Capture(recorder) => {
-                    if let Some(mut old) = std::mem::replace(&mut capture, recorder) {
-                        old.flush();
-                    }
-                }
-                Message::WorkerReady(worker) => arms.worker_ready(worker),
-                Message::WorkerLost(worker, reason) => arms.worker_lost(worker, &reason),
-                Message::Inspect(question) => question(arms.main()),
-                Message::InspectArms(question) => question(&arms),
-                Message::Update(change) => change(&mut arms),
-                Message::Swap { arm: None, candidate, done } => done(Ok(arms.main_mut().swap(candidate))),
-                Message::Swap { arm: Some(label), candidate, done } => match arms.engine_mut(&label) {
-                    Some(engine) => done(Ok(engine.swap(candidate))),
-                    None => done(Err(format!("no arm named {label:?} (arms: {})", arms.labels().join(", ")))),
-                },
-                Message::Shadow { candidate: Some(candidate), done } => done(arms.main_mut().start_shadow(candidate)),
-                Message::Shadow { candidate: None, done } => done(arms.main_mut().stop_shadow()),
-                Message::Ab { command: AbCommand::Start { candidate, label, split, warm }, done } => {
-                    done(arms.start_with(*candidate, &label, split, warm))
-                }
-                Message::Ab { command: AbCommand::End(winner), done } => done(arms.end(&winner)),
-                Message::Shutdown(reason) => {
-                    stop = Some(reason);
-                    break;
-                }
-            }
-        }
-        arms.advance_and_flush(clock.now());
-        answer(&mut arms, &mut waiting, &mut capture);
-        if let Some(reason) = stop {
-            return shut_down(&mut arms, waiting, &mut capture, &reason);
-        }
-        if let Some(recorder) = &mut capture {
-            recorder.flush();
-        }
+        self.stop("the server is shutting down");
     }
 }
 
@@ -443,8 +676,14 @@ mod tests {
         started: Arc<Mutex<Vec<usize>>>,
     }
 
+    thread_local! {
+        /// Jobs started by a turn on this thread.
+        static STARTED_HERE: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
     impl Executor for SleepingExecutor {
         fn start(&mut self, job: BatchJob) {
+            STARTED_HERE.with(|count| count.set(count.get() + 1));
             self.started.lock().unwrap().push(job.items.len());
             let handle = self.handle.clone();
             let duration = self.per_item * job.items.len() as u32;
@@ -563,6 +802,25 @@ mod tests {
         assert_eq!(count(|r| matches!(r, TraceRecord::Completion(_))), 40);
         let batched: usize = records.iter().map(|r| if let TraceRecord::Batch(b) = r { b.requests.len() } else { 0 }).sum();
         assert!(batched >= 40, "every request ran in a recorded batch at least once ({batched})");
+    }
+
+    #[test]
+    fn a_request_sent_while_the_engine_is_free_is_decided_on_the_senders_thread() {
+        let actor = start("edf", Arc::new(Mutex::new(Vec::new())));
+        let handle = actor.handle();
+        let (done, results) = mpsc::channel();
+        for _ in 0..20 {
+            let done = done.clone();
+            handle.submit(Submission::default(), Box::new(|_| {}), Box::new(move |end| done.send(end).unwrap())).unwrap();
+            let end = results.recv_timeout(Duration::from_secs(20)).unwrap();
+            assert!(matches!(end.outcome, Outcome::Completed), "{end:?}");
+        }
+        // Sent one at a time to an idle engine, most are dispatched in the turn the
+        // submit ran here (the engine's thread may hold the engine for a timer now and
+        // then); before, every turn ran on the engine's thread.
+        let here = STARTED_HERE.with(|count| count.get());
+        assert!(here >= 10, "{here} of 20 jobs started on the submitting thread");
+        actor.shutdown("test over");
     }
 
     #[test]

@@ -488,7 +488,8 @@ impl EngineBackend {
             (None, None) => None,
         };
         let sequence = admitted.as_ref().map(|a| a.step.clone());
-        let parcel = Parcel { payload, prepared: Some(Prepared { stage: served.entry, elements }), sequence: sequence.clone() };
+        let parcel =
+            Parcel { payload, prepared: Some(Prepared { stage: served.entry, elements }), sequence: sequence.clone(), last_job: None };
         // A sequence's request that does not complete ends its sequence at the door.
         let on_failure = served.sequences.clone().zip(admitted.map(|a| (a.step.id, a.run)));
 
@@ -527,9 +528,18 @@ impl EngineBackend {
         match outcome {
             Outcome::Completed => {
                 let parcel = parcel.ok_or_else(|| InferError::Failed("the request completed but its data was lost".into()))?;
+                let (compute_input_end, compute_output_start) = self.worker_stamps(parcel.last_job.as_ref());
                 let mut outputs = served.codec.encode(parcel.payload).map_err(InferError::Failed)?;
                 classify_outputs(&served, &request.outputs, &mut outputs).map_err(InferError::Invalid)?;
-                let timing = RequestTiming { request_start, queue_start, compute_start, compute_end, request_end: self.clock.now() };
+                let timing = RequestTiming {
+                    request_start,
+                    queue_start,
+                    compute_start,
+                    compute_end,
+                    compute_input_end,
+                    compute_output_start,
+                    request_end: self.clock.now(),
+                };
                 Ok(InferResponse {
                     model_name: served.name.clone(),
                     model_version: Some(served.description.version.clone()),
@@ -663,6 +673,16 @@ impl Backend for EngineBackend {
 }
 
 impl EngineBackend {
+    /// When the last job's inputs were stacked and its `Run` ended, on the engine's
+    /// clock, from the worker's measures (none where the worker does not measure).
+    fn worker_stamps(&self, spans: Option<&super::payload::JobSpans>) -> (Option<u64>, Option<u64>) {
+        let Some(spans) = spans.filter(|s| s.timing != yardmaster_dataplane::JobTiming::default()) else { return (None, None) };
+        let ns = |d: Duration| d.as_nanos() as u64;
+        let handed = self.clock.now().saturating_sub(ns(spans.handed.elapsed()));
+        let input_end = handed + ns(spans.timing.waited + spans.timing.batch.stack);
+        (Some(input_end), Some(input_end + ns(spans.timing.batch.run)))
+    }
+
     /// Every served version of `model` (or of every model) with its counters summed
     /// over the arms: what Triton's statistics extension and its `nv_inference_*`
     /// metrics report.
@@ -695,7 +715,8 @@ impl EngineBackend {
             .inspect_arms(move |arms| {
                 // One summary per arm, read for every model asked for.
                 let mut totals = vec![StreamTotals::default(); wanted.len()];
-                for slot in arms.slots() {
+                for (index, slot) in arms.slots().iter().enumerate() {
+                    let first_arm = index == 0;
                     let accounting = slot.engine.accounting();
                     let summary = accounting.summary(slot.engine.state().now());
                     let stages = &slot.engine.state().pipeline().stages;
@@ -710,6 +731,10 @@ impl EngineBackend {
                             if let Some(work) = accounting.stage_work().get(&s) {
                                 total.add_stage(work, *stream);
                             }
+                        }
+                        if first_arm {
+                            // The arms share one executor: its timings are counted once.
+                            total.add_worker_timing(&slot.engine.executor().borrow().stage_timing(*own));
                         }
                     }
                 }
@@ -774,6 +799,8 @@ struct StreamTotals {
     batches: Option<u64>,
     /// Its stage's accelerator time (all the runs), when it is a model of one stage.
     stage_compute_ns: Option<f64>,
+    /// Where its stage's jobs spent their time on the workers, where they measure it.
+    worker: super::executor::StageTiming,
 }
 
 impl StreamTotals {
@@ -795,6 +822,26 @@ impl StreamTotals {
         *self.stage_compute_ns.get_or_insert(0.0) += work.busy_ns as f64;
     }
 
+    fn add_worker_timing(&mut self, timing: &super::executor::StageTiming) {
+        self.worker.jobs += timing.jobs;
+        self.worker.input_ns += timing.input_ns;
+        self.worker.infer_ns += timing.infer_ns;
+        self.worker.output_ns += timing.output_ns;
+    }
+
+    /// Compute time as Triton splits it: preparing the inputs, the model's run, the
+    /// outputs. From the workers' own measures where every job was measured; else
+    /// all of it is the run.
+    fn compute_split(&self) -> (f64, f64, f64) {
+        let total = self.stage_compute_ns.unwrap_or(self.compute_ns);
+        let measured = self.batches.is_some_and(|batches| batches > 0 && self.worker.jobs == batches);
+        if measured {
+            (self.worker.input_ns as f64, self.worker.infer_ns as f64, self.worker.output_ns as f64)
+        } else {
+            (0.0, total, 0.0)
+        }
+    }
+
     /// Triton's `ModelStatistics`: successes with their end-to-end time, failures
     /// (dropped or failed), time queued and time computing. The requests run as a step
     /// of an ensemble count as successes and inferences too (their times are in the
@@ -803,6 +850,7 @@ impl StreamTotals {
     /// The counters as Triton's metrics name them.
     fn to_metrics(self, model: String, version: String) -> super::prometheus::TritonModelMetrics {
         let runs = self.completed + self.step_runs;
+        let (input, infer, output) = self.compute_split();
         super::prometheus::TritonModelMetrics {
             model,
             version,
@@ -812,13 +860,16 @@ impl StreamTotals {
             exec_count: self.batches.unwrap_or(self.completed),
             request_us: self.latency_ns / 1e3,
             queue_us: self.queue_ns / 1e3,
-            compute_infer_us: self.stage_compute_ns.unwrap_or(self.compute_ns) / 1e3,
+            compute_input_us: input / 1e3,
+            compute_infer_us: infer / 1e3,
+            compute_output_us: output / 1e3,
             pending: self.arrived.saturating_sub(self.ended),
         }
     }
 
     fn to_triton(self, name: &str, version: &str) -> serde_json::Value {
         let duration = |count: u64, ns: f64| serde_json::json!({ "count": count, "ns": ns.max(0.0) as u64 });
+        let (input, infer, output) = self.compute_split();
         let runs = self.completed + self.step_runs;
         serde_json::json!({
             "name": name,
@@ -830,9 +881,9 @@ impl StreamTotals {
                 "success": duration(runs, self.latency_ns),
                 "fail": duration(self.failed, 0.0),
                 "queue": duration(runs, self.queue_ns),
-                "compute_input": duration(runs, 0.0),
-                "compute_infer": duration(runs, self.stage_compute_ns.unwrap_or(self.compute_ns)),
-                "compute_output": duration(runs, 0.0),
+                "compute_input": duration(runs, input),
+                "compute_infer": duration(runs, infer),
+                "compute_output": duration(runs, output),
                 "cache_hit": duration(0, 0.0),
                 "cache_miss": duration(0, 0.0),
             },

@@ -118,6 +118,10 @@ pub struct Breakdown {
     /// The job: the hand-over to the worker, stacking, ONNX Runtime's `Run`, the split
     /// and the report back to the engine, ns.
     pub job_ns: u64,
+    /// Of the job, where the worker measured it (`COMPUTE_INPUT_END`,
+    /// `COMPUTE_OUTPUT_START`): the hand-over to the worker and the stacking; the `Run`;
+    /// the split and the report back to the engine, ns.
+    pub job_parts: Option<[u64; 3]>,
     /// From the job's end to the answer: the wake-up of the request's task and turning
     /// the worker's outputs into the response, ns.
     pub to_answer_ns: u64,
@@ -127,6 +131,7 @@ impl Breakdown {
     /// The medians of a trace file's requests (those traced with every timestamp).
     pub fn from_trace(trace: &serde_json::Value) -> Option<Breakdown> {
         let mut steps: [Vec<u64>; 4] = Default::default();
+        let mut parts: [Vec<u64>; 3] = Default::default();
         for entry in trace.as_array()? {
             let Some(stamps) = entry["timestamps"].as_array() else { continue };
             let at = |name: &str| stamps.iter().find(|s| s["name"] == name).and_then(|s| s["ns"].as_u64());
@@ -138,6 +143,13 @@ impl Breakdown {
             for (step, span) in steps.iter_mut().zip([queue - start, compute - queue, computed - compute, end - computed]) {
                 step.push(span);
             }
+            if let (Some(input_end), Some(output_start)) = (at("COMPUTE_INPUT_END"), at("COMPUTE_OUTPUT_START")) {
+                let spans =
+                    [input_end.saturating_sub(compute), output_start.saturating_sub(input_end), computed.saturating_sub(output_start)];
+                for (part, span) in parts.iter_mut().zip(spans) {
+                    part.push(span);
+                }
+            }
         }
         let median = |values: &mut Vec<u64>| {
             values.sort_unstable();
@@ -145,15 +157,39 @@ impl Breakdown {
         };
         let requests = steps[0].len();
         let [a, b, c, d] = &mut steps;
-        Some(Breakdown { requests, to_engine_ns: median(a)?, to_job_ns: median(b)?, job_ns: median(c)?, to_answer_ns: median(d)? })
+        // Parts only when every traced request has them (the medians must be of the
+        // same requests).
+        let job_parts = if parts[0].len() == requests {
+            let [i, r, o] = &mut parts;
+            Some([median(i)?, median(r)?, median(o)?])
+        } else {
+            None
+        };
+        Some(Breakdown {
+            requests,
+            to_engine_ns: median(a)?,
+            to_job_ns: median(b)?,
+            job_ns: median(c)?,
+            job_parts,
+            to_answer_ns: median(d)?,
+        })
     }
 
     /// Lines for the terminal, beside the client's median latency and the model's time.
     pub fn render(&self, client_p50_ns: u64, model_ns: f64) -> String {
         let us = |ns: f64| ns / 1e3;
         let inside = self.to_engine_ns + self.to_job_ns + self.job_ns + self.to_answer_ns;
+        let parts = match self.job_parts {
+            Some([input, run, output]) => format!(
+                ": to the worker and stacking {:.1}, run {:.1}, split and back {:.1}",
+                us(input as f64),
+                us(run as f64),
+                us(output as f64)
+            ),
+            None => String::new(),
+        };
         format!(
-            "per request (medians of {} traced HTTP/1.1 requests, µs): to the engine {:.1} | policy and dispatch {:.1} | job {:.1} (model {:.1}) | to the answer {:.1} | in the server {:.1} of {:.1} at the client (transport, HTTP and JSON: {:.1})",
+            "per request (medians of {} traced HTTP/1.1 requests, µs): to the engine {:.1} | policy and dispatch {:.1} | job {:.1} (model {:.1}{parts}) | to the answer {:.1} | in the server {:.1} of {:.1} at the client (transport, HTTP and JSON: {:.1})",
             self.requests,
             us(self.to_engine_ns as f64),
             us(self.to_job_ns as f64),
@@ -336,8 +372,28 @@ mod tests {
         entries
             .push(serde_json::json!({ "id": 4, "timestamps": [{ "name": "REQUEST_START", "ns": 0 }, { "name": "REQUEST_END", "ns": 9 }] }));
         let breakdown = Breakdown::from_trace(&serde_json::Value::Array(entries)).unwrap();
-        assert_eq!(breakdown, Breakdown { requests: 3, to_engine_ns: 20, to_job_ns: 30, job_ns: 100, to_answer_ns: 30 });
+        assert_eq!(breakdown, Breakdown { requests: 3, to_engine_ns: 20, to_job_ns: 30, job_ns: 100, job_parts: None, to_answer_ns: 30 });
         assert!(breakdown.render(1_000, 50.0).contains("in the server 0.2 of 1.0"), "{}", breakdown.render(1_000, 50.0));
         assert_eq!(Breakdown::from_trace(&serde_json::json!([])), None, "no complete trace, no breakdown");
+
+        // With the worker's stamps, the job is split: input (to the worker, stacking),
+        // run, output (split, back to the engine).
+        let with_parts = |id: u64, times: [u64; 7]| {
+            let names = [
+                "REQUEST_START",
+                "QUEUE_START",
+                "COMPUTE_START",
+                "COMPUTE_INPUT_END",
+                "COMPUTE_OUTPUT_START",
+                "COMPUTE_END",
+                "REQUEST_END",
+            ];
+            let stamps: Vec<serde_json::Value> = names.iter().zip(times).map(|(n, t)| serde_json::json!({ "name": n, "ns": t })).collect();
+            serde_json::json!({ "id": id, "timestamps": stamps })
+        };
+        let entries = vec![with_parts(1, [0, 10, 30, 40, 100, 130, 140]), with_parts(2, [0, 10, 30, 50, 90, 130, 140])];
+        let breakdown = Breakdown::from_trace(&serde_json::Value::Array(entries)).unwrap();
+        assert_eq!(breakdown.job_parts, Some([20, 60, 40]));
+        assert!(breakdown.render(1_000, 50.0).contains("to the worker and stacking 0.0, run 0.1"), "{}", breakdown.render(1_000, 50.0));
     }
 }

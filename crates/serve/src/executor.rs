@@ -39,13 +39,16 @@ use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
-use yardmaster_dataplane::{Job, ModelSpec, Request, SequenceStep, StartKind, Tensor, WorkerEvent};
+use yardmaster_dataplane::{
+    Job, JobTiming, ModelCatalog, ModelSpec, Request, SequenceStep, StartKind, Tensor, WorkerContext, WorkerEvent, WorkerPool,
+};
 
 use super::actor::{Actor, ActorHandle};
-use super::payload::{PayloadStore, Prepared};
+use super::payload::{JobSpans, PayloadStore, Prepared};
 use super::stages::StageProgram;
 use super::starts::{StartCount, StartLog};
 use super::watchdog::{self, WatchdogConfig};
+use super::worker_events::{EventRelay, GroupEvents};
 use super::workers::Workers;
 use yardmaster_engine::{BatchJob, Executor, ItemResult, JobResult, MonotonicClock, Pipeline, Profile, WorkerStart};
 use yardmaster_policy::contract::EvictMode;
@@ -62,7 +65,17 @@ pub struct Placement {
     /// The workers.
     pub workers: Box<dyn Workers>,
     /// Their events.
-    pub events: Receiver<WorkerEvent>,
+    pub events: GroupEvents,
+}
+
+impl Placement {
+    /// Stages `stages` on a pool of workers in this process, starting with `threads`
+    /// intra-op threads each, whose events are handled on the workers' own threads.
+    pub fn local(stages: Vec<u32>, context: WorkerContext, catalog: ModelCatalog, threads: usize) -> Self {
+        let relay = EventRelay::new();
+        let pool = WorkerPool::with_events(context, catalog, threads, relay.sink());
+        Placement { stages, workers: Box::new(pool), events: GroupEvents::Direct(relay) }
+    }
 }
 
 /// The workers of one host of the cluster (a `yardmaster node`): every worker the
@@ -190,6 +203,57 @@ fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, String>) -> Result<T, St
     })
 }
 
+/// Where one stage's jobs spent their time on their workers, summed: Triton's
+/// statistics split a model's compute time this way (input, infer, output).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StageTiming {
+    /// Jobs measured (a remote host's jobs are not: their workers do not report it).
+    pub jobs: u64,
+    /// Waiting for the worker to take the job up, and stacking the inputs, ns.
+    pub input_ns: u64,
+    /// ONNX Runtime's `Run`, ns.
+    pub infer_ns: u64,
+    /// Splitting the outputs per request, ns.
+    pub output_ns: u64,
+}
+
+/// Per stage, its [`StageTiming`].
+#[derive(Debug, Default)]
+struct StageTimings(Vec<StageTiming>);
+
+impl StageTimings {
+    fn add(&mut self, stage: u32, timing: &JobTiming) {
+        if *timing == JobTiming::default() {
+            return;
+        }
+        let index = stage as usize;
+        if self.0.len() <= index {
+            self.0.resize(index + 1, StageTiming::default());
+        }
+        let entry = &mut self.0[index];
+        let ns = |d: Duration| d.as_nanos() as u64;
+        entry.jobs += 1;
+        entry.input_ns += ns(timing.waited + timing.batch.stack);
+        entry.infer_ns += ns(timing.batch.run);
+        entry.output_ns += ns(timing.batch.split);
+    }
+}
+
+/// A job's remaining requests are folded in parallel only when folding its first took
+/// this long: below it, a thread's start costs more than it saves (a tiny model's fold
+/// moves a few tensors in about a microsecond; starting a scoped thread takes tens).
+const PARALLEL_FOLD_AFTER: Duration = Duration::from_micros(200);
+
+/// How many threads fold the `remaining` requests of a job whose first took `first`:
+/// one (this thread) for a fold below [`PARALLEL_FOLD_AFTER`], else up to one per core.
+fn fold_threads(first: Duration, remaining: usize, cores: usize) -> usize {
+    if first < PARALLEL_FOLD_AFTER {
+        1
+    } else {
+        cores.min(remaining).max(1)
+    }
+}
+
 /// One request's share of a job's batch elements.
 #[derive(Debug, Clone, Copy)]
 struct Share {
@@ -284,6 +348,8 @@ struct Shared {
     worker_groups: Mutex<HashMap<u32, usize>>,
     /// Where workers were seated and predicted to start warm, against their `Ready`.
     starts: Mutex<StartLog>,
+    /// Where each stage's jobs spent their time on their workers.
+    timings: Mutex<StageTimings>,
 }
 
 impl Shared {
@@ -327,6 +393,12 @@ impl Shared {
         let _ = self.handle.job_finished(result);
     }
 
+    /// Report a job from a thread that holds no lock: its turn runs here when the
+    /// engine is free.
+    fn report_here(&self, result: JobResult) {
+        let _ = self.handle.job_finished_here(result);
+    }
+
     /// The inputs of request `id` at `stage` (prepared ahead, or made now) and its place
     /// in a stateful sequence, if it has one.
     fn take_inputs(&self, id: u64, stage: u32) -> Result<(Vec<Vec<Tensor>>, Option<SequenceStep>), String> {
@@ -345,7 +417,8 @@ impl Shared {
 
     /// Fold a job's outputs (one per batch element, in order) into its requests'
     /// payloads and build its result.
-    fn finish(&self, record: JobRecord, outputs: Result<Vec<Vec<Tensor>>, String>, duration: u64) -> JobResult {
+    fn finish(&self, record: JobRecord, outputs: Result<Vec<Vec<Tensor>>, String>, duration: u64, timing: JobTiming) -> JobResult {
+        let spans = JobSpans { handed: record.started, timing };
         let expected: usize = record.shares.iter().map(|s| s.elements).sum();
         let outputs = outputs.and_then(|o| {
             if o.len() == expected {
@@ -360,42 +433,54 @@ impl Shared {
         };
         let each: Vec<(u64, Vec<Vec<Tensor>>)> =
             record.shares.iter().map(|share| (share.id, outputs.by_ref().take(share.elements).collect())).collect();
-        let mut items = self.apply_all(record.stage, each);
+        let mut items = self.apply_all(record.stage, each, spans);
         items.extend(record.refused.into_iter().map(|(id, e)| item(id, Some(e))));
         JobResult { worker: record.worker, duration, items }
     }
 
-    /// Applies each request's outputs of a job of `stage`, in parallel over up to one
-    /// thread per core when the job holds several requests (a batch of eight PP-OCR
-    /// pages is eight box searches and crop sets, which one thread would do in turn
-    /// while the worker waits for the job's report). Items come back in `each`'s order.
-    fn apply_all(&self, stage: u32, each: Vec<(u64, Vec<Vec<Tensor>>)>) -> Vec<ItemResult> {
-        let count = each.len();
-        let threads = yardmaster_dataplane::parallel::cores().min(count);
-        let ids: Vec<u64> = each.iter().map(|(id, _)| *id).collect();
-        let done: Vec<Mutex<Option<ItemResult>>> = (0..count).map(|_| Mutex::new(None)).collect();
+    /// Applies each request's outputs of a job of `stage`. The first is folded here;
+    /// when it took [`PARALLEL_FOLD_AFTER`] or more and others remain, those are
+    /// folded in parallel over up to one thread per core (a batch of eight PP-OCR pages
+    /// is eight box searches and crop sets, which one thread would do in turn while the
+    /// worker waits for the job's report), else here too: moving a tiny model's
+    /// tensors takes less than starting a thread. Items come back in `each`'s order.
+    fn apply_all(&self, stage: u32, each: Vec<(u64, Vec<Vec<Tensor>>)>, spans: JobSpans) -> Vec<ItemResult> {
+        let mut each = each.into_iter();
+        let Some((id, outputs)) = each.next() else { return Vec::new() };
+        let begin = Instant::now();
+        let first = item(id, self.apply(id, stage, outputs, spans).err());
+        let rest: Vec<(u64, Vec<Vec<Tensor>>)> = each.collect();
+        let threads = fold_threads(begin.elapsed(), rest.len(), yardmaster_dataplane::parallel::cores());
+        if threads < 2 {
+            let mut items = Vec::with_capacity(rest.len() + 1);
+            items.push(first);
+            items.extend(rest.into_iter().map(|(id, outputs)| item(id, self.apply(id, stage, outputs, spans).err())));
+            return items;
+        }
+        let ids: Vec<u64> = rest.iter().map(|(id, _)| *id).collect();
+        let done: Vec<Mutex<Option<ItemResult>>> = (0..rest.len()).map(|_| Mutex::new(None)).collect();
         yardmaster_dataplane::parallel::each(
-            each.into_iter().enumerate().collect(),
+            rest.into_iter().enumerate().collect(),
             threads,
             "yardmaster-fold",
             |(index, (id, outputs))| {
-                *lock(&done[index]) = Some(item(id, self.apply(id, stage, outputs).err()));
+                *lock(&done[index]) = Some(item(id, self.apply(id, stage, outputs, spans).err()));
             },
         );
-        done.into_iter()
-            .zip(ids)
-            .map(|(slot, id)| {
+        std::iter::once(first)
+            .chain(done.into_iter().zip(ids).map(|(slot, id)| {
                 slot.into_inner()
                     .unwrap_or_else(|poisoned| poisoned.into_inner())
                     .unwrap_or_else(|| item(id, Some("the request's outputs were not folded".to_string())))
-            })
+            }))
             .collect()
     }
 
-    fn apply(&self, id: u64, stage: u32, outputs: Vec<Vec<Tensor>>) -> Result<(), String> {
+    fn apply(&self, id: u64, stage: u32, outputs: Vec<Vec<Tensor>>, spans: JobSpans) -> Result<(), String> {
         let slot = self.store.slot(id).ok_or_else(|| format!("no data is held for request {id}"))?;
         let mut guard = lock(&slot);
         let parcel = guard.as_mut().ok_or_else(|| format!("request {id} has already been answered"))?;
+        parcel.last_job = Some(spans);
         let program = self.program(stage)?;
         guarded(program.name(), || program.apply(&mut parcel.payload, outputs))?;
         parcel.prepared = None;
@@ -466,6 +551,7 @@ impl OnnxExecutor {
             host_groups: RwLock::default(),
             worker_groups: Mutex::default(),
             starts: Mutex::default(),
+            timings: Mutex::default(),
         });
         let finishers = start_finishers(&shared);
         let mut groups = Vec::with_capacity(placements.len());
@@ -474,7 +560,7 @@ impl OnnxExecutor {
         }
         for host in hosts {
             write(&shared.host_groups).insert(host.host, groups.len());
-            groups.push(start_group(&shared, &finishers, groups.len(), host.workers, host.events));
+            groups.push(start_group(&shared, &finishers, groups.len(), host.workers, host.events.into()));
         }
         let groups = Arc::new(RwLock::new(groups));
         // The watchdog holds weak references: it ends once the executor is dropped.
@@ -512,6 +598,11 @@ impl OnnxExecutor {
         (log.counts(), log.misplaced())
     }
 
+    /// Where the jobs of `stage` have spent their time on their workers so far.
+    pub fn stage_timing(&self, stage: u32) -> StageTiming {
+        lock(&self.shared.timings).0.get(stage as usize).copied().unwrap_or_default()
+    }
+
     /// The worker board.
     pub fn board(&self) -> &WorkerBoard {
         &self.shared.board
@@ -538,7 +629,7 @@ impl OnnxExecutor {
     pub fn add_host(&mut self, host: HostGroup) {
         let mut groups = write(&self.groups);
         let index = groups.len();
-        groups.push(start_group(&self.shared, &self.finishers, index, host.workers, host.events));
+        groups.push(start_group(&self.shared, &self.finishers, index, host.workers, host.events.into()));
         write(&self.shared.host_groups).insert(host.host, index);
     }
 
@@ -719,7 +810,7 @@ impl Executor for OnnxExecutor {
         if requests.is_empty() {
             // Nothing for the model (no text found, or no inputs could be made): the
             // job ends here.
-            shared.report(shared.finish(record, Ok(Vec::new()), 0));
+            shared.report(shared.finish(record, Ok(Vec::new()), 0, JobTiming::default()));
             return;
         }
         let id = self.next_job;
@@ -852,20 +943,30 @@ impl Executor for OnnxExecutor {
     }
 }
 
-/// A group of workers ready for the executor, its event pump started.
+/// A group of workers ready for the executor: its events handled on its workers'
+/// threads, or by an event pump thread started here.
 fn start_group(
     shared: &Arc<Shared>,
     finishers: &mpsc::Sender<Finishing>,
     index: usize,
     workers: Box<dyn Workers>,
-    events: Receiver<WorkerEvent>,
+    events: GroupEvents,
 ) -> Group {
-    let pump_shared = Arc::clone(shared);
-    let finishers = finishers.clone();
-    let spawned =
-        std::thread::Builder::new().name(format!("yardmaster-pump-{index}")).spawn(move || pump(&pump_shared, index, events, &finishers));
-    if let Err(error) = spawned {
-        tracing::error!("starting the event pump of worker group {index}: {error}; its workers' results will not arrive");
+    let (handler_shared, finishers) = (Arc::clone(shared), finishers.clone());
+    match events {
+        GroupEvents::Direct(relay) => {
+            relay.bind(Arc::new(move |event| handle_event(&handler_shared, index, event, &finishers)));
+        }
+        GroupEvents::Channel(events) => {
+            let spawned = std::thread::Builder::new().name(format!("yardmaster-pump-{index}")).spawn(move || {
+                while let Ok(event) = events.recv() {
+                    handle_event(&handler_shared, index, event, &finishers);
+                }
+            });
+            if let Err(error) = spawned {
+                tracing::error!("starting the event pump of worker group {index}: {error}; its workers' results will not arrive");
+            }
+        }
     }
     Arc::new(Mutex::new(workers))
 }
@@ -890,6 +991,21 @@ struct Finishing {
     worker: u32,
     outputs: Result<Vec<Vec<Tensor>>, String>,
     duration: u64,
+    timing: JobTiming,
+}
+
+impl Finishing {
+    /// Fold the job's outputs into its requests and make its result (every request
+    /// failing with the reason if the fold panics).
+    fn fold(self, shared: &Shared) -> JobResult {
+        let Finishing { record, worker, outputs, duration, timing } = self;
+        let ids: Vec<u64> = record.shares.iter().map(|s| s.id).chain(record.refused.iter().map(|(id, _)| *id)).collect();
+        let (stage, begin) = (record.stage, Instant::now());
+        let result = guarded("finishing a job", || Ok(shared.finish(record, outputs, duration, timing)))
+            .unwrap_or_else(|error| JobResult { worker, duration, items: ids.iter().map(|&id| item(id, Some(error.clone()))).collect() });
+        tracing::debug!(stage, requests = ids.len(), fold_ms = begin.elapsed().as_secs_f64() * 1e3, "job folded");
+        result
+    }
 }
 
 /// Threads that fold finished jobs' outputs into their requests (a stage's
@@ -903,17 +1019,10 @@ fn start_finishers(shared: &Arc<Shared>) -> mpsc::Sender<Finishing> {
     let count = yardmaster_dataplane::parallel::cores().clamp(2, 8);
     for index in 0..count {
         let (shared, receiver) = (Arc::clone(shared), Arc::clone(&receiver));
-        let spawned =
-            std::thread::Builder::new().name(format!("yardmaster-finish-{index}")).spawn(move || loop {
-                let Ok(Finishing { record, worker, outputs, duration }) = lock(&receiver).recv() else { return };
-                let ids: Vec<u64> = record.shares.iter().map(|s| s.id).chain(record.refused.iter().map(|(id, _)| *id)).collect();
-                let (stage, begin) = (record.stage, Instant::now());
-                let result = guarded("finishing a job", || Ok(shared.finish(record, outputs, duration))).unwrap_or_else(|error| {
-                    JobResult { worker, duration, items: ids.iter().map(|&id| item(id, Some(error.clone()))).collect() }
-                });
-                tracing::debug!(stage, requests = ids.len(), fold_ms = begin.elapsed().as_secs_f64() * 1e3, "job folded");
-                shared.report(result);
-            });
+        let spawned = std::thread::Builder::new().name(format!("yardmaster-finish-{index}")).spawn(move || loop {
+            let Ok(finishing) = lock(&receiver).recv() else { return };
+            shared.report_here(finishing.fold(&shared));
+        });
         if let Err(error) = spawned {
             tracing::error!("starting finisher thread {index}: {error}");
         }
@@ -921,74 +1030,92 @@ fn start_finishers(shared: &Arc<Shared>) -> mpsc::Sender<Finishing> {
     sender
 }
 
-/// The event pump of one placement: runs until every sender of `events` is gone. A
-/// finished job is claimed here, in the order of the worker's events, and folded by the
-/// finishers.
-fn pump(shared: &Shared, group: usize, events: Receiver<WorkerEvent>, finishers: &mpsc::Sender<Finishing>) {
-    while let Ok(event) = events.recv() {
-        match event {
-            WorkerEvent::Ready { worker, model, kind, took } => {
-                tracing::info!(worker, %model, ?kind, took_ms = took.as_secs_f64() * 1e3, "worker ready");
-                // The host whose connection this group is (the controller's own otherwise).
-                let host = read(&shared.host_groups).iter().find(|(_, &g)| g == group).map_or(0, |(&host, _)| host);
-                lock(&shared.starts).ready(worker, host, kind == StartKind::Warm, took);
-                shared.board.update(worker, WorkerStatus::Ready);
-                let _ = shared.handle.worker_ready(worker);
+/// Handle one event of a worker of group `group`, on the worker's thread or the group's
+/// event pump, in the order of that worker's events. A finished job is claimed here and
+/// folded here (a light fold) or by the finishers.
+fn handle_event(shared: &Shared, group: usize, event: WorkerEvent, finishers: &mpsc::Sender<Finishing>) {
+    match event {
+        WorkerEvent::Ready { worker, model, kind, took } => {
+            tracing::info!(worker, %model, ?kind, took_ms = took.as_secs_f64() * 1e3, "worker ready");
+            // The host whose connection this group is (the controller's own otherwise).
+            let host = read(&shared.host_groups).iter().find(|(_, &g)| g == group).map_or(0, |(&host, _)| host);
+            lock(&shared.starts).ready(worker, host, kind == StartKind::Warm, took);
+            shared.board.update(worker, WorkerStatus::Ready);
+            let _ = shared.handle.worker_ready(worker);
+        }
+        WorkerEvent::StartFailed { worker, error } => {
+            lock(&shared.starts).forget(worker);
+            let error = error.to_string();
+            let stage = shared.board.update(worker, WorkerStatus::Failed(error.clone()));
+            tracing::error!(worker, ?stage, "worker failed to start: {error}; jobs sent to it fail with this error");
+            let failure = start_failure(worker, &error);
+            if let Some(record) = shared.claim_running(worker) {
+                shared.report(record.failed(&failure));
             }
-            WorkerEvent::StartFailed { worker, error } => {
-                lock(&shared.starts).forget(worker);
-                let error = error.to_string();
-                let stage = shared.board.update(worker, WorkerStatus::Failed(error.clone()));
-                tracing::error!(worker, ?stage, "worker failed to start: {error}; jobs sent to it fail with this error");
-                let failure = start_failure(worker, &error);
-                if let Some(record) = shared.claim_running(worker) {
-                    shared.report(record.failed(&failure));
-                }
-                let _ = shared.handle.worker_lost(worker, failure);
+            let _ = shared.handle.worker_lost(worker, failure);
+        }
+        WorkerEvent::Finished { worker, job, duration, timing, result } => {
+            let Some(record) = shared.claim(job) else { return };
+            tracing::debug!(
+                worker,
+                job,
+                stage = record.stage,
+                requests = record.shares.len(),
+                duration_ms = duration.as_secs_f64() * 1e3,
+                "job finished"
+            );
+            let outputs =
+                result.map(|outputs| outputs.into_iter().map(|o| o.outputs).collect()).map_err(|e| format!("worker {worker}: {e}"));
+            lock(&shared.timings).add(record.stage, &timing);
+            let finishing = Finishing { record, worker, outputs, duration: duration.as_nanos() as u64, timing };
+            if shared.program(finishing.record.stage).is_ok_and(|program| program.folds_lightly()) {
+                // Moving tensors costs less than waking a finisher: fold here.
+                shared.report_here(finishing.fold(shared));
+                return;
             }
-            WorkerEvent::Finished { worker, job, duration, result } => {
-                let Some(record) = shared.claim(job) else { continue };
-                tracing::debug!(
-                    worker,
-                    job,
-                    stage = record.stage,
-                    requests = record.shares.len(),
-                    duration_ms = duration.as_secs_f64() * 1e3,
-                    "job finished"
-                );
-                let outputs =
-                    result.map(|outputs| outputs.into_iter().map(|o| o.outputs).collect()).map_err(|e| format!("worker {worker}: {e}"));
-                let finishing = Finishing { record, worker, outputs, duration: duration.as_nanos() as u64 };
-                if let Err(mpsc::SendError(Finishing { record, .. })) = finishers.send(finishing) {
-                    // No finisher thread could start: fail the job rather than lose it.
-                    shared.report(record.failed("the server could not fold the job's outputs (no finisher thread)"));
-                }
+            if let Err(mpsc::SendError(Finishing { record, .. })) = finishers.send(finishing) {
+                // No finisher thread could start: fail the job rather than lose it.
+                shared.report(record.failed("the server could not fold the job's outputs (no finisher thread)"));
             }
-            WorkerEvent::Aborted { .. } => {}
-            WorkerEvent::Reconfigured { worker, model, threads, took } => {
-                tracing::info!(worker, %model, threads, took_ms = took.as_secs_f64() * 1e3, "worker reconfigured");
-            }
-            WorkerEvent::ReconfigureFailed { worker, error } => {
-                tracing::warn!(worker, "worker reconfiguration failed: {error}; it keeps its previous session");
-            }
-            WorkerEvent::Retired { worker } => {
-                let mut replaced = lock(&shared.replaced);
-                match replaced.get_mut(&worker) {
-                    Some(count) if *count > 0 => {
-                        // The stalled instance the watchdog replaced, gone at last.
-                        *count -= 1;
-                        if *count == 0 {
-                            replaced.remove(&worker);
-                        }
-                        tracing::info!(worker, "the replaced instance of a restarted worker retired");
+        }
+        WorkerEvent::Aborted { .. } => {}
+        WorkerEvent::Reconfigured { worker, model, threads, took } => {
+            tracing::info!(worker, %model, threads, took_ms = took.as_secs_f64() * 1e3, "worker reconfigured");
+        }
+        WorkerEvent::ReconfigureFailed { worker, error } => {
+            tracing::warn!(worker, "worker reconfiguration failed: {error}; it keeps its previous session");
+        }
+        WorkerEvent::Retired { worker } => {
+            let mut replaced = lock(&shared.replaced);
+            match replaced.get_mut(&worker) {
+                Some(count) if *count > 0 => {
+                    // The stalled instance the watchdog replaced, gone at last.
+                    *count -= 1;
+                    if *count == 0 {
+                        replaced.remove(&worker);
                     }
-                    _ => {
-                        drop(replaced);
-                        tracing::info!(worker, "worker retired");
-                        shared.board.remove(worker);
-                    }
+                    tracing::info!(worker, "the replaced instance of a restarted worker retired");
+                }
+                _ => {
+                    drop(replaced);
+                    tracing::info!(worker, "worker retired");
+                    shared.board.remove(worker);
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_light_fold_stays_on_its_thread_and_a_heavy_one_spreads_over_the_cores() {
+        let light = PARALLEL_FOLD_AFTER - Duration::from_micros(1);
+        assert_eq!(fold_threads(light, 63, 16), 1, "a tiny model's batch of 64 is folded here");
+        assert_eq!(fold_threads(PARALLEL_FOLD_AFTER, 7, 16), 7, "a heavy fold takes a thread per request left");
+        assert_eq!(fold_threads(Duration::from_millis(5), 7, 2), 2, "at most one per core");
+        assert_eq!(fold_threads(Duration::from_millis(5), 0, 2), 1, "nothing left: no helper");
     }
 }

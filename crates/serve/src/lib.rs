@@ -56,4 +56,5 @@ pub mod trace;
 pub use yardmaster_cluster::tls;
 pub mod watch;
 pub mod watchdog;
+pub mod worker_events;
 pub mod workers;

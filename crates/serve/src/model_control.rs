@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
-use yardmaster_dataplane::{ModelSpec, WorkerContext, WorkerPool};
+use yardmaster_dataplane::{ModelSpec, WorkerContext};
 use yardmaster_formats::model_repository::config::Backend as Platform;
 use yardmaster_formats::model_repository::config_json::JSON_SOURCE;
 use yardmaster_formats::model_repository::{scan, scan_model_with, ModelConfig, ModelEntry, Repository};
@@ -347,8 +347,7 @@ impl ModelControl {
         let mut placements = Vec::new();
         for stage in old..next.pipeline.stages.len() {
             let threads = next.pipeline.stages[stage].threads as usize;
-            let (pool, events) = WorkerPool::new(self.context.clone(), next.catalog.clone(), threads);
-            placements.push(Placement { stages: vec![stage as u32], workers: Box::new(pool), events });
+            placements.push(Placement::local(vec![stage as u32], self.context.clone(), next.catalog.clone(), threads));
         }
         let changed: Vec<(u32, Vec<ModelSpec>)> = (0..old)
             .filter(|&s| next.pipeline.stages[s].max_replicas > 0 && next.catalog.stages[s] != served.catalog.stages[s])

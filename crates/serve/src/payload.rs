@@ -79,12 +79,24 @@ pub struct Parcel {
     /// The request's place in a stateful sequence, for the worker that holds the
     /// sequence's state (a model with a sequence batcher).
     pub sequence: Option<SequenceStep>,
+    /// Where the last job that ran the request spent its time (for its trace).
+    pub last_job: Option<JobSpans>,
+}
+
+/// When a job was handed to its worker and where its time went there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JobSpans {
+    /// The job was handed over to the worker.
+    pub handed: std::time::Instant,
+    /// The worker's own measure: the wait before taking the job up, stacking, `Run`,
+    /// the split.
+    pub timing: yardmaster_dataplane::JobTiming,
 }
 
 impl Parcel {
     /// A parcel without prepared inputs, of no sequence.
     pub fn new(payload: Payload) -> Self {
-        Self { payload, prepared: None, sequence: None }
+        Self { payload, prepared: None, sequence: None, last_job: None }
     }
 }
 

@@ -155,15 +155,20 @@ pub struct TritonModelMetrics {
     pub request_us: f64,
     /// Cumulative time they waited in queues, µs.
     pub queue_us: f64,
+    /// Cumulative time its inputs took to reach the model (hand-over and stacking), µs.
+    pub compute_input_us: f64,
     /// Cumulative time the model computed, µs.
     pub compute_infer_us: f64,
+    /// Cumulative time its outputs took to be split per request, µs.
+    pub compute_output_us: f64,
     /// Requests arrived and not yet ended (`nv_inference_pending_request_count`).
     pub pending: u64,
 }
 
 /// Triton's per-model metric families (`nv_inference_request_success`, `…_failure`,
 /// `nv_inference_count`, `nv_inference_exec_count`, `nv_inference_request_duration_us`,
-/// `nv_inference_queue_duration_us`, `nv_inference_compute_infer_duration_us`,
+/// `nv_inference_queue_duration_us`, `nv_inference_compute_input_duration_us`,
+/// `nv_inference_compute_infer_duration_us`, `nv_inference_compute_output_duration_us`,
 /// `nv_inference_pending_request_count`), labelled `model` and `version` as Triton
 /// labels them, so its Grafana dashboards and autoscaling rules work unchanged.
 pub fn render_triton(models: &[TritonModelMetrics]) -> String {
@@ -207,11 +212,25 @@ pub fn render_triton(models: &[TritonModelMetrics]) -> String {
             m.queue_us,
         );
         out.sample(
+            "nv_inference_compute_input_duration_us",
+            "counter",
+            "Cumulative compute input duration in microseconds",
+            &labels,
+            m.compute_input_us,
+        );
+        out.sample(
             "nv_inference_compute_infer_duration_us",
             "counter",
             "Cumulative compute inference duration in microseconds",
             &labels,
             m.compute_infer_us,
+        );
+        out.sample(
+            "nv_inference_compute_output_duration_us",
+            "counter",
+            "Cumulative compute output duration in microseconds",
+            &labels,
+            m.compute_output_us,
         );
         out.sample(
             "nv_inference_pending_request_count",

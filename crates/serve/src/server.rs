@@ -332,7 +332,7 @@ pub async fn remote_placement(remote: &RemotePlacement, served: &ServedPipeline)
     link.threads = stages.iter().map(|&s| served.pipeline.stages[s as usize].threads).max().unwrap_or(1);
     let (pool, events) =
         RemotePool::connect(link).await.with_context(|| format!("connecting to node {} for {}", remote.node, remote.stages.join(", ")))?;
-    Ok(Placement { stages, workers: Box::new(pool), events })
+    Ok(Placement { stages, workers: Box::new(pool), events: events.into() })
 }
 
 /// Read the repository again every `seconds` on a thread of its own (poll mode),

@@ -11,7 +11,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use yardmaster_dataplane::{ModelCatalog, WorkerContext, WorkerPool};
+use yardmaster_dataplane::{ModelCatalog, WorkerContext};
 
 use super::backend::{Codec, EngineBackend, ServedModel};
 use super::builtin_repository::BuiltinRepository;
@@ -172,8 +172,7 @@ impl ServingStack {
         let placed: Vec<u32> = placements.iter().flat_map(|p| p.stages.iter().copied()).collect();
         for stage in (0..stages).filter(|s| !placed.contains(s)) {
             let threads = pipeline.stages[stage as usize].threads as usize;
-            let (pool, events) = WorkerPool::new(context.clone(), catalog.clone(), threads);
-            placements.push(Placement { stages: vec![stage], workers: Box::new(pool), events });
+            placements.push(Placement::local(vec![stage], context.clone(), catalog.clone(), threads));
         }
         check_placements(&placements, stages)?;
 

@@ -42,6 +42,13 @@ pub trait StageProgram: Send + Sync {
     fn counts_rows(&self) -> bool {
         false
     }
+    /// Whether folding outputs into a payload and making the next stage's inputs is
+    /// light work (moving tensors, no image processing), done on the thread that
+    /// receives the job's end rather than handed to a finisher thread: the hand-over
+    /// costs more than the fold. Programs that search boxes, crop or resize say no.
+    fn folds_lightly(&self) -> bool {
+        false
+    }
 }
 
 fn document<'a>(program: &str, payload: &'a Payload) -> Result<&'a OcrDocument, String> {
@@ -237,6 +244,10 @@ impl StageProgram for TensorProgram {
     fn counts_rows(&self) -> bool {
         self.batching
     }
+
+    fn folds_lightly(&self) -> bool {
+        true
+    }
 }
 
 /// One step of an ensemble: its model is fed the ensemble tensors its `input_map`
@@ -261,6 +272,10 @@ impl StageProgram for EnsembleStepProgram {
 
     fn counts_rows(&self) -> bool {
         self.batching
+    }
+
+    fn folds_lightly(&self) -> bool {
+        true
     }
 
     fn inputs(&self, payload: &Payload) -> Result<Vec<Vec<Tensor>>, String> {

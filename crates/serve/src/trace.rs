@@ -16,7 +16,9 @@
 //! each traced request one object naming it (`id`, `model_name`, `model_version`) and
 //! one with its `timestamps` (`REQUEST_START` when the server took it,
 //! `QUEUE_START` when the scheduling engine took it in, `COMPUTE_START` when a job
-//! first ran it, `COMPUTE_END` when its last job ended, `REQUEST_END` when its answer
+//! first ran it, `COMPUTE_INPUT_END` when its last job's inputs were stacked on the
+//! worker and `COMPUTE_OUTPUT_START` when that job's `Run` ended (where the worker
+//! measures them: not on a remote host), `COMPUTE_END` when its last job ended, `REQUEST_END` when its answer
 //! was ready), each in nanoseconds of the server's monotonic clock. A request that is
 //! dropped or fails has only `REQUEST_START` and `REQUEST_END`.
 
@@ -39,6 +41,12 @@ pub struct RequestTiming {
     pub compute_start: Option<u64>,
     /// Its last job ended.
     pub compute_end: u64,
+    /// Its last job's inputs were stacked on the worker (after the hand-over to it and
+    /// the worker taking the job up), where the worker measures it.
+    pub compute_input_end: Option<u64>,
+    /// Its last job's `Run` ended and the split of its outputs began, where the worker
+    /// measures it.
+    pub compute_output_start: Option<u64>,
     /// Its answer was ready.
     pub request_end: u64,
 }
@@ -217,6 +225,10 @@ impl Tracer {
             stamps.push(("QUEUE_START", timing.queue_start));
             if let Some(start) = timing.compute_start {
                 stamps.push(("COMPUTE_START", start));
+                if let (Some(input_end), Some(output_start)) = (timing.compute_input_end, timing.compute_output_start) {
+                    stamps.push(("COMPUTE_INPUT_END", input_end));
+                    stamps.push(("COMPUTE_OUTPUT_START", output_start));
+                }
                 stamps.push(("COMPUTE_END", timing.compute_end));
             }
         }
@@ -343,7 +355,14 @@ mod tests {
     use super::*;
 
     fn timing() -> RequestTiming {
-        RequestTiming { request_start: 10, queue_start: 20, compute_start: Some(30), compute_end: 40, request_end: 50 }
+        RequestTiming {
+            request_start: 10,
+            queue_start: 20,
+            compute_start: Some(30),
+            compute_end: 40,
+            request_end: 50,
+            ..Default::default()
+        }
     }
 
     #[test]

@@ -304,7 +304,7 @@ fn a_client_that_goes_away_cancels_its_request() {
     let (sender, events) = mpsc::channel();
     let jobs = Arc::new(Mutex::new(Vec::new()));
     let stalled = Stalled { jobs: Arc::clone(&jobs), _events: sender };
-    let (actor, backend) = start(served, vec![Placement { stages: vec![0], workers: Box::new(stalled), events }]);
+    let (actor, backend) = start(served, vec![Placement { stages: vec![0], workers: Box::new(stalled), events: events.into() }]);
     let rt = runtime();
     let gave_up = rt.block_on(async {
         tokio::time::timeout(Duration::from_millis(200), backend.infer("tiny", request(vec![tiny_input([0.0; 4])], None))).await

@@ -361,7 +361,7 @@ impl Holding {
         let (pool, events) = WorkerPool::new(context(), catalog, 1);
         let (held, provisions) = (Arc::default(), Arc::default());
         let workers = Holding { pool, held: Arc::clone(&held), provisions: Arc::clone(&provisions) };
-        (Placement { stages: vec![0], workers: Box::new(workers), events }, (held, provisions))
+        (Placement { stages: vec![0], workers: Box::new(workers), events: events.into() }, (held, provisions))
     }
 }
 
@@ -556,7 +556,7 @@ async fn a_node_that_dies_mid_request_fails_its_requests_once_and_later_ones_at_
     let mut config = RemoteConfig::new(node.address, node.pin, served.catalog.clone());
     config.idle_timeout = NODE_IDLE;
     let (pool, events) = RemotePool::connect(config).await.unwrap();
-    let placement = Placement { stages: vec![0], workers: Box::new(pool), events };
+    let placement = Placement { stages: vec![0], workers: Box::new(pool), events: events.into() };
     // The watchdog is kept out of the way: the requests must end by the node's loss.
     let watchdog = WatchdogConfig { min_ms: 60_000, ..WatchdogConfig::default() };
     let server = Running::start(&dir, served, vec![placement], watchdog).await;

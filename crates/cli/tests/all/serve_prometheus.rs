@@ -156,8 +156,10 @@ fn a_real_prometheus_scrapes_the_server_and_the_documented_queries_agree_with_it
     let executions = query(&prometheus.address, "sum(nv_inference_exec_count)").expect("executions");
     assert!(executions >= 1.0 && executions <= at_server, "{executions} batches for {at_server} requests");
     assert_eq!(query(&prometheus.address, "sum(nv_inference_pending_request_count)"), Some(0.0));
-    let compute = query(&prometheus.address, "sum(nv_inference_compute_infer_duration_us)").expect("compute time");
-    assert!(compute > 0.0, "{compute}");
+    for part in ["input", "infer", "output"] {
+        let compute = query(&prometheus.address, &format!("sum(nv_inference_compute_{part}_duration_us)")).expect("compute time");
+        assert!(compute > 0.0, "compute {part}: {compute}");
+    }
     let queue_per_request = "avg(delta(nv_inference_queue_duration_us[30s])/(1+delta(nv_inference_request_success[30s])))";
     let average = query(&prometheus.address, queue_per_request).expect("the chart's rule gives a number");
     assert!(average.is_finite() && average >= 0.0, "{average}");

@@ -4,7 +4,7 @@
 //! honoured, a model's own settings over gRPC, and settings the server cannot honour
 //! refused.
 
-use super::serve_end_to_end::{run_client, scratch};
+use super::serve_end_to_end::{http_get, run_client, scratch};
 use super::serve_repository::{repository, serve_repository_with};
 
 #[test]
@@ -33,9 +33,25 @@ fn tritonclient_turns_tracing_on_and_the_trace_file_has_each_requests_timestamps
         assert_eq!(pair[0]["id"], pair[1]["id"], "{written}");
         let stamps = pair[1]["timestamps"].as_array().unwrap();
         let names: Vec<&str> = stamps.iter().map(|s| s["name"].as_str().unwrap()).collect();
-        assert_eq!(names, ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_END", "REQUEST_END"], "{written}");
+        // The worker's own measures split the compute span: the hand-over and the
+        // stacking, the run, the split and the report back.
+        let expected =
+            ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END", "REQUEST_END"];
+        assert_eq!(names, expected, "{written}");
         let times: Vec<u64> = stamps.iter().map(|s| s["ns"].as_u64().unwrap()).collect();
         assert!(times.windows(2).all(|w| w[0] <= w[1]), "in order: {times:?}");
-        assert!(times[4] > times[0], "the request took time: {times:?}");
+        assert!(times[6] > times[0], "the request took time: {times:?}");
+        assert!(times[4] > times[3], "the run took time: {times:?}");
+    }
+
+    // The statistics extension splits compute time the same way, so perf_analyzer's
+    // server-side section shows each part.
+    let (status, body) = http_get(&server.address, "/v2/models/add/stats");
+    assert_eq!(status, 200, "{body}");
+    let stats: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let inference = &stats["model_stats"][0]["inference_stats"];
+    for part in ["compute_input", "compute_infer", "compute_output"] {
+        assert!(inference[part]["count"].as_u64().unwrap() > 0, "{part}: {stats}");
+        assert!(inference[part]["ns"].as_u64().unwrap() > 0, "{part} is measured: {stats}");
     }
 }

@@ -31,8 +31,8 @@ pub mod decoder;
 
 pub use decoder::{DecoderMessage, FrameOutcome};
 use yardmaster_dataplane::{
-    DataplaneError, ElementType, Job, ModelCatalog, ModelKey, ModelSpec, Request, RequestOutput, StartKind, Tensor, TensorData, WarmUp,
-    WarmUpData, WarmUpInput, WorkerEvent,
+    DataplaneError, ElementType, Job, JobTiming, ModelCatalog, ModelKey, ModelSpec, Request, RequestOutput, StartKind, Tensor, TensorData,
+    WarmUp, WarmUpData, WarmUpInput, WorkerEvent,
 };
 
 /// The framing version this build speaks.
@@ -365,7 +365,7 @@ pub fn decode(frame: &[u8]) -> Result<Message, FrameError> {
                 1 => Err(r.error()?),
                 other => return Err(invalid("result tag", format!("{other} (expected 0 or 1)"))),
             };
-            Message::Event(WorkerEvent::Finished { worker, job, duration, result })
+            Message::Event(WorkerEvent::Finished { worker, job, duration, timing: JobTiming::default(), result })
         }
         kind::ABORTED => Message::Event(WorkerEvent::Aborted { worker: r.u32("worker")?, job: r.u64("job id")? }),
         kind::RECONFIGURED => Message::Event(WorkerEvent::Reconfigured {
@@ -786,7 +786,7 @@ fn write_event(w: &mut Writer, event: &WorkerEvent) {
             w.u32(*worker);
             w.error(error);
         }
-        WorkerEvent::Finished { worker, job, duration, result } => {
+        WorkerEvent::Finished { worker, job, duration, result, .. } => {
             w.u8(kind::FINISHED);
             w.u32(*worker);
             w.u64(*job);

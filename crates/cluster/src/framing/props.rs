@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use yardmaster_dataplane::{
-    DataplaneError, Job, ModelCatalog, ModelKey, ModelSpec, Request, RequestOutput, StartKind, Tensor, WorkerEvent,
+    DataplaneError, Job, JobTiming, ModelCatalog, ModelKey, ModelSpec, Request, RequestOutput, StartKind, Tensor, WorkerEvent,
 };
 
 use super::*;
@@ -146,6 +146,7 @@ impl Gen {
                 worker,
                 job: self.next(),
                 duration: self.duration(),
+                timing: JobTiming::default(),
                 result: if self.below(3) == 0 {
                     Err(self.error())
                 } else {
@@ -388,6 +389,7 @@ fn hostile_counts_are_refused_before_allocating() {
         worker: 1,
         job: 2,
         duration: Duration::ZERO,
+        timing: JobTiming::default(),
         result: Ok(vec![RequestOutput { id: 3, outputs: vec![Tensor { shape: vec![], data: vec![1.0].into() }] }]),
     }))
     .unwrap();
