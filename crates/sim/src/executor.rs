@@ -80,35 +80,39 @@ struct SimWorker {
     running: bool,
 }
 
-/// An event on the executor's queue: due `at`, ordered by `(at, seq)` (`seq` is unique,
-/// so ties at one instant go in the order they were scheduled), for `worker` as of its
-/// `generation` (a later generation makes it stale).
-#[derive(Debug)]
-struct Scheduled {
-    at: u64,
-    seq: u64,
-    worker: u32,
-    generation: u64,
-    event: ExecEvent,
+/// An event on the executor's queue: `(at, seq, worker, generation, slot)`, due `at`,
+/// ordered by `(at, seq)` (`seq` is unique, so ties at one instant go in the order they
+/// were scheduled), for `worker` as of its `generation` (a later generation makes it
+/// stale), its payload in `slot` of [`Payloads`].
+type Scheduled = (u64, u64, u32, u64, u32);
+
+/// The payloads of the events on the queue, in slots reused once taken: a queue entry
+/// stays small (the heap moves entries as it sifts) and finds its payload by index.
+#[derive(Default)]
+struct Payloads {
+    slots: Vec<Option<ExecEvent>>,
+    free: Vec<u32>,
 }
 
-impl PartialEq for Scheduled {
-    fn eq(&self, other: &Self) -> bool {
-        (self.at, self.seq) == (other.at, other.seq)
+impl Payloads {
+    /// Keep `event`; its slot.
+    fn insert(&mut self, event: ExecEvent) -> u32 {
+        match self.free.pop() {
+            Some(slot) => {
+                self.slots[slot as usize] = Some(event);
+                slot
+            }
+            None => {
+                self.slots.push(Some(event));
+                (self.slots.len() - 1) as u32
+            }
+        }
     }
-}
 
-impl Eq for Scheduled {}
-
-impl PartialOrd for Scheduled {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for Scheduled {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (self.at, self.seq).cmp(&(other.at, other.seq))
+    /// Take the event in `slot` (the slot is free again).
+    fn take(&mut self, slot: u32) -> ExecEvent {
+        self.free.push(slot);
+        self.slots[slot as usize].take().expect("a queued event's payload")
     }
 }
 
@@ -121,8 +125,9 @@ pub struct SimExecutor {
     rng: SimRng,
     now: u64,
     workers: FxHashMap<u32, SimWorker>,
-    /// What will happen, soonest first (its payload with it: no look-up by `seq`).
+    /// What will happen, soonest first.
     queue: BinaryHeap<Reverse<Scheduled>>,
+    payloads: Payloads,
     seq: u64,
     /// Warm and cold starts so far.
     pub starts: (u64, u64),
@@ -150,6 +155,7 @@ impl SimExecutor {
             now: 0,
             workers,
             queue: BinaryHeap::new(),
+            payloads: Payloads::default(),
             seq: 0,
             starts: (0, 0),
             tokens_by_worker: BTreeMap::new(),
@@ -164,13 +170,17 @@ impl SimExecutor {
 
     /// When the next executor event happens.
     pub fn next_time(&self) -> Option<u64> {
-        self.queue.peek().map(|Reverse(scheduled)| scheduled.at)
+        self.queue.peek().map(|Reverse((at, ..))| *at)
     }
 
     /// The next event due at or before `now`, if any (stale ones are skipped).
     pub fn pop_due(&mut self, now: u64) -> Option<ExecEvent> {
-        while self.queue.peek().is_some_and(|Reverse(next)| next.at <= now) {
-            let Reverse(Scheduled { worker, generation, event, .. }) = self.queue.pop().expect("peeked");
+        while let Some(Reverse((at, _, worker, generation, slot))) = self.queue.peek().copied() {
+            if at > now {
+                return None;
+            }
+            self.queue.pop();
+            let event = self.payloads.take(slot);
             let current = self.workers.get(&worker).map(|w| w.generation);
             if current == Some(generation) {
                 if let ExecEvent::Finished(result) = &event {
@@ -197,36 +207,17 @@ impl SimExecutor {
         }
     }
 
-    /// A job starts on `worker`: the slowdown of its host's devices being shared. A
-    /// host runs as many jobs at once as it has slots at full speed; beyond that (a
-    /// replica seated beyond the slot count) its jobs share the devices, each at
-    /// slots / busy of the speed, as of the job's start.
-    fn shared_device_factor(&mut self, worker: u32) -> f64 {
-        let Some(w) = self.workers.get_mut(&worker) else { return 1.0 };
-        let Some(busy) = self.host_busy.get_mut(w.host as usize) else { return 1.0 };
-        if !w.running {
-            w.running = true;
-            *busy += 1;
-        }
-        let slots = self.pipeline.hosts[w.host as usize].slots.max(1);
-        if *busy > slots {
-            *busy as f64 / slots as f64
-        } else {
-            1.0
-        }
-    }
-
+    /// Schedule `event` of `worker` (as of its current generation) at `at`.
     fn push(&mut self, at: u64, worker: u32, event: ExecEvent) {
-        self.seq += 1;
         let generation = self.workers.get(&worker).map_or(0, |w| w.generation);
-        self.queue.push(Reverse(Scheduled { at, seq: self.seq, worker, generation, event }));
+        self.push_as_of(at, worker, generation, event);
     }
 
-    fn noise(&mut self) -> f64 {
-        match self.noise {
-            Some(distribution) => self.rng.lognormal(distribution),
-            None => 1.0,
-        }
+    /// Schedule `event` of `worker` as of `generation` at `at`.
+    fn push_as_of(&mut self, at: u64, worker: u32, generation: u64, event: ExecEvent) {
+        self.seq += 1;
+        let slot = self.payloads.insert(event);
+        self.queue.push(Reverse((at, self.seq, worker, generation, slot)));
     }
 
     /// Latency multiplier of a worker running with `threads` instead of the stage's
@@ -245,34 +236,64 @@ impl SimExecutor {
         }
         (def.threads.max(1) as f64 / threads.max(1) as f64).powf(0.8)
     }
+}
 
-    fn poisson(&mut self, mean: f64) -> u32 {
-        if mean <= 0.0 {
-            return 0;
+/// A job starts on `worker`, seated on a host whose busy workers `host_busy` counts:
+/// the slowdown of its host's devices being shared. A host runs as many jobs at once
+/// as it has slots at full speed; beyond that (a replica seated beyond the slot count)
+/// its jobs share the devices, each at slots / busy of the speed, as of the job's start.
+fn shared_device_factor(worker: &mut SimWorker, host_busy: &mut [u32], hosts: &[yardmaster_engine::hosts::HostDef]) -> f64 {
+    let Some(busy) = host_busy.get_mut(worker.host as usize) else { return 1.0 };
+    if !worker.running {
+        worker.running = true;
+        *busy += 1;
+    }
+    let slots = hosts[worker.host as usize].slots.max(1);
+    if *busy > slots {
+        *busy as f64 / slots as f64
+    } else {
+        1.0
+    }
+}
+
+/// A job's latency multiplier drawn from `noise` (1 without noise).
+fn noise(noise: Option<LogNormal>, rng: &mut SimRng) -> f64 {
+    match noise {
+        Some(distribution) => rng.lognormal(distribution),
+        None => 1.0,
+    }
+}
+
+/// A Poisson-distributed count of mean `mean` (normal beyond a mean of 30).
+fn poisson(rng: &mut SimRng, mean: f64) -> u32 {
+    if mean <= 0.0 {
+        return 0;
+    }
+    if mean > 30.0 {
+        return rng.normal(mean, mean.sqrt()).round().max(0.0) as u32;
+    }
+    let limit = (-mean).exp();
+    let (mut k, mut p) = (0u32, 1.0);
+    loop {
+        p *= rng.uniform();
+        if p < limit {
+            return k;
         }
-        if mean > 30.0 {
-            return self.rng.normal(mean, mean.sqrt()).round().max(0.0) as u32;
-        }
-        let limit = (-mean).exp();
-        let (mut k, mut p) = (0u32, 1.0);
-        loop {
-            p *= self.rng.uniform();
-            if p < limit {
-                return k;
-            }
-            k += 1;
-        }
+        k += 1;
     }
 }
 
 impl Executor for SimExecutor {
     fn start(&mut self, job: BatchJob) {
-        let pipeline = self.pipeline.clone();
-        let def = &pipeline.stages[job.stage as usize];
+        let def = &self.pipeline.stages[job.stage as usize];
         let variant = &def.variants[job.variant as usize];
-        let (threads, speed) =
-            self.workers.get(&job.worker).map_or((def.threads, self.options.speed_of(job.worker)), |w| (w.threads, w.speed));
-        let factor = self.thread_factor(job.stage, threads) * self.noise() / speed * self.shared_device_factor(job.worker);
+        // One look-up of the worker: its threads, speed, share of its host's devices
+        // (it is running now) and generation (its completion's).
+        let (threads, speed, shared, generation) = match self.workers.get_mut(&job.worker) {
+            Some(w) => (w.threads, w.speed, shared_device_factor(w, &mut self.host_busy, &self.pipeline.hosts), w.generation),
+            None => (def.threads, self.options.speed_of(job.worker), 1.0, 0),
+        };
+        let factor = self.thread_factor(job.stage, threads) * noise(self.noise, &mut self.rng) / speed * shared;
         let batch = job.items.len() as u32;
         let (duration, items) = match def.kind {
             StageKind::Batch => {
@@ -281,7 +302,7 @@ impl Executor for SimExecutor {
                 for item in &job.items {
                     let mut fan_out = Vec::new();
                     for &(successor, mean) in &variant.fan_out {
-                        fan_out.push((successor, self.poisson(mean)));
+                        fan_out.push((successor, poisson(&mut self.rng, mean)));
                     }
                     items.push(ItemResult { id: item.id, error: None, tokens: 0, finished: true, fan_out });
                 }
@@ -311,7 +332,12 @@ impl Executor for SimExecutor {
             }
         };
         let at = self.now + duration.max(1);
-        self.push(at, job.worker, ExecEvent::Finished(JobResult { worker: job.worker, duration: duration.max(1), items }));
+        self.push_as_of(
+            at,
+            job.worker,
+            generation,
+            ExecEvent::Finished(JobResult { worker: job.worker, duration: duration.max(1), items }),
+        );
     }
 
     fn abort(&mut self, worker: u32) {

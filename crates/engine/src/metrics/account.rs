@@ -644,6 +644,9 @@ struct RecentEnds {
     rotate_at: u64,
     current: HashMap<u64, Settled>,
     previous: HashMap<u64, Settled>,
+    /// The highest id ever inserted: a higher one (a request newer than every end,
+    /// as most are at their first batch) is not here, without a look into the maps.
+    highest: Option<u64>,
 }
 
 impl RecentEnds {
@@ -653,6 +656,7 @@ impl RecentEnds {
             rotate_at: start.saturating_add(SETTLE_HORIZON),
             current: HashMap::default(),
             previous: HashMap::default(),
+            highest: None,
         }
     }
 
@@ -663,9 +667,13 @@ impl RecentEnds {
             self.rotate_at = at.saturating_add(self.horizon);
         }
         self.current.insert(id, settled);
+        self.highest = self.highest.max(Some(id));
     }
 
     fn get(&self, id: u64) -> Option<Settled> {
+        if self.highest.is_none_or(|highest| id > highest) {
+            return None;
+        }
         self.current.get(&id).or_else(|| self.previous.get(&id)).copied()
     }
 }
@@ -1328,6 +1336,10 @@ mod tests {
         assert!(recent.get(1).is_some() && recent.get(2).is_some());
         recent.insert(2 * SETTLE_HORIZON, 3, settled);
         assert!(recent.get(1).is_none() && recent.get(2).is_some());
+        // Ids above every end, and ids below it that did not end, are not there.
+        assert!(recent.get(4).is_none() && RecentEnds::new(0).get(1).is_none());
+        recent.insert(2 * SETTLE_HORIZON, 9, settled);
+        assert!(recent.get(9).is_some() && recent.get(5).is_none() && recent.get(10).is_none());
     }
 
     #[test]
