@@ -731,10 +731,10 @@ impl EngineBackend {
                             if let Some(work) = accounting.stage_work().get(&s) {
                                 total.add_stage(work, *stream);
                             }
-                        }
-                        if first_arm {
-                            // The arms share one executor: its timings are counted once.
-                            total.add_worker_timing(&slot.engine.executor().borrow().stage_timing(*own));
+                            if first_arm {
+                                // The arms share one executor: its timings are counted once.
+                                total.add_worker_timing(&slot.engine.executor().borrow().stage_timing(s));
+                            }
                         }
                     }
                 }
@@ -827,19 +827,20 @@ impl StreamTotals {
         self.worker.input_ns += timing.input_ns;
         self.worker.infer_ns += timing.infer_ns;
         self.worker.output_ns += timing.output_ns;
+        self.worker.unmeasured_ns += timing.unmeasured_ns;
     }
 
     /// Compute time as Triton splits it: preparing the inputs, the model's run, the
-    /// outputs. From the workers' own measures where every job was measured; else
-    /// all of it is the run.
+    /// outputs, from the executor's own counts (a job a worker did not measure counts
+    /// whole as the run); without any (not a model the executor ran), all of the
+    /// engine's compute time is the run. Each part only grows, as clients that read
+    /// the statistics twice and take differences (perf_analyzer) need.
     fn compute_split(&self) -> (f64, f64, f64) {
-        let total = self.stage_compute_ns.unwrap_or(self.compute_ns);
-        let measured = self.batches.is_some_and(|batches| batches > 0 && self.worker.jobs == batches);
-        if measured {
-            (self.worker.input_ns as f64, self.worker.infer_ns as f64, self.worker.output_ns as f64)
-        } else {
-            (0.0, total, 0.0)
+        let worker = &self.worker;
+        if worker.jobs == 0 && worker.unmeasured_ns == 0 {
+            return (0.0, self.stage_compute_ns.unwrap_or(self.compute_ns), 0.0);
         }
+        (worker.input_ns as f64, (worker.infer_ns + worker.unmeasured_ns) as f64, worker.output_ns as f64)
     }
 
     /// Triton's `ModelStatistics`: successes with their end-to-end time, failures
@@ -953,6 +954,22 @@ mod tests {
 
     fn request(inputs: Vec<Tensor>) -> InferRequest {
         InferRequest { id: None, schedule: Schedule::default(), parameters: Map::new(), inputs, outputs: Vec::new() }
+    }
+
+    #[test]
+    fn compute_time_splits_by_the_executors_counts_whatever_the_engine_has_counted() {
+        use super::super::executor::StageTiming;
+        // Nothing from the executor: the engine's compute time is all run.
+        let engine_only = StreamTotals { stage_compute_ns: Some(900.0), batches: Some(3), ..Default::default() };
+        assert_eq!(engine_only.compute_split(), (0.0, 900.0, 0.0));
+        // The executor's counts, even while the engine has counted a job fewer (its
+        // report is on its way): the parts never step back between two reads.
+        let mut totals = StreamTotals { stage_compute_ns: Some(900.0), batches: Some(2), ..Default::default() };
+        totals.add_worker_timing(&StageTiming { jobs: 3, input_ns: 100, infer_ns: 700, output_ns: 50, unmeasured_ns: 0 });
+        assert_eq!(totals.compute_split(), (100.0, 700.0, 50.0));
+        // A job a worker did not measure (a remote host's) counts whole as run.
+        totals.add_worker_timing(&StageTiming { unmeasured_ns: 400, ..Default::default() });
+        assert_eq!(totals.compute_split(), (100.0, 1100.0, 50.0));
     }
 
     #[test]

@@ -215,6 +215,8 @@ pub struct StageTiming {
     pub infer_ns: u64,
     /// Splitting the outputs per request, ns.
     pub output_ns: u64,
+    /// Jobs whose workers do not measure them (a remote host's): their whole time, ns.
+    pub unmeasured_ns: u64,
 }
 
 /// Per stage, its [`StageTiming`].
@@ -222,16 +224,18 @@ pub struct StageTiming {
 struct StageTimings(Vec<StageTiming>);
 
 impl StageTimings {
-    fn add(&mut self, stage: u32, timing: &JobTiming) {
-        if *timing == JobTiming::default() {
-            return;
-        }
+    /// Count a job of `stage` that took `duration` on its worker, as `timing` says.
+    fn add(&mut self, stage: u32, duration: Duration, timing: &JobTiming) {
         let index = stage as usize;
         if self.0.len() <= index {
             self.0.resize(index + 1, StageTiming::default());
         }
         let entry = &mut self.0[index];
         let ns = |d: Duration| d.as_nanos() as u64;
+        if *timing == JobTiming::default() {
+            entry.unmeasured_ns += ns(duration);
+            return;
+        }
         entry.jobs += 1;
         entry.input_ns += ns(timing.waited + timing.batch.stack);
         entry.infer_ns += ns(timing.batch.run);
@@ -1066,7 +1070,7 @@ fn handle_event(shared: &Shared, group: usize, event: WorkerEvent, finishers: &m
             );
             let outputs =
                 result.map(|outputs| outputs.into_iter().map(|o| o.outputs).collect()).map_err(|e| format!("worker {worker}: {e}"));
-            lock(&shared.timings).add(record.stage, &timing);
+            lock(&shared.timings).add(record.stage, duration, &timing);
             let finishing = Finishing { record, worker, outputs, duration: duration.as_nanos() as u64, timing };
             if shared.program(finishing.record.stage).is_ok_and(|program| program.folds_lightly()) {
                 // Moving tensors costs less than waking a finisher: fold here.
