@@ -46,19 +46,19 @@ use yardmaster_engine::metrics::Outcome;
 use yardmaster_engine::{Clock, Ended, Executor, JobResult, Submission, SwapOutcome};
 use yardmaster_policy::{Candidate, ShadowReport};
 
-/// Called on the actor thread with the new request's id, before any decision.
+/// Called in the engine's turn with the new request's id, before any decision.
 pub type Admitted = Box<dyn FnOnce(u64) + Send>;
 /// Called exactly once with how the request ended.
 pub type OnEnd = Box<dyn FnOnce(Ended) + Send>;
-/// A question about the (control arm's) engine, answered on the actor thread.
+/// A question about the (control arm's) engine, answered in the engine's turn.
 pub type Inspect<C, X> = Box<dyn FnOnce(&ArmEngine<C, X>) + Send>;
-/// A question about every arm, answered on the actor thread.
+/// A question about every arm, answered in the engine's turn.
 pub type InspectArms<C, X> = Box<dyn FnOnce(&Arms<C, X>) + Send>;
-/// A change to the arms, made on the actor thread between two event batches.
+/// A change to the arms, made in the engine's turn between two event batches.
 pub type UpdateArms<C, X> = Box<dyn FnOnce(&mut Arms<C, X>) + Send>;
-/// Called on the actor thread with what a swap did, or why there was none.
+/// Called in the engine's turn with what a swap did, or why there was none.
 pub type OnSwap = Box<dyn FnOnce(Result<SwapOutcome, String>) + Send>;
-/// Called on the actor thread with where an A/B run stands, or why a command was refused.
+/// Called in the engine's turn with where an A/B run stands, or why a command was refused.
 pub type OnAb = Box<dyn FnOnce(Result<AbStatus, String>) + Send>;
 
 /// What to do with A/B runs.
@@ -78,7 +78,7 @@ pub enum AbCommand {
     /// End the run with the arm of this label as the whole (promote or roll back).
     End(String),
 }
-/// Called on the actor thread with the report of the shadow a command replaced or stopped.
+/// Called in the engine's turn with the report of the shadow a command replaced or stopped.
 pub type OnShadow = Box<dyn FnOnce(Option<ShadowReport>) + Send>;
 
 /// What the actor handles.
@@ -102,11 +102,11 @@ pub enum Message<C: Clock, X: Executor> {
     WorkerReady(u32),
     /// A worker was lost (failed to start, or its host went away), and why.
     WorkerLost(u32, String),
-    /// Read the control arm's engine (metrics, state) on the actor thread.
+    /// Read the control arm's engine (metrics, state) in the engine's turn.
     Inspect(Inspect<C, X>),
-    /// Read every arm on the actor thread.
+    /// Read every arm in the engine's turn.
     InspectArms(InspectArms<C, X>),
-    /// Change the arms on the actor thread (models loaded or unloaded while serving).
+    /// Change the arms in the engine's turn (models loaded or unloaded while serving).
     Update(UpdateArms<C, X>),
     /// Start or end an A/B run.
     Ab {
@@ -272,7 +272,7 @@ impl<C: Clock, X: Executor> ActorHandle<C, X> {
         answer.recv().map_err(|_| ActorStopped)
     }
 
-    /// Run `question` on every arm, on the actor thread, and return its answer.
+    /// Run `question` on every arm, in the engine's turn, and return its answer.
     pub fn inspect_arms<T: Send + 'static>(&self, question: impl FnOnce(&Arms<C, X>) -> T + Send + 'static) -> Result<T, ActorStopped> {
         let (reply, answer) = mpsc::sync_channel(1);
         self.send(Message::InspectArms(Box::new(move |arms| {
@@ -294,7 +294,7 @@ impl<C: Clock, X: Executor> ActorHandle<C, X> {
         answer.recv().map_err(|_| ActorStopped)
     }
 
-    /// Run `change` on every arm, on the actor thread between two event batches, and
+    /// Run `change` on every arm, in the engine's turn between two event batches, and
     /// return its answer; what it ends goes out with the batch's other ends.
     pub fn update<T: Send + 'static>(&self, change: impl FnOnce(&mut Arms<C, X>) -> T + Send + 'static) -> Result<T, ActorStopped> {
         let (reply, answer) = mpsc::sync_channel(1);
@@ -304,7 +304,7 @@ impl<C: Clock, X: Executor> ActorHandle<C, X> {
         answer.recv().map_err(|_| ActorStopped)
     }
 
-    /// Run `question` on the control arm's engine, on the actor thread, and return
+    /// Run `question` on the control arm's engine, in the engine's turn, and return
     /// its answer.
     pub fn inspect<T: Send + 'static>(&self, question: impl FnOnce(&ArmEngine<C, X>) -> T + Send + 'static) -> Result<T, ActorStopped> {
         let (reply, answer) = mpsc::sync_channel(1);

@@ -3,7 +3,7 @@
 //! policy can be replayed against real traffic
 //! (`yardmaster sim compare --workload trace:FILE --policies X.wasm`).
 //!
-//! The recorder lives on the engine's actor thread and is fed by it. Writing never
+//! The recorder lives with the engine and is fed by its turns. Writing never
 //! stands in the way of serving: when a write fails (a full disk, a closed pipe) the
 //! recorder says so once in the log — with how many records reached the sink whole —
 //! stops capturing, and requests go on as before. Records are buffered and pushed to

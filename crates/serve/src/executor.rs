@@ -3,15 +3,19 @@
 //! [`OnnxExecutor`] implements [`Executor`] over groups of [`Workers`] (one
 //! [`Placement`] per group: the workers of this process, or of another host), with one
 //! [`StageProgram`] per stage turning a request's payload into model inputs and the
-//! model's outputs back into payload. It runs on the actor thread, so it does little
-//! there: it takes the inputs already prepared in each request's parcel (see
-//! [`super::payload`]), lays them out as one data-plane [`Job`] and hands it over.
+//! model's outputs back into payload. It runs in the engine's turn (see
+//! [`super::actor`]), so it does little there: it takes the inputs already prepared in
+//! each request's parcel (see [`super::payload`]), lays them out as one data-plane
+//! [`Job`] and hands it over.
 //!
-//! One event pump thread per placement turns the group's [`WorkerEvent`]s into actor
-//! messages:
+//! A group's [`WorkerEvent`]s are handled on its workers' own threads (workers of this
+//! process, through [`super::worker_events::EventRelay`]) or by an event pump thread
+//! per group (a remote host's, off a channel):
 //! - `Finished`: the stage program folds each request's outputs into its payload and
-//!   prepares the next stage's inputs, then the job's [`JobResult`] (per-request
-//!   errors, the measured duration) goes to the engine;
+//!   prepares the next stage's inputs — right there when the program only moves
+//!   tensors, on the finisher threads otherwise — then the job's [`JobResult`]
+//!   (per-request errors, the measured duration) goes to the engine, taken in on that
+//!   thread when the engine is free;
 //! - `Ready`: `worker_ready`;
 //! - `StartFailed`: logged; the worker is marked failed, the job waiting for it (if
 //!   any) and any job already on its way to it fail with the error, so no request waits
@@ -186,7 +190,7 @@ impl WorkerBoard {
 }
 
 /// How long a job that a starting worker refused waits for the worker's start verdict
-/// (only on that error path; it holds the actor thread).
+/// (only on that error path; it holds the engine's turn).
 const VERDICT_WAIT: Duration = Duration::from_millis(250);
 
 /// A poisoned lock still holds consistent data here (every update is one assignment),
@@ -303,7 +307,7 @@ struct JobTable {
 /// One group of workers, locked for each operation.
 type Group = Arc<Mutex<Box<dyn Workers>>>;
 
-/// The worker groups, shared by the executor (on the actor thread) and the watchdog.
+/// The worker groups, shared by the executor (in the engine's turn) and the watchdog.
 /// Groups are only added (models loaded while serving), never removed.
 type Groups = RwLock<Vec<Group>>;
 
@@ -334,7 +338,7 @@ impl StageTable {
     }
 }
 
-/// What the actor thread, the event pumps and the watchdog share.
+/// What the engine's turns, the worker-event handlers and the watchdog share.
 struct Shared {
     stages: RwLock<StageTable>,
     store: PayloadStore,

@@ -11,7 +11,7 @@
 //!
 //! Each entry has a lock of its own: the map's lock is held only to find an entry, so
 //! post-processing one request's outputs never blocks another request, and never the
-//! actor thread.
+//! engine's turn.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -68,8 +68,8 @@ pub struct Prepared {
 }
 
 /// A payload with the inputs of its next stage, when they were made ahead (by the
-/// backend for the entry stage, by the event pump for the following ones), so the
-/// actor thread only moves tensors.
+/// backend for the entry stage, by the worker-event handlers for the following ones),
+/// so the engine's turn only moves tensors.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Parcel {
     /// The request's data.

@@ -439,7 +439,7 @@ fn every_kind<'a>(known: &'a [&'static str], counts: &'a BTreeMap<&'static str, 
 }
 
 /// The whole exposition of one engine, whose policy arm is named `arm`; call it on
-/// the actor thread (through `ActorHandle::inspect`).
+/// in the engine's turn (through `ActorHandle::inspect`).
 pub fn render_engine<C: Clock, X: Executor>(engine: &Engine<C, X>, arm: &str) -> String {
     let mut out = Exposition::new();
     render_one(&mut out, engine, arm, arm);

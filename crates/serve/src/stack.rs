@@ -142,7 +142,7 @@ pub struct ServingStack;
 impl ServingStack {
     /// Start the engine actor for `served` scheduled by `policy`, with the workers of
     /// `placements`; stages no placement names run in this process (one
-    /// [`WorkerPool`] per stage over `context`, with the stage's intra-op threads).
+    /// [`WorkerPool`](yardmaster_dataplane::WorkerPool) per stage over `context`, with the stage's intra-op threads).
     /// Returns the actor (stop it with [`ServeActor::shutdown`]) and the backend for
     /// the client API.
     pub fn start(

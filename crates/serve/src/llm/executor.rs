@@ -178,7 +178,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// The workers, reachable from the actor thread and from the request-end hook.
+/// The workers, reachable from the engine's turn and from the request-end hook.
 #[derive(Clone, Default)]
 pub struct WorkerDirectory {
     links: Arc<Mutex<HashMap<u32, Link>>>,

@@ -89,7 +89,7 @@ impl LlmService {
     }
 
     /// Submit `prompt` on `stream` for `max_tokens` tokens (0: the executor's default);
-    /// `on_end` runs exactly once, on the actor thread, when the request ends.
+    /// `on_end` runs exactly once, in the engine's turn, when the request ends.
     pub fn submit(
         &self,
         stream: u32,
