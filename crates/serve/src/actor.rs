@@ -816,10 +816,12 @@ mod tests {
             assert!(matches!(end.outcome, Outcome::Completed), "{end:?}");
         }
         // Sent one at a time to an idle engine, most are dispatched in the turn the
-        // submit ran here (the engine's thread may hold the engine for a timer now and
-        // then); before, every turn ran on the engine's thread.
+        // submit ran here; some may not be, when the engine's thread still holds the
+        // engine (finishing the turn that answered the previous request, or a timer)
+        // — more often on a loaded machine. Before, every turn ran on the engine's
+        // thread: none started here.
         let here = STARTED_HERE.with(|count| count.get());
-        assert!(here >= 10, "{here} of 20 jobs started on the submitting thread");
+        assert!(here >= 3, "{here} of 20 jobs started on the submitting thread");
         actor.shutdown("test over");
     }
 
