@@ -311,6 +311,9 @@ fn arm_budget(sandbox: &Sandbox, store: &mut Store<HostState>, kind: CallKind) {
 
 /// Turn a wasmtime error into a [`PolicyFault`].
 fn classify(sandbox: &Sandbox, store: &mut Store<HostState>, kind: CallKind, error: wasmtime::Error) -> PolicyFault {
+    // With its wasm backtrace (function names where the policy kept them): where a
+    // policy trapped or ran out of fuel, for whoever debugs it.
+    tracing::debug!(?kind, "policy call failed: {error:?}");
     let limits = sandbox.limits();
     let state = store.data_mut();
     if state.memory.exceeded {
