@@ -147,6 +147,19 @@ pub struct JobTiming {
     pub batch: BatchTiming,
 }
 
+impl JobTiming {
+    /// Whether the worker measured the job (a remote host's report none: all zero).
+    pub fn measured(&self) -> bool {
+        *self != JobTiming::default()
+    }
+
+    /// What Triton counts as a job's compute input: the wait before the worker took
+    /// the job up and the stacking of its inputs.
+    pub fn input(&self) -> Duration {
+        self.waited + self.batch.stack
+    }
+}
+
 /// What workers share: the runtime and the parameter cache.
 #[derive(Debug, Clone)]
 pub struct WorkerContext {

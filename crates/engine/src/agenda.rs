@@ -104,13 +104,8 @@ mod tests {
     #[test]
     fn entries_scheduled_while_others_are_handed_out_keep_the_order() {
         // A pseudo-random mix of in-order and earlier entries, scheduled between pops.
-        let mut state = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut rng = yardmaster_formats::rng::SimRng::new(7);
+        let mut next = move || rng.next_u64();
         let mut agenda = Agenda::default();
         let mut reference: BinaryHeap<Reverse<(u64, u64, u64)>> = BinaryHeap::new();
         let (mut now, mut scheduled) = (0u64, 0u64);

@@ -31,6 +31,8 @@ pub mod pipeline;
 mod reconfigure;
 mod sequences;
 mod state;
+#[cfg(test)]
+mod test_support;
 
 pub use exec::{
     BatchJob, Clock, Executor, IdSpace, ItemResult, JobItem, JobResult, ManualClock, MonotonicClock, RecordingExecutor, Resume,

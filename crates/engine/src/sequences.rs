@@ -223,22 +223,7 @@ mod tests {
     use super::*;
 
     fn request(origin: u64) -> Request {
-        Request {
-            id: origin,
-            origin,
-            stage: 0,
-            stream: 0,
-            sent_at: 0,
-            arrived_at: 0,
-            deadline: 1,
-            priority: 0,
-            input_size: 0,
-            expected_tokens: 0,
-            requeues: 0,
-            tags: None,
-            items: 1,
-            correlation: None,
-        }
+        crate::test_support::request(origin, origin)
     }
 
     fn step(id: u64, start: bool, end: bool) -> SequenceStep {

@@ -475,22 +475,7 @@ mod tests {
     use super::*;
 
     fn piece(id: u64, origin: u64) -> Piece {
-        let request = Request {
-            id,
-            origin,
-            stage: 0,
-            stream: 0,
-            sent_at: 0,
-            arrived_at: 0,
-            deadline: 1,
-            priority: 0,
-            input_size: 0,
-            expected_tokens: 0,
-            requeues: 0,
-            tags: None,
-            items: 1,
-            correlation: None,
-        };
+        let request = crate::test_support::request(id, origin);
         Piece { request, state: PieceState::Queued, generated: 0, resume: super::super::exec::Resume::Fresh }
     }
 

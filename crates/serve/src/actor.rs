@@ -374,17 +374,7 @@ impl<C: Clock + Send, X: Executor + Send> Turns for Inner<C, X> {
     fn stopped(&self) -> bool {
         self.stopped.load(Ordering::SeqCst)
     }
-    fn run_turns(&self, turns: usize) {
-        Inner::run_turns(self, turns)
-    }
-    fn wake_engine_thread(&self) {
-        Inner::wake_engine_thread(self)
-    }
-}
-
-impl<C: Clock, X: Executor> Inner<C, X> {
-    /// Run up to `turns` turns on this thread while messages wait and the engine is
-    /// free; a backlog left is the engine thread's to take.
+    /// A backlog left after `turns` turns is the engine thread's to take.
     fn run_turns(&self, turns: usize) {
         for _ in 0..turns {
             if self.pending.load(Ordering::SeqCst) <= 0 {
@@ -405,7 +395,12 @@ impl<C: Clock, X: Executor> Inner<C, X> {
             self.wake_engine_thread();
         }
     }
+    fn wake_engine_thread(&self) {
+        Inner::wake_engine_thread(self)
+    }
+}
 
+impl<C: Clock, X: Executor> Inner<C, X> {
     /// One turn: take in every message waiting, let the engine handle what is due,
     /// deliver the events to the policy, answer the requests that ended. A panic in
     /// the turn stops the engine (as it stopped the actor's thread before).

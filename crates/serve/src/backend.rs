@@ -676,10 +676,10 @@ impl EngineBackend {
     /// When the last job's inputs were stacked and its `Run` ended, on the engine's
     /// clock, from the worker's measures (none where the worker does not measure).
     fn worker_stamps(&self, spans: Option<&super::payload::JobSpans>) -> (Option<u64>, Option<u64>) {
-        let Some(spans) = spans.filter(|s| s.timing != yardmaster_dataplane::JobTiming::default()) else { return (None, None) };
+        let Some(spans) = spans.filter(|s| s.timing.measured()) else { return (None, None) };
         let ns = |d: Duration| d.as_nanos() as u64;
         let handed = self.clock.now().saturating_sub(ns(spans.handed.elapsed()));
-        let input_end = handed + ns(spans.timing.waited + spans.timing.batch.stack);
+        let input_end = handed + ns(spans.timing.input());
         (Some(input_end), Some(input_end + ns(spans.timing.batch.run)))
     }
 

@@ -236,12 +236,12 @@ impl StageTimings {
         }
         let entry = &mut self.0[index];
         let ns = |d: Duration| d.as_nanos() as u64;
-        if *timing == JobTiming::default() {
+        if !timing.measured() {
             entry.unmeasured_ns += ns(duration);
             return;
         }
         entry.jobs += 1;
-        entry.input_ns += ns(timing.waited + timing.batch.stack);
+        entry.input_ns += ns(timing.input());
         entry.infer_ns += ns(timing.batch.run);
         entry.output_ns += ns(timing.batch.split);
     }
@@ -453,28 +453,21 @@ impl Shared {
     /// worker waits for the job's report), else here too: moving a tiny model's
     /// tensors takes less than starting a thread. Items come back in `each`'s order.
     fn apply_all(&self, stage: u32, each: Vec<(u64, Vec<Vec<Tensor>>)>, spans: JobSpans) -> Vec<ItemResult> {
+        let fold = |(id, outputs): (u64, Vec<Vec<Tensor>>)| item(id, self.apply(id, stage, outputs, spans).err());
         let mut each = each.into_iter();
-        let Some((id, outputs)) = each.next() else { return Vec::new() };
+        let Some(head) = each.next() else { return Vec::new() };
         let begin = Instant::now();
-        let first = item(id, self.apply(id, stage, outputs, spans).err());
+        let first = fold(head);
         let rest: Vec<(u64, Vec<Vec<Tensor>>)> = each.collect();
         let threads = fold_threads(begin.elapsed(), rest.len(), yardmaster_dataplane::parallel::cores());
         if threads < 2 {
-            let mut items = Vec::with_capacity(rest.len() + 1);
-            items.push(first);
-            items.extend(rest.into_iter().map(|(id, outputs)| item(id, self.apply(id, stage, outputs, spans).err())));
-            return items;
+            return std::iter::once(first).chain(rest.into_iter().map(fold)).collect();
         }
         let ids: Vec<u64> = rest.iter().map(|(id, _)| *id).collect();
         let done: Vec<Mutex<Option<ItemResult>>> = (0..rest.len()).map(|_| Mutex::new(None)).collect();
-        yardmaster_dataplane::parallel::each(
-            rest.into_iter().enumerate().collect(),
-            threads,
-            "yardmaster-fold",
-            |(index, (id, outputs))| {
-                *lock(&done[index]) = Some(item(id, self.apply(id, stage, outputs, spans).err()));
-            },
-        );
+        yardmaster_dataplane::parallel::each(rest.into_iter().enumerate().collect(), threads, "yardmaster-fold", |(index, element)| {
+            *lock(&done[index]) = Some(fold(element));
+        });
         std::iter::once(first)
             .chain(done.into_iter().zip(ids).map(|(slot, id)| {
                 slot.into_inner()
