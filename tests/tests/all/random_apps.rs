@@ -22,7 +22,7 @@ use yardmaster_tests::loader;
 const APP_SEED: u64 = 3;
 
 /// The generated application with a zero-time entry.
-fn zero_time_entry_application() -> Pipeline {
+pub(crate) fn zero_time_entry_application() -> Pipeline {
     let dir = yardmaster::sim::reproduce::loki::data_dir();
     let profiles = LokiProfiles::load(&dir, "onnxruntime_gpu_ampere").unwrap();
     let app = generate(7, APP_SEED, &profiles).unwrap().pop().unwrap();
@@ -34,7 +34,7 @@ fn zero_time_entry_application() -> Pipeline {
 
 /// On-time share of `policy` on `pipeline` under Poisson load at `load` × its capacity
 /// bound for `duration_s` simulated seconds; no fault, no fallback.
-fn on_time(policy: &str, pipeline: &Pipeline, load: f64, duration_s: f64) -> f64 {
+pub(crate) fn on_time(policy: &str, pipeline: &Pipeline, load: f64, duration_s: f64) -> f64 {
     let overall = simulate(policy, &[], pipeline, load, duration_s);
     overall.outcomes.on_time as f64 / overall.arrivals.max(1) as f64
 }
@@ -42,7 +42,7 @@ fn on_time(policy: &str, pipeline: &Pipeline, load: f64, duration_s: f64) -> f64
 /// The whole run's figures of `policy` with `params` on `pipeline` under Poisson load at
 /// `load` × its capacity bound for `duration_s` simulated seconds; no fault, no
 /// fallback.
-fn simulate(policy: &str, params: &[(&str, &str)], pipeline: &Pipeline, load: f64, duration_s: f64) -> Stats {
+pub(crate) fn simulate(policy: &str, params: &[(&str, &str)], pipeline: &Pipeline, load: f64, duration_s: f64) -> Stats {
     let duration = (duration_s * 1e9) as u64;
     let rate = load * capacity(pipeline).unwrap();
     let spec = SimSpec {
@@ -99,7 +99,7 @@ fn the_reference_policies_and_their_baselines_are_on_time_at_a_quarter_of_capaci
 }
 
 /// The generated application `index` of seed `seed`, imported.
-fn generated(seed: u64, index: usize) -> (String, Pipeline) {
+pub(crate) fn generated(seed: u64, index: usize) -> (String, Pipeline) {
     let dir = yardmaster::sim::reproduce::loki::data_dir();
     let profiles = LokiProfiles::load(&dir, "onnxruntime_gpu_ampere").unwrap();
     let app = generate(index + 1, seed, &profiles).unwrap().pop().unwrap();
