@@ -223,10 +223,44 @@ pub fn plan_frame(candidates: &[Candidate], setting: &FrameSetting) -> Selection
     let chosen = |id: RequestId, members: &[&Candidate]| members.iter().any(|m| m.id == id) || share.protected.contains(&id);
     let mut kept: Vec<&Candidate> = Vec::new();
     for a in &members {
+        if evicted.contains(&a.id) {
+            continue;
+        }
         let need = extra_kv(a);
         if need <= free {
             free -= need;
             kept.push(a);
+            continue;
+        }
+        if a.resident {
+            // KV exhaustion (§3.4): a resident short of its frame's growth force-evicts,
+            // without GUARD, the paused residents of lowest P below it (members not
+            // yet kept included). Residents that ran last frame used up their
+            // reservation, so once the cache is full none of them could grow and the
+            // worker stood idle with its cache held until deadlines passed.
+            let mut victims: Vec<&Candidate> = candidates
+                .iter()
+                .filter(|c| c.resident && c.id != a.id && !share.protected.contains(&c.id) && !evicted.contains(&c.id))
+                .filter(|c| !kept.iter().any(|k| k.id == c.id) && by_priority(a, c) == Ordering::Less)
+                .collect();
+            victims.sort_by(|x, y| by_priority(y, x));
+            let mut freed = 0u64;
+            let mut taken = Vec::new();
+            for v in victims {
+                if free + freed >= need {
+                    break;
+                }
+                freed += v.held;
+                taken.push(v);
+            }
+            if free + freed >= need {
+                for v in &taken {
+                    evicted.push(v.id);
+                    selection.evict.push((v.id, v.evict_mode));
+                }
+                free = free + freed - need;
+                kept.push(a);
+            }
             continue;
         }
         let mut victims: Vec<&Candidate> =

@@ -153,6 +153,27 @@ fn evictions_in_a_plan_respect_the_guard_and_free_enough() {
     assert!(!selection.run.iter().any(|(id, _)| *id == 2));
 }
 
+#[test]
+fn a_cache_full_of_residents_evicts_the_lowest_priority_so_the_others_grow() {
+    // KV exhaustion at a frame boundary (spec §3.4's rule, issue 43): three residents
+    // that ran last frame fill the cache, and each needs a frame of growth. Before, no
+    // member could be reserved (the guard's victims exclude members) and the worker
+    // stood idle with its cache held: on a conversation trace past capacity, 97 % of
+    // CALM's plans ran nothing.
+    let mut s = setting(4, 0.95, Packing::Paced);
+    s.kv_capacity = 1000;
+    let resident = |id: u64, priority: f64| Candidate { resident: true, held: 330, footprint: 380, ..candidate(id, 100, priority) };
+    let residents = [resident(1, 30.0), resident(2, 20.0), resident(3, 10.0)];
+    let selection = plan_frame(&residents, &s);
+    assert_eq!(selection.evict, vec![(3, EvictMode::Recompute)]);
+    assert_eq!(selection.run, vec![(1, Role::Funded), (2, Role::Funded)]);
+    // With room for every growth, nothing is evicted.
+    s.kv_capacity = 1200;
+    let selection = plan_frame(&residents, &s);
+    assert!(selection.evict.is_empty());
+    assert_eq!(selection.run.len(), 3);
+}
+
 fn drops(actions: &[Action]) -> Vec<(u64, DropReason)> {
     actions
         .iter()
