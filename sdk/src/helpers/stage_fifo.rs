@@ -6,8 +6,15 @@
 //! Besides dispatching, the queues measure what such
 //! policies plan with: the time-averaged queue length of each stage and the sojourn
 //! time (wait plus service) of each request that finishes a stage.
+//!
+//! Every operation costs the same however long the queues grow: the bookkeeping by
+//! request id is ordered (B-trees), whose inserts cost a logarithm of the queue at
+//! worst. A hash map grows by rehashing every entry in one insert: past capacity,
+//! where a policy that never drops keeps every request (QUART's baselines hold five
+//! seconds of arrivals until the host expires them), one event call then rehashed
+//! hundreds of thousands of ids and ran out of its fuel (issue 43).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use crate::{BatchOutcome, Ctx, Duration, Instant, Request, RequestId, StageId, WorkerId};
 
@@ -28,9 +35,9 @@ pub struct StageFifo {
     /// Per stage: requests waiting that have not ended.
     live: Vec<usize>,
     /// Stage of every queued request, to account for one the host ends.
-    queued_stage: HashMap<RequestId, StageId>,
+    queued_stage: BTreeMap<RequestId, StageId>,
     /// Requests the host ended while queued (removed lazily).
-    ended: HashSet<RequestId>,
+    ended: BTreeSet<RequestId>,
     /// Per busy worker: its stage and when each request of its batch reached the stage.
     in_service: HashMap<WorkerId, (StageId, Vec<Instant>)>,
     areas: Vec<QueueArea>,
