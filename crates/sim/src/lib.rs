@@ -12,12 +12,15 @@
 //!   ([`per_core`] runs independent jobs in parallel);
 //! - [`reproduce`]: the reference policies' papers re-run against their baselines;
 //! - [`sweep`]: policies × pipelines × load multiples of capacity × workload shapes,
-//!   with the cliffs and low-load misses flagged and a heatmap per policy.
+//!   with the cliffs and low-load misses flagged and a heatmap per policy;
+//!   [`documented_breaks`]: where a baseline breaks by its own doc, which the sweep
+//!   labels rather than fails.
 
 #![warn(missing_docs)]
 
 pub mod bench;
 pub mod compound;
+pub mod documented_breaks;
 pub mod executor;
 pub mod report;
 pub mod reproduce;

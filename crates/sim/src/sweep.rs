@@ -37,6 +37,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use serde::{Deserialize, Serialize};
 
+use crate::documented_breaks::{documented_break, BreakKind};
 use crate::report::{plot_font, PlotFont};
 use crate::run::{PolicySpec, SimSpec};
 use yardmaster_engine::{bound, Pipeline};
@@ -217,6 +218,17 @@ pub struct SweepRow {
     /// Why the policy refused the pipeline, when it did in some seed: the cell is not
     /// the policy's (it neither counts as a cliff nor as a miss).
     pub refused: Option<String>,
+    /// When the row is a cliff or a low-load miss that the policy's doc gives as where
+    /// it breaks ([`crate::documented_breaks`]): why, and where to read it.
+    #[serde(default)]
+    pub documented: Option<String>,
+}
+
+impl SweepRow {
+    /// A cliff or a low-load miss that no doc explains: what `--strict` fails on.
+    pub fn undocumented_flag(&self) -> bool {
+        (self.cliff || self.low_load_miss) && self.documented.is_none()
+    }
 }
 
 /// The whole sweep.
@@ -397,6 +409,18 @@ pub fn summarise(cells: Vec<CellResult>) -> SweepOutcome {
             if (*load - 1.0).abs() < 1e-9 && refused.is_none() {
                 cost_at_one = Some((ns_per_event, fuel_per_event));
             }
+            let cliff = refused.is_none() && of_best_lower.is_some_and(|f| f < CLIFF_FRACTION);
+            let low_load_miss = refused.is_none() && key.2 == "poisson" && *load <= LOW_LOAD_MAX + 1e-9 && on_time < LOW_LOAD_ON_TIME;
+            // Documented only when every flag the row raises is.
+            let flagged: Vec<BreakKind> = [(cliff, BreakKind::PastCapacity), (low_load_miss, BreakKind::LowLoad)]
+                .into_iter()
+                .filter_map(|(raised, kind)| raised.then_some(kind))
+                .collect();
+            let explained: Option<Vec<String>> = flagged.iter().map(|kind| documented_break(&key.0, *kind).map(|b| b.label())).collect();
+            let documented = explained.filter(|labels| !labels.is_empty()).map(|mut labels| {
+                labels.dedup();
+                labels.join("; ")
+            });
             rows.push(SweepRow {
                 policy: key.0.clone(),
                 pipeline: key.1.clone(),
@@ -416,9 +440,10 @@ pub fn summarise(cells: Vec<CellResult>) -> SweepOutcome {
                 fuel_per_event,
                 longest_call_us: runs.iter().map(|r| r.longest_call_us).fold(0.0, f64::max),
                 of_best_lower,
-                cliff: refused.is_none() && of_best_lower.is_some_and(|f| f < CLIFF_FRACTION),
-                low_load_miss: refused.is_none() && key.2 == "poisson" && *load <= LOW_LOAD_MAX + 1e-9 && on_time < LOW_LOAD_ON_TIME,
+                cliff,
+                low_load_miss,
                 refused: refused.clone(),
+                documented,
             });
             if refused.is_none() {
                 best_lower = Some(best_lower.map_or(goodput, |b: f64| b.max(goodput)));
@@ -466,6 +491,8 @@ pub fn render_table(outcome: &SweepOutcome) -> String {
     for r in &outcome.rows {
         let flag = match (r.cliff, r.low_load_miss, r.fell_back) {
             _ if r.refused.is_some() => "n/a",
+            (true, _, _) if r.documented.is_some() => "cliff (doc)",
+            (_, true, _) if r.documented.is_some() => "late (doc)",
             (true, _, _) => "CLIFF",
             (_, true, _) => "LATE",
             (_, _, true) => "fb",
@@ -503,8 +530,8 @@ pub fn render_table(outcome: &SweepOutcome) -> String {
             let _ = writeln!(out, "  {policy} on {pipeline}: {why}");
         }
     }
-    let cliffs: Vec<&SweepRow> = outcome.rows.iter().filter(|r| r.cliff).collect();
-    let misses: Vec<&SweepRow> = outcome.rows.iter().filter(|r| r.low_load_miss).collect();
+    let cliffs: Vec<&SweepRow> = outcome.rows.iter().filter(|r| r.cliff && r.documented.is_none()).collect();
+    let misses: Vec<&SweepRow> = outcome.rows.iter().filter(|r| r.low_load_miss && r.documented.is_none()).collect();
     let _ = writeln!(out, "\ncliffs (goodput under {CLIFF_FRACTION} of the best at a lower load): {}", cliffs.len());
     for r in cliffs {
         let _ = writeln!(
@@ -520,6 +547,38 @@ pub fn render_table(outcome: &SweepOutcome) -> String {
     let _ = writeln!(out, "low-load misses (Poisson ≤ {LOW_LOAD_MAX}×, under {} on time): {}", LOW_LOAD_ON_TIME, misses.len());
     for r in misses {
         let _ = writeln!(out, "  {} on {} at {}×: {:.3} on time", r.policy, r.pipeline, r.load, r.on_time);
+    }
+    let mut documented: Vec<(&str, &str, usize)> = Vec::new();
+    for r in outcome.rows.iter().filter(|r| r.documented.is_some()) {
+        let why = r.documented.as_deref().unwrap_or_default();
+        match documented.iter_mut().find(|(policy, label, _)| *policy == r.policy && *label == why) {
+            Some(entry) => entry.2 += 1,
+            None => documented.push((&r.policy, why, 1)),
+        }
+    }
+    if !documented.is_empty() {
+        let _ = writeln!(out, "flags where the policy's doc says it breaks (not counted above):");
+        for (policy, why, rows) in documented {
+            let _ = writeln!(out, "  {policy}, {rows} rows: {why}");
+        }
+    }
+    let summaries = policy_summaries(outcome);
+    if !summaries.is_empty() {
+        let _ = writeln!(out, "per policy: apps served, cliffs rows (apps), low-load misses rows (apps), documented rows, fell back rows:");
+        for s in &summaries {
+            let _ = writeln!(
+                out,
+                "  {:<16} {:>3}  cliffs {:>3} ({:>2})  misses {:>3} ({:>2})  documented {:>3}  fell back {:>3}",
+                s.policy,
+                s.pipelines_served,
+                s.cliff_rows,
+                s.cliff_pipelines,
+                s.miss_rows,
+                s.miss_pipelines,
+                s.documented_rows,
+                s.fell_back_rows
+            );
+        }
     }
     let spread = load_spread(outcome);
     if !spread.is_empty() {
@@ -539,6 +598,75 @@ pub fn render_table(outcome: &SweepOutcome) -> String {
         }
     }
     out
+}
+
+/// One policy's flags over the whole sweep: what the docs' tables of cliffs and misses
+/// per policy are made of.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PolicySummary {
+    /// Policy.
+    pub policy: String,
+    /// Pipelines it served (did not refuse) in some row.
+    pub pipelines_served: usize,
+    /// Rows with an undocumented cliff.
+    pub cliff_rows: usize,
+    /// Pipelines with an undocumented cliff.
+    pub cliff_pipelines: usize,
+    /// Rows with an undocumented low-load miss.
+    pub miss_rows: usize,
+    /// Pipelines with an undocumented low-load miss.
+    pub miss_pipelines: usize,
+    /// Rows whose flags the policy's doc gives as where it breaks.
+    pub documented_rows: usize,
+    /// Rows where some seed fell back.
+    pub fell_back_rows: usize,
+}
+
+/// Per policy, in the order the rows list them: its flags over the sweep.
+pub fn policy_summaries(outcome: &SweepOutcome) -> Vec<PolicySummary> {
+    let mut summaries: Vec<PolicySummary> = Vec::new();
+    let mut pipelines: Vec<[std::collections::BTreeSet<&str>; 3]> = Vec::new();
+    for r in &outcome.rows {
+        let index = match summaries.iter().position(|s| s.policy == r.policy) {
+            Some(index) => index,
+            None => {
+                summaries.push(PolicySummary {
+                    policy: r.policy.clone(),
+                    pipelines_served: 0,
+                    cliff_rows: 0,
+                    cliff_pipelines: 0,
+                    miss_rows: 0,
+                    miss_pipelines: 0,
+                    documented_rows: 0,
+                    fell_back_rows: 0,
+                });
+                pipelines.push(Default::default());
+                summaries.len() - 1
+            }
+        };
+        let (summary, [served, cliffs, misses]) = (&mut summaries[index], &mut pipelines[index]);
+        if r.refused.is_some() {
+            continue;
+        }
+        served.insert(&r.pipeline);
+        let undocumented = r.documented.is_none();
+        if r.cliff && undocumented {
+            summary.cliff_rows += 1;
+            cliffs.insert(&r.pipeline);
+        }
+        if r.low_load_miss && undocumented {
+            summary.miss_rows += 1;
+            misses.insert(&r.pipeline);
+        }
+        summary.documented_rows += usize::from(!undocumented);
+        summary.fell_back_rows += usize::from(r.fell_back);
+    }
+    for (summary, [served, cliffs, misses]) in summaries.iter_mut().zip(&pipelines) {
+        summary.pipelines_served = served.len();
+        summary.cliff_pipelines = cliffs.len();
+        summary.miss_pipelines = misses.len();
+    }
+    summaries
 }
 
 /// One policy at one load, over every pipeline and shape it did not refuse.
@@ -737,7 +865,7 @@ fn draw_heatmap<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, policy: &str,
     root.fill(&WHITE).map_err(err)?;
     let text = |size: i32| ("sans-serif", size).into_font().color(&BLACK);
     root.draw(&Text::new(
-        format!("{policy}: goodput ÷ optimal bound by load (× capacity); framed: a cliff; n/a: refused"),
+        format!("{policy}: goodput ÷ optimal bound by load (× capacity); framed: a cliff (grey: where its doc says); n/a: refused"),
         (10, 10),
         text(18),
     ))
@@ -760,7 +888,8 @@ fn draw_heatmap<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, policy: &str,
                 Some(row) => {
                     root.draw(&Rectangle::new(corners, heat(row.goodput_of_bound).filled())).map_err(err)?;
                     if row.cliff {
-                        root.draw(&Rectangle::new(corners, BLACK.stroke_width(3))).map_err(err)?;
+                        let frame = if row.documented.is_some() { RGBColor(150, 150, 150) } else { BLACK };
+                        root.draw(&Rectangle::new(corners, frame.stroke_width(3))).map_err(err)?;
                     }
                     let label =
                         if row.fell_back { format!("{:.2} fb", row.goodput_of_bound) } else { format!("{:.2}", row.goodput_of_bound) };
@@ -845,6 +974,38 @@ mod tests {
         assert_eq!(at("steady", 2.0).rows, 1);
         assert!((at("cliff", 5.0).worst - 40.0 / 100.0).abs() < 1e-9 && at("cliff", 5.0).worst == at("cliff", 5.0).mean);
         assert_eq!(spread.iter().map(|s| s.policy.as_str()).collect::<Vec<_>>(), ["steady", "steady", "steady", "cliff", "cliff", "cliff"]);
+    }
+
+    #[test]
+    fn a_cliff_the_policy_s_doc_gives_is_labelled_and_not_counted_and_a_miss_it_does_not_give_is() {
+        // FIFO's doc gives its cliff past capacity (it never drops); nobody's doc gives
+        // `mine`'s, though its cells are FIFO's.
+        let cells = vec![
+            cell("mine", "poisson", 0.5, 1, 45.0, 0.9, 100.0),
+            cell("fifo", "poisson", 1.0, 1, 90.0, 0.99, 100.0),
+            cell("fifo", "poisson", 5.0, 1, 2.0, 0.01, 100.0),
+            cell("policy_fifo", "poisson", 1.0, 1, 90.0, 0.99, 100.0),
+            cell("policy_fifo", "poisson", 5.0, 1, 2.0, 0.01, 100.0),
+        ];
+        let outcome = summarise(cells);
+        let row = |policy: &str, load: f64| outcome.rows.iter().find(|r| r.policy == policy && r.load == load).unwrap();
+        assert!(row("fifo", 5.0).cliff && row("fifo", 5.0).documented.as_deref().is_some_and(|why| why.contains("never drops")));
+        assert!(!row("fifo", 5.0).undocumented_flag());
+        assert!(!row("policy_fifo", 5.0).undocumented_flag(), "a built file's stem names the same policy");
+        assert!(row("mine", 0.5).low_load_miss && row("mine", 0.5).undocumented_flag(), "no doc gives it");
+        let table = render_table(&outcome);
+        assert!(table.contains("cliffs (goodput under 0.9 of the best at a lower load): 0"), "{table}");
+        assert!(table.contains("low-load misses (Poisson ≤ 0.5×, under 0.99 on time): 1"), "{table}");
+        assert!(table.contains("cliff (doc)") && table.contains("fifo, 1 rows: never drops"), "{table}");
+        let summary = policy_summaries(&outcome);
+        let of = |policy: &str| summary.iter().find(|s| s.policy == policy).unwrap();
+        assert_eq!((of("fifo").cliff_rows, of("fifo").documented_rows), (0, 1), "{summary:?}");
+        assert_eq!((of("mine").miss_rows, of("mine").miss_pipelines, of("mine").documented_rows), (1, 1, 0), "{summary:?}");
+        // A saved sweep from before the label reads back, unlabelled.
+        let mut json = serde_json::to_value(&outcome).unwrap();
+        json["rows"][0].as_object_mut().unwrap().remove("documented");
+        let back: SweepOutcome = serde_json::from_value(json).unwrap();
+        assert_eq!(back.rows[0].documented, None);
     }
 
     #[test]

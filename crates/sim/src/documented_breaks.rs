@@ -1,0 +1,106 @@
+//! Where a shipped policy breaks by its own documentation: the sweep labels a cliff or
+//! a low-load miss found there as documented rather than as a regression.
+//!
+//! A baseline may break where its paper says it does — FIFO never drops, so past
+//! capacity its queue outgrows the SLO; a scheduler that plans without the downstream
+//! view falls off past capacity. Each entry names the policy, the kind of break, one
+//! sentence of why, and the section of the policy's doc that gives the evidence. The
+//! reference policies have no entry: anything the sweep flags for them is a finding.
+//!
+//! `sim sweep --strict` fails on undocumented flags only, so a baseline breaking where
+//! its paper predicts does not fail CI, and the same baseline breaking somewhere new
+//! does.
+
+/// The two things the sweep flags.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BreakKind {
+    /// Goodput past capacity under the cliff fraction of the best at a lower load.
+    PastCapacity,
+    /// Under the low-load on-time share at half the capacity or less.
+    LowLoad,
+}
+
+/// One documented break.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DocumentedBreak {
+    /// The shipped policy's name.
+    pub policy: &'static str,
+    /// Which flag it explains.
+    pub kind: BreakKind,
+    /// Why, in one sentence.
+    pub why: &'static str,
+    /// Where the evidence is: `FILE, SECTION` — a doc file and (part of) one of its headings.
+    pub doc: &'static str,
+}
+
+impl DocumentedBreak {
+    /// The label a sweep row carries: why, and where to read more.
+    pub fn label(&self) -> String {
+        format!("{} ({})", self.why, self.doc)
+    }
+}
+
+/// Every documented break of the shipped policies.
+pub const DOCUMENTED_BREAKS: &[DocumentedBreak] = &[
+    DocumentedBreak {
+        policy: "fifo",
+        kind: BreakKind::PastCapacity,
+        why: "never drops and never scales: past capacity its queue outgrows the SLO",
+        doc: "docs/sweep.md, fifo and edf: where they break",
+    },
+    DocumentedBreak {
+        policy: "fifo",
+        kind: BreakKind::LowLoad,
+        why: "batches as much as the stage allows whatever the SLO: a burst's batch ends late and the next is longer",
+        doc: "docs/sweep.md, fifo and edf: where they break",
+    },
+    DocumentedBreak {
+        policy: "edf",
+        kind: BreakKind::PastCapacity,
+        why: "never scales, and judges a deadline on its own stage only: what it admits dies downstream",
+        doc: "docs/sweep.md, fifo and edf: where they break",
+    },
+    DocumentedBreak {
+        policy: "edf",
+        kind: BreakKind::LowLoad,
+        why: "judges a deadline on its own stage only: the first stage's batch spends the later stages' budget",
+        doc: "docs/sweep.md, fifo and edf: where they break",
+    },
+];
+
+/// The documented break of `policy` of this kind, if any. `policy` may be a shipped
+/// name (`quart-fixed`) or the stem of a built policy file (`policy_quart_fixed`).
+pub fn documented_break(policy: &str, kind: BreakKind) -> Option<&'static DocumentedBreak> {
+    let name = policy.strip_prefix("policy_").map(|stem| stem.replace('_', "-"));
+    let name = name.as_deref().unwrap_or(policy);
+    DOCUMENTED_BREAKS.iter().find(|b| b.policy == name && b.kind == kind)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shipped_name_and_a_built_file_s_stem_find_the_same_break() {
+        let by_name = documented_break("fifo", BreakKind::PastCapacity).expect("fifo's cliff is documented");
+        assert_eq!(documented_break("policy_fifo", BreakKind::PastCapacity), Some(by_name));
+        assert!(documented_break("no-such-policy", BreakKind::LowLoad).is_none());
+        assert!(documented_break("pard", BreakKind::PastCapacity).is_none(), "a reference policy's flags are findings");
+    }
+
+    #[test]
+    fn every_entry_is_unique_says_why_and_names_a_doc_section_that_exists() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        for (i, b) in DOCUMENTED_BREAKS.iter().enumerate() {
+            assert!(!b.why.is_empty() && b.why.len() < 200, "{b:?}");
+            let (file, section) = b.doc.split_once(", ").expect("\"FILE, SECTION\"");
+            let text = std::fs::read_to_string(root.join(file)).unwrap_or_else(|e| panic!("{}: {file}: {e}", b.policy));
+            assert!(
+                text.lines().any(|line| line.starts_with('#') && line.contains(section)),
+                "{}: {file} has no heading \"{section}\"",
+                b.policy
+            );
+            assert!(!DOCUMENTED_BREAKS[..i].iter().any(|o| o.policy == b.policy && o.kind == b.kind), "{b:?} twice");
+        }
+    }
+}
