@@ -28,6 +28,7 @@ pub mod params;
 pub mod placement;
 pub mod propagation;
 pub mod service;
+pub mod slack;
 pub mod smoother;
 pub mod telemetry;
 pub mod view;
@@ -81,9 +82,13 @@ pub struct Quart {
     controlled: bool,
     /// Whether the first arrival has set the early first control's timer.
     first_control_set: bool,
+
     /// Whether this instance took over from another (its first snapshot predates its
     /// configuration): it then waits for a fresh snapshot before it scales.
     handed_over: bool,
+    /// The batch sizes each stage runs, which the unreachable-request slack counts
+    /// (`measured_batches`); `None` counts every batch at its limit.
+    batch_sizes: Option<slack::BatchSizes>,
 }
 
 /// Timer token of the early first control.
@@ -137,6 +142,23 @@ impl Quart {
         let free = ctx.config().max_workers.saturating_sub(in_use);
         let bounds: Vec<(u32, u32)> = self.plans.iter().map(|p| p.bounds).collect();
         let correction = self.corrector.correct(&views, &bounds, free);
+        {
+            let stages: Vec<String> = views
+                .iter()
+                .zip(&correction.errors)
+                .map(|(v, e)| {
+                    format!(
+                        "λ {:.0} r {}+{} q {:.1} obs {:.1} ms e {e:.2}",
+                        v.lambda,
+                        v.ready,
+                        v.pending,
+                        v.queue,
+                        1e3 * v.observed.unwrap_or(0.0)
+                    )
+                })
+                .collect();
+            ctx.log(Level::Debug, &format!("quart: control at {} ms, {free} free: [{}]", now / 1_000_000, stages.join("; ")));
+        }
         let mut targets = correction.targets.clone();
         let mut cores = self.cores.clone();
         for (i, &granted) in correction.granted.iter().enumerate() {
@@ -254,13 +276,10 @@ fn fit_batch_limits(ctx: &mut Ctx, budgets: &[f64]) {
 /// reserve scaled down so that no path asks for more than the tightest SLO; see
 /// [`StageGraph::downstream_reserve`]). A request with less left is dropped: it
 /// cannot finish in time, and serving it would only delay the ones that can.
+/// With `measured_batches` QUART counts each batch at the size the stage runs instead
+/// ([`slack`]).
 pub fn unreachable_slack(ctx: &Ctx, factor: f64) -> Vec<Duration> {
-    let config = ctx.config();
-    let graph = StageGraph::new(&config.stages);
-    let batch = |s: StageId| -> f64 { ctx.latency().mean(s, 0, ctx.batch_limit(s).max(1)).unwrap_or(0) as f64 };
-    let budget = config.streams.iter().map(|s| s.slo).filter(|&slo| slo > 0).min().map_or(f64::INFINITY, |slo| slo as f64);
-    let reserve = graph.downstream_reserve(|s| factor * batch(s), budget);
-    reserve.iter().enumerate().map(|(s, r)| (batch(s as StageId) + r) as Duration).collect()
+    slack::slack(ctx, factor, |s| ctx.batch_limit(s) as f64)
 }
 
 /// Stages in an order where each comes after its predecessors (Kahn's algorithm;
@@ -328,7 +347,19 @@ impl Policy for Quart {
         let workers: Vec<Worker> = config.workers.clone();
         let mut fifo = StageFifo::new();
         if params.drop_unreachable {
-            fifo.drop_unreachable(unreachable_slack(ctx, params.downstream_reserve));
+            let slack = unreachable_slack(ctx, params.downstream_reserve);
+            let limits: Vec<u32> = (0..n as StageId).map(|s| ctx.batch_limit(s)).collect();
+            let targets: Vec<f64> = plans.iter().map(|p| (p.target * 1e4).round() / 10.0).collect();
+            let slack_ms: Vec<f64> = slack.iter().map(|&d| (d as f64 / 1e5).round() / 10.0).collect();
+            let profiles: Vec<Vec<f64>> = (0..n as StageId)
+                .map(|s| [1, 2, 4, 8, 16].iter().map(|&b| (ctx.latency().mean(s, 0, b).unwrap_or(0) as f64 / 1e5).round() / 10.0).collect())
+                .collect();
+            let workers: Vec<usize> = (0..n as StageId).map(|s| ctx.config().workers.iter().filter(|w| w.stage == s).count()).collect();
+            ctx.log(
+                Level::Debug,
+                &format!("quart: batch limits {limits:?}, targets {targets:?} ms, unreachable slack {slack_ms:?} ms, workers {workers:?}, ms at 1/2/4/8/16 {profiles:?}"),
+            );
+            fifo.drop_unreachable(slack);
         }
         let policy = Self {
             order: topological_order(&predecessors),
@@ -342,6 +373,7 @@ impl Policy for Quart {
             controlled: false,
             first_control_set: false,
             handed_over: false,
+            batch_sizes: (params.drop_unreachable && params.measured_batches).then(|| slack::BatchSizes::new(ctx, n, now)),
             fifo,
             plans,
             params,
@@ -383,6 +415,9 @@ impl Policy for Quart {
     fn on_batch_done(&mut self, ctx: &mut Ctx, outcome: BatchOutcome) {
         let now = ctx.now();
         if let Some((stage, sojourns)) = self.fifo.finish(&outcome, now) {
+            if let Some(sizes) = &mut self.batch_sizes {
+                sizes.record(stage, sojourns.len());
+            }
             if let Some(t) = self.telemetry.get_mut(stage as usize) {
                 for sojourn in sojourns {
                     t.finished(now, sojourn);
@@ -416,6 +451,12 @@ impl Policy for Quart {
     }
 
     fn on_events_done(&mut self, ctx: &mut Ctx) {
+        if let Some(sizes) = &mut self.batch_sizes {
+            if sizes.due(ctx.now(), self.fifo.dropped()) {
+                let slack = slack::slack(ctx, self.params.downstream_reserve, |s| sizes.size(s));
+                self.fifo.drop_unreachable(slack);
+            }
+        }
         self.fifo.dispatch_idle(ctx);
     }
 }

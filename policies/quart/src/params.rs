@@ -100,6 +100,12 @@ pub struct Params {
     /// the random applications of issue 43 that left QUART's batches at a fraction of
     /// what the SLO allows (docs/quart.md).
     pub path_batch_fraction: f64,
+    /// With `drop_unreachable`: count each stage's batches, in the time a request must
+    /// have left, at the size the stage runs (a moving average) rather than at its
+    /// batch limit (`measured_batches`, true; `false` counts them at the limit). Past
+    /// capacity the batches are full and the two agree; below it the limit asked far
+    /// more than a request needs (`slack.rs`, docs/quart.md).
+    pub measured_batches: bool,
 }
 
 impl Params {
@@ -155,6 +161,7 @@ impl Params {
                 }
                 f
             },
+            measured_batches: ctx.param_or("measured_batches", true)?,
         };
         if !(0.0..=100.0).contains(&params.downstream_reserve) {
             return Err(format!("parameter `downstream_reserve` must be in [0, 100], got {}", params.downstream_reserve));

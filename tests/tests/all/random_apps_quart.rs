@@ -6,7 +6,7 @@ use yardmaster::formats::WorkloadSpec;
 use yardmaster::policy::{Limits, Mode};
 use yardmaster::sim::executor::SimExecutorOptions;
 use yardmaster::sim::reproduce::shipped;
-use yardmaster::sim::sweep::capacity;
+use yardmaster::sim::sweep::{capacity, LOW_LOAD_ON_TIME};
 use yardmaster::sim::{run, RunOutcome, SimSpec};
 use yardmaster_tests::loader;
 
@@ -57,5 +57,28 @@ fn quart_s_baselines_decide_within_a_bounded_budget_from_2x_to_10x_on_a_generate
         let per_call = |out: &RunOutcome| out.arm.fuel as f64 / out.arm.calls.max(1) as f64;
         eprintln!("{policy}: fuel per call {:.0} at 2×, {:.0} at 10×", per_call(&low), per_call(&high));
         assert!(per_call(&high) <= 2.0 * per_call(&low), "{policy}: {:.0} at 10× against {:.0} at 2×", per_call(&high), per_call(&low));
+    }
+}
+
+#[test]
+fn quart_keeps_below_capacity_the_requests_its_later_stages_have_time_for() {
+    // QUART drops a request taken out of its queue with less time left than its own
+    // batch and two batches of every later stage. Counted at every stage's batch limit
+    // (full batches, as past capacity) that asked `r07-chain` (SLO 209 ms) to leave its
+    // entry with 199 ms left: 96 % on time at 0.25× and 84 % at 0.5×, every miss a drop
+    // at the entry, and `r05-diamond` 96 % at 0.5×. The batches now count at the size
+    // each stage runs (a moving average) while under 5 % of the pieces are dropped.
+    use super::random_apps::simulate;
+    for (index, expected, load) in [(7, "r07-chain", 0.25), (5, "r05-diamond", 0.5)] {
+        let (name, app) = generated(1, index);
+        assert_eq!(name, expected);
+        let share = |params: &[(&str, &str)]| {
+            let stats = simulate("quart", params, &app, load, 3.0);
+            stats.outcomes.on_time as f64 / stats.arrivals.max(1) as f64
+        };
+        let (measured, at_limits) = (share(&[]), share(&[("measured_batches", "false")]));
+        eprintln!("{name} at {load}×: {:.1} % on time, {:.1} % counting full batches", 100.0 * measured, 100.0 * at_limits);
+        assert!(measured >= LOW_LOAD_ON_TIME, "{name} at {load}×: {:.1} % on time", 100.0 * measured);
+        assert!(at_limits < LOW_LOAD_ON_TIME, "{name} at {load}× counting full batches: {:.1} % on time", 100.0 * at_limits);
     }
 }
