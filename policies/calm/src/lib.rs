@@ -33,8 +33,9 @@ mod testing;
 #[cfg(test)]
 mod tests;
 pub mod tune;
+pub mod window;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use yardmaster_sdk::helpers::{idle_iteration_workers, BatchStageFifo, FramePlan, LlmBook, LlmRequest, Residence, ServiceClass};
 use yardmaster_sdk::{Ctx, DropReason, EndReason, EvictMode, FrameReport, Policy, Request, RequestId, Snapshot, WorkerId};
@@ -178,19 +179,6 @@ impl Calm {
         WorkerRates { step_s: step_ns / 1e9, frame_steps: self.frame_steps }
     }
 
-    /// Seconds of stall if a resident sequence were evicted, and the mode.
-    fn eviction_cost(&self, request: &LlmRequest) -> (f64, EvictMode) {
-        let bytes = self.book.kv_bytes(request.context()) as f64;
-        let swap = bytes * self.params.swap_ns_per_byte / 1e9;
-        let recompute = request.context() as f64 * self.params.prefill_ns_per_token / 1e9;
-        match self.params.evict {
-            EvictChoice::Fixed(EvictMode::Swap) => (swap, EvictMode::Swap),
-            EvictChoice::Fixed(EvictMode::Recompute) => (recompute, EvictMode::Recompute),
-            EvictChoice::Auto if swap < recompute => (swap, EvictMode::Swap),
-            EvictChoice::Auto => (recompute, EvictMode::Recompute),
-        }
-    }
-
     /// Under the `slo` admission timeout: whether a request never admitted can no
     /// longer meet its SLO even if it started now (its prefill and one decode step of
     /// `step_ns`): an LS request's first token, a deadline request's deadline.
@@ -245,28 +233,53 @@ impl Calm {
             }
         }
         let cost = CallCost { prefill_s: self.params.prefill_ns_per_token / 1e9, step_s: rates.step_s };
-        let mut views: Vec<(RequestView, Option<JobKey>, f64)> = Vec::new();
+        let dropped: BTreeSet<RequestId> = drops.iter().map(|(id, _)| *id).collect();
+        let frame_ns = (rates.frame_s() * 1e9) as u64;
+        // One pass over the candidates, none sorted: ANALYZE, and F11's aging of every
+        // candidate once per elapsed frame (undone below for the members), with the
+        // value it had before, in id order.
+        let mut aged: Vec<(RequestId, u64)> = Vec::new();
+        // Compound calls: their candidate's index, view and job.
+        let mut calls: Vec<(usize, RequestView, JobKey, f64)> = Vec::new();
         let mut candidates = Vec::new();
-        for r in self.book.candidates(worker, info.stage) {
-            if drops.iter().any(|(id, _)| *id == r.id) {
+        let Self { book, tracking, predictor, jobs, replicas, params, .. } = self;
+        // The tracking of each candidate, walked alongside (both in id order).
+        let mut tracks = tracking.iter_mut().peekable();
+        for r in book.candidates(worker, info.stage) {
+            if dropped.contains(&r.id) {
                 continue;
             }
             // Power-of-K: only the replicas holding a copy (or the bound one) plan it.
-            if self.replicas.get(&r.id).is_some_and(|ws| !ws.contains(&worker)) {
+            if replicas.get(&r.id).is_some_and(|ws| !ws.contains(&worker)) {
                 continue;
             }
-            let Some(track) = self.tracking.get_mut(&r.id) else { continue };
+            let track = loop {
+                match tracks.peek() {
+                    Some((id, _)) if **id < r.id => {
+                        tracks.next();
+                    }
+                    Some((id, _)) if **id == r.id => break tracks.next().map(|(_, track)| track),
+                    _ => break None,
+                }
+            };
+            let Some(track) = track else { continue };
             let query = LengthQuery { class: r.class, prompt: r.prompt, generated: r.generated, hint: r.expected_tokens };
-            let bound = self.predictor.bound(query, track.bound, track.multiplier);
+            let bound = predictor.bound(query, track.bound, track.multiplier);
             track.bound = Some(bound);
+            let frames_unserved = track.frames_unserved;
+            if now.saturating_sub(track.aged_at) >= frame_ns {
+                aged.push((r.id, track.aged_at));
+                track.frames_unserved += 1;
+                track.aged_at = now;
+            }
             let resident = r.residence == Residence::Resident(worker);
             let restore_s = match r.residence {
-                Residence::Evicted(EvictMode::Swap) => self.book.kv_bytes(r.context()) as f64 * self.params.swap_ns_per_byte / 1e9,
+                Residence::Evicted(EvictMode::Swap) => book.kv_bytes(r.context()) as f64 * params.swap_ns_per_byte / 1e9,
                 _ => 0.0,
             };
-            let job = self.jobs.job_of(r.id);
+            let job = jobs.job_of(r.id);
             // A compound call is paced to its stage's sub-deadline d_s.
-            let deadline = job.and_then(|key| self.jobs.plan(key, now, cost)).map_or(r.deadline, |plan| plan.deadline);
+            let deadline = job.and_then(|key| jobs.plan(key, now, cost)).map_or(r.deadline, |plan| plan.deadline);
             let view = RequestView {
                 class: r.class,
                 arrival_s: r.sent_at as f64 / 1e9,
@@ -276,19 +289,21 @@ impl Calm {
                 bound: bound.tokens,
                 prefill: r.prefill_tokens(),
                 restore_s,
-                frames_unserved: track.frames_unserved,
+                frames_unserved,
                 job: None,
             };
-            views.push((view, job, r.deadline as f64 / 1e9));
-            let analysis = analyze(&view, now_s, rates, &self.params);
-            let (stall_s, evict_mode) = self.eviction_cost(r);
+            if let Some(key) = job {
+                calls.push((candidates.len(), view, key, r.deadline as f64 / 1e9));
+            }
+            let analysis = analyze(&view, now_s, rates, params);
+            let (stall_s, evict_mode) = eviction_cost(book, params, r);
             candidates.push(Candidate {
                 id: r.id,
                 key: r.prompt,
                 arrival: r.sent_at,
                 resident,
-                held: if resident { self.book.kv_bytes(r.context()) } else { 0 },
-                footprint: self.book.kv_bytes(r.context() + rates.frame_steps),
+                held: if resident { book.kv_bytes(r.context()) } else { 0 },
+                footprint: book.kv_bytes(r.context() + rates.frame_steps),
                 analysis,
                 stall_s,
                 evict_mode,
@@ -299,8 +314,7 @@ impl Calm {
         // A4/A9 for compound calls: Ĝ_R and the stage's t_gen, summed over the job's
         // calls among the candidates (the live calls of its current stage).
         let mut terms: BTreeMap<JobKey, JobTerms> = BTreeMap::new();
-        for (view, job, job_deadline_s) in &views {
-            let Some(key) = job else { continue };
+        for (_, view, key, job_deadline_s) in &calls {
             let entry = terms.entry(*key).or_insert_with(|| {
                 let future = self.jobs.plan(*key, now, cost).map_or(0, |p| p.share.future_tokens);
                 let known = self.jobs.finished_tokens(*key) + future;
@@ -309,12 +323,23 @@ impl Calm {
             entry.value += self.params.omega_in * view.prompt as f64 + self.params.omega_out * view.bound as f64;
             entry.stage_t_gen += remaining_compute(view, rates, &self.params);
         }
-        for ((view, job, _), candidate) in views.iter().zip(candidates.iter_mut()) {
-            if let Some(terms) = job.and_then(|key| terms.get(&key)) {
-                candidate.analysis = analyze(&RequestView { job: Some(*terms), ..*view }, now_s, rates, &self.params);
+        for (index, view, key, _) in &calls {
+            if let Some(terms) = terms.get(key) {
+                candidates[*index].analysis = analyze(&RequestView { job: Some(*terms), ..*view }, now_s, rates, &self.params);
             }
         }
+        // The stage's pool: never-dispatched deadline requests ranked past
+        // `queue_cap` batches per replica are shed, so that a plan's cost stays bounded
+        // however far past capacity the arrivals are.
+        let replicas = ctx.workers().filter(|w| w.info.stage == info.stage).count();
+        let cap = self.params.queue_cap.saturating_mul(batch).saturating_mul(replicas);
+        let jobs = &self.jobs;
+        for id in window::shed(&mut candidates, cap, |c| c.resident || c.latency || c.admitted || jobs.job_of(c.id).is_some()) {
+            drops.push((id, DropReason::Overload));
+        }
         let residents = candidates.iter().filter(|c| c.resident).count().max(1);
+        let ls_slots = (self.params.ls_share * batch as f64).floor() as usize;
+        let candidates = window::bounded(candidates, batch, ls_slots, self.params.plan_window);
         let setting = FrameSetting {
             batch,
             kv_capacity: info.memory_bytes,
@@ -326,16 +351,12 @@ impl Calm {
             ls_share: self.params.ls_share,
         };
         let selection = plan_frame(&candidates, &setting);
-        // F11: aging of every candidate left out, once per elapsed frame.
-        let frame_ns = (rates.frame_s() * 1e9) as u64;
-        for c in &candidates {
-            if selection.run.iter().any(|(id, _)| *id == c.id) {
-                continue;
-            }
-            if let Some(track) = self.tracking.get_mut(&c.id) {
-                if now.saturating_sub(track.aged_at) >= frame_ns {
-                    track.frames_unserved += 1;
-                    track.aged_at = now;
+        // F11: the members were served; their aging by this plan is undone.
+        for (id, _) in &selection.run {
+            if let Ok(i) = aged.binary_search_by_key(id, |(aged, _)| *aged) {
+                if let Some(track) = self.tracking.get_mut(id) {
+                    track.frames_unserved -= 1;
+                    track.aged_at = aged[i].1;
                 }
             }
         }
@@ -489,6 +510,19 @@ impl Policy for Calm {
         for worker in idle_iteration_workers(ctx) {
             self.plan(ctx, worker);
         }
+    }
+}
+
+/// Seconds of stall if `request`'s resident sequence were evicted, and the mode.
+fn eviction_cost(book: &LlmBook, params: &Params, request: &LlmRequest) -> (f64, EvictMode) {
+    let bytes = book.kv_bytes(request.context()) as f64;
+    let swap = bytes * params.swap_ns_per_byte / 1e9;
+    let recompute = request.context() as f64 * params.prefill_ns_per_token / 1e9;
+    match params.evict {
+        EvictChoice::Fixed(EvictMode::Swap) => (swap, EvictMode::Swap),
+        EvictChoice::Fixed(EvictMode::Recompute) => (recompute, EvictMode::Recompute),
+        EvictChoice::Auto if swap < recompute => (swap, EvictMode::Swap),
+        EvictChoice::Auto => (recompute, EvictMode::Recompute),
     }
 }
 

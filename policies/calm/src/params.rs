@@ -131,6 +131,15 @@ pub struct Params {
     pub pattern_capacity: usize,
     /// Power-of-K: replicas sampled per request (`power_k`, 0 = every replica, K = M).
     pub power_k: u32,
+    /// The waiting requests a frame plan considers, in batches of B (`plan_window`, 8):
+    /// its residents, the LS share's next streams and the best-ranked `plan_window` × B
+    /// of the others (see [`crate::window`]); 0 plans over every candidate.
+    pub plan_window: usize,
+    /// The waiting pool of a stage, in batches of B per replica (`queue_cap`, 8): past
+    /// it, the never-dispatched deadline requests ranked lowest are dropped
+    /// (`overload`) at the next plan, rather than held until their SLO passes (see
+    /// [`crate::window::shed`]); 0 holds every request.
+    pub queue_cap: usize,
 }
 
 impl Params {
@@ -205,6 +214,8 @@ impl Params {
             evict,
             pattern_capacity: ctx.param_or("pattern_capacity", 500usize)?.max(1),
             power_k: ctx.param_or("power_k", 0u32)?,
+            plan_window: ctx.param_or("plan_window", crate::window::WINDOW)?,
+            queue_cap: ctx.param_or("queue_cap", crate::window::WINDOW)?,
         };
         if !(params.p > 0.0 && params.p <= 1.0) {
             return Err(format!("parameter `p` must be in (0, 1], got {}", params.p));
