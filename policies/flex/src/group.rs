@@ -75,6 +75,11 @@ pub struct Settings {
     /// least λ·b of its requests by waiting for the group's other workers (false:
     /// Algorithm 1 as written). With one worker it never skips.
     pub defer_preemption: bool,
+    /// Stages (of a pipeline: those with stages after them) where an idle worker of a
+    /// loaded group takes the freshest window — the requests with the latest deadlines
+    /// — rather than the earliest that fit ([`FlexGroup`]'s BATCHGEN; a preempting
+    /// batch keeps the paper's window; empty: none, the paper's rule).
+    pub fresh_stages: Vec<StageId>,
 }
 
 impl Default for Settings {
@@ -87,6 +92,7 @@ impl Default for Settings {
             selection: Selection::Adaptive,
             busy_order: BusyOrder::LatestStart,
             defer_preemption: true,
+            fresh_stages: Vec::new(),
         }
     }
 }
@@ -366,8 +372,10 @@ impl FlexGroup {
         self.dispatch_stage(catalog, now, None, out);
     }
 
-    /// DISPATCH over the workers of `stage` only (every worker when `None`).
-    fn dispatch_stage(&mut self, catalog: &ModelCatalog, now: Instant, stage: Option<StageId>, out: &mut Vec<Decision>) {
+    /// DISPATCH over the workers of `stage` only (every worker when `None`): after
+    /// arrivals at that stage alone, the other stages' workers are as their last
+    /// dispatch left them.
+    pub fn dispatch_stage(&mut self, catalog: &ModelCatalog, now: Instant, stage: Option<StageId>, out: &mut Vec<Decision>) {
         let of_stage = |w: &GroupWorker| stage.is_none_or(|s| w.stage == s);
         loop {
             let mut busy: Vec<(WorkerId, &Running)> =
@@ -503,9 +511,15 @@ impl FlexGroup {
             }
         }
         let (mut model, mut window) = best?;
+        let mut urgent = None;
         if self.settings.selection == Selection::Adaptive {
-            if let Some(urgent) = self.edf_when_feasible(catalog, worker, start) {
-                (model, window) = urgent;
+            urgent = self.edf_when_feasible(catalog, worker, start);
+        }
+        if let Some(chosen) = urgent {
+            (model, window) = chosen;
+        } else if self.settings.fresh_stages.contains(&stage) && self.workers[&worker].run.is_none() {
+            if let Some(fresh) = self.fresh_window(catalog, model, &self.queues[&model], start) {
+                window = fresh;
             }
         }
         let keys = self.window_keys(model, worker, &window);
@@ -674,6 +688,23 @@ impl FlexGroup {
         let first = members_from(queue, extra, lowest_key(start.saturating_add(info.latency(low as u32)))).next()?;
         let size = members_from(queue, extra, first).take(fits(first.0)).count();
         Some(Window { first, size })
+    }
+
+    /// The freshest window of `queue` for an idle worker's batch started at `start`: the
+    /// requests with the latest deadlines, as many as fit a batch (the most `b` whose
+    /// `b` latest deadlines each allow a batch of `b`; at least as many as the window of
+    /// [`Self::window`]). Reads at most the batch limit's requests.
+    fn fresh_window(&self, catalog: &ModelCatalog, model: usize, queue: &BTreeSet<Key>, start: Instant) -> Option<Window> {
+        let info = catalog.get(model);
+        let limit = self.settings.max_batch.min(info.max_batch).max(1) as usize;
+        let mut window = None;
+        for (index, &key) in queue.iter().rev().take(limit).enumerate() {
+            if start.saturating_add(info.latency(index as u32 + 1)) > key.0 {
+                break;
+            }
+            window = Some(Window { first: key, size: index + 1 });
+        }
+        window
     }
 
     /// The requests of a window found by [`Self::window`] for `worker`.

@@ -43,6 +43,7 @@ mod tests;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use yardmaster_sdk::helpers::stage_graph::batch_reserves;
 use yardmaster_sdk::helpers::{EntryShedder, Ewma, ModelCatalog, StageGraph};
 use yardmaster_sdk::{
     BatchOutcome, Ctx, DropReason, EndReason, Instant, Policy, Request, RequestId, Snapshot, StageId, StageKind, Worker, WorkerId,
@@ -201,39 +202,29 @@ pub fn stage_held(ctx: &Ctx, factor: f64, max_batch: u32) -> Vec<u64> {
     after.iter().zip(before).map(|(a, b)| a + b).collect()
 }
 
-/// The downstream and upstream reserves of every stage (see [`stage_reserves`]).
-fn reserves(ctx: &Ctx, factor: f64, max_batch: u32) -> (Vec<u64>, Vec<u64>) {
-    let config = ctx.config();
-    let graph = StageGraph::new(&config.stages);
-    if factor <= 0.0 {
-        return (vec![0; graph.len()], vec![0; graph.len()]);
+/// The stages where a loaded FLEX takes the freshest window (`fresh_window`): those with
+/// stages after them and no fan-out above them. Past capacity the window of the
+/// earliest deadlines that fit sends every request on with the least time a batch there
+/// leaves, so the later stages receive requests with no more than the downstream
+/// reserve left and drop what waits longer — and what they drop, the entry worked for.
+/// The freshest window serves as many (the entry's queue drops what it cannot serve
+/// either way) with the most time left for the stages after it. Not below a fan-out:
+/// there each branch would choose its own freshest pieces, and the branches would serve
+/// different requests that the join then loses (on the random set's diamonds `r06`,
+/// `r12` and `r04`, 0.10–0.28 of the bound lost past capacity; docs/flex.md).
+pub fn fresh_stages(graph: &StageGraph) -> Vec<StageId> {
+    if graph.len() < 2 {
+        return Vec::new();
     }
-    let budget = config.streams.iter().map(|s| s.slo).filter(|&slo| slo > 0).min().map_or(f64::INFINITY, |slo| slo as f64);
-    let cost = |s: StageId| -> f64 {
-        let Some(stage) = config.stages.iter().find(|st| st.id == s) else { return 0.0 };
-        if stage.kind != StageKind::Batch {
-            return 0.0;
-        }
-        // Each variant at its largest batch that fits the SLO (a batch of one if none
-        // does): a batch longer than the SLO carries no request on time, and counting
-        // one made a later stage's reserve eat the earlier stages' whole budget (a
-        // random application's yolov5s at 64 frames, 635 ms, against an SLO of 59 ms:
-        // FLEX dropped every request at the first stage).
-        let limit = stage.max_batch.min(max_batch).max(1);
-        let slowest = stage
-            .variants
-            .iter()
-            .filter_map(|v| {
-                let fits = (1..=limit).rev().find(|&b| ctx.latency().mean(s, v.id, b).is_some_and(|d| d as f64 <= budget)).unwrap_or(1);
-                ctx.latency().mean(s, v.id, fits)
-            })
-            .max()
-            .unwrap_or(0);
-        factor * slowest as f64
-    };
-    let after = graph.downstream_reserve(cost, budget).into_iter().map(|r| r as u64).collect();
-    let before = graph.upstream_reserve(cost, budget).into_iter().map(|r| r as u64).collect();
-    (after, before)
+    (0..graph.len() as StageId)
+        .filter(|&s| !graph.successors(s).is_empty() && graph.ancestors(s).iter().all(|&a| graph.successors(a).len() <= 1))
+        .collect()
+}
+
+/// The downstream and upstream reserves of every stage (see [`stage_reserves`]; SDK
+/// [`batch_reserves`]).
+fn reserves(ctx: &Ctx, factor: f64, max_batch: u32) -> (Vec<u64>, Vec<u64>) {
+    batch_reserves(ctx, factor, max_batch)
 }
 
 impl Flex {
@@ -531,6 +522,10 @@ impl Policy for Flex {
             return Err("flex needs at least one stage with a variant".into());
         }
         let all_models: Vec<usize> = (0..catalog.len()).collect();
+        let mut params = params;
+        if params.fresh_window {
+            params.settings.fresh_stages = fresh_stages(&StageGraph::new(&ctx.config().stages));
+        }
         let mut group = FlexGroup::new(params.settings.clone(), all_models);
         let mut worker_group = BTreeMap::new();
         for w in &ctx.config().workers {
@@ -826,7 +821,7 @@ impl Policy for Flex {
             } else if self.params.coalesce {
                 if crate::group::feasible_alone(&self.catalog, t.model, &t.key, now) {
                     self.groups[g].enqueue(t.model, t.key);
-                    touched.insert(g);
+                    touched.insert((g, self.catalog.get(t.model).stage));
                 } else {
                     out.push(Decision::Drop { request: id, reason: DropReason::DeadlineUnreachable });
                 }
@@ -834,8 +829,9 @@ impl Policy for Flex {
                 self.groups[g].arrive(&self.catalog, t.model, t.key, now, &mut out);
             }
         }
-        for g in touched {
-            self.groups[g].dispatch(&self.catalog, now, &mut out);
+        // One DISPATCH per stage that received arrivals.
+        for (g, stage) in touched {
+            self.groups[g].dispatch_stage(&self.catalog, now, Some(stage), &mut out);
         }
         self.apply(ctx, out);
         if costed {

@@ -9,12 +9,13 @@
 //! | `select` | `adaptive` | `adaptive` (an idle worker serves the most urgent batch while the group could meet every queued deadline in earliest-deadline order, the largest batch once it could not), `largest` (FLEX as the paper writes it: the largest batch always) or `earliest` (the EDF-inside-FLEX ablation) |
 //! | `defer_preemption` | true | skip a preemption unless the preempting batch would lose at least λ·b of its requests by waiting for the group's other workers; `false` is Algorithm 1 as written |
 //! | `busy_order` | `latest_start` | order of busy workers offered a preempting batch: `latest_start` (most recently started batch first), `id` (spec §9 choice 4), `latest_end` (batch ending last first) |
-//! | `coalesce` | false | queue every arrival of a decision point before dispatching once |
+//! | `coalesce` | true in a pipeline, false at a single stage | queue every arrival of a decision point before dispatching once (a fan-out's burst of pieces then costs one DISPATCH, not one per piece; refused with the scheduler cost model, whose default stays false) |
 //! | `tick_sweep` | true | drop unreachable queued requests on every tick |
 //! | `downstream_reserve` | 2 | batch durations (at the stage's largest batch) held back for each later stage of a pipeline: a request's deadline at a stage is its end-to-end deadline less the longest downstream path's reserve (scaled down to fit the SLO); `0` is the paper's rule (every stage checks the end-to-end deadline; SHEPHERD has one stage) |
 //! | `productive_batches` | true | cap each model's batches at the size that serves the most requests per second within the stage's budget (the SLO less the stage's reserve; [`yardmaster_sdk::helpers::ModelInfo::most_productive_batch_within`]), so that under overload the largest window does not form batches past the model's sweet spot; `false` is the paper's rule (every batch up to B_max; SHEPHERD's linear profiles have no sweet spot, and there the two agree) |
 //! | `upstream_share` | true | each model's batch limit (`productive_batches`) is the most productive batch within its stage's share of the SLO — the SLO less the downstream reserve and less, by the same measure, the longest upstream path ([`crate::stage_held`]) — rather than within the SLO less the downstream reserve alone; the spread reads these limits. `false`: the SLO less the downstream reserve |
 //! | `shed_period_ms` | 100 | in a pipeline, every period admit at the entry a share of the arrivals that falls by half the share of requests the later stages' drops lost in the period and climbs back by 5 % while they lose under 1 % ([`yardmaster_sdk::helpers::EntryShedder`]): past capacity the entry drops what the later stages cannot carry before work is spent on it; `0` admits by the entry stage's deadlines only |
+//! | `fresh_window` | true | in a pipeline, at a stage with stages after it and no fan-out above it ([`crate::fresh_stages`]), a group that could not meet every queued deadline (the adaptive selection's loaded state, or always with `select=largest`) takes the freshest window — the requests with the latest deadlines, as many as fit a batch — instead of the earliest that fit, so what it serves reaches the later stages with the most time left; `false` is the paper's window |
 //! | `spread` | true | use the whole cluster: spread its `max-workers` over the stages by need, at start from the configured fan-outs, one second later and every `spread_period_s` after that from the measured demand ([`crate::spread`]); `false` serves with the workers the host started (the paper's experiments start every GPU of the cluster) |
 //! | `spread_margin` | 0.2 | head-room the spread gives every stage below the entry over the entry stage (its workers count as serving 1/(1 + margin) of their goodput): under overload the entry stage drops what the pipeline cannot carry before work is spent on it; `0` spreads for equal head-room |
 //! | `spread_period_s` | 5 | how often the spread is measured again (workers move only when the lowest head-room rises by 10 %) |
@@ -50,6 +51,9 @@ pub struct FlexParams {
     pub upstream_share: bool,
     /// Period of the entry shedder in nanoseconds (0: off).
     pub shed_period: u64,
+    /// A loaded group takes the freshest window at the stages [`crate::fresh_stages`]
+    /// names.
+    pub fresh_window: bool,
     /// Spread the cluster's workers over the stages.
     pub spread: bool,
     /// Head-room the spread gives every stage below the entry over the entry stage.
@@ -122,7 +126,13 @@ impl FlexParams {
             }
         }
         let sched_cost = (fixed_us > 0.0 || per_worker_ns > 0.0).then_some(CostModel { fixed_ns: fixed_us * 1e3, per_worker_ns });
-        let coalesce = ctx.param_or("coalesce", false)?;
+        // A pipeline coalesces by default: a stage's batch that fans out hands the next
+        // stage its pieces at one instant, and one DISPATCH per piece (each offering every
+        // busy worker a preempting batch) ran a call out of its 50 M units of fuel on the
+        // random set (r04-mid-fan-join at 5×). A single stage keeps the paper's
+        // per-arrival DISPATCH, and so does the scheduler cost model (one event each).
+        let pipeline = ctx.config().stages.len() > 1;
+        let coalesce = ctx.param_or("coalesce", pipeline && sched_cost.is_none())?;
         if coalesce && sched_cost.is_some() {
             return Err("parameter `coalesce` cannot be combined with the scheduler cost model (every arrival is one event)".into());
         }
@@ -155,12 +165,14 @@ impl FlexParams {
                 selection,
                 busy_order,
                 defer_preemption: ctx.param_or("defer_preemption", true)?,
+                fresh_stages: Vec::new(),
             },
             coalesce,
             tick_sweep: ctx.param_or("tick_sweep", true)?,
             downstream_reserve,
             productive_batches: ctx.param_or("productive_batches", true)?,
             shed_period: (shed_period_ms * 1e6) as u64,
+            fresh_window: ctx.param_or("fresh_window", true)?,
             upstream_share: ctx.param_or("upstream_share", true)?,
             spread: ctx.param_or("spread", true)?,
             spread_period: (spread_period_s * 1e9) as u64,

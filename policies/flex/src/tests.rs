@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BinaryHeap, HashMap};
 
 use yardmaster_sdk::helpers::ModelCatalog;
 use yardmaster_sdk::testing::{linear_variant, one_stage};
-use yardmaster_sdk::{Config, DropReason, Instant, Param, RequestId, Stream, Variant, WorkerId};
+use yardmaster_sdk::{Config, DropReason, Instant, Param, RequestId, StageId, Stream, Variant, WorkerId};
 
 use crate::group::{feasible_alone, BusyOrder, Decision, FlexGroup, Key, Selection, Settings};
 
@@ -1119,4 +1119,61 @@ fn variants_on_the_cluster() {
             println!("{line}");
         }
     }
+}
+
+#[test]
+fn a_loaded_stage_with_stages_after_it_serves_the_freshest_window() {
+    // One model (1 ms + 1 ms a request, batches up to 4), one idle worker, 40 requests
+    // due 10–49 ms: EDF cannot meet them all, so the group is loaded. The paper's window
+    // takes the earliest deadlines that fit (due 10–13 ms: what it serves leaves with
+    // 5 ms to spare at most); at a stage with stages after it the freshest (due
+    // 46–49 ms) leaves with the most time for them.
+    let config = config(&[("m", MS, MS)], 4, 1, 0);
+    let catalog = ModelCatalog::from_config(&config);
+    let served = |fresh_stages: Vec<StageId>| {
+        let mut group = FlexGroup::new(Settings { fresh_stages, ..Settings::default() }, vec![0]);
+        for id in 0..40u64 {
+            group.enqueue(0, ((10 + id) * MS, 0, id));
+        }
+        group.add_worker(0, 0);
+        let mut out = Vec::new();
+        group.idle(&catalog, 0, 0, &mut out);
+        match &out[..] {
+            [Decision::Start { requests, .. }] => requests.clone(),
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(served(Vec::new()), vec![0, 1, 2, 3]);
+    assert_eq!(served(vec![0]), vec![36, 37, 38, 39]);
+}
+
+#[test]
+fn the_freshest_window_is_taken_only_above_every_fan_out() {
+    use yardmaster_sdk::helpers::StageGraph;
+    // 0 → 1 → {2, 3} → 4: stages 0 and 1 (the fan-out itself) hold one piece per
+    // request; below the fan-out each branch would choose its own pieces.
+    let mut config = config(&[("m", MS, MS)], 4, 1, 0);
+    let stage = config.stages[0].clone();
+    config.stages = (0..5)
+        .map(|id| {
+            let mut s = stage.clone();
+            s.id = id;
+            s.successors = match id {
+                0 => vec![1],
+                1 => vec![2, 3],
+                2 | 3 => vec![4],
+                _ => vec![],
+            };
+            s.predecessors = match id {
+                1 => vec![0],
+                2 | 3 => vec![1],
+                4 => vec![2, 3],
+                _ => vec![],
+            };
+            s
+        })
+        .collect();
+    assert_eq!(crate::fresh_stages(&StageGraph::new(&config.stages)), vec![0, 1]);
+    // A single stage has none.
+    assert_eq!(crate::fresh_stages(&StageGraph::chain(1)), Vec::<StageId>::new());
 }

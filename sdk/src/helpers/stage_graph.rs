@@ -5,7 +5,7 @@
 //! Built once from the stages of the policy's configuration (the host validates the
 //! graph as acyclic).
 
-use crate::{Stage, StageId};
+use crate::{Ctx, Stage, StageId, StageKind};
 
 /// The stage graph of a pipeline (chain or DAG).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -213,6 +213,49 @@ impl StageGraph {
         }
         levels
     }
+}
+
+/// Per stage, the time a scheduler that checks deadlines stage by stage holds back for
+/// the stages after it, and the time the stages before it take, by one measure:
+/// `factor` batch durations per stage (wait for one batch, run one), each at the
+/// stage's largest batch (at most `max_batch`) that fits the tightest SLO — a batch of
+/// one if none does — and slowest variant, along the longest downstream (upstream)
+/// path, scaled down to fit the tightest SLO ([`StageGraph::downstream_reserve`],
+/// [`StageGraph::upstream_reserve`]). A stage that is not a batch stage costs nothing.
+/// All zeros with a `factor` of 0.
+///
+/// A request's deadline at a stage less its downstream reserve is what it has there:
+/// without it an early stage under overload spends the whole end-to-end budget and the
+/// later stages receive requests that can no longer finish. A batch longer than the
+/// SLO carries no request on time, so it never counts (counting one let a later
+/// stage's reserve take an earlier stage's whole budget).
+pub fn batch_reserves(ctx: &Ctx, factor: f64, max_batch: u32) -> (Vec<u64>, Vec<u64>) {
+    let config = ctx.config();
+    let graph = StageGraph::new(&config.stages);
+    if factor <= 0.0 {
+        return (vec![0; graph.len()], vec![0; graph.len()]);
+    }
+    let budget = config.streams.iter().map(|s| s.slo).filter(|&slo| slo > 0).min().map_or(f64::INFINITY, |slo| slo as f64);
+    let cost = |s: StageId| -> f64 {
+        let Some(stage) = config.stages.iter().find(|st| st.id == s) else { return 0.0 };
+        if stage.kind != StageKind::Batch {
+            return 0.0;
+        }
+        let limit = stage.max_batch.min(max_batch).max(1);
+        let slowest = stage
+            .variants
+            .iter()
+            .filter_map(|v| {
+                let fits = (1..=limit).rev().find(|&b| ctx.latency().mean(s, v.id, b).is_some_and(|d| d as f64 <= budget)).unwrap_or(1);
+                ctx.latency().mean(s, v.id, fits)
+            })
+            .max()
+            .unwrap_or(0);
+        factor * slowest as f64
+    };
+    let after = graph.downstream_reserve(cost, budget).into_iter().map(|r| r as u64).collect();
+    let before = graph.upstream_reserve(cost, budget).into_iter().map(|r| r as u64).collect();
+    (after, before)
 }
 
 /// Kahn's algorithm, smallest ready id first (deterministic).
