@@ -14,11 +14,22 @@
 //! drops requests whose deadline cannot be met even alone. Before the first plan every
 //! worker serves every session.
 //!
+//! **Pipelines** (several stages; SHEPHERD serves one model per request, Nexus itself
+//! serves dataflows of models): a stream's SLO is split over the stages by Nexus's
+//! complex-query analysis ([`split_slo`], for the workers the cluster has),
+//! and each stage plans and checks deadlines against its own share — its session's
+//! SLO is the stage's budget, and a request's deadline there is its end-to-end
+//! deadline less the budgets of the stages after it on the longest path. Without the
+//! split every stage planned batches for the whole SLO and served with the whole
+//! end-to-end deadline, and on a fan-out or a join the later stages received requests
+//! that could no longer finish (on a generated fan-out with a join, 39 % on time at a
+//! quarter of capacity; docs/flex.md). A single stage keeps the whole SLO.
+//!
 //! Parameters: `epoch_s` (60), `max_batch` (128).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use yardmaster_sdk::helpers::{dispatch_idle, ModelCatalog, ModelInfo};
+use yardmaster_sdk::helpers::{dispatch_idle, pieces_per_request, ModelCatalog, ModelInfo, StageGraph};
 use yardmaster_sdk::{Ctx, DropReason, EndReason, Instant, Policy, Request, RequestId, Snapshot, StageId, WorkerId};
 
 /// Queue order: (deadline, arrival, id).
@@ -73,6 +84,121 @@ pub struct Nexus {
     /// Per session: arrivals in the current second, and the peak so far this epoch.
     second: (u64, HashMap<Session, (u64, u64)>),
     planned_at: Option<Instant>,
+    /// Per session: its stage's share of the stream's SLO (the session's SLO in the
+    /// plan) and the time kept for the stages after it (subtracted from a request's
+    /// deadline there). Absent: the whole SLO, nothing kept.
+    shares: HashMap<Session, (u64, u64)>,
+}
+
+/// The most a plan scales the measured rates up to use every worker of a stage.
+const MAX_SCALE: f64 = 1e6;
+
+/// Most grid steps [`split_slo`] considers (the grid coarsens for long SLOs).
+const SPLIT_STEPS: u64 = 250;
+
+/// Per session of a pipeline: its stage's share of the stream's SLO ([`split_slo`])
+/// and the sum of the shares of the stages after it along the longest downstream path.
+/// Empty for a single stage; a stream whose SLO no split fits keeps the whole SLO at
+/// every stage.
+fn slo_shares(ctx: &Ctx, catalog: &ModelCatalog, max_batch: u32) -> HashMap<Session, (u64, u64)> {
+    let config = ctx.config();
+    let mut shares = HashMap::new();
+    if config.stages.len() < 2 {
+        return shares;
+    }
+    let graph = StageGraph::new(&config.stages);
+    let mut workers = vec![0u32; graph.len()];
+    for w in ctx.workers() {
+        if let Some(n) = workers.get_mut(w.info.stage as usize) {
+            *n += 1;
+        }
+    }
+    for stream in &config.streams {
+        let model = |s: StageId| catalog.model_of(stream.id, s).map(|m| catalog.get(m));
+        let fan_out = |s: StageId| {
+            let stage = config.stages.iter().find(|st| st.id == s);
+            let variant = model(s).map_or(0, |m| m.variant);
+            stage.and_then(|st| st.variants.iter().find(|v| v.id == variant).or(st.variants.first())).map_or(1.0, |v| v.fan_out)
+        };
+        let pieces = pieces_per_request(&graph, &fan_out);
+        // Requests per second stage `s` carries within a budget: its workers at the
+        // best batch that fits (Nexus's `2·l(b) ≤ budget`), over its pieces per request.
+        let rate = |s: StageId, budget: u64| -> f64 {
+            let Some(info) = model(s) else { return f64::INFINITY };
+            let need = pieces[s as usize];
+            let limit = info.max_batch.min(max_batch).max(1);
+            if need <= 0.0 || info.latency(limit) == 0 {
+                return f64::INFINITY;
+            }
+            let best = (1..=limit)
+                .filter(|&b| 2 * info.latency(b) <= budget)
+                .map(|b| b as f64 / info.latency(b).max(1) as f64)
+                .fold(0.0, f64::max);
+            workers[s as usize] as f64 * best * 1e9 / need
+        };
+        let Some(budget) = split_slo(&graph, stream.slo, rate) else { continue };
+        let after = graph.downstream_reserve(|s| budget[s as usize] as f64, stream.slo as f64);
+        for stage in &config.stages {
+            let s = stage.id as usize;
+            shares.insert((stage.id, stream.id), (budget[s], after[s] as u64));
+        }
+    }
+    shares
+}
+
+/// Nexus's split of an end-to-end `slo` over the stages (its complex-query analysis),
+/// for a cluster whose workers per stage are fixed: the stages are grouped into levels
+/// ([`StageGraph::levels`]; the branches of a fan-out share their level's budget), and
+/// the split maximises the request rate the tightest stage carries, `rate(stage,
+/// budget)`, by dynamic programming over a grid of at most [`SPLIT_STEPS`] steps.
+/// Nexus minimises the GPUs a rate needs; with the workers given, the same plan is the
+/// one that carries the most (Nexus with a fixed cluster scales the rate until its plan
+/// fits). What the tightest stage leaves unused is shared out in proportion, so the
+/// budgets fill the SLO along the longest path. `None` when no split lets every stage
+/// run a batch of one.
+fn split_slo(graph: &StageGraph, slo: u64, rate: impl Fn(StageId, u64) -> f64) -> Option<Vec<u64>> {
+    let grid = slo.div_ceil(SPLIT_STEPS).max(1);
+    let steps = (slo / grid) as usize;
+    let levels = graph.levels();
+    let level_rate: Vec<Vec<f64>> = levels
+        .iter()
+        .map(|level| (0..=steps).map(|g| level.iter().map(|&s| rate(s, g as u64 * grid)).fold(f64::INFINITY, f64::min)).collect())
+        .collect();
+    // best[i][g]: the most the levels i.. carry within g steps; choice[i][g]: level i's steps.
+    let depth = levels.len();
+    let mut best = vec![vec![f64::INFINITY; steps + 1]; depth + 1];
+    let mut choice = vec![vec![0usize; steps + 1]; depth];
+    for i in (0..depth).rev() {
+        for g in 0..=steps {
+            best[i][g] = -1.0;
+            for own in 0..=g {
+                let carried = level_rate[i][own].min(best[i + 1][g - own]);
+                if carried > best[i][g] {
+                    best[i][g] = carried;
+                    choice[i][g] = own;
+                }
+            }
+        }
+    }
+    if best[0][steps] <= 0.0 {
+        return None;
+    }
+    let mut budget = vec![0u64; graph.len()];
+    let mut left = steps;
+    for (i, level) in levels.iter().enumerate() {
+        let own = choice[i][left];
+        left -= own;
+        for &s in level {
+            budget[s as usize] = own as u64 * grid;
+        }
+    }
+    let longest = graph.longest_path_through(graph.topological_order()[0], |s| budget[s as usize] as f64);
+    let longest = (0..graph.len() as StageId).map(|s| graph.longest_path_through(s, |k| budget[k as usize] as f64)).fold(longest, f64::max);
+    if longest > 0.0 {
+        let scale = slo as f64 / longest;
+        budget.iter_mut().for_each(|b| *b = (*b as f64 * scale) as u64);
+    }
+    Some(budget)
 }
 
 impl Nexus {
@@ -103,15 +229,28 @@ impl Nexus {
         let peaks: HashMap<Session, f64> = self.second.1.iter().map(|(s, (now, peak))| (*s, (*now).max(*peak) as f64)).collect();
         self.gpus.clear();
         self.targets.clear();
-        let slo: HashMap<u32, u64> = ctx.config().streams.iter().map(|s| (s.id, s.slo)).collect();
         for stage in ctx.config().stages.iter().map(|s| s.id).collect::<Vec<_>>() {
+            // Each session's SLO is its stage's share of its stream's.
+            let slo: HashMap<u32, u64> =
+                ctx.config().streams.iter().map(|s| (s.id, self.shares.get(&(stage, s.id)).map_or(s.slo, |share| share.0))).collect();
             let workers: Vec<WorkerId> = ctx.workers().filter(|w| w.info.stage == stage).map(|w| w.info.id).collect();
             let mut sessions: Vec<(u32, f64)> = peaks.iter().filter(|(s, r)| s.0 == stage && **r > 0.0).map(|(s, r)| (s.1, *r)).collect();
             sessions.sort_by_key(|s| s.0);
             let fits = |scale: f64| self.pack(stage, &sessions, scale, &slo).len() <= workers.len();
+            // Scale the rates down until the plan fits the stage's workers, or up until
+            // it uses them all: a worker the plan leaves out would stay idle for the
+            // epoch while the planned ones run saturated.
+            let (mut lo, mut hi) = (0.0, 1.0);
+            if !sessions.is_empty() && fits(1.0) {
+                lo = 1.0;
+                hi = 2.0;
+                while hi < MAX_SCALE && fits(hi) {
+                    lo = hi;
+                    hi *= 2.0;
+                }
+            }
             let mut scale = 1.0;
-            if !fits(1.0) {
-                let (mut lo, mut hi) = (0.0, 1.0);
+            if !sessions.is_empty() {
                 for _ in 0..30 {
                     let mid = (lo + hi) / 2.0;
                     if fits(mid) {
@@ -159,12 +298,18 @@ impl Nexus {
         let mut gpus: Vec<Vec<(u32, u32, f64)>> = Vec::new();
         // Residual sessions: (stream, rate per ns, batch, duty cycle, occupancy).
         let mut residuals: Vec<(u32, f64, u32, f64, f64)> = Vec::new();
+        // Sessions of models that take no time (a pseudo-task): one GPU serves them all.
+        let mut free: Vec<(u32, u32, f64)> = Vec::new();
         for &(stream, rate) in sessions {
             let Some(info) = self.model_of((stage, stream)) else { continue };
             let slo = slo.get(&stream).copied().unwrap_or(u64::MAX / 4);
             let limit = self.max_batch.min(info.max_batch);
             let rate = rate * scale / 1e9;
             if rate <= 0.0 || info.latency(1) > slo {
+                continue;
+            }
+            if info.latency(limit) == 0 {
+                free.push((stream, limit, rate));
                 continue;
             }
             let saturated = (1..=limit).rev().find(|&b| 2 * info.latency(b) <= slo).unwrap_or(1);
@@ -209,6 +354,9 @@ impl Nexus {
         }
         for (d, members) in shared {
             gpus.push(members.iter().map(|&(s, r)| (s, (d * r).ceil().max(1.0) as u32, r)).collect());
+        }
+        if !free.is_empty() {
+            gpus.push(free);
         }
         gpus
     }
@@ -274,7 +422,9 @@ impl Policy for Nexus {
             where_queued: HashMap::new(),
             second: (0, HashMap::new()),
             planned_at: None,
+            shares: HashMap::new(),
         };
+        nexus.shares = slo_shares(ctx, &nexus.catalog, max_batch);
         nexus.serve_everything(ctx);
         Ok(nexus)
     }
@@ -299,7 +449,8 @@ impl Policy for Nexus {
                 q.remove(&old);
             }
         }
-        let key = (request.deadline, request.arrived_at, request.id);
+        let kept = self.shares.get(&(request.stage, request.stream)).map_or(0, |share| share.1);
+        let key = (request.deadline.saturating_sub(kept), request.arrived_at, request.id);
         if !self.enqueue(request.stage, request.stream, model, key) {
             ctx.drop_request(request.id, DropReason::Policy);
         }
@@ -401,6 +552,40 @@ mod tests {
         }
         // Scaled down, the same load fits fewer GPUs.
         assert!(policy.pack(0, &[(0, 5_000.0), (1, 10.0)], 0.1, &slo).len() < gpus.len());
+    }
+
+    #[test]
+    fn the_slo_split_gives_the_stage_with_fewer_workers_the_longer_budget() {
+        // Two stages of the same linear model (1 ms + 1 ms a request), stage 0 with one
+        // worker and stage 1 with four: the split carries the most where stage 0 gets
+        // the larger share, and the shares fill the SLO.
+        let graph = StageGraph::chain(2);
+        let workers = [1.0, 4.0];
+        let rate = |s: StageId, budget: u64| {
+            let best = (1..=128u64).filter(|&b| 2 * (MS + b * MS) <= budget).map(|b| b as f64 / (MS + b * MS) as f64).fold(0.0, f64::max);
+            workers[s as usize] * best * 1e9
+        };
+        let budget = split_slo(&graph, 100 * MS, rate).unwrap();
+        assert!(budget[0] > budget[1], "{budget:?}");
+        assert!(budget.iter().sum::<u64>() <= 100 * MS && budget.iter().sum::<u64>() >= 99 * MS, "{budget:?}");
+        // No split lets a stage whose batch of one takes longer than the SLO run.
+        assert_eq!(split_slo(&graph, MS, rate), None);
+    }
+
+    #[test]
+    fn sessions_that_take_no_time_share_one_gpu_with_finite_weights() {
+        // Before, a model that takes no time had an infinite throughput: its session's
+        // residual rate was NaN (0 × ∞) and so was its routing weight.
+        let mut config = one_stage(vec![linear_variant(0, "source", 0, 0, 128)], 128, 1);
+        config.streams = vec![
+            Stream { id: 0, name: "source".into(), entry: 0, slo: 100 * MS },
+            Stream { id: 1, name: "source/b".into(), entry: 0, slo: 100 * MS },
+        ];
+        let (driver, _) = Driver::<Nexus>::new(config, Box::new(NullHost::new(0, 1))).unwrap();
+        let slo: HashMap<u32, u64> = [(0, 100 * MS), (1, 100 * MS)].into_iter().collect();
+        let gpus = driver.policy().pack(0, &[(0, 5_000.0), (1, 300.0)], 1.0, &slo);
+        assert_eq!(gpus.len(), 1, "{gpus:?}");
+        assert!(gpus[0].iter().all(|&(_, _, weight)| weight.is_finite() && weight > 0.0), "{gpus:?}");
     }
 
     #[test]

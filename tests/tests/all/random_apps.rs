@@ -78,6 +78,7 @@ fn the_reference_policies_and_their_baselines_are_on_time_at_a_quarter_of_capaci
     for policy in [
         "flex",
         "flex-clockwork",
+        "flex-nexus",
         "pard",
         "pard-clipper",
         "pard-naive",
