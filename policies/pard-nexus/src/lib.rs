@@ -13,12 +13,14 @@ use yardmaster_sdk::helpers::{BrokeredPipeline, Discipline, FifoQueue, FillConte
 use yardmaster_sdk::{Ctx, DropReason};
 
 /// The start of the earliest window of `need` consecutive passing requests (a
-/// shorter window may end at the queue's end); `passes.len()` when every window
-/// fails, i.e. everything is to be dropped.
-pub fn window_start(passes: &[bool], need: usize) -> usize {
+/// shorter window may end at the queue's end); the number of requests when every
+/// window fails, i.e. everything is to be dropped. It reads `passes` only up to the
+/// end of the first passing window, so a decision costs the dropped prefix and the
+/// window, not the whole queue.
+pub fn window_start(passes: impl IntoIterator<Item = bool>, need: usize) -> usize {
     let need = need.max(1);
     let mut start = 0;
-    for (i, &ok) in passes.iter().enumerate() {
+    for (i, ok) in passes.into_iter().enumerate() {
         if !ok {
             start = i + 1;
         } else if i + 1 - start >= need {
@@ -36,8 +38,7 @@ impl Discipline<FifoQueue> for NexusRule {
     fn fill(&mut self, ctx: &Ctx, queue: &mut FifoQueue, fill: &FillContext, out: &mut Filled) {
         let duration = ctx.latency().mean(fill.stage, 0, ctx.batch_limit(fill.stage)).unwrap_or(0);
         let finish = fill.expected_start + duration;
-        let passes: Vec<bool> = queue.iter().map(|q| finish <= q.deadline).collect();
-        let start = window_start(&passes, fill.room);
+        let start = window_start(queue.iter().map(|q| finish <= q.deadline), fill.room);
         for _ in 0..start {
             let late = queue.pop_front().expect("within the queue");
             out.drop.push((late, DropReason::DeadlineUnreachable));
@@ -71,11 +72,11 @@ mod tests {
     #[test]
     fn sliding_window_drops_the_prefix_before_the_first_passing_window() {
         let (late, ok) = (false, true);
-        assert_eq!(window_start(&[late, ok, late, ok, ok, ok], 3), 3);
-        assert_eq!(window_start(&[late, ok, late, ok, ok, late], 3), 6, "every window fails");
-        assert_eq!(window_start(&[ok, ok], 3), 0, "a short queue is one window");
-        assert_eq!(window_start(&[late, ok], 3), 1, "a window may end at the queue's end");
-        assert_eq!(window_start(&[], 3), 0);
-        assert_eq!(window_start(&[ok, late, ok, ok], 1), 0);
+        assert_eq!(window_start([late, ok, late, ok, ok, ok], 3), 3);
+        assert_eq!(window_start([late, ok, late, ok, ok, late], 3), 6, "every window fails");
+        assert_eq!(window_start([ok, ok], 3), 0, "a short queue is one window");
+        assert_eq!(window_start([late, ok], 3), 1, "a window may end at the queue's end");
+        assert_eq!(window_start([], 3), 0);
+        assert_eq!(window_start([ok, late, ok, ok], 1), 0);
     }
 }

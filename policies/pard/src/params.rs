@@ -86,6 +86,12 @@ pub struct PardParams {
     pub oc_threshold: u64,
     /// `log_state` [false]: log every module's q, d, L_sub, μ, ε and mode at each sync.
     pub log_state: bool,
+    /// `entry_limit` [true]: admit at the pipeline's entry at most the entry requests
+    /// per second the serving workers carry at the plan's batches (a token bucket
+    /// holding one SLO's worth), dropping the rest on arrival (not in the paper; issue
+    /// 43: past capacity an entry stage faster than the branches below it passed what
+    /// they then dropped, each branch other requests).
+    pub entry_limit: bool,
 }
 
 impl Default for PardParams {
@@ -107,6 +113,7 @@ impl Default for PardParams {
             oc_alpha: 0.4,
             oc_threshold: 25 * MS,
             log_state: false,
+            entry_limit: true,
         }
     }
 }
@@ -166,6 +173,7 @@ impl PardParams {
             oc_alpha,
             oc_threshold: ctx.param_or("oc_threshold_ms", d.oc_threshold / MS)? * MS,
             log_state: ctx.param_or("log_state", d.log_state)?,
+            entry_limit: ctx.param_or("entry_limit", d.entry_limit)?,
         })
     }
 }

@@ -56,6 +56,12 @@ pub struct PardRule {
     seed: u64,
     syncs: u64,
     last_sync: Instant,
+    /// Whether each module is an entry (no predecessor).
+    entry: Vec<bool>,
+    /// The entry limit's token bucket: entry requests per second, tokens, last refill.
+    entry_rate: f64,
+    tokens: f64,
+    refilled: Instant,
 }
 
 impl PardRule {
@@ -87,6 +93,10 @@ impl PardRule {
             seed: ctx.config().seed,
             syncs: 0,
             last_sync: ctx.now(),
+            entry: (0..graph.len() as StageId).map(|k| graph.predecessors(k).is_empty()).collect(),
+            entry_rate: f64::INFINITY,
+            tokens: 0.0,
+            refilled: ctx.now(),
             params,
         };
         rule.refresh_durations(ctx);
@@ -295,13 +305,34 @@ impl PipelineRule for PardRule {
         }
     }
 
-    fn admit_arrival(&mut self, _ctx: &Ctx, request: &Queued) -> Option<DropReason> {
+    fn admit_arrival(&mut self, ctx: &Ctx, request: &Queued) -> Option<DropReason> {
+        if self.params.entry_limit && self.entry[request.stage as usize] && self.entry_rate.is_finite() {
+            // Refill at the entry rate the workers carry, up to one SLO's worth.
+            let now = ctx.now();
+            let slo_s = request.deadline.saturating_sub(request.sent_at) as f64 / NS_PER_S;
+            let burst = (self.entry_rate * slo_s).max(1.0);
+            self.tokens = (self.tokens + now.saturating_sub(self.refilled) as f64 / NS_PER_S * self.entry_rate).min(burst);
+            self.refilled = now;
+            if self.tokens < 1.0 {
+                return Some(DropReason::Overload);
+            }
+            self.tokens -= 1.0;
+        }
         let m = &mut self.modules[request.stage as usize];
         m.load.arrival();
         if self.params.admission == Admission::OverloadControl && !m.throttle.admit(self.params.oc_alpha) {
             return Some(DropReason::Overload);
         }
         None
+    }
+
+    fn entry_capacity(&mut self, ctx: &Ctx, capacity: f64) {
+        if !self.entry_rate.is_finite() {
+            // The first capacity known: the bucket starts full (clamped at the next arrival).
+            self.refilled = ctx.now();
+            self.tokens = f64::MAX;
+        }
+        self.entry_rate = if capacity.is_finite() && capacity > 0.0 { capacity } else { f64::INFINITY };
     }
 
     fn tick(&mut self, ctx: &mut Ctx, broker: &BatchBroker<PriorityQueue>, _snapshot: &Snapshot) {

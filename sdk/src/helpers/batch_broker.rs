@@ -15,7 +15,7 @@
 //! workers the resident sequences are dispatched again first, so paused sequences
 //! are never left behind.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 
 use crate::helpers::MinMaxHeap;
 use crate::{Ctx, DropReason, Instant, Request, RequestId, StageId, Worker, WorkerId};
@@ -67,8 +67,14 @@ pub struct RunningBatch {
 pub trait WorkerQueue: Default {
     /// Add a request.
     fn push(&mut self, request: Queued);
-    /// Remove a request by id.
-    fn remove(&mut self, id: RequestId) -> Option<Queued>;
+    /// Add several requests (a removed worker's, handed on) at once.
+    fn push_all(&mut self, requests: Vec<Queued>) {
+        for request in requests {
+            self.push(request);
+        }
+    }
+    /// Remove a request by id (it reached the stage at `arrived_at`).
+    fn remove(&mut self, id: RequestId, arrived_at: Instant) -> Option<Queued>;
     /// Requests held.
     fn len(&self) -> usize;
     /// Whether no request is held.
@@ -82,6 +88,12 @@ pub trait WorkerQueue: Default {
 }
 
 /// First come, first served by arrival at the stage (ties by id).
+///
+/// Arrivals come in time order and join the back; a request found by id is found by
+/// binary search on its arrival. Requests handed on together (a removed worker's
+/// queue) are merged in one pass: put back one at a time, each went into the middle,
+/// a move of half the queue, and a policy that never drops (the naive baseline past
+/// capacity) ran out of an event call's fuel when a worker left with thousands queued.
 #[derive(Debug, Clone, Default)]
 pub struct FifoQueue {
     items: VecDeque<Queued>,
@@ -102,17 +114,43 @@ impl FifoQueue {
     pub fn iter(&self) -> impl ExactSizeIterator<Item = &Queued> + '_ {
         self.items.iter()
     }
+
+    fn order(q: &Queued) -> (Instant, RequestId) {
+        (q.arrived_at, q.id)
+    }
 }
 
 impl WorkerQueue for FifoQueue {
     fn push(&mut self, request: Queued) {
         // Arrivals come in time order; a re-dispatched request is put back in place.
-        let at = self.items.partition_point(|q| (q.arrived_at, q.id) <= (request.arrived_at, request.id));
+        let at = self.items.partition_point(|q| Self::order(q) <= Self::order(&request));
         self.items.insert(at, request);
     }
-    fn remove(&mut self, id: RequestId) -> Option<Queued> {
-        let at = self.items.iter().position(|q| q.id == id)?;
-        self.items.remove(at)
+    fn push_all(&mut self, mut requests: Vec<Queued>) {
+        requests.sort_unstable_by_key(Self::order);
+        let old = std::mem::take(&mut self.items);
+        self.items.reserve(old.len() + requests.len());
+        let (mut old, mut new) = (old.into_iter().peekable(), requests.into_iter().peekable());
+        loop {
+            let next = match (old.peek(), new.peek()) {
+                (Some(a), Some(b)) if Self::order(a) <= Self::order(b) => old.next(),
+                (_, Some(_)) => new.next(),
+                (Some(_), None) => old.next(),
+                (None, None) => break,
+            };
+            self.items.extend(next);
+        }
+    }
+    fn remove(&mut self, id: RequestId, arrived_at: Instant) -> Option<Queued> {
+        // Found by its arrival alone: a request the broker holds in an open batch, not
+        // here, is looked for often (the host expires the oldest, admitted ones), and a
+        // scan of the queue for it made every such call cost the queue's length.
+        let at = self.items.partition_point(|q| Self::order(q) < (arrived_at, id));
+        if self.items.get(at).is_some_and(|q| q.id == id) {
+            self.items.remove(at)
+        } else {
+            None
+        }
     }
     fn len(&self) -> usize {
         self.items.len()
@@ -169,7 +207,7 @@ impl WorkerQueue for PriorityQueue {
     fn push(&mut self, request: Queued) {
         self.heap.push(Keyed(request));
     }
-    fn remove(&mut self, id: RequestId) -> Option<Queued> {
+    fn remove(&mut self, id: RequestId, _arrived_at: Instant) -> Option<Queued> {
         let found = self.heap.iter().find(|k| k.0.id == id).map(|k| k.0)?;
         self.heap.retain(|k| k.0.id != id);
         Some(found)
@@ -247,8 +285,12 @@ pub struct BatchBroker<Q> {
     by_stage: Vec<Vec<WorkerId>>,
     /// Round-robin cursor per stage.
     cursor: Vec<usize>,
-    /// Which worker holds each queued or admitted request.
-    location: HashMap<RequestId, WorkerId>,
+    /// Which worker holds each queued or admitted request, and when it reached the
+    /// stage. A B-tree, not a hash map: a hash map's growth rehashes every entry in
+    /// one call, and a policy that never drops (the naive baseline past capacity)
+    /// held 100,000 and more, so that one arrival ran out of an event call's fuel; a
+    /// B-tree's every step costs O(log n).
+    location: BTreeMap<RequestId, (WorkerId, Instant)>,
     /// Requests of stages that have no worker, waiting for one.
     orphans: Vec<Vec<Queued>>,
     /// Workers to collect for at the next settle.
@@ -263,7 +305,7 @@ impl<Q: WorkerQueue> BatchBroker<Q> {
             slots: BTreeMap::new(),
             by_stage: vec![Vec::new(); stages],
             cursor: vec![0; stages],
-            location: HashMap::new(),
+            location: BTreeMap::new(),
             orphans: vec![Vec::new(); stages],
             dirty: Vec::new(),
         };
@@ -299,9 +341,32 @@ impl<Q: WorkerQueue> BatchBroker<Q> {
         }
         let mut held: Vec<Queued> = slot.open.drain(..).map(|a| a.request).collect();
         held.extend(slot.queue.drain_all());
+        // Round-robin over the stage's other workers, each handed its share at once.
+        let stage = slot.stage as usize;
+        let workers = self.by_stage.get(stage).cloned().unwrap_or_default();
+        if workers.is_empty() {
+            for request in held {
+                self.location.remove(&request.id);
+                self.enqueue(request);
+            }
+            return;
+        }
+        let mut shares: Vec<Vec<Queued>> = vec![Vec::new(); workers.len()];
         for request in held {
-            self.location.remove(&request.id);
-            self.enqueue(request);
+            shares[self.cursor[stage] % workers.len()].push(request);
+            self.cursor[stage] = (self.cursor[stage] + 1) % workers.len();
+        }
+        for (worker, share) in workers.into_iter().zip(shares) {
+            if share.is_empty() {
+                continue;
+            }
+            for request in &share {
+                self.location.insert(request.id, (worker, request.arrived_at));
+            }
+            if let Some(slot) = self.slots.get_mut(&worker) {
+                slot.queue.push_all(share);
+            }
+            self.mark_dirty(worker);
         }
     }
 
@@ -326,15 +391,15 @@ impl<Q: WorkerQueue> BatchBroker<Q> {
     pub fn push_to(&mut self, worker: WorkerId, request: Queued) {
         let Some(slot) = self.slots.get_mut(&worker) else { return };
         slot.queue.push(request);
-        self.location.insert(request.id, worker);
+        self.location.insert(request.id, (worker, request.arrived_at));
         self.mark_dirty(worker);
     }
 
     /// Forget a request the host ended (queued or in an open batch); whether it was held.
     pub fn forget(&mut self, id: RequestId) -> bool {
-        if let Some(worker) = self.location.remove(&id) {
+        if let Some((worker, arrived_at)) = self.location.remove(&id) {
             if let Some(slot) = self.slots.get_mut(&worker) {
-                if slot.queue.remove(id).is_none() {
+                if slot.queue.remove(id, arrived_at).is_none() {
                     slot.open.retain(|a| a.request.id != id);
                 }
             }
@@ -542,6 +607,21 @@ mod tests {
     }
 
     #[test]
+    fn a_fifo_queue_merges_requests_handed_on_in_arrival_order() {
+        let mut q = FifoQueue::default();
+        for (id, at) in [(1, 10), (3, 30), (5, 50)] {
+            q.push(queued(id, at));
+        }
+        q.push_all(vec![queued(6, 60), queued(2, 20), queued(4, 30), queued(0, 0)]);
+        assert_eq!(q.iter().map(|r| r.id).collect::<Vec<_>>(), vec![0, 1, 2, 3, 4, 5, 6]);
+        assert_eq!(q.remove(4, 30).map(|r| r.id), Some(4));
+        assert_eq!(q.remove(2, 99), None, "found by its arrival only");
+        assert_eq!(q.remove(2, 20).map(|r| r.id), Some(2));
+        assert_eq!(q.remove(9, 0), None);
+        assert_eq!(q.oldest_arrival(), Some(0));
+    }
+
+    #[test]
     fn priority_queue_serves_both_ends() {
         let mut q = PriorityQueue::default();
         for (id, key) in [(1, 30), (2, 10), (3, 20)] {
@@ -550,7 +630,7 @@ mod tests {
         assert_eq!(q.peek_min().map(|r| r.id), Some(2));
         assert_eq!(q.pop_max().map(|r| r.id), Some(1));
         assert_eq!(q.oldest_arrival(), Some(0));
-        assert_eq!(q.remove(2).map(|r| r.id), Some(2));
+        assert_eq!(q.remove(2, 0).map(|r| r.id), Some(2));
         assert_eq!(q.drain_all().iter().map(|r| r.id).collect::<Vec<_>>(), vec![3]);
     }
 }

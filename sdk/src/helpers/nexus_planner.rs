@@ -212,9 +212,15 @@ impl NexusPlan {
     /// The pipeline's planned capacity in entry requests per second with `replicas`
     /// per stage: the slowest stage.
     pub fn capacity(&self, replicas: &[u32]) -> f64 {
+        self.capacity_for(replicas, &self.pieces)
+    }
+
+    /// [`Self::capacity`] with `pieces` per request at each stage instead of the plan's.
+    pub fn capacity_for(&self, replicas: &[u32], pieces: &[f64]) -> f64 {
         (0..self.batch.len())
-            .filter(|&s| self.pieces[s] > 0.0)
-            .map(|s| replicas.get(s).copied().unwrap_or(0) as f64 * self.throughput[s] / self.pieces[s])
+            .map(|s| (s, pieces.get(s).copied().unwrap_or(self.pieces[s])))
+            .filter(|&(_, pieces)| pieces > 0.0)
+            .map(|(s, pieces)| replicas.get(s).copied().unwrap_or(0) as f64 * self.throughput[s] / pieces)
             .fold(f64::INFINITY, f64::min)
     }
 }

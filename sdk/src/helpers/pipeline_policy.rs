@@ -37,6 +37,11 @@ pub trait PipelineRule: Discipline<Self::Queue> + Sized + 'static {
 
     /// The periodic tick: update estimates (the broker shows what is queued).
     fn tick(&mut self, _ctx: &mut Ctx, _broker: &BatchBroker<Self::Queue>, _snapshot: &Snapshot) {}
+
+    /// At every tick, the entry requests per second the workers serving now carry at
+    /// the plan's batches ([`NexusPlan::capacity`] over the broker's workers and the
+    /// planner's pieces per request); ignored by default.
+    fn entry_capacity(&mut self, _ctx: &Ctx, _capacity: f64) {}
 }
 
 /// A [`Policy`] made of a [`PipelineRule`], the shared broker and the planner.
@@ -135,6 +140,9 @@ impl<R: PipelineRule> Policy for BrokeredPipeline<R> {
     fn on_tick(&mut self, ctx: &mut Ctx, snapshot: Snapshot) {
         self.rule.tick(ctx, &self.broker, &snapshot);
         self.planner.tick(ctx);
+        let workers: Vec<u32> = (0..self.graph.len()).map(|s| self.broker.workers_of(s as StageId).len() as u32).collect();
+        let capacity = self.planner.plan().capacity_for(&workers, &self.planner.pieces());
+        self.rule.entry_capacity(ctx, capacity);
     }
 
     fn on_worker_added(&mut self, _ctx: &mut Ctx, worker: Worker) {
