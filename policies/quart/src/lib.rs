@@ -33,9 +33,9 @@ pub mod smoother;
 pub mod telemetry;
 pub mod view;
 
-use yardmaster_sdk::helpers::{replica_bounds, StageFifo, StageGraph};
+use yardmaster_sdk::helpers::{replica_bounds, EntryShedder, StageFifo, StageGraph};
 use yardmaster_sdk::{
-    BatchOutcome, Ctx, Duration, EndReason, Instant, Level, Policy, Request, RequestId, Snapshot, StageId, Worker, WorkerId,
+    BatchOutcome, Ctx, DropReason, Duration, EndReason, Instant, Level, Policy, Request, RequestId, Snapshot, StageId, Worker, WorkerId,
 };
 
 use corrector::Corrector;
@@ -89,6 +89,11 @@ pub struct Quart {
     /// The batch sizes each stage runs, which the unreachable-request slack counts
     /// (`measured_batches`); `None` counts every batch at its limit.
     batch_sizes: Option<slack::BatchSizes>,
+    /// Admission at the entries from the later stages' drops (`shed_period_ms`; none on
+    /// a single stage), and each stage's count of drops it has been told of (`None`
+    /// for a stage whose drops it is not told of: an entry, or a stage fed only by
+    /// entries that take no time, whose drops cost no accelerator time above them).
+    shedder: Option<(EntryShedder, Vec<Option<u64>>)>,
 }
 
 /// Timer token of the early first control.
@@ -374,6 +379,18 @@ impl Policy for Quart {
             first_control_set: false,
             handed_over: false,
             batch_sizes: (params.drop_unreachable && params.measured_batches).then(|| slack::BatchSizes::new(ctx, n, now)),
+            shedder: (params.drop_unreachable && params.shed_period > 0 && n > 1).then(|| {
+                let graph = StageGraph::new(&ctx.config().stages);
+                let entry: Vec<bool> = (0..graph.len() as StageId).map(|s| graph.predecessors(s).is_empty()).collect();
+                let free = |s: StageId| entry[s as usize] && ctx.latency().mean(s, 0, 1).is_none_or(|ns| ns == 0);
+                let told = (0..n as StageId)
+                    .map(|s| {
+                        let predecessors = graph.predecessors(s);
+                        (!predecessors.is_empty() && !predecessors.iter().all(|&p| free(p))).then_some(0)
+                    })
+                    .collect();
+                (EntryShedder::new(entry, params.shed_period), told)
+            }),
             fifo,
             plans,
             params,
@@ -387,6 +404,14 @@ impl Policy for Quart {
     fn on_arrival(&mut self, ctx: &mut Ctx, request: Request) {
         if let Some(t) = self.telemetry.get_mut(request.stage as usize) {
             t.arrival(request.arrived_at.min(ctx.now()));
+        }
+        if let Some((shedder, _)) = &mut self.shedder {
+            shedder.arrived(request.stage);
+            shedder.advance(ctx.now());
+            if request.requeues == 0 && !shedder.admit(request.stage) {
+                ctx.drop_request(request.id, DropReason::Overload);
+                return;
+            }
         }
         self.fifo.push(ctx.now(), &request);
         if !self.controlled && !self.first_control_set && self.params.first_control > 0 {
@@ -458,6 +483,21 @@ impl Policy for Quart {
             }
         }
         self.fifo.dispatch_idle(ctx);
+        if let Some((shedder, told)) = &mut self.shedder {
+            // Below capacity (under 5 % of the pieces dropped) the drops are QUART's
+            // own margins, not a stage short of capacity: they are not shed for.
+            let overloaded = self.batch_sizes.as_ref().is_none_or(slack::BatchSizes::overloaded);
+            for (stage, told) in told.iter_mut().enumerate() {
+                let Some(told) = told else { continue };
+                let dropped = self.fifo.dropped_at(stage as StageId);
+                if overloaded {
+                    for _ in *told..dropped {
+                        shedder.dropped(stage as StageId);
+                    }
+                }
+                *told = dropped;
+            }
+        }
     }
 }
 

@@ -106,6 +106,12 @@ pub struct Params {
     /// capacity the batches are full and the two agree; below it the limit asked far
     /// more than a request needs (`slack.rs`, docs/quart.md).
     pub measured_batches: bool,
+    /// With `drop_unreachable`: every this long, the entry admits a share of the fresh
+    /// arrivals that falls by half the share of requests the later stages' drops lost
+    /// (SDK `EntryShedder`, as FLEX; `shed_period_ms`, 100; 0 admits everything). A
+    /// request a fan-out's branch or a join drops is lost after the stages above it
+    /// served it (docs/quart.md).
+    pub shed_period: Duration,
 }
 
 impl Params {
@@ -162,6 +168,13 @@ impl Params {
                 f
             },
             measured_batches: ctx.param_or("measured_batches", true)?,
+            shed_period: {
+                let ms: f64 = ctx.param_or("shed_period_ms", 100.0)?;
+                if !(ms >= 0.0 && ms.is_finite()) {
+                    return Err(format!("parameter `shed_period_ms` must be 0 or more, got {ms}"));
+                }
+                (ms * 1e6) as Duration
+            },
         };
         if !(0.0..=100.0).contains(&params.downstream_reserve) {
             return Err(format!("parameter `downstream_reserve` must be in [0, 100], got {}", params.downstream_reserve));

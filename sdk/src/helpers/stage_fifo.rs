@@ -46,6 +46,8 @@ pub struct StageFifo {
     slack: Option<Vec<Duration>>,
     /// Requests dropped as unreachable so far.
     dropped: u64,
+    /// Per stage: requests dropped there as unreachable so far.
+    dropped_at: Vec<u64>,
 }
 
 impl StageFifo {
@@ -59,6 +61,7 @@ impl StageFifo {
         if self.queues.len() <= index {
             self.queues.resize_with(index + 1, VecDeque::new);
             self.live.resize(index + 1, 0);
+            self.dropped_at.resize(index + 1, 0);
             self.areas.resize_with(index + 1, QueueArea::default);
         }
         index
@@ -105,6 +108,11 @@ impl StageFifo {
     /// Requests dropped as unreachable so far ([`Self::drop_unreachable`]).
     pub fn dropped(&self) -> u64 {
         self.dropped
+    }
+
+    /// Requests dropped as unreachable at `stage` so far.
+    pub fn dropped_at(&self, stage: StageId) -> u64 {
+        self.dropped_at.get(stage as usize).copied().unwrap_or(0)
     }
 
     /// Requests waiting at `stage` now.
@@ -154,6 +162,7 @@ impl StageFifo {
                     if needed.is_some_and(|needed| deadline < now.saturating_add(needed)) {
                         ctx.drop_request(id, crate::DropReason::DeadlineUnreachable);
                         self.dropped += 1;
+                        self.dropped_at[index] += 1;
                         continue;
                     }
                     batch.push(id);
@@ -314,6 +323,7 @@ mod tests {
                     _ => None,
                 })
                 .collect();
+            assert_eq!(fifo.dropped_at(0), fifo.dropped());
             (drops, batches, fifo.dropped(), fifo.len(0))
         };
         assert_eq!(run(None), (vec![], vec![vec![1, 2]], 0, 1));
