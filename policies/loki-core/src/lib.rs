@@ -22,6 +22,7 @@ pub mod runtime;
 pub mod settings;
 pub mod single_path;
 pub mod step2;
+pub mod transition;
 mod vectors;
 
 pub use runtime::{InferLineFlavour, LokiFlavour, LokiPolicy, ProteusFlavour};

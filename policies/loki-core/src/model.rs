@@ -53,6 +53,14 @@ pub struct TaskModel {
     pub max_replicas: u32,
 }
 
+impl TaskModel {
+    /// Whether every variant takes no time (a pseudo-task at the root, as the Loki
+    /// authors' `source`: its latencies are clamped to a microsecond).
+    pub fn takes_no_time(&self) -> bool {
+        self.variants.iter().all(|v| v.latency_ms.iter().filter(|l| l.is_finite()).all(|&l| l <= PSEUDO_LATENCY_NS as f64 / 1e6))
+    }
+}
+
 /// The pipeline tree with its branches.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PipelineModel {

@@ -82,6 +82,25 @@ pub struct Settings {
     pub ties: Ties,
     /// Allowed batch sizes (`batches`, "1,2,4,8,16,32,64").
     pub batches: Vec<u32>,
+    /// Join the shortest queue among the workers of the variant the routing table
+    /// drew (`shortest_queue`, true; false is the paper's: the drawn worker itself).
+    /// The tables fix how a task's load splits over its variants; within a variant
+    /// the workers are alike, and a draw per request leaves some queues long while
+    /// others idle. The Proteus-like baseline joins the shortest queue only while its
+    /// plan covers the whole demand (β = 1); past that it routes by planned load alone
+    /// (with the rule there, it lost up to 0.47 of the bound at 10× on `r00-chain`).
+    pub shortest_queue: bool,
+    /// While a variant has fewer workers than the plan gives it, raise its workers'
+    /// max batch to make up the throughput, within the planned batch's budget
+    /// (`batch_up`, true; false keeps the planned batch, the Proteus-like baseline's
+    /// default: its batch is Proteus's rule, the largest within half its equal share of
+    /// the SLO, and larger ones overshot that share: at 10× on `r04-mid-fan-join` it
+    /// served 271 on-time requests a second against 382).
+    pub batch_up: bool,
+    /// While a task's planned workers are still to come, keep its present workers on
+    /// their variants when switched to the planned ones they would carry less of the
+    /// planned load (`hold_variants`, true; false switches at once).
+    pub hold_variants: bool,
 }
 
 impl Settings {
@@ -126,6 +145,9 @@ impl Settings {
             hardware_slack: ctx.param_or("hardware_slack", 2.0f64)?.max(1.0),
             ties,
             batches,
+            shortest_queue: ctx.param_or("shortest_queue", true)?,
+            batch_up: ctx.param_or("batch_up", planner != PlannerKind::Proteus)?,
+            hold_variants: ctx.param_or("hold_variants", true)?,
         })
     }
 }
