@@ -66,6 +66,18 @@ pub const DOCUMENTED_BREAKS: &[DocumentedBreak] = &[
         why: "judges a deadline on its own stage only: the first stage's batch spends the later stages' budget",
         doc: "docs/sweep.md, fifo and edf: where they break",
     },
+    DocumentedBreak {
+        policy: "flex-clockwork",
+        kind: BreakKind::PastCapacity,
+        why: "least slack first serves many small batches of the most urgent requests, which then fail anyway, as SHEPHERD's evaluation reports",
+        doc: "docs/flex.md, The baselines on the random applications",
+    },
+    DocumentedBreak {
+        policy: "flex-nexus",
+        kind: BreakKind::PastCapacity,
+        why: "plans for an arrival rate it can fully serve with fixed workers and cannot re-plan within an epoch, as SHEPHERD's evaluation reports",
+        doc: "docs/flex.md, The baselines on the random applications",
+    },
 ];
 
 /// The documented break of `policy` of this kind, if any. `policy` may be a shipped
