@@ -78,6 +78,30 @@ pub const DOCUMENTED_BREAKS: &[DocumentedBreak] = &[
         why: "plans for an arrival rate it can fully serve with fixed workers and cannot re-plan within an epoch, as SHEPHERD's evaluation reports",
         doc: "docs/flex.md, The baselines on the random applications",
     },
+    DocumentedBreak {
+        policy: "loki-inferline",
+        kind: BreakKind::PastCapacity,
+        why: "no accuracy scaling: past its most accurate variants' capacity its goodput falls, as Loki's evaluation reports",
+        doc: "docs/loki.md, InferLine-like: past its most accurate variants' capacity",
+    },
+    DocumentedBreak {
+        policy: "loki-inferline",
+        kind: BreakKind::LowLoad,
+        why: "hosts only each task's most accurate variant, whose capacity on the whole cluster is under 1.5x the demand where it misses",
+        doc: "docs/loki.md, InferLine-like: past its most accurate variants' capacity",
+    },
+    DocumentedBreak {
+        policy: "loki-proteus",
+        kind: BreakKind::PastCapacity,
+        why: "per-task accuracy scaling misses the dependencies between tasks and makes bottlenecks, as Loki's evaluation reports",
+        doc: "docs/loki.md, Proteus-like: an equal SLO split and per-task planning",
+    },
+    DocumentedBreak {
+        policy: "loki-proteus",
+        kind: BreakKind::LowLoad,
+        why: "an equal SLO split leaves slow tasks no feasible plan, and per-task plans starve one task of workers",
+        doc: "docs/loki.md, Proteus-like: an equal SLO split and per-task planning",
+    },
 ];
 
 /// The documented break of `policy` of this kind, if any. `policy` may be a shipped
