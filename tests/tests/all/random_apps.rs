@@ -70,9 +70,10 @@ fn the_reference_policies_and_their_baselines_are_on_time_at_a_quarter_of_capaci
     // Before: PARD and its baselines refused it ("the SLO is too tight": the Nexus
     // planner found no budget for a stage that takes no time); QUART's fixed, reactive
     // and uniform baselines kept eight workers a task from the import and were 34 % on
-    // time (the detector needs most of them); Loki 97.5 %. Two baselines still miss
-    // here and are left out, with their figures in docs/sweep.md: `flex-nexus` (52 %)
-    // and `loki-proteus` (85 %).
+    // time (the detector needs most of them); Loki 97.5 %; `flex-nexus` 52 % (each
+    // stage planned for the whole SLO). One baseline still misses here and is left
+    // out: `loki-proteus`, 85 % → 95.1 % (its per-task plan; docs/loki.md,
+    // "Proteus-like: an equal SLO split and per-task planning").
     let app = zero_time_entry_application();
     let mut missed = Vec::new();
     for policy in [
