@@ -274,6 +274,9 @@ pub struct ScalingPlanner {
     /// Workers spread at start by the plan's pieces, to spread again once the first
     /// second has measured how a fan-out shares its pieces (none when started for a rate).
     respread: Option<u32>,
+    /// Stages running larger batches than the plan's until the workers they grow by
+    /// have started.
+    catching_up: Vec<bool>,
 }
 
 impl ScalingPlanner {
@@ -296,6 +299,7 @@ impl ScalingPlanner {
             bounds,
             graph: StageGraph::new(&ctx.config().stages),
             respread: None,
+            catching_up: vec![false; plan.batch.len()],
             plan,
         };
         for (stage, &b) in planner.plan.batch.clone().iter().enumerate() {
@@ -395,6 +399,18 @@ impl ScalingPlanner {
             .collect()
     }
 
+    /// A worker of `stage` started; the stage now has `workers`. A stage catching up
+    /// returns to the plan's batches once it has the workers it was asked for.
+    pub fn worker_added(&mut self, ctx: &mut Ctx, stage: StageId, workers: u32) {
+        let s = stage as usize;
+        if self.catching_up.get(s) == Some(&true) && workers >= self.replicas.get(s).copied().unwrap_or(0) {
+            self.catching_up[s] = false;
+            let limit =
+                ctx.config().stages.iter().find(|st| st.id == stage).map_or(self.plan.batch[s], |st| self.plan.batch[s].min(st.max_batch));
+            ctx.set_batch_limit(stage, limit.max(1));
+        }
+    }
+
     /// Close the seconds that have passed and, at an epoch boundary, rescale.
     pub fn tick(&mut self, ctx: &mut Ctx) {
         let now = ctx.now();
@@ -444,6 +460,23 @@ impl ScalingPlanner {
             })
         };
         let changes: Vec<(usize, u32, Option<u32>)> = replicas.iter().enumerate().map(|(stage, &n)| (stage, n, current(stage))).collect();
+        // A stage that grows serves with the workers it has until the new ones start:
+        // meanwhile it may run the larger batches that carry its planned rate on them,
+        // within its whole budget (the plan's take half).
+        for &(stage, n, now) in &changes {
+            let Some(now) = now.filter(|&now| now > 0 && n > now) else { continue };
+            let needed = self.plan.throughput[stage] * n as f64 / now as f64;
+            let max = ctx.config().stages.iter().find(|s| s.id as usize == stage).map_or(1, |s| s.max_batch);
+            let budget = ctx.config().streams.iter().map(|s| s.slo).min().unwrap_or(0) / 2;
+            let latency = |b: u32| ctx.latency().mean(stage as StageId, 0, b).unwrap_or(0);
+            let catch_up = (self.plan.batch[stage]..=max)
+                .take_while(|&b| latency(b) <= budget)
+                .find(|&b| b as f64 * NS_PER_S / latency(b).max(1) as f64 >= needed);
+            if let Some(b) = catch_up.filter(|&b| b > self.plan.batch[stage]) {
+                ctx.set_batch_limit(stage as StageId, b);
+                self.catching_up[stage] = true;
+            }
+        }
         ctx.log(
             crate::Level::Debug,
             &format!(

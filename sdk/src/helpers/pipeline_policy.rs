@@ -39,8 +39,8 @@ pub trait PipelineRule: Discipline<Self::Queue> + Sized + 'static {
     fn tick(&mut self, _ctx: &mut Ctx, _broker: &BatchBroker<Self::Queue>, _snapshot: &Snapshot) {}
 
     /// At every tick, the entry requests per second the workers serving now carry at
-    /// the plan's batches ([`NexusPlan::capacity`] over the broker's workers and the
-    /// planner's pieces per request); ignored by default.
+    /// the batch limits in force (the slowest stage, with the planner's pieces per
+    /// request); ignored by default.
     fn entry_capacity(&mut self, _ctx: &Ctx, _capacity: f64) {}
 }
 
@@ -140,13 +140,25 @@ impl<R: PipelineRule> Policy for BrokeredPipeline<R> {
     fn on_tick(&mut self, ctx: &mut Ctx, snapshot: Snapshot) {
         self.rule.tick(ctx, &self.broker, &snapshot);
         self.planner.tick(ctx);
-        let workers: Vec<u32> = (0..self.graph.len()).map(|s| self.broker.workers_of(s as StageId).len() as u32).collect();
-        let capacity = self.planner.plan().capacity_for(&workers, &self.planner.pieces());
+        // What the serving workers carry at the batch limits in force (a stage catching
+        // up on its workers runs larger batches than the plan's).
+        let pieces = self.planner.pieces();
+        let capacity = (0..self.graph.len())
+            .filter(|&s| pieces.get(s).is_some_and(|&p| p > 0.0))
+            .map(|s| {
+                let stage = s as StageId;
+                let limit = ctx.batch_limit(stage);
+                let duration = ctx.latency().mean(stage, 0, limit).unwrap_or(0).max(1) as f64;
+                self.broker.workers_of(stage).len() as f64 * limit as f64 * 1e9 / duration / pieces[s]
+            })
+            .fold(f64::INFINITY, f64::min);
         self.rule.entry_capacity(ctx, capacity);
     }
 
-    fn on_worker_added(&mut self, _ctx: &mut Ctx, worker: Worker) {
+    fn on_worker_added(&mut self, ctx: &mut Ctx, worker: Worker) {
         self.broker.add_worker(&worker);
+        let serving = self.broker.workers_of(worker.stage).len() as u32;
+        self.planner.worker_added(ctx, worker.stage, serving);
     }
 
     fn on_worker_removed(&mut self, _ctx: &mut Ctx, worker: WorkerId) {
