@@ -102,6 +102,48 @@ pub const DOCUMENTED_BREAKS: &[DocumentedBreak] = &[
         why: "an equal SLO split leaves slow tasks no feasible plan, and per-task plans starve one task of workers",
         doc: "docs/loki.md, Proteus-like: an equal SLO split and per-task planning",
     },
+    DocumentedBreak {
+        policy: "pard-naive",
+        kind: BreakKind::PastCapacity,
+        why: "serves first come first served and never drops: past capacity it cannot clear accumulated requests, as PARD's evaluation reports",
+        doc: "docs/pard.md, The baselines on the random set, and where the paper says they break",
+    },
+    DocumentedBreak {
+        policy: "pard-nexus",
+        kind: BreakKind::PastCapacity,
+        why: "its window test sees only the current module and drops in arrival order: requests die downstream after earlier modules spent time on them",
+        doc: "docs/pard.md, The baselines on the random set, and where the paper says they break",
+    },
+    DocumentedBreak {
+        policy: "pard-clipper",
+        kind: BreakKind::PastCapacity,
+        why: "each module drops what used its fixed share of the SLO after earlier modules spent time on it: later-module drops, as PARD's evaluation reports",
+        doc: "docs/pard.md, The baselines on the random set, and where the paper says they break",
+    },
+    DocumentedBreak {
+        policy: "quart-fixed",
+        kind: BreakKind::PastCapacity,
+        why: "never scales and never drops: past its replicas' capacity its FIFO queues grow until every request is late (QUART §3.2)",
+        doc: "docs/quart.md, Where QUART's baselines break, as their paper says",
+    },
+    DocumentedBreak {
+        policy: "quart-reactive",
+        kind: BreakKind::PastCapacity,
+        why: "never drops and adds replicas only from free GPUs (none once the cluster is started): its queues outgrow the SLO (QUART §3.2)",
+        doc: "docs/quart.md, Where QUART's baselines break, as their paper says",
+    },
+    DocumentedBreak {
+        policy: "quart-uniform",
+        kind: BreakKind::PastCapacity,
+        why: "never drops and scales every stage alike from the entry's rate: past capacity its queues outgrow the SLO (QUART §3.2)",
+        doc: "docs/quart.md, Where QUART's baselines break, as their paper says",
+    },
+    DocumentedBreak {
+        policy: "quart-uniform",
+        kind: BreakKind::LowLoad,
+        why: "one replica count for every stage from the entry's rate starves stages below a fan-out or with a slow model (QUART §3.3)",
+        doc: "docs/quart.md, Where QUART's baselines break, as their paper says",
+    },
 ];
 
 /// The documented break of `policy` of this kind, if any. `policy` may be a shipped
