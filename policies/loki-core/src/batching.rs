@@ -82,6 +82,9 @@ pub struct Queued {
     pub deadline: Instant,
     /// Already checked (or pinned) for early dropping.
     pub examined: bool,
+    /// The worker holding its stateful sequence (`request.correlation.worker`): a step
+    /// runs there and nowhere else.
+    pub holder: Option<WorkerId>,
 }
 
 /// What the worker forming the batch is like.
@@ -231,7 +234,7 @@ mod tests {
     use super::*;
 
     fn queued(id: u64, arrived_at: u64, deadline: u64) -> Queued {
-        Queued { id, origin: id, arrived_at, deadline, examined: false }
+        Queued { id, origin: id, arrived_at, deadline, examined: false, holder: None }
     }
 
     fn backup(worker: u32, accuracy: f64, budget_ns: u64, spare: f64) -> Backup {

@@ -882,7 +882,11 @@ impl Runtime {
     }
 
     fn enqueue(&mut self, task: usize, queued: Queued) {
-        match self.route(task, queued.origin) {
+        // A step of a stateful sequence runs only on the worker holding its state: queued
+        // anywhere else, the SDK's guard moves it there at dispatch (or hands it back as
+        // a new arrival once that worker is idle).
+        let holder = queued.holder.filter(|&w| self.is_task_worker(w, task));
+        match holder.or_else(|| self.route(task, queued.origin)) {
             Some(w) => self.queues.entry(w).or_default().push_back(queued),
             None => self.orphans.entry(task).or_default().push_back(queued),
         }
@@ -907,8 +911,14 @@ impl Runtime {
                 }
             }
         }
-        let queued =
-            Queued { id: request.id, origin: request.origin, arrived_at: request.arrived_at, deadline: request.deadline, examined: false };
+        let queued = Queued {
+            id: request.id,
+            origin: request.origin,
+            arrived_at: request.arrived_at,
+            deadline: request.deadline,
+            examined: false,
+            holder: request.correlation.as_ref().and_then(|c| c.worker),
+        };
         self.enqueue(task, queued);
     }
 
@@ -1098,6 +1108,13 @@ impl Runtime {
         let now = ctx.now();
         let idle: Vec<WorkerId> = self.workers.keys().copied().filter(|&w| ctx.worker(w).is_some_and(|v| v.idle)).collect();
         for w in idle {
+            // Idle when the loop began, but a dispatch to another worker may have run
+            // here since: the SDK's guard moves a sequence step to the idle worker
+            // holding its sequence. A second batch would be rejected (the worker is
+            // busy) and its requests lost in the policy's hands until they expired.
+            if !ctx.worker(w).is_some_and(|v| v.idle) {
+                continue;
+            }
             let assigned = self.workers[&w].clone();
             let Some(task) = assigned.task else {
                 // Stages outside the tree run first come, first served (an iteration
@@ -1227,5 +1244,75 @@ impl<F: Flavour> Policy for LokiPolicy<F> {
         self.runtime.flush_telemetry();
         self.runtime.send_routes(ctx);
         self.runtime.dispatch(ctx);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use yardmaster_sdk::{Action, Correlation, DeviceKind, Driver, Event, NullHost, Request, RequestId, Worker, WorkerId};
+
+    use super::{Flavour, InferLineFlavour, LokiFlavour, LokiPolicy, ProteusFlavour};
+    use crate::model::toy;
+
+    /// The toy chain with two workers at its root (0 and 1) and one below (2).
+    fn two_at_the_root<F: Flavour>() -> Driver<LokiPolicy<F>> {
+        let mut config = toy::chain();
+        let worker = |id: u32, stage: u32| Worker {
+            id,
+            stage,
+            variant: 0,
+            device: DeviceKind::Gpu,
+            threads: 1,
+            memory_bytes: 1 << 30,
+            host: 0,
+            slot: id,
+        };
+        config.workers = vec![worker(0, 0), worker(1, 0), worker(2, 1)];
+        Driver::new(config, Box::new(NullHost::new(0, 1))).expect("init").0
+    }
+
+    /// Request `id` at the root, a step of a sequence held by `holder` if any.
+    fn arrival(id: RequestId, holder: Option<WorkerId>) -> Event {
+        let correlation = holder.map(|worker| Correlation { id: 100 + id, start: false, end: false, worker: Some(worker) });
+        Event::Arrival(Request { input_size: 1, correlation, ..yardmaster_sdk::testing::request(id, 0, 0, 200_000_000) })
+    }
+
+    /// Drive `F` with root requests, every other one a step held by worker 1, and the
+    /// workers going idle: every call sends at most one batch to a worker (the host
+    /// rejects a second one, and its requests are lost), a step runs only on worker 1,
+    /// and every request is dispatched once.
+    fn steps_never_strand_a_batch<F: Flavour>() {
+        let mut driver = two_at_the_root::<F>();
+        let steps: BTreeSet<RequestId> = (1..=8).filter(|id| id % 2 == 0).collect();
+        let mut events: Vec<Event> = [0, 1, 2].into_iter().map(Event::WorkerIdle).collect();
+        events.extend((1..=8).map(|id| arrival(id, steps.contains(&id).then_some(1))));
+        let mut dispatched: Vec<RequestId> = Vec::new();
+        for call in 0..20u64 {
+            let actions = driver.handle(call * 1_000_000, std::mem::take(&mut events));
+            let mut busy = BTreeSet::new();
+            for action in &actions {
+                let Action::Dispatch(d) = action else { continue };
+                assert!(busy.insert(d.worker), "call {call}: a second batch for busy worker {}: {actions:?}", d.worker);
+                if d.worker < 2 {
+                    for id in &d.requests {
+                        assert!(!steps.contains(id) || d.worker == 1, "call {call}: step {id} on worker {}", d.worker);
+                    }
+                    dispatched.extend(&d.requests);
+                }
+            }
+            // The batches sent finish by the next call.
+            events = busy.into_iter().map(Event::WorkerIdle).collect();
+        }
+        dispatched.sort_unstable();
+        assert_eq!(dispatched, (1..=8).collect::<Vec<_>>(), "every root request dispatched once");
+    }
+
+    #[test]
+    fn a_sequence_step_never_makes_a_second_batch_for_a_busy_worker() {
+        steps_never_strand_a_batch::<ProteusFlavour>();
+        steps_never_strand_a_batch::<LokiFlavour>();
+        steps_never_strand_a_batch::<InferLineFlavour>();
     }
 }
