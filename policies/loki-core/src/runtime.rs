@@ -120,10 +120,14 @@ impl<K: Ord, V: Copy> Recent<K, V> {
     }
 }
 
-/// Sub-requests a worker's processed requests produced, waiting to be counted.
+/// Sub-requests the requests of one task and one end-to-end request, processed in
+/// this call, produced, waiting to be counted. A sub-request names its end-to-end
+/// request (`origin`) but not its parent, so the requests of a task that share an
+/// origin (siblings of a fan-out above) and finish in the same call share one
+/// entry, and each counts as one sample of the mean: `workers` holds one worker per
+/// processed request.
 struct PendingChildren {
-    task: usize,
-    worker: WorkerId,
+    workers: Vec<WorkerId>,
     counts: Vec<u32>,
 }
 
@@ -184,7 +188,12 @@ pub struct Runtime {
     pins: Recent<(RequestId, usize), WorkerId>,
     /// Ordered: its drain feeds the factor windows, so its order is part of what the
     /// policy decides (a hash map's order moved with every other map the policy made).
-    pending_children: BTreeMap<RequestId, PendingChildren>,
+    /// Keyed by end-to-end request and task: keyed by the end-to-end request alone,
+    /// siblings of a fan-out processed in one call (one batch, once requests join the
+    /// shortest queue) overwrote each other's entry, and every sub-request of all of
+    /// them was counted as one sibling's: measured fan-outs below a fan-out came out
+    /// up to twice the true ones (docs/loki.md, *Fan-outs counted twice*).
+    pending_children: BTreeMap<(RequestId, usize), PendingChildren>,
     worker_factors: BTreeMap<WorkerId, Vec<CountWindow>>,
     variant_factors: Vec<Vec<Vec<CountWindow>>>,
     child_counts: Vec<Vec<f64>>,
@@ -432,9 +441,16 @@ impl Runtime {
         }
         let predicted = crate::single_path::per_query_load(&self.model, &self.factors(), &choice);
         let limit = 1.0 + self.settings.replan_jump;
+        // Past the cluster's reach (a capped plan) a task sized for more sub-requests
+        // than come holds workers the tasks above it could serve with: on
+        // `r17-mid-fan` at 5× the first plan (100 ms in, its fan-outs guessed) gave
+        // the leaves up to 1.6 times the sub-requests that came, and with the 10-s
+        // period it stayed for the whole of a 5-s run (docs/loki.md, *Fan-outs counted
+        // twice*).
+        let capped = plan.regime == crate::plan::Regime::Capped;
         (0..self.model.tasks.len()).find(|&t| {
             let planned: f64 = plan.hosts.iter().filter(|h| h.task == t).map(|h| h.load).sum::<f64>() / plan.demand;
-            planned > 0.0 && predicted[t] > limit * planned
+            planned > 0.0 && (predicted[t] > limit * planned || (capped && predicted[t] * limit < planned))
         })
     }
 
@@ -903,11 +919,9 @@ impl Runtime {
         }
         self.task_arrivals[task] += 1;
         if let Some(parent) = self.model.tasks[task].parent {
-            if let Some(pending) = self.pending_children.get_mut(&request.origin) {
-                if pending.task == parent {
-                    if let Some(slot) = self.model.child_slot(parent, task) {
-                        pending.counts[slot] += 1;
-                    }
+            if let Some(pending) = self.pending_children.get_mut(&(request.origin, parent)) {
+                if let Some(slot) = self.model.child_slot(parent, task) {
+                    pending.counts[slot] += 1;
                 }
             }
         }
@@ -929,26 +943,38 @@ impl Runtime {
         for (_, origin) in ran {
             self.processed_by.insert((origin, task), outcome.worker);
             if children > 0 {
-                self.pending_children.insert(origin, PendingChildren { task, worker: outcome.worker, counts: vec![0; children] });
+                self.pending_children
+                    .entry((origin, task))
+                    .or_insert_with(|| PendingChildren { workers: Vec::new(), counts: vec![0; children] })
+                    .workers
+                    .push(outcome.worker);
             }
         }
     }
 
     /// Count the sub-requests of the batches that finished in this call.
     fn flush_telemetry(&mut self) {
-        for (_, pending) in std::mem::take(&mut self.pending_children) {
-            let history = self.settings.factor_history;
-            let windows = self
-                .worker_factors
-                .entry(pending.worker)
-                .or_insert_with(|| (0..pending.counts.len()).map(|_| CountWindow::new(history)).collect());
-            let variant = self.workers.get(&pending.worker).map(|a| a.variant);
-            for (slot, &count) in pending.counts.iter().enumerate() {
-                windows[slot].push(count as f64);
-                if let Some(k) = variant {
-                    self.variant_factors[pending.task][k][slot].push(count as f64);
+        let history = self.settings.factor_history;
+        for ((_, task), pending) in std::mem::take(&mut self.pending_children) {
+            // The sub-requests of siblings processed together cannot be told apart:
+            // each sibling counts as one sample of their mean.
+            let share = 1.0 / pending.workers.len().max(1) as f64;
+            for &worker in &pending.workers {
+                let windows = self
+                    .worker_factors
+                    .entry(worker)
+                    .or_insert_with(|| (0..pending.counts.len()).map(|_| CountWindow::new(history)).collect());
+                let variant = self.workers.get(&worker).map(|a| a.variant);
+                for (slot, &count) in pending.counts.iter().enumerate() {
+                    let count = count as f64 * share;
+                    windows[slot].push(count);
+                    if let Some(k) = variant {
+                        self.variant_factors[task][k][slot].push(count);
+                    }
                 }
-                self.child_counts[pending.task][slot] += count as f64;
+            }
+            for (slot, &count) in pending.counts.iter().enumerate() {
+                self.child_counts[task][slot] += count as f64;
             }
         }
     }

@@ -31,6 +31,26 @@ fn loki_is_on_time_at_half_the_bound_on_generated_fan_outs() {
 }
 
 #[test]
+fn loki_measures_the_fan_outs_below_a_fan_out_once_per_request() {
+    // `r17-mid-fan` of seed 1: a task fanning out to the tasks below it. A sub-request
+    // names its end-to-end request but not its parent, and Loki counted the
+    // sub-requests of each processed request under its end-to-end request alone:
+    // siblings of a fan-out processed in the same call (one batch) shared one entry,
+    // and all their sub-requests were counted as one sibling's. The fan-outs below a
+    // fan-out came out up to twice the traffic's, the plans were sized (and capped)
+    // for sub-requests that never came, with cheaper variants, and the root dropped
+    // what the capped plan did not serve: 97.4 % on time at half the bound over 10 s
+    // (accuracy 0.53; 87.6 % over 30 s with seed 2, 88.2 % on `r03-mid-fan`).
+    // Counted per task and end-to-end request, each sibling one sample of their mean:
+    // 100 % (accuracy 0.67).
+    let (name, app) = generated(1, 17);
+    assert_eq!(name, "r17-mid-fan");
+    let share = on_time("loki", &app, 0.5, 10.0);
+    eprintln!("{name}: {:.2} % on time at 0.5× over 10 s", 100.0 * share);
+    assert!(share >= LOW_LOAD_ON_TIME, "{name} at 0.5× over 10 s: {:.2} % on time", 100.0 * share);
+}
+
+#[test]
 fn loki_loses_only_its_start_up_at_half_the_bound_on_its_worst_generated_application() {
     // `r09-root-fan-join` of seed 1 (a face recogniser fanning out to three branches
     // that join at a sink, SLO 73 ms), where Loki missed worst: 82.7 % on time at half
