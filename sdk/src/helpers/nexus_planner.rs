@@ -12,7 +12,7 @@
 //!   only the replica counts do ([`NexusPlan::replicas`]).
 //! * [`ScalingPlanner`] applies a plan from inside a policy: the batch limits at
 //!   start, and every scaling epoch replica counts for the mean entry rate measured
-//!   over the last seconds. Started without a rate, it spreads the workers the
+//!   over the last seconds, with [`DEFAULT_HEADROOM`] over it. Started without a rate, it spreads the workers the
 //!   cluster started with as the plan's batches need them (the configured spread may
 //!   be sized for other batches), and once more after the first second, by the
 //!   pieces measured. The contract gives a stage only its total fan-out, so the plan
@@ -34,6 +34,16 @@ pub const MIN_MEASURED_ENTRIES: f64 = 50.0;
 /// A stage is planned for the pieces it measured only when they exceed the plan's by
 /// more than this fraction.
 pub const MEASURED_PIECES_MARGIN: f64 = 0.25;
+
+/// Default headroom of the replicas a [`ScalingPlanner`] started without a rate asks
+/// for (parameter `plan_headroom`; none by default for a run started for a rate, see
+/// [`ScalingPlanner::headroom`]): it plans each stage for the measured rate times
+/// `1 + headroom`.
+/// Planned for the rate itself, a stage's workers run at the plan's full throughput
+/// save the rounding up (`r05-diamond` at 0.25×: 1,136 req/s planned for 1,120
+/// offered), and under Poisson arrivals its queue outgrows the half budget the plan
+/// leaves for waiting (issue 43; docs/pard.md).
+pub const DEFAULT_HEADROOM: f64 = 0.2;
 
 /// Most grid steps the SLO split considers (the grid coarsens for long SLOs).
 pub const MAX_STEPS: u64 = 1000;
@@ -277,6 +287,8 @@ pub struct ScalingPlanner {
     /// Stages running larger batches than the plan's until the workers they grow by
     /// have started.
     catching_up: Vec<bool>,
+    /// Replicas are planned for the rate times `1 + headroom` ([`Self::headroom`]).
+    headroom: f64,
 }
 
 impl ScalingPlanner {
@@ -300,6 +312,7 @@ impl ScalingPlanner {
             graph: StageGraph::new(&ctx.config().stages),
             respread: None,
             catching_up: vec![false; plan.batch.len()],
+            headroom: Self::headroom(ctx),
             plan,
         };
         for (stage, &b) in planner.plan.batch.clone().iter().enumerate() {
@@ -319,6 +332,23 @@ impl ScalingPlanner {
             planner.respread = Some(started);
         }
         planner
+    }
+
+    /// The headroom the replicas are planned with: the `plan_headroom` parameter; if
+    /// none is given, none for a run started for a rate (`initial_rate`: the paper's
+    /// setup, a cluster planned at the rate it is told, as `sim reproduce pard` runs
+    /// it and its comparisons are measured) and [`DEFAULT_HEADROOM`] otherwise (a value
+    /// that does not parse, or a negative one, counts as none given).
+    pub fn headroom(ctx: &Ctx) -> f64 {
+        let provisioned = ctx.param_or::<f64>("initial_rate", 0.0).is_ok_and(|rate| rate > 0.0);
+        Self::headroom_started(ctx, provisioned)
+    }
+
+    /// [`Self::headroom`] for a run started for a rate (`provisioned`) or not, whatever
+    /// the parameters say of `initial_rate`.
+    pub fn headroom_started(ctx: &Ctx, provisioned: bool) -> f64 {
+        let given = ctx.param_or::<f64>("plan_headroom", f64::NAN).ok().filter(|h| h.is_finite() && *h >= 0.0);
+        given.unwrap_or(if provisioned { 0.0 } else { DEFAULT_HEADROOM })
     }
 
     /// Each of the `stages` stages' (min, max) replicas from the configuration.
@@ -441,7 +471,7 @@ impl ScalingPlanner {
 
     fn rescale(&mut self, ctx: &mut Ctx, rate: f64) {
         let pieces = self.pieces();
-        let replicas = self.plan.replicas_for(rate, &pieces, &self.bounds, self.max_workers);
+        let replicas = self.plan.replicas_for(rate * (1.0 + self.headroom), &pieces, &self.bounds, self.max_workers);
         self.apply(ctx, replicas);
     }
 
@@ -672,6 +702,30 @@ mod tests {
         assert_eq!(planner.replicas(), &spread[..]);
         // The shrinking stage first: the cluster is at its most workers.
         assert_eq!(scales(&mut ctx), vec![(0, spread[0]), (1, spread[1])]);
+    }
+
+    #[test]
+    fn an_epoch_plans_headroom_over_the_measured_rate() {
+        // Planned for the measured rate itself, a stage ran at the plan's full throughput
+        // save the rounding up (the generated `r05-diamond` at 0.25x: 1,136 req/s for
+        // 1,120 offered) and under Poisson arrivals its queues outgrew the half budget
+        // the plan leaves for waiting: 95 % on time past the first epoch.
+        let mut ctx = cluster(&[(vec![1], (2, 1), 4), (vec![], (10, 4), 4)], 1.0, 200, 64);
+        let plan = plan_of(&ctx);
+        let mut planner = ScalingPlanner::start(&mut ctx, plan.clone(), 5_000 * MS, 5, 0.0);
+        for second in 1..=5 {
+            for _ in 0..400 {
+                planner.entry_arrival();
+                planner.stage_arrival(0);
+                planner.stage_arrival(1);
+            }
+            ctx.set_now(second * 1_000 * MS);
+            planner.tick(&mut ctx);
+        }
+        let bounds = [(1, 64), (1, 64)];
+        assert_eq!(planner.replicas(), &plan.replicas(400.0 * (1.0 + DEFAULT_HEADROOM), &bounds, 64)[..]);
+        assert!(plan.capacity(planner.replicas()) >= 400.0 * (1.0 + DEFAULT_HEADROOM), "{:?}", planner.replicas());
+        assert!(plan.replicas(400.0 * (1.0 + DEFAULT_HEADROOM), &bounds, 64) != plan.replicas(400.0, &bounds, 64));
     }
 
     #[test]

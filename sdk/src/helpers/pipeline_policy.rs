@@ -11,7 +11,9 @@
 //! `max_batch` (32) largest batch considered; `scale_epoch_ms` (5000) scaling period;
 //! `rate_window_s` (5) seconds averaged for the entry rate; `plan_grid_ms` (1) grid of
 //! the SLO split; `initial_rate` (0) entry rate (req/s) to scale for at start (0:
-//! keep the configured replicas until the first epoch).
+//! spread the started workers as the plan needs them until the first epoch);
+//! `plan_headroom` (0.2; 0 when `initial_rate` is given) the replicas are planned
+//! for the rate times one plus it.
 
 use crate::helpers::{BatchBroker, Discipline, NexusPlan, Queued, ScalingPlanner, StageGraph, WorkerQueue};
 use crate::{Ctx, DropReason, EndReason, Policy, Request, RequestId, Snapshot, StageId, Worker, WorkerId};
@@ -96,6 +98,7 @@ fn plan(ctx: &Ctx, graph: &StageGraph) -> Result<NexusPlan, String> {
 pub fn planned_replicas(ctx: &Ctx, rate: f64) -> Result<Vec<u32>, String> {
     let graph = StageGraph::new(&ctx.config().stages);
     let plan = plan(ctx, &graph)?;
+    let rate = rate * (1.0 + ScalingPlanner::headroom_started(ctx, true));
     Ok(plan.replicas(rate, &ScalingPlanner::bounds(ctx, plan.batch.len()), ctx.config().max_workers))
 }
 
@@ -106,6 +109,10 @@ impl<R: PipelineRule> Policy for BrokeredPipeline<R> {
         let epoch_ms: u64 = ctx.param_or("scale_epoch_ms", 5000)?;
         let rate_window: usize = ctx.param_or("rate_window_s", 5)?;
         let initial_rate: f64 = ctx.param_or("initial_rate", 0.0)?;
+        let headroom: f64 = ctx.param_or("plan_headroom", 0.0)?;
+        if !(headroom.is_finite() && headroom >= 0.0) {
+            return Err(format!("parameter `plan_headroom`: {headroom} is not a fraction of zero or more"));
+        }
         let planner = ScalingPlanner::start(ctx, plan, epoch_ms.saturating_mul(1_000_000), rate_window, initial_rate);
         let rule = R::init(ctx, &graph, planner.plan())?;
         let mut entry = vec![false; graph.len()];
@@ -183,7 +190,13 @@ mod tests {
     /// One stage of d(b) = 25 + 5b ms under a 100 ms SLO: the plan's batch is 5
     /// (d = 50 ms, half the budget), 100 req/s per worker.
     fn ctx(min: u32, max: u32) -> Ctx {
+        ctx_with(min, max, &[])
+    }
+
+    /// [`ctx`] with policy parameters.
+    fn ctx_with(min: u32, max: u32, params: &[(&str, &str)]) -> Ctx {
         let mut config = one_stage(vec![linear_variant(0, "v", 5 * MS, 25 * MS, 32)], 32, 1);
+        config.params = params.iter().map(|(key, value)| crate::Param { key: (*key).into(), value: (*value).into() }).collect();
         config.stages[0].min_replicas = min;
         config.stages[0].max_replicas = max;
         config.max_workers = 10;
@@ -194,7 +207,10 @@ mod tests {
     #[test]
     fn planned_replicas_follow_the_rate_within_the_bounds() {
         assert_eq!(planned_replicas(&ctx(1, 64), 250.0), Ok(vec![3]));
+        // A run started for a rate (the paper's setup, `sim reproduce pard`) plans no
+        // headroom unless it is given: 100 req/s, one worker; with 0.2, 120, two.
         assert_eq!(planned_replicas(&ctx(1, 64), 100.0), Ok(vec![1]));
+        assert_eq!(planned_replicas(&ctx_with(1, 64, &[("plan_headroom", "0.2")]), 100.0), Ok(vec![2]));
         assert_eq!(planned_replicas(&ctx(2, 64), 10.0), Ok(vec![2]), "at least the minimum");
         assert_eq!(planned_replicas(&ctx(1, 64), 5000.0), Ok(vec![10]), "at most max_workers");
         assert_eq!(planned_replicas(&ctx(1, 4), 5000.0), Ok(vec![4]), "at most the stage's maximum");
