@@ -72,6 +72,22 @@ impl Cluster {
         Some(Placement { host: server.id, slot: None })
     }
 
+    /// Place one replica of `stage` on a server that caches its parameters and has a
+    /// free slot (the one with the most free slots), as [`Cluster::place`] updates it;
+    /// `None` when there is none. A control places these warm starts of every stage
+    /// before the others take the free slots.
+    pub fn place_warm(&mut self, stage: u32) -> Option<Placement> {
+        let chosen = (0..self.servers.len())
+            .filter(|&m| self.servers[m].free > 0 && self.servers[m].cached.contains(&stage))
+            .min_by_key(|&m| (std::cmp::Reverse(self.servers[m].free), self.servers[m].id))?;
+        let server = &mut self.servers[chosen];
+        server.free -= 1;
+        if let Some(count) = server.replicas.get_mut(stage as usize) {
+            *count += 1;
+        }
+        Some(Placement { host: server.id, slot: None })
+    }
+
     /// Index of the server for one replica (spec §3.7, steps 1–3).
     fn choose(&self, stage: u32, key: bool, is_key: &dyn Fn(u32) -> bool) -> Option<usize> {
         let eligible: Vec<usize> = (0..self.servers.len()).filter(|&m| self.servers[m].free > 0).collect();
