@@ -63,9 +63,9 @@ pub struct SweepArgs {
     /// does is labelled, not failed).
     #[arg(long)]
     pub strict: bool,
-    /// Run nothing: read a `sweep.json` an earlier sweep wrote, print its table and
-    /// draw its heatmaps again into --out (after a change to the drawing, or to gather
-    /// sweeps run apart).
+    /// Run nothing: read a `sweep.json` an earlier sweep wrote, judge its cells again
+    /// (flags and documented labels as this build has them), print its table and write
+    /// its files and heatmaps into --out (after a change to the drawing or the labels).
     #[arg(long, value_name = "SWEEP_JSON")]
     pub replot: Option<PathBuf>,
 }
@@ -212,8 +212,11 @@ fn replot(saved: &std::path::Path, args: &SweepArgs) -> anyhow::Result<bool> {
     let text = std::fs::read(saved).map_err(|e| anyhow::anyhow!("{}: {e}", saved.display()))?;
     let outcome: sweep::SweepOutcome =
         serde_json::from_slice(&text).map_err(|e| anyhow::anyhow!("{}: not a sweep.json written by `sim sweep`: {e}", saved.display()))?;
+    // The flags and labels again from the cells, as this build judges them.
+    let outcome = sweep::summarise(outcome.cells);
     print!("{}", sweep::render_table(&outcome));
-    let files = sweep::write_heatmaps(&args.out, &outcome)?;
-    println!("wrote {} heatmaps to {}", files.len(), args.out.display());
+    let mut files = sweep::write_files(&args.out, &outcome)?;
+    files.extend(sweep::write_heatmaps(&args.out, &outcome)?);
+    println!("wrote {} files to {} (sweep.csv, sweep.json, a heatmap per policy)", files.len(), args.out.display());
     Ok(!outcome.rows.iter().any(sweep::SweepRow::undocumented_flag))
 }

@@ -14,9 +14,11 @@
 /// The two things the sweep flags.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BreakKind {
-    /// Goodput past capacity under the cliff fraction of the best at a lower load.
+    /// At or past the capacity, goodput under the cliff fraction of the best at a
+    /// lower load.
     PastCapacity,
-    /// Under the low-load on-time share at half the capacity or less.
+    /// Under the low-load on-time share at half the capacity or less, or a cliff below
+    /// the capacity (the same cause shows as both).
     LowLoad,
 }
 

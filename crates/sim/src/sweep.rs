@@ -411,8 +411,11 @@ pub fn summarise(cells: Vec<CellResult>) -> SweepOutcome {
             }
             let cliff = refused.is_none() && of_best_lower.is_some_and(|f| f < CLIFF_FRACTION);
             let low_load_miss = refused.is_none() && key.2 == "poisson" && *load <= LOW_LOAD_MAX + 1e-9 && on_time < LOW_LOAD_ON_TIME;
-            // Documented only when every flag the row raises is.
-            let flagged: Vec<BreakKind> = [(cliff, BreakKind::PastCapacity), (low_load_miss, BreakKind::LowLoad)]
+            // Documented only when every flag the row raises is. A cliff below the
+            // capacity is not a break past it: the policy's doc must give it as a
+            // low-load break (the cause it shares with the misses there).
+            let cliff_kind = if *load >= 1.0 - 1e-9 { BreakKind::PastCapacity } else { BreakKind::LowLoad };
+            let flagged: Vec<BreakKind> = [(cliff, cliff_kind), (low_load_miss, BreakKind::LowLoad)]
                 .into_iter()
                 .filter_map(|(raised, kind)| raised.then_some(kind))
                 .collect();
@@ -993,6 +996,16 @@ mod tests {
         assert!(!row("fifo", 5.0).undocumented_flag());
         assert!(!row("policy_fifo", 5.0).undocumented_flag(), "a built file's stem names the same policy");
         assert!(row("mine", 0.5).low_load_miss && row("mine", 0.5).undocumented_flag(), "no doc gives it");
+        // A cliff below the capacity is documented only by a low-load break.
+        let below = summarise(vec![
+            cell("quart-fixed", "poisson", 0.25, 1, 25.0, 1.0, 100.0),
+            cell("quart-fixed", "poisson", 0.5, 1, 5.0, 1.0, 100.0),
+            cell("quart-uniform", "poisson", 0.25, 1, 25.0, 1.0, 100.0),
+            cell("quart-uniform", "poisson", 0.5, 1, 5.0, 1.0, 100.0),
+        ]);
+        let at_half = |policy: &str| below.rows.iter().find(|r| r.policy == policy && r.load == 0.5).unwrap().clone();
+        assert!(at_half("quart-fixed").cliff && at_half("quart-fixed").undocumented_flag(), "its doc gives only its break past capacity");
+        assert!(at_half("quart-uniform").cliff && !at_half("quart-uniform").undocumented_flag(), "its doc gives a low-load break");
         let table = render_table(&outcome);
         assert!(table.contains("cliffs (goodput under 0.9 of the best at a lower load): 0"), "{table}");
         assert!(table.contains("low-load misses (Poisson ≤ 0.5×, under 0.99 on time): 1"), "{table}");

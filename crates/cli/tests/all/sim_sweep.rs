@@ -31,6 +31,20 @@ fn a_small_sweep_writes_its_table_files_and_heatmaps_and_strict_fails_on_a_cliff
     assert!(stdout.contains("cliff (doc)") && stdout.contains("fifo, 1 rows: never drops"), "{stdout}");
     assert!(stdout.contains("cliffs (goodput under 0.9 of the best at a lower load): 0"), "{stdout}");
     assert_eq!(run.status.code(), Some(0), "--strict passes a documented cliff:\n{stdout}\n{stderr}");
+    // --replot runs nothing and judges the saved cells again: the same table and files.
+    let replot = Command::new(env!("CARGO_BIN_EXE_yardmaster"))
+        .args(["sim", "sweep", "--strict", "--replot"])
+        .arg(dir.join("documented/sweep.json"))
+        .arg("--out")
+        .arg(dir.join("replotted"))
+        .output()
+        .unwrap();
+    let replotted = String::from_utf8_lossy(&replot.stdout);
+    assert_eq!(replot.status.code(), Some(0), "{replotted}");
+    assert!(replotted.contains("fifo, 1 rows: never drops"), "{replotted}");
+    for file in ["sweep.json", "sweep.csv", "heatmap-fifo.svg", "heatmap-edf.svg"] {
+        assert!(dir.join("replotted").join(file).is_file(), "{file} written");
+    }
     let mut policies = undocumented.clone().into_os_string();
     policies.push(",edf");
     let run = sweep(&policies, &out);
