@@ -13,7 +13,7 @@ use yardmaster::policy::{Limits, Mode};
 use yardmaster::sim::executor::SimExecutorOptions;
 use yardmaster::sim::reproduce::shipped;
 use yardmaster::sim::sweep::{capacity, CLIFF_FRACTION, LOW_LOAD_ON_TIME};
-use yardmaster::sim::{run, SimSpec};
+use yardmaster::sim::{run, RunOutcome, SimSpec};
 use yardmaster_tests::loader;
 
 /// The seed whose seventh application (the first with a pseudo-task root) is a tree —
@@ -43,6 +43,23 @@ pub(crate) fn on_time(policy: &str, pipeline: &Pipeline, load: f64, duration_s: 
 /// `load` × its capacity bound for `duration_s` simulated seconds; no fault, no
 /// fallback.
 pub(crate) fn simulate(policy: &str, params: &[(&str, &str)], pipeline: &Pipeline, load: f64, duration_s: f64) -> Stats {
+    let out = run_within(policy, params, pipeline, load, duration_s, Limits::default());
+    assert!(out.arm.init_refusal.is_none(), "{policy} refused the application: {:?}", out.arm.init_refusal);
+    assert!(out.arm.faults.is_empty() && out.arm.fallbacks == 0, "{policy} faulted: {:?}", out.arm.faults);
+    out.report.summary.overall
+}
+
+/// The run of `policy` with `params` on `pipeline` under Poisson load at `load` × its
+/// capacity bound for `duration_s` simulated seconds (seed 1), each policy call within
+/// `limits`; refusals and faults are the caller's to check.
+pub(crate) fn run_within(
+    policy: &str,
+    params: &[(&str, &str)],
+    pipeline: &Pipeline,
+    load: f64,
+    duration_s: f64,
+    limits: Limits,
+) -> RunOutcome {
     let duration = (duration_s * 1e9) as u64;
     let rate = load * capacity(pipeline).unwrap();
     let spec = SimSpec {
@@ -58,11 +75,8 @@ pub(crate) fn simulate(policy: &str, params: &[(&str, &str)], pipeline: &Pipelin
         capture_dir: None,
     };
     let arrivals = WorkloadSpec::Preset { name: "poisson".into(), rate }.arrivals(duration, spec.seed).unwrap();
-    let loader = loader(Mode::Simulate, Limits::default());
-    let out = run::run(&spec, &shipped(policy, policy).unwrap(), &loader, arrivals, &mut |_| {}).unwrap();
-    assert!(out.arm.init_refusal.is_none(), "{policy} refused the application: {:?}", out.arm.init_refusal);
-    assert!(out.arm.faults.is_empty() && out.arm.fallbacks == 0, "{policy} faulted: {:?}", out.arm.faults);
-    out.report.summary.overall
+    let loader = loader(Mode::Simulate, limits);
+    run::run(&spec, &shipped(policy, policy).unwrap(), &loader, arrivals, &mut |_| {}).unwrap()
 }
 
 #[test]

@@ -1,16 +1,12 @@
 //! Applications nobody chose (issue 43): Loki and its baselines, with the generated
 //! applications and helpers of [`super::random_apps`].
 
-use yardmaster::engine::{EngineOptions, Pipeline};
-use yardmaster::formats::WorkloadSpec;
-use yardmaster::policy::{Limits, Mode};
-use yardmaster::sim::executor::SimExecutorOptions;
-use yardmaster::sim::reproduce::shipped;
-use yardmaster::sim::sweep::{capacity, LOW_LOAD_ON_TIME};
-use yardmaster::sim::{run, RunOutcome, SimSpec};
-use yardmaster_tests::loader;
+use yardmaster::engine::Pipeline;
+use yardmaster::policy::Limits;
+use yardmaster::sim::sweep::LOW_LOAD_ON_TIME;
+use yardmaster::sim::RunOutcome;
 
-use super::random_apps::{generated, on_time, simulate, zero_time_entry_application};
+use super::random_apps::{generated, on_time, run_within, simulate, zero_time_entry_application};
 
 #[test]
 fn loki_is_on_time_at_half_the_bound_on_generated_fan_outs() {
@@ -95,21 +91,8 @@ const EVENT_FUEL: u64 = 10_000_000;
 /// `duration_s` simulated seconds, each event call within `fuel`; faults are the
 /// caller's to check.
 fn run_with_fuel(policy: &str, pipeline: &Pipeline, load: f64, duration_s: f64, fuel: u64) -> RunOutcome {
-    let duration = (duration_s * 1e9) as u64;
-    let rate = load * capacity(pipeline).unwrap();
-    let spec = SimSpec {
-        pipeline: pipeline.clone(),
-        seed: 1,
-        duration,
-        executor: SimExecutorOptions::default(),
-        engine: EngineOptions::default(),
-        decision_interval: 0,
-        capture_dir: None,
-    };
-    let arrivals = WorkloadSpec::Preset { name: "poisson".into(), rate }.arrivals(duration, spec.seed).unwrap();
     // Ticks keep their default fuel: Loki's MILP slices run there.
-    let loader = loader(Mode::Simulate, Limits { event_fuel: fuel, ..Limits::default() });
-    run::run(&spec, &shipped(policy, policy).unwrap(), &loader, arrivals, &mut |_| {}).unwrap()
+    run_within(policy, &[], pipeline, load, duration_s, Limits { event_fuel: fuel, ..Limits::default() })
 }
 
 #[test]
