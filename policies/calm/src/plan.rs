@@ -244,15 +244,7 @@ pub fn plan_frame(candidates: &[Candidate], setting: &FrameSetting) -> Selection
                 .filter(|c| !kept.iter().any(|k| k.id == c.id) && by_priority(a, c) == Ordering::Less)
                 .collect();
             victims.sort_by(|x, y| by_priority(y, x));
-            let mut freed = 0u64;
-            let mut taken = Vec::new();
-            for v in victims {
-                if free + freed >= need {
-                    break;
-                }
-                freed += v.held;
-                taken.push(v);
-            }
+            let (freed, taken) = take_until_freed(victims, free, need);
             if free + freed >= need {
                 for v in &taken {
                     evicted.push(v.id);
@@ -266,15 +258,7 @@ pub fn plan_frame(candidates: &[Candidate], setting: &FrameSetting) -> Selection
         let mut victims: Vec<&Candidate> =
             candidates.iter().filter(|c| c.resident && !chosen(c.id, &members) && !evicted.contains(&c.id)).collect();
         victims.sort_by(|x, y| by_priority(y, x));
-        let mut freed = 0u64;
-        let mut taken = Vec::new();
-        for v in victims {
-            if free + freed >= need {
-                break;
-            }
-            freed += v.held;
-            taken.push(v);
-        }
+        let (freed, taken) = take_until_freed(victims, free, need);
         if free + freed >= need && guard(a, &taken, setting) {
             for v in &taken {
                 evicted.push(v.id);
@@ -334,4 +318,20 @@ pub fn best_window(sorted: &[&Candidate], batch: usize, kv_capacity: u64) -> (us
         }
     }
     best
+}
+
+/// The first of `victims` (most evictable first) whose held cache, with `free`
+/// already free, covers `need`: the bytes they free and the victims taken (all of them,
+/// freeing less than needed, when they cannot).
+fn take_until_freed(victims: Vec<&Candidate>, free: u64, need: u64) -> (u64, Vec<&Candidate>) {
+    let mut freed = 0u64;
+    let mut taken = Vec::new();
+    for v in victims {
+        if free + freed >= need {
+            break;
+        }
+        freed += v.held;
+        taken.push(v);
+    }
+    (freed, taken)
 }
